@@ -1,0 +1,34 @@
+"""The `freight` command. Each module in this package registers one group of commands.
+
+Commands that run work in process import worker/ lazily, inside the command body.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from jobs.cli import autoscale, evals, fleet, quantize, run
+from jobs.log import configure_logging
+from jobs.settings import get_settings
+
+app = typer.Typer(
+    name="freight",
+    help="Bulk LLM inference: Parquet in, results and a per-job cost report out.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _setup() -> None:
+    settings = get_settings()
+    configure_logging(settings.log_format, settings.log_level)
+
+
+for _module in (run, fleet, quantize, evals, autoscale):
+    _module.register(app)
+
+
+def main() -> None:
+    app()

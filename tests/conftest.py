@@ -1,0 +1,1 @@
+"""Suite-wide test settings. Fixtures live in each folder's own conftest.py."""

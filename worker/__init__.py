@@ -1,0 +1,1 @@
+"""freight's data plane: Celery tasks, the shard runner, the embedded runner and the engine."""
