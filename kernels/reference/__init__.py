@@ -1,0 +1,15 @@
+"""Torch references of every kernel: the contract the Triton kernels are tested against, and the
+engine's fast path on the CPU. Signatures follow docs/ARCHITECTURE.md ("Kernel contract")."""
+
+from kernels.reference.attention import paged_decode_attention, prefill_attention
+from kernels.reference.kv_cache import store_kv_cache
+from kernels.reference.norm import rms_norm
+from kernels.reference.rotary import apply_rotary
+
+__all__ = [
+    "apply_rotary",
+    "paged_decode_attention",
+    "prefill_attention",
+    "rms_norm",
+    "store_kv_cache",
+]
