@@ -1,0 +1,175 @@
+"""A small random Hugging Face checkpoint folder, built offline with torch + safetensors + tokenizers.
+
+`make_demo_model(out_dir)` writes everything `Engine.from_pretrained` and transformers need:
+config.json, model.safetensors, generation_config.json, tokenizer.json (a byte-level BPE trained
+deterministically on a few Python standard-library sources) and tokenizer_config.json (a ChatML
+jinja2 chat template). The weights are random: the text it generates is noise, but every code path
+of a real job (tokenize, batch, cache, sample, detokenize) runs for real. Same arguments and Python
+version -> byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Fixed local corpus for the tokenizer: stable within one Python version.
+CORPUS_FILES = ["textwrap.py", "string.py", "heapq.py", "json/encoder.py", "bisect.py", "csv.py"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class DemoSize:
+    """Shape of a demo model; parameters ~ vocab*hidden*(2 if untied) + layers*(4*h*h' + 3*h*ffn)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    max_position_embeddings: int
+
+
+SIZES = {
+    "tiny": DemoSize(64, 128, 2, 4, 2, 1024, 2048),  # ~0.2M params: tests and `make demo`
+    "small": DemoSize(256, 768, 4, 8, 4, 2048, 4096),  # ~4M params
+    "medium": DemoSize(512, 1536, 8, 8, 4, 4096, 4096),  # ~30M params: bench/
+}
+
+
+def train_tokenizer(vocab_size: int) -> Tokenizer:
+    """Byte-level BPE trained on the fixed stdlib corpus; deterministic for one Python version."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    texts = [(stdlib / name).read_text(encoding="utf-8") for name in CORPUS_FILES]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def _config(arch: str, size: DemoSize, vocab_size: int, tie: bool) -> dict:
+    head_dim = size.hidden_size // size.num_attention_heads
+    config = {
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": arch,
+        "hidden_size": size.hidden_size,
+        "intermediate_size": size.intermediate_size,
+        "num_hidden_layers": size.num_hidden_layers,
+        "num_attention_heads": size.num_attention_heads,
+        "num_key_value_heads": size.num_key_value_heads,
+        "head_dim": head_dim,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": size.max_position_embeddings,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": tie,
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+    }
+    if arch == "qwen3":
+        config["attention_bias"] = False
+    return config
+
+
+def _weights(arch: str, size: DemoSize, vocab_size: int, tie: bool, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    h, ffn = size.hidden_size, size.intermediate_size
+    head_dim = h // size.num_attention_heads
+    q_out, kv_out = size.num_attention_heads * head_dim, size.num_key_value_heads * head_dim
+
+    def rand(*shape: int, std: float = 0.05) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * std
+
+    def norm(n: int) -> torch.Tensor:
+        return 1.0 + rand(n, std=0.1)
+
+    w = {"model.embed_tokens.weight": rand(vocab_size, h, std=0.5), "model.norm.weight": norm(h)}
+    for i in range(size.num_hidden_layers):
+        p = f"model.layers.{i}."
+        w[p + "self_attn.q_proj.weight"] = rand(q_out, h)
+        w[p + "self_attn.k_proj.weight"] = rand(kv_out, h)
+        w[p + "self_attn.v_proj.weight"] = rand(kv_out, h)
+        w[p + "self_attn.o_proj.weight"] = rand(h, q_out)
+        if arch == "qwen2":
+            for name, n in (("q", q_out), ("k", kv_out), ("v", kv_out)):
+                w[p + f"self_attn.{name}_proj.bias"] = rand(n)
+        if arch == "qwen3":
+            w[p + "self_attn.q_norm.weight"] = norm(head_dim)
+            w[p + "self_attn.k_norm.weight"] = norm(head_dim)
+        w[p + "mlp.gate_proj.weight"] = rand(ffn, h)
+        w[p + "mlp.up_proj.weight"] = rand(ffn, h)
+        w[p + "mlp.down_proj.weight"] = rand(h, ffn)
+        w[p + "input_layernorm.weight"] = norm(h)
+        w[p + "post_attention_layernorm.weight"] = norm(h)
+    if not tie:
+        w["lm_head.weight"] = rand(vocab_size, h, std=0.5)
+    return {k: v.contiguous() for k, v in w.items()}
+
+
+def make_demo_model(
+    out_dir: str | Path,
+    arch: str = "llama",
+    *,
+    seed: int = 0,
+    size: str = "tiny",
+    tie_word_embeddings: bool | None = None,
+) -> Path:
+    """Write a random `arch` checkpoint of `size` into out_dir (created) and return its path."""
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown demo architecture {arch!r}; choose one of {sorted(ARCHITECTURES)}")
+    if size not in SIZES:
+        raise ValueError(f"unknown demo size {size!r}; choose one of {sorted(SIZES)}")
+    shape = SIZES[size]
+    tie = False if tie_word_embeddings is None else tie_word_embeddings
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = train_tokenizer(shape.vocab_size)
+    vocab_size = tokenizer.get_vocab_size()
+    tokenizer.save(str(out / "tokenizer.json"))
+    bos, eos, im_end = (tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
+
+    config = _config(arch, shape, vocab_size, tie)
+    config.update(bos_token_id=bos, eos_token_id=eos)
+    _write_json(out / "config.json", config)
+    _write_json(out / "generation_config.json", {"bos_token_id": bos, "eos_token_id": [eos, im_end]})
+    _write_json(
+        out / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": SPECIAL_TOKENS[0],
+            "eos_token": SPECIAL_TOKENS[2],
+            "pad_token": SPECIAL_TOKENS[0],
+            "model_max_length": shape.max_position_embeddings,
+            "chat_template": CHAT_TEMPLATE,
+        },
+    )
+    save_file(_weights(arch, shape, vocab_size, tie, seed), str(out / "model.safetensors"), {"format": "pt"})
+    return out
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
