@@ -20,6 +20,14 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(Path.home() / ".cache" / "freight", description="downloaded models, etc.")
     log_format: str = Field("auto", pattern="^(auto|json|console)$", description="auto: console on a TTY")
     log_level: str = Field("info", pattern="^(debug|info|warning|error)$")
+    # distributed mode (docs/ARCHITECTURE.md, "Distributed mode")
+    visibility_timeout_s: int = Field(
+        3600, ge=2, description="broker redelivers an unacked shard after this; running shards renew it"
+    )
+    max_shard_attempts: int = Field(3, ge=1, le=100, description="attempts that crash before a shard fails")
+    spot_poll_s: float = Field(5.0, gt=0, description="seconds between instance-metadata polls")
+    metrics_port: int = Field(9450, ge=0, le=65535, description="Prometheus port of a worker; 0 = off")
+    heartbeat_s: float = Field(10.0, gt=0, description="seconds between worker heartbeats in Redis")
 
 
 @lru_cache(maxsize=1)
