@@ -1,0 +1,193 @@
+"""Weight-only quantized matmuls in Triton: int8 per-channel and int4 group-wise.
+
+The weight tile is loaded packed (1 byte per int8 weight, 1 byte per two int4 weights), turned
+into x's dtype in registers and fed to tl.dot; nothing dequantized ever reaches memory. Decode
+(small M) is bound by reading the weight once, so it uses narrow N tiles and splits K across
+programs to fill the GPU; prefill (large M) is compute bound and uses 128x128 tiles.
+Same signatures as kernels/reference/quant_matmul.py.
+
+Integers become floats through fp32 (int -> fp32 -> x's dtype): exact for |q| <= 127, and Triton
+3.9's interpreter turns a direct int -> bf16 cast into garbage (bit patterns, not values).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.checks import (
+    FLOAT_DTYPES,
+    check_same_device,
+    check_shape,
+    check_tensor,
+)
+from kernels.triton.launch import check_launchable, dot, dot_upcast, num_sms
+
+
+@triton.jit
+def _int8_matmul_kernel(
+    x_ptr, w_ptr, s_ptr, out_ptr,  # x [M, K]; w int8 [N, K]; s [N]; out [SPLIT_K, M, N] or [M, N]
+    M, N, K, k_per_split,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_os, stride_om, stride_on,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < k_hi
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # [BM, BK]
+        w = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
+                    mask=n_mask[None, :] & k_mask[:, None], other=0)  # [BK, BN] int8
+        acc = dot(x, w.to(tl.float32).to(x.dtype), acc, UPCAST)  # via fp32, see top
+    s = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)  # [BN]
+    acc = acc * s[None, :]
+    out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _int4_matmul_kernel(
+    x_ptr, w_ptr, s_ptr, out_ptr,  # x [M, K]; w uint8 [N, K//2]; s [N, K//G]; out [SPLIT_K, M, N]
+    M, N, K, k_per_split,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_sn, stride_sg, stride_os, stride_om, stride_on,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    # Invariants set by the wrapper: BLOCK_K divides GROUP (one scale per column per K tile),
+    # K % GROUP == 0 and k_per_split % BLOCK_K == 0, so K tiles never need a mask.
+    HALF_K: tl.constexpr = BLOCK_K // 2
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_j = tl.arange(0, HALF_K)  # byte index inside the K tile
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        # x split into even and odd k so each half meets its nibble: [BM, BK/2] twice.
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k0 + 2 * offs_j[None, :]) * stride_xk
+        x_even = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
+        x_odd = tl.load(x_ptrs + stride_xk, mask=m_mask[:, None], other=0.0)
+        packed = tl.load(w_ptr + offs_n[None, :] * stride_wn + (k0 // 2 + offs_j[:, None]) * stride_wk,
+                         mask=n_mask[None, :], other=0x88)  # [BK/2, BN] uint8
+        w_low = ((packed & 0x0F).to(tl.int8) - 8).to(tl.float32).to(x_even.dtype)  # k = 2j
+        w_high = ((packed >> 4).to(tl.int8) - 8).to(tl.float32).to(x_even.dtype)  # k = 2j + 1
+        part = dot(x_even, w_low, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
+        part = dot(x_odd, w_high, part, UPCAST)  # [BM, BN] in units of the group's scale
+        s = tl.load(s_ptr + offs_n * stride_sn + (k0 // GROUP) * stride_sg, mask=n_mask, other=0.0)
+        acc += part * s.to(tl.float32)[None, :]
+    out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@dataclass(frozen=True)
+class MatmulConfig:
+    """Tile sizes and K split of one launch (hand-chosen for Hopper-class GPUs)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+
+
+def choose_config(m: int, n: int, k: int, device: torch.device, group: int | None = None) -> MatmulConfig:
+    """Small M (decode): 16-row tiles, narrow N, K split until ~2 programs per SM; the weight read
+    dominates. Large M (prefill): 128x128 tiles, no split; the tensor cores dominate."""
+    cap_k = group if group is not None else 128
+    if m <= 64:
+        block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+        block_n, block_k = 64, min(128, cap_k)
+        tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+        k_tiles = triton.cdiv(k, block_k)
+        split_k = max(1, min(k_tiles // 4, triton.cdiv(2 * num_sms(device), tiles)))
+        return MatmulConfig(block_m, block_n, block_k, split_k, num_warps=4, num_stages=4)
+    block_m, block_n, block_k = 128, 128, min(64, cap_k)
+    return MatmulConfig(block_m, block_n, block_k, split_k=1, num_warps=8, num_stages=3)
+
+
+def _split_k_bounds(k: int, cfg: MatmulConfig) -> tuple[int, int]:
+    """(K elements per split, a multiple of BLOCK_K; number of splits that get work)."""
+    per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    return per_split, triton.cdiv(k, per_split)
+
+
+def _launch(kernel, x, qweight, scales, n, k, cfg: MatmulConfig, extra_strides, **meta) -> torch.Tensor:
+    m = x.shape[0]
+    per_split, splits = _split_k_bounds(k, cfg)
+    # With a K split each program writes fp32 partial sums; a sum over splits finishes the job.
+    out = torch.empty((splits, m, n), device=x.device, dtype=torch.float32 if splits > 1 else x.dtype)
+    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), splits)
+    kernel[grid](
+        x, qweight, scales, out, m, n, k, per_split,
+        x.stride(0), x.stride(1), qweight.stride(0), qweight.stride(1), *extra_strides,
+        out.stride(0), out.stride(1), out.stride(2),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        UPCAST=dot_upcast(kernel, x.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **meta,
+    )
+    return out[0] if splits == 1 else out.sum(0).to(x.dtype)
+
+
+def int8_matmul(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, config: MatmulConfig | None = None
+) -> torch.Tensor:
+    """x [M, K] @ (qweight int8 [N, K] * scales [N, None]).T -> [M, N] in x's dtype."""
+    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    check_tensor("qweight", qweight, ndim=2, dtypes=(torch.int8,))
+    check_tensor("scales", scales, ndim=1, dtypes=FLOAT_DTYPES)
+    m, k = x.shape
+    n = qweight.shape[0]
+    check_shape("qweight", qweight, (n, k))
+    check_shape("scales", scales, (n,))
+    check_launchable(_int8_matmul_kernel, check_same_device(x=x, qweight=qweight, scales=scales))
+    if m == 0 or n == 0:
+        return x.new_zeros((m, n))
+    cfg = config or choose_config(m, n, k, x.device)
+    return _launch(_int8_matmul_kernel, x, qweight, scales, n, k, cfg, ())
+
+
+def int4_matmul(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    config: MatmulConfig | None = None,
+) -> torch.Tensor:
+    """x [M, K] @ dequant(qweight uint8 [N, K // 2], scales [N, K // G]).T -> [M, N] in x's dtype."""
+    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    check_tensor("qweight", qweight, ndim=2, dtypes=(torch.uint8,))
+    check_tensor("scales", scales, ndim=2, dtypes=FLOAT_DTYPES)
+    m, k = x.shape
+    n = qweight.shape[0]
+    if not isinstance(group_size, int) or group_size < 16 or group_size & (group_size - 1):
+        raise ValueError(f"group_size must be a power of two >= 16 (32, 64, 128 ...), got {group_size!r}")
+    if k % group_size:
+        raise ValueError(f"K ({k}) must be a multiple of group_size ({group_size}); pad the weight's K")
+    check_shape("qweight", qweight, (n, k // 2))
+    check_shape("scales", scales, (n, k // group_size))
+    check_launchable(_int4_matmul_kernel, check_same_device(x=x, qweight=qweight, scales=scales))
+    if m == 0 or n == 0:
+        return x.new_zeros((m, n))
+    cfg = config or choose_config(m, n, k, x.device, group=group_size)
+    if group_size % cfg.block_k or cfg.block_k < 32:
+        raise ValueError(f"block_k ({cfg.block_k}) must divide group_size ({group_size}) and be >= 32")
+    return _launch(
+        _int4_matmul_kernel, x, qweight, scales, n, k, cfg, (scales.stride(0), scales.stride(1)),
+        GROUP=group_size,
+    )
