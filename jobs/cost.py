@@ -1,0 +1,175 @@
+"""Cost accounting: the price table, shard cost records, attempt (waste) records and the job report.
+
+A shard is billed for its wall time on the worker (read, engine, write, commit) plus the model load
+seconds charged to it (the first shard a worker runs after loading pays the load).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections import Counter
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jobs.errors import FreightError
+
+SHIPPED_PRICES = Path(__file__).with_name("prices.toml")
+Market = Literal["on-demand", "spot"]
+
+
+class ShardPricing(BaseModel):
+    """What one worker-hour costs where a shard runs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    instance_type: str
+    market: Market
+    price_per_hour: float = Field(ge=0.0)
+    on_demand_price_per_hour: float = Field(ge=0.0)
+
+
+class PriceTable:
+    """instance type -> {"on_demand": USD/h, "spot": USD/h}, from the shipped TOML or a given file."""
+
+    def __init__(self, prices: dict[str, dict[str, float]]):
+        self.prices = prices
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> PriceTable:
+        path = Path(path) if path else SHIPPED_PRICES
+        try:
+            raw = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise FreightError(f"price table {path} is unreadable: {exc}") from exc
+        prices: dict[str, dict[str, float]] = {}
+        for name, entry in raw.items():
+            if not isinstance(entry, dict) or "on_demand" not in entry:
+                raise FreightError(f"price table {path}: [\"{name}\"] needs on_demand (and spot) USD/hour")
+            prices[name] = {"on_demand": float(entry["on_demand"]), "spot": float(entry.get("spot", entry["on_demand"]))}
+        return cls(prices)
+
+    def pricing(self, instance_type: str, market: Market, override: float | None = None) -> ShardPricing:
+        """Resolve prices; `override` replaces the market price (and the on-demand one if unknown)."""
+        entry = self.prices.get(instance_type)
+        if entry is None and override is None:
+            known = ", ".join(sorted(self.prices))
+            raise FreightError(f"unknown instance type '{instance_type}': pass --price-per-hour or use one of {known}")
+        price = override if override is not None else entry["spot" if market == "spot" else "on_demand"]  # type: ignore[index]
+        on_demand = entry["on_demand"] if entry is not None else price
+        return ShardPricing(instance_type=instance_type, market=market, price_per_hour=price,
+                            on_demand_price_per_hour=on_demand)
+
+
+class ShardRecord(BaseModel):
+    """OUT/shards/<n>.json: committed together with the shard's results (same put_if_absent rule)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: str
+    shard: int
+    attempt: int
+    rows: int
+    rows_failed: int
+    rows_from_partial: int = Field(0, description="rows reused from an interrupted attempt")
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    busy_seconds: float = Field(description="engine busy time in this attempt")
+    load_seconds: float = Field(description="model load time charged to this shard")
+    wall_seconds: float = Field(description="shard start to commit on the worker")
+    billed_seconds: float
+    instance_type: str
+    market: Market
+    price_per_hour: float
+    on_demand_price_per_hour: float
+    cost_usd: float
+    on_demand_cost_usd: float
+    worker: str
+    started_at: float
+    finished_at: float
+
+
+class AttemptRecord(BaseModel):
+    """OUT/waste/<n>-<attempt>-<token>.json: an attempt that did not commit (interrupted, lost race).
+
+    `cost_usd` is all it cost; `wasted_usd` the part not saved as partial rows for the next attempt.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: str
+    shard: int
+    attempt: int
+    reason: Literal["interrupted", "lost_race", "already_committed"]
+    rows_attempted: int
+    rows_saved: int
+    billed_seconds: float
+    instance_type: str
+    market: Market
+    price_per_hour: float
+    cost_usd: float
+    on_demand_cost_usd: float
+    wasted_usd: float
+    worker: str
+    recorded_at: float
+
+
+def usd(seconds: float, price_per_hour: float) -> float:
+    return seconds * price_per_hour / 3600.0
+
+
+def _per_million(cost: float, tokens: int) -> float | None:
+    return cost / tokens * 1e6 if tokens else None
+
+
+def build_report(
+    job_id: str,
+    shards: list[ShardRecord],
+    attempts: list[AttemptRecord],
+    *,
+    started_at: float,
+    finished_at: float,
+    default_instance_type: str,
+    default_market: Market,
+    default_price_per_hour: float,
+) -> dict[str, Any]:
+    """cost.json: the design's keys (and a few more), summed over shard and attempt records."""
+    shards = sorted(shards, key=lambda r: r.shard)
+    prompt = sum(r.prompt_tokens for r in shards)
+    cached = sum(r.cached_tokens for r in shards)
+    completion = sum(r.completion_tokens for r in shards)
+    busy = sum(r.busy_seconds for r in shards)
+    billed = sum(r.billed_seconds for r in shards) + sum(a.billed_seconds for a in attempts)
+    cost = sum(r.cost_usd for r in shards) + sum(a.cost_usd for a in attempts)
+    on_demand = sum(r.on_demand_cost_usd for r in shards) + sum(a.on_demand_cost_usd for a in attempts)
+    types = Counter(r.instance_type for r in shards) or Counter([default_instance_type])
+    markets = {r.market for r in shards} or {default_market}
+    return {
+        "job_id": job_id,
+        "rows": sum(r.rows for r in shards),
+        "rows_failed": sum(r.rows_failed for r in shards),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "completion_tokens": completion,
+        "busy_seconds": busy,
+        "load_seconds": sum(r.load_seconds for r in shards),
+        "billed_seconds": billed,
+        "wall_seconds": max(0.0, finished_at - started_at),
+        "instance_type": ",".join(t for t, _ in types.most_common()),
+        "market": markets.pop() if len(markets) == 1 else "mixed",
+        # effective price: what the billed seconds cost per hour (the table price on one instance type)
+        "price_per_hour": cost / billed * 3600.0 if billed else default_price_per_hour,
+        "cost_usd": cost,
+        "usd_per_million_input_tokens": _per_million(cost, prompt),
+        "usd_per_million_output_tokens": _per_million(cost, completion),
+        "tokens_per_second": (prompt + completion) / busy if busy else None,
+        "cache_hit_rate": cached / prompt if prompt else 0.0,
+        "on_demand_cost_usd": on_demand,
+        "wasted_cost_usd": sum(a.wasted_usd for a in attempts),
+        "uncommitted_attempts": len(attempts),
+        "started_at": started_at,
+        "finished_at": finished_at,
+        "shards": [r.model_dump(mode="json") for r in shards],
+    }

@@ -1,0 +1,213 @@
+"""Inputs (Parquet files, folders/prefixes of them, OpenAI-Batch JSONL) and result shards.
+
+Global row numbers count rows across the input files in the order the manifest lists them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import OrderedDict
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobs.errors import InputError, ObjectNotFoundError
+from jobs.manifest import InputFile, InputPlan
+from jobs.settings import Settings
+from jobs.storage import ObjectStore, open_store, split_url
+
+RESULT_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("completion", pa.string()),
+        pa.field("finish_reason", pa.string(), nullable=False),
+        pa.field("prompt_tokens", pa.int32(), nullable=False),
+        pa.field("cached_tokens", pa.int32(), nullable=False),
+        pa.field("completion_tokens", pa.int32(), nullable=False),
+        pa.field("error", pa.string()),
+    ]
+)
+# Likelihood scoring (spec.continuation_column set) appends these two columns.
+LIKELIHOOD_FIELDS = [pa.field("continuation_logprob", pa.float64()), pa.field("continuation_tokens", pa.int32())]
+OVERRIDE_COLUMNS = ("max_tokens", "temperature", "top_p", "seed")
+
+
+def result_schema(likelihood: bool) -> pa.Schema:
+    return pa.schema(list(RESULT_SCHEMA) + (LIKELIHOOD_FIELDS if likelihood else []))
+
+
+def _open_input(url: str, settings: Settings | None) -> tuple[ObjectStore, str]:
+    parent, name = split_url(url)
+    return open_store(parent or ".", settings), name
+
+
+def list_input_files(url: str, settings: Settings | None = None) -> tuple[str, list[tuple[str, bytes | None]]]:
+    """(format, [(file url, bytes or None for local files)]) for a file, folder or prefix.
+
+    Raises InputError when nothing readable is there.
+    """
+    fmt = "jsonl" if url.endswith((".jsonl", ".jsonl.gz")) else "parquet"
+    store, name = _open_input(url, settings)
+    local = store.local_path(name) if name else None
+    if local is not None:
+        if local.is_file():
+            return fmt, [(str(local), None)]
+        if local.is_dir():
+            folder = open_store(str(local), settings)
+            keys = [k for k in folder.list() if k.endswith(".parquet") and not _hidden(k)]
+            if not keys:
+                raise InputError(f"input folder {url} holds no .parquet files")
+            return "parquet", [(folder.url_of(k), None) for k in keys]
+        raise InputError(f"input {url} does not exist")
+    try:
+        return fmt, [(url, store.get(name))]
+    except ObjectNotFoundError:
+        pass
+    folder = open_store(url, settings)
+    keys = [k for k in folder.list() if k.endswith(".parquet") and not _hidden(k)]
+    if not keys:
+        raise InputError(f"input {url} does not exist (no such object and no .parquet files under it)")
+    return "parquet", [(folder.url_of(k), folder.get(k)) for k in keys]
+
+
+def _hidden(key: str) -> bool:
+    return any(part.startswith((".", "_")) for part in key.split("/"))
+
+
+def _source(url: str, data: bytes | None) -> Any:
+    return pa.BufferReader(data) if data is not None else url
+
+
+def read_parquet(url: str, data: bytes | None, columns: list[str] | None = None) -> pa.Table:
+    """One Parquet file as a table; InputError if it is not Parquet."""
+    try:
+        return pq.read_table(_source(url, data), columns=columns)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{url} is not a readable Parquet file ({_first_line(exc)})") from exc
+
+
+def parquet_schema(url: str, data: bytes | None) -> tuple[pa.Schema, int]:
+    try:
+        meta = pq.ParquetFile(_source(url, data))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{url} is not a readable Parquet file ({_first_line(exc)})") from exc
+    return meta.schema_arrow, meta.metadata.num_rows
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def jsonl_to_table(url: str, data: bytes) -> pa.Table:
+    """OpenAI-Batch JSONL -> columns custom_id, prompt | messages (JSON text), max_tokens, ...
+
+    A line that is not JSON is a bad file (InputError); a line without a prompt is that row's error.
+    """
+    if url.endswith(".gz"):
+        import gzip
+
+        data = gzip.decompress(data)
+    ids: list[str | None] = []
+    prompts: list[str | None] = []
+    messages: list[str | None] = []
+    overrides: dict[str, list[Any]] = {name: [] for name in OVERRIDE_COLUMNS}
+    for lineno, line in enumerate(io.BytesIO(data), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{url} line {lineno} is not JSON ({exc.msg}): expected OpenAI-Batch JSONL") from exc
+        if not isinstance(obj, dict):
+            raise InputError(f"{url} line {lineno}: expected a JSON object with custom_id and body")
+        body = obj.get("body") if isinstance(obj.get("body"), dict) else {}
+        ids.append(None if obj.get("custom_id") is None else str(obj["custom_id"]))
+        prompt = body.get("prompt")
+        prompts.append(prompt if isinstance(prompt, str) else None)
+        msgs = body.get("messages")
+        messages.append(json.dumps(msgs) if msgs is not None else None)
+        for name in OVERRIDE_COLUMNS:
+            value = body.get(name, body.get("max_completion_tokens") if name == "max_tokens" else None)
+            overrides[name].append(json.dumps(value) if value is not None else None)
+    if not ids:
+        raise InputError(f"input {url} is empty: no JSONL lines")
+    if any(i is None for i in ids):
+        missing = ids.index(None) + 1
+        raise InputError(f"{url}: request {missing} has no custom_id; every OpenAI-Batch line needs one")
+    columns: dict[str, pa.Array] = {"custom_id": pa.array(ids, pa.string())}
+    if any(m is not None for m in messages):
+        columns["messages"] = pa.array(messages, pa.string())
+    else:
+        columns["prompt"] = pa.array(prompts, pa.string())
+    for name, values in overrides.items():
+        if any(v is not None for v in values):
+            # kept as JSON text: a bad per-row value is that row's error, not the file's
+            columns[name] = pa.array(values, pa.string())
+    return pa.table(columns)
+
+
+class InputReader:
+    """Reads a shard's rows. Keeps up to `cache_files` decoded input files per process."""
+
+    def __init__(self, plan: InputPlan, settings: Settings | None = None, cache_files: int = 4):
+        self.plan = plan
+        self.settings = settings
+        self._cache: OrderedDict[str, pa.Table] = OrderedDict()
+        self._cache_files = cache_files
+        self.columns = needed_columns(plan)
+
+    def _file_table(self, f: InputFile) -> pa.Table:
+        table = self._cache.get(f.url)
+        if table is None:
+            if self.plan.format == "jsonl":
+                store, name = _open_input(f.url, self.settings)
+                table = jsonl_to_table(f.url, store.get(name))
+            else:
+                store, name = _open_input(f.url, self.settings)
+                data = None if store.local_path(name) is not None else store.get(name)
+                table = read_parquet(f.url, data, columns=self.columns)
+            if table.num_rows != f.rows:
+                raise InputError(f"{f.url} changed since the job was planned ({table.num_rows} rows, was {f.rows})")
+            self._cache[f.url] = table
+            while len(self._cache) > self._cache_files:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(f.url)
+        return table
+
+    def read(self, ranges: tuple[tuple[int, int], ...]) -> pa.Table:
+        """Rows of the given global half-open ranges, in order, with the needed columns."""
+        pieces: list[pa.Table] = []
+        offset = 0
+        for f in self.plan.files:
+            lo, hi = offset, offset + f.rows
+            offset = hi
+            parts = [(max(s, lo) - lo, min(e, hi) - lo) for s, e in ranges if s < hi and e > lo]
+            if not parts:
+                continue
+            table = self._file_table(f)
+            pieces.extend(table.slice(s, e - s) for s, e in parts)
+        return pa.concat_tables(pieces).combine_chunks() if pieces else pa.table({})
+
+
+def needed_columns(plan: InputPlan) -> list[str]:
+    cols = [plan.prompt_column, *plan.override_columns]
+    cols += [c for c in (plan.id_column, plan.continuation_column) if c]
+    return cols
+
+
+def write_result(table: pa.Table) -> bytes:
+    """A result shard as Parquet bytes (zstd)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue().to_pybytes()
+
+
+def read_result(data: bytes) -> pa.Table:
+    return pq.read_table(pa.BufferReader(data))
+
+
+def read_result_schema(data: bytes) -> pa.Schema:
+    """The schema (with metadata) of a result shard, without reading its rows."""
+    return pq.read_schema(pa.BufferReader(data))

@@ -1,0 +1,30 @@
+"""Errors a user can cause. Each message says what was wrong and what to do; the CLI prints it as one line."""
+
+from __future__ import annotations
+
+
+class FreightError(Exception):
+    """Base of every error freight reports to a user as one line (exit status 2 in the CLI)."""
+
+
+class InputError(FreightError):
+    """The input dataset is missing, unreadable, empty, or lacks a usable prompt column."""
+
+
+class ModelNotFoundError(FreightError):
+    """The model folder or prefix has no Hugging Face checkpoint (config.json)."""
+
+
+class SpecMismatchError(FreightError):
+    """OUT already holds a job with a different spec; the message names the differing fields."""
+
+
+class JobIncompleteError(FreightError):
+    """finalize was asked for while shards are still uncommitted."""
+
+
+class ObjectNotFoundError(FreightError, KeyError):
+    """An object store key does not exist."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
+        return str(self.args[0]) if self.args else "object not found"

@@ -1,0 +1,142 @@
+"""The manifest: OUT/manifest.json, the job spec + the shard plan, written once before any work.
+
+Also the object keys of the storage layout (docs/ARCHITECTURE.md, "Job pipeline contract").
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jobs.errors import ObjectNotFoundError, SpecMismatchError
+from jobs.spec import JobSpec
+from jobs.storage import ObjectStore
+
+MANIFEST_FORMAT = "freight.manifest/1"
+
+MANIFEST_KEY = "manifest.json"
+COST_KEY = "cost.json"
+SUCCESS_KEY = "_SUCCESS"
+# A committed result's Parquet schema metadata carries its shard record under this key, so the record
+# commits atomically with the rows (OUT/shards/<n>.json is written right after, for people and tools).
+RECORD_METADATA_KEY = b"freight.shard_record"
+
+
+def shard_result_key(index: int) -> str:
+    return f"shards/{index:05d}.parquet"
+
+
+def shard_record_key(index: int) -> str:
+    return f"shards/{index:05d}.json"
+
+
+def partial_prefix(index: int) -> str:
+    return f"partial/{index:05d}/"
+
+
+def partial_key(index: int, attempt: int) -> str:
+    return f"partial/{index:05d}/{attempt}.parquet"
+
+
+def waste_key(index: int, attempt: int, token: str) -> str:
+    """Cost of work that was thrown away (lost race, interruption): summed into wasted_cost_usd."""
+    return f"waste/{index:05d}-{attempt}-{token}.json"
+
+
+class InputFile(BaseModel):
+    """One input object and its rows; global row numbers follow the order of `InputPlan.files`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str
+    rows: int = Field(ge=0)
+    size: int = Field(ge=0, description="bytes, to notice an input that changed under a job")
+
+
+class InputPlan(BaseModel):
+    """What the planner found in the input."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: Literal["parquet", "jsonl"]
+    files: tuple[InputFile, ...]
+    rows: int = Field(ge=1)
+    prompt_column: str = Field(description="resolved column: the spec's, or 'messages' / JSONL's")
+    prompt_kind: Literal["text", "messages"]
+    id_column: str | None
+    continuation_column: str | None = None
+    override_columns: tuple[str, ...] = Field((), description="per-row sampling columns present")
+
+
+class ShardPlan(BaseModel):
+    """One shard: global row numbers as half-open ranges, ascending (results keep this order)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    index: int = Field(ge=0)
+    rows: int = Field(ge=1)
+    ranges: tuple[tuple[int, int], ...]
+
+    def row_indices(self) -> list[int]:
+        return [i for start, end in self.ranges for i in range(start, end)]
+
+
+class Manifest(BaseModel):
+    """OUT/manifest.json. `job_id` equals `spec.job_id`; `created_at` is unix seconds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: Literal["freight.manifest/1"] = MANIFEST_FORMAT
+    job_id: str
+    spec: JobSpec
+    input: InputPlan
+    shards: tuple[ShardPlan, ...]
+    created_at: float
+    price_per_hour: float = Field(ge=0.0, description="resolved from the table or the spec")
+    on_demand_price_per_hour: float = Field(ge=0.0)
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.model_dump(mode="json"), indent=1).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Manifest:
+        return cls.model_validate(json.loads(data))
+
+
+def read_manifest(store: ObjectStore) -> Manifest:
+    """The job's manifest; ObjectNotFoundError if OUT holds none."""
+    try:
+        data = store.get(MANIFEST_KEY)
+    except ObjectNotFoundError as exc:
+        raise ObjectNotFoundError(f"{store.url} holds no freight job (no {MANIFEST_KEY})") from exc
+    return Manifest.from_json(data)
+
+
+def write_or_match(store: ObjectStore, manifest: Manifest) -> tuple[Manifest, bool]:
+    """Write the manifest if OUT has none; else return the existing one if its spec is equal.
+
+    Returns (manifest in force, resumed). Raises SpecMismatchError naming the differences.
+    """
+    if store.put_if_absent(MANIFEST_KEY, manifest.to_json()):
+        return manifest, False
+    existing = read_manifest(store)
+    check_same_job(store, existing, manifest.spec)
+    if existing.input.files != manifest.input.files:
+        raise SpecMismatchError(
+            f"{store.url} holds job {existing.job_id} over an input that has since changed "
+            "(file list, sizes or row counts differ): use a new --output"
+        )
+    return existing, True
+
+
+def check_same_job(store: ObjectStore, existing: Manifest, spec: JobSpec) -> None:
+    """Raise SpecMismatchError unless `spec` is the spec of the job already in `store`."""
+    differences = existing.spec.diff(spec)
+    if differences:
+        raise SpecMismatchError(
+            f"{store.url} holds another job ({existing.job_id}); differences: "
+            + "; ".join(differences)
+            + ". Use a new --output or rerun with the same options."
+        )

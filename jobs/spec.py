@@ -1,0 +1,94 @@
+"""JobSpec + SamplingSpec: what a job is, validated at submit; its job_id is derived from it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MANIFEST_SPEC_VERSION = 1
+
+
+class SamplingSpec(BaseModel):
+    """Job-wide sampling defaults; per-row columns (max_tokens, temperature, top_p, seed) override them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_tokens: int = Field(128, ge=1, le=1_000_000, description="generated tokens per row, at most")
+    temperature: float = Field(0.0, ge=0.0, le=100.0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="0 = off")
+    seed: int = Field(0, ge=0, lt=2**63, description="job seed; a row's seed is hash(seed, row id)")
+    stop: tuple[str, ...] = Field((), description="stop strings")
+
+
+class JobSpec(BaseModel):
+    """One job: which rows, which model, which sampling, where results go, how it is priced.
+
+    Two specs with equal fields have the same `job_id`; a rerun into the same OUT with the same spec
+    resumes, with a different one it is refused (see `diff`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: str = Field(..., min_length=1, description="Parquet file, folder/prefix of Parquet, or .jsonl")
+    model: str = Field(..., min_length=1, description="HF checkpoint folder or s3://bucket/prefix")
+    output: str = Field(..., min_length=1, description="OUT: local folder or s3://bucket/prefix")
+    prompt_column: str = Field("prompt", min_length=1, description="string prompts or chat messages")
+    id_column: str | None = Field(None, description="ids for the result; default: the row index")
+    continuation_column: str | None = Field(
+        None, description="likelihood scoring: score this column's text after the prompt"
+    )
+    sampling: SamplingSpec = SamplingSpec()
+    shard_rows: int = Field(256, ge=1, le=10_000_000, description="rows per shard, about")
+    instance_type: str = Field("cpu-local", min_length=1, description="a key of the price table")
+    market: Literal["on-demand", "spot"] = "on-demand"
+    price_per_hour: float | None = Field(None, ge=0.0, description="USD per hour; overrides the table")
+    quantization: Literal["int8", "int4"] | None = None
+
+    @field_validator("input", "model", "output")
+    @classmethod
+    def _strip_trailing_slash(cls, v: str) -> str:
+        v = v.strip()
+        stripped = v.rstrip("/")
+        if not stripped or stripped in ("s3:", "s3:/"):
+            raise ValueError(f"'{v}' is not a path or s3://bucket/prefix URL")
+        return stripped
+
+    @model_validator(mode="after")
+    def _check(self) -> JobSpec:
+        if self.continuation_column is not None and self.continuation_column == self.prompt_column:
+            raise ValueError("continuation_column must differ from prompt_column")
+        if self.output == self.input:
+            raise ValueError("output must differ from input: results would overwrite the dataset")
+        return self
+
+    @property
+    def job_id(self) -> str:
+        """Stable id: a hash of the canonical JSON of every field (16 hex digits)."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha256(f"freight-job-v{MANIFEST_SPEC_VERSION}:{canonical}".encode()).hexdigest()
+        return digest[:16]
+
+    def diff(self, other: JobSpec) -> list[str]:
+        """Human-readable differences, e.g. ["sampling.max_tokens: 16 != 32"]; empty when equal."""
+        return _diff(self.model_dump(mode="json"), other.model_dump(mode="json"), prefix="")
+
+
+def _diff(a: dict[str, Any], b: dict[str, Any], prefix: str) -> list[str]:
+    out: list[str] = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out.extend(_diff(va, vb, prefix=f"{prefix}{key}."))
+        elif va != vb:
+            out.append(f"{prefix}{key}: {va!r} != {vb!r}")
+    return out
+
+
+def row_seed(job_seed: int, row_id: str) -> int:
+    """A row's sampling seed: independent of its shard, batch and attempt (63-bit non-negative)."""
+    digest = hashlib.sha256(f"{job_seed}:{row_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)

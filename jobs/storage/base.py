@@ -1,0 +1,71 @@
+"""The ObjectStore contract shared by LocalStore and S3Store."""
+
+from __future__ import annotations
+
+import posixpath
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+
+class ObjectStore(ABC):
+    """A flat key -> bytes store rooted at `url`.
+
+    Contract (both backends):
+    - `get(key)` returns the bytes or raises `jobs.errors.ObjectNotFoundError`.
+    - `put(key, data)` creates or replaces atomically (a reader sees old or new bytes, never a mix).
+    - `put_if_absent(key, data)` creates only if `key` does not exist; returns True if this call
+      created it, False if it already existed. Among racing callers exactly one gets True.
+    - `list(prefix)` returns the keys under `prefix` (a plain string prefix), sorted.
+    - `delete(key)` is a no-op for a missing key.
+    """
+
+    url: str
+
+    @abstractmethod
+    def get(self, key: str) -> bytes: ...
+
+    @abstractmethod
+    def put(self, key: str, data: bytes) -> None: ...
+
+    @abstractmethod
+    def put_if_absent(self, key: str, data: bytes) -> bool: ...
+
+    @abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[str]: ...
+
+    @abstractmethod
+    def delete(self, key: str) -> None: ...
+
+    def local_path(self, key: str) -> Path | None:
+        """A filesystem path for `key` when the store is local (readers may mmap it), else None."""
+        return None
+
+    def url_of(self, key: str) -> str:
+        """The full URL of `key` (for messages and manifests)."""
+        return join_url(self.url, key)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+def check_key(key: str) -> str:
+    """Refuse keys that would escape the root or be ambiguous."""
+    if not key or key.startswith("/") or "\\" in key:
+        raise ValueError(f"bad object key {key!r}: use a relative '/'-separated path")
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        raise ValueError(f"bad object key {key!r}: no empty, '.' or '..' parts")
+    return key
+
+
+def join_url(url: str, key: str) -> str:
+    """`url` + '/' + `key` for both local paths and s3:// URLs."""
+    return f"{url.rstrip('/')}/{key}" if key else url
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """('s3://b/p/x.parquet') -> ('s3://b/p', 'x.parquet'); works for local paths too."""
+    parent, name = posixpath.split(url.rstrip("/"))
+    return parent, name

@@ -1,0 +1,96 @@
+"""S3Store: S3 (or an S3-compatible store) through boto3. put_if_absent = PutObject If-None-Match: *."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from jobs.errors import ObjectNotFoundError
+from jobs.settings import Settings, get_settings
+from jobs.storage.base import ObjectStore, check_key
+
+# 412: the key exists. 409: another conditional write to the key is in flight (retry, then look).
+_EXISTS_CODES = {"PreconditionFailed", "412"}
+_CONFLICT_CODES = {"ConditionalRequestConflict", "409"}
+
+
+def make_s3_client(settings: Settings | None = None) -> Any:
+    """A boto3 S3 client; endpoint from FREIGHT_S3_ENDPOINT_URL, the rest from the AWS environment."""
+    import boto3
+
+    settings = settings or get_settings()
+    return boto3.client("s3", endpoint_url=settings.s3_endpoint_url)
+
+
+class S3Store(ObjectStore):
+    """Objects under s3://bucket/prefix. The client is thread-safe and shared by the store."""
+
+    def __init__(self, bucket: str, prefix: str = "", *, settings: Settings | None = None, client: Any = None):
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self._client = client if client is not None else make_s3_client(settings)
+
+    def _key(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    @staticmethod
+    def _code(exc: Exception) -> str:
+        response = getattr(exc, "response", None) or {}
+        return str(response.get("Error", {}).get("Code", ""))
+
+    def get(self, key: str) -> bytes:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        except ClientError as exc:
+            if self._code(exc) in ("NoSuchKey", "404", "NotFound"):
+                raise ObjectNotFoundError(f"{self.url_of(key)} does not exist") from exc
+            raise
+
+    def put(self, key: str, data: bytes) -> None:
+        self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        for attempt in range(5):
+            try:
+                self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
+                return True
+            except ClientError as exc:
+                code = self._code(exc)
+                if code in _EXISTS_CODES:
+                    return False
+                if code not in _CONFLICT_CODES:
+                    raise
+                time.sleep(0.05 * 2**attempt)
+                if self.exists(key):
+                    return False
+        raise RuntimeError(f"{self.url_of(key)}: conditional put kept conflicting; retry the shard")
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return True
+        except ClientError as exc:
+            if self._code(exc) in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+
+    def list(self, prefix: str = "") -> list[str]:
+        if ".." in prefix.split("/") or prefix.startswith("/"):
+            raise ValueError(f"bad key prefix {prefix!r}")
+        full = (f"{self.prefix}/" if self.prefix else "") + prefix
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        keys: list[str] = []
+        for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
+            keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        self._client.delete_object(Bucket=self.bucket, Key=self._key(key))

@@ -1,0 +1,201 @@
+"""run_shard: one shard from input rows to a committed result + cost record. Used embedded and by Celery.
+
+Commit rule: the result object OUT/shards/<n>.parquet is created with put_if_absent; its Parquet
+metadata carries the shard record too (so the record commits atomically with the rows), and the
+winner then writes OUT/shards/<n>.json. A committed shard is never recomputed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from jobs import datasets
+from jobs.cost import AttemptRecord, ShardPricing, ShardRecord, usd
+from jobs.manifest import (
+    RECORD_METADATA_KEY,
+    Manifest,
+    partial_key,
+    partial_prefix,
+    shard_record_key,
+    shard_result_key,
+    waste_key,
+)
+from jobs.settings import Settings
+from jobs.storage import ObjectStore
+from worker.row_requests import RowRequest, build_requests
+from worker.shard_rows import RowResult, collect_rows, error_row, result_row, rows_table
+
+Status = Literal["committed", "already_committed", "lost_race", "interrupted"]
+
+
+@dataclass(frozen=True)
+class ShardOutcome:
+    """What run_shard did. `record` is set when this call committed; `attempt_record` when it did not
+    commit after doing work (interrupted, lost race)."""
+
+    shard: int
+    status: Status
+    rows: int
+    rows_failed: int
+    record: ShardRecord | None = None
+    attempt_record: AttemptRecord | None = None
+
+
+@dataclass(frozen=True)
+class RowProgress:
+    """Sent to `on_row` as each row finishes (tokens of that row)."""
+
+    shard: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    failed: bool
+
+
+def default_pricing(manifest: Manifest) -> ShardPricing:
+    spec = manifest.spec
+    return ShardPricing(instance_type=spec.instance_type, market=spec.market,
+                        price_per_hour=manifest.price_per_hour,
+                        on_demand_price_per_hour=manifest.on_demand_price_per_hour)
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def run_shard(
+    engine: Any,
+    store: ObjectStore,
+    manifest: Manifest,
+    shard_index: int,
+    *,
+    attempt: int = 0,
+    should_stop: Callable[[], bool] | None = None,
+    pricing: ShardPricing | None = None,
+    load_seconds: float = 0.0,
+    reader: datasets.InputReader | None = None,
+    on_row: Callable[[RowProgress], None] | None = None,
+    settings: Settings | None = None,
+) -> ShardOutcome:
+    """Run shard `shard_index` of `manifest` with a loaded `engine`, committing into `store` (OUT).
+
+    attempt: this attempt's number (partial rows are saved as partial/<n>/<attempt>.parquet).
+    should_stop: checked before every engine step; when it turns True the finished rows are saved
+      as partial rows, the attempt's cost is recorded under waste/, and "interrupted" is returned.
+    pricing: where this runs (default: the manifest's instance type and price).
+    load_seconds: model load time to charge to this shard (the first shard after a load).
+    reader: an InputReader to reuse across shards of one job (default: a fresh one).
+    """
+    started = time.time()
+    t0 = time.perf_counter()
+    shard = manifest.shards[shard_index]
+    pricing = pricing or default_pricing(manifest)
+    if store.exists(shard_result_key(shard_index)):
+        return ShardOutcome(shard=shard_index, status="already_committed", rows=shard.rows, rows_failed=0)
+
+    rows = shard.row_indices()
+    done = _read_partial(store, shard_index)
+    reader = reader or datasets.InputReader(manifest.input, settings)
+    table = reader.read(shard.ranges)
+    requests = build_requests(table, rows, manifest.spec, manifest.input, engine.tokenizer)
+    results: dict[int, RowResult] = {r: done[r] for r in rows if r in done}
+    pending: list[RowRequest] = []
+    for req in requests:
+        if req.row in results:
+            continue
+        if req.error is not None:
+            results[req.row] = error_row(req)
+            _report(on_row, shard_index, results[req.row])
+        else:
+            pending.append(req)
+
+    before = engine.stats.snapshot()
+    stopped = collect_rows(engine, pending, results, should_stop,
+                           lambda res: _report(on_row, shard_index, res))
+    busy = engine.stats.snapshot().busy_seconds - before.busy_seconds
+    likelihood = manifest.spec.continuation_column is not None
+    worker = worker_name()
+
+    if stopped:
+        saved = [results[r] for r in rows if r in results]
+        if saved:
+            store.put(partial_key(shard_index, attempt), datasets.write_result(rows_table(saved, likelihood, with_row=True)))
+        attempted = len(pending)
+        finished_now = sum(1 for req in pending if req.row in results)
+        rec = _attempt_record(manifest, shard_index, attempt, "interrupted", pricing, load_seconds, t0,
+                              attempted, finished_now, worker)
+        store.put(waste_key(shard_index, attempt, uuid.uuid4().hex[:8]), rec.model_dump_json().encode())
+        return ShardOutcome(shard=shard_index, status="interrupted", rows=len(saved),
+                            rows_failed=sum(1 for r in saved if r.error), attempt_record=rec)
+
+    ordered = [results[r] for r in rows]
+    wall = time.perf_counter() - t0
+    billed = wall + load_seconds
+    record = ShardRecord(
+        job_id=manifest.job_id, shard=shard_index, attempt=attempt, rows=len(ordered),
+        rows_failed=sum(1 for r in ordered if r.error is not None),
+        rows_from_partial=sum(1 for r in rows if r in done),
+        prompt_tokens=sum(r.prompt_tokens for r in ordered),
+        cached_tokens=sum(r.cached_tokens for r in ordered),
+        completion_tokens=sum(r.completion_tokens for r in ordered),
+        busy_seconds=busy, load_seconds=load_seconds, wall_seconds=wall, billed_seconds=billed,
+        instance_type=pricing.instance_type, market=pricing.market, price_per_hour=pricing.price_per_hour,
+        on_demand_price_per_hour=pricing.on_demand_price_per_hour,
+        cost_usd=usd(billed, pricing.price_per_hour), on_demand_cost_usd=usd(billed, pricing.on_demand_price_per_hour),
+        worker=worker, started_at=started, finished_at=time.time(),
+    )
+    out = rows_table(ordered, likelihood, with_row=False)
+    out = out.replace_schema_metadata({RECORD_METADATA_KEY: record.model_dump_json().encode()})
+    if not store.put_if_absent(shard_result_key(shard_index), datasets.write_result(out)):
+        rec = _attempt_record(manifest, shard_index, attempt, "lost_race", pricing, load_seconds, t0,
+                              len(pending), 0, worker)
+        store.put(waste_key(shard_index, attempt, uuid.uuid4().hex[:8]), rec.model_dump_json().encode())
+        return ShardOutcome(shard=shard_index, status="lost_race", rows=len(ordered),
+                            rows_failed=record.rows_failed, attempt_record=rec)
+    store.put(shard_record_key(shard_index), record.model_dump_json(indent=1).encode())
+    for key in store.list(partial_prefix(shard_index)):
+        store.delete(key)  # the committed result supersedes them
+    return ShardOutcome(shard=shard_index, status="committed", rows=record.rows,
+                        rows_failed=record.rows_failed, record=record)
+
+
+def _report(on_row: Callable[[RowProgress], None] | None, shard: int, res: RowResult) -> None:
+    if on_row is not None:
+        on_row(RowProgress(shard=shard, prompt_tokens=res.prompt_tokens, cached_tokens=res.cached_tokens,
+                           completion_tokens=res.completion_tokens, failed=res.error is not None))
+
+
+def _read_partial(store: ObjectStore, shard_index: int) -> dict[int, RowResult]:
+    """Rows finished by earlier interrupted attempts (later attempts win; all agree, seeds are per row)."""
+    done: dict[int, RowResult] = {}
+    for key in store.list(partial_prefix(shard_index)):
+        if not key.endswith(".parquet"):
+            continue
+        table = datasets.read_result(store.get(key))
+        for row in table.to_pylist():
+            res = result_row(row)
+            done[res.row] = res
+    return done
+
+
+def _attempt_record(manifest: Manifest, shard: int, attempt: int, reason: Any, pricing: ShardPricing,
+                    load_seconds: float, t0: float, attempted: int, saved: int, worker: str) -> AttemptRecord:
+    billed = time.perf_counter() - t0 + load_seconds
+    cost = usd(billed, pricing.price_per_hour)
+    kept = saved / attempted if attempted else 0.0  # share of the attempt's work the next attempt reuses
+    return AttemptRecord(
+        job_id=manifest.job_id, shard=shard, attempt=attempt, reason=reason, rows_attempted=attempted,
+        rows_saved=saved, billed_seconds=billed, instance_type=pricing.instance_type, market=pricing.market,
+        price_per_hour=pricing.price_per_hour, cost_usd=cost,
+        on_demand_cost_usd=usd(billed, pricing.on_demand_price_per_hour),
+        wasted_usd=cost * (1.0 - kept), worker=worker, recorded_at=time.time(),
+    )
+
+
+__all__ = ["RowProgress", "ShardOutcome", "default_pricing", "run_shard"]
