@@ -1,0 +1,245 @@
+"""Train freight's reference model: a small Llama on the Python standard library's source.
+
+No model hub is reachable from freight's machines, so the quality of quantization (and the demo) is
+judged on a model this script trains itself, on a real corpus every machine has.
+
+Corpus: every `*.py` file of the running interpreter's standard library (`sysconfig` "stdlib"),
+skipping site-packages, test suites (`test/`, `tests/`) and idlelib, read as UTF-8. The split is
+fixed and independent of file order: a file is held out when the first byte of
+sha256(its path relative to the stdlib, POSIX separators) is below 26 (about 10% of files);
+everything else trains the tokenizer and the model. `heldout_files()` is the definition
+bench/quant_quality.py reuses for perplexity.
+
+Model: LlamaForCausalLM (hidden 256, 4 layers, 8 query heads over 4 KV heads, MLP 768, context 256,
+untied 4096-token embeddings; about 5.3M parameters), a byte-level BPE tokenizer of its own
+(4096 tokens). Deterministic: fixed seeds, fixed thread count, deterministic torch algorithms, a
+fixed batch order from a seeded generator. The result (fp16 safetensors, tokenizer, a chat
+template) is written in Hugging Face format so freight's engine and transformers both load it.
+
+    .venv/bin/python bench/train_reference.py --output examples/models/pycoder-tiny
+    .venv/bin/python bench/train_reference.py --measure 5      # seconds per step, then exit
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+EOS = "<|endoftext|>"
+SPECIAL_TOKENS = [EOS, "<|user|>", "<|assistant|>", "<|system|>"]
+SKIP_DIRS = {"site-packages", "test", "tests", "idlelib", "__pycache__"}
+HELDOUT_THRESHOLD = 26  # first sha256 byte < 26 -> held out (26/256 ~ 10% of files)
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    vocab_size: int = 4096
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 8
+    num_kv_heads: int = 4
+    intermediate_size: int = 768  # divisible by 128: every Linear's K fits int4 group 32/64/128
+    context: int = 256  # tokens per training window (and max_position_embeddings)
+    batch_size: int = 32  # windows per step: 8192 tokens
+    steps: int = 600
+    lr: float = 3e-3
+    warmup: int = 30
+    weight_decay: float = 0.1
+    seed: int = 1234
+    threads: int = 2
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError("hidden_size must divide by num_heads and num_heads by num_kv_heads")
+        if self.steps <= self.warmup:
+            raise ValueError(f"steps ({self.steps}) must exceed warmup ({self.warmup})")
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def is_heldout(rel_path: str) -> bool:
+    """The split: held out iff sha256(relative POSIX path)[0] < HELDOUT_THRESHOLD."""
+    return hashlib.sha256(rel_path.encode()).digest()[0] < HELDOUT_THRESHOLD
+
+
+def corpus_files(root: Path | None = None) -> list[tuple[str, Path]]:
+    """(relative path, absolute path) of every corpus file, sorted by relative path."""
+    root = root or stdlib_root()
+    out = []
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).as_posix()
+        if SKIP_DIRS.intersection(rel.split("/")[:-1]):
+            continue
+        out.append((rel, path))
+    return sorted(out)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError):
+        return None
+
+
+def train_files(root: Path | None = None) -> list[str]:
+    """Texts of the training files, in sorted path order."""
+    texts = (_read(p) for rel, p in corpus_files(root) if not is_heldout(rel))
+    return [t for t in texts if t]
+
+
+def heldout_files(root: Path | None = None) -> list[tuple[str, str]]:
+    """(relative path, text) of the held-out files, in sorted path order."""
+    pairs = ((rel, _read(p)) for rel, p in corpus_files(root) if is_heldout(rel))
+    return [(rel, t) for rel, t in pairs if t]
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def token_stream(tok, texts: list[str]) -> torch.Tensor:
+    """All texts encoded and joined, each followed by EOS: int64 [total_tokens]."""
+    eos = tok.token_to_id(EOS)
+    ids: list[int] = []
+    for enc in tok.encode_batch(texts):
+        ids.extend(enc.ids)
+        ids.append(eos)
+    return torch.tensor(ids, dtype=torch.int64)
+
+
+def build_model(cfg: TrainConfig, eos_id: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.context * 2,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+    )
+    config._attn_implementation = "sdpa"
+    return LlamaForCausalLM(config)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / (cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def save(model, tok, cfg: TrainConfig, out: Path, meta: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    model = model.to(torch.float16)
+    model.config.torch_dtype = "float16"
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": EOS, "eos_token": EOS, "pad_token": EOS, "unk_token": None,
+        "add_bos_token": False, "add_eos_token": False,
+        "model_max_length": cfg.context * 2,
+        "chat_template": CHAT_TEMPLATE,
+    }, indent=2) + "\n")
+    eos = tok.token_to_id(EOS)
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos}, indent=2) + "\n")
+    (out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--output", type=Path, default=Path("examples/models/pycoder-tiny"))
+    ap.add_argument("--steps", type=int, default=TrainConfig.steps)
+    ap.add_argument("--measure", type=int, default=0, help="time this many steps, print, exit")
+    args = ap.parse_args()
+    cfg = TrainConfig(steps=args.steps)
+
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    torch.use_deterministic_algorithms(True)
+    t0 = time.time()
+    texts = train_files()
+    tok = train_tokenizer(texts, cfg.vocab_size)
+    data = token_stream(tok, texts)
+    print(f"corpus: {len(texts)} train files, {data.numel()} tokens; tokenizer {time.time() - t0:.0f}s",
+          flush=True)
+
+    model = build_model(cfg, tok.token_to_id(EOS))
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: {n_params / 1e6:.2f}M parameters", flush=True)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    n_steps = args.measure or cfg.steps
+    model.train()
+    t_start = time.time()
+    for step in range(n_steps):
+        starts = torch.randint(0, data.numel() - cfg.context - 1, (cfg.batch_size,), generator=gen)
+        idx = starts[:, None] + torch.arange(cfg.context + 1)  # (B, T+1)
+        batch = data[idx]
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        loss = _loss(model, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 10 == 0 or step == n_steps - 1:
+            el = time.time() - t_start
+            print(f"step {step:5d} loss {loss.item():.4f} lr {lr_at(step, cfg):.2e} "
+                  f"{el / (step + 1):.2f}s/step elapsed {el:.0f}s", flush=True)
+    if args.measure:
+        return
+    meta = {"config": cfg.__dict__, "parameters": n_params, "train_files": len(texts),
+            "train_tokens": int(data.numel()), "final_loss": round(loss.item(), 4),
+            "train_seconds": round(time.time() - t_start), "torch": torch.__version__,
+            "heldout_rule": f"sha256(relpath)[0] < {HELDOUT_THRESHOLD}"}
+    save(model, tok, cfg, args.output, meta)
+    print(f"saved to {args.output}", flush=True)
+
+
+def _loss(model, batch: torch.Tensor) -> torch.Tensor:
+    """Next-token cross entropy over a (B, T+1) batch of windows."""
+    logits = model(input_ids=batch[:, :-1]).logits  # (B, T, V)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Swapping a built model's decoder nn.Linear modules for quantized ones (the model code is untouched).
+
+Two entry points, both called by the engine's loader:
+- `prepare_quantized_model`: before a quantized checkpoint's tensors are loaded, put modules whose
+  parameter names match the checkpoint (`<name>.qweight`, `<name>.scales`, ...) where the Linears are.
+- `quantize_model`: after full-precision weights are loaded, quantize them round-to-nearest in place.
+Every nn.Linear is a decoder Linear except the output head (`lm_head`) and any name listed in
+`modules_to_not_convert`; fused modules (qkv, gate/up) are quantized as one matrix, which is exact
+because every layout here is per output row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from torch import nn
+
+from worker.engine.quant.config import QuantizationConfig
+from worker.engine.quant.formats import check_group_size
+from worker.engine.quant.gptq_format import GPTQInt4Linear
+from worker.engine.quant.linear import Int4Linear, Int8Linear
+
+log = structlog.get_logger(__name__)
+SKIPPED = ("lm_head",)
+ON_THE_FLY_METHODS = ("int8", "int4")
+
+
+def decoder_linears(model: nn.Module, skip: tuple[str, ...] = ()) -> list[tuple[str, nn.Linear]]:
+    """(qualified name, module) of every nn.Linear to quantize, in module order."""
+    skip = SKIPPED + tuple(skip)
+    return [(name, mod) for name, mod in model.named_modules()
+            if isinstance(mod, nn.Linear) and not any(name == s or name.endswith("." + s) for s in skip)]
+
+
+def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def _empty_quantized(linear: nn.Linear, cfg: QuantizationConfig) -> nn.Module:
+    w = linear.weight
+    bias = linear.bias is not None
+    if cfg.quant_method == "gptq":
+        return GPTQInt4Linear(linear.in_features, linear.out_features, cfg.group_size, bias, w.dtype, w.device,
+                              cfg.checkpoint_format)
+    if cfg.bits == 8:
+        return Int8Linear(linear.in_features, linear.out_features, bias, w.dtype, w.device)
+    return Int4Linear(linear.in_features, linear.out_features, cfg.group_size, bias, w.dtype, w.device)
+
+
+def prepare_quantized_model(model: nn.Module, quantization_config: dict[str, Any]) -> None:
+    """Swap decoder Linears for modules that load the checkpoint described by `quantization_config`.
+
+    Raises ValueError (before changing anything) for an unsupported config or a layer whose shape
+    does not fit it.
+    """
+    cfg = QuantizationConfig.from_dict(quantization_config)
+    targets = decoder_linears(model, cfg.modules_to_not_convert)
+    if cfg.bits == 4:
+        for name, linear in targets:
+            _check_int4_shape(name, linear, cfg.group_size)
+    for name, linear in targets:
+        replace_module(model, name, _empty_quantized(linear, cfg))
+    log.info("quantized modules prepared", quant_method=cfg.quant_method, bits=cfg.bits,
+             group_size=cfg.group_size if cfg.bits == 4 else None, modules=len(targets))
+
+
+def quantize_model(model: nn.Module, method: str, group_size: int = 128) -> None:
+    """Quantize the loaded decoder Linears round-to-nearest: method "int8" or "int4" (group-wise).
+
+    Raises ValueError (before changing anything) for an unknown method or a group size that does not
+    divide some layer's input dimension.
+    """
+    if method not in ON_THE_FLY_METHODS:
+        raise ValueError(f"unknown quantization {method!r}; use one of {ON_THE_FLY_METHODS}")
+    targets = decoder_linears(model)
+    if method == "int4":
+        for name, linear in targets:
+            _check_int4_shape(name, linear, group_size)
+    for name, linear in targets:
+        new = Int8Linear.from_linear(linear) if method == "int8" else Int4Linear.from_linear(linear, group_size)
+        replace_module(model, name, new)
+    log.info("model quantized on the fly", method=method, group_size=group_size if method == "int4" else None,
+             modules=len(targets))
+
+
+def _check_int4_shape(name: str, linear: nn.Linear, group_size: int) -> None:
+    check_group_size(linear.in_features, group_size, name)
