@@ -1,9 +1,119 @@
-"""`freight` commands: evals (filled in by its issue)."""
+"""`freight eval run|report` and `freight beat`: scheduled evaluation suites (jobs/evals/).
+
+Embedded runs import worker/ lazily, inside the command; --submit and beat only queue jobs.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+from jobs.errors import FreightError
+from jobs.evals.plan import JobExecutor
+from jobs.settings import Settings, get_settings
+
+eval_app = typer.Typer(name="eval", help="Evaluation suites: run, score, compare with earlier runs.", no_args_is_help=True)
+
+
+def embedded_executor(settings: Settings) -> JobExecutor:
+    """Run each job in process to the end (the same plan/shard/finalize as `freight run`)."""
+    from worker.local import run_job  # lazy: jobs/ never imports worker at module level
+
+    def execute(spec):  # type: ignore[no-untyped-def]
+        run_job(spec, settings=settings)
+
+    return execute
+
+
+def submit_executor(settings: Settings) -> JobExecutor:
+    """Queue each job on the fleet, like `freight submit`."""
+    from jobs.submit import submit_job
+
+    def execute(spec):  # type: ignore[no-untyped-def]
+        submit_job(spec, settings=settings)
+
+    return execute
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(2)
+
+
+@eval_app.command("run")
+def run_command(
+    suites: Annotated[Path, typer.Argument(help="the suite file (TOML)")],
+    output: Annotated[str, typer.Option("--output", "-o", help="OUT: folder or s3://bucket/prefix for this run")],
+    suite: Annotated[list[str] | None, typer.Option("--suite", help="run only this suite (repeatable)")] = None,
+    model: Annotated[list[str] | None, typer.Option("--model", help="use this model instead of the suites' (repeatable)")] = None,
+    submit: Annotated[bool, typer.Option("--submit", help="queue the jobs on the fleet instead of running them here")] = False,
+) -> None:
+    """Run suites: embedded by default (then score and print the report), or queue with --submit."""
+    from jobs.evals.collect import collect
+    from jobs.evals.plan import start_run
+    from jobs.evals.suite import load_suite_file
+
+    settings = get_settings()
+    try:
+        suite_file = load_suite_file(suites)  # every problem, with its line, before any work
+        execute = submit_executor(settings) if submit else embedded_executor(settings)
+        plan = start_run(suite_file, output, execute, suite_names=suite, models=model)
+        if submit:
+            typer.echo(f"queued eval run {plan.run_id}; when its jobs finish: freight eval report {plan.output}")
+            return
+        report = collect(plan.output)
+    except FreightError as exc:
+        raise _fail(exc) from exc
+    typer.echo(report.markdown)
+    if report.regressions:
+        raise typer.Exit(1)
+
+
+@eval_app.command("report")
+def report_command(
+    output: Annotated[str, typer.Argument(help="OUT of an eval run")],
+    as_json: Annotated[bool, typer.Option("--json", help="print report.json instead of Markdown")] = False,
+) -> None:
+    """Score a finished run (if not yet), compare with the previous run of each suite, print it.
+    Exit status 1 when a metric regressed beyond the noise."""
+    from jobs.evals.collect import REPORT_JSON, collect
+    from jobs.storage import open_store
+
+    try:
+        report = collect(output)
+    except FreightError as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        typer.echo(json.dumps(json.loads(open_store(output).get(REPORT_JSON)), indent=2))
+    else:
+        typer.echo(report.markdown)
+    if report.regressions:
+        raise typer.Exit(1)
+
+
+def beat_command(suites: Annotated[Path, typer.Argument(help="the suite file (TOML)")]) -> None:
+    """Celery beat: submit each suite of the file on its cron schedule (UTC) and report finished runs.
+    Only one beat may run per suite file: a second one is refused (a lock in Redis)."""
+    import redis
+
+    from jobs.client import make_client_app
+    from jobs.evals.beat import run_beat
+    from jobs.evals.lock import BeatLock, LockHeldError
+    from jobs.evals.suite import load_suite_file
+
+    settings = get_settings()
+    try:
+        suite_file = load_suite_file(suites)
+        lock = BeatLock(redis.Redis.from_url(settings.redis_url), suite_file.lock_id)
+        run_beat(make_client_app(settings), str(suite_file.path), submit_executor(settings), lock)
+    except (FreightError, LockHeldError) as exc:
+        raise _fail(exc) from exc
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to `app`."""
+    """Add `freight eval ...` and `freight beat` to `app`."""
+    app.add_typer(eval_app, name="eval")
+    app.command("beat")(beat_command)

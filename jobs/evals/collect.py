@@ -1,0 +1,129 @@
+"""Finishing an eval run: score the finished jobs, record history, compare, write the report.
+
+Idempotent: collecting a run twice gives the same report (the history record of a run is written
+once; a second collect reads it back instead of writing a new one).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+
+from jobs.datasets import read_result, write_result
+from jobs.errors import FreightError
+from jobs.evals.chart import score_chart
+from jobs.evals.data import SuiteData
+from jobs.evals.history import History, MetricResult, RunRecord, model_key
+from jobs.evals.plan import PlannedModel, PlannedSuite, RunPlan, read_plan
+from jobs.evals.report import ReportEntry, compare, report_json, report_markdown
+from jobs.evals.scoring import read_job_results, score_suite
+from jobs.evals.suite import Suite, parse_suite_text
+from jobs.log import get_logger
+from jobs.spec import JobSpec
+from jobs.storage import ObjectStore, open_store
+
+log = get_logger(__name__)
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+
+
+class EvalIncompleteError(FreightError):
+    """Some jobs of the run have not finished yet."""
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    run_id: str
+    entries: list[ReportEntry]
+    markdown: str
+
+    @property
+    def regressions(self) -> int:
+        return sum(e.regressed for e in self.entries)
+
+
+def unfinished_jobs(plan: RunPlan) -> list[str]:
+    """OUT of every job of the run that has no _SUCCESS yet."""
+    pending = []
+    for suite in plan.suites:
+        for entry in suite.models:
+            for spec in (entry.generate, entry.likelihood):
+                if spec is not None and not open_store(spec.output).exists("_SUCCESS"):
+                    pending.append(spec.output)
+    return pending
+
+
+def _job_cost(spec: JobSpec | None) -> float:
+    if spec is None:
+        return 0.0
+    return float(json.loads(open_store(spec.output).get("cost.json")).get("cost_usd", 0.0))
+
+
+def _score_entry(plan: RunPlan, suite: Suite, planned: PlannedSuite, entry: PlannedModel, out: ObjectStore, history: History) -> ReportEntry:
+    data = SuiteData(read_result(out.get(f"{suite.name}/rows.parquet")), planned.dataset_sha256)
+    generated = read_job_results(open_store(entry.generate.output)) if entry.generate else None
+    likelihoods = read_job_results(open_store(entry.likelihood.output)) if entry.likelihood else None
+    scores = score_suite(suite, data, generated, likelihoods)
+    base = f"{suite.name}/{model_key(entry.model)}"
+    out.put(f"{base}/scores.parquet", write_result(scores.rows))
+    record = RunRecord(
+        suite=suite.name,
+        model=entry.model,
+        run_id=plan.run_id,
+        started_at=plan.started_at,
+        finished_at=datetime.now(UTC).isoformat(),
+        output=plan.output,
+        dataset=suite.dataset,
+        dataset_sha256=planned.dataset_sha256,
+        sampling=suite.sampling.model_dump(mode="json"),
+        rows=scores.rows.num_rows,
+        rows_failed=scores.rows_failed,
+        cost_usd=_job_cost(entry.generate) + _job_cost(entry.likelihood),
+        metrics={
+            name: MetricResult(score=ci.mean, low=ci.low, high=ci.high, confidence=ci.confidence)
+            for name, ci in scores.intervals.items()
+        },
+    )
+    if not history.record(record):  # collected before: keep the stored record
+        record = RunRecord.model_validate_json(history.store.get(record.key))
+    runs = [r for r in history.runs(suite.name, entry.model) if r.run_id <= plan.run_id]
+    reported = compare(record, history.previous(record))
+    png = score_chart(runs, f"{suite.name} on {model_key(entry.model)}")
+    if png is not None:
+        out.put(f"{base}/chart.png", png)
+        reported = reported.model_copy(update={"chart": f"{base}/chart.png"})
+    log.info("eval scored", suite=suite.name, model=entry.model, rows=record.rows, failed=record.rows_failed,
+             scores={k: round(v.score, 4) for k, v in record.metrics.items()}, regression=reported.regressed)
+    return reported
+
+
+def collect(output: str) -> EvalReport:
+    """Score the run in `output` and write its report. EvalIncompleteError while jobs still run."""
+    plan = read_plan(output)
+    pending = unfinished_jobs(plan)
+    if pending:
+        raise EvalIncompleteError(
+            f"eval run {plan.run_id}: {len(pending)} job(s) not finished yet (first: {pending[0]}); "
+            "wait for them (`freight wait OUT`) and run `freight eval report` again"
+        )
+    suite_file = parse_suite_text(plan.suite_text, Path(plan.suite_file), read_columns=None)
+    out = open_store(plan.output)
+    history = History(open_store(plan.history))
+    entries = [
+        _score_entry(plan, suite_file.suite(planned.name), planned, entry, out, history)
+        for planned in plan.suites
+        for entry in planned.models
+    ]
+    markdown = report_markdown(plan.run_id, entries)
+    out.put(REPORT_JSON, json.dumps(report_json(plan.run_id, entries), indent=2).encode())
+    out.put(REPORT_MD, markdown.encode())
+    return EvalReport(plan.run_id, entries, markdown)
+
+
+def read_scores(output: str, suite: str, model: str) -> pa.Table:
+    """The per-row results of `suite` on `model` in a collected run."""
+    return read_result(open_store(output).get(f"{suite}/{model_key(model)}/scores.parquet"))

@@ -1,0 +1,81 @@
+"""Run history in object storage: one JSON record per (suite, model, run), never rewritten.
+
+Key: `<suite>/<model key>/<run_id>.json` under the suite file's `history` location. run ids start
+with a UTC timestamp, so the keys of one suite and model sort oldest first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from jobs.storage import ObjectStore
+
+RECORD_VERSION = 1
+
+
+def model_key(model: str) -> str:
+    """A short, readable, unique folder name for a model path or URL."""
+    tail = re.sub(r"[^A-Za-z0-9_.\-]+", "-", model.rstrip("/").rsplit("/", 1)[-1]).strip("-.") or "model"
+    return f"{tail[:40]}-{hashlib.sha256(model.encode()).hexdigest()[:8]}"
+
+
+class MetricResult(BaseModel):
+    """Score of one metric column and its bootstrap interval."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    score: float
+    low: float
+    high: float
+    confidence: float
+
+
+class RunRecord(BaseModel):
+    """What one run of a suite on a model scored."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    version: int = RECORD_VERSION
+    suite: str
+    model: str
+    run_id: str
+    started_at: str  # ISO 8601, UTC
+    finished_at: str
+    output: str  # the run's OUT
+    dataset: str
+    dataset_sha256: str
+    sampling: dict[str, Any]
+    rows: int
+    rows_failed: int
+    cost_usd: float
+    metrics: dict[str, MetricResult]
+
+    @property
+    def key(self) -> str:
+        return f"{self.suite}/{model_key(self.model)}/{self.run_id}.json"
+
+
+class History:
+    """The run records under one history location."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    def record(self, record: RunRecord) -> bool:
+        """Store `record` unless this run already has one; True if this call wrote it."""
+        data = json.dumps(record.model_dump(mode="json"), indent=2, sort_keys=True).encode()
+        return self.store.put_if_absent(record.key, data)
+
+    def runs(self, suite: str, model: str) -> list[RunRecord]:
+        """Every record of `suite` on `model`, oldest first."""
+        prefix = f"{suite}/{model_key(model)}/"
+        keys = [k for k in self.store.list(prefix) if k.endswith(".json")]
+        return [RunRecord.model_validate_json(self.store.get(k)) for k in keys]
+
+    def previous(self, record: RunRecord) -> RunRecord | None:
+        """The latest record of the same suite and model before `record`'s run."""
+        earlier = [r for r in self.runs(record.suite, record.model) if r.run_id < record.run_id]
+        return earlier[-1] if earlier else None

@@ -1,0 +1,178 @@
+"""Starting an eval run: freeze the suites' rows in OUT, write OUT/eval.json, run or queue the jobs.
+
+Layout of one eval run's OUT:
+    eval.json                          the run plan (this module's RunPlan), written before any job
+    <suite>/rows.parquet               id, prompt, reference[, choices]: the rows as scored
+    <suite>/generate.parquet           generation job input (id, prompt)
+    <suite>/options.parquet            scoring job input (id, prompt, continuation), one row per option
+    <suite>/<model key>/generate/      the generation job's OUT (manifest, shards, cost.json, _SUCCESS)
+    <suite>/<model key>/likelihood/    the scoring job's OUT
+    <suite>/<model key>/scores.parquet per-row results with one score column per metric (collect)
+    <suite>/<model key>/chart.png      score over time, when there are two runs or more (collect)
+    report.json, report.md             the report (collect)
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from jobs.datasets import write_result
+from jobs.errors import FreightError
+from jobs.evals.data import generation_input, likelihood_input, load_suite_data
+from jobs.evals.history import model_key
+from jobs.evals.metrics import MultipleChoice
+from jobs.evals.suite import Suite, SuiteFile
+from jobs.log import get_logger
+from jobs.spec import JobSpec, SamplingSpec
+from jobs.storage import ObjectStore, open_store
+
+log = get_logger(__name__)
+PLAN_KEY = "eval.json"
+JobExecutor = Callable[[JobSpec], None]  # embedded: runs the job to the end; --submit: queues it
+
+
+class PlannedModel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    model: str
+    generate: JobSpec | None  # None when the suite has only multiple-choice metrics
+    likelihood: JobSpec | None  # None when it has none
+
+
+class PlannedSuite(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    dataset_sha256: str
+    rows: int
+    models: list[PlannedModel]
+
+
+class RunPlan(BaseModel):
+    """OUT/eval.json: everything `collect` needs, including the suite file's text as it was."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    version: int = 1
+    run_id: str
+    started_at: str
+    output: str
+    suite_file: str  # path of the suite file; custom metric files resolve against its folder
+    suite_text: str
+    history: str
+    suites: list[PlannedSuite]
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    """Sortable by time: 20261129T020000Z-3f9a1c2e."""
+    now = now or datetime.now(UTC)
+    return f"{now.strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(4)}"
+
+
+def _pick(suite_file: SuiteFile, names: Sequence[str] | None) -> list[Suite]:
+    if not names:
+        return list(suite_file.suites)
+    return [suite_file.suite(name) for name in names]
+
+
+def _job_specs(suite: Suite, model: str, out: ObjectStore) -> PlannedModel:
+    sampling = suite.sampling
+    base = f"{suite.name}/{model_key(model)}"
+    extra = {"shard_rows": suite.shard_rows} if suite.shard_rows else {}
+    generate = likelihood = None
+    if suite.needs_generation:
+        generate = JobSpec(
+            input=out.url_of(f"{suite.name}/generate.parquet"),
+            model=model,
+            output=out.url_of(f"{base}/generate"),
+            prompt_column="prompt",
+            id_column="id",
+            sampling=SamplingSpec(
+                max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed
+            ),
+            **extra,
+        )
+    if suite.needs_likelihood:
+        likelihood = JobSpec(
+            input=out.url_of(f"{suite.name}/options.parquet"),
+            model=model,
+            output=out.url_of(f"{base}/likelihood"),
+            prompt_column="prompt",
+            id_column="id",
+            continuation_column="continuation",
+            sampling=SamplingSpec(max_tokens=1, seed=sampling.seed),
+            **extra,
+        )
+    return PlannedModel(model=model, generate=generate, likelihood=likelihood)
+
+
+def start_run(
+    suite_file: SuiteFile,
+    output: str,
+    execute: JobExecutor,
+    *,
+    suite_names: Sequence[str] | None = None,
+    models: Sequence[str] | None = None,
+    run_id: str | None = None,
+) -> RunPlan:
+    """Write the run's inputs and plan into `output`, then hand each job to `execute`.
+
+    An OUT that already holds a run of the same suites and models resumes it (jobs keep their
+    committed shards); any other existing run there is refused."""
+    out = open_store(output)
+    suites = _pick(suite_file, suite_names)
+    text = Path(suite_file.path).read_text(encoding="utf-8")
+    planned: list[PlannedSuite] = []
+    inputs: dict[str, bytes] = {}
+    for suite in suites:
+        data = load_suite_data(suite)
+        inputs[f"{suite.name}/rows.parquet"] = write_result(data.table)
+        if suite.needs_generation:
+            inputs[f"{suite.name}/generate.parquet"] = generation_input(data)
+        mc = [m for m in suite.metrics if isinstance(m, MultipleChoice)]
+        if mc:
+            inputs[f"{suite.name}/options.parquet"] = likelihood_input(data, mc[0])
+        chosen = list(models) if models else list(suite.models)
+        planned.append(
+            PlannedSuite(
+                name=suite.name, dataset_sha256=data.sha256, rows=data.rows, models=[_job_specs(suite, m, out) for m in chosen]
+            )
+        )
+    plan = RunPlan(
+        run_id=run_id or new_run_id(),
+        started_at=datetime.now(UTC).isoformat(),
+        output=out.url,
+        suite_file=str(suite_file.path),
+        suite_text=text,
+        history=suite_file.history,
+        suites=planned,
+    )
+    if out.exists(PLAN_KEY):
+        existing = RunPlan.model_validate_json(out.get(PLAN_KEY))
+        if existing.suites != plan.suites or existing.suite_text != plan.suite_text:
+            raise FreightError(
+                f"{out.url} already holds eval run {existing.run_id} of other suites, models or data; "
+                "use a new --output folder for a new run"
+            )
+        plan = existing
+        log.info("resuming eval run", run_id=plan.run_id, output=out.url)
+    else:
+        for key, data in inputs.items():
+            out.put(key, data)
+        out.put(PLAN_KEY, plan.model_dump_json(indent=2).encode())
+    for suite in plan.suites:
+        for entry in suite.models:
+            for spec in (entry.generate, entry.likelihood):
+                if spec is not None:
+                    log.info("eval job", suite=suite.name, model=entry.model, output=spec.output)
+                    execute(spec)
+    return plan
+
+
+def read_plan(output: str) -> RunPlan:
+    out = open_store(output)
+    if not out.exists(PLAN_KEY):
+        raise FreightError(f"{out.url} holds no eval run ({PLAN_KEY} is missing); run `freight eval run` first")
+    return RunPlan.model_validate_json(out.get(PLAN_KEY))

@@ -1,0 +1,132 @@
+"""The eval report: per suite and model, each metric's score and interval, compared with the
+previous run, as JSON (for machines) and Markdown (for people).
+
+Regression rule: a metric regressed when its score dropped by more than the noise of the two runs,
+noise = sqrt(h_prev^2 + h_now^2) where h is the half-width of each run's bootstrap interval (the
+two intervals' errors combined as independent). A drop inside the noise is reported, not flagged.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from jobs.evals.history import RunRecord
+
+
+class MetricComparison(BaseModel):
+    """One metric of one run against the previous run (None fields when there is none)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    metric: str
+    score: float
+    low: float
+    high: float
+    previous_score: float | None = None
+    previous_run_id: str | None = None
+    delta: float | None = None  # score - previous score
+    noise: float | None = None
+    regression: bool = False
+
+
+class ReportEntry(BaseModel):
+    """One suite on one model in one run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    suite: str
+    model: str
+    run_id: str
+    rows: int
+    rows_failed: int
+    cost_usd: float
+    dataset_changed: bool  # the previous run scored different data
+    metrics: list[MetricComparison]
+    chart: str | None = None  # the PNG of the score over time, relative to the report
+
+    @property
+    def regressed(self) -> bool:
+        return any(m.regression for m in self.metrics)
+
+
+def _half_width(low: float, high: float) -> float:
+    return (high - low) / 2 if math.isfinite(low) and math.isfinite(high) else 0.0
+
+
+def compare(record: RunRecord, previous: RunRecord | None) -> ReportEntry:
+    """The report entry of `record`, compared metric by metric with `previous`."""
+    metrics = []
+    for name, now in record.metrics.items():
+        before = previous.metrics.get(name) if previous is not None else None
+        if before is None or previous is None:
+            metrics.append(MetricComparison(metric=name, score=now.score, low=now.low, high=now.high))
+            continue
+        delta = now.score - before.score
+        noise = math.hypot(_half_width(before.low, before.high), _half_width(now.low, now.high))
+        metrics.append(
+            MetricComparison(
+                metric=name,
+                score=now.score,
+                low=now.low,
+                high=now.high,
+                previous_score=before.score,
+                previous_run_id=previous.run_id,
+                delta=delta,
+                noise=noise,
+                regression=-delta > noise,
+            )
+        )
+    return ReportEntry(
+        suite=record.suite,
+        model=record.model,
+        run_id=record.run_id,
+        rows=record.rows,
+        rows_failed=record.rows_failed,
+        cost_usd=record.cost_usd,
+        dataset_changed=previous is not None and previous.dataset_sha256 != record.dataset_sha256,
+        metrics=metrics,
+    )
+
+
+def report_json(run_id: str, entries: list[ReportEntry]) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "regressions": sum(e.regressed for e in entries),
+        "entries": [e.model_dump(mode="json") for e in entries],
+    }
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.1f}"
+
+
+def report_markdown(run_id: str, entries: list[ReportEntry]) -> str:
+    """A summary a person reads at a glance: one table row per suite, model and metric."""
+    flagged = sum(e.regressed for e in entries)
+    lines = [
+        f"# Evaluation report {run_id}",
+        "",
+        f"{len(entries)} suite run(s); {flagged} with a regression beyond the noise." if flagged else f"{len(entries)} suite run(s); no regression.",
+        "",
+        "| suite | model | metric | score % | 95% CI | vs previous | rows | failed | cost USD |",
+        "|---|---|---|---:|---|---|---:|---:|---:|",
+    ]
+    for e in entries:
+        for m in e.metrics:
+            if m.delta is None:
+                change = "first run"
+            else:
+                change = f"{100 * m.delta:+.1f} (noise ±{100 * (m.noise or 0):.1f})"
+                change += " **REGRESSION**" if m.regression else ""
+            lines.append(
+                f"| {e.suite} | {e.model} | {m.metric} | {_pct(m.score)} | {_pct(m.low)}–{_pct(m.high)} | {change} "
+                f"| {e.rows} | {e.rows_failed} | {e.cost_usd:.6f} |"
+            )
+    notes = [f"- {e.suite} on {e.model}: the dataset changed since the previous run" for e in entries if e.dataset_changed]
+    charts = [f"![{e.suite} on {e.model}]({e.chart})" for e in entries if e.chart]
+    if notes:
+        lines += ["", "Notes:", *notes]
+    if charts:
+        lines += ["", *charts]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,86 @@
+"""Cron strings of suites -> Celery beat schedule entries.
+
+Every suite with a `schedule` gets one entry that submits it (all its models) on that cron, in
+UTC. One more entry, every COLLECT_SECONDS, scores the scheduled runs whose jobs have finished.
+The entries name local handlers (see jobs/evals/beat.py); nothing is sent to the workers for them:
+the jobs themselves go through jobs.client by task name.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from croniter import croniter
+
+if TYPE_CHECKING:
+    from celery.schedules import crontab
+
+    from jobs.evals.suite import SuiteFile
+
+SUBMIT_TASK = "freight.eval.submit_suite"
+COLLECT_TASK = "freight.eval.collect"
+COLLECT_SECONDS = 60.0
+_ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+_HELP = "write five fields 'minute hour day-of-month month day-of-week' in UTC, e.g. '0 2 * * *' for 02:00 every day"
+
+
+def cron_fields(expression: str) -> list[str]:
+    """The five fields of a cron string (aliases such as @daily expanded); ValueError if invalid."""
+    text = _ALIASES.get(expression.strip().lower(), expression.strip())
+    fields = text.split()
+    if len(fields) != 5:
+        raise ValueError(f"schedule {expression!r} has {len(fields)} field(s): {_HELP}")
+    if not croniter.is_valid(text):
+        raise ValueError(f"schedule {expression!r} is not a valid cron expression: {_HELP}")
+    return fields
+
+
+def validate_cron(expression: str) -> None:
+    """Raise ValueError with what to write when `expression` is not a schedule beat can run."""
+    to_crontab(expression)
+
+
+def to_crontab(expression: str) -> crontab:
+    """The Celery crontab of a cron string (UTC: the app's timezone)."""
+    from celery.schedules import crontab
+
+    minute, hour, day_of_month, month, day_of_week = cron_fields(expression)
+    try:
+        return crontab(
+            minute=minute, hour=hour, day_of_month=day_of_month, month_of_year=month, day_of_week=day_of_week
+        )
+    except ValueError as exc:
+        raise ValueError(f"schedule {expression!r} is not a cron expression Celery accepts ({exc}): {_HELP}") from exc
+
+
+def entry_name(suite_name: str) -> str:
+    return f"freight-eval:{suite_name}"
+
+
+def build_schedule(suite_file: SuiteFile) -> dict[str, dict[str, Any]]:
+    """Celery `beat_schedule` for a suite file: one entry per scheduled suite plus the collector.
+    Arguments are plain JSON (the suite file's path and the suite name)."""
+    entries: dict[str, dict[str, Any]] = {}
+    for suite in suite_file.suites:
+        if suite.schedule is None:
+            continue
+        entries[entry_name(suite.name)] = {
+            "task": SUBMIT_TASK,
+            "schedule": to_crontab(suite.schedule),
+            "args": [str(suite_file.path), suite.name],
+        }
+    if entries:
+        entries["freight-eval:collect"] = {
+            "task": COLLECT_TASK,
+            "schedule": COLLECT_SECONDS,
+            "args": [str(suite_file.path)],
+        }
+    return entries
