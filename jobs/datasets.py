@@ -211,3 +211,26 @@ def read_result(data: bytes) -> pa.Table:
 def read_result_schema(data: bytes) -> pa.Schema:
     """The schema (with metadata) of a result shard, without reading its rows."""
     return pq.read_schema(pa.BufferReader(data))
+
+
+def read_results(store: ObjectStore, head: int | None = None) -> pa.Table:
+    """The committed result shards as one table, in shard order (the first `head` rows if given)."""
+    tables: list[pa.Table] = []
+    count = 0
+    for key in store.list("shards/"):
+        if not key.endswith(".parquet"):
+            continue
+        table = read_result(store.get(key)).replace_schema_metadata(None)
+        tables.append(table)
+        count += table.num_rows
+        if head is not None and count >= head:
+            break
+    if not tables:
+        return RESULT_SCHEMA.empty_table()
+    table = pa.concat_tables(tables, promote_options="default")
+    return table.slice(0, head) if head is not None else table
+
+
+def write_jsonl(table: pa.Table) -> bytes:
+    """Rows as JSON lines (UTF-8)."""
+    return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in table.to_pylist()).encode()

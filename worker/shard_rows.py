@@ -79,7 +79,7 @@ def from_output(out: Any, req: RowRequest) -> RowResult:
 
 
 def sampling_params(req: RowRequest) -> Any:
-    from worker.engine import SamplingParams
+    from worker.engine.sampling_params import SamplingParams
 
     s = req.sampling
     assert s is not None  # invariant: only rows without an error reach the engine

@@ -1,9 +1,197 @@
-"""`freight` commands: run (filled in by its issue)."""
+"""`freight run | status | cost | results | demo-model`: jobs embedded in this process, and their outputs."""
 
 from __future__ import annotations
 
+import json
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
 import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from jobs.errors import FreightError
+from jobs.settings import get_settings
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+def fail(message: str, code: int = EXIT_USER_ERROR) -> typer.Exit:
+    """Print one clear line on stderr; return the Exit to raise."""
+    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    return typer.Exit(code)
+
+
+def _validation_line(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ())) or "spec"
+    return f"invalid {where}: {err.get('msg', 'bad value')}"
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """SIGINT / SIGTERM set the event (the shard saves its finished rows); a second SIGINT kills."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop.set()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def run(
+    input: str = typer.Argument(..., help="Parquet file, folder/prefix of Parquet files, or OpenAI-Batch .jsonl"),
+    model: str = typer.Option(..., "--model", help="Hugging Face checkpoint folder or s3://bucket/prefix"),
+    output: str = typer.Option(..., "--output", help="OUT: local folder or s3://bucket/prefix"),
+    prompt_column: str = typer.Option("prompt", help="string prompts, or chat messages (list of role/content)"),
+    id_column: str | None = typer.Option(None, help="ids for the results (default: the row index)"),
+    continuation_column: str | None = typer.Option(None, help="score this column's text after the prompt"),
+    max_tokens: int = typer.Option(128, help="tokens to generate per row, at most"),
+    temperature: float = typer.Option(0.0, help="0 = greedy"),
+    top_p: float = typer.Option(1.0),
+    top_k: int = typer.Option(0, help="0 = off"),
+    seed: int = typer.Option(0, help="job seed; each row's seed is hash(seed, row id)"),
+    shard_rows: int = typer.Option(256, help="rows per shard, about"),
+    instance_type: str = typer.Option("cpu-local", help="a key of the price table"),
+    market: str = typer.Option("on-demand", help="on-demand or spot"),
+    price_per_hour: float | None = typer.Option(None, help="USD per hour; overrides the price table"),
+    prices: Path | None = typer.Option(None, help="a price table TOML instead of the shipped one"),
+    quantization: str | None = typer.Option(None, help="int8 or int4: quantize the weights at load"),
+) -> None:
+    """Run a job in this process: plan, shards, cost report. Rerun the same command to resume."""
+    from jobs.cost import PriceTable
+    from jobs.planner import prepare_job
+    from jobs.spec import JobSpec, SamplingSpec
+
+    settings = get_settings()
+    try:
+        spec = JobSpec(
+            input=input, model=model, output=output, prompt_column=prompt_column, id_column=id_column,
+            continuation_column=continuation_column,
+            sampling=SamplingSpec(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed),
+            shard_rows=shard_rows, instance_type=instance_type, market=market, price_per_hour=price_per_hour,
+            quantization=quantization,
+        )
+        prepared = prepare_job(spec, settings, PriceTable.load(prices) if prices else None)
+    except ValidationError as exc:
+        raise fail(_validation_line(exc)) from None
+    except FreightError as exc:
+        raise fail(str(exc)) from None
+    from jobs.cli.run_progress import run_with_progress
+
+    code = run_with_progress(prepared, settings)
+    if code:
+        raise typer.Exit(code)
+
+
+def status(out: str = typer.Argument(..., help="the job's OUT")) -> None:
+    """State of a job: shards committed / total, rows, errors."""
+    from jobs.status import job_status
+    from jobs.storage import open_store
+    from jobs.tables import status_table
+
+    try:
+        st = job_status(open_store(out, get_settings()))
+    except FreightError as exc:
+        raise fail(str(exc)) from None
+    Console().print(status_table(st))
+
+
+def cost(out: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json", help="raw cost.json")) -> None:
+    """The job's cost report (a provisional one, marked so, while shards are still running)."""
+    from jobs.storage import open_store
+    from jobs.tables import cost_table
+
+    store = open_store(out, get_settings())
+    try:
+        report, provisional = _report(store)
+    except FreightError as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=1) + "\n")
+    else:
+        Console().print(cost_table(report, provisional=provisional))
+
+
+def _report(store: Any) -> tuple[dict[str, Any], bool]:
+    import time
+
+    from jobs.cost import build_report
+    from jobs.finalize import committed_shards, load_attempt_records, load_shard_record
+    from jobs.manifest import read_manifest
+    from jobs.status import read_cost
+
+    manifest = read_manifest(store)
+    report = read_cost(store)
+    if report is not None:
+        return report, False
+    records = [load_shard_record(store, i) for i in sorted(committed_shards(store))]
+    return build_report(manifest.job_id, records, load_attempt_records(store), started_at=manifest.created_at,
+                        finished_at=time.time(), default_instance_type=manifest.spec.instance_type,
+                        default_market=manifest.spec.market, default_price_per_hour=manifest.price_per_hour), True
+
+
+def results(
+    out: str = typer.Argument(...),
+    head: int = typer.Option(10, help="rows to show"),
+    to: Path | None = typer.Option(None, help="write all results to FILE.parquet or FILE.jsonl"),
+) -> None:
+    """Show the first results, or export them all."""
+    from jobs import datasets
+    from jobs.manifest import read_manifest
+    from jobs.storage import open_store
+    from jobs.tables import results_table
+
+    store = open_store(out, get_settings())
+    try:
+        read_manifest(store)
+        if to is None:
+            Console().print(results_table(datasets.read_results(store, head=head)))
+            return
+        if to.suffix not in (".parquet", ".jsonl"):
+            raise FreightError(f"--to {to}: give a .parquet or .jsonl file name")
+        table = datasets.read_results(store)
+        to.write_bytes(datasets.write_result(table) if to.suffix == ".parquet" else datasets.write_jsonl(table))
+    except FreightError as exc:
+        raise fail(str(exc)) from None
+    Console(stderr=True).print(f"wrote {table.num_rows:,} rows to {to}")
+
+
+def demo_model(
+    out_dir: Path = typer.Argument(..., help="folder to write the checkpoint into"),
+    arch: str = typer.Option("llama", help="llama, qwen2 or qwen3"),
+    size: str = typer.Option("tiny", help="tiny, small or medium"),
+) -> None:
+    """Write a small random Hugging Face checkpoint + tokenizer (for trying freight without a model hub)."""
+    from worker.demo_model import make_demo_model
+
+    try:
+        path = make_demo_model(out_dir, arch=arch, size=size)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    Console(stderr=True).print(f"demo model ({arch}, {size}) written to {path}")
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to `app`."""
+    app.command("run")(run)
+    app.command("status")(status)
+    app.command("cost")(cost)
+    app.command("results")(results)
+    app.command("demo-model")(demo_model)

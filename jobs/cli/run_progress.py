@@ -1,0 +1,93 @@
+"""`freight run`'s execution: the embedded runner with a rich progress bar (TTY) or JSON log lines."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from jobs.errors import FreightError
+from jobs.log import get_logger
+from jobs.manifest import SUCCESS_KEY
+from jobs.planner import PreparedJob
+from jobs.settings import Settings
+
+log = get_logger("freight.run")
+
+
+class _Counters:
+    """Rows and tokens finished in this process (for tokens/s and the prefix-cache hit rate)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.rows = self.failed = self.prompt = self.cached = self.completion = 0
+
+    def add(self, p: Any) -> None:
+        self.rows += 1
+        self.failed += int(p.failed)
+        self.prompt += p.prompt_tokens
+        self.cached += p.cached_tokens
+        self.completion += p.completion_tokens
+
+    def fields(self) -> dict[str, Any]:
+        elapsed = max(time.perf_counter() - self.t0, 1e-9)
+        return {"tps": (self.prompt + self.completion) / elapsed, "hit": self.cached / self.prompt if self.prompt else 0.0}
+
+
+def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
+    """Run the job; return the exit status (0 done, 130 interrupted, 2 user error)."""
+    from jobs.cli.run import EXIT_INTERRUPTED, _stop_on_signals, fail
+    from jobs.status import job_status
+    from jobs.tables import cost_table
+    from worker.local import run_local
+
+    store, manifest = prepared.store, prepared.manifest
+    console = Console(stderr=True)
+    if prepared.resumed and store.exists(SUCCESS_KEY):
+        console.print(f"job {manifest.job_id} is already complete in {store.url}")
+        from jobs.status import read_cost
+
+        console.print(cost_table(read_cost(store) or {}))
+        return 0
+    before = job_status(store, manifest)
+    log.info("job_start", job_id=manifest.job_id, output=store.url, rows=manifest.input.rows,
+             shards=len(manifest.shards), shards_committed=before.shards_committed, resumed=prepared.resumed)
+    counters = _Counters()
+    tty = sys.stderr.isatty()
+    last_log = [time.perf_counter()]
+    with _stop_on_signals() as stop:
+        progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[tps]:,.0f} tok/s"), TextColumn("prefix hit {task.fields[hit]:.0%}"),
+            TimeElapsedColumn(), console=console, disable=not tty,
+        )
+        with progress:
+            task = progress.add_task("rows", total=manifest.input.rows, completed=before.rows_done, tps=0.0, hit=0.0)
+
+            def on_row(p: Any) -> None:
+                counters.add(p)
+                if tty:
+                    progress.update(task, advance=1, **counters.fields())
+                elif time.perf_counter() - last_log[0] > 5.0:
+                    last_log[0] = time.perf_counter()
+                    log.info("progress", job_id=manifest.job_id, rows=before.rows_done + counters.rows,
+                             total=manifest.input.rows, **{k: round(v, 3) for k, v in counters.fields().items()})
+
+            try:
+                result = run_local(store, manifest, settings=settings, should_stop=stop.is_set, on_row=on_row)
+            except FreightError as exc:
+                raise fail(str(exc)) from None
+    if result.interrupted:
+        st = job_status(store, manifest)
+        console.print(f"interrupted: {st.shards_committed} of {st.shards_total} shards committed in {store.url}; "
+                      "rerun the same command to resume")
+        return EXIT_INTERRUPTED
+    report = result.report or {}
+    log.info("job_done", job_id=manifest.job_id, rows=report.get("rows"), rows_failed=report.get("rows_failed"),
+             cost_usd=report.get("cost_usd"))
+    console.print(cost_table(report))
+    console.print(f"results: {store.url_of('shards/')}  (freight results {store.url})")
+    return 0

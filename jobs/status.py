@@ -1,0 +1,57 @@
+"""Job state derived from storage alone (the distributed mode adds live progress from Redis)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from jobs.finalize import committed_shards, load_attempt_records, load_shard_record
+from jobs.manifest import COST_KEY, SUCCESS_KEY, Manifest, read_manifest
+from jobs.storage import ObjectStore
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """state: "complete" (_SUCCESS present), "finalizing" (all shards in), "incomplete"."""
+
+    job_id: str
+    state: str
+    shards_total: int
+    shards_committed: int
+    rows_total: int
+    rows_done: int
+    rows_failed: int
+    interrupted_attempts: int
+    output: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def job_status(store: ObjectStore, manifest: Manifest | None = None) -> JobStatus:
+    manifest = manifest or read_manifest(store)
+    done = committed_shards(store)
+    records = [load_shard_record(store, i) for i in sorted(done)]
+    if store.exists(SUCCESS_KEY):
+        state = "complete"
+    elif len(done) >= len(manifest.shards):
+        state = "finalizing"
+    else:
+        state = "incomplete"
+    return JobStatus(
+        job_id=manifest.job_id,
+        state=state,
+        shards_total=len(manifest.shards),
+        shards_committed=len(done),
+        rows_total=manifest.input.rows,
+        rows_done=sum(r.rows for r in records),
+        rows_failed=sum(r.rows_failed for r in records),
+        interrupted_attempts=len(load_attempt_records(store)),
+        output=store.url,
+    )
+
+
+def read_cost(store: ObjectStore) -> dict[str, Any] | None:
+    """cost.json when the job is finalized, else None."""
+    return json.loads(store.get(COST_KEY)) if store.exists(COST_KEY) else None

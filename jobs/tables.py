@@ -1,0 +1,78 @@
+"""Rich tables a person reads at a glance: the cost report, the job status, the first results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+from rich.table import Table
+
+from jobs.status import JobStatus
+
+
+def _usd(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"${v:,.4f}" if v >= 0.01 or v == 0 else f"${v:.2e}"
+
+
+def _num(v: float | int | None, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,}" if isinstance(v, int) else f"{v:,.{digits}f}"
+
+
+def cost_table(report: dict[str, Any], provisional: bool = False) -> Table:
+    title = f"freight job {report['job_id']}" + (" (so far: not finalized)" if provisional else "")
+    t = Table(title=title, show_header=False, title_justify="left")
+    t.add_column("what", style="bold")
+    t.add_column("value", justify="right")
+    rows = [
+        ("rows (failed)", f"{report['rows']:,} ({report['rows_failed']:,})"),
+        ("prompt tokens (cached)", f"{report['prompt_tokens']:,} ({report['cached_tokens']:,})"),
+        ("completion tokens", f"{report['completion_tokens']:,}"),
+        ("prefix cache hit rate", f"{report['cache_hit_rate']:.1%}"),
+        ("tokens / s (engine busy)", _num(report["tokens_per_second"])),
+        ("busy / billed / wall s", f"{report['busy_seconds']:.1f} / {report['billed_seconds']:.1f} / "
+                                   f"{report['wall_seconds']:.1f}"),
+        ("instance (market)", f"{report['instance_type']} ({report['market']})"),
+        ("price / hour", _usd(report["price_per_hour"])),
+        ("cost", _usd(report["cost_usd"])),
+        ("$ / 1M input tokens", _usd(report["usd_per_million_input_tokens"])),
+        ("$ / 1M output tokens", _usd(report["usd_per_million_output_tokens"])),
+        ("on-demand cost", _usd(report["on_demand_cost_usd"])),
+        ("wasted (interruptions)", _usd(report["wasted_cost_usd"])),
+        ("shards", f"{len(report['shards']):,}"),
+    ]
+    for what, value in rows:
+        t.add_row(what, value)
+    return t
+
+
+def status_table(status: JobStatus) -> Table:
+    t = Table(title=f"freight job {status.job_id}", show_header=False, title_justify="left")
+    t.add_column("what", style="bold")
+    t.add_column("value", justify="right")
+    t.add_row("state", status.state)
+    t.add_row("shards committed / total", f"{status.shards_committed:,} / {status.shards_total:,}")
+    t.add_row("rows done / total", f"{status.rows_done:,} / {status.rows_total:,}")
+    t.add_row("rows failed", f"{status.rows_failed:,}")
+    t.add_row("uncommitted attempts", f"{status.interrupted_attempts:,}")
+    t.add_row("output", status.output)
+    return t
+
+
+def results_table(table: pa.Table, width: int = 60) -> Table:
+    t = Table(title=f"first {table.num_rows} results", title_justify="left")
+    for name in table.column_names:
+        t.add_column(name, overflow="fold", max_width=width if name in ("completion", "error") else None)
+    for row in table.to_pylist():
+        t.add_row(*(_cell(row[c], width) for c in table.column_names))
+    return t
+
+
+def _cell(v: Any, width: int) -> str:
+    if v is None:
+        return "-"
+    s = repr(v)[1:-1] if isinstance(v, str) else str(v)
+    return s if len(s) <= width else s[: width - 1] + "…"

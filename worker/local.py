@@ -1,0 +1,91 @@
+"""The embedded runner: plan, shards and finalize in this process (no queue server)."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from jobs.datasets import InputReader
+from jobs.finalize import committed_shards, finalize
+from jobs.log import get_logger
+from jobs.manifest import Manifest, partial_prefix
+from jobs.model_cache import resolve_model
+from jobs.settings import Settings
+from jobs.storage import ObjectStore
+from worker.shard import RowProgress, ShardOutcome, run_shard
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    """What run_local did. `report` is the cost report when the job completed, else None."""
+
+    outcomes: tuple[ShardOutcome, ...]
+    report: dict[str, Any] | None
+    load_seconds: float
+
+    @property
+    def interrupted(self) -> bool:
+        return self.report is None
+
+
+def load_engine(manifest: Manifest, settings: Settings | None = None, device: str | None = None) -> tuple[Any, float]:
+    """(engine, seconds it took to load) for the manifest's model (S3 models via the local cache)."""
+    import torch
+
+    from worker.engine import Engine, EngineConfig
+
+    t0 = time.perf_counter()
+    model_dir = resolve_model(manifest.spec.model, settings)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    engine = Engine.from_pretrained(str(model_dir), EngineConfig(device=device, quantization=manifest.spec.quantization))
+    return engine, time.perf_counter() - t0
+
+
+def next_attempt(store: ObjectStore, shard_index: int) -> int:
+    """One more than the highest attempt that left partial rows for this shard (0 if none)."""
+    attempts = [int(m.group(1)) for k in store.list(partial_prefix(shard_index)) if (m := re.search(r"/(\d+)\.parquet$", k))]
+    return max(attempts, default=-1) + 1
+
+
+def run_local(
+    store: ObjectStore,
+    manifest: Manifest,
+    *,
+    engine: Any = None,
+    settings: Settings | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    on_row: Callable[[RowProgress], None] | None = None,
+    on_shard: Callable[[ShardOutcome], None] | None = None,
+) -> LocalRun:
+    """Run every uncommitted shard of the job in order, then finalize. Committed shards are skipped.
+
+    Stops early (report None) when `should_stop` turns True; rerunning resumes.
+    """
+    done = committed_shards(store)
+    todo = [s.index for s in manifest.shards if s.index not in done]
+    load_seconds = 0.0
+    if todo and engine is None:
+        engine, load_seconds = load_engine(manifest, settings)
+        log.info("engine_loaded", model=manifest.spec.model, seconds=round(load_seconds, 3))
+    reader = InputReader(manifest.input, settings)
+    outcomes: list[ShardOutcome] = []
+    charge = load_seconds  # the first shard run after the load pays for it
+    for index in todo:
+        outcome = run_shard(engine, store, manifest, index, attempt=next_attempt(store, index),
+                            should_stop=should_stop, load_seconds=charge, reader=reader, on_row=on_row,
+                            settings=settings)
+        charge = 0.0
+        outcomes.append(outcome)
+        log.info("shard_done", job_id=manifest.job_id, shard=index, status=outcome.status,
+                 rows=outcome.rows, rows_failed=outcome.rows_failed)
+        if on_shard is not None:
+            on_shard(outcome)
+        if outcome.status == "interrupted":
+            return LocalRun(outcomes=tuple(outcomes), report=None, load_seconds=load_seconds)
+    report = finalize(store, manifest)
+    return LocalRun(outcomes=tuple(outcomes), report=report, load_seconds=load_seconds)
