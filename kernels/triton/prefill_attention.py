@@ -1,0 +1,173 @@
+"""Varlen causal prefill attention over the paged KV cache (Triton), flash-style: query tiles
+stream key tiles through an online softmax; the score matrix never reaches memory.
+
+The keys are the cached prefix plus the new chunk, all read from the paged cache (the chunk's K/V
+are stored before the call), which is what chunked prefill after a prefix-cache hit needs.
+Sequence b's query i sits at position context_lens[b] - q_len_b + i and sees keys 0..position.
+Same signature as kernels.reference.prefill_attention (plus an optional launch config).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.checks import (
+    FLOAT_DTYPES,
+    check_gqa,
+    check_kv_cache,
+    check_last_dim_contiguous,
+    check_out,
+    check_positive,
+    check_same_device,
+    check_same_dtype,
+    check_shape,
+    check_tensor,
+)
+from kernels.triton.launch import check_launchable, dot, dot_upcast
+from kernels.triton.paged import load_kv_tile
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend(
+    acc, m_i, l_i, q, q_pos, kc_ptr, vc_ptr, table, kvh, block_size, stride_cb, stride_cs, stride_ch,
+    lo, hi, offs_d, d_mask, scale_log2,
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Online softmax over keys lo..hi-1 (hi <= context). CAUSAL masks key > query position;
+    without it every key in range is visible to every row of the tile."""
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < hi
+        k = load_kv_tile(kc_ptr, table, offs_n, n_mask, kvh, block_size, stride_cb, stride_cs, stride_ch,
+                         offs_d, d_mask)  # [BN, BD]
+        s = dot(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), UPCAST) * scale_log2
+        if CAUSAL:  # (the unmasked range is whole tiles below every row's position)
+            s = tl.where(n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = load_kv_tile(vc_ptr, table, offs_n, n_mask, kvh, block_size, stride_cb, stride_cs, stride_ch,
+                         offs_d, d_mask)
+        acc = dot(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, kc_ptr, vc_ptr, cu_ptr, lens_ptr, bt_ptr, out_ptr,
+    # q, out [T, Hq, D]; caches [NB, BS, Hkv, D]; cu [B+1]; lens [B]; bt [B, MB]
+    scale_log2, group, head_dim, block_size,
+    stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
+):
+    # Program (query tile, sequence, query head).
+    tile = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    q_start = tl.load(cu_ptr + b)
+    q_len = tl.load(cu_ptr + b + 1) - q_start
+    if tile * BLOCK_M < q_len:
+        ctx = tl.load(lens_ptr + b)
+        prefix = ctx - q_len  # keys before the chunk
+        kvh = h // group
+        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        m_mask = offs_m < q_len
+        d_mask = offs_d < head_dim
+        q_pos = prefix + offs_m  # [BM] absolute positions
+        rows = (q_start + offs_m).to(tl.int64)
+        q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                    mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+        m_i = tl.full((BLOCK_M,), -1.0e30, tl.float32)
+        l_i = tl.zeros((BLOCK_M,), tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+        table = bt_ptr + b * stride_bt
+        # Keys 0..first row's position are visible to every row: no causal mask there (whole tiles).
+        full_end = ((prefix + tile * BLOCK_M + 1) // BLOCK_N) * BLOCK_N
+        end = tl.minimum(prefix + (tile + 1) * BLOCK_M, ctx)  # one past the last row's position
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, q_pos, kc_ptr, vc_ptr, table, kvh, block_size,
+                                stride_cb, stride_cs, stride_ch, 0, full_end, offs_d, d_mask, scale_log2,
+                                False, BLOCK_M, BLOCK_N, UPCAST)
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, q_pos, kc_ptr, vc_ptr, table, kvh, block_size,
+                                stride_cb, stride_cs, stride_ch, full_end, end, offs_d, d_mask, scale_log2,
+                                True, BLOCK_M, BLOCK_N, UPCAST)
+        res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+                 res.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Launch shape (hand-chosen for Hopper: 128x64 tiles, 8 warps for head_dim 128)."""
+
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+    *,
+    config: PrefillConfig | None = None,
+) -> torch.Tensor:
+    """Varlen causal attention for T new query tokens of B sequences; returns [T, Hq, D].
+
+    cu_seqlens_q int32 [B+1] (rows cu[b]:cu[b+1] belong to sequence b); context_lens int32 [B]
+    (cached prefix + chunk, >= the chunk); block_tables int32 [B, max_blocks]. One host sync reads
+    the longest chunk to size the grid.
+    """
+    cfg = config or PrefillConfig()
+    _, block_size, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
+    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    tokens, num_heads, _ = q.shape
+    check_shape("q", q, (tokens, num_heads, head_dim))
+    check_same_dtype(q=q, k_cache=k_cache)
+    group = check_gqa(num_heads, num_kv_heads)
+    check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=(torch.int32,))
+    batch = cu_seqlens_q.shape[0] - 1
+    if batch < 0:
+        raise ValueError("cu_seqlens_q must hold B+1 offsets (at least [0])")
+    check_tensor("context_lens", context_lens, ndim=1, dtypes=(torch.int32,))
+    check_shape("context_lens", context_lens, (batch,))
+    check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32,))
+    check_shape("block_tables", block_tables, (batch, None))
+    check_positive("scale", scale)
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables)):
+        check_last_dim_contiguous(name, t)
+    if k_cache.stride() != v_cache.stride():
+        raise ValueError(f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}")
+    check_out("out", out, (tokens, num_heads, head_dim), q)
+    device = check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, cu_seqlens_q=cu_seqlens_q,
+                               context_lens=context_lens, block_tables=block_tables)
+    check_launchable(_prefill_kernel, device)
+    if out is None:
+        out = torch.empty_like(q)
+    if batch == 0 or tokens == 0:
+        return out
+    max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())  # the one host sync
+    if max_q_len <= 0:
+        return out
+    grid = (triton.cdiv(max_q_len, cfg.block_m), batch, num_heads)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, out,
+        float(scale) * _LOG2E, group, head_dim, block_size,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=triton.next_power_of_2(head_dim),
+        UPCAST=dot_upcast(_prefill_kernel, q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
