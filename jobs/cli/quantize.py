@@ -1,9 +1,60 @@
-"""`freight` commands: quantize (filled in by its issue)."""
+"""`freight quantize`: write an int8 / int4 (RTN or GPTQ) weight-only quantized checkpoint folder."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+from jobs.cli.run import fail
+from jobs.log import get_logger
+
+log = get_logger(__name__)
+METHODS = ("int8", "int4-rtn", "int4-gptq")
+
+
+def quantize(
+    model: Path = typer.Argument(..., help="full-precision Hugging Face checkpoint folder (safetensors)"),
+    method: str = typer.Option(..., "--method", help="int8 | int4-rtn | int4-gptq"),
+    output: Path = typer.Option(..., "--output", help="folder to create for the quantized checkpoint"),
+    group_size: int = typer.Option(128, "--group-size", help="int4 group size along K: 32, 64 or 128"),
+    calibration: Path | None = typer.Option(None, "--calibration",
+                                            help="Parquet file of calibration rows (int4-gptq)"),
+    calibration_column: str = typer.Option("prompt", "--calibration-column",
+                                           help="text column of the calibration file"),
+    calibration_rows: int = typer.Option(128, "--calibration-rows", help="rows to calibrate on"),
+    act_order: bool = typer.Option(False, "--act-order", help="GPTQ: columns by decreasing Hessian diagonal"),
+    damp: float = typer.Option(0.01, "--damp", help="GPTQ dampening: fraction of mean(diag H)"),
+) -> None:
+    """Quantize MODEL's decoder Linear weights into a checkpoint Engine.from_pretrained and `freight run
+    --model` load. int8: per output channel; int4: group-wise; both symmetric. GPTQ needs
+    --calibration (e.g. a sample of the job's own dataset)."""
+    # torch and the engine are imported here, not at module level: jobs/ stays light.
+    from worker.engine.quant.calibration import read_calibration_texts
+    from worker.engine.quant.checkpoint import QuantizeSpec, quantize_checkpoint
+
+    if method not in METHODS:
+        raise fail(f"unknown --method {method!r}; use one of {', '.join(METHODS)}")
+    if calibration is not None and method != "int4-gptq":
+        raise fail(f"--calibration is used only by int4-gptq, not {method}")
+    if calibration_rows < 1:
+        raise fail("--calibration-rows must be at least 1")
+    if not (model / "config.json").is_file():
+        raise fail(f"{model} is not a Hugging Face checkpoint folder (no config.json)")
+    try:
+        spec = QuantizeSpec(method=method, group_size=group_size, damp=damp, act_order=act_order)
+        texts = (read_calibration_texts(calibration, calibration_column, calibration_rows)
+                 if calibration is not None else None)
+        sizes = quantize_checkpoint(model, output, spec, texts)
+    except ValueError as e:
+        raise fail(str(e)) from e
+    ratio = sizes["linear_bytes_after"] / max(sizes["linear_bytes_before"], 1)
+    typer.echo(f"wrote {output}: {method}"
+               f"{'' if method == 'int8' else f' group {group_size}'}, decoder Linear weights "
+               f"{sizes['linear_bytes_before'] / 2**20:.2f} MiB -> {sizes['linear_bytes_after'] / 2**20:.2f} MiB "
+               f"({ratio:.1%}, scales included)")
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to `app`."""
+    app.command("quantize")(quantize)

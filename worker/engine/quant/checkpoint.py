@@ -1,0 +1,194 @@
+"""The offline step: a full-precision checkpoint folder -> a freight-quantized checkpoint folder.
+
+Decoder Linear weights (every nn.Linear of the engine's model but lm_head) are written as
+`<hf module>.qweight` / `<hf module>.scales` in freight's layouts, under the checkpoint's own
+(unfused) names, which the engine's loader stacks into its fused modules row by row; every other
+tensor and file is copied unchanged, and config.json gains a `quantization_config`. The folder is
+built beside the output and renamed into place, so a failure writes nothing.
+
+GPTQ runs the calibration prompts through an fp32 Engine on the CPU (prefix caching off), one pass
+per decoder layer (calibration.SequentialHessians). q/k/v (and gate/up) share one input, hence one
+Hessian: quantizing each unfused weight with it equals quantizing the fused matrix.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from worker.engine.quant.config import QuantizationConfig
+from worker.engine.quant.formats import check_group_size, pack_int4, quantize_int4, quantize_int8
+from worker.engine.quant.gptq import GPTQConfig, gptq_quantize_int4
+
+log = structlog.get_logger(__name__)
+METHODS = ("int8", "int4-rtn", "int4-gptq")
+
+
+@dataclass(frozen=True)
+class QuantizeSpec:
+    method: str  # "int8" | "int4-rtn" | "int4-gptq"
+    group_size: int = 128  # int4 only
+    damp: float = 0.01  # GPTQ: fraction of mean(diag H) added before inverting
+    act_order: bool = False  # GPTQ: visit columns by decreasing Hessian diagonal (static groups)
+    max_calibration_tokens: int = 512  # per calibration row, after tokenizing
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown quantization method {self.method!r}; use one of {METHODS}")
+        if self.method != "int8":
+            QuantizationConfig(bits=4, group_size=self.group_size)  # validates the group size
+        GPTQConfig(group_size=self.group_size, damp=self.damp, act_order=self.act_order)
+        if self.max_calibration_tokens < 2:
+            raise ValueError("max_calibration_tokens must be at least 2")
+
+    @property
+    def quantization_config(self) -> QuantizationConfig:
+        bits = 8 if self.method == "int8" else 4
+        return QuantizationConfig(bits=bits, group_size=self.group_size,
+                                  method="gptq" if self.method == "int4-gptq" else "rtn")
+
+
+def _load_all(model_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    from worker.engine.loader import checkpoint_files, read_config
+
+    raw = read_config(model_dir)
+    if "quantization_config" in raw:
+        raise ValueError(f"{model_dir} is already quantized ({raw['quantization_config'].get('quant_method')}); "
+                         "quantize a full-precision checkpoint")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in checkpoint_files(model_dir):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                tensors[name] = f.get_tensor(name)
+    return raw, tensors
+
+
+def linear_weight_names(raw_config: dict, tensors: dict[str, torch.Tensor]) -> dict[str, tuple[str, int]]:
+    """Checkpoint name of each decoder Linear weight -> (engine module it loads into, shard index).
+
+    The shard index orders the rows of a fused module (q, k, v; gate, up); 0 for unfused ones.
+    """
+    from worker.engine.backends import select_backend
+    from worker.engine.loader import internal_name
+    from worker.engine.models import CausalLM, ModelConfig
+    from worker.engine.quant.swap import decoder_linears
+
+    cfg = ModelConfig.from_dict(raw_config)
+    with torch.device("meta"):
+        model = CausalLM(cfg, select_backend("torch", torch.device("cpu")), 16)
+    modules = {name for name, _ in decoder_linears(model)}
+    out = {}
+    for name in tensors:
+        if name.endswith(".weight"):
+            internal, shard = internal_name(name)
+            module = internal.removesuffix(".weight")
+            if module in modules:
+                out[name] = (module, shard or 0)
+    return out
+
+
+def quantize_checkpoint(model_dir: Path, output: Path, spec: QuantizeSpec,
+                        calibration_texts: list[str] | None = None) -> dict[str, int]:
+    """Write the quantized checkpoint folder `output`; returns weight bytes before/after.
+
+    Raises ValueError, writing nothing, for a missing or already quantized model, an existing
+    non-empty output, a group size that does not divide a layer's input, or GPTQ without
+    calibration texts.
+    """
+    model_dir, output = Path(model_dir), Path(output)
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise ValueError(f"output {output} already exists and is not an empty folder; choose a new path")
+    if spec.method == "int4-gptq" and not calibration_texts:
+        raise ValueError("int4-gptq needs calibration data: pass --calibration DATA.parquet")
+    raw, tensors = _load_all(model_dir)
+    targets = linear_weight_names(raw, tensors)
+    if spec.method != "int8":
+        for name in targets:
+            check_group_size(tensors[name].shape[1], spec.group_size, name)
+
+    if spec.method == "int4-gptq":
+        quantized = _gptq_all(model_dir, targets, tensors, spec, calibration_texts or [])
+    else:
+        quantized = {name: (quantize_int8(tensors[name]) if spec.method == "int8"
+                            else quantize_int4(tensors[name], spec.group_size)) for name in targets}
+    out_tensors = {k: v for k, v in tensors.items() if k not in targets}
+    for name, (qweight, scales) in quantized.items():
+        base = name.removesuffix(".weight")
+        src_dtype = tensors[name].dtype
+        out_tensors[f"{base}.qweight"] = qweight.contiguous()
+        out_tensors[f"{base}.scales"] = scales.to(torch.float32 if src_dtype == torch.float32
+                                                   else torch.float16).contiguous()
+    raw = dict(raw, quantization_config=spec.quantization_config.to_dict())
+    _write_folder(model_dir, output, raw, out_tensors)
+    sizes = {
+        "linear_bytes_before": sum(tensors[n].numel() * tensors[n].element_size() for n in targets),
+        "linear_bytes_after": sum(out_tensors[n.removesuffix(".weight") + s].nbytes
+                                  for n in targets for s in (".qweight", ".scales")),
+        "linear_params": sum(tensors[n].numel() for n in targets),
+    }
+    log.info("checkpoint quantized", model=str(model_dir), output=str(output), method=spec.method,
+             group_size=spec.group_size, layers=len(targets), **sizes)
+    return sizes
+
+
+def _gptq_all(model_dir: Path, targets: dict[str, tuple[str, int]], tensors: dict[str, torch.Tensor], spec: QuantizeSpec,
+              texts: list[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    from worker.engine import Engine, EngineConfig, SamplingParams
+    from worker.engine.quant.calibration import SequentialHessians
+    from worker.engine.quant.formats import dequantize_int4
+
+    engine = Engine.from_pretrained(model_dir, EngineConfig(device="cpu", dtype="float32",
+                                                            enable_prefix_caching=False))
+    limit = min(spec.max_calibration_tokens, engine.max_model_len - 1)
+    prompts = [ids[:limit] for ids in (engine.tokenizer.encode(t) for t in texts) if ids]
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    model = engine.model
+    layers = model.model.layers
+    calib = SequentialHessians(layers, lambda p: engine.generate(p, params), prompts)
+    gcfg = GPTQConfig(group_size=spec.group_size, damp=spec.damp, act_order=spec.act_order)
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for i, hessians in calib.layers():
+        prefix = f"model.layers.{i}."
+        for name, (module_name, _) in targets.items():
+            if not module_name.startswith(prefix):
+                continue
+            local = module_name.removeprefix(prefix)
+            q, scales = gptq_quantize_int4(tensors[name], hessians[local].hessian, gcfg)
+            out[name] = (pack_int4(q), scales)
+        # the layer's engine modules now compute with their quantized weights, for the next layer
+        for local, module in layers[i].named_modules():
+            if isinstance(module, torch.nn.Linear) and local in hessians:
+                shards = sorted((shard, n) for n, (m, shard) in targets.items() if m == prefix + local)
+                rows = [dequantize_int4(*out[n], spec.group_size) for _, n in shards]  # fused: stacked rows
+                module.weight.data.copy_(torch.cat(rows, dim=0))
+        log.info("gptq layer done", layer=i, rows=next(iter(hessians.values())).rows)
+    missing = set(targets) - set(out)
+    if missing:
+        raise ValueError(f"GPTQ found no decoder layer for {sorted(missing)[:3]}")
+    return out
+
+
+def _write_folder(model_dir: Path, output: Path, raw: dict, tensors: dict[str, torch.Tensor]) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        for src in model_dir.iterdir():
+            skip = src.suffix == ".safetensors" or src.name in ("config.json", "model.safetensors.index.json")
+            if src.is_file() and not skip:
+                shutil.copy2(src, tmp / src.name)
+        (tmp / "config.json").write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if output.exists():
+            output.rmdir()  # checked empty above
+        tmp.rename(output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
