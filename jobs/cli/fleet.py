@@ -1,9 +1,223 @@
-"""`freight` commands: fleet (filled in by its issue)."""
+"""`freight submit | worker | wait | cancel`: distributed jobs through Celery on Redis.
+
+submit/wait/cancel never import worker/ or torch; `freight worker` imports the Celery app lazily.
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+import time
+from pathlib import Path
+
 import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from jobs.cli.run import _validation_line, fail
+from jobs.errors import FreightError
+from jobs.settings import get_settings
+
+EXIT_JOB_FAILED = 1
+
+
+def _resolve(job_or_out: str) -> tuple[str, str]:
+    """(job_id, OUT) from either: a path / s3:// URL is OUT; 16 hex digits is a job id Redis knows."""
+    from jobs.manifest import read_manifest
+    from jobs.progress import LiveState
+    from jobs.storage import open_store
+
+    settings = get_settings()
+    if "/" in job_or_out or job_or_out.startswith("s3://") or Path(job_or_out).exists():
+        manifest = read_manifest(open_store(job_or_out, settings))
+        return manifest.job_id, manifest.spec.output
+    live = LiveState(settings.redis_url)
+    try:
+        output = live.job_meta(job_or_out).get("output")
+    finally:
+        live.close()
+    if not output:
+        raise FreightError(f"Redis knows no job {job_or_out!r}: pass its OUT (folder or s3:// URL) instead")
+    return job_or_out, output
+
+
+def submit(
+    input: str = typer.Argument(
+        ..., help="Parquet file, folder/prefix of Parquet files, or OpenAI-Batch .jsonl"
+    ),
+    model: str = typer.Option(..., "--model", help="Hugging Face checkpoint folder or s3://bucket/prefix"),
+    output: str = typer.Option(..., "--output", help="OUT: local folder or s3://bucket/prefix"),
+    prompt_column: str = typer.Option(
+        "prompt", help="string prompts, or chat messages (list of role/content)"
+    ),
+    id_column: str | None = typer.Option(None, help="ids for the results (default: the row index)"),
+    continuation_column: str | None = typer.Option(None, help="score this column's text after the prompt"),
+    max_tokens: int = typer.Option(128, help="tokens to generate per row, at most"),
+    temperature: float = typer.Option(0.0, help="0 = greedy"),
+    top_p: float = typer.Option(1.0),
+    top_k: int = typer.Option(0, help="0 = off"),
+    seed: int = typer.Option(0, help="job seed; each row's seed is hash(seed, row id)"),
+    shard_rows: int = typer.Option(256, help="rows per shard, about"),
+    instance_type: str = typer.Option("cpu-local", help="a key of the price table"),
+    market: str = typer.Option("on-demand", help="on-demand or spot"),
+    price_per_hour: float | None = typer.Option(None, help="USD per hour; overrides the price table"),
+    prices: Path | None = typer.Option(None, help="a price table TOML instead of the shipped one"),
+    quantization: str | None = typer.Option(None, help="int8 or int4: quantize the weights at load"),
+    priority: int = typer.Option(0, help="0 (taken first) .. 9 (last)"),
+    as_json: bool = typer.Option(False, "--json", help="print a JSON summary before the job id"),
+) -> None:
+    """Plan the job, write its manifest, queue its shards. Prints the job id as the last line.
+
+    Submitting the same job again re-queues only shards not yet committed (a resume, e.g. after a
+    cancel or a lost Redis)."""
+    from jobs.client import FleetClient
+    from jobs.cost import PriceTable
+    from jobs.finalize import committed_shards
+    from jobs.manifest import SUCCESS_KEY
+    from jobs.markers import CANCEL_KEY
+    from jobs.planner import prepare_job
+    from jobs.spec import JobSpec, SamplingSpec
+
+    settings = get_settings()
+    if not Path(model).exists() and not model.startswith("s3://"):
+        raise fail(f"model {model} does not exist: give a checkpoint folder or s3://bucket/prefix")
+    model = model if model.startswith("s3://") else str(Path(model).resolve())  # workers need absolute paths
+    try:
+        spec = JobSpec(
+            input=input if input.startswith("s3://") else str(Path(input).resolve()),
+            model=model,
+            output=output if output.startswith("s3://") else str(Path(output).resolve()),
+            prompt_column=prompt_column, id_column=id_column, continuation_column=continuation_column,
+            sampling=SamplingSpec(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed),
+            shard_rows=shard_rows, instance_type=instance_type, market=market, price_per_hour=price_per_hour,
+            quantization=quantization,
+        )  # fmt: skip
+        prepared = prepare_job(spec, settings, PriceTable.load(prices) if prices else None)
+    except ValidationError as exc:
+        raise fail(_validation_line(exc)) from None
+    except FreightError as exc:
+        raise fail(str(exc)) from None
+    store, manifest = prepared.store, prepared.manifest
+    store.delete(CANCEL_KEY)  # resubmitting a cancelled job resumes it
+    committed = committed_shards(store)
+    # Estimated tokens per shard for the autoscaler: rows * max_tokens (generation dominates).
+    tokens = {s.index: s.rows * spec.sampling.max_tokens for s in manifest.shards}
+    client = FleetClient(settings)
+    try:
+        client.live.clear_cancel(manifest.job_id)
+        sub = client.enqueue(job_id=manifest.job_id, output=spec.output, model=spec.model, shard_tokens=tokens,
+                             committed=committed, failed=(), priority=priority)  # fmt: skip
+        if store.exists(SUCCESS_KEY):
+            client.live.set_job_state(manifest.job_id, "succeeded")
+        elif len(committed) == len(manifest.shards):
+            client.send_finalize(job_id=manifest.job_id, output=spec.output, queue=sub.queue)
+    finally:
+        client.close()
+    summary = {"job_id": sub.job_id, "output": spec.output, "queue": sub.queue, "shards": sub.shards_total,
+               "shards_enqueued": sub.shards_enqueued, "resumed": prepared.resumed,
+               "enqueue_seconds": round(sub.enqueue_seconds, 4)}  # fmt: skip
+    if as_json:
+        sys.stdout.write(json.dumps(summary) + "\n")
+    else:
+        Console(stderr=True).print(
+            f"queued {sub.shards_enqueued} of {sub.shards_total} shards on {sub.queue} ({spec.output})"
+        )
+    sys.stdout.write(sub.job_id + "\n")
+
+
+def worker(
+    concurrency: int = typer.Option(1, help="shard processes (one engine each; 1 per GPU)"),
+    queues: list[str] = typer.Option([], "--queues", "-Q", help="queues to consume (default: --model's)"),
+    model: str | None = typer.Option(None, help="consume the queue of this model (the URI jobs use)"),
+    hostname: str | None = typer.Option(None, help="Celery node name (default: freight@<host>)"),
+    loglevel: str = typer.Option("INFO", help="Celery's own log level"),
+) -> None:
+    """A Celery worker with freight's settings: takes shards, keeps its model loaded between them."""
+    from jobs.client import queue_for_model
+    from jobs.progress import LiveState
+
+    names = [q for arg in queues for q in arg.split(",") if q]
+    if model:
+        names.append(queue_for_model(model if model.startswith("s3://") else str(Path(model).resolve())))
+    if not names:
+        live = LiveState(get_settings().redis_url)
+        names = sorted(live.queues())
+        live.close()
+    if not names:
+        raise fail("no queue to consume: pass --model MODEL (as jobs name it) or --queues NAME")
+    from worker.celery_app import app as celery_app  # lazy: the worker side
+
+    argv = ["worker", "--pool=prefork", f"--concurrency={concurrency}", f"--queues={','.join(names)}",
+            f"--loglevel={loglevel}", "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
+    if hostname:
+        argv.append(f"--hostname={hostname}")
+    celery_app.worker_main(argv)
+
+
+def wait(
+    job_or_out: str = typer.Argument(..., help="job id or OUT"),
+    timeout: float | None = typer.Option(None, help="give up after this many seconds (exit 3)"),
+    poll: float = typer.Option(1.0, help="seconds between checks"),
+) -> None:
+    """Progress bar until the job ends. Exit 0 only when it succeeded; 1 failed or cancelled."""
+    from jobs.fleet_status import fleet_status
+    from jobs.progress import LiveState
+    from jobs.storage import open_store
+
+    settings = get_settings()
+    try:
+        _, out = _resolve(job_or_out)
+        store = open_store(out, settings)
+        live = LiveState(settings.redis_url)
+        st = fleet_status(store, live)
+    except FreightError as exc:
+        raise fail(str(exc)) from None
+    deadline = time.monotonic() + timeout if timeout else None
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task(f"job {st.job_id}", total=st.shards_total)
+        while True:
+            st = fleet_status(store, live)
+            desc = f"job {st.job_id} {st.state}: {st.shards_running} running, {st.shards_failed} failed"
+            bar.update(task, completed=st.shards_committed, description=desc)
+            if st.done:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise fail(f"job {st.job_id} still {st.state} after {timeout} s", code=3)
+            time.sleep(poll)
+    live.close()
+    for f in st.failures:
+        console.print(f"shard {f['shard']} failed after {f['attempts']} attempts: {f['reason']}")
+    console.print(f"job {st.job_id}: {st.state}")
+    if st.state != "succeeded":
+        raise typer.Exit(EXIT_JOB_FAILED)
+
+
+def cancel(job_or_out: str = typer.Argument(..., help="job id or OUT")) -> None:
+    """Cancel: running shards stop at their next engine step, queued ones are skipped, committed stay."""
+    from jobs.client import FleetClient
+    from jobs.markers import write_cancel
+    from jobs.storage import open_store
+
+    settings = get_settings()
+    try:
+        job_id, out = _resolve(job_or_out)
+    except FreightError as exc:
+        raise fail(str(exc)) from None
+    write_cancel(open_store(out, settings), job_id)  # durable: outlives Redis
+    client = FleetClient(settings)
+    try:
+        client.cancel(job_id=job_id)
+    finally:
+        client.close()
+    Console(stderr=True).print(f"job {job_id} cancelled; committed shards stay in {out}")
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to `app`."""
+    app.command("submit")(submit)
+    app.command("worker")(worker)
+    app.command("wait")(wait)
+    app.command("cancel")(cancel)

@@ -1,0 +1,96 @@
+"""State of a distributed job: storage markers decide the end state, Redis adds live progress.
+
+end states from storage: succeeded (_SUCCESS), failed (failures.json: every shard ended, some failed),
+cancelled (_CANCELLED). Otherwise Redis says queued / running with per-state shard counts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+
+from jobs.finalize import committed_shards
+from jobs.manifest import SUCCESS_KEY, Manifest, read_manifest
+from jobs.markers import FAILURES_KEY, is_cancelled, read_failures
+from jobs.progress import LiveState
+from jobs.storage import ObjectStore
+
+FINAL_STATES = ("succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class FleetStatus:
+    job_id: str
+    output: str
+    state: str  # queued | running | finalizing | succeeded | failed | cancelled | unknown
+    shards_total: int
+    shards_queued: int
+    shards_running: int
+    shards_committed: int
+    shards_failed: int
+    rows_total: int
+    rows_done: int
+    rows_per_second: float | None
+    eta_seconds: float | None
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    live: bool = True  # False when Redis did not answer or does not know the job
+
+    @property
+    def done(self) -> bool:
+        return self.state in FINAL_STATES
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fleet_status(store: ObjectStore, live: LiveState | None, manifest: Manifest | None = None) -> FleetStatus:
+    manifest = manifest or read_manifest(store)
+    job_id, total = manifest.job_id, len(manifest.shards)
+    committed = committed_shards(store)
+    failures = read_failures(store)
+    counts: dict[str, Any] = {}
+    meta: dict[str, str] = {}
+    if live is not None:
+        try:
+            counts, meta = live.job(job_id), live.job_meta(job_id)
+        except redis.RedisError:
+            counts = {}
+    failed = {int(f["shard"]) for f in failures} - committed
+    if store.exists(SUCCESS_KEY):
+        state = "succeeded"
+    elif store.exists(FAILURES_KEY) and len(committed) + len(failed) >= total:
+        state = "failed"
+    elif is_cancelled(store):
+        state = "cancelled"
+    elif len(committed) == total:
+        state = "finalizing"
+    else:
+        state = str(counts.get("state", "unknown"))
+        if state in FINAL_STATES:  # Redis is ahead of storage (e.g. a cancel whose marker is not in yet)
+            state = "running"
+    rows_done = sum(manifest.shards[i].rows for i in committed if i < total)
+    rate = eta = None
+    submitted = float(meta.get("submitted_at", 0) or 0)
+    if submitted and rows_done and state not in FINAL_STATES:
+        rate = rows_done / max(time.time() - submitted, 1e-9)
+        eta = (manifest.input.rows - rows_done) / rate
+    running = int(counts.get("shards_running", 0))
+    return FleetStatus(
+        job_id=job_id,
+        output=store.url,
+        state=state,
+        shards_total=total,
+        shards_queued=max(total - len(committed) - len(failed) - running, 0) if counts else 0,
+        shards_running=running,
+        shards_committed=len(committed),
+        shards_failed=len(failed),
+        rows_total=manifest.input.rows,
+        rows_done=rows_done,
+        rows_per_second=rate,
+        eta_seconds=eta,
+        failures=failures,
+        live=bool(counts),
+    )

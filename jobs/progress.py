@@ -1,0 +1,261 @@
+"""Live state of jobs and workers in Redis (docs/ARCHITECTURE.md, "Live state in Redis").
+
+Storage stays the truth; these keys carry progress for `freight status`, the attempt counts that bound
+poison shards, cancel flags and worker heartbeats. Keys read by the autoscaler (follow them exactly):
+
+- `freight:queues`          SET of Celery queue names that carry freight shards (one per model)
+- `freight:job:<job_id>`    HASH state, shards_total, shards_queued, shards_running, shards_committed,
+                            shards_failed, rows_done, tokens_done, est_tokens_queued, updated_at
+- `freight:workers`         HASH worker_id -> JSON {busy, instance_id, queue, tokens_per_second, heartbeat}
+
+Keys of this module only (other prefixes, so a SCAN of `freight:job:*` meets only job hashes):
+`freight:jobs` (SET of job ids), `freight:shards:<job>` (HASH shard -> queued|running|committed|
+failed|cancelled), `freight:est:<job>` (HASH shard -> estimated tokens), `freight:attempts:<job>` and
+`freight:strikes:<job>` (HASH shard -> count), `freight:cancel:<job>` (flag), `freight:meta:<job>`
+(HASH output, queue, model, submitted_at).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+QUEUES_KEY = "freight:queues"
+WORKERS_KEY = "freight:workers"
+JOBS_KEY = "freight:jobs"
+WORKER_GONE_AFTER_S = 60.0
+SHARD_STATES = ("queued", "running", "committed", "failed", "cancelled")
+JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+
+
+def job_key(job_id: str) -> str:
+    return f"freight:job:{job_id}"
+
+
+def _aux(kind: str, job_id: str) -> str:
+    return f"freight:{kind}:{job_id}"
+
+
+# One shard's state change, atomically: old -> new moves one count between the shards_* fields,
+# subtracts the shard's estimate from est_tokens_queued when it leaves "queued", adds rows/tokens
+# on the first commit. A repeated transition (a redelivered task) changes nothing.
+# KEYS: job hash, shard states, estimates. ARGV: shard, new state, rows, tokens, now.
+_TRANSITION = """
+local old = redis.call('HGET', KEYS[2], ARGV[1])
+local new = ARGV[2]
+if old == new then return old or '' end
+if old == 'committed' or old == 'failed' then return old end
+local fields = {queued='shards_queued', running='shards_running', committed='shards_committed',
+                failed='shards_failed'}
+if old and fields[old] then redis.call('HINCRBY', KEYS[1], fields[old], -1) end
+if fields[new] then redis.call('HINCRBY', KEYS[1], fields[new], 1) end
+local est = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0')
+if old == 'queued' and new ~= 'queued' then
+  redis.call('HINCRBY', KEYS[1], 'est_tokens_queued', -est)
+elseif new == 'queued' and old ~= 'queued' then
+  redis.call('HINCRBY', KEYS[1], 'est_tokens_queued', est)
+end
+if new == 'committed' then
+  redis.call('HINCRBY', KEYS[1], 'rows_done', tonumber(ARGV[3]))
+  redis.call('HINCRBY', KEYS[1], 'tokens_done', tonumber(ARGV[4]))
+end
+redis.call('HSET', KEYS[2], ARGV[1], new)
+redis.call('HSET', KEYS[1], 'updated_at', ARGV[5])
+if new == 'running' and redis.call('HGET', KEYS[1], 'state') == 'queued' then
+  redis.call('HSET', KEYS[1], 'state', 'running')
+end
+return old or ''
+"""
+
+
+@dataclass(frozen=True)
+class WorkerBeat:
+    """One worker's heartbeat, as stored in `freight:workers`."""
+
+    worker_id: str
+    busy: bool
+    instance_id: str | None
+    queue: str
+    tokens_per_second: float
+    heartbeat: float  # unix seconds
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "busy": self.busy,
+                "instance_id": self.instance_id,
+                "queue": self.queue,
+                "tokens_per_second": self.tokens_per_second,
+                "heartbeat": self.heartbeat,
+            }
+        )
+
+
+class LiveState:
+    """Reads and writes freight's Redis keys. Cheap to construct; holds one connection pool."""
+
+    def __init__(self, redis_url: str, *, socket_timeout: float = 10.0) -> None:
+        self.redis_url = redis_url
+        self.client = redis.Redis.from_url(
+            redis_url,
+            decode_responses=True,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_timeout,
+            health_check_interval=30,
+            retry_on_timeout=True,
+        )
+        self._transition = self.client.register_script(_TRANSITION)
+
+    # ----- jobs -----------------------------------------------------------------------------------
+    def init_job(
+        self,
+        job_id: str,
+        *,
+        output: str,
+        queue: str,
+        model: str,
+        est_tokens: Mapping[int, int],
+        committed: Iterable[int] = (),
+        failed: Iterable[int] = (),
+    ) -> None:
+        """Record a submitted job: `est_tokens` covers every shard; committed/failed ones are done."""
+        done = {int(i): "committed" for i in committed} | {int(i): "failed" for i in failed}
+        states = {i: done.get(i, "queued") for i in est_tokens}
+        queued = [i for i, s in states.items() if s == "queued"]
+        pipe = self.client.pipeline()
+        for kind in ("shards", "est", "cancel"):
+            pipe.delete(_aux(kind, job_id))
+        pipe.delete(job_key(job_id))
+        pipe.hset(
+            job_key(job_id),
+            mapping={
+                "state": "queued" if queued else "running",
+                "shards_total": len(states),
+                "shards_queued": len(queued),
+                "shards_running": 0,
+                "shards_committed": sum(1 for s in states.values() if s == "committed"),
+                "shards_failed": sum(1 for s in states.values() if s == "failed"),
+                "rows_done": 0,
+                "tokens_done": 0,
+                "est_tokens_queued": sum(est_tokens[i] for i in queued),
+                "updated_at": time.time(),
+            },
+        )
+        if states:
+            pipe.hset(_aux("shards", job_id), mapping={str(i): s for i, s in states.items()})
+            pipe.hset(_aux("est", job_id), mapping={str(i): int(v) for i, v in est_tokens.items()})
+        pipe.hset(
+            _aux("meta", job_id),
+            mapping={"output": output, "queue": queue, "model": model, "submitted_at": time.time()},
+        )
+        pipe.sadd(JOBS_KEY, job_id)
+        pipe.sadd(QUEUES_KEY, queue)
+        pipe.execute()
+
+    def transition(self, job_id: str, shard: int, state: str, *, rows: int = 0, tokens: int = 0) -> str:
+        """Move `shard` to `state`; returns its previous state ('' if unknown). Terminal states stick."""
+        if state not in SHARD_STATES:
+            raise ValueError(f"unknown shard state {state!r}; one of {SHARD_STATES}")
+        keys = [job_key(job_id), _aux("shards", job_id), _aux("est", job_id)]
+        return str(self._transition(keys=keys, args=[shard, state, rows, tokens, time.time()]))
+
+    def set_job_state(self, job_id: str, state: str) -> None:
+        if state not in JOB_STATES:
+            raise ValueError(f"unknown job state {state!r}; one of {JOB_STATES}")
+        self.client.hset(job_key(job_id), mapping={"state": state, "updated_at": time.time()})
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """The job hash with numbers parsed; {} if Redis does not know the job."""
+        raw = self.client.hgetall(job_key(job_id))
+        out: dict[str, Any] = {}
+        for k, v in raw.items():
+            if k == "state":
+                out[k] = v
+            else:
+                out[k] = float(v) if k == "updated_at" else int(v)
+        return out
+
+    def shard_states(self, job_id: str) -> dict[int, str]:
+        return {int(k): v for k, v in self.client.hgetall(_aux("shards", job_id)).items()}
+
+    def job_meta(self, job_id: str) -> dict[str, str]:
+        return self.client.hgetall(_aux("meta", job_id))
+
+    def find_job(self, output: str) -> str | None:
+        """The job id whose OUT is `output`, among the jobs Redis knows."""
+        for job_id in self.client.smembers(JOBS_KEY):
+            if self.client.hget(_aux("meta", job_id), "output") == output:
+                return job_id
+        return None
+
+    # ----- attempts (poison shards) ---------------------------------------------------------------
+    def begin_attempt(self, job_id: str, shard: int) -> tuple[int, int]:
+        """Count an attempt at its START (a SIGKILLed worker records nothing later).
+
+        Returns (attempt number from 1, strikes = attempts that have not ended cleanly, this one included).
+        """
+        pipe = self.client.pipeline()
+        pipe.hincrby(_aux("attempts", job_id), str(shard), 1)
+        pipe.hincrby(_aux("strikes", job_id), str(shard), 1)
+        attempt, strikes = pipe.execute()
+        return int(attempt), int(strikes)
+
+    def end_attempt_clean(self, job_id: str, shard: int) -> None:
+        """The attempt ended without crashing (committed, released, cancelled): take its strike back."""
+        self.client.hincrby(_aux("strikes", job_id), str(shard), -1)
+
+    def attempts(self, job_id: str) -> dict[int, int]:
+        return {int(k): int(v) for k, v in self.client.hgetall(_aux("attempts", job_id)).items()}
+
+    # ----- cancel ---------------------------------------------------------------------------------
+    def request_cancel(self, job_id: str) -> None:
+        pipe = self.client.pipeline()
+        pipe.set(_aux("cancel", job_id), str(time.time()))
+        pipe.hset(job_key(job_id), mapping={"state": "cancelled", "updated_at": time.time()})
+        pipe.execute()
+
+    def clear_cancel(self, job_id: str) -> None:
+        self.client.delete(_aux("cancel", job_id))
+
+    def is_cancelled(self, job_id: str) -> bool:
+        return bool(self.client.exists(_aux("cancel", job_id)))
+
+    # ----- queues and workers ---------------------------------------------------------------------
+    def register_queue(self, queue: str) -> None:
+        self.client.sadd(QUEUES_KEY, queue)
+
+    def queues(self) -> set[str]:
+        return set(self.client.smembers(QUEUES_KEY))
+
+    def heartbeat(self, beat: WorkerBeat) -> None:
+        self.client.hset(WORKERS_KEY, beat.worker_id, beat.to_json())
+
+    def remove_worker(self, worker_id: str) -> None:
+        self.client.hdel(WORKERS_KEY, worker_id)
+
+    def workers(self, *, alive_within: float = WORKER_GONE_AFTER_S) -> list[WorkerBeat]:
+        """Workers whose heartbeat is younger than `alive_within` seconds."""
+        now = time.time()
+        out = []
+        for worker_id, raw in self.client.hgetall(WORKERS_KEY).items():
+            data = json.loads(raw)
+            if now - float(data.get("heartbeat", 0)) <= alive_within:
+                out.append(
+                    WorkerBeat(
+                        worker_id=worker_id,
+                        busy=bool(data.get("busy")),
+                        instance_id=data.get("instance_id"),
+                        queue=str(data.get("queue", "")),
+                        tokens_per_second=float(data.get("tokens_per_second", 0.0)),
+                        heartbeat=float(data["heartbeat"]),
+                    )
+                )
+        return out
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,31 @@
+"""Fixtures of the distributed tests: one private redis-server per session (never the shared :6379)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fleet_servers import FakeImds, RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    """A clean DB for each test (FLUSHALL before)."""
+    client = redis_server.client()
+    client.flushall()
+    client.close()
+    yield redis_server.url
+
+
+@pytest.fixture()
+def imds() -> Iterator[FakeImds]:
+    server = FakeImds().start()
+    yield server
+    server.stop()

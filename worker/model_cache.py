@@ -1,0 +1,68 @@
+"""The loaded engine, kept per worker process and reused across shards of the same model.
+
+One entry: a GPU holds one model. A shard of another model (a worker listening on several queues)
+evicts the current engine before loading the next, so two models never sit in memory together.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+from jobs.log import get_logger
+
+log = get_logger(__name__)
+
+EngineT = TypeVar("EngineT")
+
+
+class ModelCache(Generic[EngineT]):
+    """`get(key, load)` returns the cached engine for `key`, loading it (and dropping another) if needed.
+
+    `key` must capture everything that changes the loaded weights: model URI, quantization, device.
+    """
+
+    def __init__(self) -> None:
+        self._key: Hashable | None = None
+        self._engine: EngineT | None = None
+        self._lock = threading.Lock()
+        self.loads = 0
+        self.hits = 0
+        self.load_seconds = 0.0
+
+    def get(self, key: Hashable, load: Callable[[], EngineT]) -> EngineT:
+        with self._lock:
+            if self._engine is not None and self._key == key:
+                self.hits += 1
+                return self._engine
+            self._drop()
+            start = time.perf_counter()
+            engine = load()
+            self.load_seconds += time.perf_counter() - start
+            self._key, self._engine = key, engine
+            self.loads += 1
+            log.info("model_loaded", key=str(key), seconds=round(time.perf_counter() - start, 3))
+            return engine
+
+    def clear(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        if self._engine is None:
+            return
+        log.info("model_evicted", key=str(self._key))
+        self._key, self._engine = None, None
+        gc.collect()
+        _empty_device_cache()
+
+
+def _empty_device_cache() -> None:
+    """Return freed GPU memory to the driver before the next model loads (no-op without CUDA)."""
+    import torch  # lazy: worker-only module, keeps `import worker.model_cache` light in tests
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,175 @@
+"""What one worker process keeps between shards: the loaded model, metrics, heartbeats, spot watcher.
+
+Celery calls tasks with ids only, so this per-process state cannot be passed in; it lives in one
+`ProcessRuntime`, created on first use in the process that runs tasks (a prefork pool child, or the
+main process with --pool solo) and reached through `runtime()`. The main process owns one other
+piece, `SHUTDOWN_FLAG`: a shared-memory byte created before the pool forks, raised when the worker
+begins to shut down, read by every child's `should_stop`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+import redis
+
+from jobs.log import get_logger
+from jobs.progress import LiveState, WorkerBeat
+from jobs.settings import Settings, get_settings
+from worker.metrics import WorkerMetrics
+from worker.model_cache import ModelCache
+from worker.spot import ImdsClient, SpotNotice, SpotWatcher
+
+log = get_logger(__name__)
+
+
+class ShutdownFlag:
+    """A byte in shared memory: created in the main process before fork, so children see its changes."""
+
+    def __init__(self) -> None:
+        self._value = multiprocessing.RawValue("b", 0)
+
+    def raise_(self) -> None:
+        self._value.value = 1
+
+    def is_set(self) -> bool:
+        return bool(self._value.value)
+
+
+SHUTDOWN_FLAG = ShutdownFlag()
+
+
+class ProcessRuntime:
+    """Per-process state of a worker. `start()` launches the heartbeat, metrics and spot threads."""
+
+    def __init__(self, settings: Settings, *, worker_id: str, queues: tuple[str, ...]) -> None:
+        self.settings = settings
+        self.worker_id = worker_id
+        self.queues = queues
+        self.live = LiveState(settings.redis_url)
+        self.metrics = WorkerMetrics()
+        self.models: ModelCache = ModelCache()
+        self.imds = ImdsClient(settings.imds_url)
+        self.spot_notice: SpotNotice | None = None
+        self.instance_id: str | None = None
+        self.busy = False
+        self.metrics_port: int | None = None
+        self._notice = threading.Event()
+        self._closed = threading.Event()
+        self._watcher = SpotWatcher(self.imds, self._on_notice, poll_s=settings.spot_poll_s)
+
+    def start(self) -> ProcessRuntime:
+        if self.settings.metrics_port:
+            port = self.settings.metrics_port + _pool_index()
+            try:
+                self.metrics_port = self.metrics.serve(port)
+            except OSError as exc:
+                log.warning("metrics_port_busy", port=port, error=str(exc))
+        self._watcher.start()
+        threading.Thread(target=self._heartbeat_loop, name="freight-heartbeat", daemon=True).start()
+        log.info("worker_process_ready", worker_id=self.worker_id, queues=list(self.queues),
+                 metrics_port=self.metrics_port)  # fmt: skip
+        return self
+
+    def stopping(self) -> bool:
+        """True once this worker must hand its shard back: a spot notice or a shutdown."""
+        return self._notice.is_set() or SHUTDOWN_FLAG.is_set()
+
+    def stop_reason(self) -> str:
+        return f"spot {self.spot_notice.kind}" if self.spot_notice else "worker shutdown"
+
+    def _on_notice(self, notice: SpotNotice) -> None:
+        self.spot_notice = notice
+        self._notice.set()
+        self.metrics.interruptions.labels(notice.kind).inc()
+        # Stop consuming: a warm shutdown of the whole worker. The running shard sees `stopping()`,
+        # checkpoints and is handed back before the main process exits.
+        os.kill(os.getppid() if _is_pool_child() else os.getpid(), signal.SIGTERM)
+
+    def record_row(self, row: Any) -> None:
+        """`on_row` of run_shard: one finished row (a worker.shard.RowProgress)."""
+        self.metrics.rows.inc()
+        self.metrics.record_tokens(prompt=row.prompt_tokens, cached=row.cached_tokens,
+                                   completion=row.completion_tokens)  # fmt: skip
+
+    def beat(self) -> None:
+        self.live.heartbeat(
+            WorkerBeat(
+                worker_id=self.worker_id,
+                busy=self.busy,
+                instance_id=self.instance_id,
+                queue=",".join(self.queues),
+                tokens_per_second=round(self.metrics.current_tokens_per_second(), 3),
+                heartbeat=time.time(),
+            )
+        )
+
+    def _heartbeat_loop(self) -> None:
+        self.instance_id = self.imds.instance_id()  # None off EC2 (one 1 s timeout)
+        while not self._closed.is_set():
+            try:
+                self.beat()
+            except redis.RedisError as exc:
+                log.warning("heartbeat_failed", error=str(exc))
+            self._closed.wait(self.settings.heartbeat_s)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._watcher.stop()
+        try:
+            self.live.remove_worker(self.worker_id)
+        except redis.RedisError as exc:
+            log.warning("heartbeat_remove_failed", error=str(exc))
+
+
+def _is_pool_child() -> bool:
+    return multiprocessing.current_process().name != "MainProcess"
+
+
+def _pool_index() -> int:
+    """0 in the main process; the billiard pool index (0..concurrency-1) in a prefork child."""
+    from billiard import current_process
+
+    return int(getattr(current_process(), "index", 0) or 0)
+
+
+class _Holder:
+    """The one ProcessRuntime of this process (see module docstring)."""
+
+    def __init__(self) -> None:
+        self.runtime: ProcessRuntime | None = None
+        self.hostname = socket.gethostname()
+        self.queues: tuple[str, ...] = ()
+        self.lock = threading.Lock()
+
+
+_HOLDER = _Holder()
+
+
+def configure(hostname: str, queues: tuple[str, ...]) -> None:
+    """Called in the main process before the pool forks (worker_init)."""
+    _HOLDER.hostname, _HOLDER.queues = hostname, queues
+
+
+def runtime() -> ProcessRuntime:
+    """This process's runtime, created and started on first use."""
+    with _HOLDER.lock:
+        if _HOLDER.runtime is None or _HOLDER.runtime._closed.is_set():
+            worker_id = f"{_HOLDER.hostname}#{_pool_index()}"
+            _HOLDER.runtime = ProcessRuntime(
+                get_settings(), worker_id=worker_id, queues=_HOLDER.queues
+            ).start()
+        return _HOLDER.runtime
+
+
+def close_runtime() -> None:
+    with _HOLDER.lock:
+        if _HOLDER.runtime is not None:
+            _HOLDER.runtime.close()
+            _HOLDER.runtime = None

@@ -1,0 +1,176 @@
+"""Thin Celery tasks: freight.run_shard and freight.finalize. Tasks take ids (job, OUT, shard), not data.
+
+run_shard, every delivery (Celery on Redis may deliver one shard more than once):
+1. skip when the shard is committed, failed, or the job cancelled (a repeated delivery is a no-op);
+2. count the attempt at its START in Redis (a SIGKILLed worker records nothing later); a shard whose
+   attempts keep dying without an end is poison: after `max_shard_attempts` it is marked failed;
+3. run the pipeline's `run_shard` with `should_stop` = spot notice | worker shutdown | job cancelled;
+4. committed -> progress, and finalize once every shard is done; stopped by an interruption or a
+   shutdown -> the finished rows are in OUT/partial/, the shard is handed back (requeued) for another
+   worker; stopped by cancel -> done; an exception -> requeued until the attempts run out.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+import structlog
+from celery.exceptions import Reject
+
+from jobs.client import TASK_FINALIZE, TASK_RUN_SHARD, queue_for_model
+from jobs.finalize import finalize
+from jobs.log import get_logger
+from jobs.manifest import Manifest, read_manifest, shard_result_key
+from jobs.markers import is_cancelled as is_cancelled_in_store
+from jobs.markers import is_failed
+from jobs.storage import ObjectStore, open_store
+from worker.celery_app import app
+from worker.local import load_engine
+from worker.outcomes import finish_if_done, mark_failed, poison_reason
+from worker.runtime import ProcessRuntime, runtime
+
+log = get_logger(__name__)
+CANCEL_CHECK_S = 0.05  # how often should_stop asks Redis about cancel (engine steps are ~10-100 ms)
+
+
+class ShardStop:
+    """`should_stop` for one shard attempt: a spot notice or shutdown (local, free) or a cancel flag
+    in Redis (asked at most every CANCEL_CHECK_S). Remembers why it stopped."""
+
+    def __init__(self, rt: ProcessRuntime, job_id: str) -> None:
+        self.rt = rt
+        self.job_id = job_id
+        self.reason: str | None = None
+        self.checks = 0
+        self._next_redis = 0.0
+
+    def __call__(self) -> bool:
+        self.checks += 1
+        if self.reason is not None:
+            return True
+        if self.rt.stopping():
+            self.reason = "interrupted"
+            return True
+        now = time.monotonic()
+        if now >= self._next_redis:
+            self._next_redis = now + CANCEL_CHECK_S
+            try:
+                if self.rt.live.is_cancelled(self.job_id):
+                    self.reason = "cancelled"
+                    return True
+            except redis.RedisError:
+                pass  # Redis away: keep computing; the commit goes to storage
+        return False
+
+
+def _engine_for(rt: ProcessRuntime, manifest: Manifest) -> tuple[Any, float]:
+    """The cached engine for this job's model; (engine, load seconds charged to this shard)."""
+    spec = manifest.spec
+    key = (spec.model, spec.quantization)
+    loads = rt.models.loads
+    before = rt.models.load_seconds
+    engine = rt.models.get(key, lambda: load_engine(manifest, rt.settings)[0])
+    return engine, (rt.models.load_seconds - before) if rt.models.loads != loads else 0.0
+
+
+@app.task(name=TASK_RUN_SHARD, bind=True)
+def run_shard_task(self: Any, job_id: str, output: str, shard: int) -> dict[str, Any]:
+    rt = runtime()
+    with structlog.contextvars.bound_contextvars(job_id=job_id, shard=shard):
+        store = open_store(output, rt.settings)
+        manifest = read_manifest(store)
+        if store.exists(shard_result_key(shard)):
+            rt.live.transition(job_id, shard, "committed")
+            finish_if_done(rt, store, manifest, send_finalize)
+            return {"status": "already_committed"}
+        if is_failed(store, shard):
+            return {"status": "failed"}
+        if rt.live.is_cancelled(job_id) or is_cancelled_in_store(store):
+            rt.live.transition(job_id, shard, "cancelled")
+            return {"status": "cancelled"}
+        attempt, strikes = rt.live.begin_attempt(job_id, shard)
+        rt.metrics.attempts.inc()
+        with structlog.contextvars.bound_contextvars(attempt=attempt):
+            if strikes > rt.settings.max_shard_attempts:
+                mark_failed(rt, store, manifest, shard, attempt, poison_reason(strikes - 1))
+                rt.live.end_attempt_clean(job_id, shard)
+                finish_if_done(rt, store, manifest, send_finalize)
+                return {"status": "failed"}
+            return _attempt(self, rt, store, manifest, shard, attempt, strikes)
+
+
+def _attempt(
+    task: Any,
+    rt: ProcessRuntime,
+    store: ObjectStore,
+    manifest: Manifest,
+    shard: int,
+    attempt: int,
+    strikes: int,
+) -> dict[str, Any]:
+    from worker.shard import run_shard  # lazy: pulls the engine's request types
+
+    job_id = manifest.job_id
+    enqueued_at = (task.request.headers or {}).get("enqueued_at") if task.request.headers else None
+    enqueued_at = enqueued_at or getattr(task.request, "enqueued_at", None)
+    log.info("shard_started", queue_wait_s=round(time.time() - enqueued_at, 4) if enqueued_at else None,
+             redelivered=bool((task.request.delivery_info or {}).get("redelivered")))  # fmt: skip
+    rt.live.transition(job_id, shard, "running")
+    stop = ShardStop(rt, job_id)
+    start = time.perf_counter()
+    rt.busy = True
+    rt.metrics.busy.set(1)
+    try:
+        engine, load_s = _engine_for(rt, manifest)
+        outcome = run_shard(engine, store, manifest, shard, attempt=attempt, should_stop=stop,
+                            load_seconds=load_s, on_row=rt.record_row, settings=rt.settings)  # fmt: skip
+    except Exception as exc:  # any failure of this attempt: count it, requeue or give up
+        log.exception("shard_error", error=str(exc))
+        rt.metrics.outcomes.labels("error").inc()
+        if strikes >= rt.settings.max_shard_attempts:
+            mark_failed(rt, store, manifest, shard, attempt, f"{type(exc).__name__}: {exc}")
+            finish_if_done(rt, store, manifest, send_finalize)
+            return {"status": "failed"}
+        rt.live.transition(job_id, shard, "queued")
+        raise Reject(f"attempt {attempt} failed: {exc}", requeue=True) from exc
+    finally:
+        rt.busy = False
+        rt.metrics.busy.set(0)
+    seconds = time.perf_counter() - start
+    rt.live.end_attempt_clean(job_id, shard)
+    rt.metrics.shard_seconds.labels(outcome.status).observe(seconds)
+    rt.metrics.outcomes.labels(outcome.status).inc()
+    if outcome.attempt_record is not None:
+        rt.metrics.wasted_seconds.inc(outcome.attempt_record.billed_seconds)
+    if outcome.status == "interrupted":
+        log.warning("shard_stopped", reason=stop.reason, why=rt.stop_reason() if stop.reason == "interrupted"
+                    else "job cancelled", rows_saved=outcome.rows, engine_checks=stop.checks)  # fmt: skip
+        if stop.reason == "cancelled":
+            rt.live.transition(job_id, shard, "cancelled")
+            return {"status": "cancelled", "rows_saved": outcome.rows}
+        rt.live.transition(job_id, shard, "queued")
+        raise Reject(f"shard handed back: {rt.stop_reason()}", requeue=True)
+    record = outcome.record
+    tokens = (record.prompt_tokens + record.completion_tokens) if record else 0
+    rt.live.transition(job_id, shard, "committed", rows=outcome.rows, tokens=tokens)
+    log.info("shard_done", status=outcome.status, rows=outcome.rows, seconds=round(seconds, 3))
+    finish_if_done(rt, store, manifest, send_finalize)
+    return {"status": outcome.status, "rows": outcome.rows}
+
+
+def send_finalize(job_id: str, output: str, model: str) -> None:
+    app.send_task(TASK_FINALIZE, kwargs={"job_id": job_id, "output": output}, queue=queue_for_model(model))
+
+
+@app.task(name=TASK_FINALIZE, bind=True)
+def finalize_task(self: Any, job_id: str, output: str) -> dict[str, Any]:
+    """Idempotent: cost.json and _SUCCESS are written with put_if_absent, so a repeat changes nothing."""
+    rt = runtime()
+    with structlog.contextvars.bound_contextvars(job_id=job_id):
+        store = open_store(output, rt.settings)
+        report = finalize(store)
+        rt.live.set_job_state(job_id, "succeeded")
+        log.info("job_finalized", rows=report.get("rows"), cost_usd=report.get("cost_usd"))
+        return {"status": "succeeded"}
