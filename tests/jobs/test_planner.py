@@ -1,0 +1,59 @@
+"""Planning: shards of about shard_rows rows, each row exactly once, long shared prefixes kept together."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+from pipeline_data import SYSTEM, prompts_table, write_parquet
+
+from jobs.planner import PREFIX_CHARS, cut_shards, plan
+from jobs.spec import JobSpec
+
+
+def _all_rows(shards: list) -> list[int]:
+    return sorted(r for s in shards for r in s.row_indices())
+
+
+def test_unrelated_prompts_keep_input_order_in_contiguous_shards() -> None:
+    shards = cut_shards(pa.array([f"prompt {i}" for i in range(10)]), shard_rows=4)
+    assert [s.ranges for s in shards] == [((0, 4),), ((4, 8),), ((8, 10),)]
+    assert [s.index for s in shards] == [0, 1, 2]
+
+
+def test_rows_sharing_a_long_prefix_land_in_one_shard() -> None:
+    prefix = "x" * PREFIX_CHARS
+    # rows 0, 3, 6, 9 share a long prefix; the others are unique and short
+    prompts = [prefix + str(i) if i % 3 == 0 else f"q{i}" for i in range(12)]
+    shards = cut_shards(pa.array(prompts), shard_rows=4)
+    assert _all_rows(shards) == list(range(12))
+    groups = [s for s in shards if {0, 3, 6, 9} <= set(s.row_indices())]
+    assert len(groups) == 1
+    for s in shards:
+        rows = s.row_indices()
+        assert rows == sorted(rows)  # input order within a shard
+        assert 1 <= s.rows <= 4 and s.rows == len(rows)
+
+
+def test_a_group_larger_than_a_shard_is_split_over_consecutive_shards() -> None:
+    prompts = ["p" * PREFIX_CHARS + str(i) for i in range(10)] + ["a", "b"]
+    shards = cut_shards(pa.array(prompts), shard_rows=4)
+    assert _all_rows(shards) == list(range(12))
+    assert [s.rows for s in shards] == [4, 4, 4]
+
+
+def test_plan_reads_the_dataset(tmp_path: Path, demo_model_dir: Path) -> None:
+    table = prompts_table(40)
+    write_parquet(table.slice(0, 25), tmp_path / "in" / "part-0.parquet")
+    write_parquet(table.slice(25), tmp_path / "in" / "part-1.parquet")
+    spec = JobSpec(input=str(tmp_path / "in"), model=str(demo_model_dir), output=str(tmp_path / "out"),
+                   id_column="id", shard_rows=8)
+    m = plan(spec)
+    assert m.job_id == spec.job_id and m.input.rows == 40 and len(m.input.files) == 2
+    assert _all_rows(list(m.shards)) == list(range(40))
+    long_rows = {i for i in range(40) if i % 2 == 0}  # SYSTEM-prefixed prompts
+    assert len(SYSTEM) >= PREFIX_CHARS
+    # the prefix group fills whole shards: 20 rows over 3 shards, no shard mixes in more than needed
+    mixed = [s for s in m.shards if 0 < len(long_rows & set(s.row_indices())) < s.rows]
+    assert len(mixed) <= 1
+    assert not (tmp_path / "out").exists()  # plan writes nothing

@@ -1,0 +1,60 @@
+"""JobSpec: validation, a stable job_id, and differences named field by field."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from jobs.spec import JobSpec, SamplingSpec, row_seed
+
+
+def _spec(**kw: object) -> JobSpec:
+    base: dict[str, object] = {"input": "in.parquet", "model": "m", "output": "out"}
+    base.update(kw)
+    return JobSpec(**base)  # type: ignore[arg-type]
+
+
+def test_job_id_is_stable_and_depends_on_every_field() -> None:
+    a = _spec(sampling=SamplingSpec(max_tokens=8))
+    assert a.job_id == _spec(sampling=SamplingSpec(max_tokens=8)).job_id
+    assert len(a.job_id) == 16 and int(a.job_id, 16) >= 0
+    assert a.job_id != _spec(sampling=SamplingSpec(max_tokens=9)).job_id
+    assert a.job_id != _spec(sampling=SamplingSpec(max_tokens=8), quantization="int8").job_id
+    assert _spec(output="out/").job_id == _spec(output="out").job_id  # trailing slash is not a new job
+
+
+def test_diff_names_each_difference() -> None:
+    a = _spec(sampling=SamplingSpec(max_tokens=8, seed=1))
+    b = _spec(sampling=SamplingSpec(max_tokens=16, seed=1), shard_rows=10)
+    assert a.diff(b) == ["sampling.max_tokens: 8 != 16", "shard_rows: 256 != 10"]
+    assert a.diff(a) == []
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"sampling": {"max_tokens": 0}},
+        {"sampling": {"temperature": -1}},
+        {"sampling": {"top_p": 0}},
+        {"shard_rows": 0},
+        {"market": "reserved"},
+        {"quantization": "int3"},
+        {"unknown_field": 1},
+        {"output": "in.parquet"},
+        {"continuation_column": "prompt"},
+    ],
+)
+def test_bad_specs_are_refused(kw: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        _spec(**kw)
+
+
+def test_spec_is_frozen() -> None:
+    with pytest.raises(ValidationError):
+        _spec().shard_rows = 3  # type: ignore[misc]
+
+
+def test_row_seed_depends_on_job_seed_and_row_id_only() -> None:
+    assert row_seed(0, "a") == row_seed(0, "a")
+    assert len({row_seed(0, "a"), row_seed(1, "a"), row_seed(0, "b")}) == 3
+    assert 0 <= row_seed(7, "x") < 2**63

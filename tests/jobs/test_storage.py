@@ -1,0 +1,76 @@
+"""ObjectStore contract on a local folder and on S3 (moto over HTTP): put_if_absent commits once."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from jobs.errors import ObjectNotFoundError
+from jobs.settings import Settings
+from jobs.storage import LocalStore, ObjectStore, S3Store, open_store
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+    if request.param == "local":
+        return open_store(str(tmp_path / "out"))
+    settings: Settings = request.getfixturevalue("s3_env")
+    return open_store(f"s3://freight-test/{tmp_path.name}/out", settings)
+
+
+def test_put_get_list_delete(store: ObjectStore) -> None:
+    assert store.list() == [] and not store.exists("a.json")
+    store.put("shards/00001.json", b"one")
+    store.put("shards/00000.json", b"zero")
+    store.put("manifest.json", b"{}")
+    store.put("shards/00001.json", b"one again")  # put replaces
+    assert store.get("shards/00001.json") == b"one again"
+    assert store.list("shards/") == ["shards/00000.json", "shards/00001.json"]
+    assert store.list() == ["manifest.json", "shards/00000.json", "shards/00001.json"]
+    store.delete("shards/00000.json")
+    store.delete("shards/00000.json")  # deleting a missing key is fine
+    assert store.list("shards/") == ["shards/00001.json"]
+    with pytest.raises(ObjectNotFoundError):
+        store.get("shards/00000.json")
+
+
+def test_put_if_absent_refuses_a_second_commit(store: ObjectStore) -> None:
+    assert store.put_if_absent("shards/00000.parquet", b"first") is True
+    assert store.put_if_absent("shards/00000.parquet", b"second") is False
+    assert store.get("shards/00000.parquet") == b"first"
+
+
+def test_racing_commits_have_exactly_one_winner(store: ObjectStore) -> None:
+    wins: list[bytes] = []
+    barrier = threading.Barrier(8)
+
+    def commit(i: int) -> None:
+        barrier.wait()
+        if store.put_if_absent("shards/00007.parquet", f"worker {i}".encode()):
+            wins.append(f"worker {i}".encode())
+
+    threads = [threading.Thread(target=commit, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1
+    assert store.get("shards/00007.parquet") == wins[0]
+    assert store.list() == ["shards/00007.parquet"]  # no temp files left visible
+
+
+def test_keys_cannot_escape_the_root(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    for bad in ("../x", "/etc/passwd", "a//b", "a/./b"):
+        with pytest.raises(ValueError):
+            store.put(bad, b"x")
+
+
+def test_open_store_picks_the_backend(tmp_path: Path, s3_env: Settings) -> None:
+    assert isinstance(open_store(str(tmp_path)), LocalStore)
+    s3 = open_store("s3://freight-test/a/b/", s3_env)
+    assert isinstance(s3, S3Store) and s3.url == "s3://freight-test/a/b"
+    with pytest.raises(ValueError):
+        open_store("gs://bucket/x")
