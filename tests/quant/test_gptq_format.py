@@ -1,0 +1,74 @@
+"""Loading the common GPTQ 4-bit format: packed by this test the way that format packs, then converted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worker.engine.quant import prepare_quantized_model
+from worker.engine.quant.gptq_format import GPTQInt4Linear, gptq_to_freight
+
+
+def _words(nibbles: torch.Tensor) -> torch.Tensor:
+    """int64 [..., 8] values in [0, 15] -> int32 words, nibble j in bits 4j..4j+3 (two's complement)."""
+    word = sum(nibbles[..., j] << (4 * j) for j in range(8))
+    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+
+
+def make_gptq_layer(n: int, k: int, g: int, seed: int = 0, v2: bool = False) -> dict[str, torch.Tensor]:
+    """A symmetric GPTQ layer as AutoGPTQ writes it, plus the weight it dequantizes to."""
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.randint(0, 16, (k, n), generator=gen)  # unsigned 4-bit values, [K, N]
+    scales = (torch.rand(k // g, n, generator=gen) * 0.02 + 0.001).half()  # [K/G, N]
+    zero = 8  # symmetric
+    qweight = _words(u.reshape(k // 8, 8, n).permute(0, 2, 1))  # [K/8, N]: k = 8i + j
+    stored_zero = zero if v2 else zero - 1  # format "gptq" stores zero - 1
+    qzeros = _words(torch.full((k // g, n // 8, 8), stored_zero))  # [K/G, N/8]: n = 8c + j
+    g_idx = (torch.arange(k) // g).to(torch.int32)
+    w = (scales.float()[g_idx.long()] * (u - zero)).T.contiguous()  # [N, K]
+    return {"qweight": qweight, "qzeros": qzeros, "scales": scales, "g_idx": g_idx, "weight": w}
+
+
+@pytest.mark.parametrize("v2", [False, True])
+def test_converted_weights_equal_the_dequantized_originals(v2: bool) -> None:
+    layer = make_gptq_layer(64, 256, 128, v2=v2)
+    qweight, scales = gptq_to_freight(layer["qweight"], layer["qzeros"], layer["scales"], layer["g_idx"], 128,
+                                      "gptq_v2" if v2 else "gptq")
+    from worker.engine.quant.formats import dequantize_int4
+
+    assert qweight.shape == (64, 128) and scales.shape == (64, 2)
+    torch.testing.assert_close(dequantize_int4(qweight, scales, 128), layer["weight"], rtol=0, atol=0)
+
+
+def test_swapped_module_loads_gptq_tensors_by_name_and_computes() -> None:
+    model = torch.nn.Sequential()
+    model.add_module("proj", torch.nn.Linear(256, 64, bias=False))
+    model.add_module("lm_head", torch.nn.Linear(64, 32, bias=False))
+    prepare_quantized_model(model, {"quant_method": "gptq", "bits": 4, "group_size": 64, "sym": True,
+                                    "desc_act": False})
+    assert isinstance(model.proj, GPTQInt4Linear) and isinstance(model.lm_head, torch.nn.Linear)
+    layer = make_gptq_layer(64, 256, 64, seed=3)
+    weight = layer.pop("weight")
+    model.proj.load_state_dict(layer)
+    x = torch.randn(4, 256)
+    model.proj.cpu_bf16 = False
+    torch.testing.assert_close(model.proj(x), x @ weight.T, rtol=1e-5, atol=1e-5)
+    assert model.proj.converted and set(dict(model.proj.state_dict())) == {"qweight", "scales"}
+
+
+def test_unsupported_gptq_checkpoints_are_refused() -> None:
+    layer = make_gptq_layer(16, 128, 32)
+    shuffled = layer["g_idx"][torch.randperm(128)]
+    with pytest.raises(ValueError, match="desc_act"):
+        gptq_to_freight(layer["qweight"], layer["qzeros"], layer["scales"], shuffled, 32)
+    asym = _words(torch.full((4, 2, 8), 2))  # zero 3: values reach 15 - 3 = 12 > 7
+    with pytest.raises(ValueError, match="symmetric"):
+        gptq_to_freight(layer["qweight"], asym, layer["scales"], layer["g_idx"], 32)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 16))
+    for cfg, match in (({"quant_method": "gptq", "bits": 4, "sym": False}, "asymmetric"),
+                       ({"quant_method": "gptq", "bits": 4, "desc_act": True}, "desc_act"),
+                       ({"quant_method": "gptq", "bits": 3}, "3 bits"),
+                       ({"quant_method": "awq", "bits": 4}, "not supported")):
+        with pytest.raises(ValueError, match=match):
+            prepare_quantized_model(model, cfg)
+    assert isinstance(model[0], torch.nn.Linear)  # nothing swapped
