@@ -150,12 +150,14 @@ def make_demo_model(
     tokenizer = train_tokenizer(shape.vocab_size)
     vocab_size = tokenizer.get_vocab_size()
     tokenizer.save(str(out / "tokenizer.json"))
-    bos, eos, im_end = (tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
+    endoftext, _, im_end = (tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
 
     config = _config(arch, shape, vocab_size, tie)
-    config.update(bos_token_id=bos, eos_token_id=eos)
+    config.update(bos_token_id=endoftext, eos_token_id=im_end)
     _write_json(out / "config.json", config)
-    _write_json(out / "generation_config.json", {"bos_token_id": bos, "eos_token_id": [eos, im_end]})
+    _write_json(
+        out / "generation_config.json", {"bos_token_id": endoftext, "eos_token_id": [endoftext, im_end]}
+    )
     _write_json(
         out / "tokenizer_config.json",
         {

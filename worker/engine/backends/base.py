@@ -1,0 +1,73 @@
+"""The backend seam: the kernels a model calls, and the per-step attention metadata they read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Where one step's tokens go in the paged KV cache and what they attend to.
+
+    The step's T tokens are laid out prefill-first: rows [0, num_prefill_tokens) belong to
+    sequences computing a chunk of >= 2 tokens (prefill_attention), the remaining rows are one
+    token per sequence (paged_decode_attention). Tensors live on the model's device.
+    """
+
+    slot_mapping: torch.Tensor  # int64 [T]; -1: do not store (the slot already holds this K/V)
+    num_prefill_tokens: int
+    prefill_cu_seqlens_q: torch.Tensor | None  # int32 [Bp + 1]
+    prefill_context_lens: torch.Tensor | None  # int32 [Bp], tokens in cache after this step
+    prefill_block_tables: torch.Tensor | None  # int32 [Bp, max_blocks]
+    decode_context_lens: torch.Tensor | None  # int32 [Bd]
+    decode_block_tables: torch.Tensor | None  # int32 [Bd, max_blocks]
+
+
+class Backend:
+    """Kernels with the signatures of docs/ARCHITECTURE.md ("Kernel contract").
+
+    A subclass binds the five functions as static attributes; `supports(device)` says whether it can
+    run there. Models receive a Backend instance explicitly; nothing global is read.
+    """
+
+    name: ClassVar[str] = "base"
+    store_kv_cache = None
+    paged_decode_attention = None
+    prefill_attention = None
+    rms_norm = None
+    apply_rotary = None
+
+    @classmethod
+    def supports(cls, device: torch.device) -> bool:
+        raise NotImplementedError
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] of one layer -> attention output [T, Hq, D].
+
+        Stores k/v at meta.slot_mapping first, so each token sees itself and the step's earlier tokens.
+        """
+        self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        p = meta.num_prefill_tokens
+        if p:
+            self.prefill_attention(
+                q[:p], k_cache, v_cache, meta.prefill_cu_seqlens_q, meta.prefill_context_lens,
+                meta.prefill_block_tables, scale, out[:p],
+            )  # fmt: skip
+        if p < q.shape[0]:
+            self.paged_decode_attention(
+                q[p:], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, out[p:]
+            )
+        return out

@@ -1,0 +1,69 @@
+"""EngineConfig: how an Engine uses its hardware. Frozen and validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BACKEND_NAMES = ("auto", "torch", "triton")
+QUANTIZATION_METHODS = (None, "int8", "int4")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Scheduling, memory and numeric settings of one Engine.
+
+    Memory for the paged KV cache comes from kv_cache_bytes when set, else (CUDA only) from
+    gpu_memory_fraction of the device's total memory minus what the weights already use; on the CPU
+    without kv_cache_bytes, 1 GiB.
+    """
+
+    device: str = "cpu"
+    dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on CUDA; or a key of DTYPES
+    block_size: int = 16  # tokens per KV block; prefix caching shares whole blocks
+    max_num_seqs: int = 256  # sequences in one step (decode batch width)
+    max_num_batched_tokens: int = 2048  # tokens computed in one step (prefill chunks + decodes)
+    kv_cache_bytes: int | None = None
+    gpu_memory_fraction: float = 0.85
+    enable_prefix_caching: bool = True
+    backend: str = "auto"  # "auto": triton on CUDA when registered, else torch
+    quantization: str | None = None  # quantize on the fly when the checkpoint is not quantized
+    max_model_len: int | None = None  # cap on prompt + completion; None: the model's own limit
+    seed: int = 0  # seed of requests whose SamplingParams.seed is None (salted by request index)
+
+    def __post_init__(self) -> None:
+        if self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}) so every running sequence can decode in each step"
+            )
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ValueError(f"kv_cache_bytes must be positive or None, got {self.kv_cache_bytes}")
+        if not 0.0 < self.gpu_memory_fraction <= 1.0:
+            raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
+        if self.backend not in BACKEND_NAMES:
+            raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {self.backend!r}")
+        if self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2 or None, got {self.max_model_len}")
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.float32 if self.device == "cpu" else torch.bfloat16
+        return DTYPES[self.dtype]

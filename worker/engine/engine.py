@@ -1,0 +1,232 @@
+"""Engine: a known batch of prompts in, one RequestOutput per prompt out."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Seq
+from pathlib import Path
+
+import structlog
+import torch
+
+from worker.engine.backends import select_backend
+from worker.engine.block_manager import BlockManager
+from worker.engine.config import EngineConfig
+from worker.engine.loader import load_model, read_config
+from worker.engine.model_runner import ModelRunner
+from worker.engine.models import ModelConfig
+from worker.engine.ordering import prefix_order
+from worker.engine.outputs import RequestOutput
+from worker.engine.sampler import Sampler
+from worker.engine.sampling_params import SamplingParams
+from worker.engine.scheduler import Scheduler
+from worker.engine.sequence import Sequence
+from worker.engine.stats import EngineStats
+from worker.engine.tokenizer import Tokenizer
+
+log = structlog.get_logger(__name__)
+
+CPU_DEFAULT_KV_BYTES = 1 << 30
+
+
+class Engine:
+    """Use Engine.from_pretrained. One generate/stream call at a time per engine."""
+
+    def __init__(self, model_dir: Path, config: EngineConfig, runner: ModelRunner, tokenizer: Tokenizer,
+                 max_model_len: int, num_blocks: int) -> None:  # fmt: skip
+        self.model_dir = model_dir
+        self.config = config
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.vocab_size = runner.model.cfg.vocab_size
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.sampler = Sampler()
+        self.stats = EngineStats()
+        eos = tokenizer.eos_token_ids or runner.model.cfg.eos_token_ids
+        self.eos_token_ids = frozenset(eos)
+        self._next_seq_id = 0
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, config: EngineConfig | None = None) -> Engine:
+        model_dir = Path(model_dir)
+        config = config or EngineConfig()
+        if config.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but torch sees no CUDA device; use device='cpu'")
+        mcfg = ModelConfig.from_dict(read_config(model_dir))
+        max_len = min(
+            mcfg.max_position_embeddings, mcfg.sliding_window or 1 << 62, config.max_model_len or 1 << 62
+        )
+        backend = select_backend(config.backend, config.torch_device)
+        model = load_model(model_dir, config, backend, max_positions=max_len)
+        tokenizer = Tokenizer(model_dir)
+        per_block = ModelRunner.kv_bytes_per_block(model, config.block_size, config.torch_dtype)
+        num_blocks = cls._kv_budget(config) // per_block
+        # More blocks than max_num_seqs full-length sequences cannot be used at once.
+        num_blocks = min(num_blocks, config.max_num_seqs * -(-max_len // config.block_size) + 1)
+        runner = ModelRunner(model, num_blocks, config.block_size, config.torch_device, config.torch_dtype)
+        log.info("engine_ready", model_dir=str(model_dir), backend=backend.name, num_blocks=num_blocks,
+                 max_model_len=max_len)  # fmt: skip
+        return cls(model_dir, config, runner, tokenizer, max_len, num_blocks)
+
+    @staticmethod
+    def _kv_budget(config: EngineConfig) -> int:
+        if config.kv_cache_bytes is not None:
+            return config.kv_cache_bytes
+        if config.torch_device.type == "cpu":
+            return CPU_DEFAULT_KV_BYTES
+        free, total = torch.cuda.mem_get_info(config.torch_device)
+        return max(0, int(total * config.gpu_memory_fraction) - (total - free))
+
+    # ---- public API ------------------------------------------------------------------------
+    def generate(
+        self, prompts: Seq[str] | Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in the order of `prompts`."""
+        outs = list(self.stream(prompts, params))
+        return sorted(outs, key=lambda o: o.index)
+
+    def stream(
+        self,
+        prompts: Seq[str] | Seq[Seq[int]],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> Iterator[RequestOutput]:
+        """Yield each RequestOutput as its request finishes (bad prompts first, as errors).
+
+        should_stop() is checked before every step; once True, unfinished requests are aborted (their
+        blocks freed, nothing yielded for them) and the generator returns.
+        """
+        params_list = self._params_for(prompts, params)
+        seqs: list[Sequence] = []
+        for i, (prompt, p) in enumerate(zip(prompts, params_list, strict=True)):
+            ids, error = self._prompt_ids(prompt)
+            if error is not None:
+                yield RequestOutput(i, ids, [], "", "error", len(ids), 0, error=error)
+                continue
+            seed = p.seed if p.seed is not None else hash((self.config.seed, i)) & 0x7FFF_FFFF_FFFF_FFFF
+            seqs.append(Sequence(self._next_seq_id, i, ids, p, seed))
+            self._next_seq_id += 1
+        for j in prefix_order([s.token_ids for s in seqs]):
+            self.scheduler.add(seqs[j])
+        try:
+            while self.scheduler.has_unfinished():
+                if should_stop is not None and should_stop():
+                    dropped = self.scheduler.abort_all()
+                    log.info("engine_stopped", aborted=len(dropped))
+                    return
+                yield from (self._output(s) for s in self.step())
+        finally:
+            if self.scheduler.has_unfinished():  # the caller closed the generator early
+                self.scheduler.abort_all()
+
+    # ---- one step --------------------------------------------------------------------------
+    def step(self) -> list[Sequence]:
+        """Schedule, run the model once, sample; returns the sequences that finished."""
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule()
+        finished = list(sched.errored)
+        self.stats.preemptions += sched.num_preempted
+        for seq in sched.admitted:
+            self.stats.prompt_tokens += seq.num_prompt_tokens
+            self.stats.cached_tokens += seq.num_cached_tokens or 0
+        if sched.chunks:
+            step = self.runner.execute(sched.chunks)
+            sampling: list[Sequence] = []
+            rows: list[int] = []
+            for c, row, prompt_rows in zip(sched.chunks, step.sample_rows, step.prompt_rows, strict=True):
+                if c.num_tokens > 1 or c.seq.num_output_tokens == 0:
+                    self.stats.computed_prefill_tokens += c.num_tokens
+                if prompt_rows is not None:
+                    first, idx = prompt_rows
+                    self.sampler.prompt_logprobs(step.logits[idx], c.seq, first)
+                if row >= 0:
+                    sampling.append(c.seq)
+                    rows.append(row)
+            if sampling:
+                logits = step.logits if len(rows) == step.logits.shape[0] else step.logits[rows]
+                for seq, token in zip(sampling, self.sampler.sample(logits, sampling), strict=True):
+                    seq.token_ids.append(token)
+                    self.stats.decode_tokens += 1
+                    if self._check_finished(seq, token):
+                        self.scheduler.finish(seq)
+                        finished.append(seq)
+            self.stats.steps += 1
+        self.stats.busy_seconds += time.perf_counter() - t0
+        return finished
+
+    # ---- helpers ---------------------------------------------------------------------------
+    @staticmethod
+    def _params_for(
+        prompts: Seq, params: SamplingParams | Seq[SamplingParams] | None
+    ) -> list[SamplingParams]:
+        if isinstance(prompts, str):
+            raise ValueError("prompts must be a list of strings or of token-id lists, not one string")
+        if params is None or isinstance(params, SamplingParams):
+            return [params or SamplingParams()] * len(prompts)
+        params = list(params)
+        if len(params) != len(prompts):
+            raise ValueError(
+                f"got {len(params)} SamplingParams for {len(prompts)} prompts; pass one or one each"
+            )
+        return params
+
+    def _prompt_ids(self, prompt: str | Seq[int]) -> tuple[list[int], str | None]:
+        """(token ids, None) or (whatever ids there are, why this prompt cannot run)."""
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, Seq) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                return ids, f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
+        else:
+            return [], f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}"
+        if not ids:
+            return ids, "empty prompt: there is no token to condition on"
+        if len(ids) >= self.max_model_len:
+            return ids, (
+                f"prompt has {len(ids)} tokens but the context holds {self.max_model_len} "
+                "(prompt + at least one generated token); shorten it"
+            )
+        return ids, None
+
+    def _check_finished(self, seq: Sequence, token: int) -> bool:
+        p = seq.params
+        if (
+            (token in self.eos_token_ids and not p.ignore_eos)
+            or token in p.stop_token_ids
+            or p.stop
+            and self._stop_string(seq)
+        ):
+            seq.finish("stop")
+        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            seq.finish("length")
+        return seq.is_finished
+
+    def _stop_string(self, seq: Sequence) -> bool:
+        """Cut seq.text before the earliest stop string, if the completion now contains one."""
+        text = self.tokenizer.decode(seq.output_token_ids)
+        hits = [i for i in (text.find(s) for s in seq.params.stop) if i >= 0]
+        if not hits:
+            return False
+        seq.text = text[: min(hits)]
+        return True
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        out_ids = seq.output_token_ids
+        text = seq.text if seq.text is not None else self.tokenizer.decode(out_ids)
+        return RequestOutput(
+            index=seq.index,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            token_ids=out_ids,
+            text=text,
+            finish_reason=seq.finish_reason or "error",
+            prompt_tokens=seq.num_prompt_tokens,
+            cached_tokens=seq.num_cached_tokens or 0,
+            error=seq.error,
+            logprobs=seq.logprobs,
+            prompt_logprobs=seq.prompt_logprobs,
+        )

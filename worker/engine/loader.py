@@ -1,0 +1,151 @@
+"""Load a Hugging Face checkpoint folder into a CausalLM: path-based, safetensors only.
+
+Quantization hooks (worker.engine.quant): if config.json carries "quantization_config", the model
+is handed to `prepare_quantized_model(model, quantization_config)` on the meta device BEFORE any
+tensor loads, so the quantized modules' state-dict names (e.g. `...qkv_proj.qweight`) load by name
+through internal_name(); if EngineConfig.quantization is set and the checkpoint is not quantized,
+`quantize_model(model, method)` runs after loading.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+from safetensors import safe_open
+
+from worker.engine.backends.base import Backend
+from worker.engine.config import EngineConfig
+from worker.engine.models import CausalLM, ModelConfig
+
+log = structlog.get_logger(__name__)
+
+# HF projection name -> (our fused module, shard index inside it). Shards are stacked along dim 0
+# (output rows) in this order, for every tensor of the module: weight, bias, qweight, scales, ...
+_FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+_FUSED_RE = re.compile(r"^(.*\.)(q_proj|k_proj|v_proj|gate_proj|up_proj)\.([A-Za-z_]+)$")
+_IGNORED_RE = re.compile(r"(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def internal_name(hf_name: str) -> tuple[str, int | None]:
+    """Checkpoint tensor name -> (our state-dict name, shard index in a fused module or None).
+
+    "model.layers.3.self_attn.k_proj.qweight" -> ("model.layers.3.self_attn.qkv_proj.qweight", 1)
+    """
+    m = _FUSED_RE.match(hf_name)
+    if m is None:
+        return hf_name, None
+    module, shard = _FUSED[m.group(2)]
+    return f"{m.group(1)}{module}.{m.group(3)}", shard
+
+
+def fused_shard_rows(cfg: ModelConfig, internal: str) -> list[int]:
+    """Output rows of each shard of the fused module that `internal` (a tensor name) belongs to."""
+    if ".qkv_proj." in internal:
+        return [cfg.q_size, cfg.kv_size, cfg.kv_size]
+    if ".gate_up_proj." in internal:
+        return [cfg.intermediate_size, cfg.intermediate_size]
+    raise ValueError(f"{internal} is not part of a fused module")
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{model_dir} has no config.json; pass a Hugging Face checkpoint folder")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a checkpoint; refuses pickle-only folders."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ValueError(f"{index.name} lists missing shards {missing}; the download is incomplete")
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if files:
+        return files
+    pickles = sorted(p.name for p in model_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise ValueError(
+            f"{model_dir} holds only pickle weights ({', '.join(pickles)}); freight never loads pickle "
+            "files because they can run code. Convert the checkpoint to safetensors first (e.g. "
+            "model.save_pretrained(dir, safe_serialization=True) in a trusted environment)."
+        )
+    raise ValueError(f"{model_dir} has no model.safetensors (or sharded index); nothing to load")
+
+
+def load_model(model_dir: Path, config: EngineConfig, backend: Backend, max_positions: int) -> CausalLM:
+    """Build the model on the meta device, materialise it on config.device and load the weights."""
+    raw = read_config(model_dir)
+    cfg = ModelConfig.from_dict(raw)
+    files = checkpoint_files(model_dir)
+    quant_config = raw.get("quantization_config")
+    with torch.device("meta"):
+        model = CausalLM(cfg, backend, max_positions)
+    if quant_config is not None:
+        from worker.engine.quant import prepare_quantized_model
+
+        prepare_quantized_model(model, quant_config)
+    model.to_empty(device=config.torch_device)
+    model.to(config.torch_dtype)  # floating-point tensors only; packed integer weights keep theirs
+    model.tie_weights()
+    _load_tensors(model, cfg, files)
+    model.init_rotary(config.torch_device)
+    if config.quantization is not None and quant_config is None:
+        from worker.engine.quant import quantize_model
+
+        quantize_model(model, config.quantization)
+    model.eval()
+    log.info("model_loaded", model_dir=str(model_dir), architecture=cfg.architecture, files=len(files))
+    return model
+
+
+def _load_tensors(model: CausalLM, cfg: ModelConfig, files: list[Path]) -> None:
+    targets = dict(model.named_parameters())
+    targets.update((n, b) for n, b in model.named_buffers() if n != "cos_sin")
+    needed = {name: 1 for name in targets}
+    for name in targets:
+        if ".qkv_proj." in name or ".gate_up_proj." in name:
+            needed[name] = len(fused_shard_rows(cfg, name))
+    seen: dict[str, set[int | None]] = {}
+    with torch.no_grad():
+        for file in files:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for hf_name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    if _IGNORED_RE.search(hf_name) or (
+                        cfg.tie_word_embeddings and hf_name == "lm_head.weight"
+                    ):
+                        continue
+                    name, shard = internal_name(hf_name)
+                    if name not in targets:
+                        raise ValueError(f"{file.name}: unexpected tensor {hf_name!r} for {cfg.architecture}")
+                    dst, src = targets[name], f.get_tensor(hf_name)
+                    if shard is not None:
+                        rows = fused_shard_rows(cfg, name)
+                        dst = dst.narrow(0, sum(rows[:shard]), rows[shard])
+                    if tuple(dst.shape) != tuple(src.shape):
+                        raise ValueError(
+                            f"{hf_name}: checkpoint shape {tuple(src.shape)} != expected {tuple(dst.shape)}"
+                        )
+                    dst.copy_(src)
+                    seen.setdefault(name, set()).add(shard)
+    missing = sorted(n for n, k in needed.items() if len(seen.get(n, ())) < k)
+    if missing:
+        raise ValueError(
+            f"checkpoint is missing tensors for {missing[:5]}{' ...' if len(missing) > 5 else ''}"
+        )

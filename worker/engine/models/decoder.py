@@ -1,0 +1,148 @@
+"""One decoder-only transformer for Llama, Mistral, Qwen2 and Qwen3 over a paged KV cache.
+
+Module and parameter names follow Hugging Face's, except that q/k/v and gate/up projections are
+fused into one nn.Linear each (`qkv_proj`, `gate_up_proj`; see loader.internal_name). All
+projections stay nn.Linear modules so worker.engine.quant can swap them. Inputs are flat (varlen):
+T tokens of many sequences in one [T, ...] tensor; no padding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from worker.engine.backends.base import AttentionMetadata, Backend
+from worker.engine.models.model_config import ModelConfig
+from worker.engine.models.rotary import cos_sin_cache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, backend: Backend) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+        self.backend = backend
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.backend.rms_norm(x, self.weight, self.eps, residual)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, backend: Backend) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.backend = backend
+        self.scale = cfg.head_dim**-0.5
+        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, backend)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, backend)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        positions: torch.Tensor,  # int64 [T]
+        meta: AttentionMetadata,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        cos_sin: torch.Tensor,
+    ) -> torch.Tensor:
+        cfg = self.cfg
+        tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.reshape(tokens, cfg.num_heads, cfg.head_dim)  # copies: rotary works in place
+        k = k.reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q = self.q_norm(q.reshape(-1, cfg.head_dim))[0].view(tokens, cfg.num_heads, cfg.head_dim)
+            k = self.k_norm(k.reshape(-1, cfg.head_dim))[0].view(tokens, cfg.num_kv_heads, cfg.head_dim)
+        self.backend.apply_rotary(q, k, positions, cos_sin)
+        out = self.backend.attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        return self.o_proj(out.view(tokens, cfg.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate_size = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, backend: Backend) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, backend)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        cos_sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, positions, meta, kv_cache, cos_sin)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class DecoderBody(nn.Module):
+    """Hugging Face's `model.` prefix: embeddings, layers, final norm."""
+
+    def __init__(self, cfg: ModelConfig, backend: Backend) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, backend) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, backend: Backend, max_positions: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = DecoderBody(cfg, backend)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.max_positions = max_positions
+        # Filled by init_rotary() once the model sits on its device (not a checkpoint tensor).
+        self.register_buffer("cos_sin", torch.empty(0), persistent=False)
+
+    def init_rotary(self, device: torch.device) -> None:
+        cfg = self.cfg
+        self.cos_sin = cos_sin_cache(cfg.head_dim, self.max_positions, cfg.rope_theta, cfg.rope_scaling).to(
+            device
+        )
+
+    def tie_weights(self) -> None:
+        if self.cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # int64 [T]
+        positions: torch.Tensor,  # int64 [T]
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k_cache, v_cache)
+    ) -> torch.Tensor:
+        """Final hidden states [T, hidden] (normed); logits come from compute_logits on chosen rows."""
+        x = self.model.embed_tokens(input_ids)
+        residual = None
+        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+            x, residual = layer(x, residual, positions, meta, kv_cache, self.cos_sin)
+        return self.model.norm(x, residual)[0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> fp32 logits [N, vocab]."""
+        return self.lm_head(hidden).float()

@@ -1,0 +1,84 @@
+"""Tokenizer: tokenizer.json through `tokenizers`, the chat template through jinja2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2.sandbox
+from tokenizers import Tokenizer as HFTokenizer
+
+
+def _token_text(value: Any) -> str | None:
+    """tokenizer_config.json writes special tokens as a string or as {"content": ...}."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+
+
+class Tokenizer:
+    """encode / decode / apply_chat_template, and the EOS ids generation stops at.
+
+    eos_token_ids = generation_config.json's eos_token_id (int or list) + config.json's + the
+    tokenizer_config eos_token, deduplicated in that order.
+    """
+
+    def __init__(self, model_dir: Path) -> None:
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise ValueError(f"{model_dir} has no tokenizer.json (a `tokenizers` fast tokenizer is required)")
+        self._tok = HFTokenizer.from_file(str(path))
+        tcfg = self._read(model_dir / "tokenizer_config.json")
+        self.bos_token = _token_text(tcfg.get("bos_token"))
+        self.eos_token = _token_text(tcfg.get("eos_token"))
+        template = tcfg.get("chat_template")
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.globals["raise_exception"] = self._raise
+        self._template = env.from_string(template) if template else None
+        eos: list[int] = _ids(self._read(model_dir / "generation_config.json").get("eos_token_id"))
+        eos += _ids(self._read(model_dir / "config.json").get("eos_token_id"))
+        if self.eos_token is not None and self._tok.token_to_id(self.eos_token) is not None:
+            eos.append(self._tok.token_to_id(self.eos_token))
+        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eos))
+        self.vocab_size = self._tok.get_vocab_size()
+
+    @staticmethod
+    def _read(path: Path) -> dict[str, Any]:
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+    @staticmethod
+    def _raise(message: str) -> None:
+        raise ValueError(f"chat template: {message}")
+
+    def encode(self, text: str) -> list[int]:
+        """Like transformers' `tokenizer(text)`: tokenizer.json's post-processor may add a BOS; a text
+        that already starts with the BOS token (a rendered chat template) does not get a second one."""
+        ids = self._tok.encode(text, add_special_tokens=True).ids
+        bos = self._tok.token_to_id(self.bos_token) if self.bos_token else None
+        if bos is not None and len(ids) >= 2 and ids[0] == ids[1] == bos:
+            ids = ids[1:]
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        if self._template is None:
+            raise ValueError("this model's tokenizer_config.json has no chat_template; send plain prompts")
+        return self._template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+        )
