@@ -7,23 +7,39 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from jobs.errors import FreightError
 from jobs.evals.plan import JobExecutor
 from jobs.settings import Settings, get_settings
+from jobs.spec import JobSpec
 
-eval_app = typer.Typer(name="eval", help="Evaluation suites: run, score, compare with earlier runs.", no_args_is_help=True)
+eval_app = typer.Typer(
+    name="eval", help="Evaluation suites: run, score, compare with earlier runs.", no_args_is_help=True
+)
 
 
-def embedded_executor(settings: Settings) -> JobExecutor:
-    """Run each job in process to the end (the same plan/shard/finalize as `freight run`)."""
-    from worker.local import run_job  # lazy: jobs/ never imports worker at module level
+def embedded_executor(settings: Settings, device: str | None = None) -> JobExecutor:
+    """Run each job in process to the end (the same prepare/run_local/finalize as `freight run`).
+    One engine per model serves all the run's jobs on it (its load time is not billed to them)."""
+    from jobs.planner import prepare_job
+    from worker.local import load_engine, run_local  # lazy: jobs/ never imports worker at module level
 
-    def execute(spec):  # type: ignore[no-untyped-def]
-        run_job(spec, settings=settings)
+    engines: dict[str, Any] = {}
+
+    def execute(spec: JobSpec) -> None:
+        prepared = prepare_job(spec, settings)
+        if prepared.store.exists("_SUCCESS"):
+            return
+        if spec.model not in engines:
+            engines[spec.model], _seconds = load_engine(prepared.manifest, settings, device)
+        run = run_local(prepared.store, prepared.manifest, engine=engines[spec.model], settings=settings)
+        if run.interrupted:
+            raise FreightError(
+                f"job {spec.output} stopped before the end; run the same command again to resume"
+            )
 
     return execute
 
@@ -46,10 +62,18 @@ def _fail(exc: Exception) -> typer.Exit:
 @eval_app.command("run")
 def run_command(
     suites: Annotated[Path, typer.Argument(help="the suite file (TOML)")],
-    output: Annotated[str, typer.Option("--output", "-o", help="OUT: folder or s3://bucket/prefix for this run")],
-    suite: Annotated[list[str] | None, typer.Option("--suite", help="run only this suite (repeatable)")] = None,
-    model: Annotated[list[str] | None, typer.Option("--model", help="use this model instead of the suites' (repeatable)")] = None,
-    submit: Annotated[bool, typer.Option("--submit", help="queue the jobs on the fleet instead of running them here")] = False,
+    output: Annotated[
+        str, typer.Option("--output", "-o", help="OUT: folder or s3://bucket/prefix for this run")
+    ],
+    suite: Annotated[
+        list[str] | None, typer.Option("--suite", help="run only this suite (repeatable)")
+    ] = None,
+    model: Annotated[
+        list[str] | None, typer.Option("--model", help="use this model instead of the suites' (repeatable)")
+    ] = None,
+    submit: Annotated[
+        bool, typer.Option("--submit", help="queue the jobs on the fleet instead of running them here")
+    ] = False,
 ) -> None:
     """Run suites: embedded by default (then score and print the report), or queue with --submit."""
     from jobs.evals.collect import collect
@@ -62,7 +86,9 @@ def run_command(
         execute = submit_executor(settings) if submit else embedded_executor(settings)
         plan = start_run(suite_file, output, execute, suite_names=suite, models=model)
         if submit:
-            typer.echo(f"queued eval run {plan.run_id}; when its jobs finish: freight eval report {plan.output}")
+            typer.echo(
+                f"queued eval run {plan.run_id}; when its jobs finish: freight eval report {plan.output}"
+            )
             return
         report = collect(plan.output)
     except FreightError as exc:

@@ -122,4 +122,6 @@ def run_beat(app: Celery, suite_path: str, execute: JobExecutor, lock: BeatLock)
         log.info("beat started", suite_file=suite_path, entries=sorted(schedule))
         service.start()  # returns on Ctrl-C / SIGTERM, or when the lock is lost
     if lock.lost.is_set():
-        raise FreightError(f"beat for {suite_path} stopped: its Redis lock was lost (Redis unreachable or the key deleted)")
+        raise FreightError(
+            f"beat for {suite_path} stopped: its Redis lock was lost (Redis unreachable or the key deleted)"
+        )

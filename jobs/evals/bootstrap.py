@@ -24,7 +24,9 @@ class Interval:
         return (self.high - self.low) / 2
 
 
-def bootstrap_ci(values: Sequence[float] | np.ndarray, confidence: float = 0.95, resamples: int = 1000, seed: int = 0) -> Interval:
+def bootstrap_ci(
+    values: Sequence[float] | np.ndarray, confidence: float = 0.95, resamples: int = 1000, seed: int = 0
+) -> Interval:
     """Resample the rows with replacement `resamples` times; the interval is the (1-c)/2 and
     (1+c)/2 percentiles of the resampled means. Empty input -> NaN everywhere."""
     if not 0.0 < confidence < 1.0:

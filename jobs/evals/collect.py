@@ -18,7 +18,7 @@ from jobs.errors import FreightError
 from jobs.evals.chart import score_chart
 from jobs.evals.data import SuiteData
 from jobs.evals.history import History, MetricResult, RunRecord, model_key
-from jobs.evals.plan import PlannedModel, PlannedSuite, RunPlan, read_plan
+from jobs.evals.plan import PlannedModel, PlannedSuite, RunPlan, job_specs, read_plan
 from jobs.evals.report import ReportEntry, compare, report_json, report_markdown
 from jobs.evals.scoring import read_job_results, score_suite
 from jobs.evals.suite import Suite, parse_suite_text
@@ -48,13 +48,7 @@ class EvalReport:
 
 def unfinished_jobs(plan: RunPlan) -> list[str]:
     """OUT of every job of the run that has no _SUCCESS yet."""
-    pending = []
-    for suite in plan.suites:
-        for entry in suite.models:
-            for spec in (entry.generate, entry.likelihood):
-                if spec is not None and not open_store(spec.output).exists("_SUCCESS"):
-                    pending.append(spec.output)
-    return pending
+    return [spec.output for spec in job_specs(plan) if not open_store(spec.output).exists("_SUCCESS")]
 
 
 def _job_cost(spec: JobSpec | None) -> float:
@@ -63,7 +57,14 @@ def _job_cost(spec: JobSpec | None) -> float:
     return float(json.loads(open_store(spec.output).get("cost.json")).get("cost_usd", 0.0))
 
 
-def _score_entry(plan: RunPlan, suite: Suite, planned: PlannedSuite, entry: PlannedModel, out: ObjectStore, history: History) -> ReportEntry:
+def _score_entry(
+    plan: RunPlan,
+    suite: Suite,
+    planned: PlannedSuite,
+    entry: PlannedModel,
+    out: ObjectStore,
+    history: History,
+) -> ReportEntry:
     data = SuiteData(read_result(out.get(f"{suite.name}/rows.parquet")), planned.dataset_sha256)
     generated = read_job_results(open_store(entry.generate.output)) if entry.generate else None
     likelihoods = read_job_results(open_store(entry.likelihood.output)) if entry.likelihood else None
@@ -96,8 +97,15 @@ def _score_entry(plan: RunPlan, suite: Suite, planned: PlannedSuite, entry: Plan
     if png is not None:
         out.put(f"{base}/chart.png", png)
         reported = reported.model_copy(update={"chart": f"{base}/chart.png"})
-    log.info("eval scored", suite=suite.name, model=entry.model, rows=record.rows, failed=record.rows_failed,
-             scores={k: round(v.score, 4) for k, v in record.metrics.items()}, regression=reported.regressed)
+    log.info(
+        "eval scored",
+        suite=suite.name,
+        model=entry.model,
+        rows=record.rows,
+        failed=record.rows_failed,
+        scores={k: round(v.score, 4) for k, v in record.metrics.items()},
+        regression=reported.regressed,
+    )
     return reported
 
 

@@ -59,7 +59,9 @@ def load_suite_data(suite: Suite) -> SuiteData:
     if suite.id_column:
         ids = pc.cast(table.column(suite.id_column), pa.string())
         if ids.null_count or len(pc.unique(ids)) != table.num_rows:
-            raise InputError(f"{suite.dataset}: id column {suite.id_column!r} has nulls or repeated values; ids must be unique")
+            raise InputError(
+                f"{suite.dataset}: id column {suite.id_column!r} has nulls or repeated values; ids must be unique"
+            )
     else:
         ids = pa.array([str(i) for i in range(table.num_rows)], pa.string())
     columns = {"id": ids, "prompt": prompt, "reference": table.column(suite.reference_column)}
@@ -90,6 +92,10 @@ def likelihood_input(data: SuiteData, metric: MultipleChoice) -> bytes:
             prompts.append(prompt)
             continuations.append(metric.continuation(str(option)))
     table = pa.table(
-        {"id": pa.array(ids, pa.string()), "prompt": pa.array(prompts, pa.string()), "continuation": pa.array(continuations, pa.string())}
+        {
+            "id": pa.array(ids, pa.string()),
+            "prompt": pa.array(prompts, pa.string()),
+            "continuation": pa.array(continuations, pa.string()),
+        }
     )
     return write_result(table)

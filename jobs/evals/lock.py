@@ -84,6 +84,7 @@ class BeatLock:
                         return
                 except redis.RedisError as exc:  # keep trying until the lease would have expired
                     log.warning("beat lock refresh failed", key=self.key, error=str(exc))
+
         self._thread = threading.Thread(target=loop, name="freight-beat-lock", daemon=True)
         self._thread.start()
 
@@ -92,5 +93,7 @@ class BeatLock:
         self.start_refreshing()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.release()

@@ -238,9 +238,13 @@ class MultipleChoice(Metric):
                 return list(options).index(reference)
             if reference.strip().isdigit() and int(reference) < len(options):
                 return int(reference)
-        raise ValueError(f"the reference {reference!r} is neither an option index (0..{len(options) - 1}) nor one of the options")
+        raise ValueError(
+            f"the reference {reference!r} is neither an option index (0..{len(options) - 1}) nor one of the options"
+        )
 
-    def score_options(self, logprobs: Sequence[float], options: Sequence[str], reference: Any) -> tuple[float, float]:
+    def score_options(
+        self, logprobs: Sequence[float], options: Sequence[str], reference: Any
+    ) -> tuple[float, float]:
         """(accuracy, length-normalised accuracy) of one question. Ties go to the lowest index."""
         if len(logprobs) != len(options) or not options:
             raise ValueError("every option needs exactly one logprob")

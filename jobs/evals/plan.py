@@ -28,6 +28,7 @@ from jobs.evals.history import model_key
 from jobs.evals.metrics import MultipleChoice
 from jobs.evals.suite import Suite, SuiteFile
 from jobs.log import get_logger
+from jobs.planner import check_model
 from jobs.spec import JobSpec, SamplingSpec
 from jobs.storage import ObjectStore, open_store
 
@@ -90,7 +91,10 @@ def _job_specs(suite: Suite, model: str, out: ObjectStore) -> PlannedModel:
             prompt_column="prompt",
             id_column="id",
             sampling=SamplingSpec(
-                max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed
+                max_tokens=sampling.max_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                seed=sampling.seed,
             ),
             **extra,
         )
@@ -123,6 +127,8 @@ def start_run(
     committed shards); any other existing run there is refused."""
     out = open_store(output)
     suites = _pick(suite_file, suite_names)
+    for model in sorted({m for suite in suites for m in (models or suite.models)}):
+        check_model(model)  # a missing model fails before anything is written
     text = Path(suite_file.path).read_text(encoding="utf-8")
     planned: list[PlannedSuite] = []
     inputs: dict[str, bytes] = {}
@@ -137,7 +143,10 @@ def start_run(
         chosen = list(models) if models else list(suite.models)
         planned.append(
             PlannedSuite(
-                name=suite.name, dataset_sha256=data.sha256, rows=data.rows, models=[_job_specs(suite, m, out) for m in chosen]
+                name=suite.name,
+                dataset_sha256=data.sha256,
+                rows=data.rows,
+                models=[_job_specs(suite, m, out) for m in chosen],
             )
         )
     plan = RunPlan(
@@ -162,17 +171,27 @@ def start_run(
         for key, data in inputs.items():
             out.put(key, data)
         out.put(PLAN_KEY, plan.model_dump_json(indent=2).encode())
-    for suite in plan.suites:
-        for entry in suite.models:
-            for spec in (entry.generate, entry.likelihood):
-                if spec is not None:
-                    log.info("eval job", suite=suite.name, model=entry.model, output=spec.output)
-                    execute(spec)
+    for spec in job_specs(plan):
+        log.info("eval job", run_id=plan.run_id, output=spec.output)
+        execute(spec)
     return plan
+
+
+def job_specs(plan: RunPlan) -> list[JobSpec]:
+    """Every job of the run, suite by suite, model by model (generation before likelihood)."""
+    return [
+        spec
+        for suite in plan.suites
+        for entry in suite.models
+        for spec in (entry.generate, entry.likelihood)
+        if spec is not None
+    ]
 
 
 def read_plan(output: str) -> RunPlan:
     out = open_store(output)
     if not out.exists(PLAN_KEY):
-        raise FreightError(f"{out.url} holds no eval run ({PLAN_KEY} is missing); run `freight eval run` first")
+        raise FreightError(
+            f"{out.url} holds no eval run ({PLAN_KEY} is missing); run `freight eval run` first"
+        )
     return RunPlan.model_validate_json(out.get(PLAN_KEY))

@@ -107,7 +107,9 @@ def report_markdown(run_id: str, entries: list[ReportEntry]) -> str:
     lines = [
         f"# Evaluation report {run_id}",
         "",
-        f"{len(entries)} suite run(s); {flagged} with a regression beyond the noise." if flagged else f"{len(entries)} suite run(s); no regression.",
+        f"{len(entries)} suite run(s); {flagged} with a regression beyond the noise."
+        if flagged
+        else f"{len(entries)} suite run(s); no regression.",
         "",
         "| suite | model | metric | score % | 95% CI | vs previous | rows | failed | cost USD |",
         "|---|---|---|---:|---|---|---:|---:|---:|",
@@ -123,7 +125,11 @@ def report_markdown(run_id: str, entries: list[ReportEntry]) -> str:
                 f"| {e.suite} | {e.model} | {m.metric} | {_pct(m.score)} | {_pct(m.low)}–{_pct(m.high)} | {change} "
                 f"| {e.rows} | {e.rows_failed} | {e.cost_usd:.6f} |"
             )
-    notes = [f"- {e.suite} on {e.model}: the dataset changed since the previous run" for e in entries if e.dataset_changed]
+    notes = [
+        f"- {e.suite} on {e.model}: the dataset changed since the previous run"
+        for e in entries
+        if e.dataset_changed
+    ]
     charts = [f"![{e.suite} on {e.model}]({e.chart})" for e in entries if e.chart]
     if notes:
         lines += ["", "Notes:", *notes]

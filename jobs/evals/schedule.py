@@ -58,7 +58,9 @@ def to_crontab(expression: str) -> crontab:
             minute=minute, hour=hour, day_of_month=day_of_month, month_of_year=month, day_of_week=day_of_week
         )
     except ValueError as exc:
-        raise ValueError(f"schedule {expression!r} is not a cron expression Celery accepts ({exc}): {_HELP}") from exc
+        raise ValueError(
+            f"schedule {expression!r} is not a cron expression Celery accepts ({exc}): {_HELP}"
+        ) from exc
 
 
 def entry_name(suite_name: str) -> str:

@@ -56,7 +56,9 @@ def score_suite(
     gen = _by_id(generated, ["completion", "finish_reason", "error"])
     opts = _by_id(likelihoods, ["continuation_logprob", "error"])
     columns = [c for m in suite.metrics for c in m.columns()]
-    out: dict[str, list[Any]] = {name: [] for name in ["id", "completion", "finish_reason", "error", *columns]}
+    out: dict[str, list[Any]] = {
+        name: [] for name in ["id", "completion", "finish_reason", "error", *columns]
+    }
     references = data.table.column("reference").to_pylist()
     choices = data.table.column("choices").to_pylist() if "choices" in data.table.column_names else None
     failed = 0
@@ -77,7 +79,11 @@ def score_suite(
                     logprobs = []
                     for k in range(len(options)):
                         result = opts.get(f"{qid}{OPTION_SEPARATOR}{k}")
-                        if result is None or result["error"] is not None or result["continuation_logprob"] is None:
+                        if (
+                            result is None
+                            or result["error"] is not None
+                            or result["continuation_logprob"] is None
+                        ):
                             why = "missing" if result is None else result["error"] or "no logprob"
                             raise ValueError(f"option {k}: {why}")
                         logprobs.append(float(result["continuation_logprob"]))

@@ -100,7 +100,9 @@ class SuiteFile:
         for suite in self.suites:
             if suite.name == name:
                 return suite
-        raise ValueError(f"no suite named {name!r} in {self.path}; suites: {', '.join(s.name for s in self.suites)}")
+        raise ValueError(
+            f"no suite named {name!r} in {self.path}; suites: {', '.join(s.name for s in self.suites)}"
+        )
 
 
 def resolve_location(value: str, base_dir: Path) -> str:
@@ -148,13 +150,17 @@ class _Loader:
                 self.problem([key], f"unknown top-level key {key!r}; allowed: {', '.join(_TOP_KEYS)}")
         tables = raw.get("suite", [])
         if not isinstance(tables, list) or not tables:
-            self.problem(["suite"], "no suites: add at least one [[suite]] table (name, dataset, models, metrics)")
+            self.problem(
+                ["suite"], "no suites: add at least one [[suite]] table (name, dataset, models, metrics)"
+            )
             tables = []
         suites = [s for i, table in enumerate(tables) if (s := self.suite(i, table)) is not None]
         seen: set[str] = set()
         for i, suite in enumerate(suites):
             if suite.name in seen:
-                self.problem(["suite", i, "name"], f"suite name {suite.name!r} is used twice; names must be unique")
+                self.problem(
+                    ["suite", i, "name"], f"suite name {suite.name!r} is used twice; names must be unique"
+                )
             seen.add(suite.name)
         for key in ("id", "history", "output"):
             if key in raw and not (isinstance(raw[key], str) and raw[key]):
@@ -169,12 +175,18 @@ class _Loader:
             suites=tuple(suites),
         )
 
-    def pydantic_problems(self, where: tuple[PathPart, ...], exc: ValidationError, label: str, model: type[BaseModel]) -> None:
+    def pydantic_problems(
+        self, where: tuple[PathPart, ...], exc: ValidationError, label: str, model: type[BaseModel]
+    ) -> None:
         for error in exc.errors():
             loc = (*where, *error["loc"])
             field = ".".join(str(p) for p in error["loc"]) or "table"
             if error["type"] == "extra_forbidden":
-                fields = Sampling.model_fields if error["loc"][0] == "sampling" and model is _SuiteFields else model.model_fields
+                fields = (
+                    Sampling.model_fields
+                    if error["loc"][0] == "sampling" and model is _SuiteFields
+                    else model.model_fields
+                )
                 allowed = ", ".join(k for k in fields if k != "type")
                 self.problem(loc, f"{label}: unknown key {field!r}; allowed keys: {allowed}")
             elif error["type"] == "missing":
@@ -191,12 +203,21 @@ class _Loader:
             self.pydantic_problems(where, exc, label, _SuiteFields)
             return None
         before = len(self.problems)
-        metrics = [m for j, spec in enumerate(fields.metrics) if (m := self.metric(where, j, spec, label)) is not None]
+        metrics = [
+            m
+            for j, spec in enumerate(fields.metrics)
+            if (m := self.metric(where, j, spec, label)) is not None
+        ]
         columns = [c for m in metrics for c in m.columns()]
         for column in {c for c in columns if columns.count(c) > 1 or c in RESERVED_COLUMNS}:
-            self.problem((*where, "metrics"), f"{label}: metric column {column!r} is taken; give the metric another `name`")
+            self.problem(
+                (*where, "metrics"),
+                f"{label}: metric column {column!r} is taken; give the metric another `name`",
+            )
         if sum(m.needs_likelihood for m in metrics) > 1:
-            self.problem((*where, "metrics"), f"{label}: at most one multiple_choice metric per suite; split the suite")
+            self.problem(
+                (*where, "metrics"), f"{label}: at most one multiple_choice metric per suite; split the suite"
+            )
         if fields.schedule is not None:
             try:
                 validate_cron(fields.schedule)
@@ -224,7 +245,10 @@ class _Loader:
         if not isinstance(kind, str) or kind not in METRICS:
             close = difflib.get_close_matches(str(kind), METRICS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            self.problem((*at, "type"), f"{label}: unknown metric {kind!r}{hint}; use one of: {', '.join(sorted(METRICS))}")
+            self.problem(
+                (*at, "type"),
+                f"{label}: unknown metric {kind!r}{hint}; use one of: {', '.join(sorted(METRICS))}",
+            )
             return None
         try:
             metric = METRICS[kind].model_validate(spec)
@@ -239,16 +263,25 @@ class _Loader:
 
     def check_columns(self, where: tuple[PathPart, ...], suite: Suite, label: str) -> None:
         if suite.messages_column and suite.needs_likelihood:
-            self.problem((*where, "messages_column"), f"{label}: multiple_choice scores a text context; use prompt_column")
+            self.problem(
+                (*where, "messages_column"),
+                f"{label}: multiple_choice scores a text context; use prompt_column",
+            )
         if self.read_columns is None:
             return
         try:
             present = list(self.read_columns(suite.dataset))
         except (OSError, ValueError, FreightError) as exc:
-            self.problem((*where, "dataset"), f"{label}: cannot read dataset {suite.dataset}: {exc}; point `dataset` at a Parquet file or folder")
+            self.problem(
+                (*where, "dataset"),
+                f"{label}: cannot read dataset {suite.dataset}: {exc}; point `dataset` at a Parquet file or folder",
+            )
             return
         wanted: list[tuple[str, str]] = [
-            ("prompt_column" if suite.prompt_column else "messages_column", suite.prompt_column or suite.messages_column or ""),
+            (
+                "prompt_column" if suite.prompt_column else "messages_column",
+                suite.prompt_column or suite.messages_column or "",
+            ),
             ("reference_column", suite.reference_column),
         ]
         if suite.id_column:
@@ -259,7 +292,10 @@ class _Loader:
         for key, column in wanted:
             if column not in present:
                 key_path = (*where, key) if key != "choices_column" else (*where, "metrics")
-                self.problem(key_path, f"{label}: dataset {suite.dataset} has no column {column!r} ({key}); its columns: {', '.join(present)}")
+                self.problem(
+                    key_path,
+                    f"{label}: dataset {suite.dataset} has no column {column!r} ({key}); its columns: {', '.join(present)}",
+                )
 
 
 def dataset_columns(dataset: str) -> list[str]:

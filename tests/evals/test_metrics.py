@@ -16,8 +16,14 @@ from jobs.evals.normalize import Normalization
 
 def test_normalization_options_in_order() -> None:
     assert Normalization().apply("  Paris \n\t is  ") == "Paris is"
-    assert Normalization(lowercase=True, ignore_punctuation=True).apply("The Answer: PARIS!") == "the answer paris"
-    assert Normalization(lowercase=True, ignore_articles=True).apply("The Eiffel tower, an icon") == "eiffel tower, icon"
+    assert (
+        Normalization(lowercase=True, ignore_punctuation=True).apply("The Answer: PARIS!")
+        == "the answer paris"
+    )
+    assert (
+        Normalization(lowercase=True, ignore_articles=True).apply("The Eiffel tower, an icon")
+        == "eiffel tower, icon"
+    )
     assert Normalization(first_line=True).apply("\n Paris\nand more text") == "Paris"
     assert Normalization(strip=False, collapse_whitespace=False).apply(" a  b ") == " a  b "
 

@@ -18,7 +18,9 @@ from jobs.evals.suite import Sampling, Suite
 from jobs.storage import LocalStore
 
 
-def _record(run_id: str, score: float, rows: int = 200, model: str = "/models/tiny", sha: str = "abc") -> RunRecord:
+def _record(
+    run_id: str, score: float, rows: int = 200, model: str = "/models/tiny", sha: str = "abc"
+) -> RunRecord:
     values = [1.0] * round(score * rows) + [0.0] * (rows - round(score * rows))
     ci = bootstrap_ci(values)
     return RunRecord(
@@ -40,7 +42,11 @@ def _record(run_id: str, score: float, rows: int = 200, model: str = "/models/ti
 
 def test_history_keeps_one_record_per_run_and_finds_the_previous(tmp_path: Path) -> None:
     history = History(LocalStore(tmp_path / "history"))
-    first, second, other = _record("20261101T020000Z-aa", 0.7), _record("20261102T020000Z-bb", 0.72), _record("20261101T030000Z-cc", 0.5, model="/models/b")
+    first, second, other = (
+        _record("20261101T020000Z-aa", 0.7),
+        _record("20261102T020000Z-bb", 0.72),
+        _record("20261101T030000Z-cc", 0.5, model="/models/b"),
+    )
     assert history.record(second) and history.record(first) and history.record(other)
     assert not history.record(second)  # a run is recorded once
     assert [r.run_id for r in history.runs("qa", "/models/tiny")] == [first.run_id, second.run_id]
@@ -59,7 +65,13 @@ def test_regression_flag_only_when_the_drop_exceeds_the_noise() -> None:
     for entry in (small, big, up):
         (m,) = entry.metrics
         assert m.previous_score == pytest.approx(0.70) and m.previous_run_id == before.run_id
-        assert m.noise == pytest.approx(((before.metrics["exact_match"].high - before.metrics["exact_match"].low) ** 2 / 4 + (m.high - m.low) ** 2 / 4) ** 0.5)
+        assert m.noise == pytest.approx(
+            (
+                (before.metrics["exact_match"].high - before.metrics["exact_match"].low) ** 2 / 4
+                + (m.high - m.low) ** 2 / 4
+            )
+            ** 0.5
+        )
     assert small.metrics[0].delta == pytest.approx(-0.04) and not small.regressed
     assert big.metrics[0].delta == pytest.approx(-0.20) and big.regressed
     assert not up.regressed
@@ -70,17 +82,28 @@ def test_regression_flag_only_when_the_drop_exceeds_the_noise() -> None:
 
 def test_markdown_and_json_report() -> None:
     before = _record("20261101T020000Z-aa", 0.70)
-    entries = [compare(_record("20261102T020000Z-bb", 0.50), before), compare(_record("20261102T020000Z-bb", 0.6, model="/m/b"), None)]
+    entries = [
+        compare(_record("20261102T020000Z-bb", 0.50), before),
+        compare(_record("20261102T020000Z-bb", 0.6, model="/m/b"), None),
+    ]
     text = report_markdown("20261102T020000Z-bb", entries)
     assert "2 suite run(s); 1 with a regression beyond the noise." in text
-    assert "| qa | /models/tiny | exact_match | 50.0 |" in text and "-20.0 (noise ±" in text and "**REGRESSION**" in text
+    assert (
+        "| qa | /models/tiny | exact_match | 50.0 |" in text
+        and "-20.0 (noise ±" in text
+        and "**REGRESSION**" in text
+    )
     assert "| qa | /m/b | exact_match | 60.0 |" in text and "first run" in text
     data = report_json("20261102T020000Z-bb", entries)
     assert data["regressions"] == 1 and data["entries"][0]["metrics"][0]["regression"] is True
 
 
 def test_chart_is_a_png_once_there_are_two_runs() -> None:
-    runs = [_record("20261101T020000Z-aa", 0.7), _record("20261102T020000Z-bb", 0.6), _record("20261103T020000Z-cc", 0.65)]
+    runs = [
+        _record("20261101T020000Z-aa", 0.7),
+        _record("20261102T020000Z-bb", 0.6),
+        _record("20261103T020000Z-cc", 0.65),
+    ]
     assert score_chart(runs[:1], "qa") is None
     png = score_chart(runs, "qa on tiny")
     assert png is not None and png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
@@ -88,32 +111,56 @@ def test_chart_is_a_png_once_there_are_two_runs() -> None:
 
 def _suite(metrics: tuple) -> Suite:
     return Suite(
-        name="qa", dataset="/d", models=("m",), schedule=None, prompt_column="prompt", messages_column=None,
-        reference_column="answer", id_column=None, sampling=Sampling(), shard_rows=None, metrics=metrics,
+        name="qa",
+        dataset="/d",
+        models=("m",),
+        schedule=None,
+        prompt_column="prompt",
+        messages_column=None,
+        reference_column="answer",
+        id_column=None,
+        sampling=Sampling(),
+        shard_rows=None,
+        metrics=metrics,
     )
 
 
 def test_scoring_joins_results_by_id_and_counts_failed_rows_as_wrong() -> None:
     data = SuiteData(
-        pa.table({"id": ["a", "b", "c"], "prompt": ["p"] * 3, "reference": ["Paris", "4", "blue"], "choices": [["Paris", "Rome"], ["4", "5"], []]}),
+        pa.table(
+            {
+                "id": ["a", "b", "c"],
+                "prompt": ["p"] * 3,
+                "reference": ["Paris", "4", "blue"],
+                "choices": [["Paris", "Rome"], ["4", "5"], []],
+            }
+        ),
         "sha",
     )
-    generated = pa.table({  # out of order, as shards may be
-        "id": ["c", "a", "b"],
-        "completion": ["blue", " Paris", None],
-        "finish_reason": ["stop", "length", "error"],
-        "error": [None, None, "prompt too long"],
-    })
-    likelihoods = pa.table({
-        "id": ["a#0", "a#1", "b#0", "b#1"],
-        "continuation_logprob": [-1.0, -3.0, -5.0, -2.0],
-        "error": [None, None, None, None],
-    })
+    generated = pa.table(
+        {  # out of order, as shards may be
+            "id": ["c", "a", "b"],
+            "completion": ["blue", " Paris", None],
+            "finish_reason": ["stop", "length", "error"],
+            "error": [None, None, "prompt too long"],
+        }
+    )
+    likelihoods = pa.table(
+        {
+            "id": ["a#0", "a#1", "b#0", "b#1"],
+            "continuation_logprob": [-1.0, -3.0, -5.0, -2.0],
+            "error": [None, None, None, None],
+        }
+    )
     scores = score_suite(_suite((ExactMatch(), MultipleChoice())), data, generated, likelihoods, resamples=50)
     rows = scores.rows.to_pydict()
     assert rows["id"] == ["a", "b", "c"] and rows["reference"] == ["Paris", "4", "blue"]
     assert rows["exact_match"] == [1.0, 0.0, 0.0]  # b: generation error; c: no options -> the row failed
     assert rows["multiple_choice"] == [1.0, 0.0, 0.0] and rows["multiple_choice_norm"] == [1.0, 0.0, 0.0]
-    assert rows["error"][0] is None and rows["error"][1] == "prompt too long" and "no options" in rows["error"][2]
+    assert (
+        rows["error"][0] is None
+        and rows["error"][1] == "prompt too long"
+        and "no options" in rows["error"][2]
+    )
     assert scores.rows_failed == 2
     assert scores.intervals["exact_match"].mean == pytest.approx(1 / 3)

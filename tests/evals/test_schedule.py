@@ -12,7 +12,14 @@ from celery import Celery
 
 from jobs.evals.beat import scheduler_class
 from jobs.evals.lock import BeatLock, LockHeldError, lock_key
-from jobs.evals.schedule import COLLECT_SECONDS, COLLECT_TASK, SUBMIT_TASK, build_schedule, cron_fields, to_crontab
+from jobs.evals.schedule import (
+    COLLECT_SECONDS,
+    COLLECT_TASK,
+    SUBMIT_TASK,
+    build_schedule,
+    cron_fields,
+    to_crontab,
+)
 from jobs.evals.suite import load_suite_file
 
 SUITES = """\
@@ -41,7 +48,9 @@ metrics = [{ type = "contains" }]
 """
 
 
-def test_schedule_has_one_entry_per_scheduled_suite_plus_the_collector(qa_dataset: Path, write_suites) -> None:
+def test_schedule_has_one_entry_per_scheduled_suite_plus_the_collector(
+    qa_dataset: Path, write_suites
+) -> None:
     suite_file = load_suite_file(write_suites(SUITES))
     schedule = build_schedule(suite_file)
     assert sorted(schedule) == ["freight-eval:collect", "freight-eval:nightly-qa", "freight-eval:weekday-qa"]
@@ -51,7 +60,11 @@ def test_schedule_has_one_entry_per_scheduled_suite_plus_the_collector(qa_datase
     assert nightly["schedule"].minute == {30} and nightly["schedule"].hour == {2}
     assert nightly["schedule"].day_of_week == set(range(7))
     assert weekday["schedule"].hour == {0, 6, 12, 18} and weekday["schedule"].day_of_week == {1, 2, 3, 4, 5}
-    assert schedule["freight-eval:collect"] == {"task": COLLECT_TASK, "schedule": COLLECT_SECONDS, "args": [str(suite_file.path)]}
+    assert schedule["freight-eval:collect"] == {
+        "task": COLLECT_TASK,
+        "schedule": COLLECT_SECONDS,
+        "args": [str(suite_file.path)],
+    }
     # the next due time agrees with croniter's reading of the same string
     from croniter import croniter
 
@@ -78,7 +91,10 @@ def test_cron_helpers() -> None:
 def test_scheduler_runs_entries_in_process(qa_dataset: Path, write_suites) -> None:
     suite_file = load_suite_file(write_suites(SUITES))
     calls: list[tuple] = []
-    handlers = {SUBMIT_TASK: lambda *a: calls.append(("submit", *a)), COLLECT_TASK: lambda *a: calls.append(("collect", *a))}
+    handlers = {
+        SUBMIT_TASK: lambda *a: calls.append(("submit", *a)),
+        COLLECT_TASK: lambda *a: calls.append(("collect", *a)),
+    }
     app = Celery("test-beat", set_as_current=False)
     app.conf.beat_schedule = build_schedule(suite_file)
     scheduler = scheduler_class(handlers, lock=None)(app=app, lazy=False)

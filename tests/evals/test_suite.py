@@ -61,7 +61,10 @@ def test_valid_file_loads_with_defaults_and_resolved_paths(qa_dataset: Path, wri
     assert qa.prompt_column == "prompt" and qa.messages_column is None
     assert qa.sampling.max_tokens == 8 and qa.sampling.temperature == 0.0 and qa.sampling.seed == 0
     assert isinstance(qa.metrics[0], ExactMatch) and qa.metrics[0].lowercase
-    assert isinstance(qa.metrics[1], MultipleChoice) and qa.metrics[1].columns() == ["multiple_choice", "multiple_choice_norm"]
+    assert isinstance(qa.metrics[1], MultipleChoice) and qa.metrics[1].columns() == [
+        "multiple_choice",
+        "multiple_choice_norm",
+    ]
     assert qa.needs_generation and qa.needs_likelihood
     assert contains.metrics[0].column == "has_answer" and contains.schedule is None
     assert loaded.suite("qa-contains") is contains
@@ -93,7 +96,9 @@ def test_missing_column_lists_the_columns_that_exist(qa_dataset: Path, write_sui
 
 
 @pytest.mark.parametrize("cron", ["61 2 * * *", "0 2 * *", "every night", "0 2 * * * *"])
-def test_bad_cron_fails_at_load_with_the_line_and_an_example(qa_dataset: Path, write_suites, cron: str) -> None:
+def test_bad_cron_fails_at_load_with_the_line_and_an_example(
+    qa_dataset: Path, write_suites, cron: str
+) -> None:
     text = VALID.replace('"0 2 * * *"', f'"{cron}"')
     message = _error(write_suites(text))
     assert f"suites.toml:{_line_of(text, 'schedule')}:" in message
@@ -101,30 +106,46 @@ def test_bad_cron_fails_at_load_with_the_line_and_an_example(qa_dataset: Path, w
 
 
 def test_cron_aliases_are_accepted(qa_dataset: Path, write_suites) -> None:
-    assert load_suite_file(write_suites(VALID.replace('"0 2 * * *"', '"@daily"'))).suites[0].schedule == "@daily"
+    assert (
+        load_suite_file(write_suites(VALID.replace('"0 2 * * *"', '"@daily"'))).suites[0].schedule == "@daily"
+    )
 
 
 def test_every_problem_is_reported_at_once_with_its_line(qa_dataset: Path, write_suites) -> None:
     text = (
         VALID.replace("max_tokens = 8", "max_tokens = 0")
         .replace('name = "qa-contains"', 'name = "qa-contains"\ncolour = "red"')
-        .replace('metrics = [{ type = "contains", name = "has_answer" }]', 'metrics = [{ type = "regex", pattern = "(a" }]')
+        .replace(
+            'metrics = [{ type = "contains", name = "has_answer" }]',
+            'metrics = [{ type = "regex", pattern = "(a" }]',
+        )
     )
     lines = _error(write_suites(text)).splitlines()
     assert len(lines) == 2, lines  # the regex is not reached: the second suite fails on its unknown key first
-    assert f"suites.toml:{_line_of(text, 'max_tokens = 0')}:" in lines[0] and "greater than or equal to 1" in lines[0]
+    assert (
+        f"suites.toml:{_line_of(text, 'max_tokens = 0')}:" in lines[0]
+        and "greater than or equal to 1" in lines[0]
+    )
     assert f"suites.toml:{_line_of(text, 'colour')}:" in lines[1] and "unknown key 'colour'" in lines[1]
-    text = VALID.replace('metrics = [{ type = "contains", name = "has_answer" }]', 'metrics = [{ type = "regex", pattern = "(a" }]')
+    text = VALID.replace(
+        'metrics = [{ type = "contains", name = "has_answer" }]',
+        'metrics = [{ type = "regex", pattern = "(a" }]',
+    )
     message = _error(write_suites(text))
     assert "not a valid regular expression" in message
     assert f"suites.toml:{_line_of(text, '(a')}:" in message
 
 
 def test_structural_mistakes(qa_dataset: Path, write_suites) -> None:
-    assert re.search(r"suites.toml:\d+: .*missing key 'models'", _error(write_suites(VALID.replace('models = ["models/tiny"]\n', ""))))
+    assert re.search(
+        r"suites.toml:\d+: .*missing key 'models'",
+        _error(write_suites(VALID.replace('models = ["models/tiny"]\n', ""))),
+    )
     assert "used twice" in _error(write_suites(VALID.replace('name = "qa-contains"', 'name = "qa"')))
     assert "no suites" in _error(write_suites('history = "h"\n'))
-    assert "unknown top-level key 'suites'" in _error(write_suites(VALID.replace("[[suite]]\nname = \"qa-contains\"", "[[suites]]\nname = \"x\"")))
+    assert "unknown top-level key 'suites'" in _error(
+        write_suites(VALID.replace('[[suite]]\nname = "qa-contains"', '[[suites]]\nname = "x"'))
+    )
     syntax = _error(write_suites(VALID.replace("max_tokens = 8", "max_tokens = ")))
     assert "line 13" in syntax and "fix the TOML syntax" in syntax
     taken = _error(write_suites(VALID.replace('name = "has_answer"', 'name = "error"')))
@@ -135,7 +156,9 @@ def test_structural_mistakes(qa_dataset: Path, write_suites) -> None:
 
 
 def test_custom_metric_by_import_path_and_by_file(qa_dataset: Path, write_suites, tmp_path: Path) -> None:
-    (tmp_path / "my_metrics.py").write_text("def starts(completion, reference):\n    return completion.startswith(reference)\n")
+    (tmp_path / "my_metrics.py").write_text(
+        "def starts(completion, reference):\n    return completion.startswith(reference)\n"
+    )
     text = VALID.replace(
         'metrics = [{ type = "contains", name = "has_answer" }]',
         'metrics = [{ type = "custom", function = "my_metrics.py:starts", name = "starts" },'
@@ -143,11 +166,17 @@ def test_custom_metric_by_import_path_and_by_file(qa_dataset: Path, write_suites
     )
     suite = load_suite_file(write_suites(text)).suites[1]
     starts, eq = suite.metrics
-    assert isinstance(starts, Custom) and starts.score("Paris is", "Paris") == 1.0 and starts.score("Rome", "Paris") == 0.0
+    assert (
+        isinstance(starts, Custom)
+        and starts.score("Paris is", "Paris") == 1.0
+        and starts.score("Rome", "Paris") == 0.0
+    )
     assert eq.score("4", "4") == 1.0
     bad = _error(write_suites(text.replace("operator:eq", "operator:nothing_here")))
     assert "has no function 'nothing_here'" in bad
-    assert "cannot import module 'no_such_module_x'" in _error(write_suites(text.replace("operator:eq", "no_such_module_x:f")))
+    assert "cannot import module 'no_such_module_x'" in _error(
+        write_suites(text.replace("operator:eq", "no_such_module_x:f"))
+    )
 
 
 def test_line_index_maps_tables_arrays_and_dotted_keys() -> None:

@@ -1,0 +1,148 @@
+"""A real suite on the demo model through `freight eval run` (embedded), twice: identical scores,
+per-row correctness in the results, and a second report that compares against the first.
+Then the beat path: the scheduler's submit and collect handlers run a suite into `output`."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from jobs.cli import app
+from jobs.evals.beat import PENDING_PREFIX, make_handlers
+from jobs.evals.collect import read_scores
+from jobs.evals.history import History
+from jobs.evals.plan import read_plan
+from jobs.evals.schedule import COLLECT_TASK, SUBMIT_TASK
+from jobs.settings import Settings
+from jobs.storage import LocalStore
+
+SUITES = """\
+history = "history"
+output = "scheduled"
+
+[[suite]]
+name = "mixed"
+dataset = "data/mixed.parquet"
+models = ["model"]
+reference_column = "answer"
+id_column = "id"
+schedule = "0 3 * * *"
+
+[suite.sampling]
+max_tokens = 6
+
+[[suite.metrics]]
+type = "numeric"
+extract = "first"
+
+[[suite.metrics]]
+type = "regex"
+name = "mentions_answer"
+
+[[suite.metrics]]
+type = "multiple_choice"
+choices_column = "options"
+"""
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from worker.demo_model import make_demo_model
+
+    root = tmp_path_factory.mktemp("evals-e2e")
+    make_demo_model(root / "model", "llama")
+    (root / "data").mkdir()
+    words = ["cold", "down", "night", "slow", "dry", "empty"]
+    table = pa.table(
+        {
+            "id": [f"q{i}" for i in range(6)],
+            "prompt": [f"Question {i}: {i} + {i} =" for i in range(6)],
+            "answer": [str(2 * i) for i in range(6)],
+            "options": [[words[i], words[(i + 1) % 6], words[(i + 2) % 6]] for i in range(6)],
+        }
+    )
+    pq.write_table(table, root / "data" / "mixed.parquet")
+    (root / "suites.toml").write_text(SUITES)
+    return root
+
+
+def _invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def test_eval_run_twice_gives_identical_scores_and_a_comparing_report(workdir: Path) -> None:
+    suites, out1, out2 = str(workdir / "suites.toml"), str(workdir / "run1"), str(workdir / "run2")
+    code, first_md = _invoke("eval", "run", suites, "--output", out1)
+    assert code == 0, first_md
+    assert "first run" in first_md and "| mixed |" in first_md
+    code, second_md = _invoke("eval", "run", suites, "--output", out2)
+    assert code == 0, second_md
+
+    model = str(workdir / "model")
+    first, second = read_scores(out1, "mixed", model), read_scores(out2, "mixed", model)
+    columns = ["id", "completion", "numeric", "mentions_answer", "multiple_choice", "multiple_choice_norm", "error"]
+    assert first.select(columns).equals(second.select(columns))  # seeds: same rows, same scores
+    assert first.num_rows == 6 and first.column("error").null_count == 6
+    for name in ("numeric", "mentions_answer", "multiple_choice", "multiple_choice_norm"):
+        assert set(first.column(name).to_pylist()) <= {0.0, 1.0}
+
+    # per-row correctness agrees with the metrics applied to the stored completions
+    for row in first.to_pylist():
+        assert row["mentions_answer"] == (1.0 if re.search(row["reference"], row["completion"]) else 0.0)
+
+    run1, run2 = read_plan(out1).run_id, read_plan(out2).run_id
+    report = json.loads((Path(out2) / "report.json").read_text())
+    assert report["run_id"] == run2 and report["regressions"] == 0
+    (entry,) = report["entries"]
+    assert entry["rows"] == 6 and entry["rows_failed"] == 0 and entry["cost_usd"] > 0
+    assert not entry["dataset_changed"]
+    for metric in entry["metrics"]:
+        assert metric["previous_run_id"] == run1
+        assert metric["delta"] == 0.0 and metric["regression"] is False
+        assert metric["low"] <= metric["score"] <= metric["high"]
+    assert entry["chart"] and (Path(out2) / entry["chart"]).read_bytes().startswith(b"\x89PNG")
+    assert "+0.0 (noise" in second_md
+
+    history = History(LocalStore(workdir / "history"))
+    assert [r.run_id for r in history.runs("mixed", model)] == [run1, run2]
+
+    code, again = _invoke("eval", "report", out2)  # idempotent: same record, same report
+    assert code == 0 and again.strip() == second_md.strip()
+    code, raw = _invoke("eval", "report", out2, "--json")
+    assert code == 0 and json.loads(raw)["run_id"] == run2
+
+
+def test_bad_suite_file_fails_before_any_work(workdir: Path) -> None:
+    bad = workdir / "bad.toml"
+    bad.write_text(SUITES.replace('type = "numeric"', 'type = "numerc"'))
+    code, output = _invoke("eval", "run", str(bad), "--output", str(workdir / "never"))
+    line = SUITES.splitlines().index('type = "numeric"') + 1
+    assert code == 2 and f"bad.toml:{line}:" in output and "did you mean 'numeric'" in output
+    assert not (workdir / "never").exists()
+    code, output = _invoke("eval", "report", str(workdir / "nothing-here"))
+    assert code == 2 and "holds no eval run" in output
+
+
+def test_beat_handlers_submit_then_collect(workdir: Path) -> None:
+    from jobs.cli.evals import embedded_executor
+
+    handlers = make_handlers(embedded_executor(Settings()))  # the fleet's client in production
+    suites = str(workdir / "suites.toml")
+    handlers[SUBMIT_TASK](suites, "mixed")
+    pending = LocalStore(workdir / "scheduled")
+    (marker,) = pending.list(PENDING_PREFIX)
+    output = json.loads(pending.get(marker))["output"]
+    assert Path(output).parent == workdir / "scheduled" / "mixed"
+    handlers[COLLECT_TASK](suites)
+    assert pending.list(PENDING_PREFIX) == []
+    report = json.loads((Path(output) / "report.json").read_text())
+    assert report["run_id"] == read_plan(output).run_id and report["entries"][0]["rows"] == 6
+    history = History(LocalStore(workdir / "history"))
+    assert report["run_id"] in [r.run_id for r in history.runs("mixed", str(workdir / "model"))]
