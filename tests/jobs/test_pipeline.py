@@ -1,0 +1,142 @@
+"""End-to-end `freight run` on the demo model: local folders, S3 over HTTP (moto), OpenAI-Batch JSONL."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+from pipeline_data import prompts_table, write_parquet
+from typer.testing import CliRunner
+
+from jobs.cli import app
+from jobs.settings import Settings
+from jobs.storage import open_store
+
+DESIGN_COST_KEYS = {
+    "job_id", "rows", "rows_failed", "prompt_tokens", "cached_tokens", "completion_tokens", "busy_seconds",
+    "wall_seconds", "instance_type", "market", "price_per_hour", "cost_usd", "usd_per_million_input_tokens",
+    "usd_per_million_output_tokens", "tokens_per_second", "cache_hit_rate", "on_demand_cost_usd",
+    "wasted_cost_usd", "shards",
+}
+RESULT_COLUMNS = ["id", "completion", "finish_reason", "prompt_tokens", "cached_tokens", "completion_tokens", "error"]
+
+
+def invoke(args: list[str]) -> tuple[int, str]:
+    result = CliRunner().invoke(app, args)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
+def check_cost_report(report: dict, results_rows: list[dict], n_shards: int, attempts_usd: float = 0.0) -> None:
+    """cost.json has the design's keys and its sums agree with the shard records and the result rows."""
+    assert set(report) >= DESIGN_COST_KEYS
+    shards = report["shards"]
+    assert sorted(s["shard"] for s in shards) == list(range(n_shards))
+    assert report["rows"] == len(results_rows) == sum(s["rows"] for s in shards)
+    assert report["rows_failed"] == sum(r["finish_reason"] == "error" for r in results_rows)
+    for key in ("prompt_tokens", "cached_tokens", "completion_tokens"):
+        assert report[key] == sum(s[key] for s in shards) == sum(r[key] for r in results_rows)
+    assert report["busy_seconds"] == pytest.approx(sum(s["busy_seconds"] for s in shards))
+    assert report["cost_usd"] == pytest.approx(sum(s["cost_usd"] for s in shards) + attempts_usd, rel=1e-9)
+    assert report["cost_usd"] > 0 and report["on_demand_cost_usd"] >= report["cost_usd"] - 1e-12
+    for s in shards:
+        assert s["cost_usd"] == pytest.approx(s["billed_seconds"] * s["price_per_hour"] / 3600)
+    assert report["cache_hit_rate"] == pytest.approx(report["cached_tokens"] / report["prompt_tokens"])
+    assert report["usd_per_million_output_tokens"] == pytest.approx(report["cost_usd"] / report["completion_tokens"] * 1e6)
+
+
+def test_local_job_end_to_end(tmp_path: Path, demo_model_dir: Path) -> None:
+    data = write_parquet(prompts_table(40), tmp_path / "in.parquet")
+    out = tmp_path / "out"
+    args = ["run", str(data), "--model", str(demo_model_dir), "--output", str(out), "--id-column", "id",
+            "--max-tokens", "4", "--shard-rows", "8", "--temperature", "0.7", "--seed", "3"]
+    code, output = invoke(args)
+    assert code == 0, output
+    assert (out / "_SUCCESS").exists() and (out / "cost.json").exists() and (out / "manifest.json").exists()
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    table = ds.dataset(out / "shards", format="parquet", exclude_invalid_files=True).to_table()
+    assert table.column_names == RESULT_COLUMNS
+    rows = table.to_pylist()
+    assert sorted(r["id"] for r in rows) == [f"row-{i:04d}" for i in range(40)]
+    for shard in manifest["shards"]:  # rows keep input order within each shard
+        got = ds.dataset(out / f"shards/{shard['index']:05d}.parquet").to_table().column("id").to_pylist()
+        assert got == [f"row-{i:04d}" for s, e in shard["ranges"] for i in range(s, e)]
+    by_id = {r["id"]: r for r in rows}
+    for bad in ("row-0001", "row-0003"):  # a null and an empty prompt
+        assert by_id[bad]["finish_reason"] == "error" and by_id[bad]["completion"] is None
+        assert "prompt" in by_id[bad]["error"]
+    good = [r for r in rows if r["finish_reason"] != "error"]
+    assert all(r["error"] is None and 1 <= r["completion_tokens"] <= 4 and r["prompt_tokens"] > 0 for r in good)
+    assert sum(r["cached_tokens"] for r in good) > 0  # the shared system prefix hit the prefix cache
+
+    report = json.loads((out / "cost.json").read_text())
+    check_cost_report(report, rows, len(manifest["shards"]))
+    assert report["job_id"] == manifest["job_id"] and report["instance_type"] == "cpu-local"
+    for shard in report["shards"]:
+        assert json.loads((out / f"shards/{shard['shard']:05d}.json").read_text()) == shard
+
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    code, output = invoke(args)  # same spec on a finished OUT: prints the existing result, changes nothing
+    assert code == 0 and "already complete" in output
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+    code, output = invoke(["status", str(out)])
+    assert code == 0 and "complete" in output and "40 / 40" in output
+    code, output = invoke(["cost", str(out), "--json"])
+    assert code == 0 and json.loads(output) == report
+    code, output = invoke(["cost", str(out)])
+    assert code == 0 and "$ / 1M input tokens" in output
+    code, output = invoke(["results", str(out), "--head", "3"])
+    assert code == 0 and "row-00" in output
+    code, _ = invoke(["results", str(out), "--to", str(tmp_path / "all.jsonl")])
+    lines = (tmp_path / "all.jsonl").read_text().splitlines()
+    assert code == 0 and len(lines) == 40 and {json.loads(x)["id"] for x in lines} == set(by_id)
+
+
+def test_s3_job_end_to_end(tmp_path: Path, demo_model_dir: Path, s3_env: Settings) -> None:
+    prefix = f"s3://freight-test/{tmp_path.name}"
+    inputs = open_store(f"{prefix}/in", s3_env)
+    local = write_parquet(prompts_table(20), tmp_path / "in.parquet")
+    inputs.put("part-0.parquet", local.read_bytes())
+    models = open_store(f"{prefix}/model", s3_env)
+    for f in demo_model_dir.iterdir():
+        models.put(f.name, f.read_bytes())
+    code, output = invoke(["run", f"{prefix}/in", "--model", f"{prefix}/model", "--output", f"{prefix}/out",
+                           "--id-column", "id", "--max-tokens", "3", "--shard-rows", "6"])
+    assert code == 0, output
+    out = open_store(f"{prefix}/out", s3_env)
+    assert out.exists("_SUCCESS")
+    from jobs.datasets import read_results
+
+    rows = read_results(out).to_pylist()
+    assert sorted(r["id"] for r in rows) == [f"row-{i:04d}" for i in range(20)]
+    report = json.loads(out.get("cost.json"))
+    check_cost_report(report, rows, len(report["shards"]))
+    cached = list((s3_env.cache_dir / "models").iterdir())
+    assert len(cached) == 1 and (cached[0] / "config.json").read_bytes() == (demo_model_dir / "config.json").read_bytes()
+
+
+def test_openai_batch_jsonl_round_trips_custom_id(tmp_path: Path, demo_model_dir: Path) -> None:
+    lines = [
+        {"custom_id": "req-a", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "sort a list"}],
+                  "max_tokens": 2}},
+        {"custom_id": "req-b", "body": {"messages": [{"role": "user", "content": "reverse a string"}], "max_tokens": 5}},
+        {"custom_id": "req-c", "body": {"messages": [{"role": "user", "content": "x"}], "max_tokens": -4}},
+        {"custom_id": "req-d", "body": {}},
+    ]
+    path = tmp_path / "batch.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "out"
+    code, output = invoke(["run", str(path), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "8"])
+    assert code == 0, output
+    rows = {r["id"]: r for r in ds.dataset(out / "shards", format="parquet", exclude_invalid_files=True).to_table().to_pylist()}
+    assert sorted(rows) == ["req-a", "req-b", "req-c", "req-d"]
+    assert rows["req-a"]["completion_tokens"] <= 2 and rows["req-b"]["completion_tokens"] <= 5
+    assert rows["req-a"]["error"] is None and rows["req-a"]["prompt_tokens"] > 5  # rendered through the template
+    assert rows["req-c"]["finish_reason"] == "error" and "max_tokens" in rows["req-c"]["error"]
+    assert rows["req-d"]["finish_reason"] == "error" and "messages" in rows["req-d"]["error"]
