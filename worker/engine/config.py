@@ -23,7 +23,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on CUDA; or a key of DTYPES
     block_size: int = 16  # tokens per KV block; prefix caching shares whole blocks
-    max_num_seqs: int = 256  # sequences in one step (decode batch width)
+    max_num_seqs: int | None = None  # sequences in one step (decode width); None: min(256, token budget)
     max_num_batched_tokens: int = 2048  # tokens computed in one step (prefill chunks + decodes)
     kv_cache_bytes: int | None = None
     gpu_memory_fraction: float = 0.85
@@ -40,6 +40,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
+        if self.max_num_seqs is None:
+            object.__setattr__(self, "max_num_seqs", min(256, self.max_num_batched_tokens))
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < self.max_num_seqs:

@@ -1,0 +1,74 @@
+"""Shared fixtures: tiny random Hugging Face checkpoints built by transformers (the oracle) on disk,
+and greedy / log-softmax references computed with transformers in fp32."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from engine_oracle import VOCAB
+
+from worker.demo_model import make_demo_model
+
+transformers = pytest.importorskip("transformers")
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    model: torch.nn.Module  # the transformers model saved at path (fp32, eval)
+
+
+def _config(arch: str, **overrides: object) -> object:
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+        initializer_range=0.08,  # peaky logits: greedy ties between implementations stay unlikely
+        bos_token_id=0,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+    common.update(overrides)
+    classes = {
+        "llama": transformers.LlamaConfig,
+        "mistral": transformers.MistralConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+    }
+    return classes[arch](**common)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_demo_model(tmp_path_factory.mktemp("demo"), "llama", size="tiny")
+
+
+@pytest.fixture(scope="session")
+def make_checkpoint(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path):
+    """make_checkpoint(arch, seed=0, **config_overrides) -> Checkpoint (cached per arguments)."""
+    cache: dict[tuple, Checkpoint] = {}
+
+    def make(arch: str, seed: int = 0, **overrides: object) -> Checkpoint:
+        key = (arch, seed, repr(sorted(overrides.items())))
+        if key not in cache:
+            torch.manual_seed(seed)
+            model = transformers.AutoModelForCausalLM.from_config(_config(arch, **overrides)).float().eval()
+            path = tmp_path_factory.mktemp(f"ckpt_{arch}")
+            model.save_pretrained(path)
+            for name in TOKENIZER_FILES:
+                shutil.copy(tokenizer_dir / name, path / name)
+            cache[key] = Checkpoint(path, model)
+        return cache[key]
+
+    return make

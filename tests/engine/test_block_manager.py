@@ -1,0 +1,134 @@
+"""BlockManager and Scheduler invariants, pure Python (no model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.engine.block_manager import BlockManager, chain_hashes
+from worker.engine.config import EngineConfig
+from worker.engine.sampling_params import SamplingParams
+from worker.engine.scheduler import Scheduler
+from worker.engine.sequence import Sequence
+
+BS = 4
+
+
+def _seq(i: int, tokens: list[int], **params: object) -> Sequence:
+    return Sequence(i, i, tokens, SamplingParams(**params), seed=i)
+
+
+def _admit(bm: BlockManager, seq: Sequence) -> None:
+    matched, hashes = bm.match_prefix(seq)
+    assert bm.can_allocate(seq, matched)
+    bm.allocate(seq, matched, hashes)
+    seq.num_computed_tokens = seq.num_tokens  # pretend the whole prompt ran
+    bm.commit_computed(seq)
+
+
+def test_prefix_hits_refcounts_and_no_leaks() -> None:
+    bm = BlockManager(16, BS, enable_prefix_caching=True)
+    a = _seq(0, list(range(10)))  # 2 full blocks + 2 tokens
+    _admit(bm, a)
+    assert len(a.block_table) == 3 and bm.num_free_blocks == 13
+    b = _seq(1, list(range(8)) + [99, 98, 97])
+    matched, _ = bm.match_prefix(b)
+    assert matched == a.block_table[:2]
+    _admit(bm, b)
+    assert b.block_table[:2] == a.block_table[:2] and b.block_table[2] != a.block_table[2]
+    assert [bm.ref_counts[x] for x in b.block_table] == [2, 2, 1]
+    bm.check_invariants([a, b])
+    bm.free(a)
+    bm.free(b)
+    bm.check_invariants([])
+    assert bm.num_free_blocks == 16
+    assert len(bm.evictable) == 2  # the two full prefix blocks stay cached, unreferenced
+
+
+def test_fully_cached_prompt_recomputes_last_token_without_writing() -> None:
+    bm = BlockManager(8, BS, enable_prefix_caching=True)
+    _admit(bm, _seq(0, list(range(8))))
+    again = _seq(1, list(range(8)))
+    matched, hashes = bm.match_prefix(again)
+    bm.allocate(again, matched, hashes)
+    assert again.num_computed_tokens == 7 and again.protected_len == 8  # slot of token 7 is -1
+
+
+def test_lru_eviction_reclaims_oldest_leaf_first() -> None:
+    bm = BlockManager(4, BS, enable_prefix_caching=True)
+    old, new = _seq(0, list(range(8))), _seq(1, list(range(100, 108)))
+    _admit(bm, old)
+    old_blocks = list(old.block_table)
+    bm.free(old)
+    _admit(bm, new)
+    bm.free(new)
+    assert bm.num_free_blocks == 4 and len(bm.hash_to_block) == 4
+    third = _seq(2, list(range(200, 204)))
+    _admit(bm, third)  # needs one block: evicts `old`'s leaf (released first, leaves before parents)
+    assert third.block_table == [old_blocks[1]]
+    assert bm.match_prefix(_seq(3, list(range(8))))[0] == old_blocks[:1]
+    assert len(bm.match_prefix(_seq(4, list(range(100, 108))))[0]) == 2  # the newer prefix survived
+    bm.check_invariants([third])
+
+
+def test_pending_prefix_defers_admission_until_computed() -> None:
+    cfg = EngineConfig(max_num_batched_tokens=8, max_num_seqs=4)
+    bm = BlockManager(32, BS, enable_prefix_caching=True)
+    sched = Scheduler(cfg, bm)
+    prefix = list(range(1, 17))
+    a, b = _seq(0, prefix + [50]), _seq(1, prefix + [60])
+    sched.add(a)
+    sched.add(b)
+    first = sched.schedule()
+    assert [c.seq for c in first.chunks] == [a]  # b waits: its prefix is being computed by a
+    second = sched.schedule()
+    assert [c.seq.seq_id for c in second.chunks] == [0]
+    third = sched.schedule()
+    by_seq = {c.seq.seq_id: c for c in third.chunks}
+    assert by_seq[1].start == 16 and b.num_cached_tokens == 16  # b reused a's 4 blocks
+    bm.check_invariants([a, b])
+
+
+def test_scheduler_errors_a_prompt_larger_than_the_cache() -> None:
+    bm = BlockManager(4, BS, enable_prefix_caching=False)
+    sched = Scheduler(EngineConfig(max_num_batched_tokens=64), bm)
+    big, small = _seq(0, list(range(40))), _seq(1, list(range(5)))
+    sched.add(big)
+    sched.add(small)
+    out = sched.schedule()
+    assert out.errored == [big] and big.finish_reason == "error" and "KV blocks" in big.error
+    assert [c.seq for c in out.chunks] == [small]
+    bm.check_invariants([small])
+
+
+def test_preemption_frees_and_requeues_the_newest() -> None:
+    bm = BlockManager(4, BS, enable_prefix_caching=False)
+    sched = Scheduler(EngineConfig(max_num_batched_tokens=64, max_num_seqs=4), bm)
+    a, b = _seq(0, list(range(7))), _seq(1, list(range(7)))
+    sched.add(a)
+    sched.add(b)
+    sched.schedule()  # both admitted: 2 blocks each, cache full
+    for s in (a, b):
+        s.token_ids.append(1)  # sampled token; position 7 still fits in block 2
+    sched.schedule()
+    for s in (a, b):
+        s.token_ids.append(1)  # position 8 needs a third block each
+    out = sched.schedule()
+    assert out.num_preempted == 1 and sched.waiting[0] is b and b.num_computed_tokens == 0
+    assert [c.seq for c in out.chunks] == [a]
+    bm.check_invariants([a])
+    for s in sched.abort_all():
+        assert s.finish_reason == "cancelled"
+    bm.check_invariants([])
+
+
+def test_chain_hashes_depend_on_the_whole_prefix() -> None:
+    x = chain_hashes([1, 2, 3, 4, 5, 6, 7, 8], BS)
+    y = chain_hashes([9, 2, 3, 4, 5, 6, 7, 8], BS)
+    assert len(x) == 2 and x[1] != y[1]
+    assert chain_hashes([1, 2, 3], BS) == []
+
+
+def test_sampling_params_validation() -> None:
+    for bad in ({"max_tokens": 0}, {"max_tokens": -1}, {"temperature": -1.0}, {"top_p": 0.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            SamplingParams(**bad)

@@ -1,0 +1,159 @@
+"""Engine behaviour on the demo model: seeded sampling, bad input, streaming and stopping, stops."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from worker.engine import Engine, EngineConfig, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine(tokenizer_dir: Path) -> Engine:
+    return Engine.from_pretrained(tokenizer_dir, EngineConfig(kv_cache_bytes=16 << 20, max_model_len=256))
+
+
+PROMPTS = [
+    "def add(a, b):",
+    "import json\n\nclass Encoder",
+    "for i in range(10):",
+    "x = [",
+    "# comment " * 20,
+]
+
+
+def test_seeded_sampling_is_batch_independent(engine: Engine) -> None:
+    params = SamplingParams(max_tokens=12, temperature=0.9, top_k=40, top_p=0.9, seed=7, ignore_eos=True)
+    alone = engine.generate([PROMPTS[1]], params)[0]
+    batch_a = engine.generate(PROMPTS, params)[1]
+    mixed = [SamplingParams(max_tokens=5, seed=i) for i in range(3)]
+    batch_b = engine.generate(
+        [PROMPTS[4], PROMPTS[0], PROMPTS[1], PROMPTS[3]], [mixed[0], mixed[1], params, mixed[2]]
+    )[2]
+    assert alone.token_ids == batch_a.token_ids == batch_b.token_ids
+    other_seed = engine.generate([PROMPTS[1]], dataclasses.replace(params, seed=8))[0]
+    assert other_seed.token_ids != alone.token_ids  # sampling really happens
+
+
+def test_bad_prompts_fail_alone(engine: Engine) -> None:
+    good = SamplingParams(max_tokens=6, ignore_eos=True)
+    solo = engine.generate([PROMPTS[0], PROMPTS[2]], good)
+    outs = engine.generate([PROMPTS[0], "", [1] * 300, [5, 10**9], None, PROMPTS[2]], good)
+    assert [o.finish_reason for o in outs] == ["length", "error", "error", "error", "error", "length"]
+    assert "empty prompt" in outs[1].error
+    assert "300 tokens" in outs[2].error and "256" in outs[2].error
+    assert "outside the vocabulary" in outs[3].error
+    assert "string or a list of token ids" in outs[4].error
+    assert outs[0].token_ids == solo[0].token_ids and outs[5].token_ids == solo[1].token_ids
+    engine.block_manager.check_invariants([])
+
+
+def test_generate_validates_arguments(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="one each"):
+        engine.generate(PROMPTS, [SamplingParams()] * 2)
+    with pytest.raises(ValueError, match="not one string"):
+        engine.generate("a prompt", SamplingParams())
+
+
+def test_stream_should_stop_aborts_without_leaks(engine: Engine) -> None:
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (1, 50, 50, 50, 50)]
+    seen = []
+    calls = {"n": 0}
+
+    def should_stop() -> bool:
+        calls["n"] += 1
+        return bool(seen)
+
+    for out in engine.stream(PROMPTS, params, should_stop=should_stop):
+        seen.append(out)
+    assert [o.index for o in seen] == [0] and calls["n"] >= 2
+    assert not engine.scheduler.has_unfinished()
+    engine.block_manager.check_invariants([])
+    # Closing a stream early also frees everything; the engine stays usable.
+    gen = engine.stream(PROMPTS, params)
+    next(gen)
+    gen.close()
+    engine.block_manager.check_invariants([])
+    assert len(engine.generate(PROMPTS[:2], SamplingParams(max_tokens=3))) == 2
+
+
+def test_stop_strings_ids_and_eos(engine: Engine) -> None:
+    base = engine.generate([PROMPTS[0]], SamplingParams(max_tokens=20, ignore_eos=True))[0]
+    tok = base.token_ids[3]
+    by_id = engine.generate(
+        [PROMPTS[0]], SamplingParams(max_tokens=20, stop_token_ids=[tok], ignore_eos=True)
+    )[0]
+    assert (
+        by_id.finish_reason == "stop" and by_id.token_ids == base.token_ids[: base.token_ids.index(tok) + 1]
+    )
+    stop = base.text[len(base.text) // 2 : len(base.text) // 2 + 2]
+    if stop.strip():
+        by_str = engine.generate([PROMPTS[0]], SamplingParams(max_tokens=20, stop=[stop], ignore_eos=True))[0]
+        assert by_str.finish_reason == "stop" and by_str.text == base.text[: base.text.index(stop)]
+    eos = next(iter(engine.eos_token_ids))
+    forced = engine.generate(
+        [PROMPTS[0]], SamplingParams(max_tokens=20, stop_token_ids=[], ignore_eos=False)
+    )[0]
+    assert forced.finish_reason in ("stop", "length")
+    if forced.finish_reason == "stop":
+        assert forced.token_ids[-1] in engine.eos_token_ids and eos in engine.eos_token_ids
+
+
+def test_max_model_len_finishes_with_length(engine: Engine) -> None:
+    out = engine.generate([[7] * 250], SamplingParams(max_tokens=100, ignore_eos=True))[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 256 - 250
+
+
+def test_stats_snapshots_difference(engine: Engine) -> None:
+    before = engine.stats.snapshot()
+    outs = engine.generate(PROMPTS[:3], SamplingParams(max_tokens=4, ignore_eos=True))
+    delta = engine.stats.snapshot() - before
+    assert delta.prompt_tokens == sum(o.prompt_tokens for o in outs)
+    assert delta.decode_tokens == sum(len(o.token_ids) for o in outs) == 12
+    assert delta.steps >= 4 and delta.busy_seconds > 0
+    with pytest.raises(AttributeError):
+        before.steps = 3  # frozen
+
+
+def test_tokenizer_matches_transformers(tokenizer_dir: Path, engine: Engine) -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def f(): pass"}]
+    text = engine.tokenizer.apply_chat_template(messages)
+    assert text == hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert engine.tokenizer.encode(text) == hf(text)["input_ids"]
+    ids = engine.tokenizer.encode(PROMPTS[1])
+    assert engine.tokenizer.decode(ids) == hf.decode(ids, skip_special_tokens=True) == PROMPTS[1]
+    assert set(engine.tokenizer.eos_token_ids) >= {hf.eos_token_id}
+
+
+def test_loader_refuses_unknown_architecture_and_pickle(tokenizer_dir: Path, tmp_path: Path) -> None:
+    odd = tmp_path / "odd"
+    shutil.copytree(tokenizer_dir, odd)
+    cfg = json.loads((odd / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps({**cfg, "architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM.*Qwen3ForCausalLM"):
+        Engine.from_pretrained(odd)
+    pickled = tmp_path / "pickled"
+    shutil.copytree(tokenizer_dir, pickled)
+    (pickled / "model.safetensors").rename(pickled / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="only pickle weights .*pytorch_model.bin"):
+        Engine.from_pretrained(pickled)
+    with pytest.raises(ValueError, match="no config.json"):
+        Engine.from_pretrained(tmp_path)
+
+
+def test_engine_config_validation() -> None:
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        EngineConfig(max_num_batched_tokens=8, max_num_seqs=16)
+    with pytest.raises(ValueError, match="block_size"):
+        EngineConfig(block_size=12)
+    with pytest.raises(ValueError, match="quantization"):
+        EngineConfig(quantization="int3")
+    with pytest.raises(ValueError, match="backend"):
+        EngineConfig(backend="cuda-graphs")
+    assert EngineConfig(max_num_batched_tokens=64).max_num_seqs == 64
