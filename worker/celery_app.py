@@ -46,6 +46,7 @@ def worker_config(settings: Settings) -> dict[str, Any]:
         # On a lost broker connection, keep computing: the commit goes to storage, not Redis.
         "worker_cancel_long_running_tasks_on_connection_loss": False,
         "worker_hijack_root_logger": False,
+        "worker_redirect_stdouts": False,  # structlog writes its JSON lines to stderr itself
         "worker_disable_rate_limits": True,
         "worker_send_task_events": False,
         "task_send_sent_event": False,

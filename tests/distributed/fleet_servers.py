@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -132,3 +136,57 @@ class FakeImds:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class WorkerProcess:
+    """`freight worker` as a real subprocess (its own Celery main process + one pool child)."""
+
+    def __init__(self, name: str, env: dict[str, str], queue: str, logdir: Path) -> None:
+        self.name = name
+        self.log_path = logdir / f"worker-{name}.log"
+        exe = Path(sys.executable).with_name("freight")
+        args = [str(exe), "worker", "--queues", queue, "--hostname", f"{name}@test", "--loglevel", "WARNING"]
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(args, env={**os.environ, **env}, stdout=self._log, stderr=subprocess.STDOUT,
+                                     cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+
+    def children(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def kill_all(self) -> None:
+        """SIGKILL the main process and its pool children: a machine that vanished."""
+        for pid in [*self.children(), self.proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 30) -> None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill_all()
+        for pid in self.children():  # orphans of a killed main process
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._log.close()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):  # noqa: ANN001, ANN201
+    """Poll `predicate` until truthy; return its value or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)

@@ -1,0 +1,158 @@
+"""Distributed jobs end to end: real redis-server, real `freight worker` processes, tiny demo model.
+
+Every test compares the fleet's results row for row with the embedded `freight run` of the same input.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fleet_jobs import embedded_run, freight, make_input, result_rows, submit
+from fleet_servers import FakeImds, WorkerProcess, free_port, wait_for
+
+from jobs.client import queue_for_model
+from jobs.cost import AttemptRecord, ShardRecord
+from jobs.progress import LiveState
+from jobs.storage import open_store
+from worker.demo_model import make_demo_model
+
+ROWS, SHARD_ROWS = 40, 2  # 20 shards
+
+
+@dataclass(frozen=True)
+class Fixture:
+    model: Path
+    input: Path
+    reference: list[dict]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
+    root = tmp_path_factory.mktemp("fleet")
+    model = make_demo_model(root / "model")
+    inp = make_input(root / "input.parquet", ROWS)
+    return Fixture(Path(model).resolve(), inp, embedded_run(inp, Path(model).resolve(), root / "embedded", SHARD_ROWS))
+
+
+class Fleet:
+    """Workers of one test; all stopped at teardown."""
+
+    def __init__(self, redis_url: str, tmp: Path, model: Path) -> None:
+        self.redis_url, self.tmp, self.queue = redis_url, tmp, queue_for_model(str(model))
+        self.workers: list[WorkerProcess] = []
+        self.ports: dict[str, int] = {}
+        self.live = LiveState(redis_url)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        base = {"FREIGHT_REDIS_URL": self.redis_url, "FREIGHT_VISIBILITY_TIMEOUT_S": "4",
+                "FREIGHT_HEARTBEAT_S": "0.5", "FREIGHT_SPOT_POLL_S": "0.2", "FREIGHT_LOG_FORMAT": "json",
+                "FREIGHT_IMDS_URL": f"http://127.0.0.1:{free_port()}", "FREIGHT_MAX_SHARD_ATTEMPTS": "3"}  # fmt: skip
+        return {**base, **extra}
+
+    def start(self, name: str, **extra: str) -> WorkerProcess:
+        self.ports[name] = free_port()
+        w = WorkerProcess(name, self.env(FREIGHT_METRICS_PORT=str(self.ports[name]), **extra), self.queue, self.tmp)
+        self.workers.append(w)
+        return w
+
+    def metric(self, name: str, line_prefix: str) -> float:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{self.ports[name]}/metrics", timeout=5).read().decode()
+        return sum(float(line.split()[-1]) for line in body.splitlines() if line.startswith(line_prefix))
+
+    def busy(self, worker_id: str) -> bool:
+        raw = self.live.client.hget("freight:workers", worker_id)
+        return bool(raw) and json.loads(raw)["busy"]
+
+    def wait_done(self, out: Path, timeout: float = 300) -> subprocess_result:
+        return freight(["wait", str(out), "--poll", "0.3", "--timeout", str(timeout)], self.env(), timeout=timeout + 30)
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.stop()
+        self.live.close()
+
+
+subprocess_result = object  # the CompletedProcess type, for the annotation above
+
+
+@pytest.fixture()
+def fleet(redis_url: str, tmp_path: Path, job: Fixture) -> Iterator[Fleet]:
+    f = Fleet(redis_url, tmp_path, job.model)
+    yield f
+    f.stop()
+
+
+def _records(out: Path) -> list[ShardRecord]:
+    store = open_store(str(out))
+    return [ShardRecord.model_validate_json(store.get(k)) for k in store.list("shards/") if k.endswith(".json")]
+
+
+def _waste(out: Path) -> list[AttemptRecord]:
+    store = open_store(str(out))
+    return [AttemptRecord.model_validate_json(store.get(k)) for k in store.list("waste/")]
+
+
+def test_two_workers_match_embedded_run(fleet: Fleet, job: Fixture, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    fleet.start("a"), fleet.start("b")
+    sub = submit(fleet.env(), job.input, job.model, out, SHARD_ROWS)
+    assert sub["shards"] == 20 and sub["queue"] == fleet.queue
+    done = fleet.wait_done(out)
+    assert done.returncode == 0, done.stderr
+    assert result_rows(out) == job.reference
+    assert (out / "_SUCCESS").exists() and (out / "cost.json").exists()
+    workers = {r.worker for r in _records(out)}
+    assert len(workers) == 2, "both workers took shards"
+    assert fleet.live.job(sub["job_id"])["state"] == "succeeded"
+    # Each shard ran once: the 4 s visibility timeout did not redeliver running shards (leases renewed).
+    assert set(fleet.live.attempts(sub["job_id"]).values()) == {1}
+    assert fleet.metric("a", "freight_rows_total") + fleet.metric("b", "freight_rows_total") == ROWS
+
+
+def test_sigkill_worker_mid_shard(fleet: Fleet, job: Fixture, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    victim = fleet.start("victim")
+    sub = submit(fleet.env(), job.input, job.model, out, SHARD_ROWS)
+    wait_for(lambda: fleet.busy("victim@test#0"), 120, "the victim to run a shard")
+    running = [s for s, st in fleet.live.shard_states(sub["job_id"]).items() if st == "running"]
+    victim.kill_all()  # no notice, no goodbye: its shard's message stays unacked in Redis
+    fleet.start("survivor")
+    done = fleet.wait_done(out)
+    assert done.returncode == 0, done.stderr
+    rows = result_rows(out)
+    assert sorted(r["id"] for r in rows) == sorted(r["id"] for r in job.reference)  # each row exactly once
+    assert rows == job.reference
+    attempts = fleet.live.attempts(sub["job_id"])
+    assert running and all(attempts[s] >= 2 for s in running), (running, attempts)  # redelivered
+
+
+def test_spot_notice_checkpoints_and_resumes_elsewhere(
+    fleet: Fleet, job: Fixture, tmp_path: Path, imds: FakeImds
+) -> None:
+    out = tmp_path / "out"
+    inp = make_input(tmp_path / "input.parquet", 12, max_tokens=(1, 3, 6, 10, 16, 24))
+    reference = embedded_run(inp, job.model, tmp_path / "embedded", 12)
+    spot = fleet.start("spot", FREIGHT_IMDS_URL=imds.url)
+    sub = submit(fleet.env(), inp, job.model, out, 12)  # one shard of 12 rows, staggered lengths
+    wait_for(lambda: fleet.metric("spot", "freight_rows_total") >= 2, 180, "rows finished on the spot worker")
+    imds.announce("terminate")
+    wait_for(lambda: not spot.alive(), 60, "the spot worker to hand its shard back and stop")
+    assert spot.proc.returncode == 0
+    fleet.start("ondemand")
+    done = fleet.wait_done(out)
+    assert done.returncode == 0, done.stderr
+    assert result_rows(out) == reference
+    (interrupted,) = [w for w in _waste(out) if w.reason == "interrupted"]
+    (record,) = _records(out)
+    assert interrupted.rows_saved >= 2 and record.rows_from_partial == interrupted.rows_saved
+    assert record.attempt > interrupted.attempt and record.worker != interrupted.worker
+    # No committed row computed twice: the second worker computed exactly the rows not saved.
+    assert fleet.metric("ondemand", "freight_rows_total") == 12 - interrupted.rows_saved
+    cost = json.loads((out / "cost.json").read_text())
+    assert cost["wasted_cost_usd"] >= 0 and "spot_notice" in spot.log_text()
+    assert fleet.live.attempts(sub["job_id"]) == {0: 2}
