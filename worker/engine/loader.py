@@ -115,6 +115,16 @@ def load_model(model_dir: Path, config: EngineConfig, backend: Backend, max_posi
     return model
 
 
+def _shard_dim(model: CausalLM, name: str) -> tuple[int | None, int]:
+    """(dim along which a fused module stacks its shards, output rows per element) for one tensor.
+
+    Dim 0, one row per element, unless the module says otherwise in `shard_dims` (quantized
+    modules: GPTQ keeps output columns on dim 1, eight per int32 in qzeros).
+    """
+    module_name, _, tensor = name.rpartition(".")
+    return getattr(model.get_submodule(module_name), "shard_dims", {}).get(tensor, (0, 1))
+
+
 def _load_tensors(model: CausalLM, cfg: ModelConfig, files: list[Path]) -> None:
     targets = dict(model.named_parameters())
     targets.update((n, b) for n, b in model.named_buffers() if n != "cos_sin")
@@ -137,7 +147,9 @@ def _load_tensors(model: CausalLM, cfg: ModelConfig, files: list[Path]) -> None:
                     dst, src = targets[name], f.get_tensor(hf_name)
                     if shard is not None:
                         rows = fused_shard_rows(cfg, name)
-                        dst = dst.narrow(0, sum(rows[:shard]), rows[shard])
+                        dim, per = _shard_dim(model, name)
+                        if dim is not None:  # None: every shard carries the same tensor (GPTQ g_idx)
+                            dst = dst.narrow(dim, sum(rows[:shard]) // per, rows[shard] // per)
                     if tuple(dst.shape) != tuple(src.shape):
                         raise ValueError(
                             f"{hf_name}: checkpoint shape {tuple(src.shape)} != expected {tuple(dst.shape)}"

@@ -34,8 +34,10 @@ def read_calibration_texts(path: Path, column: str = "prompt", max_rows: int = 1
     except (OSError, ValueError) as e:  # pyarrow raises ArrowInvalid (a ValueError) for non-Parquet
         raise ValueError(f"calibration file {path} is not a readable Parquet file: {e}") from e
     if column not in schema.names:
-        raise ValueError(f"calibration file {path} has no column {column!r} (columns: {schema.names}); "
-                         "pass --calibration-column with one of them")
+        raise ValueError(
+            f"calibration file {path} has no column {column!r} (columns: {schema.names}); "
+            "pass --calibration-column with one of them"
+        )
     texts: list[str] = []
     for batch in pq.ParquetFile(path).iter_batches(columns=[column], batch_size=1024):
         for value in batch.column(0).to_pylist():
@@ -57,8 +59,12 @@ class SequentialHessians:
             ... quantize layer i, write its dequantized weights back into the module ...
     """
 
-    def __init__(self, layers: Sequence[nn.Module], run_prompts: Callable[[list[list[int]]], object],
-                 prompts: list[list[int]]) -> None:
+    def __init__(
+        self,
+        layers: Sequence[nn.Module],
+        run_prompts: Callable[[list[list[int]]], object],
+        prompts: list[list[int]],
+    ) -> None:
         if not prompts:
             raise ValueError("GPTQ needs at least one calibration prompt")
         self.layers_ = list(layers)

@@ -7,8 +7,8 @@ tensor and file is copied unchanged, and config.json gains a `quantization_confi
 built beside the output and renamed into place, so a failure writes nothing.
 
 GPTQ runs the calibration prompts through an fp32 Engine on the CPU (prefix caching off), one pass
-per decoder layer (calibration.SequentialHessians). q/k/v (and gate/up) share one input, hence one
-Hessian: quantizing each unfused weight with it equals quantizing the fused matrix.
+per decoder layer (calibration.SequentialHessians), and quantizes each engine module once: q/k/v
+(and gate/up) share one input, hence one Hessian, so their stacked rows are one GPTQ problem.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ class QuantizeSpec:
     @property
     def quantization_config(self) -> QuantizationConfig:
         bits = 8 if self.method == "int8" else 4
-        return QuantizationConfig(bits=bits, group_size=self.group_size,
-                                  method="gptq" if self.method == "int4-gptq" else "rtn")
+        return QuantizationConfig(
+            bits=bits, group_size=self.group_size, method="gptq" if self.method == "int4-gptq" else "rtn"
+        )
 
 
 def _load_all(model_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -61,8 +62,10 @@ def _load_all(model_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
     raw = read_config(model_dir)
     if "quantization_config" in raw:
-        raise ValueError(f"{model_dir} is already quantized ({raw['quantization_config'].get('quant_method')}); "
-                         "quantize a full-precision checkpoint")
+        raise ValueError(
+            f"{model_dir} is already quantized ({raw['quantization_config'].get('quant_method')}); "
+            "quantize a full-precision checkpoint"
+        )
     tensors: dict[str, torch.Tensor] = {}
     for file in checkpoint_files(model_dir):
         with safe_open(str(file), framework="pt", device="cpu") as f:
@@ -95,8 +98,9 @@ def linear_weight_names(raw_config: dict, tensors: dict[str, torch.Tensor]) -> d
     return out
 
 
-def quantize_checkpoint(model_dir: Path, output: Path, spec: QuantizeSpec,
-                        calibration_texts: list[str] | None = None) -> dict[str, int]:
+def quantize_checkpoint(
+    model_dir: Path, output: Path, spec: QuantizeSpec, calibration_texts: list[str] | None = None
+) -> dict[str, int]:
     """Write the quantized checkpoint folder `output`; returns weight bytes before/after.
 
     Raises ValueError, writing nothing, for a missing or already quantized model, an existing
@@ -117,58 +121,81 @@ def quantize_checkpoint(model_dir: Path, output: Path, spec: QuantizeSpec,
     if spec.method == "int4-gptq":
         quantized = _gptq_all(model_dir, targets, tensors, spec, calibration_texts or [])
     else:
-        quantized = {name: (quantize_int8(tensors[name]) if spec.method == "int8"
-                            else quantize_int4(tensors[name], spec.group_size)) for name in targets}
+        quantized = {
+            name: (
+                quantize_int8(tensors[name])
+                if spec.method == "int8"
+                else quantize_int4(tensors[name], spec.group_size)
+            )
+            for name in targets
+        }
     out_tensors = {k: v for k, v in tensors.items() if k not in targets}
     for name, (qweight, scales) in quantized.items():
         base = name.removesuffix(".weight")
         src_dtype = tensors[name].dtype
         out_tensors[f"{base}.qweight"] = qweight.contiguous()
-        out_tensors[f"{base}.scales"] = scales.to(torch.float32 if src_dtype == torch.float32
-                                                   else torch.float16).contiguous()
+        out_tensors[f"{base}.scales"] = scales.to(
+            torch.float32 if src_dtype == torch.float32 else torch.float16
+        ).contiguous()
     raw = dict(raw, quantization_config=spec.quantization_config.to_dict())
     _write_folder(model_dir, output, raw, out_tensors)
     sizes = {
         "linear_bytes_before": sum(tensors[n].numel() * tensors[n].element_size() for n in targets),
-        "linear_bytes_after": sum(out_tensors[n.removesuffix(".weight") + s].nbytes
-                                  for n in targets for s in (".qweight", ".scales")),
+        "linear_bytes_after": sum(
+            out_tensors[n.removesuffix(".weight") + s].nbytes
+            for n in targets
+            for s in (".qweight", ".scales")
+        ),
         "linear_params": sum(tensors[n].numel() for n in targets),
     }
-    log.info("checkpoint quantized", model=str(model_dir), output=str(output), method=spec.method,
-             group_size=spec.group_size, layers=len(targets), **sizes)
+    log.info(
+        "checkpoint quantized",
+        model=str(model_dir),
+        output=str(output),
+        method=spec.method,
+        group_size=spec.group_size,
+        layers=len(targets),
+        **sizes,
+    )
     return sizes
 
 
-def _gptq_all(model_dir: Path, targets: dict[str, tuple[str, int]], tensors: dict[str, torch.Tensor], spec: QuantizeSpec,
-              texts: list[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def _gptq_all(
+    model_dir: Path,
+    targets: dict[str, tuple[str, int]],
+    tensors: dict[str, torch.Tensor],
+    spec: QuantizeSpec,
+    texts: list[str],
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     from worker.engine import Engine, EngineConfig, SamplingParams
     from worker.engine.quant.calibration import SequentialHessians
-    from worker.engine.quant.formats import dequantize_int4
 
-    engine = Engine.from_pretrained(model_dir, EngineConfig(device="cpu", dtype="float32",
-                                                            enable_prefix_caching=False))
+    engine = Engine.from_pretrained(
+        model_dir, EngineConfig(device="cpu", dtype="float32", enable_prefix_caching=False)
+    )
     limit = min(spec.max_calibration_tokens, engine.max_model_len - 1)
     prompts = [ids[:limit] for ids in (engine.tokenizer.encode(t) for t in texts) if ids]
     params = SamplingParams(max_tokens=1, ignore_eos=True)
-    model = engine.model
-    layers = model.model.layers
+    layers = engine.runner.model.model.layers
     calib = SequentialHessians(layers, lambda p: engine.generate(p, params), prompts)
     gcfg = GPTQConfig(group_size=spec.group_size, damp=spec.damp, act_order=spec.act_order)
     out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for i, hessians in calib.layers():
         prefix = f"model.layers.{i}."
-        for name, (module_name, _) in targets.items():
-            if not module_name.startswith(prefix):
-                continue
-            local = module_name.removeprefix(prefix)
-            q, scales = gptq_quantize_int4(tensors[name], hessians[local].hessian, gcfg)
-            out[name] = (pack_int4(q), scales)
-        # the layer's engine modules now compute with their quantized weights, for the next layer
         for local, module in layers[i].named_modules():
-            if isinstance(module, torch.nn.Linear) and local in hessians:
-                shards = sorted((shard, n) for n, (m, shard) in targets.items() if m == prefix + local)
-                rows = [dequantize_int4(*out[n], spec.group_size) for _, n in shards]  # fused: stacked rows
-                module.weight.data.copy_(torch.cat(rows, dim=0))
+            if not (isinstance(module, torch.nn.Linear) and local in hessians):
+                continue
+            # the module's checkpoint tensors in shard order (q, k, v / gate, up): stacked rows
+            shards = sorted((shard, n) for n, (m, shard) in targets.items() if m == prefix + local)
+            names = [n for _, n in shards]
+            q, scales = gptq_quantize_int4(torch.cat([tensors[n] for n in names]), hessians[local].hessian, gcfg)
+            # the engine module now computes with its quantized weight, for the next layers' inputs
+            module.weight.data.copy_(q.float() * scales.repeat_interleave(spec.group_size, dim=1))
+            row = 0
+            for n in names:
+                rows = tensors[n].shape[0]
+                out[n] = (pack_int4(q[row : row + rows]), scales[row : row + rows])
+                row += rows
         log.info("gptq layer done", layer=i, rows=next(iter(hessians.values())).rows)
     missing = set(targets) - set(out)
     if missing:

@@ -30,14 +30,20 @@ class QuantizationConfig:
 
     def __post_init__(self) -> None:
         if self.quant_method not in QUANT_METHODS:
-            raise ValueError(f"quant_method {self.quant_method!r} is not supported; use one of {QUANT_METHODS}")
+            raise ValueError(
+                f"quant_method {self.quant_method!r} is not supported; use one of {QUANT_METHODS}"
+            )
         if self.bits not in (4, 8) or (self.quant_method == "gptq" and self.bits != 4):
-            raise ValueError(f"{self.quant_method} checkpoints with {self.bits} bits are not supported "
-                             "(freight: 8 or 4, gptq: 4)")
+            raise ValueError(
+                f"{self.quant_method} checkpoints with {self.bits} bits are not supported "
+                "(freight: 8 or 4, gptq: 4)"
+            )
         if self.method not in ("rtn", "gptq"):
             raise ValueError(f"quantization method {self.method!r} is not supported; use 'rtn' or 'gptq'")
         if self.bits == 4 and self.quant_method == "freight" and self.group_size not in INT4_GROUP_SIZES:
-            raise ValueError(f"int4 group size {self.group_size} is not supported; use one of {INT4_GROUP_SIZES}")
+            raise ValueError(
+                f"int4 group size {self.group_size} is not supported; use one of {INT4_GROUP_SIZES}"
+            )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> QuantizationConfig:
@@ -45,28 +51,45 @@ class QuantizationConfig:
         method = d.get("quant_method")
         if method == "gptq":
             if d.get("sym") is False:
-                raise ValueError("asymmetric GPTQ checkpoints (sym: false) are not supported; "
-                                 "freight's int4 layout is symmetric")
+                raise ValueError(
+                    "asymmetric GPTQ checkpoints (sym: false) are not supported; "
+                    "freight's int4 layout is symmetric"
+                )
             if d.get("desc_act"):
-                raise ValueError("GPTQ checkpoints with desc_act true are not supported; "
-                                 "requantize with desc_act false (or use `freight quantize`)")
-            return cls(quant_method="gptq", bits=int(d.get("bits", 4)),
-                       group_size=int(d.get("group_size", 128)), method="gptq",
-                       checkpoint_format=str(d.get("checkpoint_format", "gptq")),
-                       modules_to_not_convert=tuple(d.get("modules_to_not_convert") or ()))
+                raise ValueError(
+                    "GPTQ checkpoints with desc_act true are not supported; "
+                    "requantize with desc_act false (or use `freight quantize`)"
+                )
+            return cls(
+                quant_method="gptq",
+                bits=int(d.get("bits", 4)),
+                group_size=int(d.get("group_size", 128)),
+                method="gptq",
+                checkpoint_format=str(d.get("checkpoint_format", "gptq")),
+                modules_to_not_convert=tuple(d.get("modules_to_not_convert") or ()),
+            )
         if method == "freight":
-            return cls(quant_method="freight", bits=int(d["bits"]), group_size=int(d.get("group_size", 128)),
-                       method=str(d.get("method", "rtn")),
-                       modules_to_not_convert=tuple(d.get("modules_to_not_convert") or ()))
-        raise ValueError(f"quantization_config.quant_method {method!r} is not supported; "
-                         f"freight loads {QUANT_METHODS}")
+            return cls(
+                quant_method="freight",
+                bits=int(d["bits"]),
+                group_size=int(d.get("group_size", 128)),
+                method=str(d.get("method", "rtn")),
+                modules_to_not_convert=tuple(d.get("modules_to_not_convert") or ()),
+            )
+        raise ValueError(
+            f"quantization_config.quant_method {method!r} is not supported; freight loads {QUANT_METHODS}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The config.json form of a freight checkpoint (ARCHITECTURE.md, Quantized checkpoints)."""
         if self.quant_method != "freight":
             raise ValueError("only freight's own quantization_config is written")
-        out: dict[str, Any] = {"quant_method": "freight", "bits": self.bits, "group_size": self.group_size,
-                               "method": self.method}  # group_size is unused at 8 bits
+        out: dict[str, Any] = {
+            "quant_method": "freight",
+            "bits": self.bits,
+            "group_size": self.group_size,
+            "method": self.method,
+        }  # group_size is unused at 8 bits
         if self.modules_to_not_convert:
             out["modules_to_not_convert"] = list(self.modules_to_not_convert)
         return out

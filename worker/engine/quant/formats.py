@@ -17,8 +17,16 @@ from kernels.reference.quant_matmul import pack_int4, unpack_int4
 
 # pack_int4 / unpack_int4 come from the kernels' reference: one definition of the nibble order.
 __all__ = [
-    "INT4_GROUP_SIZES", "check_group_size", "dequantize_int4", "dequantize_int8", "int4_group_scales",
-    "pack_int4", "quantize_int4", "quantize_int4_values", "quantize_int8", "unpack_int4",
+    "INT4_GROUP_SIZES",
+    "check_group_size",
+    "dequantize_int4",
+    "dequantize_int8",
+    "int4_group_scales",
+    "pack_int4",
+    "quantize_int4",
+    "quantize_int4_values",
+    "quantize_int8",
+    "unpack_int4",
 ]
 
 INT4_GROUP_SIZES = (32, 64, 128)

@@ -76,20 +76,20 @@ def gptq_quantize_int4(
     check_group_size(k, g)
     if hessian.shape != (k, k):
         raise ValueError(f"Hessian shape {tuple(hessian.shape)} does not match weight input {k}")
-    w = weight.detach().to(device="cpu", dtype=torch.float64).clone()
+    w = weight.detach().to(device="cpu", dtype=torch.float32).clone()
     h = hessian.to(torch.float64).clone()
     dead = h.diagonal() == 0  # inputs never active: any value is exact, zero them
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
 
-    static_scales = int4_group_scales(w, g).double() if config.act_order else None
+    static_scales = int4_group_scales(w, g) if config.act_order else None
     perm = torch.argsort(h.diagonal(), descending=True) if config.act_order else torch.arange(k)
     w = w[:, perm]
     h = h[perm][:, perm]
-    hinv = _inverse_cholesky(h, config.damp)
+    hinv = _inverse_cholesky(h, config.damp).float()  # factorised in float64, swept in float32
 
-    q_perm = torch.zeros(n, k, dtype=torch.float64)
-    scales = torch.zeros(n, k // g, dtype=torch.float64) if static_scales is None else static_scales
+    q_perm = torch.zeros(n, k)
+    scales = torch.zeros(n, k // g) if static_scales is None else static_scales
     block = -(-config.block_size // g) * g  # a multiple of G: a group never spans two blocks
     for b0 in range(0, k, block):
         b1 = min(b0 + block, k)
@@ -113,4 +113,4 @@ def gptq_quantize_int4(
 
     q = torch.empty_like(q_perm)
     q[:, perm] = q_perm
-    return q.to(torch.int8), scales.float()
+    return q.to(torch.int8), scales

@@ -39,12 +39,20 @@ def _triton():
 class Int8Linear(nn.Module):
     """y = x @ (qweight * scales[:, None]).T + bias; qweight int8 [N, K], scales [N]."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
         self.cpu_bf16 = True  # CPU: run torch's packed kernel in bf16 (fast) rather than the reference
         self.in_features, self.out_features = in_features, out_features
-        self.qweight = frozen_parameter(torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
+        self.qweight = frozen_parameter(
+            torch.zeros(out_features, in_features, dtype=torch.int8, device=device)
+        )
         self.scales = frozen_parameter(torch.ones(out_features, dtype=dtype, device=device))
         self.bias = frozen_parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
 
@@ -80,23 +88,34 @@ class Int8Linear(nn.Module):
 class Int4Linear(nn.Module):
     """y = x @ dequant(qweight uint8 [N, K // 2], scales [N, K // G]).T + bias (symmetric int4)."""
 
-    def __init__(self, in_features: int, out_features: int, group_size: int = 128, bias: bool = False,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        group_size: int = 128,
+        bias: bool = False,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
         check_group_size(in_features, group_size)
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.cpu_bf16 = True  # CPU: run torch's packed kernel in bf16 (fast) rather than the reference
-        self.qweight = frozen_parameter(torch.full((out_features, in_features // 2), 0x88, dtype=torch.uint8,
-                                          device=device))
-        self.scales = frozen_parameter(torch.ones(out_features, in_features // group_size, dtype=dtype, device=device))
+        self.qweight = frozen_parameter(
+            torch.full((out_features, in_features // 2), 0x88, dtype=torch.uint8, device=device)
+        )
+        self.scales = frozen_parameter(
+            torch.ones(out_features, in_features // group_size, dtype=dtype, device=device)
+        )
         self.bias = frozen_parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
         self._cpu_pack: tuple[tuple, torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 128) -> Int4Linear:
         w = linear.weight.detach()
-        mod = cls(linear.in_features, linear.out_features, group_size, linear.bias is not None,
-                  w.dtype, w.device)
+        mod = cls(
+            linear.in_features, linear.out_features, group_size, linear.bias is not None, w.dtype, w.device
+        )
         q, s = quantize_int4(w, group_size)
         mod.qweight.copy_(q)
         mod.scales.copy_(s)
@@ -106,8 +125,13 @@ class Int4Linear(nn.Module):
 
     def _cpu_packed(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(tiled int4 weight, scale-and-zero [K // G, N, 2]) for torch's CPU int4 kernel, cached."""
-        key = (self.qweight.data_ptr(), self.qweight._version, self.scales.data_ptr(),
-               self.scales._version, dtype)
+        key = (
+            self.qweight.data_ptr(),
+            self.qweight._version,
+            self.scales.data_ptr(),
+            self.scales._version,
+            dtype,
+        )
         if self._cpu_pack is None or self._cpu_pack[0] != key:
             biased = unpack_int4(self.qweight).to(torch.int32) + 8  # [N, K] in [0, 15]
             packed = torch._convert_weight_to_int4pack_for_cpu(biased, 1)
@@ -122,8 +146,9 @@ class Int4Linear(nn.Module):
             y = _triton().int4_matmul(x2.contiguous(), self.qweight, self.scales, self.group_size)
         elif self.cpu_bf16 and x2.dtype.is_floating_point:
             packed, scale_zero = self._cpu_packed(torch.bfloat16)
-            y = torch._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16).contiguous(), packed,
-                                                  self.group_size, scale_zero).to(x2.dtype)
+            y = torch._weight_int4pack_mm_for_cpu(
+                x2.to(torch.bfloat16).contiguous(), packed, self.group_size, scale_zero
+            ).to(x2.dtype)
         else:
             y = reference.int4_matmul(x2, self.qweight, self.scales, self.group_size)
         if self.bias is not None:
@@ -131,5 +156,7 @@ class Int4Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"int4 group_size={self.group_size}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"int4 group_size={self.group_size}"
+        )

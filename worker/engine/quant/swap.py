@@ -29,8 +29,11 @@ ON_THE_FLY_METHODS = ("int8", "int4")
 def decoder_linears(model: nn.Module, skip: tuple[str, ...] = ()) -> list[tuple[str, nn.Linear]]:
     """(qualified name, module) of every nn.Linear to quantize, in module order."""
     skip = SKIPPED + tuple(skip)
-    return [(name, mod) for name, mod in model.named_modules()
-            if isinstance(mod, nn.Linear) and not any(name == s or name.endswith("." + s) for s in skip)]
+    return [
+        (name, mod)
+        for name, mod in model.named_modules()
+        if isinstance(mod, nn.Linear) and not any(name == s or name.endswith("." + s) for s in skip)
+    ]
 
 
 def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -43,8 +46,15 @@ def _empty_quantized(linear: nn.Linear, cfg: QuantizationConfig) -> nn.Module:
     w = linear.weight
     bias = linear.bias is not None
     if cfg.quant_method == "gptq":
-        return GPTQInt4Linear(linear.in_features, linear.out_features, cfg.group_size, bias, w.dtype, w.device,
-                              cfg.checkpoint_format)
+        return GPTQInt4Linear(
+            linear.in_features,
+            linear.out_features,
+            cfg.group_size,
+            bias,
+            w.dtype,
+            w.device,
+            cfg.checkpoint_format,
+        )
     if cfg.bits == 8:
         return Int8Linear(linear.in_features, linear.out_features, bias, w.dtype, w.device)
     return Int4Linear(linear.in_features, linear.out_features, cfg.group_size, bias, w.dtype, w.device)
@@ -63,8 +73,13 @@ def prepare_quantized_model(model: nn.Module, quantization_config: dict[str, Any
             _check_int4_shape(name, linear, cfg.group_size)
     for name, linear in targets:
         replace_module(model, name, _empty_quantized(linear, cfg))
-    log.info("quantized modules prepared", quant_method=cfg.quant_method, bits=cfg.bits,
-             group_size=cfg.group_size if cfg.bits == 4 else None, modules=len(targets))
+    log.info(
+        "quantized modules prepared",
+        quant_method=cfg.quant_method,
+        bits=cfg.bits,
+        group_size=cfg.group_size if cfg.bits == 4 else None,
+        modules=len(targets),
+    )
 
 
 def quantize_model(model: nn.Module, method: str, group_size: int = 128) -> None:
@@ -80,10 +95,16 @@ def quantize_model(model: nn.Module, method: str, group_size: int = 128) -> None
         for name, linear in targets:
             _check_int4_shape(name, linear, group_size)
     for name, linear in targets:
-        new = Int8Linear.from_linear(linear) if method == "int8" else Int4Linear.from_linear(linear, group_size)
+        new = (
+            Int8Linear.from_linear(linear) if method == "int8" else Int4Linear.from_linear(linear, group_size)
+        )
         replace_module(model, name, new)
-    log.info("model quantized on the fly", method=method, group_size=group_size if method == "int4" else None,
-             modules=len(targets))
+    log.info(
+        "model quantized on the fly",
+        method=method,
+        group_size=group_size if method == "int4" else None,
+        modules=len(targets),
+    )
 
 
 def _check_int4_shape(name: str, linear: nn.Linear, group_size: int) -> None:
