@@ -1,0 +1,162 @@
+"""Sections (b) and (c) of bench/gpu_check.py: each Triton kernel against its torch reference at
+real sizes (tiny ones under --dry-run), timed, with bytes or FLOPs per call for the achieved rate.
+
+Imported by gpu_check.py after TRITON_INTERPRET is settled; `chk` is its Check.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels import reference
+from kernels.reference import quant_matmul as ref_quant
+from kernels.triton import quant_matmul as tq
+from kernels.triton.paged_decode_attention import paged_decode_attention
+from kernels.triton.prefill_attention import prefill_attention
+from kernels.triton.rms_norm import rms_norm
+from kernels.triton.rotary import apply_rotary
+from kernels.triton.store_kv_cache import store_kv_cache
+
+BF16 = torch.bfloat16
+BLOCK_SIZE = 16  # KV cache block, tokens
+
+
+def _randn(*shape: int, device, dtype=BF16, std: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, device=device, dtype=torch.float32) * std).to(dtype)
+
+
+def _paged(lens: list[int], hkv: int, d: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random caches holding exactly the blocks of `lens`, and block tables over shuffled blocks."""
+    need = [-(-n // BLOCK_SIZE) for n in lens]
+    total = sum(need)
+    k_cache = _randn(total, BLOCK_SIZE, hkv, d, device=device)
+    v_cache = _randn(total, BLOCK_SIZE, hkv, d, device=device)
+    perm = torch.randperm(total, device=device).to(torch.int32)
+    tables = torch.zeros(len(lens), max(need), dtype=torch.int32, device=device)
+    start = 0
+    for b, n in enumerate(need):
+        tables[b, :n] = perm[start : start + n]
+        start += n
+    return k_cache, v_cache, tables
+
+
+def attention_kernels(chk, device) -> None:
+    """Paged decode (batch 64 x 4k is the target case; a small batch at long context exercises
+    the flash-decoding split) and prefill (4k from scratch is the target; a 1k chunk after a 3k
+    cached prefix is the chunked-prefill case)."""
+    dry = chk.dry_run
+    hq, hkv, d = (8, 2, 64) if dry else (32, 8, 128)
+    scale = d**-0.5
+    decode_cases = [(3, 40)] if dry else [(64, 4096), (8, 4096), (2, 16384)]
+    for batch, ctx in decode_cases:
+        kc, vc, tables = _paged([ctx] * batch, hkv, d, device)
+        lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+        q = _randn(batch, hq, d, device=device)
+        out = torch.full_like(q, float("nan"))
+        got = paged_decode_attention(q, kc, vc, tables, lens, scale, out)
+        want = reference.paged_decode_attention(q, kc, vc, tables, lens, scale)
+        ms = chk.time_ms(lambda q=q, kc=kc, vc=vc, t=tables, n=lens: paged_decode_attention(q, kc, vc, t, n, scale))
+        kv_bytes = 2 * batch * ctx * hkv * d * kc.element_size()
+        row = chk.kernel("paged_decode_attention", f"B={batch} ctx={ctx} Hq={hq} Hkv={hkv} D={d}", got, want,
+                         "reduction", ms, kv_bytes, "GB/s", "copy_gbps")
+        if batch == 64 or dry:
+            chk.target(f"paged decode B={batch} ctx={ctx}", row["of_ceiling"], 0.70, "fraction of copy GB/s")
+        del kc, vc, got, want
+    prefill_cases = [([40], [0]), ([9], [20])] if dry else [([4096], [0]), ([1024], [3072])]
+    for q_lens, prefixes in prefill_cases:
+        ctx = [p + n for p, n in zip(prefixes, q_lens, strict=True)]
+        kc, vc, tables = _paged(ctx, hkv, d, device)
+        cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+        lens = torch.tensor(ctx, dtype=torch.int32, device=device)
+        q = _randn(sum(q_lens), hq, d, device=device)
+        got = prefill_attention(q, kc, vc, cu, lens, tables, scale, torch.full_like(q, float("nan")))
+        want = reference.prefill_attention(q, kc, vc, cu, lens, tables, scale)
+        ms = chk.time_ms(lambda q=q, kc=kc, vc=vc, cu=cu, n=lens, t=tables: prefill_attention(q, kc, vc, cu, n, t, scale))
+        # causal: query at position p scores p + 1 keys; QK^T and PV are 2 FLOPs per MAC each
+        visible = sum(sum(range(p + 1, p + n + 1)) for p, n in zip(prefixes, q_lens, strict=True))
+        flops = 4 * visible * d * hq
+        row = chk.kernel("prefill_attention", f"chunk={q_lens[0]} prefix={prefixes[0]} Hq={hq} D={d}", got, want,
+                         "reduction", ms, flops, "TFLOP/s", "matmul_tflops")
+        if prefixes[0] == 0:
+            chk.target(f"prefill {q_lens[0]} tokens", row["of_ceiling"], 0.50, "fraction of bf16 matmul TFLOP/s")
+        del kc, vc, got, want
+
+
+def matmul_kernels(chk, device) -> None:
+    """int4 (group 128) and int8 weight-only matmuls at decode M 1..16 against torch's bf16 matmul of
+    the same shape (the ratio is the target), and at prefill M against the matmul ceiling."""
+    dry = chk.dry_run
+    shapes = [(64, 128)] if dry else [(14336, 4096), (4096, 14336)]  # (N, K): Llama-8B MLP up / down
+    for n, k in shapes:
+        _matmul_shape(chk, device, n, k, ms=[1, 3, 70] if dry else [1, 4, 8, 16, 4096], group=64 if dry else 128)
+
+
+def _matmul_shape(chk, device, n: int, k: int, ms: list[int], group: int) -> None:
+    w = _randn(n, k, device=device, std=0.02)
+    q4 = ref_quant.pack_int4(torch.randint(-8, 8, (n, k), device=device))
+    s4 = (torch.rand(n, k // group, device=device) * 0.004 + 0.001).to(BF16)
+    q8 = torch.randint(-127, 128, (n, k), device=device, dtype=torch.int8)
+    s8 = (torch.rand(n, device=device) * 2e-4 + 1e-4).to(BF16)
+    ops = {
+        "int4_matmul": (lambda x: tq.int4_matmul(x, q4, s4, group),
+                        lambda x: ref_quant.int4_matmul(x, q4, s4, group), n * k // 2 + s4.numel() * 2),
+        "int8_matmul": (lambda x: tq.int8_matmul(x, q8, s8), lambda x: ref_quant.int8_matmul(x, q8, s8),
+                        n * k + n * 2),
+    }
+    for m in ms:
+        x = _randn(m, k, device=device)
+        dense_ms = chk.time_ms(lambda x=x: x @ w.T)
+        for name, (fn, ref, weight_bytes) in ops.items():
+            got, want = fn(x), ref(x)
+            t = chk.time_ms(lambda fn=fn, x=x: fn(x))
+            extra = {"bf16_matmul_ms": dense_ms, "speedup_vs_bf16": dense_ms / t}
+            shape = f"M={m} N={n} K={k}" + (f" G={group}" if name == "int4_matmul" else "")
+            if m <= 16:  # decode: bound by the weight read
+                amount = weight_bytes + 2 * m * (k + n)
+                chk.kernel(name, shape, got, want, "reduction", t, amount, "GB/s", "copy_gbps", extra)
+                if name == "int4_matmul":
+                    chk.target(f"int4 matmul {shape}", extra["speedup_vs_bf16"], 2.5, "speedup over bf16 torch matmul")
+            else:
+                chk.kernel(name, shape, got, want, "reduction", t, 2 * m * n * k, "TFLOP/s", "matmul_tflops", extra)
+            print(f"   {'':<22} bf16 torch matmul {dense_ms * 1e3:.1f} us -> x{dense_ms / t:.2f}", flush=True)
+
+
+def small_kernels(chk, device) -> None:
+    """KV store, fused residual RMSNorm and rotary: all bandwidth bound."""
+    dry = chk.dry_run
+    tokens, hidden = (37, 200) if dry else (8192, 4096)
+    hq, hkv, d = (4, 2, 64) if dry else (32, 8, 128)
+    # store_kv_cache: read k, v, write them into shuffled slots
+    k, v = _randn(tokens, hkv, d, device=device), _randn(tokens, hkv, d, device=device)
+    num_blocks = -(-tokens // BLOCK_SIZE) + 1
+    slots = torch.randperm(num_blocks * BLOCK_SIZE, device=device)[:tokens]
+    caches = [torch.full((num_blocks, BLOCK_SIZE, hkv, d), float("nan"), dtype=BF16, device=device)
+              for _ in range(4)]
+    store_kv_cache(k, v, caches[0], caches[1], slots)
+    reference.store_kv_cache(k, v, caches[2], caches[3], slots)
+    ms = chk.time_ms(lambda: store_kv_cache(k, v, caches[0], caches[1], slots))
+    chk.kernel("store_kv_cache", f"T={tokens} Hkv={hkv} D={d}", torch.cat([caches[0], caches[1]]).nan_to_num(),
+               torch.cat([caches[2], caches[3]]).nan_to_num(), "exact", ms, 4 * k.numel() * 2, "GB/s", "copy_gbps")
+    # rms_norm with residual: read x, residual, weight; write out, residual_out
+    x, res = _randn(tokens, hidden, device=device), _randn(tokens, hidden, device=device)
+    w = _randn(hidden, device=device)
+    got, got_res = rms_norm(x, w, 1e-6, res)
+    want, want_res = reference.rms_norm(x, w, 1e-6, res)
+    ms = chk.time_ms(lambda: rms_norm(x, w, 1e-6, res))
+    chk.kernel("rms_norm+residual", f"T={tokens} H={hidden}", torch.cat([got, got_res]),
+               torch.cat([want, want_res]), "elementwise", ms, 4 * x.numel() * 2 + hidden * 2, "GB/s", "copy_gbps")
+    # rotary in place on q and k: read + write both
+    max_pos = 4 * tokens
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, device=device).float() / d))
+    freqs = torch.arange(max_pos, device=device).float()[:, None] * inv_freq[None, :]
+    cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+    positions = torch.randint(0, max_pos, (tokens,), device=device)
+    q, kk = _randn(tokens, hq, d, device=device), _randn(tokens, hkv, d, device=device)
+    q_ref, k_ref = q.clone(), kk.clone()
+    q_t, k_t = q.clone(), kk.clone()
+    apply_rotary(q_t, k_t, positions, cos_sin)
+    reference.apply_rotary(q_ref, k_ref, positions, cos_sin)
+    ms = chk.time_ms(lambda: apply_rotary(q, kk, positions, cos_sin))  # rotates q, kk again each call
+    moved = 2 * (q.numel() + kk.numel()) * 2 + tokens * d * 4
+    chk.kernel("apply_rotary", f"T={tokens} Hq={hq} Hkv={hkv} D={d}", torch.cat([q_t.flatten(), k_t.flatten()]),
+               torch.cat([q_ref.flatten(), k_ref.flatten()]), "elementwise", ms, moved, "GB/s", "copy_gbps")

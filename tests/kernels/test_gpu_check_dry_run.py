@@ -1,0 +1,41 @@
+"""bench/gpu_check.py --dry-run: the GPU check's plumbing on the CPU (Triton interpreter, tiny sizes):
+every section runs, every kernel meets its error bound against the reference, the JSON is complete.
+Its speed figures mean nothing and are not looked at."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNELS = {"paged_decode_attention", "prefill_attention", "int4_matmul", "int8_matmul", "store_kv_cache",
+           "rms_norm+residual", "apply_rotary"}
+
+
+def _dry_run(tmp_path: Path, *flags: str) -> dict:
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), str(out), "--dry-run", *flags],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_dry_run_kernels(tmp_path: Path) -> None:
+    report = _dry_run(tmp_path, "--skip-engine", "--skip-sweep")
+    assert report["mode"] == "interpret" and report["errors"] == []
+    assert set(report["ceilings"]) == {"copy_gbps", "matmul_tflops"}
+    assert {k["name"] for k in report["kernels"]} == KERNELS
+    assert all(k["ok"] and k["rel_err"] <= k["bound"] and k["median_ms"] > 0 for k in report["kernels"])
+    assert {t["name"].split(" ")[0] for t in report["targets"]} == {"paged", "prefill", "int4"}
+
+
+@pytest.mark.slow
+def test_dry_run_everything(tmp_path: Path) -> None:
+    report = _dry_run(tmp_path)
+    assert report["errors"] == []
+    assert all("error" not in row for row in report["sweep"])
+    engine = report["engine"]
+    assert engine["runs"]["triton"]["errors"] == 0
+    assert engine["same_greedy_outputs"] == engine["runs"]["triton"]["requests"]
