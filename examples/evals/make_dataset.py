@@ -17,8 +17,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 OPPOSITES = [
-    ("hot", "cold"), ("up", "down"), ("left", "right"), ("day", "night"), ("open", "closed"),
-    ("fast", "slow"), ("early", "late"), ("full", "empty"), ("heavy", "light"), ("wet", "dry"),
+    ("hot", "cold"),
+    ("up", "down"),
+    ("left", "right"),
+    ("day", "night"),
+    ("open", "closed"),
+    ("fast", "slow"),
+    ("early", "late"),
+    ("full", "empty"),
+    ("heavy", "light"),
+    ("wet", "dry"),
 ]
 
 
@@ -44,7 +52,9 @@ def choices(rows: int, rng: random.Random) -> pa.Table:
         prompts.append(f"The opposite of {word} is")
         options.append(opts)
         answers.append(opts.index(opposite))
-    return pa.table({"id": ids, "prompt": prompts, "options": options, "answer": pa.array(answers, pa.int64())})
+    return pa.table(
+        {"id": ids, "prompt": prompts, "options": options, "answer": pa.array(answers, pa.int64())}
+    )
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from jobs.datasets import list_input_files, read_parquet, write_result
 from jobs.errors import InputError
-from jobs.evals.metrics import MultipleChoice
+from jobs.evals.metrics import Metric, MultipleChoice
 from jobs.evals.suite import Suite
 
 OPTION_SEPARATOR = "#"
@@ -26,12 +26,18 @@ OPTION_SEPARATOR = "#"
 class SuiteData:
     """The rows of a suite: ids (strings), references, choices (or None) and the prompts."""
 
-    table: pa.Table  # columns: id, prompt, reference, and choices when the suite has a multiple-choice metric
+    # columns: id, prompt, reference, reference.<column> per metric reference_column, choices (multiple choice)
+    table: pa.Table
     sha256: str  # of the dataset files' bytes, in order: reports say when the data changed
 
     @property
     def rows(self) -> int:
         return self.table.num_rows
+
+
+def reference_key(metric: Metric) -> str:
+    """Column of the rows table that holds `metric`'s references."""
+    return f"reference.{metric.reference_column}" if metric.reference_column else "reference"
 
 
 def _file_bytes(url: str, data: bytes | None) -> bytes:
@@ -65,6 +71,9 @@ def load_suite_data(suite: Suite) -> SuiteData:
     else:
         ids = pa.array([str(i) for i in range(table.num_rows)], pa.string())
     columns = {"id": ids, "prompt": prompt, "reference": table.column(suite.reference_column)}
+    for metric in suite.metrics:
+        if metric.reference_column:
+            columns[reference_key(metric)] = table.column(metric.reference_column)
     choices = [m.choices_column for m in suite.metrics if isinstance(m, MultipleChoice)]
     if choices:
         columns["choices"] = table.column(choices[0])

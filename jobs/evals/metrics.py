@@ -41,7 +41,8 @@ class Metric(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     needs_likelihood: ClassVar[bool] = False
 
-    name: str = Field("", pattern=r"^$|" + _NAME_PATTERN)
+    name: str = Field("", pattern=r"^$|" + _NAME_PATTERN)  # default: the metric's type
+    reference_column: str | None = None  # default: the suite's reference_column
 
     @property
     def column(self) -> str:

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from jobs.datasets import read_result
 from jobs.evals.bootstrap import Interval, bootstrap_ci
-from jobs.evals.data import OPTION_SEPARATOR, SuiteData
+from jobs.evals.data import OPTION_SEPARATOR, SuiteData, reference_key
 from jobs.evals.metrics import GenerationMetric, MultipleChoice
 from jobs.evals.suite import Suite
 from jobs.storage import ObjectStore
@@ -42,6 +42,17 @@ def _by_id(table: pa.Table | None, columns: list[str]) -> dict[str, dict[str, An
     return {row["id"]: row for row in table.select(["id", *columns]).to_pylist()}
 
 
+def _option_logprobs(opts: dict[str, dict[str, Any]], qid: str, count: int) -> list[float]:
+    logprobs = []
+    for k in range(count):
+        result = opts.get(f"{qid}{OPTION_SEPARATOR}{k}")
+        if result is None or result["error"] is not None or result["continuation_logprob"] is None:
+            why = "missing" if result is None else result["error"] or "no logprob"
+            raise ValueError(f"option {k}: {why}")
+        logprobs.append(float(result["continuation_logprob"]))
+    return logprobs
+
+
 def score_suite(
     suite: Suite,
     data: SuiteData,
@@ -52,50 +63,39 @@ def score_suite(
     resamples: int = 1000,
 ) -> SuiteScores:
     """Score every row. `generated`: the generation job's results (when the suite has generation
-    metrics); `likelihoods`: the scoring job's results (when it has a multiple-choice metric)."""
+    metrics); `likelihoods`: the scoring job's results (when it has a multiple-choice metric).
+    A metric whose inputs failed on a row scores 0 there; the row counts as failed."""
     gen = _by_id(generated, ["completion", "finish_reason", "error"])
     opts = _by_id(likelihoods, ["continuation_logprob", "error"])
     columns = [c for m in suite.metrics for c in m.columns()]
     out: dict[str, list[Any]] = {
         name: [] for name in ["id", "completion", "finish_reason", "error", *columns]
     }
-    references = data.table.column("reference").to_pylist()
+    references = {m.column: data.table.column(reference_key(m)).to_pylist() for m in suite.metrics}
     choices = data.table.column("choices").to_pylist() if "choices" in data.table.column_names else None
     failed = 0
     for i, qid in enumerate(data.table.column("id").to_pylist()):
         scores: dict[str, float] = {}
         errors: list[str] = []
         row = gen.get(qid)
-        if suite.needs_generation and row is None:
-            errors.append("no generation result for this row")
-        elif suite.needs_generation and row is not None and row["error"] is not None:
-            errors.append(str(row["error"]))
+        if suite.needs_generation and (row is None or row["error"] is not None):
+            errors.append("no generation result for this row" if row is None else str(row["error"]))
         for metric in suite.metrics:
             try:
                 if isinstance(metric, MultipleChoice):
                     options = [str(o) for o in (choices[i] if choices is not None else None) or []]
                     if not options:
                         raise ValueError("the row has no options")
-                    logprobs = []
-                    for k in range(len(options)):
-                        result = opts.get(f"{qid}{OPTION_SEPARATOR}{k}")
-                        if (
-                            result is None
-                            or result["error"] is not None
-                            or result["continuation_logprob"] is None
-                        ):
-                            why = "missing" if result is None else result["error"] or "no logprob"
-                            raise ValueError(f"option {k}: {why}")
-                        logprobs.append(float(result["continuation_logprob"]))
-                    acc, acc_norm = metric.score_options(logprobs, options, references[i])
+                    logprobs = _option_logprobs(opts, qid, len(options))
+                    acc, acc_norm = metric.score_options(logprobs, options, references[metric.column][i])
                     scores[metric.columns()[0]], scores[metric.columns()[1]] = acc, acc_norm
                 elif isinstance(metric, GenerationMetric) and row is not None and row["error"] is None:
-                    scores[metric.column] = metric.score(row["completion"] or "", references[i])
+                    scores[metric.column] = metric.score(
+                        row["completion"] or "", references[metric.column][i]
+                    )
             except ValueError as exc:
                 errors.append(f"{metric.column}: {exc}")
-        if errors:
-            failed += 1
-            scores = {}
+        failed += bool(errors)
         out["id"].append(qid)
         out["completion"].append(row["completion"] if row else None)
         out["finish_reason"].append(row["finish_reason"] if row else None)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from jobs.errors import FreightError
 from jobs.evals.lines import LineIndex, PathPart
-from jobs.evals.metrics import METRICS, Metric
+from jobs.evals.metrics import METRICS, Metric, MultipleChoice
 from jobs.evals.schedule import validate_cron
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
@@ -277,24 +277,27 @@ class _Loader:
                 f"{label}: cannot read dataset {suite.dataset}: {exc}; point `dataset` at a Parquet file or folder",
             )
             return
-        wanted: list[tuple[str, str]] = [
-            (
-                "prompt_column" if suite.prompt_column else "messages_column",
-                suite.prompt_column or suite.messages_column or "",
-            ),
-            ("reference_column", suite.reference_column),
+        prompt_key = "prompt_column" if suite.prompt_column else "messages_column"
+        # (key, column, where the key is written)
+        wanted: list[tuple[str, str, tuple[PathPart, ...]]] = [
+            (prompt_key, suite.prompt_column or suite.messages_column or "", (*where, prompt_key)),
+            ("reference_column", suite.reference_column, (*where, "reference_column")),
         ]
         if suite.id_column:
-            wanted.append(("id_column", suite.id_column))
-        for m in suite.metrics:
-            if (choices := getattr(m, "choices_column", None)) is not None:
-                wanted.append(("choices_column", choices))
-        for key, column in wanted:
+            wanted.append(("id_column", suite.id_column, (*where, "id_column")))
+        for j, m in enumerate(suite.metrics):
+            if isinstance(m, MultipleChoice):
+                wanted.append(("choices_column", m.choices_column, (*where, "metrics", j, "choices_column")))
+            if m.reference_column:
+                wanted.append(
+                    ("reference_column", m.reference_column, (*where, "metrics", j, "reference_column"))
+                )
+        for key, column, at in wanted:
             if column not in present:
-                key_path = (*where, key) if key != "choices_column" else (*where, "metrics")
                 self.problem(
-                    key_path,
-                    f"{label}: dataset {suite.dataset} has no column {column!r} ({key}); its columns: {', '.join(present)}",
+                    at,
+                    f"{label}: dataset {suite.dataset} has no column {column!r} ({key}); "
+                    f"its columns: {', '.join(present)}",
                 )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -37,3 +37,12 @@ def write_suites(tmp_path: Path) -> Callable[[str], Path]:
         return path
 
     return write
+
+
+@pytest.fixture(autouse=True)
+def _logging_to_real_stderr() -> Iterator[None]:
+    """`freight` run by CliRunner points structlog at the runner's (then closed) stderr: reset it."""
+    from jobs.log import configure_logging
+
+    yield
+    configure_logging("json", "warning")

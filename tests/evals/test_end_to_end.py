@@ -48,6 +48,7 @@ name = "mentions_answer"
 [[suite.metrics]]
 type = "multiple_choice"
 choices_column = "options"
+reference_column = "correct"
 """
 
 
@@ -65,6 +66,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "prompt": [f"Question {i}: {i} + {i} =" for i in range(6)],
             "answer": [str(2 * i) for i in range(6)],
             "options": [[words[i], words[(i + 1) % 6], words[(i + 2) % 6]] for i in range(6)],
+            "correct": [i % 3 for i in range(6)],
         }
     )
     pq.write_table(table, root / "data" / "mixed.parquet")
@@ -73,8 +75,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _invoke(*args: str) -> tuple[int, str]:
+    """(exit code, stdout) of `freight ARGS`; on failure stdout + stderr (log lines go to stderr)."""
     result = CliRunner().invoke(app, list(args), catch_exceptions=False)
-    return result.exit_code, result.output
+    return result.exit_code, result.stdout if result.exit_code == 0 else result.stdout + result.stderr
 
 
 def test_eval_run_twice_gives_identical_scores_and_a_comparing_report(workdir: Path) -> None:
@@ -87,7 +90,15 @@ def test_eval_run_twice_gives_identical_scores_and_a_comparing_report(workdir: P
 
     model = str(workdir / "model")
     first, second = read_scores(out1, "mixed", model), read_scores(out2, "mixed", model)
-    columns = ["id", "completion", "numeric", "mentions_answer", "multiple_choice", "multiple_choice_norm", "error"]
+    columns = [
+        "id",
+        "completion",
+        "numeric",
+        "mentions_answer",
+        "multiple_choice",
+        "multiple_choice_norm",
+        "error",
+    ]
     assert first.select(columns).equals(second.select(columns))  # seeds: same rows, same scores
     assert first.num_rows == 6 and first.column("error").null_count == 6
     for name in ("numeric", "mentions_answer", "multiple_choice", "multiple_choice_norm"):

@@ -34,9 +34,11 @@ TOLERANCE = 2e-3  # nats, summed over a few tokens: float32 kernels of the engin
 
 def _oracle(model_dir: Path) -> list[list[float]]:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    # the checkpoint's tokenizer.json as written; transformers 5's AutoTokenizer would swap in
+    # Qwen2Tokenizer's own pre-tokenizer for a qwen2 config and split "\n    " differently
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(model_dir / "tokenizer.json"))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     scores = []
     for context, options, _ in QUESTIONS:
@@ -73,7 +75,9 @@ def test_multiple_choice_matches_transformers(tmp_path: Path) -> None:
         f'metrics = [{{ type = "multiple_choice", choices_column = "options", target_delimiter = "{DELIMITER}" }}]\n'
     )
     out = str(tmp_path / "run")
-    result = CliRunner().invoke(app, ["eval", "run", str(tmp_path / "suites.toml"), "--output", out], catch_exceptions=False)
+    result = CliRunner().invoke(
+        app, ["eval", "run", str(tmp_path / "suites.toml"), "--output", out], catch_exceptions=False
+    )
     assert result.exit_code == 0, result.output
 
     (entry,) = read_plan(out).suites[0].models
@@ -92,7 +96,8 @@ def test_multiple_choice_matches_transformers(tmp_path: Path) -> None:
         right_norm += max(range(len(options)), key=lambda k: normed[k]) == answer
     scores = read_scores(out, "mc", str(model_dir))
     assert scores.column("multiple_choice").to_pylist() == [
-        float(max(range(len(o)), key=lambda k: e[k]) == a) for (_, o, a), e in zip(QUESTIONS, expected, strict=True)
+        float(max(range(len(o)), key=lambda k: e[k]) == a)
+        for (_, o, a), e in zip(QUESTIONS, expected, strict=True)
     ]
     assert sum(scores.column("multiple_choice").to_pylist()) == right
     assert sum(scores.column("multiple_choice_norm").to_pylist()) == right_norm

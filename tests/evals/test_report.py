@@ -125,7 +125,7 @@ def _suite(metrics: tuple) -> Suite:
     )
 
 
-def test_scoring_joins_results_by_id_and_counts_failed_rows_as_wrong() -> None:
+def test_scoring_joins_results_by_id_and_scores_failed_inputs_as_wrong() -> None:
     data = SuiteData(
         pa.table(
             {
@@ -155,7 +155,8 @@ def test_scoring_joins_results_by_id_and_counts_failed_rows_as_wrong() -> None:
     scores = score_suite(_suite((ExactMatch(), MultipleChoice())), data, generated, likelihoods, resamples=50)
     rows = scores.rows.to_pydict()
     assert rows["id"] == ["a", "b", "c"] and rows["reference"] == ["Paris", "4", "blue"]
-    assert rows["exact_match"] == [1.0, 0.0, 0.0]  # b: generation error; c: no options -> the row failed
+    # b: its generation failed -> 0 in the generation metric; c: no options -> 0 in multiple choice only
+    assert rows["exact_match"] == [1.0, 0.0, 1.0]
     assert rows["multiple_choice"] == [1.0, 0.0, 0.0] and rows["multiple_choice_norm"] == [1.0, 0.0, 0.0]
     assert (
         rows["error"][0] is None
@@ -163,4 +164,5 @@ def test_scoring_joins_results_by_id_and_counts_failed_rows_as_wrong() -> None:
         and "no options" in rows["error"][2]
     )
     assert scores.rows_failed == 2
-    assert scores.intervals["exact_match"].mean == pytest.approx(1 / 3)
+    assert scores.intervals["exact_match"].mean == pytest.approx(2 / 3)
+    assert scores.intervals["multiple_choice"].mean == pytest.approx(1 / 3)
