@@ -170,7 +170,7 @@ def results(
         to.write_bytes(datasets.write_result(table) if to.suffix == ".parquet" else datasets.write_jsonl(table))
     except FreightError as exc:
         raise fail(str(exc)) from None
-    Console(stderr=True).print(f"wrote {table.num_rows:,} rows to {to}")
+    Console(stderr=True).print(f"wrote {table.num_rows:,} rows to {to}", soft_wrap=True)
 
 
 def demo_model(
@@ -185,7 +185,7 @@ def demo_model(
         path = make_demo_model(out_dir, arch=arch, size=size)
     except ValueError as exc:
         raise fail(str(exc)) from None
-    Console(stderr=True).print(f"demo model ({arch}, {size}) written to {path}")
+    Console(stderr=True).print(f"demo model ({arch}, {size}) written to {path}", soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

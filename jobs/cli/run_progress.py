@@ -47,7 +47,7 @@ def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
     store, manifest = prepared.store, prepared.manifest
     console = Console(stderr=True)
     if prepared.resumed and store.exists(SUCCESS_KEY):
-        console.print(f"job {manifest.job_id} is already complete in {store.url}")
+        console.print(f"job {manifest.job_id} is already complete in {store.url}", soft_wrap=True)
         from jobs.status import read_cost
 
         console.print(cost_table(read_cost(store) or {}))
@@ -83,11 +83,11 @@ def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
     if result.interrupted:
         st = job_status(store, manifest)
         console.print(f"interrupted: {st.shards_committed} of {st.shards_total} shards committed in {store.url}; "
-                      "rerun the same command to resume")
+                      "rerun the same command to resume", soft_wrap=True)
         return EXIT_INTERRUPTED
     report = result.report or {}
     log.info("job_done", job_id=manifest.job_id, rows=report.get("rows"), rows_failed=report.get("rows_failed"),
              cost_usd=report.get("cost_usd"))
     console.print(cost_table(report))
-    console.print(f"results: {store.url_of('shards/')}  (freight results {store.url})")
+    console.print(f"results: {store.url_of('shards/')}  (freight results {store.url})", soft_wrap=True)
     return 0
