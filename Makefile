@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEMO := .demo
+# checkov in its own venv: its HCL parser package clashes with python-hcl2's module of the same name
+CHECKOV_VENV := $(VENV)-checkov
 
-.PHONY: demo test test-all lint install install-dev clean
+.PHONY: demo test test-all lint install install-dev checkov clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,21 +20,27 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(VENV)/.installed $@
 
+$(CHECKOV_VENV)/.installed:
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q checkov==3.3.30
+	touch $@
+
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
+checkov: $(CHECKOV_VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(BIN)/python examples/demo.py --workdir $(DEMO)
 
-test: $(VENV)/.installed-dev
+test: $(VENV)/.installed-dev $(CHECKOV_VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "not slow"
 
-test-all: $(VENV)/.installed-dev
+test-all: $(VENV)/.installed-dev $(CHECKOV_VENV)/.installed
 	$(BIN)/python -m pytest -q
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) $(DEMO) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) $(DEMO) .pytest_cache .ruff_cache
