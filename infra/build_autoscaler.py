@@ -35,11 +35,15 @@ def copy_dependency(name: str, out: Path) -> str:
     """Copy an installed pure-Python package and its dist-info; returns its version."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(f"{name} is not installed in {sys.executable}: run `make install` and use .venv/bin/python")
+        raise SystemExit(
+            f"{name} is not installed in {sys.executable}: run `make install` and use .venv/bin/python"
+        )
     src = Path(next(iter(spec.submodule_search_locations)))
     compiled = [p for p in src.rglob("*") if p.suffix in COMPILED]
     if compiled:
-        raise SystemExit(f"{name} has compiled extensions ({compiled[0].name}); the Lambda package must be pure Python")
+        raise SystemExit(
+            f"{name} has compiled extensions ({compiled[0].name}); the Lambda package must be pure Python"
+        )
     shutil.copytree(src, out / name, ignore=_ignore)
     dist = importlib.metadata.distribution(name)
     # the .dist-info folder: licence and metadata travel with the code
@@ -62,13 +66,17 @@ def build(out: Path) -> dict[str, str]:
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, out / rel)
     versions = {name: copy_dependency(name, out) for name in DEPENDENCIES}
-    (out / "BUILD.json").write_text(json.dumps({"sources": SOURCES, "dependencies": versions}, indent=2) + "\n")
+    (out / "BUILD.json").write_text(
+        json.dumps({"sources": SOURCES, "dependencies": versions}, indent=2) + "\n"
+    )
     return versions
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"package folder (default {DEFAULT_OUT})")
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"package folder (default {DEFAULT_OUT})"
+    )
     args = parser.parse_args()
     versions = build(args.out.resolve())
     print(f"autoscaler package in {args.out}: " + ", ".join(f"{k} {v}" for k, v in versions.items()))

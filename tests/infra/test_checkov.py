@@ -42,9 +42,7 @@ def test_every_inline_skip_gives_a_reason():
             )
 
 
-@pytest.mark.skipif(
-    not CHECKOV.exists(), reason="no .venv-checkov: run `make checkov` (make test does)"
-)
+@pytest.mark.skipif(not CHECKOV.exists(), reason="no .venv-checkov: run `make checkov` (make test does)")
 def test_checkov_offline_has_no_failed_checks():
     result = subprocess.run(
         [
