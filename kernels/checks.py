@@ -72,9 +72,9 @@ def check_writable(name: str, t: torch.Tensor) -> None:
             )
 
 
-def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
-    """The last dimension is dense (stride 1), which the kernels' vector loads rely on."""
-    if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+def check_last_dim_contiguous(name: str, t: torch.Tensor | None) -> None:
+    """The last dimension is dense (stride 1), which the kernels' vector loads rely on (None passes)."""
+    if t is not None and t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(
             f"{name} must be contiguous in its last dimension (stride 1), got strides {t.stride()}; "
             f"call .contiguous() first"

@@ -160,11 +160,12 @@ def paged_decode_attention(
     check_tensor("context_lens", context_lens, ndim=1, dtypes=(torch.int32,))
     check_shape("context_lens", context_lens, (batch,))
     check_positive("scale", scale)
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables)):
+    check_out("out", out, (batch, num_heads, head_dim), q)
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
+                    ("context_lens", context_lens), ("out", out)):
         check_last_dim_contiguous(name, t)
     if k_cache.stride() != v_cache.stride():
         raise ValueError(f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}")
-    check_out("out", out, (batch, num_heads, head_dim), q)
     device = check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
                                context_lens=context_lens)
     check_launchable(_decode_split_kernel, device)

@@ -146,11 +146,12 @@ def prefill_attention(
     check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32,))
     check_shape("block_tables", block_tables, (batch, None))
     check_positive("scale", scale)
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables)):
+    check_out("out", out, (tokens, num_heads, head_dim), q)
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
+                    ("cu_seqlens_q", cu_seqlens_q), ("context_lens", context_lens), ("out", out)):
         check_last_dim_contiguous(name, t)
     if k_cache.stride() != v_cache.stride():
         raise ValueError(f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}")
-    check_out("out", out, (tokens, num_heads, head_dim), q)
     device = check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, cu_seqlens_q=cu_seqlens_q,
                                context_lens=context_lens, block_tables=block_tables)
     check_launchable(_prefill_kernel, device)

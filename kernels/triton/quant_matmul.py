@@ -18,6 +18,7 @@ import triton.language as tl
 
 from kernels.checks import (
     FLOAT_DTYPES,
+    check_last_dim_contiguous,
     check_same_device,
     check_shape,
     check_tensor,
@@ -155,6 +156,7 @@ def int8_matmul(
     n = qweight.shape[0]
     check_shape("qweight", qweight, (n, k))
     check_shape("scales", scales, (n,))
+    check_last_dim_contiguous("scales", scales)
     check_launchable(_int8_matmul_kernel, check_same_device(x=x, qweight=qweight, scales=scales))
     if m == 0 or n == 0:
         return x.new_zeros((m, n))

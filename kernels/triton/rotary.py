@@ -62,7 +62,7 @@ def apply_rotary(
     check_shape("positions", positions, (tokens,))
     check_tensor("cos_sin_cache", cos_sin_cache, ndim=2, dtypes=FLOAT_DTYPES)
     check_shape("cos_sin_cache", cos_sin_cache, (None, head_dim))
-    for name, t in (("q", q), ("k", k), ("cos_sin_cache", cos_sin_cache)):
+    for name, t in (("q", q), ("k", k), ("cos_sin_cache", cos_sin_cache), ("positions", positions)):
         check_last_dim_contiguous(name, t)
     check_writable("q", q)
     check_writable("k", k)

@@ -8,6 +8,7 @@ import triton.language as tl
 from kernels.checks import (
     FLOAT_DTYPES,
     check_kv_cache,
+    check_last_dim_contiguous,
     check_same_device,
     check_shape,
     check_tensor,
@@ -60,6 +61,7 @@ def store_kv_cache(
     if k_cache.stride() != v_cache.stride():
         raise ValueError(f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}")
     check_writable("k_cache", k_cache)
+    check_last_dim_contiguous("slot_mapping", slot_mapping)
     device = check_same_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
     check_launchable(_store_kv_cache_kernel, device)
     if tokens == 0:

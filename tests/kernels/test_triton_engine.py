@@ -1,0 +1,40 @@
+"""The whole engine with backend "triton" (kernels interpreted on the CPU) against backend "torch":
+same greedy tokens on a tiny random model, through chunked prefill, prefix-cache hits and decode."""
+
+from pathlib import Path
+
+import pytest
+
+from worker.demo_model import make_demo_model
+from worker.engine import Engine, EngineConfig, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_demo_model(tmp_path_factory.mktemp("triton-engine"), "llama", size="tiny")
+
+
+def _prompts() -> list[list[int]]:
+    shared = [(7 * i + 3) % 900 + 5 for i in range(37)]  # a prefix over 2+ blocks of 16
+    return [
+        shared + [11, 12, 13],
+        [400, 401, 402, 403, 404],
+        shared + [21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34],
+        [5],
+        [(13 * i) % 1000 + 3 for i in range(70)],  # longer than one chunk of the token budget
+    ]
+
+
+def test_triton_backend_generates_the_torch_backend_tokens(tiny_llama: Path) -> None:
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    outputs = {}
+    for backend in ("torch", "triton"):
+        config = EngineConfig(device="cpu", backend=backend, block_size=16, max_num_seqs=4,
+                              max_num_batched_tokens=32, kv_cache_bytes=1 << 22)
+        engine = Engine.from_pretrained(tiny_llama, config)
+        outputs[backend] = engine.generate(_prompts(), params)
+        assert engine.stats.cached_tokens > 0  # the shared prefix was served from the cache
+    torch_ids = [o.token_ids for o in outputs["torch"]]
+    triton_ids = [o.token_ids for o in outputs["triton"]]
+    assert all(len(ids) == 6 for ids in triton_ids)
+    assert triton_ids == torch_ids
