@@ -62,17 +62,33 @@ def status_table(status: JobStatus) -> Table:
     return t
 
 
+HEADERS = {"finish_reason": "finish", "prompt_tokens": "prompt tok", "cached_tokens": "cached tok",
+           "completion_tokens": "compl tok", "continuation_logprob": "cont logprob", "continuation_tokens": "cont tok"}
+
+
 def results_table(table: pa.Table, width: int = 60) -> Table:
+    """One line per row; the completion (newlines shown as \\n) last, cut to fit the terminal."""
+    rows = table.to_pylist()
+    names = [c for c in table.column_names if c != "completion"]
+    names = [c for c in names if c != "error" or any(r["error"] for r in rows)]  # no all-empty error column
+    names += ["completion"] if "completion" in table.column_names else []
+    cells = [[_cell(r[c], width) for c in names] for r in rows]
     t = Table(title=f"first {table.num_rows} results", title_justify="left")
-    for name in table.column_names:
-        t.add_column(name, overflow="fold", max_width=width if name in ("completion", "error") else None)
-    for row in table.to_pylist():
-        t.add_row(*(_cell(row[c], width) for c in table.column_names))
+    for k, name in enumerate(names):
+        header = HEADERS.get(name, name)
+        if name == "completion":
+            t.add_column(header, no_wrap=True, overflow="ellipsis", min_width=12, ratio=1)
+            continue
+        fit = min(max([len(header)] + [len(c[k]) for c in cells]), 24)
+        t.add_column(header, no_wrap=True, overflow="ellipsis", min_width=fit,
+                     justify="right" if name.endswith(("tokens", "logprob")) else "left")
+    for c in cells:
+        t.add_row(*c)
     return t
 
 
 def _cell(v: Any, width: int) -> str:
     if v is None:
         return "-"
-    s = repr(v)[1:-1] if isinstance(v, str) else str(v)
+    s = repr(v)[1:-1] if isinstance(v, str) else (f"{v:.3f}" if isinstance(v, float) else str(v))
     return s if len(s) <= width else s[: width - 1] + "…"

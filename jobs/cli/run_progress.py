@@ -88,6 +88,10 @@ def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
     report = result.report or {}
     log.info("job_done", job_id=manifest.job_id, rows=report.get("rows"), rows_failed=report.get("rows_failed"),
              cost_usd=report.get("cost_usd"))
-    console.print(cost_table(report))
-    console.print(f"results: {store.url_of('shards/')}  (freight results {store.url})", soft_wrap=True)
+    tps = report.get("tokens_per_second") or 0.0
+    console.print(
+        f"done: {report['rows']:,} rows ({report['rows_failed']:,} failed) in {len(report['shards'])} shards, "
+        f"${report['cost_usd']:.6f} on {report['instance_type']} ({report['market']}), {tps:,.0f} tok/s, "
+        f"prefix hit {report['cache_hit_rate']:.1%}\nresults: {store.url_of('shards/')}\n"
+        f"see `freight results {store.url}` and `freight cost {store.url}`", soft_wrap=True, highlight=False)
     return 0
