@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 QUEUES_KEY = "freight:queues"
 WORKERS_KEY = "freight:workers"
@@ -99,15 +101,19 @@ class WorkerBeat:
 class LiveState:
     """Reads and writes freight's Redis keys. Cheap to construct; holds one connection pool."""
 
-    def __init__(self, redis_url: str, *, socket_timeout: float = 10.0) -> None:
+    def __init__(self, redis_url: str, *, socket_timeout: float = 10.0, retry_for_s: float = 60.0) -> None:
         self.redis_url = redis_url
+        # A restarted Redis (failover, upgrade) is waited for: every command retries with backoff
+        # (0.1 s doubling to 2 s) for about `retry_for_s` before it raises.
+        retries = int(retry_for_s / 2.0) + 5 if retry_for_s > 0 else 0
         self.client = redis.Redis.from_url(
             redis_url,
             decode_responses=True,
             socket_timeout=socket_timeout,
             socket_connect_timeout=socket_timeout,
             health_check_interval=30,
-            retry_on_timeout=True,
+            retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), retries),
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         )
         self._transition = self.client.register_script(_TRANSITION)
 
@@ -224,6 +230,11 @@ class LiveState:
 
     def is_cancelled(self, job_id: str) -> bool:
         return bool(self.client.exists(_aux("cancel", job_id)))
+
+    def cancelled_at(self, job_id: str) -> float | None:
+        """Unix seconds of the cancel request, or None."""
+        value = self.client.get(_aux("cancel", job_id))
+        return float(value) if value is not None else None
 
     # ----- queues and workers ---------------------------------------------------------------------
     def register_queue(self, queue: str) -> None:

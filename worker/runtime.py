@@ -53,6 +53,8 @@ class ProcessRuntime:
         self.worker_id = worker_id
         self.queues = queues
         self.live = LiveState(settings.redis_url)
+        # for checks inside the engine loop (cancel): fail fast instead of stalling the engine
+        self.live_fast = LiveState(settings.redis_url, socket_timeout=1.0, retry_for_s=0)
         self.metrics = WorkerMetrics()
         self.models: ModelCache = ModelCache()
         self.imds = ImdsClient(settings.imds_url)

@@ -13,6 +13,7 @@ run_shard, every delivery (Celery on Redis may deliver one shard more than once)
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any
 
 import redis
@@ -33,23 +34,28 @@ from worker.runtime import ProcessRuntime, runtime
 
 log = get_logger(__name__)
 CANCEL_CHECK_S = 0.05  # how often should_stop asks Redis about cancel (engine steps are ~10-100 ms)
+REDIS_DOWN_BACKOFF_S = 5.0
 
 
 class ShardStop:
     """`should_stop` for one shard attempt: a spot notice or shutdown (local, free) or a cancel flag
-    in Redis (asked at most every CANCEL_CHECK_S). Remembers why it stopped."""
+    in Redis (asked at most every CANCEL_CHECK_S). Remembers why it stopped and, for a cancel, how
+    many engine steps ran after the cancel was requested (`steps_after_cancel`)."""
 
     def __init__(self, rt: ProcessRuntime, job_id: str) -> None:
         self.rt = rt
         self.job_id = job_id
         self.reason: str | None = None
         self.checks = 0
+        self.steps_after_cancel: int | None = None
+        self._recent: deque[float] = deque(maxlen=4096)  # unix time of each check (one per engine step)
         self._next_redis = 0.0
 
     def __call__(self) -> bool:
         self.checks += 1
         if self.reason is not None:
             return True
+        self._recent.append(time.time())
         if self.rt.stopping():
             self.reason = "interrupted"
             return True
@@ -57,11 +63,15 @@ class ShardStop:
         if now >= self._next_redis:
             self._next_redis = now + CANCEL_CHECK_S
             try:
-                if self.rt.live.is_cancelled(self.job_id):
-                    self.reason = "cancelled"
-                    return True
+                cancelled_at = self.rt.live_fast.cancelled_at(self.job_id)
             except redis.RedisError:
-                pass  # Redis away: keep computing; the commit goes to storage
+                cancelled_at = None  # Redis away: keep computing (the commit goes to storage); ask later
+                self._next_redis = now + REDIS_DOWN_BACKOFF_S
+            if cancelled_at is not None:
+                self.reason = "cancelled"
+                # checks after the request, minus this one (it stops before its step)
+                self.steps_after_cancel = sum(1 for t in self._recent if t >= cancelled_at) - 1
+                return True
         return False
 
 
@@ -146,7 +156,8 @@ def _attempt(
         rt.metrics.wasted_seconds.inc(outcome.attempt_record.billed_seconds)
     if outcome.status == "interrupted":
         log.warning("shard_stopped", reason=stop.reason, why=rt.stop_reason() if stop.reason == "interrupted"
-                    else "job cancelled", rows_saved=outcome.rows, engine_checks=stop.checks)  # fmt: skip
+                    else "job cancelled", rows_saved=outcome.rows, engine_checks=stop.checks,
+                    steps_after_cancel=stop.steps_after_cancel)  # fmt: skip
         if stop.reason == "cancelled":
             rt.live.transition(job_id, shard, "cancelled")
             return {"status": "cancelled", "rows_saved": outcome.rows}

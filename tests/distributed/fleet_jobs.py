@@ -41,7 +41,9 @@ def freight(args: list[str], env: dict[str, str], timeout: float = 120) -> subpr
                           timeout=timeout, cwd=REPO)  # fmt: skip
 
 
-def submit(env: dict[str, str], inp: Path, model: Path, out: Path, shard_rows: int, max_tokens: int = 8) -> dict:
+def submit(
+    env: dict[str, str], inp: Path, model: Path, out: Path, shard_rows: int, max_tokens: int = 8
+) -> dict:
     proc = freight(["submit", str(inp), "--model", str(model), "--output", str(out), "--shard-rows",
                     str(shard_rows), "--max-tokens", str(max_tokens), "--seed", "7", "--json"], env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr

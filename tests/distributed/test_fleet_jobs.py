@@ -6,6 +6,7 @@ Every test compares the fleet's results row for row with the embedded `freight r
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from fleet_jobs import embedded_run, freight, make_input, result_rows, submit
-from fleet_servers import FakeImds, WorkerProcess, free_port, wait_for
+from fleet_servers import FakeImds, RedisServer, WorkerProcess, free_port, wait_for
 
 from jobs.client import queue_for_model
 from jobs.cost import AttemptRecord, ShardRecord
@@ -36,7 +37,9 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
     root = tmp_path_factory.mktemp("fleet")
     model = make_demo_model(root / "model")
     inp = make_input(root / "input.parquet", ROWS)
-    return Fixture(Path(model).resolve(), inp, embedded_run(inp, Path(model).resolve(), root / "embedded", SHARD_ROWS))
+    return Fixture(
+        Path(model).resolve(), inp, embedded_run(inp, Path(model).resolve(), root / "embedded", SHARD_ROWS)
+    )
 
 
 class Fleet:
@@ -54,30 +57,32 @@ class Fleet:
                 "FREIGHT_IMDS_URL": f"http://127.0.0.1:{free_port()}", "FREIGHT_MAX_SHARD_ATTEMPTS": "3"}  # fmt: skip
         return {**base, **extra}
 
-    def start(self, name: str, **extra: str) -> WorkerProcess:
+    def start(self, name: str, poison_shard: int | None = None, **extra: str) -> WorkerProcess:
         self.ports[name] = free_port()
-        w = WorkerProcess(name, self.env(FREIGHT_METRICS_PORT=str(self.ports[name]), **extra), self.queue, self.tmp)
+        env = self.env(FREIGHT_METRICS_PORT=str(self.ports[name]), **extra)
+        w = WorkerProcess(name, env, self.queue, self.tmp, poison_shard=poison_shard)
         self.workers.append(w)
         return w
 
     def metric(self, name: str, line_prefix: str) -> float:
-        body = urllib.request.urlopen(f"http://127.0.0.1:{self.ports[name]}/metrics", timeout=5).read().decode()
+        body = (
+            urllib.request.urlopen(f"http://127.0.0.1:{self.ports[name]}/metrics", timeout=5).read().decode()
+        )
         return sum(float(line.split()[-1]) for line in body.splitlines() if line.startswith(line_prefix))
 
     def busy(self, worker_id: str) -> bool:
         raw = self.live.client.hget("freight:workers", worker_id)
         return bool(raw) and json.loads(raw)["busy"]
 
-    def wait_done(self, out: Path, timeout: float = 300) -> subprocess_result:
-        return freight(["wait", str(out), "--poll", "0.3", "--timeout", str(timeout)], self.env(), timeout=timeout + 30)
+    def wait_done(self, out: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return freight(
+            ["wait", str(out), "--poll", "0.3", "--timeout", str(timeout)], self.env(), timeout=timeout + 30
+        )
 
     def stop(self) -> None:
         for w in self.workers:
             w.stop()
         self.live.close()
-
-
-subprocess_result = object  # the CompletedProcess type, for the annotation above
 
 
 @pytest.fixture()
@@ -89,7 +94,9 @@ def fleet(redis_url: str, tmp_path: Path, job: Fixture) -> Iterator[Fleet]:
 
 def _records(out: Path) -> list[ShardRecord]:
     store = open_store(str(out))
-    return [ShardRecord.model_validate_json(store.get(k)) for k in store.list("shards/") if k.endswith(".json")]
+    return [
+        ShardRecord.model_validate_json(store.get(k)) for k in store.list("shards/") if k.endswith(".json")
+    ]
 
 
 def _waste(out: Path) -> list[AttemptRecord]:
@@ -156,3 +163,79 @@ def test_spot_notice_checkpoints_and_resumes_elsewhere(
     cost = json.loads((out / "cost.json").read_text())
     assert cost["wasted_cost_usd"] >= 0 and "spot_notice" in spot.log_text()
     assert fleet.live.attempts(sub["job_id"]) == {0: 2}
+
+
+def _log_events(worker: WorkerProcess, event: str) -> list[dict]:
+    events = []
+    for line in worker.log_text().splitlines():
+        if line.startswith("{") and f'"{event}"' in line:
+            events.append(json.loads(line))
+    return events
+
+
+@pytest.mark.slow
+def test_cancel_stops_running_shard_within_a_few_steps(fleet: Fleet, job: Fixture, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    inp = make_input(tmp_path / "input.parquet", 12, max_tokens=(40,))
+    w = fleet.start("c")
+    sub = submit(fleet.env(), inp, job.model, out, 2, max_tokens=40)  # 6 shards, 40 tokens a row
+    store = open_store(str(out))
+    wait_for(lambda: any(k.endswith(".parquet") for k in store.list("shards/")) and fleet.busy("c@test#0"),
+             240, "one committed shard and the next one running")  # fmt: skip
+    proc = freight(["cancel", str(out)], fleet.env())
+    assert proc.returncode == 0, proc.stderr
+    committed_at_cancel = {k for k in store.list("shards/") if k.endswith(".parquet")}
+    (stopped,) = wait_for(lambda: _log_events(w, "shard_stopped"), 60, "the running shard to stop")
+    assert stopped["reason"] == "cancelled" and stopped["job_id"] == sub["job_id"]
+    assert 0 <= stopped["steps_after_cancel"] <= 5, stopped  # stopped within a few engine steps
+    done = fleet.wait_done(out, timeout=60)
+    assert done.returncode == 1 and "cancelled" in done.stderr
+    # the queue drains: queued shards are skipped, none commits after the cancel
+    wait_for(
+        lambda: fleet.live.client.llen(fleet.queue) == 0 and not fleet.busy("c@test#0"), 60, "queue drained"
+    )
+    committed = {k for k in store.list("shards/") if k.endswith(".parquet")}
+    assert committed == committed_at_cancel and 1 <= len(committed) < 6
+    assert (out / "_CANCELLED").exists() and not (out / "_SUCCESS").exists()
+    assert fleet.live.job(sub["job_id"])["state"] == "cancelled"
+
+
+@pytest.mark.slow
+def test_poison_shard_fails_after_bounded_attempts(fleet: Fleet, job: Fixture, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    inp = make_input(tmp_path / "input.parquet", 8, max_tokens=(2,))
+    fleet.start("p", poison_shard=1, FREIGHT_MAX_SHARD_ATTEMPTS="2")
+    sub = submit(fleet.env(), inp, job.model, out, 2, max_tokens=2)  # 4 shards, shard 1 kills its process
+    done = fleet.wait_done(out, timeout=240)
+    assert done.returncode == 1, done.stderr
+    assert "shard 1 failed after 3 attempts" in done.stderr
+    failures = json.loads((out / "failures.json").read_text())
+    assert [f["shard"] for f in failures["failures"]] == [1]
+    assert "worker process died" in failures["failures"][0]["reason"]
+    store = open_store(str(out))
+    assert sorted(k for k in store.list("shards/") if k.endswith(".parquet")) == [
+        "shards/00000.parquet", "shards/00002.parquet", "shards/00003.parquet"]  # fmt: skip
+    assert fleet.live.attempts(sub["job_id"])[1] == 3  # two deaths, then the third attempt gives up
+    job_state = fleet.live.job(sub["job_id"])
+    assert (job_state["state"], job_state["shards_failed"], job_state["shards_committed"]) == ("failed", 1, 3)
+    status = freight(["status", str(out)], fleet.env())
+    assert status.returncode == 0
+
+
+@pytest.mark.slow
+def test_redis_restart_during_job(
+    fleet: Fleet, job: Fixture, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    out = tmp_path / "out"
+    fleet.start("a"), fleet.start("b")
+    sub = submit(fleet.env(), job.input, job.model, out, SHARD_ROWS)
+    store = open_store(str(out))
+    wait_for(
+        lambda: sum(k.endswith(".parquet") for k in store.list("shards/")) >= 3, 240, "3 shards committed"
+    )
+    redis_server.restart(down_s=2.0)  # SIGTERM (AOF flushed), 2 s away, back on the same port
+    done = fleet.wait_done(out)
+    assert done.returncode == 0, done.stderr
+    assert result_rows(out) == job.reference
+    assert all(w.alive() for w in fleet.workers)
+    assert fleet.live.job(sub["job_id"])["state"] == "succeeded"
