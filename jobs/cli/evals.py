@@ -46,10 +46,10 @@ def embedded_executor(settings: Settings, device: str | None = None) -> JobExecu
 
 def submit_executor(settings: Settings) -> JobExecutor:
     """Queue each job on the fleet, like `freight submit`."""
-    from jobs.submit import submit_job
+    from jobs.evals.fleet import submit_spec
 
-    def execute(spec):  # type: ignore[no-untyped-def]
-        submit_job(spec, settings=settings)
+    def execute(spec: JobSpec) -> None:
+        submit_spec(spec, settings)
 
     return execute
 

@@ -22,7 +22,10 @@ from jobs.evals.plan import PlannedModel, PlannedSuite, RunPlan, job_specs, read
 from jobs.evals.report import ReportEntry, compare, report_json, report_markdown
 from jobs.evals.scoring import read_job_results, score_suite
 from jobs.evals.suite import Suite, parse_suite_text
+from jobs.finalize import committed_shards, load_shard_record
 from jobs.log import get_logger
+from jobs.manifest import COST_KEY, SUCCESS_KEY
+from jobs.markers import CANCEL_KEY, FAILURES_KEY
 from jobs.spec import JobSpec
 from jobs.storage import ObjectStore, open_store
 
@@ -46,15 +49,25 @@ class EvalReport:
         return sum(e.regressed for e in self.entries)
 
 
+def job_ended(store: ObjectStore) -> bool:
+    """Complete (_SUCCESS), failed for good (failures.json) or cancelled: no more rows will come.
+    Rows of shards that never committed are scored as failed rows."""
+    return store.exists(SUCCESS_KEY) or store.exists(FAILURES_KEY) or store.exists(CANCEL_KEY)
+
+
 def unfinished_jobs(plan: RunPlan) -> list[str]:
-    """OUT of every job of the run that has no _SUCCESS yet."""
-    return [spec.output for spec in job_specs(plan) if not open_store(spec.output).exists("_SUCCESS")]
+    """OUT of every job of the run that has not ended yet."""
+    return [spec.output for spec in job_specs(plan) if not job_ended(open_store(spec.output))]
 
 
 def _job_cost(spec: JobSpec | None) -> float:
+    """cost.json's cost_usd; for a job that ended without finalize, its committed shards' costs."""
     if spec is None:
         return 0.0
-    return float(json.loads(open_store(spec.output).get("cost.json")).get("cost_usd", 0.0))
+    store = open_store(spec.output)
+    if store.exists(COST_KEY):
+        return float(json.loads(store.get(COST_KEY))["cost_usd"])
+    return sum(load_shard_record(store, i).cost_usd for i in committed_shards(store))
 
 
 def _score_entry(

@@ -19,11 +19,11 @@ from jobs.evals.suite import Suite
 from jobs.storage import ObjectStore
 
 
-def read_job_results(store: ObjectStore) -> pa.Table:
-    """All result shards of a finished job (its OUT store) as one table."""
+def read_job_results(store: ObjectStore) -> pa.Table | None:
+    """All committed result shards of a job (its OUT store) as one table; None when there is none."""
     keys = [k for k in store.list("shards/") if k.endswith(".parquet")]
     if not keys:
-        raise ValueError(f"{store.url} has no result shards; is the job finished?")
+        return None
     return pa.concat_tables([read_result(store.get(k)) for k in keys], promote_options="default")
 
 
