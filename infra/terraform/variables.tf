@@ -201,13 +201,13 @@ variable "secret_recovery_days" {
 # ---- fleet -------------------------------------------------------------------------------------
 
 variable "ami_ssm_parameter" {
-  description = "Public SSM parameter holding the GPU AMI id (default: AWS Deep Learning Base OSS Nvidia Driver AMI, Amazon Linux 2023)."
+  description = "SSM parameter holding the GPU AMI id: a public AWS one (default: Deep Learning Base OSS Nvidia Driver AMI, Amazon Linux 2023) or your own baked AMI's."
   type        = string
   default     = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
 
   validation {
-    condition     = startswith(var.ami_ssm_parameter, "/aws/service/")
-    error_message = "ami_ssm_parameter must be a public AWS parameter path starting with /aws/service/."
+    condition     = can(regex("^/[A-Za-z0-9_.\\-/]+$", var.ami_ssm_parameter))
+    error_message = "ami_ssm_parameter must be an SSM parameter path such as /aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id."
   }
 }
 
