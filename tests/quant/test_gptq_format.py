@@ -4,29 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gptq_packing import make_gptq_layer, words
 
 from worker.engine.quant import prepare_quantized_model
 from worker.engine.quant.gptq_format import GPTQInt4Linear, gptq_to_freight
-
-
-def _words(nibbles: torch.Tensor) -> torch.Tensor:
-    """int64 [..., 8] values in [0, 15] -> int32 words, nibble j in bits 4j..4j+3 (two's complement)."""
-    word = sum(nibbles[..., j] << (4 * j) for j in range(8))
-    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
-
-
-def make_gptq_layer(n: int, k: int, g: int, seed: int = 0, v2: bool = False) -> dict[str, torch.Tensor]:
-    """A symmetric GPTQ layer as AutoGPTQ writes it, plus the weight it dequantizes to."""
-    gen = torch.Generator().manual_seed(seed)
-    u = torch.randint(0, 16, (k, n), generator=gen)  # unsigned 4-bit values, [K, N]
-    scales = (torch.rand(k // g, n, generator=gen) * 0.02 + 0.001).half()  # [K/G, N]
-    zero = 8  # symmetric
-    qweight = _words(u.reshape(k // 8, 8, n).permute(0, 2, 1))  # [K/8, N]: k = 8i + j
-    stored_zero = zero if v2 else zero - 1  # format "gptq" stores zero - 1
-    qzeros = _words(torch.full((k // g, n // 8, 8), stored_zero))  # [K/G, N/8]: n = 8c + j
-    g_idx = (torch.arange(k) // g).to(torch.int32)
-    w = (scales.float()[g_idx.long()] * (u - zero)).T.contiguous()  # [N, K]
-    return {"qweight": qweight, "qzeros": qzeros, "scales": scales, "g_idx": g_idx, "weight": w}
 
 
 @pytest.mark.parametrize("v2", [False, True])
@@ -61,7 +42,7 @@ def test_unsupported_gptq_checkpoints_are_refused() -> None:
     shuffled = layer["g_idx"][torch.randperm(128)]
     with pytest.raises(ValueError, match="desc_act"):
         gptq_to_freight(layer["qweight"], layer["qzeros"], layer["scales"], shuffled, 32)
-    asym = _words(torch.full((4, 2, 8), 2))  # zero 3: values reach 15 - 3 = 12 > 7
+    asym = words(torch.full((4, 2, 8), 2))  # zero 3: values reach 15 - 3 = 12 > 7
     with pytest.raises(ValueError, match="symmetric"):
         gptq_to_freight(layer["qweight"], asym, layer["scales"], layer["g_idx"], 32)
     model = torch.nn.Sequential(torch.nn.Linear(128, 16))

@@ -1,0 +1,205 @@
+"""Quantization quality and CPU decode speed of freight's engine, on the trained reference model.
+
+Perplexity: the reference model (bench/train_reference.py, examples/models/pycoder-tiny) on the first
+--windows windows of --window tokens of its held-out stdlib files (train_reference.heldout_files),
+scored through the engine's prompt_logprobs: fp32, int8, int4 RTN and int4 GPTQ at group 128 and 32.
+GPTQ calibrates on --calibration-rows chunks of the *training* files, written to a Parquet file and
+passed to `freight quantize` the way a user would.
+Weight bytes: the decoder Linear weights of each checkpoint (scales included) against their bf16 size.
+Speed: CPU decode tokens/s at batch 1, 8, 32 (short prompts, --decode-tokens new tokens each, greedy,
+ignore_eos), fp32 vs on-the-fly int8 vs int4, on the reference model and on a bigger random model
+(--big-hidden) where the weights, not the per-step overhead, dominate.
+
+    .venv/bin/python bench/quant_quality.py                  # everything, prints the tables
+    .venv/bin/python bench/quant_quality.py --skip-speed     # perplexity and bytes only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_reference  # noqa: E402  (the held-out split's definition)
+
+from worker.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+KV_BYTES = 256 << 20
+
+
+def _engine(model_dir: Path, quantization: str | None = None) -> Engine:
+    return Engine.from_pretrained(model_dir, EngineConfig(device="cpu", dtype="float32", kv_cache_bytes=KV_BYTES,
+                                                          enable_prefix_caching=False, quantization=quantization))
+
+
+def heldout_windows(engine: Engine, n: int, length: int) -> list[list[int]]:
+    """The first n non-overlapping windows of the held-out files' token stream (EOS between files)."""
+    eos = min(engine.tokenizer.eos_token_ids)
+    stream: list[int] = []
+    for _, text in train_reference.heldout_files():
+        stream += engine.tokenizer.encode(text) + [eos]
+        if len(stream) >= n * length:
+            break
+    if len(stream) < n * length:
+        raise SystemExit(f"held-out split has only {len(stream)} tokens; lower --windows")
+    return [stream[i * length : (i + 1) * length] for i in range(n)]
+
+
+def perplexity(engine: Engine, windows: list[list[int]]) -> float:
+    outs = engine.generate(windows, SamplingParams(max_tokens=1, prompt_logprobs=True))
+    lps = [lp for out in outs for lp in out.prompt_logprobs[1:]]
+    return math.exp(-sum(lps) / len(lps))
+
+
+def linear_bytes(model_dir: Path) -> int:
+    """Bytes of the decoder Linear weights (weight, or qweight + scales), lm_head and embeddings excluded."""
+    total = 0
+    with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
+        for name in f.keys():  # noqa: SIM118
+            if name.startswith("model.layers.") and name.rsplit(".", 1)[1] in ("weight", "qweight", "scales") \
+                    and "_proj." in name:
+                t = f.get_tensor(name)
+                total += t.numel() * t.element_size()
+    return total
+
+
+def calibration_parquet(path: Path, rows: int, tokens: int) -> None:
+    """`rows` chunks of about `tokens` tokens (4 characters each) of the training files, column prompt."""
+    chunks: list[str] = []
+    for text in train_reference.train_files():
+        for i in range(0, len(text) - tokens * 4, tokens * 4 * 8):  # spread over each file
+            chunks.append(text[i : i + tokens * 4])
+    step = max(1, len(chunks) // rows)
+    pq.write_table(pa.table({"prompt": chunks[::step][:rows]}), path)
+
+
+def freight_quantize(model: Path, out: Path, method: str, group: int, calib: Path | None) -> float:
+    cmd = [str(ROOT / ".venv/bin/freight"), "quantize", str(model), "--method", method, "--output", str(out),
+           "--group-size", str(group)]
+    if calib is not None:
+        cmd += ["--calibration", str(calib), "--calibration-rows", "1000000"]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def quality(args: argparse.Namespace) -> None:
+    work = args.workdir
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    calib = work / "calibration.parquet"
+    calibration_parquet(calib, args.calibration_rows, args.window)
+    variants: list[tuple[str, Path, float]] = [("fp32 (fp16 checkpoint)", args.model, 0.0)]
+    for name, method, group in (("int8", "int8", 128), ("int4-rtn g128", "int4-rtn", 128),
+                                ("int4-gptq g128", "int4-gptq", 128), ("int4-rtn g32", "int4-rtn", 32),
+                                ("int4-gptq g32", "int4-gptq", 32)):
+        out = work / name.replace(" ", "-")
+        secs = freight_quantize(args.model, out, method, group, calib if "gptq" in method else None)
+        variants.append((name, out, secs))
+    bf16 = linear_bytes(args.model)  # the checkpoint is fp16: same bytes as bf16
+    base = None
+    print(f"\nheld-out perplexity: {args.windows} windows x {args.window} tokens; GPTQ calibration "
+          f"{args.calibration_rows} x ~{args.window} training tokens")
+    print(f"{'variant':24} {'ppl':>8} {'vs fp32':>8} {'Linear bytes':>13} {'vs bf16':>8} {'quantize s':>10}")
+    rows = []
+    for name, path, secs in variants:
+        engine = _engine(path)
+        windows = heldout_windows(engine, args.windows, args.window)
+        ppl = perplexity(engine, windows)
+        base = base or ppl
+        nbytes = linear_bytes(path)
+        rows.append({"variant": name, "ppl": ppl, "bytes": nbytes, "quantize_s": secs})
+        print(f"{name:24} {ppl:8.3f} {ppl / base - 1:+8.2%} {nbytes:13,d} {nbytes / bf16:8.1%} {secs:10.1f}",
+              flush=True)
+    (work / "quality.json").write_text(json.dumps(rows, indent=2))
+
+
+def big_random_model(src: Path, out: Path, hidden: int, layers: int) -> Path:
+    """A random Llama with the reference model's tokenizer: `layers` x hidden `hidden`, MLP 2.75x."""
+    cfg = json.loads((src / "config.json").read_text())
+    inter = int(hidden * 2.75) // 128 * 128
+    cfg.update(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+               num_attention_heads=hidden // 128, num_key_value_heads=hidden // 256, head_dim=128)
+    g = torch.Generator().manual_seed(0)
+    kv = cfg["num_key_value_heads"] * 128
+    shapes = {"model.embed_tokens.weight": (cfg["vocab_size"], hidden), "lm_head.weight": (cfg["vocab_size"], hidden),
+              "model.norm.weight": (hidden,)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + "self_attn.q_proj.weight": (hidden, hidden), p + "self_attn.k_proj.weight": (kv, hidden),
+                       p + "self_attn.v_proj.weight": (kv, hidden), p + "self_attn.o_proj.weight": (hidden, hidden),
+                       p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
+                       p + "mlp.down_proj.weight": (hidden, inter), p + "input_layernorm.weight": (hidden,),
+                       p + "post_attention_layernorm.weight": (hidden,)})
+    tensors = {n: (torch.ones(s) if len(s) == 1 else torch.randn(s, generator=g) * s[-1] ** -0.5).half()
+               for n, s in shapes.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name not in ("model.safetensors", "config.json") and f.is_file():
+            shutil.copy2(f, out / f.name)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    save_file(tensors, str(out / "model.safetensors"))
+    return out
+
+
+def decode_speed(model_dir: Path, label: str, new_tokens: int, batches: tuple[int, ...]) -> None:
+    print(f"\nCPU decode tokens/s, {label} ({torch.get_num_threads()} threads, {new_tokens} new tokens each)")
+    print(f"{'weights':8} " + " ".join(f"{f'batch {b}':>10}" for b in batches) + "   (int8 / fp32, int4 / fp32)")
+    results: dict[str, list[float]] = {}
+    for quant in (None, "int8", "int4"):
+        engine = _engine(model_dir, quant)
+        params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+        engine.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=2, ignore_eos=True))  # warm up
+        speeds = []
+        for b in batches:
+            prompts = [[5 + i, 6, 7, 8] for i in range(b)]
+            t0 = time.perf_counter()
+            engine.generate(prompts, params)
+            speeds.append(b * new_tokens / (time.perf_counter() - t0))
+        results[quant or "fp32"] = speeds
+        print(f"{quant or 'fp32':8} " + " ".join(f"{s:10.1f}" for s in speeds), flush=True)
+    for quant in ("int8", "int4"):
+        ratios = [q / f for q, f in zip(results[quant], results["fp32"], strict=True)]
+        print(f"{quant} / fp32: " + "  ".join(f"batch {b}: {r:.2f}x" for b, r in zip(batches, ratios, strict=True)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=ROOT / "examples/models/pycoder-tiny")
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/freight-quant-bench"))
+    ap.add_argument("--windows", type=int, default=64)
+    ap.add_argument("--window", type=int, default=256)
+    ap.add_argument("--calibration-rows", type=int, default=32)
+    ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--big-hidden", type=int, default=2048)
+    ap.add_argument("--big-layers", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--skip-quality", action="store_true")
+    ap.add_argument("--skip-speed", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if not args.skip_quality:
+        quality(args)
+    if not args.skip_speed:
+        batches = (1, 8, 32)
+        decode_speed(args.model, f"reference model {args.model.name}", args.decode_tokens, batches)
+        big = big_random_model(args.model, args.workdir / "big-random", args.big_hidden, args.big_layers)
+        decode_speed(big, f"random Llama hidden {args.big_hidden} x {args.big_layers} layers",
+                     args.decode_tokens, batches)
+
+
+if __name__ == "__main__":
+    main()
