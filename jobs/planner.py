@@ -15,7 +15,9 @@ from jobs import datasets
 from jobs.cost import PriceTable
 from jobs.errors import InputError, ModelNotFoundError, SpecMismatchError
 from jobs.manifest import (
+    COST_KEY,
     MANIFEST_KEY,
+    SUCCESS_KEY,
     InputFile,
     InputPlan,
     Manifest,
@@ -47,10 +49,8 @@ def prepare_job(spec: JobSpec, settings: Settings | None = None, prices: PriceTa
     store = open_store(spec.output, settings)
     if store.exists(MANIFEST_KEY):
         check_same_job(store, read_manifest(store), spec)
-    elif store.list(""):
-        stray = store.list("")[:3]
-        if any(k.startswith(("shards/", "partial/", "cost.json", "_SUCCESS")) for k in stray):
-            raise SpecMismatchError(f"{store.url} holds job output without a manifest: use a new --output")
+    elif store.exists(SUCCESS_KEY) or store.exists(COST_KEY) or store.list("shards/"):
+        raise SpecMismatchError(f"{store.url} holds job output without a manifest: use a new --output")
     manifest = plan(spec, settings, prices)
     manifest, resumed = write_or_match(store, manifest)
     return PreparedJob(store=store, manifest=manifest, resumed=resumed)
