@@ -6,6 +6,7 @@ Embedded runs import worker/ lazily, inside the command; --submit and beat only 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -130,6 +131,10 @@ def beat_command(suites: Annotated[Path, typer.Argument(help="the suite file (TO
     from jobs.evals.lock import BeatLock, LockHeldError
     from jobs.evals.suite import load_suite_file
 
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(0)  # beat's loop ends on SystemExit; the lock is released on the way out
+
+    signal.signal(signal.SIGTERM, stop)
     settings = get_settings()
     try:
         suite_file = load_suite_file(suites)

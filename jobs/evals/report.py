@@ -115,15 +115,16 @@ def report_markdown(run_id: str, entries: list[ReportEntry]) -> str:
         "|---|---|---|---:|---|---|---:|---:|---:|",
     ]
     for e in entries:
-        for m in e.metrics:
+        for i, m in enumerate(e.metrics):
             if m.delta is None:
                 change = "first run"
             else:
                 change = f"{100 * m.delta:+.1f} (noise ±{100 * (m.noise or 0):.1f})"
                 change += " **REGRESSION**" if m.regression else ""
+            # rows, failures and cost belong to the suite run: shown on its first metric's line
+            run = f"| {e.rows} | {e.rows_failed} | {e.cost_usd:.6f} |" if i == 0 else "| | | |"
             lines.append(
-                f"| {e.suite} | {e.model} | {m.metric} | {_pct(m.score)} | {_pct(m.low)}–{_pct(m.high)} | {change} "
-                f"| {e.rows} | {e.rows_failed} | {e.cost_usd:.6f} |"
+                f"| {e.suite} | {e.model} | {m.metric} | {_pct(m.score)} | {_pct(m.low)}–{_pct(m.high)} | {change} {run}"
             )
     notes = [
         f"- {e.suite} on {e.model}: the dataset changed since the previous run"

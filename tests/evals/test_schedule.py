@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -147,3 +151,36 @@ def test_refresh_failure_is_noticed(redis_db14: redis.Redis) -> None:
     with lock:
         redis_db14.delete(lock.key)  # e.g. an operator removed it, or Redis lost it
         assert lock.lost.wait(2.0)
+
+
+def test_freight_beat_refuses_a_second_beat_for_the_same_file(
+    qa_dataset: Path, write_suites, redis_db14: redis.Redis
+) -> None:
+    """Two real `freight beat` processes on one suite file: the second exits 2 naming the first;
+    SIGTERM stops the first and frees the lock."""
+    suites = write_suites(SUITES)
+    exe = Path(sys.executable).with_name("freight")
+    env = {**os.environ, "FREIGHT_REDIS_URL": "redis://127.0.0.1:6379/14", "FREIGHT_LOG_FORMAT": "json"}
+    key = lock_key(load_suite_file(suites).lock_id)
+    first = subprocess.Popen(
+        [str(exe), "beat", str(suites)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while redis_db14.get(key) is None:
+            assert first.poll() is None and time.monotonic() < deadline, (
+                first.stdout.read().decode() if first.stdout else ""
+            )
+            time.sleep(0.1)
+        holder = redis_db14.get(key).decode()
+        assert holder.split(":")[1] == str(first.pid)
+        second = subprocess.run(
+            [str(exe), "beat", str(suites)], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert second.returncode == 2
+        assert "another beat already runs" in second.stderr and holder in second.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(30)
+    assert first.returncode == 0
+    assert redis_db14.get(key) is None  # released on the way out, not left to expire
