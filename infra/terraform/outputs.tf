@@ -47,3 +47,8 @@ output "redis_url_command" {
   description = "Shell command (run inside the VPC) that prints FREIGHT_REDIS_URL for `freight submit`."
   value       = "echo \"rediss://:$(aws secretsmanager get-secret-value --region ${var.region} --secret-id ${module.queue.auth_secret_arn} --query SecretString --output text)@${module.queue.endpoint}:${module.queue.port}/0?ssl_cert_reqs=required\""
 }
+
+output "dashboard_name" {
+  description = "CloudWatch dashboard with the backlog and worker counts."
+  value       = module.autoscaler.dashboard_name
+}

@@ -17,6 +17,13 @@ data "archive_file" "package" {
   source_dir  = abspath("${path.root}/${var.package_dir}")
   output_path = "${path.root}/.terraform/${var.function_name}.zip"
   excludes    = ["**/__pycache__/**"]
+
+  lifecycle {
+    precondition {
+      condition     = fileexists("${path.root}/${var.package_dir}/jobs/autoscale/lambda_handler.py")
+      error_message = "The autoscaler package is missing: run `.venv/bin/python infra/build_autoscaler.py` from the repository root first."
+    }
+  }
 }
 
 # ---- logs --------------------------------------------------------------------------------------
@@ -206,6 +213,66 @@ resource "aws_lambda_function_event_invoke_config" "this" {
   function_name                = aws_lambda_function.this.function_name
   maximum_retry_attempts       = 0
   maximum_event_age_in_seconds = 60
+}
+
+# ---- dashboard ---------------------------------------------------------------------------------
+
+resource "aws_cloudwatch_dashboard" "fleet" {
+  dashboard_name = "${var.name}-fleet"
+  dashboard_body = jsonencode({
+    widgets = [
+      {
+        type   = "metric"
+        x      = 0
+        y      = 0
+        width  = 12
+        height = 6
+        properties = {
+          title  = "Backlog (shards)"
+          region = local.region
+          stat   = "Maximum"
+          period = 60
+          metrics = [
+            [var.metric_namespace, "QueuedShards", "AutoScalingGroupName", var.group_name],
+            [var.metric_namespace, "RunningShards", "AutoScalingGroupName", var.group_name],
+          ]
+        }
+      },
+      {
+        type   = "metric"
+        x      = 12
+        y      = 0
+        width  = 12
+        height = 6
+        properties = {
+          title  = "Workers"
+          region = local.region
+          stat   = "Maximum"
+          period = 60
+          metrics = [
+            [var.metric_namespace, "DesiredWorkers", "AutoScalingGroupName", var.group_name],
+            [var.metric_namespace, "LiveWorkers", "AutoScalingGroupName", var.group_name],
+            [var.metric_namespace, "BusyWorkers", "AutoScalingGroupName", var.group_name],
+            [var.metric_namespace, "DemandWorkers", "AutoScalingGroupName", var.group_name],
+          ]
+        }
+      },
+      {
+        type   = "metric"
+        x      = 0
+        y      = 6
+        width  = 12
+        height = 6
+        properties = {
+          title   = "Estimated tokens queued"
+          region  = local.region
+          stat    = "Maximum"
+          period  = 60
+          metrics = [[var.metric_namespace, "EstimatedTokensQueued", "AutoScalingGroupName", var.group_name]]
+        }
+      },
+    ]
+  })
 }
 
 # ---- schedule ----------------------------------------------------------------------------------

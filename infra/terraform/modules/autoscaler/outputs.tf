@@ -12,3 +12,8 @@ output "log_group_name" {
   description = "Log group of the autoscaler."
   value       = aws_cloudwatch_log_group.this.name
 }
+
+output "dashboard_name" {
+  description = "CloudWatch dashboard of the backlog and the fleet."
+  value       = aws_cloudwatch_dashboard.fleet.dashboard_name
+}
