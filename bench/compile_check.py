@@ -1,0 +1,144 @@
+"""Compile every Triton kernel for Hopper (sm_90) on a machine without a GPU, at the launch configs
+the wrappers use and the ones bench/gpu_check.py sweeps, and print what the GPU would get:
+shared memory, registers and spills (from the cubin, through the cuobjdump bundled with triton) and
+whether the dots became tensor-core instructions. Catches what the interpreter cannot: code that
+does not compile, configs that overflow shared memory (228 KiB per SM on H100/H200) or spill.
+
+    .venv/bin/python bench/compile_check.py            # defaults + sweep configs
+    .venv/bin/python bench/compile_check.py --defaults # the wrappers' default configs only
+
+Exit status 1 when a config fails to compile, overflows shared memory or spills registers. Run without
+TRITON_INTERPRET (compiled kernels are what is checked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SHARED_LIMIT = 227 * 1024  # usable shared memory per block on sm_90, bytes
+FLOAT_ARGS = {"eps", "scale_log2"}
+# What a real launch specializes (Triton does it from the values): unit strides become the constant
+# 1, and pointers plus these ints are known multiples of 16 at the sizes that matter (head_dim 128,
+# block_size 16, hidden / N / K multiples of 128), which is what lets loads vectorize.
+UNIT_STRIDES = {"stride_kd", "stride_vd", "stride_cd", "stride_xk", "stride_wk", "stride_sg", "stride_on"}
+ALIGNED_INTS = {"head_dim", "block_size", "hidden", "tokens_per_split", "k_per_split", "N", "K"}
+
+
+def _cases(defaults_only: bool) -> list[tuple[str, object, dict, dict, dict]]:
+    """(label, kernel, pointer dtypes, constexprs, options) per compile."""
+    from kernels.triton import quant_matmul as qm
+    from kernels.triton.paged_decode_attention import _decode_merge_kernel, _decode_split_kernel
+    from kernels.triton.prefill_attention import _prefill_kernel
+    from kernels.triton.rms_norm import _rms_norm_kernel
+    from kernels.triton.rotary import _rotary_kernel
+    from kernels.triton.store_kv_cache import _store_kv_cache_kernel
+
+    bf = "*bf16"
+    attn_ptrs = {"bt_ptr": "*i32", "lens_ptr": "*i32", "cu_ptr": "*i32", "po_ptr": "*fp32", "pml_ptr": "*fp32"}
+    cases = [
+        ("store_kv_cache", _store_kv_cache_kernel, {"slot_ptr": "*i64"}, {"BLOCK_H": 8, "BLOCK_D": 128}, {}),
+        ("rms_norm H=4096", _rms_norm_kernel, {}, {"HAS_RESIDUAL": True, "BLOCK_H": 4096}, {"num_warps": 16}),
+        ("rotary D=128", _rotary_kernel, {"pos_ptr": "*i64", "cs_ptr": "*fp32"},
+         {"BLOCK_HQ": 32, "BLOCK_HKV": 8, "BLOCK_HALF": 64}, {}),
+        ("decode merge", _decode_merge_kernel, {"po_ptr": "*fp32", "pml_ptr": "*fp32"},
+         {"BLOCK_S": 16, "BLOCK_D": 128}, {}),
+    ]
+    decode = [(64, 4, 2)] if defaults_only else [(64, 4, 2), (32, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2),
+                                                 (128, 8, 3)]
+    for bn, w, s in decode:
+        for split in (False, True):
+            cases.append((f"decode BN={bn} w={w} s={s} split={split}", _decode_split_kernel, attn_ptrs,
+                          {"SPLIT": split, "BLOCK_G": 16, "BLOCK_N": bn, "BLOCK_D": 128, "UPCAST": False},
+                          {"num_warps": w, "num_stages": s}))
+    prefill = [(128, 64, 8, 3)] if defaults_only else [(128, 64, 8, 3), (128, 32, 8, 3), (128, 128, 8, 2),
+                                                       (64, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 2)]
+    for bm, bn, w, s in prefill:
+        cases.append((f"prefill BM={bm} BN={bn} w={w} s={s}", _prefill_kernel, attn_ptrs,
+                      {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": 128, "UPCAST": False},
+                      {"num_warps": w, "num_stages": s}))
+    mm = [(16, 64, 128, 4, 4), (128, 128, 64, 8, 3)]
+    if not defaults_only:
+        mm += [(16, 32, 128, 4, 4), (16, 128, 128, 4, 3), (16, 128, 64, 8, 4), (16, 64, 64, 4, 5)]
+    for bm, bn, bk, w, s in mm:
+        meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "UPCAST": False}
+        opts = {"num_warps": w, "num_stages": s}
+        cases.append((f"int4 BM={bm} BN={bn} BK={bk} w={w} s={s}", qm._int4_matmul_kernel,
+                      {"w_ptr": "*u8", "out_ptr": "*fp32"}, {**meta, "GROUP": 128}, opts))
+        cases.append((f"int8 BM={bm} BN={bn} BK={bk} w={w} s={s}", qm._int8_matmul_kernel,
+                      {"w_ptr": "*i8"}, meta, opts))
+    return [(label, k, {"default": bf, **p}, c, o) for label, k, p, c, o in cases]
+
+
+def _resources(cubin: bytes) -> dict[str, int]:
+    """REG / SHARED / LOCAL (spill) figures of the cubin's kernel, via triton's cuobjdump."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    return {k.lower(): int(v) for k, v in re.findall(r"(REG|SHARED|LOCAL):(\d+)", text)}
+
+
+def _compile(kernel, ptrs: dict, consts: dict, options: dict):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig, attrs, consts = {}, {}, dict(consts)
+    for i, name in enumerate(kernel.arg_names):
+        if name in UNIT_STRIDES:
+            consts[name] = 1
+        if name in consts:
+            sig[name] = "constexpr"
+            continue
+        if name.endswith("_ptr"):
+            sig[name] = ptrs.get(name, ptrs["default"])
+        else:
+            sig[name] = "fp32" if name in FLOAT_ARGS else "i32"
+        if name.endswith("_ptr") or name in ALIGNED_INTS or name.startswith("stride_"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(kernel, sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--defaults", action="store_true", help="only the wrappers' default configs")
+    args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        parser.error("unset TRITON_INTERPRET: this checks the compiled kernels")
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    failures = 0
+    print(f"{'kernel / config':<44} {'regs':>5} {'spill':>6} {'shared':>8} {'mma':>6} {'s':>5}")
+    for label, kernel, ptrs, consts, options in _cases(args.defaults):
+        t0 = time.perf_counter()
+        try:
+            compiled = _compile(kernel, ptrs, consts, options)
+        except Exception as exc:  # report every config, then fail
+            failures += 1
+            print(f"{label:<44} FAILED {str(exc).splitlines()[-1][:120]}")
+            continue
+        res = _resources(compiled.asm["cubin"])
+        shared = compiled.metadata.shared
+        ptx = compiled.asm["ptx"]
+        mma = "wgmma" if "wgmma" in ptx else "mma" if "mma.sync" in ptx else "-"
+        problems = [p for p, bad in (("SHARED OVERFLOW", shared > SHARED_LIMIT),
+                                      ("SPILLS", res.get("local", 0) > 0)) if bad]
+        failures += bool(problems)
+        print(f"{label:<44} {res.get('reg', -1):>5} {res.get('local', 0):>6} {shared:>8} {mma:>6} "
+              f"{time.perf_counter() - t0:5.1f}  {' '.join(problems)}", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
