@@ -1,0 +1,61 @@
+"""The autoscaler reads what the distributed mode really writes: shards queued by FleetClient (Celery
+messages, with priorities) and progress and heartbeats written by LiveState, on real Redis (DB 13)."""
+
+from __future__ import annotations
+
+import time
+
+from jobs.autoscale.backlog import RedisBacklogReader
+from jobs.autoscale.policy import ScalerState, ScalingLimits, decide
+from jobs.client import FleetClient
+from jobs.progress import LiveState, WorkerBeat
+from jobs.settings import Settings
+
+
+def test_reader_sees_fleet_client_submissions_and_worker_progress(redis_url, rdb):
+    client = FleetClient(Settings(redis_url=redis_url))
+    try:
+        # two jobs of one model: one at the default priority, one at priority 5 (a kombu sub-queue)
+        first = client.enqueue(
+            job_id="a" * 16,
+            output="s3://b/jobs/a/",
+            model="s3://b/models/m",
+            shard_tokens=dict.fromkeys(range(4), 1000),
+        )
+        client.enqueue(
+            job_id="b" * 16,
+            output="s3://b/jobs/b/",
+            model="s3://b/models/m",
+            shard_tokens=dict.fromkeys(range(3), 2000),
+            committed=[0],
+            priority=5,
+        )
+    finally:
+        client.close()
+    reader = RedisBacklogReader(rdb)
+    backlog = reader.read()
+    assert backlog.queued_shards == 6  # 4 + (3 - 1 committed), across the priority lists
+    assert backlog.est_tokens_queued == 4 * 1000 + 2 * 2000
+    assert {j.job_id: (j.state, j.shards_queued) for j in backlog.jobs} == {
+        "a" * 16: ("queued", 4),
+        "b" * 16: ("queued", 2),
+    }
+
+    # a worker takes shard 0 of job a: it leaves the queue list and is counted as running
+    live = LiveState(redis_url)
+    try:
+        rdb.lpop(first.queue)  # what the broker does when a worker reserves the message
+        live.transition("a" * 16, 0, "running")
+        now = time.time()
+        live.heartbeat(WorkerBeat("w1", True, "i-0abc", first.queue, 750.0, now))
+        live.heartbeat(WorkerBeat("w2", False, "i-0def", first.queue, 0.0, now))
+    finally:
+        live.close()
+    backlog = reader.read()
+    assert backlog.queued_shards == 5
+    assert backlog.est_tokens_queued == 3 * 1000 + 2 * 2000
+    assert backlog.running_shards(now) == 1
+    assert [w.instance_id for w in backlog.busy_workers(now)] == ["i-0abc"]
+    # 7000 tokens at 750 tok/s drain in far less than target_drain_s: one more worker is enough
+    decision = decide(backlog, 2, ScalerState(), ScalingLimits(), now)
+    assert (decision.demand, decision.desired, decision.reason) == (2, 2, "steady")
