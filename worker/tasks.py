@@ -87,6 +87,7 @@ def _engine_for(rt: ProcessRuntime, manifest: Manifest) -> tuple[Any, float]:
 
 @app.task(name=TASK_RUN_SHARD, bind=True)
 def run_shard_task(self: Any, job_id: str, output: str, shard: int) -> dict[str, Any]:
+    entered = time.time()  # queue overhead = this - the publish time in the message header
     rt = runtime()
     with structlog.contextvars.bound_contextvars(job_id=job_id, shard=shard):
         store = open_store(output, rt.settings)
@@ -108,7 +109,7 @@ def run_shard_task(self: Any, job_id: str, output: str, shard: int) -> dict[str,
                 rt.live.end_attempt_clean(job_id, shard)
                 finish_if_done(rt, store, manifest, send_finalize)
                 return {"status": "failed"}
-            return _attempt(self, rt, store, manifest, shard, attempt, strikes)
+            return _attempt(self, rt, store, manifest, shard, attempt, strikes, entered)
 
 
 def _attempt(
@@ -119,14 +120,20 @@ def _attempt(
     shard: int,
     attempt: int,
     strikes: int,
+    entered: float,
 ) -> dict[str, Any]:
     from worker.shard import run_shard  # lazy: pulls the engine's request types
 
     job_id = manifest.job_id
-    enqueued_at = (task.request.headers or {}).get("enqueued_at") if task.request.headers else None
-    enqueued_at = enqueued_at or getattr(task.request, "enqueued_at", None)
-    log.info("shard_started", queue_wait_s=round(time.time() - enqueued_at, 4) if enqueued_at else None,
-             redelivered=bool((task.request.delivery_info or {}).get("redelivered")))  # fmt: skip
+    enqueued_at = (task.request.headers or {}).get("enqueued_at") or getattr(
+        task.request, "enqueued_at", None
+    )
+    log.info(
+        "shard_started",
+        queue_wait_s=round(entered - enqueued_at, 4) if enqueued_at else None,
+        preamble_s=round(time.time() - entered, 4),  # storage checks + attempt count before the engine
+        redelivered=bool((task.request.delivery_info or {}).get("redelivered")),
+    )
     rt.live.transition(job_id, shard, "running")
     stop = ShardStop(rt, job_id)
     start = time.perf_counter()

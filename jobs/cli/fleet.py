@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import redis
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -18,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from jobs.cli.run import _validation_line, fail
 from jobs.errors import FreightError
 from jobs.settings import get_settings
+from jobs.storage import ObjectStore
 
 EXIT_JOB_FAILED = 1
 
@@ -32,14 +34,25 @@ def _resolve(job_or_out: str) -> tuple[str, str]:
     if "/" in job_or_out or job_or_out.startswith("s3://") or Path(job_or_out).exists():
         manifest = read_manifest(open_store(job_or_out, settings))
         return manifest.job_id, manifest.spec.output
-    live = LiveState(settings.redis_url)
+    live = LiveState(settings.redis_url, socket_timeout=2.0, retry_for_s=0)
     try:
         output = live.job_meta(job_or_out).get("output")
+    except redis.RedisError as exc:
+        raise FreightError(
+            f"cannot ask Redis about job {job_or_out!r} ({exc}): pass its OUT instead"
+        ) from None
     finally:
         live.close()
     if not output:
         raise FreightError(f"Redis knows no job {job_or_out!r}: pass its OUT (folder or s3:// URL) instead")
     return job_or_out, output
+
+
+def resolve_out(job_or_out: str) -> str:
+    """OUT for `freight status`: the argument itself unless it is a job id Redis knows."""
+    if "/" in job_or_out or job_or_out.startswith("s3://") or Path(job_or_out).exists():
+        return job_or_out
+    return _resolve(job_or_out)[1]
 
 
 def submit(
@@ -213,6 +226,31 @@ def cancel(job_or_out: str = typer.Argument(..., help="job id or OUT")) -> None:
     finally:
         client.close()
     Console(stderr=True).print(f"job {job_id} cancelled; committed shards stay in {out}")
+
+
+def print_fleet_status(store: ObjectStore) -> None:
+    """Live lines under `freight status` for a distributed job: shards by state, rows/s, ETA, failures,
+    cancel. Prints nothing for an embedded job; never waits on an absent Redis (1 s timeout)."""
+    from jobs.fleet_status import fleet_status
+    from jobs.progress import LiveState
+
+    live = LiveState(get_settings().redis_url, socket_timeout=1.0, retry_for_s=0)
+    try:
+        st = fleet_status(store, live)
+    finally:
+        live.close()
+    if not st.live and not st.failures and st.state != "cancelled":
+        return
+    console = Console(highlight=False)
+    line = (f"fleet: {st.state}; shards {st.shards_committed}/{st.shards_total} committed, "
+            f"{st.shards_queued} queued, {st.shards_running} running, {st.shards_failed} failed")  # fmt: skip
+    if st.rows_per_second:
+        line += f"; {st.rows_per_second:.1f} rows/s"
+    if st.eta_seconds is not None:
+        line += f", ETA {st.eta_seconds:.0f} s"
+    console.print(line)
+    for f in st.failures:
+        console.print(f"  shard {f['shard']} failed after {f['attempts']} attempts: {f['reason']}")
 
 
 def register(app: typer.Typer) -> None:

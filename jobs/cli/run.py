@@ -100,17 +100,20 @@ def run(
         raise typer.Exit(code)
 
 
-def status(out: str = typer.Argument(..., help="the job's OUT")) -> None:
+def status(out: str = typer.Argument(..., help="the job's OUT (or a distributed job's id)")) -> None:
     """State of a job: shards committed / total, rows, errors."""
+    from jobs.cli.fleet import print_fleet_status, resolve_out
     from jobs.status import job_status
     from jobs.storage import open_store
     from jobs.tables import status_table
 
     try:
-        st = job_status(open_store(out, get_settings()))
+        store = open_store(resolve_out(out), get_settings())
+        st = job_status(store)
     except FreightError as exc:
         raise fail(str(exc)) from None
     Console().print(status_table(st))
+    print_fleet_status(store)  # distributed jobs: live progress, failures, cancel
 
 
 def cost(out: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json", help="raw cost.json")) -> None:

@@ -218,8 +218,9 @@ def test_poison_shard_fails_after_bounded_attempts(fleet: Fleet, job: Fixture, t
     assert fleet.live.attempts(sub["job_id"])[1] == 3  # two deaths, then the third attempt gives up
     job_state = fleet.live.job(sub["job_id"])
     assert (job_state["state"], job_state["shards_failed"], job_state["shards_committed"]) == ("failed", 1, 3)
-    status = freight(["status", str(out)], fleet.env())
-    assert status.returncode == 0
+    status = freight(["status", sub["job_id"]], fleet.env())  # by job id: Redis knows its OUT
+    assert status.returncode == 0, status.stderr
+    assert "fleet: failed" in status.stdout and "shard 1 failed after 3 attempts" in status.stdout
 
 
 @pytest.mark.slow
