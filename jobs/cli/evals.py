@@ -85,7 +85,10 @@ def run_command(
     try:
         suite_file = load_suite_file(suites)  # every problem, with its line, before any work
         execute = submit_executor(settings) if submit else embedded_executor(settings)
-        plan = start_run(suite_file, output, execute, suite_names=suite, models=model)
+        models = [
+            m if "://" in m else str(Path(m).resolve()) for m in model or []
+        ]  # workers need absolute paths
+        plan = start_run(suite_file, output, execute, suite_names=suite, models=models)
         if submit:
             typer.echo(
                 f"queued eval run {plan.run_id}; when its jobs finish: freight eval report {plan.output}"

@@ -100,9 +100,8 @@ class SuiteFile:
         for suite in self.suites:
             if suite.name == name:
                 return suite
-        raise ValueError(
-            f"no suite named {name!r} in {self.path}; suites: {', '.join(s.name for s in self.suites)}"
-        )
+        names = ", ".join(s.name for s in self.suites)
+        raise SuiteError(f"no suite named {name!r} in {self.path}; its suites: {names}")
 
 
 def resolve_location(value: str, base_dir: Path) -> str:

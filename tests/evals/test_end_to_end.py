@@ -80,12 +80,21 @@ def _invoke(*args: str) -> tuple[int, str]:
     return result.exit_code, result.stdout if result.exit_code == 0 else result.stdout + result.stderr
 
 
-def test_eval_run_twice_gives_identical_scores_and_a_comparing_report(workdir: Path) -> None:
-    suites, out1, out2 = str(workdir / "suites.toml"), str(workdir / "run1"), str(workdir / "run2")
-    code, first_md = _invoke("eval", "run", suites, "--output", out1)
-    assert code == 0, first_md
+@pytest.fixture(scope="module")
+def first_run(workdir: Path) -> tuple[str, str]:
+    """(OUT, printed report) of the module's first embedded run of SUITES."""
+    out = str(workdir / "run1")
+    code, markdown = _invoke("eval", "run", str(workdir / "suites.toml"), "--output", out)
+    assert code == 0, markdown
+    return out, markdown
+
+
+def test_eval_run_twice_gives_identical_scores_and_a_comparing_report(
+    workdir: Path, first_run: tuple[str, str]
+) -> None:
+    (out1, first_md), out2 = first_run, str(workdir / "run2")
     assert "first run" in first_md and "| mixed |" in first_md
-    code, second_md = _invoke("eval", "run", suites, "--output", out2)
+    code, second_md = _invoke("eval", "run", str(workdir / "suites.toml"), "--output", out2)
     assert code == 0, second_md
 
     model = str(workdir / "model")
@@ -157,3 +166,65 @@ def test_beat_handlers_submit_then_collect(workdir: Path) -> None:
     assert report["run_id"] == read_plan(output).run_id and report["entries"][0]["rows"] == 6
     history = History(LocalStore(workdir / "history"))
     assert report["run_id"] in [r.run_id for r in history.runs("mixed", str(workdir / "model"))]
+
+
+def test_chat_suite_selected_by_name_on_another_model(
+    workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """messages_column goes through the chat template; --suite picks one suite, --model replaces
+    the suite's models (a relative path is taken from the current folder)."""
+    from worker.demo_model import make_demo_model
+
+    other = make_demo_model(tmp_path / "other", "qwen3", seed=2)
+    pq.write_table(
+        pa.table(
+            {
+                "messages": [[{"role": "user", "content": f"Say {w}."}] for w in ("yes", "no", "maybe")],
+                "reference": ["yes", "no", "maybe"],
+            }
+        ),
+        workdir / "data" / "chat.parquet",
+    )
+    text = SUITES + (
+        '\n[[suite]]\nname = "chat"\ndataset = "data/chat.parquet"\nmessages_column = "messages"\n'
+        'models = ["model"]\nsampling = { max_tokens = 4 }\nmetrics = [{ type = "regex", pattern = "(.+)", group = 1 }]\n'
+    )
+    (workdir / "chat-suites.toml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    out = str(tmp_path / "chat-run")
+    code, output = _invoke(
+        "eval",
+        "run",
+        str(workdir / "chat-suites.toml"),
+        "--suite",
+        "chat",
+        "--model",
+        "other",
+        "--output",
+        out,
+    )
+    assert code == 0, output
+    (planned,) = read_plan(out).suites
+    assert planned.name == "chat" and [m.model for m in planned.models] == [str(other)]
+    scores = read_scores(out, "chat", str(other))
+    assert scores.num_rows == 3 and scores.column("error").null_count == 3
+    assert all(c is not None for c in scores.column("completion").to_pylist())
+    code, output = _invoke(
+        "eval", "run", str(workdir / "chat-suites.toml"), "--suite", "nope", "--output", out + "x"
+    )
+    assert code == 2 and "no suite named 'nope'" in output and "its suites: mixed, chat" in output
+
+
+def test_rerun_into_the_same_output_resumes_and_another_run_is_refused(
+    workdir: Path, first_run: tuple[str, str]
+) -> None:
+    out, first = first_run
+    run_id = read_plan(out).run_id
+    code, again = _invoke(
+        "eval", "run", str(workdir / "suites.toml"), "--output", out
+    )  # jobs complete: nothing recomputed
+    assert code == 0 and read_plan(out).run_id == run_id and again == first
+    other = workdir / "other-suites.toml"
+    other.write_text(SUITES.replace("max_tokens = 6", "max_tokens = 7"))
+    code, output = _invoke("eval", "run", str(other), "--output", out)
+    assert code == 2 and f"already holds eval run {run_id}" in output
