@@ -66,9 +66,10 @@ def test_local_job_end_to_end(tmp_path: Path, demo_model_dir: Path) -> None:
         got = ds.dataset(out / f"shards/{shard['index']:05d}.parquet").to_table().column("id").to_pylist()
         assert got == [f"row-{i:04d}" for s, e in shard["ranges"] for i in range(s, e)]
     by_id = {r["id"]: r for r in rows}
-    for bad in ("row-0001", "row-0003"):  # a null and an empty prompt
+    for bad in ("row-0001", "row-0003", "row-0005"):  # null, empty, longer than the context
         assert by_id[bad]["finish_reason"] == "error" and by_id[bad]["completion"] is None
         assert "prompt" in by_id[bad]["error"]
+    assert "context" in by_id["row-0005"]["error"]
     good = [r for r in rows if r["finish_reason"] != "error"]
     assert all(r["error"] is None and 1 <= r["completion_tokens"] <= 4 and r["prompt_tokens"] > 0 for r in good)
     assert sum(r["cached_tokens"] for r in good) > 0  # the shared system prefix hit the prefix cache

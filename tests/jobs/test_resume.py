@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from jobs.cli import app
 
-ROWS, SHARD_ROWS = 64, 4
+ROWS, SHARD_ROWS = 40, 4
 
 
 def _args(data: Path, model: Path, out: Path) -> list[str]:
@@ -72,6 +72,7 @@ def test_resume_after_kill_keeps_committed_shards(tmp_path: Path, demo_model_dir
     assert resumed and all(s["worker"].endswith(f":{os.getpid()}") for s in resumed)  # only the rest ran here
 
 
+@pytest.mark.slow  # a second subprocess; run_shard's interruption is covered in test_shard.py
 def test_sigterm_saves_partial_rows_and_the_rerun_uses_them(tmp_path: Path, demo_model_dir: Path) -> None:
     data = write_parquet(prompts_table(ROWS), tmp_path / "in.parquet")
     out = tmp_path / "out"
