@@ -4,7 +4,7 @@ Read exactly as documented, and nothing else:
 - `freight:queues`: SET of Celery queue names; a queue's queued shards are the LLEN of its list plus
   the LLEN of kombu's priority sub-queues (`<name>\\x06\\x16<priority>`, priorities 1..9).
 - `freight:job:<job_id>`: HASH; the fields read are state, shards_queued, shards_running,
-  est_tokens_queued and the optional `deadline` (unix seconds, absent when the job has none).
+  est_tokens_queued, updated_at and the optional `deadline` (unix seconds, absent when none).
 - `freight:workers`: HASH worker_id -> JSON {busy, instance_id, queue, tokens_per_second, heartbeat}.
 Malformed entries are logged and skipped: a bad heartbeat must not stop the fleet from scaling.
 """
@@ -25,7 +25,7 @@ WORKERS_KEY = "freight:workers"
 # kombu's Redis transport keeps priority p > 0 of queue Q in the list Q + "\x06\x16" + str(p).
 PRIORITY_SEPARATOR = "\x06\x16"
 PRIORITIES = range(1, 10)
-JOB_FIELDS = ("state", "shards_queued", "shards_running", "est_tokens_queued", "deadline")
+JOB_FIELDS = ("state", "shards_queued", "shards_running", "est_tokens_queued", "updated_at", "deadline")
 
 log = get_logger(__name__)
 
@@ -100,10 +100,11 @@ class RedisBacklogReader:
             if isinstance(values, Exception):  # e.g. WRONGTYPE: not a job hash
                 log.warning("autoscale.bad_job_key", key=key, error=str(values))
                 continue
-            state, queued, running, tokens, deadline = values
+            state, queued, running, tokens, updated_at, deadline = values
             if state is None and queued is None and running is None:
                 continue  # vanished between SCAN and HMGET
             deadline_s = _number(deadline, key=key, name="deadline")
+            updated_s = _number(updated_at, key=key, name="updated_at")
             jobs.append(
                 JobBacklog(
                     job_id=key[len(JOB_KEY_PREFIX) :],
@@ -112,6 +113,7 @@ class RedisBacklogReader:
                     shards_running=max(int(_number(running, key=key, name="shards_running")), 0),
                     est_tokens_queued=max(_number(tokens, key=key, name="est_tokens_queued"), 0.0),
                     deadline=deadline_s if deadline_s > 0 else None,
+                    updated_at=updated_s if updated_s > 0 else None,
                 )
             )
         return tuple(sorted(jobs, key=lambda j: j.job_id))

@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 
 # A worker whose heartbeat is older than this counts as gone (docs/ARCHITECTURE.md, "Live state").
 WORKER_GONE_AFTER_S = 60.0
+# A job's shards_running counter is trusted only this long after the hash last changed: a running
+# shard's worker is busy and heartbeating, so the counter matters only in the seconds before that
+# worker's next beat. Stale counters (a worker killed mid-shard) must not keep the fleet up.
+JOB_COUNTERS_FRESH_S = 2 * WORKER_GONE_AFTER_S
 TERMINAL_JOB_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
 
@@ -42,6 +46,7 @@ class JobBacklog:
     shards_running: int
     est_tokens_queued: float
     deadline: float | None = None  # unix seconds by which the job should finish; None: no deadline
+    updated_at: float | None = None  # unix seconds of the hash's last change; None: unknown (trusted)
 
     @property
     def is_active(self) -> bool:
@@ -75,8 +80,12 @@ class Backlog:
         return tuple(w for w in self.live_workers(now) if w.busy)
 
     def running_shards(self, now: float) -> int:
-        """Shards being worked on: the job counters, or the busy heartbeats when those say more."""
-        counted = sum(j.shards_running for j in self.jobs if j.is_active)
+        """Shards being worked on: the busy heartbeats, or the fresh job counters when those say more."""
+        counted = sum(
+            j.shards_running
+            for j in self.jobs
+            if j.is_active and (j.updated_at is None or now - j.updated_at <= JOB_COUNTERS_FRESH_S)
+        )
         return max(counted, len(self.busy_workers(now)))
 
 
@@ -192,7 +201,7 @@ def decide(backlog: Backlog, current: int, state: ScalerState, limits: ScalingLi
             reason = "idle_to_min" if desired != current else "steady"
         else:
             desired = min(max(current, limits.min_workers), limits.max_workers)
-            reason = "idle_hold"
+            reason = "idle_hold" if desired > limits.min_workers else "steady"
         return Decision(desired, current, want, reason, ScalerState(idle_since=idle_since))
 
     if target > current:

@@ -64,7 +64,8 @@ def test_reads_job_hashes_as_documented(rdb):
         2,
         120000.0,
     )
-    assert jobs["j1"].deadline is None
+    assert jobs["j1"].deadline is None and jobs["j1"].updated_at == NOW
+    assert jobs["j2"].updated_at is None
     assert (jobs["j2"].state, jobs["j2"].est_tokens_queued, jobs["j2"].deadline) == (
         "queued",
         9000.5,

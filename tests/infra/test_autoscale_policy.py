@@ -44,9 +44,16 @@ def workers(
 
 
 def job(
-    queued: int, running: int = 0, tokens: float = 0.0, deadline: float | None = None, state: str = "running"
+    queued: int,
+    running: int = 0,
+    tokens: float = 0.0,
+    deadline: float | None = None,
+    state: str = "running",
+    updated_at: float | None = None,
 ):
-    return JobBacklog(f"job-{queued}-{running}-{tokens}", state, queued, running, tokens, deadline)
+    return JobBacklog(
+        f"job-{queued}-{running}-{tokens}", state, queued, running, tokens, deadline, updated_at
+    )
 
 
 # (case, backlog, current, state, limits, expected desired, expected reason)
@@ -207,6 +214,25 @@ CASES = [
         4,
         "scale_out",
     ),
+    # stale counters: a worker killed mid-shard leaves shards_running behind; it must not hold the fleet
+    (
+        "fresh_running_counter_counts_before_first_busy_beat",
+        Backlog(0, (job(0, 2, updated_at=NOW - 5),)),
+        0,
+        ScalerState(),
+        LIMITS,
+        2,
+        "scale_out",
+    ),
+    (
+        "stale_running_counter_lets_the_fleet_idle",
+        Backlog(0, (job(0, 2, updated_at=NOW - 121),), workers(idle=2)),
+        2,
+        ScalerState(idle_since=NOW - 600),
+        LIMITS,
+        0,
+        "idle_to_min",
+    ),
     # limits
     (
         "min_workers_floor_with_work",
@@ -290,7 +316,7 @@ def test_timeline_burst_drain_idle_to_zero():
         current, state = decision.desired, decision.state
         seen.append((current, decision.reason))
     assert seen == [
-        (0, "idle_hold"),
+        (0, "steady"),
         (8, "scale_out"),
         (8, "hold_cooldown"),
         (8, "hold_cooldown"),
