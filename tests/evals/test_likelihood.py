@@ -55,10 +55,39 @@ def _oracle(model_dir: Path) -> list[list[float]]:
     return scores
 
 
-def test_multiple_choice_matches_transformers(tmp_path: Path) -> None:
+def _add_bos(model_dir: Path) -> None:
+    """Make the tokenizer prepend a BOS to every encoded text, as Llama and Mistral tokenizers do."""
+    from tokenizers import Tokenizer, processors
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    bos = "<|endoftext|>"
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, tokenizer.token_to_id(bos))]
+    )
+    tokenizer.save(str(model_dir / "tokenizer.json"))
+
+
+@pytest.mark.parametrize(
+    ("arch", "bos"),
+    [
+        ("qwen2", False),
+        pytest.param(
+            "llama",
+            True,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="known pipeline bug (worker/row_requests.py): encode(continuation) adds the tokenizer's "
+                "BOS in the middle of the sequence and its logprob is counted in continuation_logprob",
+            ),
+        ),
+    ],
+)
+def test_multiple_choice_matches_transformers(tmp_path: Path, arch: str, bos: bool) -> None:
     from worker.demo_model import make_demo_model
 
-    model_dir = make_demo_model(tmp_path / "model", "qwen2", seed=3)
+    model_dir = make_demo_model(tmp_path / "model", arch, seed=3)
+    if bos:
+        _add_bos(model_dir)
     pq.write_table(
         pa.table(
             {
