@@ -58,6 +58,10 @@ def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
     counters = _Counters()
     tty = sys.stderr.isatty()
     last_log = [time.perf_counter()]
+    if tty:  # the bar shows what the per-shard info lines would; keep warnings and errors
+        from jobs.log import configure_logging
+
+        configure_logging(settings.log_format, "warning" if settings.log_level in ("debug", "info") else settings.log_level)
     with _stop_on_signals() as stop:
         progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -65,12 +69,13 @@ def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
             TimeElapsedColumn(), console=console, disable=not tty,
         )
         with progress:
-            task = progress.add_task("rows", total=manifest.input.rows, completed=before.rows_done, tps=0.0, hit=0.0)
+            task = progress.add_task("loading model", total=manifest.input.rows, completed=before.rows_done,
+                                     tps=0.0, hit=0.0)
 
             def on_row(p: Any) -> None:
                 counters.add(p)
                 if tty:
-                    progress.update(task, advance=1, **counters.fields())
+                    progress.update(task, advance=1, description="rows", **counters.fields())
                 elif time.perf_counter() - last_log[0] > 5.0:
                     last_log[0] = time.perf_counter()
                     log.info("progress", job_id=manifest.job_id, rows=before.rows_done + counters.rows,
