@@ -100,6 +100,7 @@ def register(app: typer.Typer) -> None:
                     summary = scaler.tick(now).as_dict(now)
                     typer.echo(json.dumps(summary) if as_json else _line(summary))
                 except (
+                    ValueError,  # e.g. the group does not exist in this account and region
                     redis.RedisError,
                     botocore.exceptions.BotoCoreError,
                     botocore.exceptions.ClientError,

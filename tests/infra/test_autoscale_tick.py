@@ -4,6 +4,7 @@ through `freight autoscale --once|--loop`."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import boto3
@@ -158,3 +159,10 @@ def test_cli_says_what_is_missing(monkeypatch, cli_env):
     result = CliRunner().invoke(app, ["autoscale", "--once"])
     assert result.exit_code == 2
     assert "FREIGHT_AUTOSCALE_GROUP" in result.output
+
+
+def test_cli_names_a_missing_group(rdb, aws, cli_env):
+    result = CliRunner().invoke(app, ["autoscale", "--once", "--group", "no-such-group"])
+    assert result.exit_code == 2
+    text = " ".join(re.sub("[\u2500-\u257f]", " ", result.output).split())  # rich's box, unwrapped
+    assert "Auto Scaling group 'no-such-group' not found" in text
