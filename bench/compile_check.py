@@ -57,6 +57,14 @@ def _cases(defaults_only: bool) -> list[tuple[str, object, dict, dict, dict]]:
             cases.append((f"decode BN={bn} w={w} s={s} split={split}", _decode_split_kernel, attn_ptrs,
                           {"SPLIT": split, "BLOCK_G": 16, "BLOCK_N": bn, "BLOCK_D": 128, "UPCAST": False},
                           {"num_warps": w, "num_stages": s}))
+    if not defaults_only:  # an fp32 model on CUDA: full-precision dots
+        fp32 = {"default": "*fp32", **attn_ptrs}
+        cases.append(("decode fp32 BN=64 w=4 s=2", _decode_split_kernel, fp32,
+                      {"SPLIT": False, "BLOCK_G": 16, "BLOCK_N": 64, "BLOCK_D": 128, "UPCAST": False},
+                      {"num_warps": 4, "num_stages": 2}))
+        cases.append(("prefill fp32 BM=128 BN=64 w=8 s=3", _prefill_kernel, fp32,
+                      {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_D": 128, "UPCAST": False},
+                      {"num_warps": 8, "num_stages": 3}))
     prefill = [(128, 64, 8, 3)] if defaults_only else [(128, 64, 8, 3), (128, 32, 8, 3), (128, 128, 8, 2),
                                                        (64, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 2)]
     for bm, bn, w, s in prefill:
@@ -73,7 +81,8 @@ def _cases(defaults_only: bool) -> list[tuple[str, object, dict, dict, dict]]:
                       {"w_ptr": "*u8", "out_ptr": "*fp32"}, {**meta, "GROUP": 128}, opts))
         cases.append((f"int8 BM={bm} BN={bn} BK={bk} w={w} s={s}", qm._int8_matmul_kernel,
                       {"w_ptr": "*i8"}, meta, opts))
-    return [(label, k, {"default": bf, **p}, c, o) for label, k, p, c, o in cases]
+    return [(label, k, {"default": bf, **p}, c, o) if "default" not in p else (label, k, p, c, o)
+            for label, k, p, c, o in cases]
 
 
 def _resources(cubin: bytes) -> dict[str, int]:

@@ -46,9 +46,12 @@ def dot_upcast(kernel: object, dtype: torch.dtype) -> bool:
 
 @triton.jit
 def dot(a, b, acc, UPCAST: tl.constexpr):
-    """acc + a @ b with fp32 accumulation; UPCAST (interpreter + bf16 only) multiplies in fp32."""
+    """acc + a @ b with fp32 accumulation; UPCAST (interpreter + bf16 only) multiplies in fp32.
+    fp32 inputs multiply in full fp32 ("ieee"), not TF32: an fp32 model on CUDA keeps fp32 logits."""
     if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    if a.dtype == tl.float32:
+        return tl.dot(a, b, acc, input_precision="ieee")
     return tl.dot(a, b, acc)
 
 
