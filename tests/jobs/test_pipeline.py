@@ -141,3 +141,15 @@ def test_openai_batch_jsonl_round_trips_custom_id(tmp_path: Path, demo_model_dir
     assert rows["req-a"]["error"] is None and rows["req-a"]["prompt_tokens"] > 5  # rendered through the template
     assert rows["req-c"]["finish_reason"] == "error" and "max_tokens" in rows["req-c"]["error"]
     assert rows["req-d"]["finish_reason"] == "error" and "messages" in rows["req-d"]["error"]
+
+
+def test_quantized_run(tmp_path: Path, demo_model_dir: Path) -> None:
+    data = write_parquet(prompts_table(4, bad=False), tmp_path / "in.parquet")
+    out = tmp_path / "out"
+    code, output = invoke(["run", str(data), "--model", str(demo_model_dir), "--output", str(out),
+                           "--max-tokens", "2", "--quantization", "int8"])
+    assert code == 0, output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["spec"]["quantization"] == "int8"
+    rows = ds.dataset(out / "shards", format="parquet", exclude_invalid_files=True).to_table().to_pylist()
+    assert len(rows) == 4 and all(r["error"] is None and r["completion_tokens"] >= 1 for r in rows)

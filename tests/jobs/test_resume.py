@@ -64,6 +64,11 @@ def test_resume_after_kill_keeps_committed_shards(tmp_path: Path, demo_model_dir
     committed = {p.name: p.read_bytes() for p in (out / "shards").iterdir() if p.is_file()}
     assert 2 <= len([n for n in committed if n.endswith(".parquet")]) < ROWS // SHARD_ROWS
 
+    status = CliRunner().invoke(app, ["status", str(out)])
+    assert status.exit_code == 0 and "incomplete" in status.output
+    so_far = CliRunner().invoke(app, ["cost", str(out)])
+    assert so_far.exit_code == 0 and "not finalized" in so_far.output
+
     result = CliRunner().invoke(app, _args(data, demo_model_dir, out))
     assert result.exit_code == 0, result.output
     _check_complete(out, committed)

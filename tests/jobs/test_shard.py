@@ -141,3 +141,20 @@ def test_likelihood_scoring_adds_continuation_columns(tmp_path: Path, demo_model
         assert row["continuation_logprob"] < 0
         assert row["continuation_logprob"] == pytest.approx(sum(direct.prompt_logprobs[-n:]), abs=1e-4)
     assert rows[2]["finish_reason"] == "error" and rows[2]["continuation_logprob"] is None
+
+
+def test_messages_column_is_rendered_with_the_chat_template(tmp_path: Path, demo_model_dir: Path, engine: Any) -> None:
+    messages = [
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sort a list."}],
+        [],
+        [{"role": "user", "content": "Reverse a string."}],
+    ]
+    table = pa.table({"id": ["a", "b", "c"], "messages": messages})  # list<struct<role, content>>
+    store, manifest = _job(tmp_path, demo_model_dir, "out", table)  # default prompt column absent -> messages
+    assert manifest.input.prompt_column == "messages" and manifest.input.prompt_kind == "messages"
+    run_shard(engine, store, manifest, 0)
+    rows = _rows(store, 0)
+    rendered = engine.tokenizer.apply_chat_template(messages[0], add_generation_prompt=True)
+    assert rows[0]["prompt_tokens"] == len(engine.tokenizer.encode(rendered)) and rows[0]["error"] is None
+    assert rows[1]["finish_reason"] == "error" and "messages" in rows[1]["error"]
+    assert rows[2]["error"] is None
