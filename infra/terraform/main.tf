@@ -24,6 +24,7 @@ locals {
 module "kms" {
   source = "./modules/kms"
 
+  region        = var.region
   name          = var.name
   log_group_arn = local.log_group_arn
 }
@@ -78,6 +79,7 @@ module "iam" {
 module "fleet" {
   source = "./modules/fleet"
 
+  region                  = var.region
   name                    = var.name
   group_name              = local.group_name
   vpc_id                  = var.vpc_id
@@ -104,6 +106,7 @@ module "fleet" {
 module "autoscaler" {
   source = "./modules/autoscaler"
 
+  region                  = var.region
   name                    = var.name
   function_name           = local.function_name
   group_name              = local.group_name

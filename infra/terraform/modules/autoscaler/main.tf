@@ -4,12 +4,11 @@
 
 data "aws_caller_identity" "current" {}
 data "aws_partition" "current" {}
-data "aws_region" "current" {}
 
 locals {
   account   = data.aws_caller_identity.current.account_id
   partition = data.aws_partition.current.partition
-  region    = data.aws_region.current.name
+  region    = var.region
 }
 
 data "archive_file" "package" {

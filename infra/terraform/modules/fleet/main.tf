@@ -2,8 +2,6 @@
 # root volume, user data that installs freight and runs `freight worker`) and an Auto Scaling group
 # that starts at zero and is sized by the autoscaler.
 
-data "aws_region" "current" {}
-
 data "aws_ssm_parameter" "ami" {
   name = var.ami_ssm_parameter
 }
@@ -52,7 +50,7 @@ resource "aws_ssm_parameter" "settings" {
     FREIGHT_REDIS_PORT = tostring(var.redis_port)
     FREIGHT_BUCKET     = var.bucket_name
     FREIGHT_LOG_FORMAT = "json"
-    AWS_DEFAULT_REGION = data.aws_region.current.name
+    AWS_DEFAULT_REGION = var.region
   }))
 }
 
@@ -61,7 +59,7 @@ resource "aws_ssm_parameter" "settings" {
 locals {
   hook_name = "drain-on-terminate"
   user_data = templatefile("${path.module}/user_data.sh.tftpl", {
-    region             = data.aws_region.current.name
+    region             = var.region
     settings_parameter = aws_ssm_parameter.settings.name
     auth_secret_arn    = var.redis_auth_secret_arn
     wheel_url          = "s3://${var.bucket_name}/${var.freight_wheel_key}"

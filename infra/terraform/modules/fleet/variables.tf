@@ -3,6 +3,11 @@ variable "name" {
   type        = string
 }
 
+variable "region" {
+  description = "AWS region of the deployment (the root module's var.region)."
+  type        = string
+}
+
 variable "group_name" {
   description = "Name of the Auto Scaling group."
   type        = string

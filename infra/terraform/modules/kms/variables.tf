@@ -3,6 +3,11 @@ variable "name" {
   type        = string
 }
 
+variable "region" {
+  description = "AWS region of the deployment (the root module's var.region)."
+  type        = string
+}
+
 variable "log_group_arn" {
   description = "ARN of the one log group CloudWatch Logs may encrypt with this key."
   type        = string
