@@ -3,6 +3,7 @@ here, so `terraform validate` can't run; these tests stand in for the parts of i
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -409,3 +410,32 @@ def test_terraform_renders_user_data_to_valid_bash(tmp_path):
     assert rendered == render_user_data()  # the test's own renderer agrees with Terraform's
     (tmp_path / "user_data.sh").write_text(rendered)
     assert subprocess.run(["bash", "-n", str(tmp_path / "user_data.sh")]).returncode == 0
+
+
+@needs_terraform
+def test_worker_policy_arns_evaluate_as_intended(tmp_path):
+    """The iam module's locals, evaluated by Terraform itself: object ARNs and list prefixes."""
+    iam_main = (ROOT / "modules" / "iam" / "main.tf").read_text()
+    locals_block = re.search(r"^locals \{\n.*?^\}\n", iam_main, re.S | re.M).group(0)
+    shutil.copy(ROOT / "modules" / "iam" / "variables.tf", tmp_path / "variables.tf")
+    outputs = "".join(
+        f'output "{name}" {{\n  value = local.{name}\n}}\n'
+        for name in ("read_objects", "write_objects", "list_prefixes")
+    )
+    (tmp_path / "main.tf").write_text(locals_block + outputs)
+    (tmp_path / "test.tfvars").write_text(
+        'name = "f"\nregion = "us-east-1"\nbucket_arn = "arn:aws:s3:::b"\n'
+        'read_prefixes = ["datasets/", "models/"]\nwrite_prefixes = ["jobs/"]\n'
+        'kms_key_arn = "k"\nredis_auth_secret_arn = "s"\nsettings_parameter_arn = "p"\ngroup_arn = "g"\n'
+    )
+    assert terraform("init", "-input=false", cwd=tmp_path).returncode == 0
+    applied = terraform("apply", "-input=false", "-auto-approve", "-var-file=test.tfvars", cwd=tmp_path)
+    assert applied.returncode == 0, applied.stderr
+    values = json.loads(terraform("output", "-json", cwd=tmp_path).stdout)
+    assert values["read_objects"]["value"] == [
+        "arn:aws:s3:::b/datasets/*",
+        "arn:aws:s3:::b/models/*",
+        "arn:aws:s3:::b/jobs/*",
+    ]
+    assert values["write_objects"]["value"] == ["arn:aws:s3:::b/jobs/*"]
+    assert values["list_prefixes"]["value"] == ["datasets/*", "models/*", "jobs/*"]
