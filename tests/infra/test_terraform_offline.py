@@ -1,0 +1,120 @@
+"""What the terraform binary checks offline, without providers: canonical fmt style, the root
+variables' validations, templatefile() on the real user data, the worker policy's ARN locals."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from tfconfig import ROOT, render_user_data
+
+# ---- with the terraform binary: what works offline, without providers -----------------------------
+
+needs_terraform = pytest.mark.skipif(shutil.which("terraform") is None, reason="terraform is not installed")
+# no version check against HashiCorp's servers: the machines reach package registries only
+TF_ENV = {**os.environ, "CHECKPOINT_DISABLE": "1", "TF_IN_AUTOMATION": "1"}
+
+
+def terraform(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["terraform", *args, "-no-color"], cwd=cwd, env=TF_ENV, capture_output=True, text=True, timeout=120
+    )
+
+
+@needs_terraform
+def test_terraform_fmt_canonical_style():
+    result = terraform("fmt", "-check", "-recursive", "-diff", str(ROOT), cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def variables_only(tmp_path_factory) -> Path:
+    """The root module's variables alone: Terraform evaluates their validations with no provider."""
+    folder = tmp_path_factory.mktemp("variables")
+    shutil.copy(ROOT / "variables.tf", folder / "variables.tf")
+    shutil.copy(ROOT / "terraform.tfvars.example", folder / "example.tfvars")
+    result = terraform("init", "-input=false", cwd=folder)
+    assert result.returncode == 0, result.stderr
+    return folder
+
+
+@needs_terraform
+def test_example_tfvars_pass_every_validation(variables_only):
+    result = terraform("plan", "-input=false", "-var-file=example.tfvars", cwd=variables_only)
+    assert result.returncode == 0, result.stderr
+
+
+@needs_terraform
+@pytest.mark.parametrize(
+    ("var", "message"),
+    [
+        ('subnet_ids=["subnet-0123456789abcdef0"]', "at least two subnet ids"),
+        ('instance_types=["m5.large","g6.xlarge"]', "at least two GPU instance types"),
+        ("queue_mode=cluster", "queue_mode must be"),
+        ("queue_replicas=0", "queue_replicas must be between 1 and 5"),
+        ("name=Freight_Prod", "name must be 3-24 characters"),
+        ('worker_environment={FREIGHT_REDIS_URL="redis://x"}', "FREIGHT_REDIS_URL is built at boot"),
+        ('read_prefixes=["/datasets"]', "read_prefixes must be"),
+        ("log_retention_days=10", "log_retention_days must be"),
+        ("vpc_id=my-vpc", "vpc_id must look like"),
+    ],
+)
+def test_bad_values_are_refused_with_a_message(variables_only, var, message):
+    result = terraform("plan", "-input=false", "-var-file=example.tfvars", "-var", var, cwd=variables_only)
+    assert result.returncode != 0
+    assert message in " ".join(result.stderr.split()), result.stderr
+
+
+@needs_terraform
+def test_terraform_renders_user_data_to_valid_bash(tmp_path):
+    """templatefile() by Terraform itself, on the real template, then `bash -n`."""
+    template = tmp_path / "user_data.sh.tftpl"
+    shutil.copy(ROOT / "modules" / "fleet" / "user_data.sh.tftpl", template)
+    names = set(re.findall(r"(?<!\$)\$\{(\w+)\}", template.read_text()))
+    values = {name: f"TEST_{name.upper()}" for name in names}
+    values.update(worker_args="--concurrency 1 --queues freight.m", stop_timeout_s="270")
+    args = ", ".join(f'{k} = "{v}"' for k, v in sorted(values.items()))
+    (tmp_path / "main.tf").write_text(
+        f'output "user_data" {{\n  value = templatefile("user_data.sh.tftpl", {{ {args} }})\n}}\n'
+    )
+    assert terraform("init", "-input=false", cwd=tmp_path).returncode == 0
+    applied = terraform("apply", "-input=false", "-auto-approve", cwd=tmp_path)
+    assert applied.returncode == 0, applied.stderr
+    rendered = terraform("output", "-raw", "user_data", cwd=tmp_path).stdout
+    assert rendered == render_user_data()  # the test's own renderer agrees with Terraform's
+    (tmp_path / "user_data.sh").write_text(rendered)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "user_data.sh")]).returncode == 0
+
+
+@needs_terraform
+def test_worker_policy_arns_evaluate_as_intended(tmp_path):
+    """The iam module's locals, evaluated by Terraform itself: object ARNs and list prefixes."""
+    iam_main = (ROOT / "modules" / "iam" / "main.tf").read_text()
+    locals_block = re.search(r"^locals \{\n.*?^\}\n", iam_main, re.S | re.M).group(0)
+    shutil.copy(ROOT / "modules" / "iam" / "variables.tf", tmp_path / "variables.tf")
+    outputs = "".join(
+        f'output "{name}" {{\n  value = local.{name}\n}}\n'
+        for name in ("read_objects", "write_objects", "list_prefixes")
+    )
+    (tmp_path / "main.tf").write_text(locals_block + outputs)
+    (tmp_path / "test.tfvars").write_text(
+        'name = "f"\nregion = "us-east-1"\nbucket_arn = "arn:aws:s3:::b"\n'
+        'read_prefixes = ["datasets/", "models/"]\nwrite_prefixes = ["jobs/"]\n'
+        'kms_key_arn = "k"\nredis_auth_secret_arn = "s"\nsettings_parameter_arn = "p"\ngroup_arn = "g"\n'
+    )
+    assert terraform("init", "-input=false", cwd=tmp_path).returncode == 0
+    applied = terraform("apply", "-input=false", "-auto-approve", "-var-file=test.tfvars", cwd=tmp_path)
+    assert applied.returncode == 0, applied.stderr
+    values = json.loads(terraform("output", "-json", cwd=tmp_path).stdout)
+    assert values["read_objects"]["value"] == [
+        "arn:aws:s3:::b/datasets/*",
+        "arn:aws:s3:::b/models/*",
+        "arn:aws:s3:::b/jobs/*",
+    ]
+    assert values["write_objects"]["value"] == ["arn:aws:s3:::b/jobs/*"]
+    assert values["list_prefixes"]["value"] == ["datasets/*", "models/*", "jobs/*"]
