@@ -26,7 +26,7 @@ def resolve_model(model: str, settings: Settings | None = None) -> Path:
     settings = settings or get_settings()
     store = open_store(model, settings)
     assert isinstance(store, S3Store)  # invariant: s3:// URLs open an S3Store
-    listing = _listing(store)
+    listing = store.describe()
     if "config.json" not in {key for key, _, _ in listing}:
         raise ModelNotFoundError(f"model {model} has no config.json: give a Hugging Face checkpoint prefix")
     digest = hashlib.sha256("\n".join(f"{k}\t{e}\t{s}" for k, e, s in listing).encode()).hexdigest()[:24]
@@ -50,14 +50,3 @@ def resolve_model(model: str, settings: Settings | None = None) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("model_cached", model=model, path=str(target), files=len(listing))
     return target
-
-
-def _listing(store: S3Store) -> list[tuple[str, str, int]]:
-    """(key, etag, size) of every object under the model prefix, sorted."""
-    client = store._client  # the store's shared client
-    prefix = f"{store.prefix}/" if store.prefix else ""
-    out: list[tuple[str, str, int]] = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=store.bucket, Prefix=prefix):
-        for obj in page.get("Contents", []):
-            out.append((obj["Key"][len(prefix) :], obj.get("ETag", "").strip('"'), int(obj["Size"])))
-    return sorted(out)

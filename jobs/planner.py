@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -89,7 +90,7 @@ def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[Inpu
     if fmt == "jsonl":
         (url, data), = sources
         if data is None:
-            data = open(url, "rb").read()  # noqa: SIM115 - local file read once
+            data = Path(url).read_bytes()
         table = datasets.jsonl_to_table(url, data)
         files = [InputFile(url=url, rows=table.num_rows, size=len(data))]
         schema = table.schema
@@ -142,8 +143,6 @@ def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[Inpu
 
 
 def _local_size(url: str) -> int:
-    from pathlib import Path
-
     return Path(url).stat().st_size
 
 

@@ -82,7 +82,7 @@ def run(
     settings = get_settings()
     try:
         spec = JobSpec(
-            input=input, model=model, output=output, prompt_column=prompt_column, id_column=id_column,
+            input=_absolute(input), model=_absolute(model), output=_absolute(output), prompt_column=prompt_column, id_column=id_column,
             continuation_column=continuation_column,
             sampling=SamplingSpec(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed),
             shard_rows=shard_rows, instance_type=instance_type, market=market, price_per_hour=price_per_hour,
@@ -98,6 +98,13 @@ def run(
     code = run_with_progress(prepared, settings)
     if code:
         raise typer.Exit(code)
+
+
+def _absolute(url: str) -> str:
+    """Local paths become absolute (the manifest must mean the same files from any directory)."""
+    if url.startswith("s3://") or not url.strip():
+        return url
+    return str(Path(url).expanduser().absolute())
 
 
 def status(out: str = typer.Argument(..., help="the job's OUT (or a distributed job's id)")) -> None:

@@ -82,15 +82,19 @@ class S3Store(ObjectStore):
                 return False
             raise
 
-    def list(self, prefix: str = "") -> list[str]:
+    def describe(self, prefix: str = "") -> list[tuple[str, str, int]]:
+        """(key, ETag, size in bytes) of every object under `prefix`, sorted by key."""
         if ".." in prefix.split("/") or prefix.startswith("/"):
             raise ValueError(f"bad key prefix {prefix!r}")
         full = (f"{self.prefix}/" if self.prefix else "") + prefix
         strip = len(self.prefix) + 1 if self.prefix else 0
-        keys: list[str] = []
+        out: list[tuple[str, str, int]] = []
         for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
-            keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
-        return sorted(keys)
+            out.extend((o["Key"][strip:], str(o.get("ETag", "")).strip('"'), int(o["Size"])) for o in page.get("Contents", []))
+        return sorted(out)
+
+    def list(self, prefix: str = "") -> list[str]:
+        return [key for key, _, _ in self.describe(prefix)]
 
     def delete(self, key: str) -> None:
         self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
