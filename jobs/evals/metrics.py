@@ -204,7 +204,10 @@ class Custom(GenerationMetric):
     def score(self, completion: str, reference: Any) -> float:
         if self._fn is None:
             raise RuntimeError("custom metric used before bind(); load suites with load_suite_file")
-        value = float(self._fn(completion, reference))
+        try:
+            value = float(self._fn(completion, reference))
+        except Exception as exc:  # user code: any failure is this row's error, not the run's
+            raise ValueError(f"custom metric {self.function} raised {type(exc).__name__}: {exc}") from exc
         if not 0.0 <= value <= 1.0 or math.isnan(value):
             raise ValueError(f"custom metric {self.function} returned {value}, outside [0, 1]")
         return value

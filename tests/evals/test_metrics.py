@@ -109,7 +109,9 @@ def test_multiple_choice_picks_the_highest_summed_logprob_and_its_length_normali
 
 
 def test_custom_metric_checks_its_range(tmp_path: Path) -> None:
-    (tmp_path / "m.py").write_text("def half(c, r):\n    return 0.5\n\ndef big(c, r):\n    return 3\n")
+    (tmp_path / "m.py").write_text(
+        "def half(c, r):\n    return 0.5\n\ndef big(c, r):\n    return 3\n\ndef boom(c, r):\n    return {}[r]\n"
+    )
     half = Custom(function="m.py:half")
     with pytest.raises(RuntimeError, match="before bind"):
         half.score("x", "y")
@@ -119,6 +121,10 @@ def test_custom_metric_checks_its_range(tmp_path: Path) -> None:
     big.bind(tmp_path)
     with pytest.raises(ValueError, match="outside"):
         big.score("x", "y")
+    boom = Custom(function="m.py:boom")
+    boom.bind(tmp_path)
+    with pytest.raises(ValueError, match="raised KeyError"):  # a bug in user code is a row error
+        boom.score("x", "y")
     with pytest.raises(ValueError, match="does not exist"):
         Custom(function="missing.py:f").bind(tmp_path)
 
