@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from pipeline_data import SYSTEM, prompts_table, write_parquet
 
+from jobs.errors import InputError
 from jobs.planner import PREFIX_CHARS, cut_shards, plan
 from jobs.spec import JobSpec
 
@@ -57,3 +60,17 @@ def test_plan_reads_the_dataset(tmp_path: Path, demo_model_dir: Path) -> None:
     mixed = [s for s in m.shards if 0 < len(long_rows & set(s.row_indices())) < s.rows]
     assert len(mixed) <= 1
     assert not (tmp_path / "out").exists()  # plan writes nothing
+
+
+def test_openai_batch_jsonl_with_text_prompts(tmp_path: Path, demo_model_dir: Path) -> None:
+    path = tmp_path / "batch.jsonl"
+    lines = [{"custom_id": "x1", "body": {"prompt": "def f():", "max_tokens": 3, "temperature": 0.5}},
+             {"custom_id": "x2", "body": {"prompt": "class A:", "seed": 7}}]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
+    spec = JobSpec(input=str(path), model=str(demo_model_dir), output=str(tmp_path / "out"))
+    m = plan(spec)
+    assert m.input.format == "jsonl" and m.input.prompt_kind == "text" and m.input.id_column == "custom_id"
+    assert m.input.override_columns == ("max_tokens", "temperature", "seed") and m.input.rows == 2
+    path.write_text(json.dumps({"body": {"prompt": "no id"}}) + "\n")
+    with pytest.raises(InputError, match="custom_id"):
+        plan(spec)
