@@ -14,13 +14,13 @@ from pathlib import Path
 import pyarrow as pa
 
 from jobs.datasets import read_result, write_result
-from jobs.errors import FreightError
+from jobs.errors import FreightError, ObjectNotFoundError
 from jobs.evals.chart import score_chart
 from jobs.evals.data import SuiteData
 from jobs.evals.history import History, MetricResult, RunRecord, model_key
 from jobs.evals.plan import PlannedModel, PlannedSuite, RunPlan, job_specs, read_plan
 from jobs.evals.report import ReportEntry, compare, report_json, report_markdown
-from jobs.evals.scoring import read_job_results, score_suite
+from jobs.evals.scoring import paired_noise, read_job_results, score_suite
 from jobs.evals.suite import Suite, parse_suite_text
 from jobs.finalize import committed_shards, load_shard_record
 from jobs.log import get_logger
@@ -70,6 +70,21 @@ def _job_cost(spec: JobSpec | None) -> float:
     return sum(load_shard_record(store, i).cost_usd for i in committed_shards(store))
 
 
+def _paired_noise(
+    rows: pa.Table, previous: RunRecord | None, record: RunRecord, base: str
+) -> dict[str, float] | None:
+    """Noise of the paired differences with the previous run when it scored the same data and its
+    per-row scores are still in its OUT; None otherwise (the report falls back to unpaired)."""
+    if previous is None or previous.dataset_sha256 != record.dataset_sha256:
+        return None
+    try:
+        before = read_result(open_store(previous.output).get(f"{base}/scores.parquet"))
+    except ObjectNotFoundError:
+        log.warning("previous per-row scores gone; unpaired comparison", previous=previous.output)
+        return None
+    return paired_noise(rows, before, list(record.metrics)) or None
+
+
 def _score_entry(
     plan: RunPlan,
     suite: Suite,
@@ -105,7 +120,8 @@ def _score_entry(
     if not history.record(record):  # collected before: keep the stored record
         record = RunRecord.model_validate_json(history.store.get(record.key))
     runs = [r for r in history.runs(suite.name, entry.model) if r.run_id <= plan.run_id]
-    reported = compare(record, history.previous(record))
+    previous = history.previous(record)
+    reported = compare(record, previous, _paired_noise(scores.rows, previous, record, base))
     png = score_chart(runs, f"{suite.name} on {model_key(entry.model)}")
     if png is not None:
         out.put(f"{base}/chart.png", png)

@@ -1,15 +1,18 @@
 """The eval report: per suite and model, each metric's score and interval, compared with the
 previous run, as JSON (for machines) and Markdown (for people).
 
-Regression rule: a metric regressed when its score dropped by more than the noise of the two runs,
-noise = sqrt(h_prev^2 + h_now^2) where h is the half-width of each run's bootstrap interval (the
-two intervals' errors combined as independent). A drop inside the noise is reported, not flagged.
+Regression rule: a metric regressed when its score dropped by more than the noise of the two runs.
+- paired (the same rows scored both times, the usual nightly case): noise = half-width of the 95%
+  bootstrap interval of the per-row score differences, so only changes that many rows agree on count;
+- unpaired (the data changed, or the previous per-row scores are gone): noise = sqrt(h_prev^2 +
+  h_now^2), h the half-width of each run's own interval (errors combined as independent).
+A drop inside the noise is reported, not flagged.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -28,6 +31,7 @@ class MetricComparison(BaseModel):
     previous_run_id: str | None = None
     delta: float | None = None  # score - previous score
     noise: float | None = None
+    noise_method: Literal["paired", "unpaired"] | None = None
     regression: bool = False
 
 
@@ -54,8 +58,11 @@ def _half_width(low: float, high: float) -> float:
     return (high - low) / 2 if math.isfinite(low) and math.isfinite(high) else 0.0
 
 
-def compare(record: RunRecord, previous: RunRecord | None) -> ReportEntry:
-    """The report entry of `record`, compared metric by metric with `previous`."""
+def compare(
+    record: RunRecord, previous: RunRecord | None, paired_noise: dict[str, float] | None = None
+) -> ReportEntry:
+    """The report entry of `record`, compared metric by metric with `previous`; `paired_noise`:
+    metric column -> noise of the paired per-row differences, where they could be computed."""
     metrics = []
     for name, now in record.metrics.items():
         before = previous.metrics.get(name) if previous is not None else None
@@ -63,7 +70,11 @@ def compare(record: RunRecord, previous: RunRecord | None) -> ReportEntry:
             metrics.append(MetricComparison(metric=name, score=now.score, low=now.low, high=now.high))
             continue
         delta = now.score - before.score
-        noise = math.hypot(_half_width(before.low, before.high), _half_width(now.low, now.high))
+        paired = (paired_noise or {}).get(name)
+        if paired is not None:
+            noise = paired
+        else:
+            noise = math.hypot(_half_width(before.low, before.high), _half_width(now.low, now.high))
         metrics.append(
             MetricComparison(
                 metric=name,
@@ -74,6 +85,7 @@ def compare(record: RunRecord, previous: RunRecord | None) -> ReportEntry:
                 previous_run_id=previous.run_id,
                 delta=delta,
                 noise=noise,
+                noise_method="unpaired" if paired is None else "paired",
                 regression=-delta > noise,
             )
         )
@@ -119,7 +131,8 @@ def report_markdown(run_id: str, entries: list[ReportEntry]) -> str:
             if m.delta is None:
                 change = "first run"
             else:
-                change = f"{100 * m.delta:+.1f} (noise ±{100 * (m.noise or 0):.1f})"
+                paired = ", paired" if m.noise_method == "paired" else ""
+                change = f"{100 * m.delta:+.1f} (noise ±{100 * (m.noise or 0):.1f}{paired})"
                 change += " **REGRESSION**" if m.regression else ""
             # rows, failures and cost belong to the suite run: shown on its first metric's line
             run = f"| {e.rows} | {e.rows_failed} | {e.cost_usd:.6f} |" if i == 0 else "| | | |"

@@ -116,3 +116,22 @@ def score_suite(
         for name in columns
     }
     return SuiteScores(table, intervals, failed)
+
+
+def paired_noise(
+    current: pa.Table, previous: pa.Table, columns: list[str], confidence: float = 0.95
+) -> dict[str, float]:
+    """Per metric column: half-width of the bootstrap interval of (current - previous) row scores,
+    rows matched by id. Empty when the two runs did not score the same ids."""
+    ids = current.column("id").to_pylist()
+    position = {row_id: i for i, row_id in enumerate(previous.column("id").to_pylist())}
+    if len(position) != len(ids) or any(row_id not in position for row_id in ids):
+        return {}
+    order = [position[row_id] for row_id in ids]
+    noise = {}
+    for name in columns:
+        if name in previous.column_names:
+            now = current.column(name).to_numpy()
+            before = previous.column(name).to_numpy()[order]
+            noise[name] = bootstrap_ci(now - before, confidence=confidence, seed=0).half_width
+    return noise

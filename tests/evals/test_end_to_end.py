@@ -126,6 +126,7 @@ def test_eval_run_twice_gives_identical_scores_and_a_comparing_report(
     for metric in entry["metrics"]:
         assert metric["previous_run_id"] == run1
         assert metric["delta"] == 0.0 and metric["regression"] is False
+        assert metric["noise_method"] == "paired" and metric["noise"] == 0.0  # same rows, same scores
         assert metric["low"] <= metric["score"] <= metric["high"]
     assert entry["chart"] and (Path(out2) / entry["chart"]).read_bytes().startswith(b"\x89PNG")
     assert "+0.0 (noise" in second_md

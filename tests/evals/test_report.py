@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -13,7 +14,7 @@ from jobs.evals.data import SuiteData
 from jobs.evals.history import History, MetricResult, RunRecord, model_key
 from jobs.evals.metrics import ExactMatch, MultipleChoice
 from jobs.evals.report import compare, report_json, report_markdown
-from jobs.evals.scoring import score_suite
+from jobs.evals.scoring import paired_noise, score_suite
 from jobs.evals.suite import Sampling, Suite
 from jobs.storage import LocalStore
 
@@ -166,3 +167,35 @@ def test_scoring_joins_results_by_id_and_scores_failed_inputs_as_wrong() -> None
     assert scores.rows_failed == 2
     assert scores.intervals["exact_match"].mean == pytest.approx(2 / 3)
     assert scores.intervals["multiple_choice"].mean == pytest.approx(1 / 3)
+
+
+def test_paired_noise_catches_a_consistent_drop_that_unpaired_intervals_miss() -> None:
+    rng = np.random.default_rng(0)
+    before = (rng.random(200) < 0.7).astype(float)
+    now = before.copy()
+    now[np.flatnonzero(before)[:10]] = 0.0  # 10 rows that were right are now wrong, nothing else moved
+    ids = [f"r{i}" for i in range(200)]
+    prev_table = pa.table({"id": ids[::-1], "exact_match": before[::-1]})  # another order: matched by id
+    now_table = pa.table({"id": ids, "exact_match": now})
+    noise = paired_noise(now_table, prev_table, ["exact_match"])
+    assert 0 < noise["exact_match"] < 0.05
+
+    def record(run_id: str, values: np.ndarray) -> RunRecord:
+        ci = bootstrap_ci(values)
+        return _record(run_id, 0.0).model_copy(
+            update={
+                "metrics": {
+                    "exact_match": MetricResult(score=ci.mean, low=ci.low, high=ci.high, confidence=0.95)
+                }
+            }
+        )
+
+    old, new = record("20261101T020000Z-aa", before), record("20261102T020000Z-bb", now)
+    unpaired, paired = compare(new, old), compare(new, old, noise)
+    assert unpaired.metrics[0].delta == pytest.approx(-0.05) and not unpaired.regressed
+    assert unpaired.metrics[0].noise_method == "unpaired"
+    assert paired.regressed and paired.metrics[0].noise_method == "paired"
+    assert "(noise ±" in report_markdown("x", [paired]) and ", paired) **REGRESSION**" in report_markdown(
+        "x", [paired]
+    )
+    assert paired_noise(now_table, prev_table.slice(1), ["exact_match"]) == {}  # other rows: no pairing
