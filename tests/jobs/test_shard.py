@@ -13,6 +13,7 @@ import pytest
 from pipeline_data import SYSTEM, prompts_table, write_parquet
 
 from jobs import datasets
+from jobs.errors import JobIncompleteError
 from jobs.finalize import finalize
 from jobs.manifest import Manifest, partial_key, shard_record_key, shard_result_key
 from jobs.planner import prepare_job
@@ -76,6 +77,7 @@ def test_interrupted_shard_resumes_with_partial_rows_and_equal_output(tmp_path: 
     assert [{k: r[k] for k in strip} for r in _rows(store, 0)] == [{k: r[k] for k in strip} for r in _rows(ref_store, 0)]
 
     report = finalize(store, manifest)
+    assert finalize(store, manifest) == report  # idempotent: the second call returns the same report
     attempt = first.attempt_record
     assert report["cost_usd"] == pytest.approx(second.record.cost_usd + attempt.cost_usd)
     assert report["wasted_cost_usd"] == pytest.approx(attempt.wasted_usd)
@@ -108,6 +110,9 @@ def test_a_committed_shard_is_never_recomputed(tmp_path: Path, demo_model_dir: P
     assert again.status == "already_committed" and engine.stats.steps == steps
     assert (store.get(shard_result_key(1)), store.get(shard_record_key(1))) == before
     assert store.put_if_absent(shard_result_key(1), b"second commit") is False
+    with pytest.raises(JobIncompleteError, match=r"1 of 2 shards not committed yet \(0\)"):
+        finalize(store, manifest)  # shard 0 never ran
+    assert not store.exists("cost.json") and not store.exists("_SUCCESS")
 
 
 def test_row_outputs_do_not_depend_on_sharding(tmp_path: Path, demo_model_dir: Path, engine: Any) -> None:
