@@ -103,12 +103,15 @@ def quality(args: argparse.Namespace) -> None:
     calib = work / "calibration.parquet"
     calibration_parquet(calib, args.calibration_rows, args.window)
     variants: list[tuple[str, Path, float]] = [("fp32 (fp16 checkpoint)", args.model, 0.0)]
+    int8_exact = ("int8, exact fp32 path", work / "int8", 0.0)  # same checkpoint, cpu_bf16=False
     for name, method, group in (("int8", "int8", 128), ("int4-rtn g128", "int4-rtn", 128),
                                 ("int4-gptq g128", "int4-gptq", 128), ("int4-rtn g32", "int4-rtn", 32),
                                 ("int4-gptq g32", "int4-gptq", 32)):
         out = work / name.replace(" ", "-")
         secs = freight_quantize(args.model, out, method, group, calib if "gptq" in method else None)
         variants.append((name, out, secs))
+        if method == "int8":
+            variants.append(int8_exact)
     bf16 = linear_bytes(args.model)  # the checkpoint is fp16: same bytes as bf16
     base = None
     print(f"\nheld-out perplexity: {args.windows} windows x {args.window} tokens; GPTQ calibration "
@@ -117,6 +120,9 @@ def quality(args: argparse.Namespace) -> None:
     rows = []
     for name, path, secs in variants:
         engine = _engine(path)
+        for module in engine.runner.model.modules():
+            if hasattr(module, "cpu_bf16"):  # the CPU path: torch's bf16 packed kernels, or the exact one
+                module.cpu_bf16 = "exact" not in name
         windows = heldout_windows(engine, args.windows, args.window)
         ppl = perplexity(engine, windows)
         base = base or ppl

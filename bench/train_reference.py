@@ -26,6 +26,7 @@ import argparse
 import hashlib
 import json
 import math
+import sys
 import sysconfig
 import time
 from dataclasses import dataclass
@@ -185,9 +186,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--output", type=Path, default=Path("examples/models/pycoder-tiny"))
     ap.add_argument("--steps", type=int, default=TrainConfig.steps)
+    ap.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
+    ap.add_argument("--warmup", type=int, default=TrainConfig.warmup)
     ap.add_argument("--measure", type=int, default=0, help="time this many steps, print, exit")
     args = ap.parse_args()
-    cfg = TrainConfig(steps=args.steps)
+    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, warmup=args.warmup)
 
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
@@ -230,7 +233,7 @@ def main() -> None:
     meta = {"config": cfg.__dict__, "parameters": n_params, "train_files": len(texts),
             "train_tokens": int(data.numel()), "final_loss": round(loss.item(), 4),
             "train_seconds": round(time.time() - t_start), "torch": torch.__version__,
-            "heldout_rule": f"sha256(relpath)[0] < {HELDOUT_THRESHOLD}"}
+            "heldout_rule": f"sha256(relpath)[0] < {HELDOUT_THRESHOLD}", "command": sys.argv[1:]}
     save(model, tok, cfg, args.output, meta)
     print(f"saved to {args.output}", flush=True)
 
