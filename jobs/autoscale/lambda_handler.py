@@ -1,6 +1,6 @@
 """AWS Lambda entry point: `jobs.autoscale.lambda_handler.handler`, invoked by an EventBridge schedule.
 
-Packaged by infra/autoscaler/build_lambda.py with jobs/__init__, jobs/log and jobs/autoscale plus the
+Packaged by infra/build_autoscaler.py with jobs/__init__, jobs/log and jobs/autoscale plus the
 pure-Python redis and structlog packages; boto3 comes with the Lambda Python runtime.
 """
 
