@@ -215,6 +215,10 @@ class LiveState:
         """The attempt ended without crashing (committed, released, cancelled): take its strike back."""
         self.client.hincrby(_aux("strikes", job_id), str(shard), -1)
 
+    def reset_strikes(self, job_id: str) -> None:
+        """A resubmit gives failed shards a fresh budget (attempt numbers keep counting up)."""
+        self.client.delete(_aux("strikes", job_id))
+
     def attempts(self, job_id: str) -> dict[int, int]:
         return {int(k): int(v) for k, v in self.client.hgetall(_aux("attempts", job_id)).items()}
 

@@ -1,17 +1,20 @@
 """Thin Celery tasks: freight.run_shard and freight.finalize. Tasks take ids (job, OUT, shard), not data.
 
 run_shard, every delivery (Celery on Redis may deliver one shard more than once):
-1. skip when the shard is committed, failed, or the job cancelled (a repeated delivery is a no-op);
-2. count the attempt at its START in Redis (a SIGKILLed worker records nothing later); a shard whose
-   attempts keep dying without an end is poison: after `max_shard_attempts` it is marked failed;
+1. count the attempt at its START in Redis, before anything that can crash (a SIGKILLed worker
+   records nothing later);
+2. skip when the shard is committed, failed, or the job cancelled (a repeated delivery is a no-op);
+   a shard whose attempts keep dying without an end is poison: past `max_shard_attempts` it is failed;
 3. run the pipeline's `run_shard` with `should_stop` = spot notice | worker shutdown | job cancelled;
 4. committed -> progress, and finalize once every shard is done; stopped by an interruption or a
    shutdown -> the finished rows are in OUT/partial/, the shard is handed back (requeued) for another
-   worker; stopped by cancel -> done; an exception -> requeued until the attempts run out.
+   worker; stopped by cancel -> done; an exception -> requeued (after a backoff) until the attempts
+   run out, then failed with the exception as the reason.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from typing import Any
@@ -35,6 +38,7 @@ from worker.runtime import ProcessRuntime, runtime
 log = get_logger(__name__)
 CANCEL_CHECK_S = 0.05  # how often should_stop asks Redis about cancel (engine steps are ~10-100 ms)
 REDIS_DOWN_BACKOFF_S = 5.0
+ERROR_BACKOFF_CAP_S = 30.0  # sleep before requeueing a failed attempt: 2, 4, 8 ... s
 
 
 class ShardStop:
@@ -90,26 +94,59 @@ def run_shard_task(self: Any, job_id: str, output: str, shard: int) -> dict[str,
     entered = time.time()  # queue overhead = this - the publish time in the message header
     rt = runtime()
     with structlog.contextvars.bound_contextvars(job_id=job_id, shard=shard):
-        store = open_store(output, rt.settings)
-        manifest = read_manifest(store)
-        if store.exists(shard_result_key(shard)):
-            rt.live.transition(job_id, shard, "committed")
-            finish_if_done(rt, store, manifest, send_finalize)
-            return {"status": "already_committed"}
-        if is_failed(store, shard):
-            return {"status": "failed"}
-        if rt.live.is_cancelled(job_id) or is_cancelled_in_store(store):
-            rt.live.transition(job_id, shard, "cancelled")
-            return {"status": "cancelled"}
+        # Counted first, before anything that can crash or hang (storage, model load, engine).
         attempt, strikes = rt.live.begin_attempt(job_id, shard)
         rt.metrics.attempts.inc()
         with structlog.contextvars.bound_contextvars(attempt=attempt):
-            if strikes > rt.settings.max_shard_attempts:
-                mark_failed(rt, store, manifest, shard, attempt, poison_reason(strikes - 1))
-                rt.live.end_attempt_clean(job_id, shard)
-                finish_if_done(rt, store, manifest, send_finalize)
-                return {"status": "failed"}
-            return _attempt(self, rt, store, manifest, shard, attempt, strikes, entered)
+            try:
+                return _run(self, rt, job_id, output, shard, attempt, strikes, entered)
+            except Reject:
+                raise
+            except Exception as exc:  # this attempt failed: requeue it, or give up after the last one
+                log.exception("shard_error", error=str(exc))
+                rt.metrics.outcomes.labels("error").inc()
+                if strikes >= rt.settings.max_shard_attempts:
+                    store = open_store(output, rt.settings)
+                    manifest = read_manifest(store)
+                    mark_failed(rt, store, manifest, shard, attempt, f"{type(exc).__name__}: {exc}")
+                    finish_if_done(rt, store, manifest, send_finalize)
+                    return {"status": "failed"}
+                with contextlib.suppress(redis.RedisError):
+                    rt.live.transition(job_id, shard, "queued")
+                time.sleep(min(ERROR_BACKOFF_CAP_S, 2.0**strikes))  # a transient cause may pass
+                raise Reject(f"attempt {attempt} failed: {exc}", requeue=True) from exc
+
+
+def _run(
+    task: Any,
+    rt: ProcessRuntime,
+    job_id: str,
+    output: str,
+    shard: int,
+    attempt: int,
+    strikes: int,
+    entered: float,
+) -> dict[str, Any]:
+    store = open_store(output, rt.settings)
+    manifest = read_manifest(store)
+    skip = None
+    if store.exists(shard_result_key(shard)):
+        rt.live.transition(job_id, shard, "committed")  # e.g. a redelivery after a commit
+        skip = "already_committed"
+    elif is_failed(store, shard):
+        skip = "failed"
+    elif rt.live.is_cancelled(job_id) or is_cancelled_in_store(store):
+        rt.live.transition(job_id, shard, "cancelled")
+        skip = "cancelled"
+    elif strikes > rt.settings.max_shard_attempts:
+        mark_failed(rt, store, manifest, shard, attempt, poison_reason(strikes - 1))
+        skip = "failed"
+    if skip is not None:
+        rt.live.end_attempt_clean(job_id, shard)
+        log.info("shard_skipped", status=skip)
+        finish_if_done(rt, store, manifest, send_finalize)
+        return {"status": skip}
+    return _attempt(task, rt, store, manifest, shard, attempt, entered)
 
 
 def _attempt(
@@ -119,7 +156,6 @@ def _attempt(
     manifest: Manifest,
     shard: int,
     attempt: int,
-    strikes: int,
     entered: float,
 ) -> dict[str, Any]:
     from worker.shard import run_shard  # lazy: pulls the engine's request types
@@ -131,7 +167,7 @@ def _attempt(
     log.info(
         "shard_started",
         queue_wait_s=round(entered - enqueued_at, 4) if enqueued_at else None,
-        preamble_s=round(time.time() - entered, 4),  # storage checks + attempt count before the engine
+        preamble_s=round(time.time() - entered, 4),  # attempt count + storage checks before the engine
         redelivered=bool((task.request.delivery_info or {}).get("redelivered")),
     )
     rt.live.transition(job_id, shard, "running")
@@ -143,15 +179,6 @@ def _attempt(
         engine, load_s = _engine_for(rt, manifest)
         outcome = run_shard(engine, store, manifest, shard, attempt=attempt, should_stop=stop,
                             load_seconds=load_s, on_row=rt.record_row, settings=rt.settings)  # fmt: skip
-    except Exception as exc:  # any failure of this attempt: count it, requeue or give up
-        log.exception("shard_error", error=str(exc))
-        rt.metrics.outcomes.labels("error").inc()
-        if strikes >= rt.settings.max_shard_attempts:
-            mark_failed(rt, store, manifest, shard, attempt, f"{type(exc).__name__}: {exc}")
-            finish_if_done(rt, store, manifest, send_finalize)
-            return {"status": "failed"}
-        rt.live.transition(job_id, shard, "queued")
-        raise Reject(f"attempt {attempt} failed: {exc}", requeue=True) from exc
     finally:
         rt.busy = False
         rt.metrics.busy.set(0)

@@ -82,13 +82,13 @@ def submit(
 ) -> None:
     """Plan the job, write its manifest, queue its shards. Prints the job id as the last line.
 
-    Submitting the same job again re-queues only shards not yet committed (a resume, e.g. after a
-    cancel or a lost Redis)."""
+    Submitting the same job again re-queues only shards not yet committed (a resume after a cancel,
+    a lost Redis, or failed shards, which get a fresh attempt budget)."""
     from jobs.client import FleetClient
     from jobs.cost import PriceTable
     from jobs.finalize import committed_shards
     from jobs.manifest import SUCCESS_KEY
-    from jobs.markers import CANCEL_KEY
+    from jobs.markers import CANCEL_KEY, FAILURES_KEY, FAILURES_PREFIX
     from jobs.planner import prepare_job
     from jobs.spec import JobSpec, SamplingSpec
 
@@ -113,12 +113,15 @@ def submit(
         raise fail(str(exc)) from None
     store, manifest = prepared.store, prepared.manifest
     store.delete(CANCEL_KEY)  # resubmitting a cancelled job resumes it
+    for key in [*store.list(FAILURES_PREFIX), FAILURES_KEY]:
+        store.delete(key)  # ... and retries its failed shards
     committed = committed_shards(store)
     # Estimated tokens per shard for the autoscaler: rows * max_tokens (generation dominates).
     tokens = {s.index: s.rows * spec.sampling.max_tokens for s in manifest.shards}
     client = FleetClient(settings)
     try:
         client.live.clear_cancel(manifest.job_id)
+        client.live.reset_strikes(manifest.job_id)
         sub = client.enqueue(job_id=manifest.job_id, output=spec.output, model=spec.model, shard_tokens=tokens,
                              committed=committed, failed=(), priority=priority)  # fmt: skip
         if store.exists(SUCCESS_KEY):

@@ -150,6 +150,8 @@ def test_spot_notice_checkpoints_and_resumes_elsewhere(
     imds.announce("terminate")
     wait_for(lambda: not spot.alive(), 60, "the spot worker to hand its shard back and stop")
     assert spot.proc.returncode == 0
+    # handed back, not abandoned: the message is on the queue again (no worker is left to restore it)
+    assert fleet.live.client.llen(fleet.queue) == 1 and fleet.live.client.hlen("unacked") == 0
     fleet.start("ondemand")
     done = fleet.wait_done(out)
     assert done.returncode == 0, done.stderr
@@ -221,6 +223,14 @@ def test_poison_shard_fails_after_bounded_attempts(fleet: Fleet, job: Fixture, t
     status = freight(["status", sub["job_id"]], fleet.env())  # by job id: Redis knows its OUT
     assert status.returncode == 0, status.stderr
     assert "fleet: failed" in status.stdout and "shard 1 failed after 3 attempts" in status.stdout
+    # The cause is fixed (a worker without the poison): a resubmit retries only the failed shard.
+    fleet.workers[0].stop()
+    fleet.start("fixed")
+    again = submit(fleet.env(), inp, job.model, out, 2, max_tokens=2)
+    assert again["shards_enqueued"] == 1
+    done = fleet.wait_done(out, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert len(result_rows(out)) == 8 and not (out / "failures.json").exists()
 
 
 @pytest.mark.slow
