@@ -118,3 +118,27 @@ def test_worker_policy_arns_evaluate_as_intended(tmp_path):
     ]
     assert values["write_objects"]["value"] == ["arn:aws:s3:::b/jobs/*"]
     assert values["list_prefixes"]["value"] == ["datasets/*", "models/*", "jobs/*"]
+
+
+@needs_terraform
+@pytest.mark.parametrize(
+    ("queues", "expected"),
+    [
+        ("[]", "--concurrency 1"),
+        ('["freight-a", "freight-b"]', "--concurrency 1 --queues freight-a,freight-b"),
+    ],
+)
+def test_worker_args_evaluate_as_intended(tmp_path, queues, expected):
+    """The fleet's `freight worker` arguments, from the expression in modules/fleet/main.tf."""
+    fleet_main = (ROOT / "modules" / "fleet" / "main.tf").read_text()
+    expression = re.search(r"^\s+worker_args\s+=\s+(.+)$", fleet_main, re.M).group(1)
+    (tmp_path / "main.tf").write_text(
+        'variable "worker_queues" {\n  type = list(string)\n}\n\n'
+        f'output "worker_args" {{\n  value = {expression}\n}}\n'
+    )
+    assert terraform("init", "-input=false", cwd=tmp_path).returncode == 0
+    applied = terraform(
+        "apply", "-input=false", "-auto-approve", "-var", f"worker_queues={queues}", cwd=tmp_path
+    )
+    assert applied.returncode == 0, applied.stderr
+    assert terraform("output", "-raw", "worker_args", cwd=tmp_path).stdout == expected
