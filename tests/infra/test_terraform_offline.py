@@ -142,3 +142,36 @@ def test_worker_args_evaluate_as_intended(tmp_path, queues, expected):
     )
     assert applied.returncode == 0, applied.stderr
     assert terraform("output", "-raw", "worker_args", cwd=tmp_path).stdout == expected
+
+
+@needs_terraform
+def test_root_arns_evaluate_as_intended(tmp_path):
+    """The group and log group ARNs that IAM and the key policy name, before those resources exist."""
+    root_main = (ROOT / "main.tf").read_text()
+    locals_block = re.search(r"^locals \{\n.*?^\}\n", root_main, re.S | re.M).group(0)
+    locals_block = locals_block.replace("data.aws_partition.current.partition", '"aws"')
+    locals_block = locals_block.replace("data.aws_caller_identity.current.account_id", '"123456789012"')
+    (tmp_path / "main.tf").write_text(
+        'variable "name" {\n  type = string\n}\n\nvariable "region" {\n  type = string\n}\n\n'
+        + locals_block
+        + "".join(f'output "{n}" {{\n  value = local.{n}\n}}\n' for n in ("group_arn", "log_group_arn"))
+    )
+    assert terraform("init", "-input=false", cwd=tmp_path).returncode == 0
+    applied = terraform(
+        "apply",
+        "-input=false",
+        "-auto-approve",
+        "-var",
+        "name=freight",
+        "-var",
+        "region=us-east-1",
+        cwd=tmp_path,
+    )
+    assert applied.returncode == 0, applied.stderr
+    values = json.loads(terraform("output", "-json", cwd=tmp_path).stdout)
+    assert values["group_arn"]["value"] == (
+        "arn:aws:autoscaling:us-east-1:123456789012:autoScalingGroup:*:autoScalingGroupName/freight-workers"
+    )
+    assert values["log_group_arn"]["value"] == (
+        "arn:aws:logs:us-east-1:123456789012:log-group:/aws/lambda/freight-autoscaler"
+    )
