@@ -32,6 +32,14 @@ def test_terraform_fmt_canonical_style():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@needs_terraform
+def test_example_tfvars_in_canonical_style(tmp_path):
+    example = tmp_path / "example.tfvars"  # fmt reads only .tf/.tfvars names
+    shutil.copy(ROOT / "terraform.tfvars.example", example)
+    result = terraform("fmt", "-check", "-diff", str(example), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.fixture(scope="module")
 def variables_only(tmp_path_factory) -> Path:
     """The root module's variables alone: Terraform evaluates their validations with no provider."""
