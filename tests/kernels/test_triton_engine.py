@@ -25,16 +25,26 @@ def _prompts() -> list[list[int]]:
     ]
 
 
-def test_triton_backend_generates_the_torch_backend_tokens(tiny_llama: Path) -> None:
+def _same_tokens(model_dir: Path) -> None:
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     outputs = {}
     for backend in ("torch", "triton"):
         config = EngineConfig(device="cpu", backend=backend, block_size=16, max_num_seqs=4,
                               max_num_batched_tokens=32, kv_cache_bytes=1 << 22)
-        engine = Engine.from_pretrained(tiny_llama, config)
+        engine = Engine.from_pretrained(model_dir, config)
         outputs[backend] = engine.generate(_prompts(), params)
         assert engine.stats.cached_tokens > 0  # the shared prefix was served from the cache
     torch_ids = [o.token_ids for o in outputs["torch"]]
     triton_ids = [o.token_ids for o in outputs["triton"]]
     assert all(len(ids) == 6 for ids in triton_ids)
     assert triton_ids == torch_ids
+
+
+def test_triton_backend_generates_the_torch_backend_tokens(tiny_llama: Path) -> None:
+    _same_tokens(tiny_llama)
+
+
+@pytest.mark.slow
+def test_triton_backend_qwen3_qk_norm(tmp_path: Path) -> None:
+    """Qwen3 also runs rms_norm per head (q/k norm) before rotary."""
+    _same_tokens(make_demo_model(tmp_path / "qwen3", "qwen3", size="tiny"))
