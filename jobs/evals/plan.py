@@ -158,7 +158,14 @@ def start_run(
         history=suite_file.history,
         suites=planned,
     )
-    if out.exists(PLAN_KEY):
+    if not out.exists(PLAN_KEY) and out.list(""):
+        raise FreightError(
+            f"{out.url} already holds other files; give `--output` a new folder for an eval run"
+        )
+    if not out.exists(PLAN_KEY):
+        for key, data in inputs.items():
+            out.put(key, data)
+    if not out.put_if_absent(PLAN_KEY, plan.model_dump_json(indent=2).encode()):
         existing = RunPlan.model_validate_json(out.get(PLAN_KEY))
         if existing.suites != plan.suites or existing.suite_text != plan.suite_text:
             raise FreightError(
@@ -167,10 +174,6 @@ def start_run(
             )
         plan = existing
         log.info("resuming eval run", run_id=plan.run_id, output=out.url)
-    else:
-        for key, data in inputs.items():
-            out.put(key, data)
-        out.put(PLAN_KEY, plan.model_dump_json(indent=2).encode())
     for spec in job_specs(plan):
         log.info("eval job", run_id=plan.run_id, output=spec.output)
         execute(spec)

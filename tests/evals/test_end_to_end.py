@@ -229,3 +229,5 @@ def test_rerun_into_the_same_output_resumes_and_another_run_is_refused(
     other.write_text(SUITES.replace("max_tokens = 6", "max_tokens = 7"))
     code, output = _invoke("eval", "run", str(other), "--output", out)
     assert code == 2 and f"already holds eval run {run_id}" in output
+    code, output = _invoke("eval", "run", str(workdir / "suites.toml"), "--output", str(workdir / "data"))
+    assert code == 2 and "already holds other files" in output
