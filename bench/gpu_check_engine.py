@@ -4,8 +4,9 @@ On a GPU: ~1B parameters in bf16 (Llama-3.2-1B's shape: hidden 2048, 16 layers, 
 8 KV heads of 64, MLP 8192; the demo tokenizer's small vocabulary), random weights written once to
 a temporary folder. The batch mixes long and short prompts, a shared prefix (prefix-cache hits and
 chunked prefill) and different output lengths, greedy, EOS ignored so every request runs its full
-length. Both backends run the same batch: "triton" (the kernels) and "torch" (the references on
-the same GPU) as the peer; tokens/s and the ratio go to the report.
+length. Three runs of the same batch: "triton" (the kernels), "torch" (the references on the same
+GPU; the peer) and "triton+int4" (weights quantized at load, int4 RTN group 128, through the int4
+kernel; int8 under --dry-run); tokens/s and the ratios go to the report.
 Under --dry-run: the tiny demo model on the CPU, Triton interpreted, a handful of prompts.
 """
 
@@ -72,8 +73,10 @@ def _batch(vocab: int, dry: bool) -> tuple[list[list[int]], list[SamplingParams]
     return prompts, params
 
 
-def _run(model_dir: Path, backend: str, device: torch.device, dry: bool, prompts, params) -> dict:
+def _run(model_dir: Path, label: str, device: torch.device, dry: bool, prompts, params) -> dict:
+    backend, _, quant = label.partition("+")
     config = EngineConfig(device=str(device), backend=backend, dtype="float32" if dry else "bfloat16",
+                          quantization=quant or None,
                           max_num_seqs=8 if dry else 256, max_num_batched_tokens=32 if dry else 8192,
                           kv_cache_bytes=(1 << 24) if dry else (24 << 30))  # 24 GiB: ~750k tokens
     engine = Engine.from_pretrained(model_dir, config)
@@ -93,7 +96,7 @@ def _run(model_dir: Path, backend: str, device: torch.device, dry: bool, prompts
     gc.collect()  # free the KV cache before the next backend's engine allocates its own
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return {"backend": backend, "requests": len(outs), "prompt_tokens": prompt_tokens, "cached_tokens": cached,
+    return {"backend": label, "requests": len(outs), "prompt_tokens": prompt_tokens, "cached_tokens": cached,
             "output_tokens": out_tokens, "wall_seconds": wall, "output_tokens_per_s": out_tokens / wall,
             "total_tokens_per_s": (prompt_tokens + out_tokens) / wall,
             "errors": sum(o.finish_reason == "error" for o in outs), "token_ids": [o.token_ids for o in outs]}
@@ -106,16 +109,21 @@ def engine_end_to_end(chk, device: torch.device) -> None:
         params_count = None if dry else _write_llama_1b(folder, device)
         vocab = json.loads((folder / "config.json").read_text(encoding="utf-8"))["vocab_size"]
         prompts, params = _batch(vocab, dry)
-        runs = {b: _run(folder, b, device, dry, prompts, params) for b in ("triton", "torch")}
-    same = sum(a == b for a, b in zip(runs["triton"].pop("token_ids"), runs["torch"].pop("token_ids"), strict=True))
+        quantized = "triton+int8" if dry else "triton+int4"  # the tiny model's 64-wide layers: no group 128
+        runs = {b: _run(folder, b, device, dry, prompts, params) for b in ("triton", "torch", quantized)}
+    same = sum(a == b for a, b in zip(runs["triton"]["token_ids"], runs["torch"]["token_ids"], strict=True))
+    for r in runs.values():
+        r.pop("token_ids")
     report = {"parameters": params_count, "runs": runs, "same_greedy_outputs": same,
-              "triton_over_torch": runs["triton"]["total_tokens_per_s"] / runs["torch"]["total_tokens_per_s"]}
+              "triton_over_torch": runs["triton"]["total_tokens_per_s"] / runs["torch"]["total_tokens_per_s"],
+              "quantized_over_bf16": runs[quantized]["total_tokens_per_s"] / runs["triton"]["total_tokens_per_s"]}
     chk.report["engine"] = report
     for r in runs.values():
-        print(f"   {r['backend']:<7} {r['requests']} requests, {r['prompt_tokens']} prompt ({r['cached_tokens']} cached)"
+        print(f"   {r['backend']:<11} {r['requests']} requests, {r['prompt_tokens']} prompt ({r['cached_tokens']} cached)"
               f" + {r['output_tokens']} output tokens in {r['wall_seconds']:.1f} s: "
               f"{r['output_tokens_per_s']:.0f} output tok/s, {r['total_tokens_per_s']:.0f} total tok/s", flush=True)
-    print(f"   triton / torch: x{report['triton_over_torch']:.2f}; identical greedy outputs: "
+    print(f"   triton / torch: x{report['triton_over_torch']:.2f}; {quantized} / triton: "
+          f"x{report['quantized_over_bf16']:.2f}; identical greedy outputs triton vs torch: "
           f"{same}/{len(prompts)} (bf16: near-ties may flip)", flush=True)
     if runs["triton"]["errors"]:
         raise RuntimeError(f"{runs['triton']['errors']} requests ended in error on the triton backend")
