@@ -27,6 +27,7 @@ def score_chart(records: list[RunRecord], title: str) -> bytes | None:
         ax.fill_between(xs, [100 * m.low for _, m in points], [100 * m.high for _, m in points], alpha=0.2)
     ax.set_title(title)
     ax.set_ylabel("score % (95% CI shaded)")
+    ax.set_xlabel("run start (UTC)")
     ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left")
