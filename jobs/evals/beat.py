@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -24,7 +25,7 @@ from jobs.evals.collect import EvalIncompleteError, collect
 from jobs.evals.lock import BeatLock
 from jobs.evals.plan import JobExecutor, new_run_id, start_run
 from jobs.evals.schedule import COLLECT_TASK, SUBMIT_TASK, build_schedule
-from jobs.evals.suite import SuiteError, load_suite_file
+from jobs.evals.suite import SuiteError, load_suite_file, parse_suite_text
 from jobs.log import get_logger
 from jobs.storage import open_store
 
@@ -48,7 +49,10 @@ def submit_suite(suite_path: str, suite_name: str, execute: JobExecutor) -> str:
 
 def collect_pending(suite_path: str) -> list[str]:
     """Report every pending run whose jobs are done; returns the OUTs reported."""
-    suite_file = load_suite_file(suite_path)
+    # only `output` is needed: skip reading the datasets' schemas every minute
+    suite_file = parse_suite_text(
+        Path(suite_path).read_text(encoding="utf-8"), Path(suite_path), read_columns=None
+    )
     store = open_store(suite_file.output)
     done = []
     for key in store.list(PENDING_PREFIX):
