@@ -29,16 +29,16 @@ def check_tensor(
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
     if dtypes is not None and t.dtype not in dtypes:
-        raise ValueError(
-            f"{name} must be {_dtype_names(dtypes)}, got {str(t.dtype).removeprefix('torch.')}"
-        )
+        raise ValueError(f"{name} must be {_dtype_names(dtypes)}, got {str(t.dtype).removeprefix('torch.')}")
     return t
 
 
 def check_shape(name: str, t: torch.Tensor, expected: Sequence[int | None]) -> None:
     """`t.shape` equals `expected`, where None matches any size."""
     shape = tuple(t.shape)
-    ok = len(shape) == len(expected) and all(e is None or e == s for s, e in zip(shape, expected, strict=False))
+    ok = len(shape) == len(expected) and all(
+        e is None or e == s for s, e in zip(shape, expected, strict=False)
+    )
     if not ok:
         want = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
         raise ValueError(f"{name} must have shape {want}, got {list(shape)}")

@@ -1,25 +1,73 @@
 """Attention over the paged KV cache: decode (one query per sequence) and varlen causal prefill.
 
-Both gather each sequence's keys and values through its block table and run dense matmuls over
-them; no per-token Python loops. When every sequence of a decode batch starts with the same
-blocks (a shared prompt prefix), those blocks are gathered once and scored for the whole batch
-in one matmul (the "cascade" idea), which turns the shared part from a per-sequence copy into a
-single GEMM.
+Keys and values are gathered through the block tables and fed to a fused attention that also
+returns the log-sum-exp (the CPU flash kernel on the CPU, plain math elsewhere), so partial results
+over disjoint key ranges merge exactly. Two things keep the CPU fast:
+- cascade: when every sequence of a call starts with the same blocks (a shared prompt prefix),
+  those blocks are read once and attended by all queries in one call; only each sequence's own
+  tail is gathered per sequence;
+- decode sequences are sorted by length and gathered in small groups, so padding stays small and
+  each group's keys are still in cache when attention reads them.
+No per-token Python loops: prefill loops over sequences, decode over groups.
 """
+
+from __future__ import annotations
 
 import torch
 
-# Below this many shared tokens the cascade split costs more than it saves.
-_MIN_SHARED_TOKENS = 64
+_MIN_SHARED_TOKENS = 64  # below this the cascade split costs more than it saves
+_DECODE_GROUP = 16  # decode sequences per gathered group
 
 
-def _shared_prefix_blocks(block_tables: torch.Tensor, num_blocks: int) -> int:
-    """Number of leading block-table columns identical in every row (int32 [B, num_blocks])."""
-    if block_tables.shape[0] < 2 or num_blocks == 0:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
+    """q [N, H, M, D], k/v [N, H, L, D], additive fp32 mask broadcastable to [N, H, M, L] or None.
+
+    Returns (out [N, H, M, D] fp32, lse [N, H, M] fp32). Every query row must see >= 1 key.
+    """
+    q, k, v = q.float(), k.float(), v.float()
+    if q.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, attn_mask=mask, scale=scale
+        )
+    return _attend_math(q, k, v, mask, scale)
+
+
+def _attend_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
+    """_attend in plain torch ops (any device)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores + mask
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.matmul(torch.exp(scores - lse[..., None]), v), lse
+
+
+def _merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:
+    """Combine attention over two disjoint key sets from their outputs and log-sum-exps."""
+    m = torch.maximum(lse1, lse2)
+    w1, w2 = torch.exp(lse1 - m)[..., None], torch.exp(lse2 - m)[..., None]
+    return (o1 * w1 + o2 * w2) / (w1 + w2)
+
+
+def _shared_blocks(block_tables: torch.Tensor, limit: int) -> int:
+    """Leading block-table columns (at most `limit`) identical in every row of int32 [B, W]."""
+    if block_tables.shape[0] < 2 or limit <= 0:
         return 0
-    cols = block_tables[:, :num_blocks]
-    same = (cols == cols[:1]).all(dim=0).to(torch.int32)  # [num_blocks]
+    cols = block_tables[:, :limit]
+    same = (cols == cols[:1]).all(dim=0).to(torch.int32)
     return int(same.cumprod(0).sum())
+
+
+def _gather(cache: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """cache [num_blocks, bs, Hkv, D], ids int [N, nb] -> [N, Hkv, nb*bs, D] (a transposed copy)."""
+    n, nb = ids.shape
+    _, bs, hkv, d = cache.shape
+    return cache[ids.long()].view(n, nb * bs, hkv, d).transpose(1, 2)
+
+
+def _fold(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """[B, Hq, D] -> [B, Hkv, G, D]: the G query heads sharing a KV head become query rows."""
+    b, hq, d = q.shape
+    return q.view(b, num_kv_heads, hq // num_kv_heads, d)
 
 
 def paged_decode_attention(
@@ -37,44 +85,38 @@ def paged_decode_attention(
     (entries past a sequence's blocks are ignored); context_lens int32 [B], each >= 1.
     """
     batch, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    group = num_heads // num_kv_heads
-    lens = context_lens.long()
-    max_len = int(lens.max())
-    num_blocks = -(-max_len // block_size)
-    shared = min(_shared_prefix_blocks(block_tables, num_blocks), int(lens.min()) // block_size)
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    lens = context_lens.tolist()
+    # Shared blocks must leave every sequence at least one key of its own.
+    shared = _shared_blocks(block_tables, (min(lens) - 1) // block_size)
     if shared * block_size < _MIN_SHARED_TOKENS:
         shared = 0
-    qg = q.view(batch, num_kv_heads, group, head_dim).float() * scale  # [B, Hkv, G, D]
-
-    # Per-sequence part: blocks shared..num_blocks-1 of each row.
-    own_ids = block_tables[:, shared:num_blocks].long().clamp_min(0)  # [B, nb]
-    own_len = (num_blocks - shared) * block_size
-    k_own = k_cache[own_ids].view(batch, own_len, num_kv_heads, head_dim).float()
-    v_own = v_cache[own_ids].view(batch, own_len, num_kv_heads, head_dim).float()
-    # [B, Hkv, G, D] @ [B, Hkv, D, L] -> [B, Hkv, G, L]
-    scores_own = torch.matmul(qg, k_own.permute(0, 2, 3, 1))
-    key_pos = torch.arange(shared * block_size, num_blocks * block_size, device=q.device)
-    invalid = key_pos[None, :] >= lens[:, None]  # [B, L]
-    scores_own.masked_fill_(invalid[:, None, None, :], float("-inf"))
-
-    if shared == 0:
-        probs = torch.softmax(scores_own, dim=-1)
-        result = torch.matmul(probs, v_own.transpose(1, 2))  # [B, Hkv, G, D]
-    else:
-        shared_ids = block_tables[0, :shared].long()
-        shared_len = shared * block_size
-        k_sh = k_cache[shared_ids].view(shared_len, num_kv_heads, head_dim).float()
-        v_sh = v_cache[shared_ids].view(shared_len, num_kv_heads, head_dim).float()
-        # One GEMM for the whole batch: [Hkv, B*G, D] @ [Hkv, D, Ls] -> [Hkv, B*G, Ls]
-        q_all = qg.permute(1, 0, 2, 3).reshape(num_kv_heads, batch * group, head_dim)
-        scores_sh = torch.matmul(q_all, k_sh.permute(1, 2, 0))
-        scores_sh = scores_sh.view(num_kv_heads, batch, group, shared_len).permute(1, 0, 2, 3)
-        probs = torch.softmax(torch.cat([scores_sh, scores_own], dim=-1), dim=-1)
-        p_sh = probs[..., :shared_len].permute(1, 0, 2, 3).reshape(num_kv_heads, batch * group, shared_len)
-        out_sh = torch.matmul(p_sh, v_sh.transpose(0, 1))  # [Hkv, B*G, D]
-        out_sh = out_sh.view(num_kv_heads, batch, group, head_dim).permute(1, 0, 2, 3)
-        result = out_sh + torch.matmul(probs[..., shared_len:], v_own.transpose(1, 2))
+    base = shared * block_size
+    qf = _fold(q, num_kv_heads)  # [B, Hkv, G, D]
+    group = qf.shape[2]
+    result = torch.empty(batch, num_kv_heads, group, head_dim, dtype=torch.float32, device=q.device)
+    lse = torch.empty(batch, num_kv_heads, group, dtype=torch.float32, device=q.device)
+    order = sorted(range(batch), key=lens.__getitem__)
+    for lo in range(0, batch, _DECODE_GROUP):
+        idx = order[lo : lo + _DECODE_GROUP]
+        width = -(-max(lens[i] for i in idx) // block_size)  # blocks
+        rows = torch.tensor(idx, device=q.device)
+        ids = block_tables.index_select(0, rows)[:, shared:width]
+        k, v = _gather(k_cache, ids), _gather(v_cache, ids)  # [n, Hkv, L, D]
+        key_pos = torch.arange(base, width * block_size, device=q.device)
+        own_lens = torch.tensor([lens[i] for i in idx], device=q.device)
+        mask = torch.zeros(len(idx), 1, 1, key_pos.numel(), device=q.device)
+        mask.masked_fill_((key_pos[None, :] >= own_lens[:, None])[:, None, None, :], float("-inf"))
+        o, s = _attend(qf.index_select(0, rows), k, v, mask, scale)
+        result[rows], lse[rows] = o, s
+    if shared:
+        ids = block_tables[:1, :shared]
+        k, v = _gather(k_cache, ids), _gather(v_cache, ids)  # [1, Hkv, base, D]
+        q_all = qf.permute(1, 0, 2, 3).reshape(1, num_kv_heads, batch * group, head_dim)
+        o, s = _attend(q_all, k, v, None, scale)  # one call for the whole batch
+        o = o.view(num_kv_heads, batch, group, head_dim).permute(1, 0, 2, 3)
+        s = s.view(num_kv_heads, batch, group).permute(1, 0, 2)
+        result = _merge(result, lse, o, s)
     result = result.reshape(batch, num_heads, head_dim).to(q.dtype)
     if out is None:
         return result
@@ -98,35 +140,63 @@ def prefill_attention(
     cache; its query i sits at position context_lens[b] - q_len_b + i and sees keys 0..position.
     """
     total, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     if out is None:
         out = torch.empty_like(q)
     starts = cu_seqlens_q.tolist()
     lens = context_lens.tolist()
+    q_lens = [starts[b + 1] - starts[b] for b in range(len(lens))]
+    # Cascade only over blocks that lie before every sequence's first query (no causal cut inside).
+    first_query = min(c - n for c, n in zip(lens, q_lens, strict=True))
+    shared = _shared_blocks(block_tables, first_query // block_size)
+    if shared * block_size < _MIN_SHARED_TOKENS:
+        shared = 0
+    base = shared * block_size
+    res = torch.empty(total, num_kv_heads, group, head_dim, dtype=torch.float32, device=q.device)
+    lse = torch.empty(total, num_kv_heads, group, dtype=torch.float32, device=q.device)
     for b, ctx in enumerate(lens):
-        lo, hi = starts[b], starts[b + 1]
-        q_len = hi - lo
+        lo, q_len = starts[b], q_lens[b]
         if q_len == 0:
             continue
-        n_blocks = -(-ctx // block_size)
-        ids = block_tables[b, :n_blocks].long()
-        k = k_cache[ids].view(n_blocks * block_size, num_kv_heads, head_dim)[:ctx]
-        v = v_cache[ids].view(n_blocks * block_size, num_kv_heads, head_dim)[:ctx]
-        # [Hkv, G*q_len, D] @ [Hkv, D, ctx] -> [Hkv, G*q_len, ctx]
-        qb = q[lo:hi].float().view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3) * scale
-        scores = torch.matmul(qb.reshape(num_kv_heads, group * q_len, head_dim), k.float().permute(1, 2, 0))
-        scores = scores.view(num_kv_heads, group, q_len, ctx)
-        if q_len > 1:
-            q_pos = torch.arange(ctx - q_len, ctx, device=q.device)
-            k_pos = torch.arange(ctx, device=q.device)
-            scores.masked_fill_(k_pos[None, :] > q_pos[:, None], float("-inf"))
-        probs = torch.softmax(scores, dim=-1).view(num_kv_heads, group * q_len, ctx)
-        res = torch.matmul(probs, v.float().transpose(0, 1))  # [Hkv, G*q_len, D]
-        out[lo:hi] = (
-            res.view(num_kv_heads, group, q_len, head_dim)
-            .permute(2, 0, 1, 3)
-            .reshape(q_len, num_heads, head_dim)
-            .to(out.dtype)
+        width = -(-ctx // block_size)
+        ids = block_tables[b : b + 1, shared:width]
+        k = _gather(k_cache, ids)[:, :, : ctx - base]  # [1, Hkv, L, D]
+        v = _gather(v_cache, ids)[:, :, : ctx - base]
+        o, s = _attend(
+            _fold_tokens(q[lo : lo + q_len], num_kv_heads),
+            k,
+            v,
+            _causal_mask(ctx, q_len, base, group, q.device),
+            scale,
         )
+        res[lo : lo + q_len] = _unfold_tokens(o, q_len)
+        lse[lo : lo + q_len] = _unfold_tokens(s[..., None], q_len)[..., 0]
+    if shared:
+        ids = block_tables[:1, :shared]
+        o, s = _attend(
+            _fold_tokens(q, num_kv_heads), _gather(k_cache, ids), _gather(v_cache, ids), None, scale
+        )
+        res = _merge(res, lse, _unfold_tokens(o, total), _unfold_tokens(s[..., None], total)[..., 0])
+    out.copy_(res.view(total, num_heads, head_dim))
     return out
+
+
+def _fold_tokens(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """[n, Hq, D] -> [1, Hkv, G*n, D]; query row g*n + i is head g of the group at token i."""
+    n, hq, d = q.shape
+    return q.view(n, num_kv_heads, hq // num_kv_heads, d).permute(1, 2, 0, 3).reshape(1, num_kv_heads, -1, d)
+
+
+def _unfold_tokens(x: torch.Tensor, n: int) -> torch.Tensor:
+    """[1, Hkv, G*n, E] -> [n, Hkv, G, E]."""
+    hkv, e = x.shape[1], x.shape[-1]
+    return x.view(hkv, -1, n, e).permute(2, 0, 1, 3)
+
+
+def _causal_mask(ctx: int, q_len: int, base: int, group: int, device: torch.device) -> torch.Tensor:
+    """Additive [1, 1, G*q_len, ctx-base]: query i (position ctx-q_len+i) sees keys base..position."""
+    q_pos = torch.arange(ctx - q_len, ctx, device=device).repeat(group)
+    k_pos = torch.arange(base, ctx, device=device)
+    mask = torch.zeros(group * q_len, ctx - base, device=device)
+    return mask.masked_fill_(k_pos[None, :] > q_pos[:, None], float("-inf"))[None, None]

@@ -7,12 +7,23 @@ import triton.language as tl
 
 @triton.jit
 def load_kv_tile(
-    cache_ptr, table_ptr, offs_n, n_mask, kv_head, block_size, stride_cb, stride_cs, stride_ch,
-    offs_d, d_mask,
+    cache_ptr,
+    table_ptr,
+    offs_n,
+    n_mask,
+    kv_head,
+    block_size,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    offs_d,
+    d_mask,
 ):
     """Tokens offs_n [BLOCK_N] of one sequence (table_ptr = its block-table row), one KV head:
     returns [BLOCK_N, BLOCK_D] from cache [num_blocks, block_size, Hkv, D] (last dim dense).
     Masked tokens read 0 and never touch the block table."""
     block = tl.load(table_ptr + offs_n // block_size, mask=n_mask, other=0).to(tl.int64)
     row = block * stride_cb + (offs_n % block_size) * stride_cs + kv_head * stride_ch  # int64 [BLOCK_N]
-    return tl.load(cache_ptr + row[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+    return tl.load(
+        cache_ptr + row[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0
+    )

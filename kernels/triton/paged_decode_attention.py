@@ -31,13 +31,39 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, out_ptr, po_ptr, pml_ptr,
+    q_ptr,
+    kc_ptr,
+    vc_ptr,
+    bt_ptr,
+    lens_ptr,
+    out_ptr,
+    po_ptr,
+    pml_ptr,
     # q, out [B, Hq, D]; caches [NB, BS, Hkv, D]; bt [B, MB]; lens [B];
     # partials po [B, Hq, S, D] fp32 and pml [2, B, Hq, S] fp32 (running max, sum) when SPLIT
-    scale_log2, group, head_dim, block_size, tokens_per_split,
-    stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ob, stride_oh,
-    stride_pob, stride_poh, stride_pos, stride_pml, stride_pmb, stride_pmh,
-    SPLIT: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    scale_log2,
+    group,
+    head_dim,
+    block_size,
+    tokens_per_split,
+    stride_qb,
+    stride_qh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_bt,
+    stride_ob,
+    stride_oh,
+    stride_pob,
+    stride_poh,
+    stride_pos,
+    stride_pml,
+    stride_pmb,
+    stride_pmh,
+    SPLIT: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
     # Program (b, kv head, split): the `group` query heads of one KV head as the rows of a tile.
@@ -52,8 +78,11 @@ def _decode_split_kernel(
     g_mask = offs_g < group
     d_mask = offs_d < head_dim
     heads = kvh * group + offs_g
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [BG, BD]
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # [BG, BD]
     m_i = tl.full((BLOCK_G,), -1.0e30, tl.float32)
     l_i = tl.zeros((BLOCK_G,), tl.float32)
     acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
@@ -61,16 +90,18 @@ def _decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        k = load_kv_tile(kc_ptr, table, offs_n, n_mask, kvh, block_size, stride_cb, stride_cs, stride_ch,
-                         offs_d, d_mask)  # [BN, BD]
+        k = load_kv_tile(
+            kc_ptr, table, offs_n, n_mask, kvh, block_size, stride_cb, stride_cs, stride_ch, offs_d, d_mask
+        )  # [BN, BD]
         s = dot(q, tl.trans(k), tl.zeros((BLOCK_G, BLOCK_N), tl.float32), UPCAST) * scale_log2
         s = tl.where(n_mask[None, :], s, float("-inf"))  # [BG, BN], log2 units
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = load_kv_tile(vc_ptr, table, offs_n, n_mask, kvh, block_size, stride_cb, stride_cs, stride_ch,
-                         offs_d, d_mask)
+        v = load_kv_tile(
+            vc_ptr, table, offs_n, n_mask, kvh, block_size, stride_cb, stride_cs, stride_ch, offs_d, d_mask
+        )
         acc = dot(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
         m_i = m_new
     out_mask = g_mask[:, None] & d_mask[None, :]
@@ -82,15 +113,30 @@ def _decode_split_kernel(
         tl.store(pml + stride_pml, l_i, mask=g_mask)
     else:
         res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-                 res.to(out_ptr.dtype.element_ty), mask=out_mask)
+        tl.store(
+            out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+            res.to(out_ptr.dtype.element_ty),
+            mask=out_mask,
+        )
 
 
 @triton.jit
 def _decode_merge_kernel(
-    po_ptr, pml_ptr, out_ptr, num_splits, head_dim,
-    stride_pob, stride_poh, stride_pos, stride_pml, stride_pmb, stride_pmh, stride_ob, stride_oh,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    po_ptr,
+    pml_ptr,
+    out_ptr,
+    num_splits,
+    head_dim,
+    stride_pob,
+    stride_poh,
+    stride_pos,
+    stride_pml,
+    stride_pmb,
+    stride_pmh,
+    stride_ob,
+    stride_oh,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     # Program (b, query head): weight each split by exp2(its max - global max); empty splits have
     # max -1e30 and sum 0, so they weigh nothing.
@@ -107,8 +153,11 @@ def _decode_merge_kernel(
     po = po_ptr + b * stride_pob + h * stride_poh + offs_s[:, None] * stride_pos + offs_d[None, :]
     acc = tl.load(po, mask=s_mask[:, None] & (offs_d[None, :] < head_dim), other=0.0)  # [BS, BD]
     res = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, res.to(out_ptr.dtype.element_ty),
-             mask=offs_d < head_dim)
+    tl.store(
+        out_ptr + b * stride_ob + h * stride_oh + offs_d,
+        res.to(out_ptr.dtype.element_ty),
+        mask=offs_d < head_dim,
+    )
 
 
 @dataclass(frozen=True)
@@ -123,7 +172,9 @@ class DecodeConfig:
     min_tokens_per_split: int = 256
 
 
-def _num_splits(cfg: DecodeConfig, batch: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
+def _num_splits(
+    cfg: DecodeConfig, batch: int, num_kv_heads: int, max_context: int, device: torch.device
+) -> int:
     if cfg.num_splits is not None:
         return max(1, cfg.num_splits)
     want = triton.cdiv(2 * num_sms(device), batch * num_kv_heads)
@@ -161,19 +212,30 @@ def paged_decode_attention(
     check_shape("context_lens", context_lens, (batch,))
     check_positive("scale", scale)
     check_out("out", out, (batch, num_heads, head_dim), q)
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
-                    ("context_lens", context_lens), ("out", out)):
+    for name, t in (
+        ("q", q),
+        ("k_cache", k_cache),
+        ("v_cache", v_cache),
+        ("block_tables", block_tables),
+        ("context_lens", context_lens),
+        ("out", out),
+    ):
         check_last_dim_contiguous(name, t)
     if k_cache.stride() != v_cache.stride():
-        raise ValueError(f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}")
-    device = check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
-                               context_lens=context_lens)
+        raise ValueError(
+            f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}"
+        )
+    device = check_same_device(
+        q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, context_lens=context_lens
+    )
     check_launchable(_decode_split_kernel, device)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:
         return out
     max_context = block_tables.shape[1] * block_size
+    if max_context == 0:
+        raise ValueError("block_tables has no columns, but every sequence needs >= 1 cached token")
     splits = _num_splits(cfg, batch, num_kv_heads, max_context, device)
     per_split = triton.cdiv(triton.cdiv(max_context, splits), cfg.block_n) * cfg.block_n
     splits = max(1, triton.cdiv(max_context, per_split))
@@ -184,21 +246,57 @@ def paged_decode_attention(
     else:  # unused by the kernel; any fp32 tensor keeps the signature
         part_o = part_ml = torch.empty((1, 1, 1, 1), device=device, dtype=torch.float32)
     _decode_split_kernel[(batch, num_kv_heads, splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, part_o, part_ml,
-        float(scale) * _LOG2E, group, head_dim, block_size, per_split,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_ml.stride(0), part_ml.stride(1),
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        out,
+        part_o,
+        part_ml,
+        float(scale) * _LOG2E,
+        group,
+        head_dim,
+        block_size,
+        per_split,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        part_o.stride(0),
+        part_o.stride(1),
+        part_o.stride(2),
+        part_ml.stride(0),
+        part_ml.stride(1),
         part_ml.stride(2),
-        SPLIT=splits > 1, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg.block_n,
-        BLOCK_D=block_d, UPCAST=dot_upcast(_decode_split_kernel, q.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        SPLIT=splits > 1,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=cfg.block_n,
+        BLOCK_D=block_d,
+        UPCAST=dot_upcast(_decode_split_kernel, q.dtype),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     if splits > 1:
         _decode_merge_kernel[(batch, num_heads)](
-            part_o, part_ml, out, splits, head_dim,
-            part_o.stride(0), part_o.stride(1), part_o.stride(2), part_ml.stride(0), part_ml.stride(1),
-            part_ml.stride(2), out.stride(0), out.stride(1),
-            BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d,
+            part_o,
+            part_ml,
+            out,
+            splits,
+            head_dim,
+            part_o.stride(0),
+            part_o.stride(1),
+            part_o.stride(2),
+            part_ml.stride(0),
+            part_ml.stride(1),
+            part_ml.stride(2),
+            out.stride(0),
+            out.stride(1),
+            BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            BLOCK_D=block_d,
         )
     return out

@@ -33,17 +33,37 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _attend(
-    acc, m_i, l_i, q, q_pos, kc_ptr, vc_ptr, table, kvh, block_size, stride_cb, stride_cs, stride_ch,
-    lo, hi, offs_d, d_mask, scale_log2,
-    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+    acc,
+    m_i,
+    l_i,
+    q,
+    q_pos,
+    kc_ptr,
+    vc_ptr,
+    table,
+    kvh,
+    block_size,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    lo,
+    hi,
+    offs_d,
+    d_mask,
+    scale_log2,
+    CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """Online softmax over keys lo..hi-1 (hi <= context). CAUSAL masks key > query position;
     without it every key in range is visible to every row of the tile."""
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < hi
-        k = load_kv_tile(kc_ptr, table, offs_n, n_mask, kvh, block_size, stride_cb, stride_cs, stride_ch,
-                         offs_d, d_mask)  # [BN, BD]
+        k = load_kv_tile(
+            kc_ptr, table, offs_n, n_mask, kvh, block_size, stride_cb, stride_cs, stride_ch, offs_d, d_mask
+        )  # [BN, BD]
         s = dot(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), UPCAST) * scale_log2
         if CAUSAL:  # (the unmasked range is whole tiles below every row's position)
             s = tl.where(n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None]), s, float("-inf"))
@@ -51,8 +71,9 @@ def _attend(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = load_kv_tile(vc_ptr, table, offs_n, n_mask, kvh, block_size, stride_cb, stride_cs, stride_ch,
-                         offs_d, d_mask)
+        v = load_kv_tile(
+            vc_ptr, table, offs_n, n_mask, kvh, block_size, stride_cb, stride_cs, stride_ch, offs_d, d_mask
+        )
         acc = dot(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
         m_i = m_new
     return acc, m_i, l_i
@@ -60,11 +81,30 @@ def _attend(
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, kc_ptr, vc_ptr, cu_ptr, lens_ptr, bt_ptr, out_ptr,
+    q_ptr,
+    kc_ptr,
+    vc_ptr,
+    cu_ptr,
+    lens_ptr,
+    bt_ptr,
+    out_ptr,
     # q, out [T, Hq, D]; caches [NB, BS, Hkv, D]; cu [B+1]; lens [B]; bt [B, MB]
-    scale_log2, group, head_dim, block_size,
-    stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
+    scale_log2,
+    group,
+    head_dim,
+    block_size,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     # Program (query tile, sequence, query head).
     tile = tl.program_id(0)
@@ -82,8 +122,11 @@ def _prefill_kernel(
         d_mask = offs_d < head_dim
         q_pos = prefix + offs_m  # [BM] absolute positions
         rows = (q_start + offs_m).to(tl.int64)
-        q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-                    mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+        q = tl.load(
+            q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+            mask=m_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
         m_i = tl.full((BLOCK_M,), -1.0e30, tl.float32)
         l_i = tl.zeros((BLOCK_M,), tl.float32)
         acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
@@ -91,15 +134,60 @@ def _prefill_kernel(
         # Keys 0..first row's position are visible to every row: no causal mask there (whole tiles).
         full_end = ((prefix + tile * BLOCK_M + 1) // BLOCK_N) * BLOCK_N
         end = tl.minimum(prefix + (tile + 1) * BLOCK_M, ctx)  # one past the last row's position
-        acc, m_i, l_i = _attend(acc, m_i, l_i, q, q_pos, kc_ptr, vc_ptr, table, kvh, block_size,
-                                stride_cb, stride_cs, stride_ch, 0, full_end, offs_d, d_mask, scale_log2,
-                                False, BLOCK_M, BLOCK_N, UPCAST)
-        acc, m_i, l_i = _attend(acc, m_i, l_i, q, q_pos, kc_ptr, vc_ptr, table, kvh, block_size,
-                                stride_cb, stride_cs, stride_ch, full_end, end, offs_d, d_mask, scale_log2,
-                                True, BLOCK_M, BLOCK_N, UPCAST)
+        acc, m_i, l_i = _attend(
+            acc,
+            m_i,
+            l_i,
+            q,
+            q_pos,
+            kc_ptr,
+            vc_ptr,
+            table,
+            kvh,
+            block_size,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            0,
+            full_end,
+            offs_d,
+            d_mask,
+            scale_log2,
+            False,
+            BLOCK_M,
+            BLOCK_N,
+            UPCAST,
+        )
+        acc, m_i, l_i = _attend(
+            acc,
+            m_i,
+            l_i,
+            q,
+            q_pos,
+            kc_ptr,
+            vc_ptr,
+            table,
+            kvh,
+            block_size,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            full_end,
+            end,
+            offs_d,
+            d_mask,
+            scale_log2,
+            True,
+            BLOCK_M,
+            BLOCK_N,
+            UPCAST,
+        )
         res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
-                 res.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+        tl.store(
+            out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+            res.to(out_ptr.dtype.element_ty),
+            mask=m_mask[:, None] & d_mask[None, :],
+        )
 
 
 @dataclass(frozen=True)
@@ -110,6 +198,25 @@ class PrefillConfig:
     block_n: int = 64
     num_warps: int = 8
     num_stages: int = 3
+
+
+def _check_lengths(cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, tokens: int, capacity: int) -> int:
+    """The one host sync: the longest chunk (grid size) and the bounds that keep the kernel's reads
+    and writes inside q, out and the block tables. Returns the longest chunk."""
+    q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+    first, last, shortest, longest, min_prefix, max_ctx = torch.stack([
+        cu_seqlens_q[0], cu_seqlens_q[-1], q_lens.min(), q_lens.max(), (context_lens - q_lens).min(),
+        context_lens.max()]).tolist()  # fmt: skip
+    if first != 0 or last != tokens or shortest < 0:
+        raise ValueError(f"cu_seqlens_q must rise from 0 to the number of query rows ({tokens}), "
+                         f"got {cu_seqlens_q.tolist()}")
+    if min_prefix < 0:
+        raise ValueError("context_lens[b] must be >= the chunk length of sequence b (the chunk's keys are "
+                         f"in the cache), got context_lens={context_lens.tolist()}")
+    if max_ctx > capacity:
+        raise ValueError(f"a context of {max_ctx} tokens does not fit the block tables "
+                         f"({capacity} tokens = max_blocks * block_size)")
+    return int(longest)
 
 
 def prefill_attention(
@@ -128,7 +235,7 @@ def prefill_attention(
 
     cu_seqlens_q int32 [B+1] (rows cu[b]:cu[b+1] belong to sequence b); context_lens int32 [B]
     (cached prefix + chunk, >= the chunk); block_tables int32 [B, max_blocks]. One host sync reads
-    the longest chunk to size the grid.
+    the longest chunk to size the grid and checks the lengths against q and the block tables.
     """
     cfg = config or PrefillConfig()
     _, block_size, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
@@ -147,28 +254,62 @@ def prefill_attention(
     check_shape("block_tables", block_tables, (batch, None))
     check_positive("scale", scale)
     check_out("out", out, (tokens, num_heads, head_dim), q)
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
-                    ("cu_seqlens_q", cu_seqlens_q), ("context_lens", context_lens), ("out", out)):
+    for name, t in (
+        ("q", q),
+        ("k_cache", k_cache),
+        ("v_cache", v_cache),
+        ("block_tables", block_tables),
+        ("cu_seqlens_q", cu_seqlens_q),
+        ("context_lens", context_lens),
+        ("out", out),
+    ):
         check_last_dim_contiguous(name, t)
     if k_cache.stride() != v_cache.stride():
-        raise ValueError(f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}")
-    device = check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, cu_seqlens_q=cu_seqlens_q,
-                               context_lens=context_lens, block_tables=block_tables)
+        raise ValueError(
+            f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}"
+        )
+    device = check_same_device(
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        cu_seqlens_q=cu_seqlens_q,
+        context_lens=context_lens,
+        block_tables=block_tables,
+    )
     check_launchable(_prefill_kernel, device)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0 or tokens == 0:
         return out
-    max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())  # the one host sync
-    if max_q_len <= 0:
+    max_q_len = _check_lengths(cu_seqlens_q, context_lens, tokens, block_tables.shape[1] * block_size)
+    if max_q_len == 0:
         return out
     grid = (triton.cdiv(max_q_len, cfg.block_m), batch, num_heads)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, out,
-        float(scale) * _LOG2E, group, head_dim, block_size,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=triton.next_power_of_2(head_dim),
-        UPCAST=dot_upcast(_prefill_kernel, q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        q,
+        k_cache,
+        v_cache,
+        cu_seqlens_q,
+        context_lens,
+        block_tables,
+        out,
+        float(scale) * _LOG2E,
+        group,
+        head_dim,
+        block_size,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        UPCAST=dot_upcast(_prefill_kernel, q.dtype),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return out

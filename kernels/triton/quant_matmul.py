@@ -28,10 +28,25 @@ from kernels.triton.launch import check_launchable, dot, dot_upcast, num_sms
 
 @triton.jit
 def _int8_matmul_kernel(
-    x_ptr, w_ptr, s_ptr, out_ptr,  # x [M, K]; w int8 [N, K]; s [N]; out [SPLIT_K, M, N] or [M, N]
-    M, N, K, k_per_split,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_os, stride_om, stride_on,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    out_ptr,  # x [M, K]; w int8 [N, K]; s [N]; out [SPLIT_K, M, N] or [M, N]
+    M,
+    N,
+    K,
+    k_per_split,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    stride_os,
+    stride_om,
+    stride_on,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -46,10 +61,16 @@ def _int8_matmul_kernel(
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_hi
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
-                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # [BM, BK]
-        w = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
-                    mask=n_mask[None, :] & k_mask[:, None], other=0)  # [BK, BN] int8
+        x = tl.load(
+            x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+            mask=m_mask[:, None] & k_mask[None, :],
+            other=0.0,
+        )  # [BM, BK]
+        w = tl.load(
+            w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
+            mask=n_mask[None, :] & k_mask[:, None],
+            other=0,
+        )  # [BK, BN] int8
         acc = dot(x, w.to(tl.float32).to(x.dtype), acc, UPCAST)  # via fp32, see top
     s = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)  # [BN]
     acc = acc * s[None, :]
@@ -59,10 +80,27 @@ def _int8_matmul_kernel(
 
 @triton.jit
 def _int4_matmul_kernel(
-    x_ptr, w_ptr, s_ptr, out_ptr,  # x [M, K]; w uint8 [N, K//2]; s [N, K//G]; out [SPLIT_K, M, N]
-    M, N, K, k_per_split,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_sn, stride_sg, stride_os, stride_om, stride_on,
-    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    out_ptr,  # x [M, K]; w uint8 [N, K//2]; s [N, K//G]; out [SPLIT_K, M, N]
+    M,
+    N,
+    K,
+    k_per_split,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    stride_sn,
+    stride_sg,
+    stride_os,
+    stride_om,
+    stride_on,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
     # Invariants set by the wrapper: BLOCK_K divides GROUP (one scale per column per K tile),
@@ -84,8 +122,11 @@ def _int4_matmul_kernel(
         x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k0 + 2 * offs_j[None, :]) * stride_xk
         x_even = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
         x_odd = tl.load(x_ptrs + stride_xk, mask=m_mask[:, None], other=0.0)
-        packed = tl.load(w_ptr + offs_n[None, :] * stride_wn + (k0 // 2 + offs_j[:, None]) * stride_wk,
-                         mask=n_mask[None, :], other=0x88)  # [BK/2, BN] uint8
+        packed = tl.load(
+            w_ptr + offs_n[None, :] * stride_wn + (k0 // 2 + offs_j[:, None]) * stride_wk,
+            mask=n_mask[None, :],
+            other=0x88,
+        )  # [BK/2, BN] uint8
         w_low = ((packed & 0x0F).to(tl.int8) - 8).to(tl.float32).to(x_even.dtype)  # k = 2j
         w_high = ((packed >> 4).to(tl.int8) - 8).to(tl.float32).to(x_even.dtype)  # k = 2j + 1
         part = dot(x_even, w_low, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
@@ -136,11 +177,29 @@ def _launch(kernel, x, qweight, scales, n, k, cfg: MatmulConfig, extra_strides, 
     out = torch.empty((splits, m, n), device=x.device, dtype=torch.float32 if splits > 1 else x.dtype)
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), splits)
     kernel[grid](
-        x, qweight, scales, out, m, n, k, per_split,
-        x.stride(0), x.stride(1), qweight.stride(0), qweight.stride(1), *extra_strides,
-        out.stride(0), out.stride(1), out.stride(2),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        UPCAST=dot_upcast(kernel, x.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **meta,
+        x,
+        qweight,
+        scales,
+        out,
+        m,
+        n,
+        k,
+        per_split,
+        x.stride(0),
+        x.stride(1),
+        qweight.stride(0),
+        qweight.stride(1),
+        *extra_strides,
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        UPCAST=dot_upcast(kernel, x.dtype),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **meta,
     )
     return out[0] if splits == 1 else out.sum(0).to(x.dtype)
 
@@ -190,6 +249,13 @@ def int4_matmul(
     if group_size % cfg.block_k or cfg.block_k < 32:
         raise ValueError(f"block_k ({cfg.block_k}) must divide group_size ({group_size}) and be >= 32")
     return _launch(
-        _int4_matmul_kernel, x, qweight, scales, n, k, cfg, (scales.stride(0), scales.stride(1)),
+        _int4_matmul_kernel,
+        x,
+        qweight,
+        scales,
+        n,
+        k,
+        cfg,
+        (scales.stride(0), scales.stride(1)),
         GROUP=group_size,
     )

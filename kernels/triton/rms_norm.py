@@ -21,10 +21,19 @@ from kernels.triton.launch import check_launchable
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr,  # x, residual, out, residual_out [T, H]; w [H]
-    hidden, eps,
-    stride_x, stride_r, stride_o, stride_ro,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr,
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    out_ptr,
+    rout_ptr,  # x, residual, out, residual_out [T, H]; w [H]
+    hidden,
+    eps,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_ro,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     # One program per row; the whole row sits in registers (H <= 16k).
     row = tl.program_id(0)
@@ -68,8 +77,19 @@ def rms_norm(
         return out, residual_out
     block = triton.next_power_of_2(hidden)
     _rms_norm_kernel[(tokens,)](
-        x, residual if residual is not None else x, weight, out, residual_out, hidden, float(eps),
-        x.stride(0), (residual if residual is not None else x).stride(0), out.stride(0), residual_out.stride(0),
-        HAS_RESIDUAL=residual is not None, BLOCK_H=block, num_warps=min(16, max(1, block // 256)),
+        x,
+        residual if residual is not None else x,
+        weight,
+        out,
+        residual_out,
+        hidden,
+        float(eps),
+        x.stride(0),
+        (residual if residual is not None else x).stride(0),
+        out.stride(0),
+        residual_out.stride(0),
+        HAS_RESIDUAL=residual is not None,
+        BLOCK_H=block,
+        num_warps=min(16, max(1, block // 256)),
     )
     return out, residual_out

@@ -17,8 +17,9 @@ from kernels.triton.launch import check_launchable
 
 
 @triton.jit
-def _rotate_heads(x_ptr, t, stride_t, stride_h, num_heads, cos, sin, half, BLOCK_H: tl.constexpr,
-                  BLOCK_HALF: tl.constexpr):
+def _rotate_heads(
+    x_ptr, t, stride_t, stride_h, num_heads, cos, sin, half, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr
+):
     # x [T, H, D]: token t's heads as a [BLOCK_H, BLOCK_HALF] tile per half, rotated and written back.
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_HALF)
@@ -32,9 +33,21 @@ def _rotate_heads(x_ptr, t, stride_t, stride_h, num_heads, cos, sin, half, BLOCK
 
 @triton.jit
 def _rotary_kernel(
-    q_ptr, k_ptr, pos_ptr, cs_ptr,  # q [T, Hq, D]; k [T, Hkv, D]; positions [T]; cos_sin [P, D]
-    num_heads, num_kv_heads, half, stride_qt, stride_qh, stride_kt, stride_kh, stride_cs,
-    BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    pos_ptr,
+    cs_ptr,  # q [T, Hq, D]; k [T, Hkv, D]; positions [T]; cos_sin [P, D]
+    num_heads,
+    num_kv_heads,
+    half,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_cs,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HKV: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
 ):
     t = tl.program_id(0)
     pos = tl.load(pos_ptr + t)
@@ -71,8 +84,19 @@ def apply_rotary(
     if tokens == 0:
         return
     _rotary_kernel[(tokens,)](
-        q, k, positions, cos_sin_cache, num_heads, k.shape[1], head_dim // 2,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
-        BLOCK_HQ=triton.next_power_of_2(num_heads), BLOCK_HKV=triton.next_power_of_2(k.shape[1]),
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        num_heads,
+        k.shape[1],
+        head_dim // 2,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        cos_sin_cache.stride(0),
+        BLOCK_HQ=triton.next_power_of_2(num_heads),
+        BLOCK_HKV=triton.next_power_of_2(k.shape[1]),
         BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
     )

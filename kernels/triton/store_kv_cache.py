@@ -19,11 +19,26 @@ from kernels.triton.launch import check_launchable
 
 @triton.jit
 def _store_kv_cache_kernel(
-    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,  # k, v [T, Hkv, D]; caches [NB, BS, Hkv, D]; slots [T]
-    num_kv_heads, head_dim, block_size,
-    stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
-    stride_cb, stride_cs, stride_ch, stride_cd,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    kc_ptr,
+    vc_ptr,
+    slot_ptr,  # k, v [T, Hkv, D]; caches [NB, BS, Hkv, D]; slots [T]
+    num_kv_heads,
+    head_dim,
+    block_size,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_cd,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     # One program per token: all its KV heads at once, [BLOCK_H, BLOCK_D].
     t = tl.program_id(0)
@@ -59,7 +74,9 @@ def store_kv_cache(
     check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int64,))
     check_shape("slot_mapping", slot_mapping, (tokens,))
     if k_cache.stride() != v_cache.stride():
-        raise ValueError(f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}")
+        raise ValueError(
+            f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}"
+        )
     check_writable("k_cache", k_cache)
     check_last_dim_contiguous("slot_mapping", slot_mapping)
     device = check_same_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
@@ -67,7 +84,17 @@ def store_kv_cache(
     if tokens == 0:
         return
     _store_kv_cache_kernel[(tokens,)](
-        k, v, k_cache, v_cache, slot_mapping, num_kv_heads, head_dim, block_size,
-        *k.stride(), *v.stride(), *k_cache.stride(),
-        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        num_kv_heads,
+        head_dim,
+        block_size,
+        *k.stride(),
+        *v.stride(),
+        *k_cache.stride(),
+        BLOCK_H=triton.next_power_of_2(num_kv_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
     )

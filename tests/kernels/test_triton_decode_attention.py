@@ -87,6 +87,8 @@ def test_decode_rejects_bad_arguments() -> None:
         paged_decode_attention(q, kc, vc, tables, torch.tensor([5, 0, 6, 0], dtype=torch.int32)[::2], 0.1)
     with pytest.raises(ValueError, match="out must be contiguous in its last dimension"):
         paged_decode_attention(q, kc, vc, tables, ctx, 0.1, torch.empty(2, 4, 128)[..., ::2])
+    with pytest.raises(ValueError, match="block_tables has no columns"):
+        paged_decode_attention(q, kc, vc, tables[:, :0], ctx, 0.1)
     with pytest.raises(ValueError, match="scale must be a finite positive"):
         paged_decode_attention(q, kc, vc, tables, ctx, float("nan"))
 

@@ -66,5 +66,11 @@ def test_prefill_rejects_bad_arguments() -> None:
         prefill_attention(q, kc, vc, cu, ctx, tables[:1], 0.1)
     with pytest.raises(ValueError, match="must have the same shape"):
         prefill_attention(q, kc, vc[:, :2], cu, ctx, tables, 0.1)
+    with pytest.raises(ValueError, match="must rise from 0 to the number of query rows"):
+        prefill_attention(q, kc, vc, torch.tensor([0, 3, 4], dtype=torch.int32), ctx, tables, 0.1)
+    with pytest.raises(ValueError, match="must be >= the chunk length"):
+        prefill_attention(q, kc, vc, cu, torch.tensor([2, 3], dtype=torch.int32), tables, 0.1)
+    with pytest.raises(ValueError, match="does not fit the block tables"):
+        prefill_attention(q, kc, vc, cu, torch.tensor([3, 40], dtype=torch.int32), tables, 0.1)
     with pytest.raises(ValueError, match="expanded view"):
         prefill_attention(q, kc, vc, cu, ctx, tables, 0.1, torch.empty(1, 4, 64).expand(5, 4, 64))
