@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 _MAX_DRAWS_PER_BATCH = 4_000_000  # resamples * rows held in memory at once (int64 indices: 32 MB)
+_MAX_LEVELS = 64  # up to this many distinct values, resample level counts instead of rows
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,19 @@ def bootstrap_ci(
     if n == 0:
         return Interval(float("nan"), float("nan"), float("nan"), confidence)
     rng = np.random.default_rng(seed)
-    means = np.empty(resamples, dtype=np.float64)
-    batch = max(1, _MAX_DRAWS_PER_BATCH // n)
-    for start in range(0, resamples, batch):
-        stop = min(resamples, start + batch)
-        idx = rng.integers(0, n, size=(stop - start, n))  # [batch, n]
-        means[start:stop] = data[idx].mean(axis=1)
+    levels, counts = np.unique(data, return_counts=True)
+    if levels.size <= _MAX_LEVELS:
+        # few distinct scores (0/1 metrics): how often each level is drawn in a resample of n rows
+        # is multinomial(n, counts / n), the same distribution as resampling the rows themselves
+        draws = rng.multinomial(n, counts / n, size=resamples)  # [resamples, levels]
+        means = draws @ levels / n
+    else:
+        means = np.empty(resamples, dtype=np.float64)
+        batch = max(1, _MAX_DRAWS_PER_BATCH // n)
+        for start in range(0, resamples, batch):
+            stop = min(resamples, start + batch)
+            idx = rng.integers(0, n, size=(stop - start, n))  # [batch, n]
+            means[start:stop] = data[idx].mean(axis=1)
     tail = (1.0 - confidence) / 2 * 100
     low, high = np.percentile(means, [tail, 100 - tail])
     return Interval(float(data.mean()), float(low), float(high), confidence)

@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from jobs.evals.normalize import Normalization
 
 _NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_]*$"
-_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+)?")
+# "1,234.5", "-3", "2e3", ".5": digits are required (an empty match would be found everywhere)
+_NUMBER = re.compile(r"[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?")
 
 
 def _references(reference: Any) -> list[Any]:
@@ -123,7 +124,7 @@ class Regex(GenerationMetric, Normalization):
 
 def parse_number(text: str, which: Literal["first", "last"] = "last") -> float | None:
     """The first or last number in `text` ("1,234.5", "-3", "2e3"); None when there is none."""
-    numbers = [m.group(0) for m in _NUMBER.finditer(text) if re.search(r"\d", m.group(0))]
+    numbers = _NUMBER.findall(text)
     if not numbers:
         return None
     return float(numbers[0 if which == "first" else -1].replace(",", ""))
