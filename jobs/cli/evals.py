@@ -24,19 +24,24 @@ eval_app = typer.Typer(
 
 def embedded_executor(settings: Settings, device: str | None = None) -> JobExecutor:
     """Run each job in process to the end (the same prepare/run_local/finalize as `freight run`).
-    One engine per model serves all the run's jobs on it (its load time is not billed to them)."""
+    The engine of the last model stays loaded for the next job on it (start_run groups jobs by
+    model); its load time is not billed to those jobs. One engine is held at a time."""
+    import gc
+
     from jobs.planner import prepare_job
     from worker.local import load_engine, run_local  # lazy: jobs/ never imports worker at module level
 
-    engines: dict[str, Any] = {}
+    loaded: dict[str, Any] = {}  # at most one entry: model -> engine
 
     def execute(spec: JobSpec) -> None:
         prepared = prepare_job(spec, settings)
         if prepared.store.exists("_SUCCESS"):
             return
-        if spec.model not in engines:
-            engines[spec.model], _seconds = load_engine(prepared.manifest, settings, device)
-        run = run_local(prepared.store, prepared.manifest, engine=engines[spec.model], settings=settings)
+        if spec.model not in loaded:
+            loaded.clear()
+            gc.collect()  # drop the previous model's weights and KV cache before loading the next
+            loaded[spec.model], _seconds = load_engine(prepared.manifest, settings, device)
+        run = run_local(prepared.store, prepared.manifest, engine=loaded[spec.model], settings=settings)
         if run.interrupted:
             raise FreightError(
                 f"job {spec.output} stopped before the end; run the same command again to resume"

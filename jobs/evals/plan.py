@@ -174,7 +174,8 @@ def start_run(
             )
         plan = existing
         log.info("resuming eval run", run_id=plan.run_id, output=out.url)
-    for spec in job_specs(plan):
+    # grouped by model (stable): an embedded run loads each model once
+    for spec in sorted(job_specs(plan), key=lambda spec: spec.model):
         log.info("eval job", run_id=plan.run_id, output=spec.output)
         execute(spec)
     return plan
