@@ -13,7 +13,9 @@ from jobs.status import JobStatus
 def _usd(v: float | None) -> str:
     if v is None:
         return "-"
-    return f"${v:,.4f}" if v >= 0.01 or v == 0 else f"${v:.2e}"
+    if v == 0 or v >= 0.01:
+        return f"${v:,.4f}"
+    return f"${v:.6f}" if v >= 1e-6 else f"${v:.2e}"
 
 
 def _num(v: float | int | None, digits: int = 1) -> str:
