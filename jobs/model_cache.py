@@ -39,7 +39,7 @@ def resolve_model(model: str, settings: Settings | None = None) -> Path:
         for key, _, _ in listing:
             dest = tmp / key
             dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(store.get(key))
+            store.download(key, str(dest))
         (tmp / ".complete").write_text(model + "\n")
         try:
             os.rename(tmp, target)  # atomic; another process may have won

@@ -82,6 +82,10 @@ class S3Store(ObjectStore):
                 return False
             raise
 
+    def download(self, key: str, path: str) -> None:
+        """Stream `key` into the local file `path` (multipart for large objects; no full copy in memory)."""
+        self._client.download_file(self.bucket, self._key(key), path)
+
     def describe(self, prefix: str = "") -> list[tuple[str, str, int]]:
         """(key, ETag, size in bytes) of every object under `prefix`, sorted by key."""
         if ".." in prefix.split("/") or prefix.startswith("/"):
