@@ -73,12 +73,13 @@ def _cases(defaults_only: bool) -> list[tuple[str, object, dict, dict, dict]]:
                       {"num_warps": w, "num_stages": s}))
     mm = [(16, 64, 128, 4, 4), (128, 128, 64, 8, 3)]
     if not defaults_only:
-        mm += [(16, 32, 128, 4, 4), (16, 128, 128, 4, 3), (16, 128, 64, 8, 4), (16, 64, 64, 4, 5)]
+        mm += [(16, 32, 128, 4, 4), (16, 128, 128, 4, 3), (16, 128, 64, 8, 4), (16, 64, 64, 4, 5),
+               (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3)]
     for bm, bn, bk, w, s in mm:
         meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "UPCAST": False}
         opts = {"num_warps": w, "num_stages": s}
         cases.append((f"int4 BM={bm} BN={bn} BK={bk} w={w} s={s}", qm._int4_matmul_kernel,
-                      {"w_ptr": "*u8", "out_ptr": "*fp32"}, {**meta, "GROUP": 128}, opts))
+                      {"w_ptr": "*u8", "out_ptr": "*fp32"}, {**meta, "GROUP": 128, "SCALE_WEIGHTS": bm > bk}, opts))
         cases.append((f"int8 BM={bm} BN={bn} BK={bk} w={w} s={s}", qm._int8_matmul_kernel,
                       {"w_ptr": "*i8"}, meta, opts))
     return [(label, k, {"default": bf, **p}, c, o) if "default" not in p else (label, k, p, c, o)

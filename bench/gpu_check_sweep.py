@@ -85,15 +85,20 @@ def _sweep_int4(chk, device) -> None:
     nn_, kk, group = (64, 128, 64) if dry else (14336, 4096, 128)
     q4 = ref_quant.pack_int4(torch.randint(-8, 8, (nn_, kk), device=device))
     s4 = (torch.rand(nn_, kk // group, device=device) * 0.004 + 0.001).to(BF16)
-    for m in (1, 3) if dry else (1, 16):
+    for m in (1, 3, 70) if dry else (1, 16, 4096):
         x = _randn(m, kk, device=device)
         want = tq.int4_matmul(x, q4, s4, group)
         amount = nn_ * kk // 2 + s4.numel() * 2 + 2 * m * (kk + nn_)
-        mm_cfgs = [tq.MatmulConfig(16, 32, 32, 2, 4, 1)] if dry else [
-            tq.MatmulConfig(16, bn, bk, sk, w, st) for bn, bk, sk, w, st in
-            ((32, 128, 1, 4, 4), (64, 128, 1, 4, 4), (128, 128, 1, 4, 3), (32, 128, 4, 4, 4),
-             (64, 128, 4, 4, 4), (128, 64, 2, 8, 4), (64, 64, 8, 4, 5))]
+        if dry:
+            mm_cfgs = [tq.MatmulConfig(16 if m < 64 else 32, 32, 32, 2 if m < 64 else 1, 4, 1)]
+        elif m <= 16:
+            mm_cfgs = [tq.MatmulConfig(16, bn, bk, sk, w, st) for bn, bk, sk, w, st in
+                       ((32, 128, 1, 4, 4), (64, 128, 1, 4, 4), (128, 128, 1, 4, 3), (32, 128, 4, 4, 4),
+                        (64, 128, 4, 4, 4), (128, 64, 2, 8, 4), (64, 64, 8, 4, 5))]
+        else:  # prefill M: compute bound, rate in TFLOP/s would read better but GB/s keeps one column
+            mm_cfgs = [tq.MatmulConfig(bm, bn, 64, 1, w, st) for bm, bn, w, st in
+                       ((128, 64, 4, 4), (64, 128, 4, 4), (128, 256, 8, 3), (256, 128, 8, 3))]
         for cfg in mm_cfgs:
-            label = f"M={m} BN={cfg.block_n} BK={cfg.block_k} split={cfg.split_k} w={cfg.num_warps} s={cfg.num_stages}"
+            label = f"M={m} BM={cfg.block_m} BN={cfg.block_n} BK={cfg.block_k} split={cfg.split_k} w={cfg.num_warps} s={cfg.num_stages}"
             _try(chk, "int4_matmul", label, lambda cfg=cfg, x=x: tq.int4_matmul(x, q4, s4, group, config=cfg),
                  want, amount, "GB/s", "copy_gbps")

@@ -102,6 +102,7 @@ def _int4_matmul_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     UPCAST: tl.constexpr,
+    SCALE_WEIGHTS: tl.constexpr,
 ):
     # Invariants set by the wrapper: BLOCK_K divides GROUP (one scale per column per K tile),
     # K % GROUP == 0 and k_per_split % BLOCK_K == 0, so K tiles never need a mask.
@@ -127,12 +128,17 @@ def _int4_matmul_kernel(
             mask=n_mask[None, :],
             other=0x88,
         )  # [BK/2, BN] uint8
-        w_low = ((packed & 0x0F).to(tl.int8) - 8).to(tl.float32).to(x_even.dtype)  # k = 2j
-        w_high = ((packed >> 4).to(tl.int8) - 8).to(tl.float32).to(x_even.dtype)  # k = 2j + 1
-        part = dot(x_even, w_low, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
-        part = dot(x_odd, w_high, part, UPCAST)  # [BM, BN] in units of the group's scale
         s = tl.load(s_ptr + offs_n * stride_sn + (k0 // GROUP) * stride_sg, mask=n_mask, other=0.0)
-        acc += part * s.to(tl.float32)[None, :]
+        s = s.to(tl.float32)[None, :]  # [1, BN]: one scale per column for the whole K tile
+        w_low = ((packed & 0x0F).to(tl.int8) - 8).to(tl.float32)  # k = 2j
+        w_high = ((packed >> 4).to(tl.int8) - 8).to(tl.float32)  # k = 2j + 1
+        if SCALE_WEIGHTS:  # BM > BK: scaling the [BK/2, BN] weights is cheaper, one accumulator
+            acc = dot(x_even, (w_low * s).to(x_even.dtype), acc, UPCAST)
+            acc = dot(x_odd, (w_high * s).to(x_even.dtype), acc, UPCAST)
+        else:  # small M: scale the [BM, BN] partial product once per K tile
+            part = dot(x_even, w_low.to(x_even.dtype), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
+            part = dot(x_odd, w_high.to(x_even.dtype), part, UPCAST)  # in units of the group's scale
+            acc += part * s
     out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
@@ -258,4 +264,5 @@ def int4_matmul(
         cfg,
         (scales.stride(0), scales.stride(1)),
         GROUP=group_size,
+        SCALE_WEIGHTS=cfg.block_m > cfg.block_k,
     )
