@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -76,6 +77,13 @@ def linear_bytes(model_dir: Path) -> int:
     return total
 
 
+def linear_params(model_dir: Path) -> int:
+    """Parameters of the decoder Linear weights of a full-precision checkpoint."""
+    with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
+        return sum(f.get_slice(n).get_shape()[0] * f.get_slice(n).get_shape()[1] for n in f.keys()  # noqa: SIM118
+                   if n.startswith("model.layers.") and n.endswith("_proj.weight"))
+
+
 def calibration_parquet(path: Path, rows: int, tokens: int) -> None:
     """`rows` chunks of about `tokens` tokens (4 characters each) of the training files, column prompt."""
     chunks: list[str] = []
@@ -92,7 +100,8 @@ def freight_quantize(model: Path, out: Path, method: str, group: int, calib: Pat
     if calib is not None:
         cmd += ["--calibration", str(calib), "--calibration-rows", "1000000"]
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    env = dict(os.environ, FREIGHT_LOG_LEVEL="warning")
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
     return time.perf_counter() - t0
 
 
@@ -112,7 +121,7 @@ def quality(args: argparse.Namespace) -> None:
         variants.append((name, out, secs))
         if method == "int8":
             variants.append(int8_exact)
-    bf16 = linear_bytes(args.model)  # the checkpoint is fp16: same bytes as bf16
+    bf16 = 2 * linear_params(args.model)
     base = None
     print(f"\nheld-out perplexity: {args.windows} windows x {args.window} tokens; GPTQ calibration "
           f"{args.calibration_rows} x ~{args.window} training tokens")
