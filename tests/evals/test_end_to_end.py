@@ -15,11 +15,13 @@ from typer.testing import CliRunner
 
 from jobs.cli import app
 from jobs.evals.beat import PENDING_PREFIX, make_handlers
-from jobs.evals.collect import read_scores
+from jobs.evals.collect import EvalIncompleteError, collect, read_scores
 from jobs.evals.history import History
-from jobs.evals.plan import read_plan
+from jobs.evals.plan import read_plan, start_run
 from jobs.evals.schedule import COLLECT_TASK, SUBMIT_TASK
+from jobs.evals.suite import load_suite_file
 from jobs.settings import Settings
+from jobs.spec import JobSpec
 from jobs.storage import LocalStore
 
 SUITES = """\
@@ -231,3 +233,56 @@ def test_rerun_into_the_same_output_resumes_and_another_run_is_refused(
     assert code == 2 and f"already holds eval run {run_id}" in output
     code, output = _invoke("eval", "run", str(workdir / "suites.toml"), "--output", str(workdir / "data"))
     assert code == 2 and "already holds other files" in output
+
+
+def test_a_job_that_ended_with_a_failed_shard_scores_its_rows_as_failed(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """As on the fleet when a poison shard is given up: the job ends with failures.json and no
+    _SUCCESS. The report waits until then, and the shard's rows count as failed rows."""
+    from jobs.markers import write_failure, write_failures_manifest
+    from jobs.planner import prepare_job
+    from worker.local import load_engine
+    from worker.shard import run_shard
+
+    suites = workdir / "sharded.toml"
+    suites.write_text(  # its own history: the other tests count the records of "mixed"
+        f'history = "{tmp_path / "history"}"\n[[suite]]\nname = "mixed"\ndataset = "data/mixed.parquet"\nmodels = ["model"]\n'
+        'reference_column = "answer"\nid_column = "id"\nshard_rows = 2\nsampling = { max_tokens = 2 }\n'
+        'metrics = [{ type = "numeric" }]\n'
+    )
+    given_up = []
+
+    def run_all_but_the_last_shard(spec: JobSpec) -> None:
+        prepared = prepare_job(spec)
+        engine, _ = load_engine(prepared.manifest)
+        *good, last = prepared.manifest.shards
+        for shard in good:
+            assert run_shard(engine, prepared.store, prepared.manifest, shard.index).status == "committed"
+        given_up.append((prepared, last))
+
+    out = str(tmp_path / "run")
+    start_run(load_suite_file(suites), out, run_all_but_the_last_shard)
+    with pytest.raises(EvalIncompleteError, match="not finished yet"):
+        collect(out)
+    ((prepared, last),) = given_up
+    write_failure(
+        prepared.store,
+        {
+            "job_id": prepared.manifest.job_id,
+            "shard": last.index,
+            "rows": last.rows,
+            "attempts": 3,
+            "reason": "worker killed",
+            "at": 0,
+        },
+    )
+    write_failures_manifest(prepared.store, prepared.manifest.job_id)
+
+    report = collect(out)
+    (entry,) = report.entries
+    scores = read_scores(out, "mixed", str(workdir / "model"))
+    lost = [row for row in scores.to_pylist() if row["error"] is not None]
+    assert entry.rows == 6 and entry.rows_failed == last.rows == len(lost) >= 1
+    assert all(row["error"] == "no generation result for this row" and row["numeric"] == 0.0 for row in lost)
+    assert entry.cost_usd > 0  # the committed shards' costs, without a cost.json
