@@ -11,7 +11,8 @@ poison shards, cancel flags and worker heartbeats. Keys read by the autoscaler (
 Keys of this module only (other prefixes, so a SCAN of `freight:job:*` meets only job hashes):
 `freight:jobs` (SET of job ids), `freight:shards:<job>` (HASH shard -> queued|running|committed|
 failed|cancelled), `freight:est:<job>` (HASH shard -> estimated tokens), `freight:attempts:<job>` and
-`freight:strikes:<job>` (HASH shard -> count), `freight:cancel:<job>` (flag), `freight:meta:<job>`
+`freight:strikes:<job>` (HASH shard -> count), `freight:started:<job>` (HASH shard -> JSON of the
+last attempt's start), `freight:cancel:<job>` (flag), `freight:meta:<job>`
 (HASH output, queue, model, submitted_at).
 """
 
@@ -210,6 +211,19 @@ class LiveState:
         pipe.hincrby(_aux("strikes", job_id), str(shard), 1)
         attempt, strikes = pipe.execute()
         return int(attempt), int(strikes)
+
+    def swap_attempt_start(self, job_id: str, shard: int, info: dict[str, Any]) -> dict[str, Any] | None:
+        """Record this attempt's start (attempt, worker, at); return the previous attempt's, if any."""
+        key = _aux("started", job_id)
+        pipe = self.client.pipeline()
+        pipe.hget(key, str(shard))
+        pipe.hset(key, str(shard), json.dumps(info))
+        previous, _ = pipe.execute()
+        return json.loads(previous) if previous else None
+
+    def last_heartbeat(self, worker_id: str) -> float | None:
+        raw = self.client.hget(WORKERS_KEY, worker_id)
+        return float(json.loads(raw)["heartbeat"]) if raw else None
 
     def end_attempt_clean(self, job_id: str, shard: int) -> None:
         """The attempt ended without crashing (committed, released, cancelled): take its strike back."""

@@ -1,5 +1,6 @@
-"""How a distributed job ends: shards marked failed for good, finalize once every shard committed,
-the failures manifest once every shard has ended and some failed."""
+"""How shards and jobs end in distributed mode: shards marked failed for good, attempts lost to a crash
+recorded as waste, finalize once every shard committed, the failures manifest once every shard has
+ended and some failed."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from collections.abc import Callable
 
 import redis
 
+from jobs.cost import AttemptRecord, usd
 from jobs.finalize import committed_shards
 from jobs.log import get_logger
-from jobs.manifest import SUCCESS_KEY, Manifest
+from jobs.manifest import SUCCESS_KEY, Manifest, waste_key
 from jobs.markers import failed_shards, is_cancelled, write_failure, write_failures_manifest
 from jobs.storage import ObjectStore
 from worker.runtime import ProcessRuntime
+from worker.shard import default_pricing
 
 log = get_logger(__name__)
 
@@ -68,3 +71,31 @@ def finish_if_done(
         log.error("job_failed", shards_failed=[f["shard"] for f in failures])
         return "failed"
     return "running"
+
+
+def record_lost_attempt(
+    rt: ProcessRuntime, store: ObjectStore, manifest: Manifest, shard: int, previous: dict, now: float
+) -> AttemptRecord:
+    """Waste record for an attempt that died without a word (SIGKILL, OOM, a spot loss without notice).
+
+    Its work is billed from its start to its worker's last heartbeat (+ one interval), at most until
+    now: the time a vanished machine was still running. Nothing of it was saved.
+    """
+    pricing = default_pricing(manifest)
+    beat = rt.live.last_heartbeat(str(previous.get("worker", "")))
+    end = min(now, beat + rt.settings.heartbeat_s) if beat is not None else now
+    billed = max(0.0, end - float(previous.get("at", now)))
+    cost = usd(billed, pricing.price_per_hour)
+    record = AttemptRecord(
+        job_id=manifest.job_id, shard=shard, attempt=int(previous.get("attempt", 0)), reason="interrupted",
+        rows_attempted=manifest.shards[shard].rows, rows_saved=0, billed_seconds=billed,
+        instance_type=pricing.instance_type, market=pricing.market, price_per_hour=pricing.price_per_hour,
+        cost_usd=cost, on_demand_cost_usd=usd(billed, pricing.on_demand_price_per_hour), wasted_usd=cost,
+        worker=str(previous.get("worker", "")), recorded_at=now,
+    )  # fmt: skip
+    store.put(waste_key(shard, record.attempt, "lost"), record.model_dump_json().encode())
+    rt.metrics.wasted_seconds.inc(billed)
+    log.warning(
+        "attempt_lost", lost_attempt=record.attempt, lost_worker=record.worker, billed_s=round(billed, 3)
+    )
+    return record

@@ -32,7 +32,7 @@ from jobs.markers import is_failed
 from jobs.storage import ObjectStore, open_store
 from worker.celery_app import app
 from worker.local import load_engine
-from worker.outcomes import finish_if_done, mark_failed, poison_reason
+from worker.outcomes import finish_if_done, mark_failed, poison_reason, record_lost_attempt
 from worker.runtime import ProcessRuntime, runtime
 
 log = get_logger(__name__)
@@ -129,8 +129,14 @@ def _run(
 ) -> dict[str, Any]:
     store = open_store(output, rt.settings)
     manifest = read_manifest(store)
+    committed = store.exists(shard_result_key(shard))
+    previous = rt.live.swap_attempt_start(
+        job_id, shard, {"attempt": attempt, "worker": rt.worker_id, "at": entered}
+    )
+    if strikes > 1 and previous is not None and not committed:  # the last attempt died mid-shard
+        record_lost_attempt(rt, store, manifest, shard, previous, entered)
     skip = None
-    if store.exists(shard_result_key(shard)):
+    if committed:
         rt.live.transition(job_id, shard, "committed")  # e.g. a redelivery after a commit
         skip = "already_committed"
     elif is_failed(store, shard):

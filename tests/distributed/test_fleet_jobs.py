@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -65,9 +66,12 @@ class Fleet:
         return w
 
     def metric(self, name: str, line_prefix: str) -> float:
-        body = (
-            urllib.request.urlopen(f"http://127.0.0.1:{self.ports[name]}/metrics", timeout=5).read().decode()
-        )
+        """Sum of the worker's Prometheus samples starting with `line_prefix` (0 before it serves)."""
+        url = f"http://127.0.0.1:{self.ports[name]}/metrics"
+        try:
+            body = urllib.request.urlopen(url, timeout=5).read().decode()
+        except urllib.error.URLError:
+            return 0.0
         return sum(float(line.split()[-1]) for line in body.splitlines() if line.startswith(line_prefix))
 
     def busy(self, worker_id: str) -> bool:
@@ -136,6 +140,11 @@ def test_sigkill_worker_mid_shard(fleet: Fleet, job: Fixture, tmp_path: Path) ->
     assert rows == job.reference
     attempts = fleet.live.attempts(sub["job_id"])
     assert running and all(attempts[s] >= 2 for s in running), (running, attempts)  # redelivered
+    # the killed attempt's work is billed as waste (start -> the victim's last heartbeat)
+    lost = [w for w in _waste(out) if w.worker == "victim@test#0" and w.rows_saved == 0]
+    assert {w.shard for w in lost} == set(running) and all(w.billed_seconds > 0 for w in lost)
+    assert json.loads((out / "cost.json").read_text())["wasted_cost_usd"] == pytest.approx(
+        sum(w.wasted_usd for w in _waste(out)))  # fmt: skip
 
 
 def test_spot_notice_checkpoints_and_resumes_elsewhere(
@@ -218,6 +227,7 @@ def test_poison_shard_fails_after_bounded_attempts(fleet: Fleet, job: Fixture, t
     assert sorted(k for k in store.list("shards/") if k.endswith(".parquet")) == [
         "shards/00000.parquet", "shards/00002.parquet", "shards/00003.parquet"]  # fmt: skip
     assert fleet.live.attempts(sub["job_id"])[1] == 3  # two deaths, then the third attempt gives up
+    assert sorted(w.attempt for w in _waste(out) if w.shard == 1) == [1, 2]  # both deaths billed as waste
     job_state = fleet.live.job(sub["job_id"])
     assert (job_state["state"], job_state["shards_failed"], job_state["shards_committed"]) == ("failed", 1, 3)
     status = freight(["status", sub["job_id"]], fleet.env())  # by job id: Redis knows its OUT
