@@ -188,3 +188,44 @@ def test_line_index_maps_tables_arrays_and_dotted_keys() -> None:
     assert lines.line_of(("suite", 1)) == 7
     assert lines.line_of(("suite", 1, "sampling", "seed")) == 9
     assert lines.line_of(("suite", 1, "metrics", 3, "type")) == 7  # nearest located ancestor
+
+
+def test_line_index_skips_multiline_strings_and_reads_commented_headers() -> None:
+    text = (
+        "[[suite]]  # first\n"
+        'name = "a"\n'
+        'notes = """\n'
+        "fake = 1\n"
+        "[[suite]]\n"
+        '"""\n'
+        "[ suite.sampling ]  # spaces and a comment\n"
+        "seed = 3\n"
+        '"quoted key" = 1\n'
+    )
+    lines = LineIndex(text)
+    assert lines.line_of(("suite", 0, "notes")) == 3
+    assert lines.line_of(("suite", 0, "fake")) == 1  # inside the string: not a key
+    assert lines.line_of(("suite", 1)) is None  # nor a header
+    assert lines.line_of(("suite", 0, "sampling", "seed")) == 8
+    assert lines.line_of(("suite", 0, "sampling", "quoted key")) == 9
+
+
+def test_multiple_choice_rules(qa_dataset: Path, write_suites) -> None:
+    two = VALID.replace(
+        'metrics = [{ type = "contains", name = "has_answer" }]',
+        'metrics = [{ type = "multiple_choice", choices_column = "options" },'
+        ' { type = "multiple_choice", name = "mc2", choices_column = "options" }]',
+    )
+    assert "at most one multiple_choice metric per suite" in _error(write_suites(two))
+    chat = VALID.replace(
+        'reference_column = "answer"\nid_column',
+        'messages_column = "prompt"\nreference_column = "answer"\nid_column',
+    )
+    assert "multiple_choice scores a text context; use prompt_column" in _error(write_suites(chat))
+    own = VALID.replace(
+        'choices_column = "options"', 'choices_column = "options"\nreference_column = "correct_index"'
+    )
+    message = _error(write_suites(own))
+    assert (
+        f"suites.toml:{_line_of(own, 'correct_index')}:" in message and "no column 'correct_index'" in message
+    )
