@@ -28,7 +28,7 @@ FLOAT_ARGS = {"eps", "scale_log2"}
 # 1, and pointers plus these ints are known multiples of 16 at the sizes that matter (head_dim 128,
 # block_size 16, hidden / N / K multiples of 128), which is what lets loads vectorize.
 UNIT_STRIDES = {"stride_kd", "stride_vd", "stride_cd", "stride_xk", "stride_wk", "stride_sg", "stride_on"}
-ALIGNED_INTS = {"head_dim", "block_size", "hidden", "tokens_per_split", "k_per_split", "N", "K"}
+ALIGNED_INTS = {"head_dim", "hidden", "tokens_per_split", "k_per_split", "N", "K"}
 
 
 def _cases(defaults_only: bool) -> list[tuple[str, object, dict, dict, dict]]:
@@ -55,21 +55,21 @@ def _cases(defaults_only: bool) -> list[tuple[str, object, dict, dict, dict]]:
     for bn, w, s in decode:
         for split in (False, True):
             cases.append((f"decode BN={bn} w={w} s={s} split={split}", _decode_split_kernel, attn_ptrs,
-                          {"SPLIT": split, "BLOCK_G": 16, "BLOCK_N": bn, "BLOCK_D": 128, "UPCAST": False},
+                          {"block_size": 16, "SPLIT": split, "BLOCK_G": 16, "BLOCK_N": bn, "BLOCK_D": 128, "UPCAST": False},
                           {"num_warps": w, "num_stages": s}))
     if not defaults_only:  # an fp32 model on CUDA: full-precision dots
         fp32 = {"default": "*fp32", **attn_ptrs}
         cases.append(("decode fp32 BN=64 w=4 s=2", _decode_split_kernel, fp32,
-                      {"SPLIT": False, "BLOCK_G": 16, "BLOCK_N": 64, "BLOCK_D": 128, "UPCAST": False},
+                      {"block_size": 16, "SPLIT": False, "BLOCK_G": 16, "BLOCK_N": 64, "BLOCK_D": 128, "UPCAST": False},
                       {"num_warps": 4, "num_stages": 2}))
         cases.append(("prefill fp32 BM=128 BN=64 w=8 s=3", _prefill_kernel, fp32,
-                      {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_D": 128, "UPCAST": False},
+                      {"block_size": 16, "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_D": 128, "UPCAST": False},
                       {"num_warps": 8, "num_stages": 3}))
     prefill = [(128, 64, 8, 3)] if defaults_only else [(128, 64, 8, 3), (128, 32, 8, 3), (128, 128, 8, 2),
                                                        (64, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 2)]
     for bm, bn, w, s in prefill:
         cases.append((f"prefill BM={bm} BN={bn} w={w} s={s}", _prefill_kernel, attn_ptrs,
-                      {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": 128, "UPCAST": False},
+                      {"block_size": 16, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": 128, "UPCAST": False},
                       {"num_warps": w, "num_stages": s}))
     mm = [(16, 64, 128, 4, 4), (128, 128, 64, 8, 3)]
     if not defaults_only:

@@ -12,7 +12,7 @@ def load_kv_tile(
     offs_n,
     n_mask,
     kv_head,
-    block_size,
+    block_size: tl.constexpr,
     stride_cb,
     stride_cs,
     stride_ch,

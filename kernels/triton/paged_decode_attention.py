@@ -44,7 +44,7 @@ def _decode_split_kernel(
     scale_log2,
     group,
     head_dim,
-    block_size,
+    block_size: tl.constexpr,  # tokens per cache block; constexpr: // and % become shifts
     tokens_per_split,
     stride_qb,
     stride_qh,

@@ -42,7 +42,7 @@ def _attend(
     vc_ptr,
     table,
     kvh,
-    block_size,
+    block_size: tl.constexpr,
     stride_cb,
     stride_cs,
     stride_ch,
@@ -92,7 +92,7 @@ def _prefill_kernel(
     scale_log2,
     group,
     head_dim,
-    block_size,
+    block_size: tl.constexpr,  # tokens per cache block; constexpr: // and % become shifts
     stride_qt,
     stride_qh,
     stride_cb,
