@@ -218,7 +218,7 @@ class MultipleChoice(Metric):
     """Likelihood multiple choice: each option is scored by the summed logprob of its tokens after
     `context + target_delimiter`; the row is right when the reference option scores highest.
     Also reports `<name>_norm`: the same with each sum divided by the option's length in
-    characters (the usual length-normalised accuracy). The reference is the option's 0-based index
+    characters, without the delimiter (lm-evaluation-harness's acc_norm). The reference is the option's 0-based index
     or its text."""
 
     needs_likelihood: ClassVar[bool] = True
@@ -255,7 +255,7 @@ class MultipleChoice(Metric):
             raise ValueError("every option needs exactly one logprob")
         answer = self.answer_index(reference, options)
         best = max(range(len(options)), key=lambda i: (logprobs[i], -i))
-        normed = [lp / max(1, len(self.continuation(o))) for lp, o in zip(logprobs, options, strict=True)]
+        normed = [lp / max(1, len(o)) for lp, o in zip(logprobs, options, strict=True)]
         best_norm = max(range(len(options)), key=lambda i: (normed[i], -i))
         return float(best == answer), float(best_norm == answer)
 

@@ -121,7 +121,7 @@ def test_multiple_choice_matches_transformers(tmp_path: Path, arch: str, bos: bo
         ranked = sorted(oracle, reverse=True)
         assert ranked[0] - ranked[1] > 2 * TOLERANCE  # no near-tie: the argmax is well defined
         right += max(range(len(options)), key=lambda k: oracle[k]) == answer
-        normed = [lp / len(DELIMITER + o) for lp, o in zip(oracle, options, strict=True)]
+        normed = [lp / len(o) for lp, o in zip(oracle, options, strict=True)]  # characters of the option
         right_norm += max(range(len(options)), key=lambda k: normed[k]) == answer
     scores = read_scores(out, "mc", str(model_dir))
     assert scores.column("multiple_choice").to_pylist() == [

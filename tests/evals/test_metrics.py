@@ -95,8 +95,8 @@ def test_parse_number() -> None:
 def test_multiple_choice_picks_the_highest_summed_logprob_and_its_length_normalised_twin() -> None:
     mc = MultipleChoice()
     options = ["cat", "elephant"]
-    # " cat" = 4 characters, " elephant" = 9: -4.0 beats -6.3 summed, but per character
-    # -6.3 / 9 = -0.70 beats -4.0 / 4 = -1.0
+    # "cat" = 3 characters, "elephant" = 8: -4.0 beats -6.3 summed, but per character
+    # -6.3 / 8 = -0.79 beats -4.0 / 3 = -1.33
     assert mc.score_options([-4.0, -6.3], options, 0) == (1.0, 0.0)
     assert mc.score_options([-4.0, -6.3], options, "elephant") == (0.0, 1.0)
     assert mc.score_options([-1.0, -1.0], options, 0) == (1.0, 0.0)  # a tie goes to the first option
