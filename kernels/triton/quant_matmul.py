@@ -87,7 +87,7 @@ def _int4_matmul_kernel(
     M,
     N,
     K,
-    k_per_split,
+    bytes_per_split,  # packed bytes (K / 2) per K split; a multiple of 16 keeps loads 16-byte wide
     stride_xm,
     stride_xk,
     stride_wn,
@@ -105,7 +105,7 @@ def _int4_matmul_kernel(
     SCALE_WEIGHTS: tl.constexpr,
 ):
     # Invariants set by the wrapper: BLOCK_K divides GROUP (one scale per column per K tile),
-    # K % GROUP == 0 and k_per_split % BLOCK_K == 0, so K tiles never need a mask.
+    # K % GROUP == 0 and 2 * bytes_per_split % BLOCK_K == 0, so K tiles never need a mask.
     HALF_K: tl.constexpr = BLOCK_K // 2
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -113,18 +113,21 @@ def _int4_matmul_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_j = tl.arange(0, HALF_K)  # byte index inside the K tile
+    offs_k = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
     n_mask = offs_n < N
-    k_lo = pid_k * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
+    j_lo = pid_k * bytes_per_split
+    j_hi = tl.minimum(j_lo + bytes_per_split, K // 2)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        # x split into even and odd k so each half meets its nibble: [BM, BK/2] twice.
-        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k0 + 2 * offs_j[None, :]) * stride_xk
-        x_even = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
-        x_odd = tl.load(x_ptrs + stride_xk, mask=m_mask[:, None], other=0.0)
+    for j0 in range(j_lo, j_hi, HALF_K):
+        k0 = 2 * j0
+        # one dense [BM, BK] load of x, split in registers into even and odd k: [BM, BK/2] twice,
+        # one for each nibble
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k[None, :]) * stride_xk,
+                    mask=m_mask[:, None], other=0.0)
+        x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, HALF_K, 2)))
         packed = tl.load(
-            w_ptr + offs_n[None, :] * stride_wn + (k0 // 2 + offs_j[:, None]) * stride_wk,
+            w_ptr + offs_n[None, :] * stride_wn + (j0 + offs_j[:, None]) * stride_wk,
             mask=n_mask[None, :],
             other=0x88,
         )  # [BK/2, BN] uint8
@@ -176,7 +179,10 @@ def _split_k_bounds(k: int, cfg: MatmulConfig) -> tuple[int, int]:
     return per_split, triton.cdiv(k, per_split)
 
 
-def _launch(kernel, x, qweight, scales, n, k, cfg: MatmulConfig, extra_strides, **meta) -> torch.Tensor:
+def _launch(
+    kernel, x, qweight, scales, n, k, cfg: MatmulConfig, extra_strides, k_per_unit: int = 1, **meta
+) -> torch.Tensor:
+    """k_per_unit: K elements per unit of the kernel's split length (2 for int4: bytes)."""
     m = x.shape[0]
     per_split, splits = _split_k_bounds(k, cfg)
     # With a K split each program writes fp32 partial sums; a sum over splits finishes the job.
@@ -190,7 +196,7 @@ def _launch(kernel, x, qweight, scales, n, k, cfg: MatmulConfig, extra_strides, 
         m,
         n,
         k,
-        per_split,
+        per_split // k_per_unit,
         x.stride(0),
         x.stride(1),
         qweight.stride(0),
@@ -263,6 +269,7 @@ def int4_matmul(
         k,
         cfg,
         (scales.stride(0), scales.stride(1)),
+        k_per_unit=2,
         GROUP=group_size,
         SCALE_WEIGHTS=cfg.block_m > cfg.block_k,
     )
