@@ -134,15 +134,15 @@ def test_second_beat_for_the_same_file_is_refused(redis_db14: redis.Redis) -> No
 
 
 def test_lease_is_refreshed_while_held_and_expires_when_the_holder_dies(redis_db14: redis.Redis) -> None:
-    lock = BeatLock(redis_db14, "suites", ttl_seconds=1.5)
+    lock = BeatLock(redis_db14, "suites", ttl_seconds=1.2)
     with lock:
-        time.sleep(2.5)  # longer than the ttl: the refresher thread kept it
+        time.sleep(1.8)  # longer than the ttl: the refresher thread kept it
         assert lock.holder() == lock.token and not lock.lost.is_set()
     dead = BeatLock(redis_db14, "suites", ttl_seconds=1)
     dead.acquire()  # never refreshed, as if its process was killed
     with pytest.raises(LockHeldError):
         BeatLock(redis_db14, "suites").acquire()
-    time.sleep(1.2)
+    time.sleep(1.1)
     BeatLock(redis_db14, "suites").acquire()
 
 
