@@ -149,6 +149,17 @@ def test_bad_suite_file_fails_before_any_work(workdir: Path) -> None:
     line = SUITES.splitlines().index('type = "numeric"') + 1
     assert code == 2 and f"bad.toml:{line}:" in output and "did you mean 'numeric'" in output
     assert not (workdir / "never").exists()
+    code, output = _invoke(
+        "eval",
+        "run",
+        str(workdir / "suites.toml"),
+        "--model",
+        "/no/such/model",
+        "--output",
+        str(workdir / "never"),
+    )
+    assert code == 2 and "/no/such/model has no config.json" in output
+    assert not (workdir / "never").exists()  # a missing model is found before anything is written
     code, output = _invoke("eval", "report", str(workdir / "nothing-here"))
     assert code == 2 and "holds no eval run" in output
 
