@@ -28,7 +28,7 @@ FLOAT_ARGS = {"eps", "scale_log2"}
 # 1, and pointers plus these ints are known multiples of 16 at the sizes that matter (head_dim 128,
 # block_size 16, hidden / N / K multiples of 128), which is what lets loads vectorize.
 UNIT_STRIDES = {"stride_kd", "stride_vd", "stride_cd", "stride_xk", "stride_wk", "stride_sg", "stride_on"}
-ALIGNED_INTS = {"head_dim", "hidden", "tokens_per_split", "k_per_split", "bytes_per_split", "N", "K"}
+ALIGNED_INTS = {"head_dim", "half", "hidden", "tokens_per_split", "k_per_split", "bytes_per_split", "N", "K"}
 
 
 def _cases(defaults_only: bool) -> list[tuple[str, object, dict, dict, dict]]:

@@ -20,7 +20,7 @@ def _case(lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, blo
 
 @pytest.mark.parametrize(
     ("num_heads", "num_kv_heads", "head_dim", "splits"),
-    [(2, 2, 64, 1), (8, 2, 128, 1), (8, 1, 64, 3), (4, 1, 128, 4)],  # GQA 1, 4, 8, 4
+    [(2, 2, 64, 1), (8, 2, 128, 1), (8, 1, 64, 3), (4, 1, 128, 4), (6, 2, 80, 2)],  # GQA 1, 4, 8, 4, 3; D 80
 )
 def test_decode_matches_reference(num_heads: int, num_kv_heads: int, head_dim: int, splits: int) -> None:
     # lengths: 1 token, not multiples of the tile (16) nor of the block (5), one over many blocks

@@ -24,7 +24,7 @@ def _case(q_lens: list[int], prefixes: list[int], num_heads: int, num_kv_heads: 
 
 
 @pytest.mark.parametrize(
-    ("num_heads", "num_kv_heads", "head_dim"), [(2, 2, 64), (4, 1, 128), (8, 1, 64)]  # GQA 1, 4, 8
+    ("num_heads", "num_kv_heads", "head_dim"), [(2, 2, 64), (4, 1, 128), (8, 1, 64), (3, 1, 80)]  # GQA 1,4,8,3
 )
 def test_prefill_matches_reference(num_heads: int, num_kv_heads: int, head_dim: int) -> None:
     # empty prefix, long prefix over many blocks, a one-token chunk, an empty chunk, a prefix that

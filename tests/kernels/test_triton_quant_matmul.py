@@ -108,3 +108,16 @@ def test_wrapper_rejects_bad_arguments() -> None:
         tq.int8_matmul(x.to(torch.float64), torch.zeros(8, 64, dtype=torch.int8), torch.rand(8))
     with pytest.raises(ValueError, match="meta"):
         tq.int8_matmul(x.to("meta"), torch.zeros(8, 64, dtype=torch.int8), torch.rand(8))
+
+
+@pytest.mark.parametrize("group", [32, 128])
+def test_consumes_the_engine_quantizers_layout(group: int) -> None:
+    """What worker/engine/quant writes (RTN int4 / int8) is what the kernels read."""
+    from worker.engine.quant.formats import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+
+    w = randn(24, 256, scale=0.05)
+    x = randn(3, 256)
+    q4, s4 = quantize_int4(w, group)
+    assert_close(tq.int4_matmul(x, q4, s4, group), x @ dequantize_int4(q4, s4, group).T, atol=1e-4, rtol=1e-4)
+    q8, s8 = quantize_int8(w)
+    assert_close(tq.int8_matmul(x, q8, s8), x @ dequantize_int8(q8, s8).T, atol=1e-4, rtol=1e-4)
