@@ -106,10 +106,12 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    # Program (query tile, sequence, query head).
-    tile = tl.program_id(0)
+    # Program (query head, sequence, query tile). Heads vary fastest, so the heads sharing a KV head
+    # run together (their keys stay in L2), and tiles run last-first: the longest causal rows start
+    # first and the short ones fill the tail.
+    h = tl.program_id(0)
     b = tl.program_id(1)
-    h = tl.program_id(2)
+    tile = tl.num_programs(2) - 1 - tl.program_id(2)
     q_start = tl.load(cu_ptr + b)
     q_len = tl.load(cu_ptr + b + 1) - q_start
     if tile * BLOCK_M < q_len:
@@ -284,7 +286,7 @@ def prefill_attention(
     max_q_len = _check_lengths(cu_seqlens_q, context_lens, tokens, block_tables.shape[1] * block_size)
     if max_q_len == 0:
         return out
-    grid = (triton.cdiv(max_q_len, cfg.block_m), batch, num_heads)
+    grid = (num_heads, batch, triton.cdiv(max_q_len, cfg.block_m))
     _prefill_kernel[grid](
         q,
         k_cache,
