@@ -38,6 +38,7 @@ from worker.runtime import ProcessRuntime, runtime
 log = get_logger(__name__)
 CANCEL_CHECK_S = 0.05  # how often should_stop asks Redis about cancel (engine steps are ~10-100 ms)
 REDIS_DOWN_BACKOFF_S = 5.0
+FINALIZE_SLOT = -1  # attempts of finalize are counted under this shard index
 ERROR_BACKOFF_CAP_S = 30.0  # sleep before requeueing a failed attempt: 2, 4, 8 ... s
 
 
@@ -217,11 +218,20 @@ def send_finalize(job_id: str, output: str, model: str) -> None:
 
 @app.task(name=TASK_FINALIZE, bind=True)
 def finalize_task(self: Any, job_id: str, output: str) -> dict[str, Any]:
-    """Idempotent: cost.json and _SUCCESS are written with put_if_absent, so a repeat changes nothing."""
+    """Idempotent: cost.json and _SUCCESS are written with put_if_absent, so a repeat changes nothing.
+    A failure (storage away) is requeued after a backoff, `max_shard_attempts` times at most."""
     rt = runtime()
     with structlog.contextvars.bound_contextvars(job_id=job_id):
-        store = open_store(output, rt.settings)
-        report = finalize(store)
+        _, strikes = rt.live.begin_attempt(job_id, FINALIZE_SLOT)
+        try:
+            report = finalize(open_store(output, rt.settings))
+        except Exception as exc:
+            log.exception("finalize_error", error=str(exc))
+            if strikes >= rt.settings.max_shard_attempts:
+                raise  # logged and acked; `freight submit` of the job again retries finalize
+            time.sleep(min(ERROR_BACKOFF_CAP_S, 2.0**strikes))
+            raise Reject(f"finalize failed: {exc}", requeue=True) from exc
+        rt.live.end_attempt_clean(job_id, FINALIZE_SLOT)
         rt.live.set_job_state(job_id, "succeeded")
         log.info("job_finalized", rows=report.get("rows"), cost_usd=report.get("cost_usd"))
         return {"status": "succeeded"}

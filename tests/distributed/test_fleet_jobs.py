@@ -121,7 +121,9 @@ def test_two_workers_match_embedded_run(fleet: Fleet, job: Fixture, tmp_path: Pa
     assert len(workers) == 2, "both workers took shards"
     assert fleet.live.job(sub["job_id"])["state"] == "succeeded"
     # Each shard ran once: the 4 s visibility timeout did not redeliver running shards (leases renewed).
-    assert set(fleet.live.attempts(sub["job_id"]).values()) == {1}
+    # (the first shard on each worker includes the model load, longer than 4 s under load)
+    shard_attempts = {s: n for s, n in fleet.live.attempts(sub["job_id"]).items() if s >= 0}
+    assert len(shard_attempts) == 20 and set(shard_attempts.values()) == {1}
     assert fleet.metric("a", "freight_rows_total") + fleet.metric("b", "freight_rows_total") == ROWS
 
 
@@ -173,7 +175,7 @@ def test_spot_notice_checkpoints_and_resumes_elsewhere(
     assert fleet.metric("ondemand", "freight_rows_total") == 12 - interrupted.rows_saved
     cost = json.loads((out / "cost.json").read_text())
     assert cost["wasted_cost_usd"] >= 0 and "spot_notice" in spot.log_text()
-    assert fleet.live.attempts(sub["job_id"]) == {0: 2}
+    assert fleet.live.attempts(sub["job_id"])[0] == 2
 
 
 def _log_events(worker: WorkerProcess, event: str) -> list[dict]:
