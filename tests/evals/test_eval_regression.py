@@ -1,8 +1,8 @@
 """A real regression end to end (slow): the model at a path is replaced by a worse one overnight.
 
 The dataset's answers are set to what model A prefers (A scores 100%); model B, written to the same
-path, mostly disagrees. The second night's report flags a regression with paired noise, and
-`freight eval run` exits 1."""
+path, disagrees on some questions. The second night's report flags the drop as a regression
+(paired noise: the same rows both nights), and `freight eval run` exits 1."""
 
 from __future__ import annotations
 
