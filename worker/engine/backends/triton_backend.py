@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from kernels.triton import prefill_attention as _prefill_module
 from kernels.triton.launch import is_interpreted
 from kernels.triton.paged_decode_attention import paged_decode_attention
-from kernels.triton.prefill_attention import _prefill_kernel, prefill_attention
+from kernels.triton.prefill_attention import prefill_attention
 from kernels.triton.quant_matmul import int4_matmul, int8_matmul
 from kernels.triton.rms_norm import rms_norm
 from kernels.triton.rotary import apply_rotary
@@ -27,6 +28,7 @@ class TritonBackend(Backend):
 
     @classmethod
     def supports(cls, device: torch.device) -> bool:
-        if is_interpreted(_prefill_kernel):
+        # looked up at call time: a module re-imported under the interpreter replaces its kernels
+        if is_interpreted(_prefill_module._prefill_kernel):
             return device.type == "cpu"
         return device.type == "cuda"
