@@ -4,14 +4,14 @@ Perplexity: the reference model (bench/train_reference.py, examples/models/pycod
 --windows windows of --window tokens of its held-out stdlib files (train_reference.heldout_files),
 scored through the engine's prompt_logprobs: fp32, int8, int4 RTN and int4 GPTQ at group 128 and 32.
 GPTQ calibrates on --calibration-rows chunks of the *training* files, written to a Parquet file and
-passed to `freight quantize` the way a user would.
+read back the way `freight quantize --calibration` reads it.
 Weight bytes: the decoder Linear weights of each checkpoint (scales included) against their bf16 size.
 Speed: CPU decode tokens/s at batch 1, 8, 32 (short prompts, --decode-tokens new tokens each, greedy,
 ignore_eos), fp32 vs on-the-fly int8 vs int4, on the reference model and on a bigger random model
 (--big-hidden) where the weights, not the per-step overhead, dominate.
 
     .venv/bin/python bench/quant_quality.py                  # everything, prints the tables
-    .venv/bin/python bench/quant_quality.py --skip-speed     # perplexity and bytes only
+    .venv/bin/python bench/quant_quality.py --speed none     # perplexity and bytes only
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_reference  # noqa: E402  (the held-out split's definition)
 
 from worker.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from worker.engine.quant.calibration import read_calibration_texts  # noqa: E402
+from worker.engine.quant.checkpoint import QuantizeSpec, quantize_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 KV_BYTES = 256 << 20
@@ -94,14 +94,11 @@ def calibration_parquet(path: Path, rows: int, tokens: int) -> None:
     pq.write_table(pa.table({"prompt": chunks[::step][:rows]}), path)
 
 
-def freight_quantize(model: Path, out: Path, method: str, group: int, calib: Path | None) -> float:
-    cmd = [str(ROOT / ".venv/bin/freight"), "quantize", str(model), "--method", method, "--output", str(out),
-           "--group-size", str(group)]
-    if calib is not None:
-        cmd += ["--calibration", str(calib), "--calibration-rows", "1000000"]
+def quantize(model: Path, out: Path, method: str, group: int, calib: Path | None) -> float:
+    """What `freight quantize MODEL --method ... --calibration calib` does, in this process."""
+    texts = read_calibration_texts(calib, "prompt", 1 << 20) if calib is not None else None
     t0 = time.perf_counter()
-    env = dict(os.environ, FREIGHT_LOG_LEVEL="warning")
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
+    quantize_checkpoint(model, out, QuantizeSpec(method=method, group_size=group), texts)
     return time.perf_counter() - t0
 
 
@@ -117,7 +114,7 @@ def quality(args: argparse.Namespace) -> None:
                                 ("int4-gptq g128", "int4-gptq", 128), ("int4-rtn g32", "int4-rtn", 32),
                                 ("int4-gptq g32", "int4-gptq", 32)):
         out = work / name.replace(" ", "-")
-        secs = freight_quantize(args.model, out, method, group, calib if "gptq" in method else None)
+        secs = quantize(args.model, out, method, group, calib if "gptq" in method else None)
         variants.append((name, out, secs))
         if method == "int8":
             variants.append(int8_exact)
@@ -191,6 +188,30 @@ def decode_speed(model_dir: Path, label: str, new_tokens: int, batches: tuple[in
         print(f"{quant} / fp32: " + "  ".join(f"batch {b}: {r:.2f}x" for b, r in zip(batches, ratios, strict=True)))
 
 
+def matmul_speed(shapes: tuple[tuple[int, int], ...], batches: tuple[int, ...]) -> None:
+    """One Linear (fp32 activations) per weight format: nn.Linear fp32 vs Int8Linear vs Int4Linear (G 128)."""
+    from worker.engine.quant import Int4Linear, Int8Linear
+
+    print(f"\nCPU Linear microseconds per call, fp32 activations ({torch.get_num_threads()} threads)")
+    print(f"{'N x K':12} {'M':>3} {'fp32':>9} {'int8':>9} {'int4':>9} {'int8 x':>7} {'int4 x':>7}")
+    for n, k in shapes:
+        dense = torch.nn.Linear(k, n, bias=False).requires_grad_(False)
+        mods = (dense, Int8Linear.from_linear(dense), Int4Linear.from_linear(dense, 128))
+        for m in batches:
+            x = torch.randn(m, k)
+            us = []
+            with torch.no_grad():
+                for mod in mods:
+                    mod(x)
+                    reps, t0 = 0, time.perf_counter()
+                    while time.perf_counter() - t0 < 0.5:
+                        mod(x)
+                        reps += 1
+                    us.append((time.perf_counter() - t0) / reps * 1e6)
+            print(f"{f'{n} x {k}':12} {m:3d} {us[0]:9.0f} {us[1]:9.0f} {us[2]:9.0f} "
+                  f"{us[0] / us[1]:6.2f}x {us[0] / us[2]:6.2f}x", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=ROOT / "examples/models/pycoder-tiny")
@@ -203,14 +224,18 @@ def main() -> None:
     ap.add_argument("--big-layers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-quality", action="store_true")
-    ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--speed", choices=("both", "reference", "big", "none"), default="both",
+                    help="which models' decode speed to measure")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if not args.skip_quality:
         quality(args)
-    if not args.skip_speed:
-        batches = (1, 8, 32)
+    batches = (1, 8, 32)
+    if args.speed != "none":
+        matmul_speed(((768, 256), (4096, 4096), (11264, 4096)), batches)
+    if args.speed in ("both", "reference"):
         decode_speed(args.model, f"reference model {args.model.name}", args.decode_tokens, batches)
+    if args.speed in ("both", "big"):
         big = big_random_model(args.model, args.workdir / "big-random", args.big_hidden, args.big_layers)
         decode_speed(big, f"random Llama hidden {args.big_hidden} x {args.big_layers} layers",
                      args.decode_tokens, batches)
