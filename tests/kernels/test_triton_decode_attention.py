@@ -103,3 +103,24 @@ def test_reference_decode_ignores_slots_past_the_context() -> None:
     ref = reference.paged_decode_attention(q, kc, vc, tables, ctx, 0.3)
     got = paged_decode_attention(q, kc, vc, tables, ctx, 0.3)
     assert_close(ref, got, atol=2e-5, rtol=1e-4)
+
+
+def test_decode_shared_prefix_blocks() -> None:
+    """Sequences whose tables start with the same physical blocks (a prefix-cache hit), long enough
+    for the reference's cascade path (>= 64 shared tokens)."""
+    bs, shared_blocks = 16, 5
+    lens = [shared_blocks * bs + 7, shared_blocks * bs + 30, shared_blocks * bs + 1]
+    own = [-(-(n - shared_blocks * bs) // bs) for n in lens]
+    num_blocks = shared_blocks + sum(own) + 1
+    kc, vc = random_cache(num_blocks, bs, 2, 64, torch.float32)
+    perm = torch.randperm(num_blocks).tolist()
+    tables = torch.zeros(len(lens), shared_blocks + max(own), dtype=torch.int32)
+    tables[:, :shared_blocks] = torch.tensor(perm[:shared_blocks], dtype=torch.int32)
+    nxt = shared_blocks
+    for b, n in enumerate(own):
+        tables[b, shared_blocks : shared_blocks + n] = torch.tensor(perm[nxt : nxt + n], dtype=torch.int32)
+        nxt += n
+    q = randn(len(lens), 8, 64)
+    ctx = torch.tensor(lens, dtype=torch.int32)
+    got = paged_decode_attention(q, kc, vc, tables, ctx, 0.125, config=DecodeConfig(block_n=32, num_splits=2))
+    assert_close(got, reference.paged_decode_attention(q, kc, vc, tables, ctx, 0.125), atol=2e-5, rtol=1e-4)

@@ -74,3 +74,22 @@ def test_prefill_rejects_bad_arguments() -> None:
         prefill_attention(q, kc, vc, cu, torch.tensor([3, 40], dtype=torch.int32), tables, 0.1)
     with pytest.raises(ValueError, match="expanded view"):
         prefill_attention(q, kc, vc, cu, ctx, tables, 0.1, torch.empty(1, 4, 64).expand(5, 4, 64))
+
+
+def test_prefill_chunks_after_a_shared_cached_prefix() -> None:
+    """Two sequences hit the same cached prefix blocks (80 tokens) and prefill their own chunks."""
+    bs, shared_blocks = 16, 5
+    q_lens = [21, 40]
+    ctx = [shared_blocks * bs + n for n in q_lens]
+    own = [-(-n // bs) for n in q_lens]
+    num_blocks = shared_blocks + sum(own)
+    kc, vc = random_cache(num_blocks, bs, 1, 64, torch.float32)
+    tables = torch.zeros(2, shared_blocks + max(own), dtype=torch.int32)
+    tables[:, :shared_blocks] = torch.arange(shared_blocks, dtype=torch.int32).flip(0)
+    tables[0, shared_blocks : shared_blocks + own[0]] = torch.arange(shared_blocks, shared_blocks + own[0])
+    tables[1, shared_blocks : shared_blocks + own[1]] = torch.arange(shared_blocks + own[0], num_blocks)
+    cu = torch.tensor([0, q_lens[0], sum(q_lens)], dtype=torch.int32)
+    lens = torch.tensor(ctx, dtype=torch.int32)
+    q = randn(sum(q_lens), 4, 64)
+    got = prefill_attention(q, kc, vc, cu, lens, tables, 0.125, poisoned(*q.shape), config=_SMALL)
+    assert_close(got, reference.prefill_attention(q, kc, vc, cu, lens, tables, 0.125), atol=2e-5, rtol=1e-4)
