@@ -6,12 +6,17 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fleet_servers import WorkerProcess, free_port
 
 from jobs import datasets
+from jobs.client import queue_for_model
+from jobs.progress import LiveState
 from jobs.storage import open_store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,3 +68,49 @@ def embedded_run(inp: Path, model: Path, out: Path, shard_rows: int, max_tokens:
 def result_rows(out: Path) -> list[dict]:
     table = datasets.read_results(open_store(str(out)))
     return table.select(RESULT_COLUMNS).to_pylist()
+
+
+class Fleet:
+    """Workers of one test; all stopped at teardown."""
+
+    def __init__(self, redis_url: str, tmp: Path, model: Path) -> None:
+        self.redis_url, self.tmp, self.queue = redis_url, tmp, queue_for_model(str(model))
+        self.workers: list[WorkerProcess] = []
+        self.ports: dict[str, int] = {}
+        self.live = LiveState(redis_url)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        base = {"FREIGHT_REDIS_URL": self.redis_url, "FREIGHT_VISIBILITY_TIMEOUT_S": "4",
+                "FREIGHT_HEARTBEAT_S": "0.5", "FREIGHT_SPOT_POLL_S": "0.2", "FREIGHT_LOG_FORMAT": "json",
+                "FREIGHT_IMDS_URL": f"http://127.0.0.1:{free_port()}", "FREIGHT_MAX_SHARD_ATTEMPTS": "3"}  # fmt: skip
+        return {**base, **extra}
+
+    def start(self, name: str, poison_shard: int | None = None, **extra: str) -> WorkerProcess:
+        self.ports[name] = free_port()
+        env = self.env(FREIGHT_METRICS_PORT=str(self.ports[name]), **extra)
+        w = WorkerProcess(name, env, self.queue, self.tmp, poison_shard=poison_shard)
+        self.workers.append(w)
+        return w
+
+    def metric(self, name: str, line_prefix: str) -> float:
+        """Sum of the worker's Prometheus samples starting with `line_prefix` (0 before it serves)."""
+        url = f"http://127.0.0.1:{self.ports[name]}/metrics"
+        try:
+            body = urllib.request.urlopen(url, timeout=5).read().decode()
+        except urllib.error.URLError:
+            return 0.0
+        return sum(float(line.split()[-1]) for line in body.splitlines() if line.startswith(line_prefix))
+
+    def busy(self, worker_id: str) -> bool:
+        raw = self.live.client.hget("freight:workers", worker_id)
+        return bool(raw) and json.loads(raw)["busy"]
+
+    def wait_done(self, out: Path | str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return freight(
+            ["wait", str(out), "--poll", "0.3", "--timeout", str(timeout)], self.env(), timeout=timeout + 30
+        )
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.stop()
+        self.live.close()

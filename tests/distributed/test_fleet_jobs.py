@@ -6,20 +6,15 @@ Every test compares the fleet's results row for row with the embedded `freight r
 from __future__ import annotations
 
 import json
-import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fleet_jobs import embedded_run, freight, make_input, result_rows, submit
-from fleet_servers import FakeImds, RedisServer, WorkerProcess, free_port, wait_for
+from fleet_jobs import Fleet, embedded_run, freight, make_input, result_rows, submit
+from fleet_servers import FakeImds, RedisServer, WorkerProcess, wait_for
 
-from jobs.client import queue_for_model
 from jobs.cost import AttemptRecord, ShardRecord
-from jobs.progress import LiveState
 from jobs.storage import open_store
 from worker.demo_model import make_demo_model
 
@@ -41,52 +36,6 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
     return Fixture(
         Path(model).resolve(), inp, embedded_run(inp, Path(model).resolve(), root / "embedded", SHARD_ROWS)
     )
-
-
-class Fleet:
-    """Workers of one test; all stopped at teardown."""
-
-    def __init__(self, redis_url: str, tmp: Path, model: Path) -> None:
-        self.redis_url, self.tmp, self.queue = redis_url, tmp, queue_for_model(str(model))
-        self.workers: list[WorkerProcess] = []
-        self.ports: dict[str, int] = {}
-        self.live = LiveState(redis_url)
-
-    def env(self, **extra: str) -> dict[str, str]:
-        base = {"FREIGHT_REDIS_URL": self.redis_url, "FREIGHT_VISIBILITY_TIMEOUT_S": "4",
-                "FREIGHT_HEARTBEAT_S": "0.5", "FREIGHT_SPOT_POLL_S": "0.2", "FREIGHT_LOG_FORMAT": "json",
-                "FREIGHT_IMDS_URL": f"http://127.0.0.1:{free_port()}", "FREIGHT_MAX_SHARD_ATTEMPTS": "3"}  # fmt: skip
-        return {**base, **extra}
-
-    def start(self, name: str, poison_shard: int | None = None, **extra: str) -> WorkerProcess:
-        self.ports[name] = free_port()
-        env = self.env(FREIGHT_METRICS_PORT=str(self.ports[name]), **extra)
-        w = WorkerProcess(name, env, self.queue, self.tmp, poison_shard=poison_shard)
-        self.workers.append(w)
-        return w
-
-    def metric(self, name: str, line_prefix: str) -> float:
-        """Sum of the worker's Prometheus samples starting with `line_prefix` (0 before it serves)."""
-        url = f"http://127.0.0.1:{self.ports[name]}/metrics"
-        try:
-            body = urllib.request.urlopen(url, timeout=5).read().decode()
-        except urllib.error.URLError:
-            return 0.0
-        return sum(float(line.split()[-1]) for line in body.splitlines() if line.startswith(line_prefix))
-
-    def busy(self, worker_id: str) -> bool:
-        raw = self.live.client.hget("freight:workers", worker_id)
-        return bool(raw) and json.loads(raw)["busy"]
-
-    def wait_done(self, out: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return freight(
-            ["wait", str(out), "--poll", "0.3", "--timeout", str(timeout)], self.env(), timeout=timeout + 30
-        )
-
-    def stop(self) -> None:
-        for w in self.workers:
-            w.stop()
-        self.live.close()
 
 
 @pytest.fixture()
