@@ -6,6 +6,7 @@ Every test compares the fleet's results row for row with the embedded `freight r
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,3 +212,21 @@ def test_redis_restart_during_job(
     assert result_rows(out) == job.reference
     assert all(w.alive() for w in fleet.workers)
     assert fleet.live.job(sub["job_id"])["state"] == "succeeded"
+
+
+def test_sigterm_hands_the_running_shard_back(fleet: Fleet, job: Fixture, tmp_path: Path) -> None:
+    """A stopping worker (SIGTERM to its main process: an ASG scale-in, a deploy) does not sit on its
+    shard: the pool process sees the shutdown flag at its next engine step, saves its finished rows and
+    requeues the shard, and the worker exits cleanly."""
+    out = tmp_path / "out"
+    inp = make_input(tmp_path / "input.parquet", 8, max_tokens=(1, 2, 40, 40))
+    w = fleet.start("term")
+    sub = submit(fleet.env(), inp, job.model, out, 8, max_tokens=40)
+    wait_for(lambda: fleet.metric("term", "freight_rows_total") >= 2, 180, "rows finished")
+    w.proc.send_signal(signal.SIGTERM)
+    w.proc.wait(60)
+    assert w.proc.returncode == 0
+    assert fleet.live.client.llen(fleet.queue) == 1 and fleet.live.client.hlen("unacked") == 0
+    (stopped,) = [a for a in _waste(out) if a.reason == "interrupted"]
+    assert stopped.rows_saved >= 2 and (out / "partial" / "00000").is_dir()
+    assert fleet.live.shard_states(sub["job_id"]) == {0: "queued"}
