@@ -76,10 +76,10 @@ class Submission:
 class FleetClient:
     """Publishes shard tasks and cancel requests for jobs whose manifest is already in OUT."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, retry_for_s: float = 60.0) -> None:
         self.settings = settings
         self.app = make_client_app(settings)
-        self.live = LiveState(settings.redis_url)
+        self.live = LiveState(settings.redis_url, retry_for_s=retry_for_s)
 
     def enqueue(
         self,

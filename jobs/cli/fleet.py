@@ -12,6 +12,7 @@ from pathlib import Path
 
 import redis
 import typer
+from kombu.exceptions import OperationalError
 from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -118,7 +119,7 @@ def submit(
     committed = committed_shards(store)
     # Estimated tokens per shard for the autoscaler: rows * max_tokens (generation dominates).
     tokens = {s.index: s.rows * spec.sampling.max_tokens for s in manifest.shards}
-    client = FleetClient(settings)
+    client = FleetClient(settings, retry_for_s=5.0)
     try:
         client.live.clear_cancel(manifest.job_id)
         client.live.reset_strikes(manifest.job_id)
@@ -128,6 +129,9 @@ def submit(
             client.live.set_job_state(manifest.job_id, "succeeded")
         elif len(committed) == len(manifest.shards):
             client.send_finalize(job_id=manifest.job_id, output=spec.output, queue=sub.queue)
+    except (redis.RedisError, OperationalError) as exc:
+        raise fail(f"cannot queue the job on {settings.redis_url} ({exc}): start Redis or set "
+                   "FREIGHT_REDIS_URL, then submit again (the manifest in OUT is kept)") from None  # fmt: skip
     finally:
         client.close()
     summary = {"job_id": sub.job_id, "output": spec.output, "queue": sub.queue, "shards": sub.shards_total,
@@ -223,9 +227,12 @@ def cancel(job_or_out: str = typer.Argument(..., help="job id or OUT")) -> None:
     except FreightError as exc:
         raise fail(str(exc)) from None
     write_cancel(open_store(out, settings), job_id)  # durable: outlives Redis
-    client = FleetClient(settings)
+    client = FleetClient(settings, retry_for_s=5.0)
     try:
         client.cancel(job_id=job_id)
+    except redis.RedisError as exc:
+        raise fail(f"wrote {out}/_CANCELLED, but Redis did not answer ({exc}): running shards stop only "
+                   "when they next start or when Redis is back") from None  # fmt: skip
     finally:
         client.close()
     Console(stderr=True).print(f"job {job_id} cancelled; committed shards stay in {out}")
