@@ -52,6 +52,15 @@ class Check:
             print(f"   FAILED: {exc!r}", flush=True)
         print(f"   ({time.perf_counter() - start:.1f} s)", flush=True)
 
+    def case(self, name: str, fn, *args) -> None:
+        """One kernel at one shape inside a section: a failure is recorded and the section goes on."""
+        try:
+            fn(*args)
+        except Exception as exc:  # fail soft: one broken kernel does not hide the others
+            self.report["errors"].append({"section": name, "error": repr(exc),
+                                          "traceback": traceback.format_exc(limit=6)})
+            print(f"   {name}: FAILED {exc!r}", flush=True)
+
     def time_ms(self, fn) -> float:
         """Median milliseconds of fn(): do_bench on a GPU, a few wall-clock runs in the interpreter."""
         if self.dry_run:

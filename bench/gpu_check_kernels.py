@@ -43,43 +43,46 @@ def _paged(lens: list[int], hkv: int, d: int, device) -> tuple[torch.Tensor, tor
 def attention_kernels(chk, device) -> None:
     """Paged decode (batch 64 x 4k is the target case; a small batch at long context exercises
     the flash-decoding split) and prefill (4k from scratch is the target; a 1k chunk after a 3k
-    cached prefix is the chunked-prefill case)."""
+    cached prefix is the chunked-prefill case). Each case fails on its own."""
     dry = chk.dry_run
-    hq, hkv, d = (8, 2, 64) if dry else (32, 8, 128)
+    heads = (8, 2, 64) if dry else (32, 8, 128)  # Hq, Hkv, D
+    for batch, ctx in [(3, 40)] if dry else [(64, 4096), (8, 4096), (2, 16384)]:
+        chk.case(f"paged_decode_attention B={batch} ctx={ctx}", _decode_case, chk, device, batch, ctx, *heads)
+    for q_len, prefix in [(40, 0), (9, 20)] if dry else [(4096, 0), (1024, 3072)]:
+        chk.case(f"prefill_attention chunk={q_len} prefix={prefix}", _prefill_case, chk, device, q_len, prefix,
+                 *heads)
+
+
+def _decode_case(chk, device, batch: int, ctx: int, hq: int, hkv: int, d: int) -> None:
     scale = d**-0.5
-    decode_cases = [(3, 40)] if dry else [(64, 4096), (8, 4096), (2, 16384)]
-    for batch, ctx in decode_cases:
-        kc, vc, tables = _paged([ctx] * batch, hkv, d, device)
-        lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
-        q = _randn(batch, hq, d, device=device)
-        out = torch.full_like(q, float("nan"))
-        got = paged_decode_attention(q, kc, vc, tables, lens, scale, out)
-        want = reference.paged_decode_attention(q, kc, vc, tables, lens, scale)
-        ms = chk.time_ms(lambda q=q, kc=kc, vc=vc, t=tables, n=lens: paged_decode_attention(q, kc, vc, t, n, scale))
-        kv_bytes = 2 * batch * ctx * hkv * d * kc.element_size()
-        row = chk.kernel("paged_decode_attention", f"B={batch} ctx={ctx} Hq={hq} Hkv={hkv} D={d}", got, want,
-                         "reduction", ms, kv_bytes, "GB/s", "copy_gbps")
-        if batch == 64 or dry:
-            chk.target(f"paged decode B={batch} ctx={ctx}", row["of_ceiling"], 0.70, "fraction of copy GB/s")
-        del kc, vc, got, want
-    prefill_cases = [([40], [0]), ([9], [20])] if dry else [([4096], [0]), ([1024], [3072])]
-    for q_lens, prefixes in prefill_cases:
-        ctx = [p + n for p, n in zip(prefixes, q_lens, strict=True)]
-        kc, vc, tables = _paged(ctx, hkv, d, device)
-        cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
-        lens = torch.tensor(ctx, dtype=torch.int32, device=device)
-        q = _randn(sum(q_lens), hq, d, device=device)
-        got = prefill_attention(q, kc, vc, cu, lens, tables, scale, torch.full_like(q, float("nan")))
-        want = reference.prefill_attention(q, kc, vc, cu, lens, tables, scale)
-        ms = chk.time_ms(lambda q=q, kc=kc, vc=vc, cu=cu, n=lens, t=tables: prefill_attention(q, kc, vc, cu, n, t, scale))
-        # causal: query at position p scores p + 1 keys; QK^T and PV are 2 FLOPs per MAC each
-        visible = sum(sum(range(p + 1, p + n + 1)) for p, n in zip(prefixes, q_lens, strict=True))
-        flops = 4 * visible * d * hq
-        row = chk.kernel("prefill_attention", f"chunk={q_lens[0]} prefix={prefixes[0]} Hq={hq} D={d}", got, want,
-                         "reduction", ms, flops, "TFLOP/s", "matmul_tflops")
-        if prefixes[0] == 0:
-            chk.target(f"prefill {q_lens[0]} tokens", row["of_ceiling"], 0.50, "fraction of bf16 matmul TFLOP/s")
-        del kc, vc, got, want
+    kc, vc, tables = _paged([ctx] * batch, hkv, d, device)
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+    q = _randn(batch, hq, d, device=device)
+    got = paged_decode_attention(q, kc, vc, tables, lens, scale, torch.full_like(q, float("nan")))
+    want = reference.paged_decode_attention(q, kc, vc, tables, lens, scale)
+    ms = chk.time_ms(lambda: paged_decode_attention(q, kc, vc, tables, lens, scale))
+    kv_bytes = 2 * batch * ctx * hkv * d * kc.element_size()
+    row = chk.kernel("paged_decode_attention", f"B={batch} ctx={ctx} Hq={hq} Hkv={hkv} D={d}", got, want,
+                     "reduction", ms, kv_bytes, "GB/s", "copy_gbps")
+    if batch == 64 or chk.dry_run:
+        chk.target(f"paged decode B={batch} ctx={ctx}", row["of_ceiling"], 0.70, "fraction of copy GB/s")
+
+
+def _prefill_case(chk, device, q_len: int, prefix: int, hq: int, hkv: int, d: int) -> None:
+    scale = d**-0.5
+    kc, vc, tables = _paged([prefix + q_len], hkv, d, device)
+    cu = torch.tensor([0, q_len], dtype=torch.int32, device=device)
+    lens = torch.tensor([prefix + q_len], dtype=torch.int32, device=device)
+    q = _randn(q_len, hq, d, device=device)
+    got = prefill_attention(q, kc, vc, cu, lens, tables, scale, torch.full_like(q, float("nan")))
+    want = reference.prefill_attention(q, kc, vc, cu, lens, tables, scale)
+    ms = chk.time_ms(lambda: prefill_attention(q, kc, vc, cu, lens, tables, scale))
+    # causal: the query at position p scores p + 1 keys; QK^T and PV are 2 FLOPs per MAC each
+    flops = 4 * sum(range(prefix + 1, prefix + q_len + 1)) * d * hq
+    row = chk.kernel("prefill_attention", f"chunk={q_len} prefix={prefix} Hq={hq} D={d}", got, want,
+                     "reduction", ms, flops, "TFLOP/s", "matmul_tflops")
+    if prefix == 0:
+        chk.target(f"prefill {q_len} tokens", row["of_ceiling"], 0.50, "fraction of bf16 matmul TFLOP/s")
 
 
 def matmul_kernels(chk, device) -> None:
@@ -107,26 +110,37 @@ def _matmul_shape(chk, device, n: int, k: int, ms: list[int], group: int) -> Non
         x = _randn(m, k, device=device)
         dense_ms = chk.time_ms(lambda x=x: x @ w.T)
         for name, (fn, ref, weight_bytes) in ops.items():
-            got, want = fn(x), ref(x)
-            t = chk.time_ms(lambda fn=fn, x=x: fn(x))
-            extra = {"bf16_matmul_ms": dense_ms, "speedup_vs_bf16": dense_ms / t}
             shape = f"M={m} N={n} K={k}" + (f" G={group}" if name == "int4_matmul" else "")
-            if m <= 16:  # decode: bound by the weight read
-                amount = weight_bytes + 2 * m * (k + n)
-                chk.kernel(name, shape, got, want, "reduction", t, amount, "GB/s", "copy_gbps", extra)
-                if name == "int4_matmul":
-                    chk.target(f"int4 matmul {shape}", extra["speedup_vs_bf16"], 2.5, "speedup over bf16 torch matmul")
-            else:
-                chk.kernel(name, shape, got, want, "reduction", t, 2 * m * n * k, "TFLOP/s", "matmul_tflops", extra)
-            print(f"   {'':<22} bf16 torch matmul {dense_ms * 1e3:.1f} us -> x{dense_ms / t:.2f}", flush=True)
+            chk.case(f"{name} {shape}", _matmul_case, chk, name, shape, fn, ref, x, dense_ms, weight_bytes, n, k)
+
+
+def _matmul_case(chk, name: str, shape: str, fn, ref, x, dense_ms: float, weight_bytes: int, n: int, k: int) -> None:
+    m = x.shape[0]
+    got, want = fn(x), ref(x)
+    t = chk.time_ms(lambda: fn(x))
+    extra = {"bf16_matmul_ms": dense_ms, "speedup_vs_bf16": dense_ms / t}
+    if m <= 16:  # decode: bound by the weight read
+        amount = weight_bytes + 2 * m * (k + n)
+        chk.kernel(name, shape, got, want, "reduction", t, amount, "GB/s", "copy_gbps", extra)
+        if name == "int4_matmul":
+            chk.target(f"int4 matmul {shape}", extra["speedup_vs_bf16"], 2.5, "speedup over bf16 torch matmul")
+    else:
+        chk.kernel(name, shape, got, want, "reduction", t, 2 * m * n * k, "TFLOP/s", "matmul_tflops", extra)
+    print(f"   {'':<22} bf16 torch matmul {dense_ms * 1e3:.1f} us -> x{dense_ms / t:.2f}", flush=True)
 
 
 def small_kernels(chk, device) -> None:
-    """KV store, fused residual RMSNorm and rotary: all bandwidth bound."""
+    """KV store, fused residual RMSNorm and rotary: all bandwidth bound. Each fails on its own."""
     dry = chk.dry_run
     tokens, hidden = (37, 200) if dry else (8192, 4096)
     hq, hkv, d = (4, 2, 64) if dry else (32, 8, 128)
-    # store_kv_cache: read k, v, write them into shuffled slots
+    chk.case("store_kv_cache", _store_case, chk, device, tokens, hkv, d)
+    chk.case("rms_norm", _rms_norm_case, chk, device, tokens, hidden)
+    chk.case("apply_rotary", _rotary_case, chk, device, tokens, hq, hkv, d)
+
+
+def _store_case(chk, device, tokens: int, hkv: int, d: int) -> None:
+    """Read k, v; write them into shuffled slots."""
     k, v = _randn(tokens, hkv, d, device=device), _randn(tokens, hkv, d, device=device)
     num_blocks = -(-tokens // BLOCK_SIZE) + 1
     slots = torch.randperm(num_blocks * BLOCK_SIZE, device=device)[:tokens]
@@ -137,7 +151,10 @@ def small_kernels(chk, device) -> None:
     ms = chk.time_ms(lambda: store_kv_cache(k, v, caches[0], caches[1], slots))
     chk.kernel("store_kv_cache", f"T={tokens} Hkv={hkv} D={d}", torch.cat([caches[0], caches[1]]).nan_to_num(),
                torch.cat([caches[2], caches[3]]).nan_to_num(), "exact", ms, 4 * k.numel() * 2, "GB/s", "copy_gbps")
-    # rms_norm with residual: read x, residual, weight; write out, residual_out
+
+
+def _rms_norm_case(chk, device, tokens: int, hidden: int) -> None:
+    """With a residual: read x, residual, weight; write out, residual_out."""
     x, res = _randn(tokens, hidden, device=device), _randn(tokens, hidden, device=device)
     w = _randn(hidden, device=device)
     got, got_res = rms_norm(x, w, 1e-6, res)
@@ -145,7 +162,10 @@ def small_kernels(chk, device) -> None:
     ms = chk.time_ms(lambda: rms_norm(x, w, 1e-6, res))
     chk.kernel("rms_norm+residual", f"T={tokens} H={hidden}", torch.cat([got, got_res]),
                torch.cat([want, want_res]), "elementwise", ms, 4 * x.numel() * 2 + hidden * 2, "GB/s", "copy_gbps")
-    # rotary in place on q and k: read + write both
+
+
+def _rotary_case(chk, device, tokens: int, hq: int, hkv: int, d: int) -> None:
+    """In place on q and k: read and write both, read cos/sin rows."""
     max_pos = 4 * tokens
     inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, device=device).float() / d))
     freqs = torch.arange(max_pos, device=device).float()[:, None] * inv_freq[None, :]
