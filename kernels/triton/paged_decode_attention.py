@@ -46,6 +46,7 @@ def _decode_split_kernel(
     head_dim,
     block_size: tl.constexpr,  # tokens per cache block; constexpr: // and % become shifts
     tokens_per_split,
+    table_tokens,  # max_blocks * block_size: a context past it is cut there, never read out of the table
     stride_qb,
     stride_qh,
     stride_cb,
@@ -70,7 +71,7 @@ def _decode_split_kernel(
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    ctx = tl.load(lens_ptr + b)
+    ctx = tl.minimum(tl.load(lens_ptr + b), table_tokens)
     start = split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, ctx)
     offs_g = tl.arange(0, BLOCK_G)
@@ -196,8 +197,9 @@ def paged_decode_attention(
 
     k_cache, v_cache [num_blocks, block_size, Hkv, D]; block_tables int32 [B, max_blocks] (only
     entries below a sequence's context are read); context_lens int32 [B], each <= max_blocks *
-    block_size (not checked on the device, a sync per call). The split count is sized from
-    max_blocks * block_size, so pass block tables trimmed to the batch's longest sequence.
+    block_size (not checked: that is a sync per call; a longer one is cut at the table's end, never
+    read past it). The split count is sized from max_blocks * block_size, so pass block tables
+    trimmed to the batch's longest sequence.
     """
     cfg = config or DecodeConfig()
     _, block_size, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
@@ -259,6 +261,7 @@ def paged_decode_attention(
         head_dim,
         block_size,
         per_split,
+        max_context,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),

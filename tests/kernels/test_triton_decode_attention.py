@@ -124,3 +124,11 @@ def test_decode_shared_prefix_blocks() -> None:
     ctx = torch.tensor(lens, dtype=torch.int32)
     got = paged_decode_attention(q, kc, vc, tables, ctx, 0.125, config=DecodeConfig(block_n=32, num_splits=2))
     assert_close(got, reference.paged_decode_attention(q, kc, vc, tables, ctx, 0.125), atol=2e-5, rtol=1e-4)
+
+
+def test_decode_context_past_the_table_is_cut_not_read() -> None:
+    """A context_lens entry larger than the block table holds reads only the table's blocks."""
+    q, kc, vc, tables, ctx = _case([8, 12], 4, 2, 64, block_size=4, spare_blocks=0)
+    too_long = torch.tensor([8, 12 + 40], dtype=torch.int32)
+    got = paged_decode_attention(q, kc, vc, tables, too_long, 0.125, config=DecodeConfig(block_n=16, num_splits=1))
+    assert_close(got, reference.paged_decode_attention(q, kc, vc, tables, ctx, 0.125), atol=2e-5, rtol=1e-4)
