@@ -61,3 +61,38 @@ def test_quant_matmul_random_shapes(seed: int) -> None:
     assert_close(tq.int4_matmul(x, q4, s4, group), ref_quant.int4_matmul(x, q4, s4, group),
                  atol=atol * scale * k / 32, rtol=rtol)
     assert_close(tq.int8_matmul(x, q8, s8), ref_quant.int8_matmul(x, q8, s8), atol=atol * scale * k / 32, rtol=rtol)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_small_ops_random_shapes(seed: int) -> None:
+    from kernels.triton.rms_norm import rms_norm
+    from kernels.triton.rotary import apply_rotary
+    from kernels.triton.store_kv_cache import store_kv_cache
+
+    rng = random.Random(200 + seed)
+    dtype = [torch.float32, torch.float16, torch.bfloat16][seed % 3]
+    atol, rtol = TOL[dtype]
+    tokens, hidden = rng.randint(1, 40), rng.choice([1, 7, 96, 1000, 4096])
+    x, r, w = randn(tokens, hidden, dtype=dtype), randn(tokens, hidden, dtype=dtype), randn(hidden, dtype=dtype)
+    for res in (None, r):
+        got, want = rms_norm(x, w, 1e-5, res), reference.rms_norm(x, w, 1e-5, res)
+        assert_close(got[0], want[0], atol=atol, rtol=rtol)
+        assert_close(got[1], want[1], atol=atol, rtol=rtol)
+    hq, hkv, d = HEADS[seed % len(HEADS)]
+    cos_sin = randn(64, d)
+    positions = torch.randint(0, 64, (tokens,))
+    q, k = randn(tokens, hq, d, dtype=dtype), randn(tokens, hkv, d, dtype=dtype)
+    q2, k2 = q.clone(), k.clone()
+    apply_rotary(q, k, positions, cos_sin)
+    reference.apply_rotary(q2, k2, positions, cos_sin)
+    assert_close(q, q2, atol=atol * 4, rtol=rtol)
+    assert_close(k, k2, atol=atol * 4, rtol=rtol)
+    block_size = rng.choice([1, 3, 16])
+    num_blocks = -(-tokens // block_size) + 2
+    slots = torch.randperm(num_blocks * block_size)[:tokens]
+    slots[torch.rand(tokens) < 0.2] = -1
+    caches = [poisoned(num_blocks, block_size, hkv, d, dtype=dtype) for _ in range(4)]
+    store_kv_cache(k, q[:, :hkv], caches[0], caches[1], slots)
+    reference.store_kv_cache(k, q[:, :hkv], caches[2], caches[3], slots)
+    for a, b in ((caches[0], caches[2]), (caches[1], caches[3])):
+        assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
