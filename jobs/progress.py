@@ -34,6 +34,9 @@ JOBS_KEY = "freight:jobs"
 WORKER_GONE_AFTER_S = 60.0
 SHARD_STATES = ("queued", "running", "committed", "failed", "cancelled")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+FINISHED_JOB_STATES = ("succeeded", "failed", "cancelled")
+AUX_KINDS = ("shards", "est", "attempts", "strikes", "started", "cancel", "meta")
+JOB_TTL_S = 7 * 24 * 3600  # finished jobs' keys expire after a week
 
 
 def job_key(job_id: str) -> str:
@@ -160,6 +163,8 @@ class LiveState:
             _aux("meta", job_id),
             mapping={"output": output, "queue": queue, "model": model, "submitted_at": time.time()},
         )
+        for kind in ("attempts", "strikes", "started", "meta"):
+            pipe.persist(_aux(kind, job_id))  # a resubmitted job is live again
         pipe.sadd(JOBS_KEY, job_id)
         pipe.sadd(QUEUES_KEY, queue)
         pipe.execute()
@@ -174,7 +179,16 @@ class LiveState:
     def set_job_state(self, job_id: str, state: str) -> None:
         if state not in JOB_STATES:
             raise ValueError(f"unknown job state {state!r}; one of {JOB_STATES}")
-        self.client.hset(job_key(job_id), mapping={"state": state, "updated_at": time.time()})
+        pipe = self.client.pipeline()
+        pipe.hset(job_key(job_id), mapping={"state": state, "updated_at": time.time()})
+        if state in FINISHED_JOB_STATES:
+            self._expire_job(pipe, job_id)
+        pipe.execute()
+
+    def _expire_job(self, pipe: Any, job_id: str) -> None:
+        """A finished job's keys stay JOB_TTL_S for status and resubmits, then Redis drops them."""
+        for key in [job_key(job_id), *(_aux(kind, job_id) for kind in AUX_KINDS)]:
+            pipe.expire(key, JOB_TTL_S)
 
     def job(self, job_id: str) -> dict[str, Any]:
         """The job hash with numbers parsed; {} if Redis does not know the job."""
@@ -196,7 +210,10 @@ class LiveState:
     def find_job(self, output: str) -> str | None:
         """The job id whose OUT is `output`, among the jobs Redis knows."""
         for job_id in self.client.smembers(JOBS_KEY):
-            if self.client.hget(_aux("meta", job_id), "output") == output:
+            found = self.client.hget(_aux("meta", job_id), "output")
+            if found is None:
+                self.client.srem(JOBS_KEY, job_id)  # its keys expired
+            elif found == output:
                 return job_id
         return None
 
@@ -241,6 +258,7 @@ class LiveState:
         pipe = self.client.pipeline()
         pipe.set(_aux("cancel", job_id), str(time.time()))
         pipe.hset(job_key(job_id), mapping={"state": "cancelled", "updated_at": time.time()})
+        self._expire_job(pipe, job_id)
         pipe.execute()
 
     def clear_cancel(self, job_id: str) -> None:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from jobs.progress import JOBS_KEY, QUEUES_KEY, WORKERS_KEY, LiveState, WorkerBeat, job_key
+from jobs.progress import JOB_TTL_S, JOBS_KEY, QUEUES_KEY, WORKERS_KEY, LiveState, WorkerBeat, job_key
 
 
 def test_job_counts_follow_shard_transitions(redis_url: str) -> None:
@@ -85,3 +85,17 @@ def test_worker_heartbeats_and_staleness(redis_url: str) -> None:
     assert [w.worker_id for w in live.workers()] == ["w1"]
     live.remove_worker("w1")
     assert live.workers() == []
+
+
+def test_finished_jobs_expire_and_a_resubmit_revives_them(redis_url: str) -> None:
+    live = LiveState(redis_url)
+    live.init_job("j3", output="/o3", queue="q", model="/m", est_tokens={0: 1})
+    live.begin_attempt("j3", 0)
+    assert live.client.ttl(job_key("j3")) == -1  # a live job never expires
+    live.set_job_state("j3", "succeeded")
+    for key in (job_key("j3"), "freight:meta:j3", "freight:attempts:j3", "freight:shards:j3"):
+        assert 0 < live.client.ttl(key) <= JOB_TTL_S
+    live.init_job("j3", output="/o3", queue="q", model="/m", est_tokens={0: 1})
+    assert live.client.ttl(job_key("j3")) == -1 and live.client.ttl("freight:attempts:j3") == -1
+    live.client.delete("freight:meta:j3")  # as if expired
+    assert live.find_job("/o3") is None and not live.client.sismember(JOBS_KEY, "j3")
