@@ -49,6 +49,16 @@ def _config(arch: str, **overrides: object) -> object:
     return classes[arch](**common)
 
 
+@pytest.fixture(autouse=True, scope="package")
+def one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared CPU the threads' spin-waits
+    cost more than the work; restore the setting for the rest of the suite."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_demo_model(tmp_path_factory.mktemp("demo"), "llama", size="tiny")

@@ -25,10 +25,9 @@ def _dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: 
     return (scores.softmax(-1) @ v).transpose(0, 1)
 
 
-def _paged(lengths: list[int], shared_blocks: int = 0, seed: int = 0):
+def _paged(lengths: list[int], shared_blocks: int = 0, seed: int = 0, num_blocks: int = 64):
     """Random sequences stored in a shuffled paged cache; the first shared_blocks blocks are common."""
     gen = torch.Generator().manual_seed(seed)
-    num_blocks = 64
     k_cache = torch.zeros(num_blocks, BLOCK, HKV, D)
     v_cache = torch.zeros(num_blocks, BLOCK, HKV, D)
     free = torch.randperm(num_blocks, generator=gen).tolist()
@@ -85,6 +84,43 @@ def test_paged_decode_shared_prefix_path_matches_dense() -> None:
         torch.testing.assert_close(
             out[b : b + 1], _dense_attention(q[b : b + 1], keys[b], values[b], n - 1), rtol=1e-5, atol=1e-5
         )
+
+
+def test_paged_decode_many_sequences_shared_prefix() -> None:
+    lengths = [70 + 3 * i for i in range(20)]  # > one decode group; 17 shared blocks
+    k_cache, v_cache, tables, keys, values = _paged(lengths, shared_blocks=17, seed=3, num_blocks=400)
+    q = torch.randn(len(lengths), HQ, D)
+    got = paged_decode_attention(
+        q, k_cache, v_cache, tables, torch.tensor(lengths, dtype=torch.int32), D**-0.5
+    )
+    for b, n in enumerate(lengths):
+        want = _dense_attention(q[b : b + 1], keys[b], values[b], n - 1)
+        torch.testing.assert_close(got[b : b + 1], want, rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_shared_prefix_cascade() -> None:
+    lengths = [80, 75, 90]
+    q_lens = [12, 7, 20]  # every query sits after the 68 shared tokens
+    k_cache, v_cache, tables, keys, values = _paged(lengths, shared_blocks=17, seed=4)
+    q = torch.randn(sum(q_lens), HQ, D)
+    cu = torch.tensor([0, 12, 19, 39], dtype=torch.int32)
+    got = prefill_attention(
+        q, k_cache, v_cache, cu, torch.tensor(lengths, dtype=torch.int32), tables, D**-0.5
+    )
+    for b, (n, ql) in enumerate(zip(lengths, q_lens, strict=True)):
+        lo = int(cu[b])
+        want = _dense_attention(q[lo : lo + ql], keys[b], values[b], n - ql)
+        torch.testing.assert_close(got[lo : lo + ql], want, rtol=1e-5, atol=1e-5)
+
+
+def test_math_path_matches_cpu_flash_path() -> None:
+    from kernels.reference.attention import _attend, _attend_math
+
+    q, k, v = torch.randn(2, 3, 5, D), torch.randn(2, 3, 9, D), torch.randn(2, 3, 9, D)
+    mask = torch.zeros(2, 1, 5, 9).masked_fill_(torch.rand(2, 1, 5, 9) < 0.3, float("-inf"))
+    mask[..., 0] = 0.0
+    for a, b in zip(_attend(q, k, v, mask, 0.3), _attend_math(q, k, v, mask, 0.3), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_prefill_varlen_causal_with_cached_context() -> None:

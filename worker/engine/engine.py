@@ -100,6 +100,8 @@ class Engine:
         blocks freed, nothing yielded for them) and the generator returns.
         """
         params_list = self._params_for(prompts, params)
+        if self.scheduler.has_unfinished():
+            raise RuntimeError("this engine is already running a stream; finish or close it first")
         seqs: list[Sequence] = []
         for i, (prompt, p) in enumerate(zip(prompts, params_list, strict=True)):
             ids, error = self._prompt_ids(prompt)

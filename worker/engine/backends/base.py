@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 
@@ -24,6 +24,8 @@ class AttentionMetadata:
     prefill_block_tables: torch.Tensor | None  # int32 [Bp, max_blocks]
     decode_context_lens: torch.Tensor | None  # int32 [Bd]
     decode_block_tables: torch.Tensor | None  # int32 [Bd, max_blocks]
+    # Per-step memo a backend may fill with work shared by every layer (e.g. gather plans).
+    scratch: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 class Backend:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from kernels import reference
-from worker.engine.backends.base import Backend
+from kernels.reference.attention import decode_with_plan, plan_decode, plan_prefill, prefill_with_plan
+from worker.engine.backends.base import AttentionMetadata, Backend
 
 
 class TorchBackend(Backend):
@@ -19,3 +20,34 @@ class TorchBackend(Backend):
     @classmethod
     def supports(cls, device: torch.device) -> bool:
         return True
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Backend.attention, with the gather plans built once per step and reused by every layer."""
+        self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        p = meta.num_prefill_tokens
+        block_size = k_cache.shape[1]
+        if p:
+            plan = meta.scratch.get("prefill")
+            if plan is None:
+                group = q.shape[1] // k_cache.shape[2]
+                plan = plan_prefill(meta.prefill_cu_seqlens_q, meta.prefill_context_lens,
+                                    meta.prefill_block_tables, block_size, group)  # fmt: skip
+                meta.scratch["prefill"] = plan
+            prefill_with_plan(q[:p], k_cache, v_cache, plan, scale, out[:p])
+        if p < q.shape[0]:
+            plan = meta.scratch.get("decode")
+            if plan is None:
+                plan = plan_decode(meta.decode_block_tables, meta.decode_context_lens, block_size)
+                meta.scratch["decode"] = plan
+            decode_with_plan(q[p:], k_cache, v_cache, plan, scale, out[p:])
+        return out

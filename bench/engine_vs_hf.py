@@ -1,0 +1,150 @@
+"""freight's engine vs transformers `generate` on one random ~30M-parameter Llama, same machine, same run.
+
+    .venv/bin/python bench/engine_vs_hf.py            # 256 + 256 prompts (several minutes on 2 cores)
+    .venv/bin/python bench/engine_vs_hf.py --quick    # 64 + 64 prompts
+
+Workloads (random token ids, EOS ignored so both sides generate exactly max_tokens per prompt):
+  mixed          prompts of 16..512 tokens, max_tokens 16..128
+  shared prefix  one 1,000-token prefix + a distinct 32-token suffix per prompt, max_tokens 16
+transformers gets its best shot: prompts sorted by length, left-padded batches, greedy, KV cache on;
+each batch generates the batch's largest max_tokens and only each prompt's own max_tokens count.
+Throughput counts prompt + completion tokens of the requests (the same for both sides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from worker.demo_model import make_demo_model
+from worker.engine import Engine, EngineConfig, SamplingParams
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    prompts: list[list[int]]
+    max_tokens: list[int]
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(p) for p in self.prompts) + sum(self.max_tokens)
+
+
+def workloads(n: int, vocab: int, seed: int = 0) -> list[Workload]:
+    rng = random.Random(seed)
+
+    def rand(k: int) -> list[int]:
+        return [rng.randrange(3, vocab) for _ in range(k)]
+
+    mixed = Workload(
+        "mixed", [rand(rng.randint(16, 512)) for _ in range(n)], [rng.randint(16, 128) for _ in range(n)]
+    )
+    prefix = rand(1000)
+    shared = Workload("shared prefix", [prefix + rand(32) for _ in range(n)], [16] * n)
+    return [mixed, shared]
+
+
+def run_engine(engine: Engine, w: Workload) -> tuple[float, dict]:
+    params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in w.max_tokens]
+    before = engine.stats.snapshot()
+    t0 = time.perf_counter()
+    outs = engine.generate(w.prompts, params)
+    elapsed = time.perf_counter() - t0
+    if any(len(o.token_ids) != m for o, m in zip(outs, w.max_tokens, strict=True)):
+        raise RuntimeError("engine produced the wrong number of tokens")
+    delta = engine.stats.snapshot() - before
+    return elapsed, {"computed": delta.computed_prefill_tokens, "prompt": delta.prompt_tokens}
+
+
+@torch.inference_mode()
+def run_hf(model: torch.nn.Module, w: Workload, batch_size: int) -> float:
+    order = sorted(range(len(w.prompts)), key=lambda i: len(w.prompts[i]))
+    t0 = time.perf_counter()
+    for lo in range(0, len(order), batch_size):
+        idx = order[lo : lo + batch_size]
+        width = max(len(w.prompts[i]) for i in idx)
+        ids = torch.zeros(len(idx), width, dtype=torch.long)
+        mask = torch.zeros(len(idx), width, dtype=torch.long)
+        for row, i in enumerate(idx):
+            p = w.prompts[i]
+            ids[row, width - len(p) :] = torch.tensor(p)
+            mask[row, width - len(p) :] = 1
+        new = max(w.max_tokens[i] for i in idx)
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                             do_sample=False, pad_token_id=0)  # fmt: skip
+        if out.shape[1] != width + new:
+            raise RuntimeError("transformers stopped early")
+    return time.perf_counter() - t0
+
+
+def matmul_gflops(hidden: int, ffn: int, m: int = 256, seconds: float = 2.0) -> float:
+    """Measured fp32 rate of this machine on the model's own projection shape (gate_up, M rows)."""
+    x, w = torch.randn(m, hidden), torch.randn(2 * ffn, hidden)
+    for _ in range(3):
+        x @ w.T
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        x @ w.T
+        n += 1
+    return 2 * m * hidden * 2 * ffn * n / (time.perf_counter() - t0) / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="64 prompts per workload instead of 256")
+    ap.add_argument("--prompts", type=int, default=None, help="prompts per workload (overrides --quick)")
+    ap.add_argument("--hf-batch-size", type=int, default=16)
+    ap.add_argument("--skip-hf", action="store_true", help="engine only (profiling)")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads for both sides")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    n = args.prompts or (64 if args.quick else 256)
+    import transformers  # the peer; a dev dependency
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = make_demo_model(Path(tmp) / "llama", "llama", size="medium")
+        cfg = transformers.AutoConfig.from_pretrained(path)
+        engine = Engine.from_pretrained(
+            path, EngineConfig(kv_cache_bytes=3 << 29, max_num_batched_tokens=2048)
+        )
+        hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        hf.generation_config.eos_token_id = None
+        params = sum(p.numel() for p in hf.parameters())
+        non_embed = params - cfg.vocab_size * cfg.hidden_size
+        print(f"model: random Llama, {params / 1e6:.1f}M parameters ({non_embed / 1e6:.1f}M without the "
+              f"input embedding); torch {torch.__version__}, {torch.get_num_threads()} threads")  # fmt: skip
+        rows = []
+        for w in workloads(n, cfg.vocab_size):
+            t_engine, counts = run_engine(engine, w)
+            t_hf = float("nan") if args.skip_hf else run_hf(hf, w, args.hf_batch_size)
+            rows.append((w, t_engine, t_hf, counts))
+        print(f"\n{'workload':<14} {'prompts':>7} {'tokens':>8} {'freight tok/s':>14} {'hf tok/s':>9} "
+              f"{'ratio':>6} {'computed/prompt':>16}")  # fmt: skip
+        for w, te, th, c in rows:
+            print(f"{w.name:<14} {len(w.prompts):>7} {w.tokens:>8} {w.tokens / te:>14.0f} {w.tokens / th:>9.0f} "
+                  f"{th / te:>5.1f}x {c['computed'] / c['prompt']:>15.1%}")  # fmt: skip
+
+        # Decode rate vs the matmul roofline: short prompts, long generations, a full batch.
+        decode = Workload(
+            "decode", [p[:16] for p in workloads(n, cfg.vocab_size, seed=1)[0].prompts], [64] * n
+        )
+        before = engine.stats.snapshot()
+        t_dec, _ = run_engine(engine, decode)
+        gen = (engine.stats.snapshot() - before).decode_tokens
+        rate = matmul_gflops(cfg.hidden_size, cfg.intermediate_size)
+        roof = rate * 1e9 / (2 * non_embed)
+        print(f"\ndecode: {gen / t_dec:.0f} tokens/s ({n} sequences x 64 tokens, 16-token prompts); "
+              f"fp32 matmul {rate:.1f} GFLOP/s -> roofline {roof:.0f} tokens/s (2 x {non_embed / 1e6:.1f}M "
+              f"params per token); {gen / t_dec / roof:.0%} of roofline")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
