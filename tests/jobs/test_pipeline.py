@@ -96,6 +96,9 @@ def test_local_job_end_to_end(tmp_path: Path, demo_model_dir: Path) -> None:
     code, _ = invoke(["results", str(out), "--to", str(tmp_path / "all.jsonl")])
     lines = (tmp_path / "all.jsonl").read_text().splitlines()
     assert code == 0 and len(lines) == 40 and {json.loads(x)["id"] for x in lines} == set(by_id)
+    code, _ = invoke(["results", str(out), "--to", str(tmp_path / "all.parquet")])
+    exported = ds.dataset(tmp_path / "all.parquet").to_table()
+    assert code == 0 and exported.column_names == RESULT_COLUMNS and sorted(exported.column("id").to_pylist()) == sorted(by_id)
 
 
 def test_s3_job_end_to_end(tmp_path: Path, demo_model_dir: Path, s3_env: Settings) -> None:
