@@ -122,6 +122,11 @@ def test_s3_job_end_to_end(tmp_path: Path, demo_model_dir: Path, s3_env: Setting
     check_cost_report(report, rows, len(report["shards"]))
     cached = list((s3_env.cache_dir / "models").iterdir())
     assert len(cached) == 1 and (cached[0] / "config.json").read_bytes() == (demo_model_dir / "config.json").read_bytes()
+    stamp = (cached[0] / ".complete").stat().st_mtime_ns
+    code, output = invoke(["run", f"{prefix}/in", "--model", f"{prefix}/model", "--output", f"{prefix}/out2",
+                           "--max-tokens", "1", "--shard-rows", "20"])
+    assert code == 0, output  # a second job on the same model: the cached copy, not a second download
+    assert list((s3_env.cache_dir / "models").iterdir()) == cached and (cached[0] / ".complete").stat().st_mtime_ns == stamp
 
 
 def test_openai_batch_jsonl_round_trips_custom_id(tmp_path: Path, demo_model_dir: Path) -> None:
