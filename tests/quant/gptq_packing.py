@@ -8,7 +8,7 @@ import torch
 def words(nibbles: torch.Tensor) -> torch.Tensor:
     """int64 [..., 8] values in [0, 15] -> int32 words, nibble j in bits 4j..4j+3 (two's complement)."""
     word = sum(nibbles[..., j] << (4 * j) for j in range(8))
-    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32).contiguous()
 
 
 def pack_gptq(u: torch.Tensor, scales: torch.Tensor, group_size: int, zero: int = 8,

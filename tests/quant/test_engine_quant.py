@@ -163,7 +163,7 @@ def test_gptq_lowers_layer_output_error_on_real_activations(reference_model: Pat
 
             for g in (128, 32):
                 rtn = output_error(dequantize_int4(*quantize_int4(w, g), g))
-                for act_order in (False, True):
+                for act_order in (False, True) if g == 128 else (False,):
                     q, s = gptq_quantize_int4(w, hessians[local].hessian, GPTQConfig(group_size=g, act_order=act_order))
                     gptq = output_error(q.float() * s.repeat_interleave(g, dim=1))
                     assert gptq < 0.9 * rtn, (i, local, g, act_order, gptq, rtn)

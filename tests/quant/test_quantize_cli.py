@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from jobs.cli import app
+from jobs.log import configure_logging
 from worker.demo_model import make_demo_model
 from worker.engine import Engine, EngineConfig, SamplingParams
 from worker.engine.quant import Int4Linear
@@ -18,7 +19,9 @@ runner = CliRunner()
 
 
 def _quantize(*args: str):
-    return runner.invoke(app, ["quantize", *args])
+    result = runner.invoke(app, ["quantize", *args])
+    configure_logging()  # the CLI bound structlog to the runner's stderr, closed by now
+    return result
 
 
 def test_int4_gptq_from_a_parquet_column_loads_and_generates(reference_model: Path, real_texts: list[str],

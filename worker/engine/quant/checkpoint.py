@@ -188,7 +188,9 @@ def _gptq_all(
             # the module's checkpoint tensors in shard order (q, k, v / gate, up): stacked rows
             shards = sorted((shard, n) for n, (m, shard) in targets.items() if m == prefix + local)
             names = [n for _, n in shards]
-            q, scales = gptq_quantize_int4(torch.cat([tensors[n] for n in names]), hessians[local].hessian, gcfg)
+            q, scales = gptq_quantize_int4(
+                torch.cat([tensors[n] for n in names]), hessians[local].hessian, gcfg
+            )
             # the engine module now computes with its quantized weight, for the next layers' inputs
             module.weight.data.copy_(q.float() * scales.repeat_interleave(spec.group_size, dim=1))
             row = 0
