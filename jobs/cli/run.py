@@ -91,7 +91,7 @@ def run(
         prepared = prepare_job(spec, settings, PriceTable.load(prices) if prices else None)
     except ValidationError as exc:
         raise fail(_validation_line(exc)) from None
-    except FreightError as exc:
+    except (FreightError, ValueError) as exc:  # ValueError: a malformed URL or option
         raise fail(str(exc)) from None
     from jobs.cli.run_progress import run_with_progress
 
@@ -102,7 +102,7 @@ def run(
 
 def _absolute(url: str) -> str:
     """Local paths become absolute (the manifest must mean the same files from any directory)."""
-    if url.startswith("s3://") or not url.strip():
+    if "://" in url or not url.strip():  # URLs stay as given; open_store refuses unknown schemes
         return url
     return str(Path(url).expanduser().absolute())
 
@@ -117,7 +117,7 @@ def status(out: str = typer.Argument(..., help="the job's OUT (or a distributed 
     try:
         store = open_store(resolve_out(out), get_settings())
         st = job_status(store)
-    except FreightError as exc:
+    except (FreightError, ValueError) as exc:  # ValueError: a malformed URL or option
         raise fail(str(exc)) from None
     Console().print(status_table(st))
     print_fleet_status(store)  # distributed jobs: live progress, failures, cancel
@@ -128,10 +128,9 @@ def cost(out: str = typer.Argument(...), as_json: bool = typer.Option(False, "--
     from jobs.storage import open_store
     from jobs.tables import cost_table
 
-    store = open_store(out, get_settings())
     try:
-        report, provisional = _report(store)
-    except FreightError as exc:
+        report, provisional = _report(open_store(out, get_settings()))
+    except (FreightError, ValueError) as exc:  # ValueError: a malformed URL or option
         raise fail(str(exc)) from None
     if as_json:
         sys.stdout.write(json.dumps(report, indent=1) + "\n")
@@ -168,8 +167,8 @@ def results(
     from jobs.storage import open_store
     from jobs.tables import results_table
 
-    store = open_store(out, get_settings())
     try:
+        store = open_store(out, get_settings())
         read_manifest(store)
         if to is None:
             Console().print(results_table(datasets.read_results(store, head=head)))
@@ -178,7 +177,7 @@ def results(
             raise FreightError(f"--to {to}: give a .parquet or .jsonl file name")
         table = datasets.read_results(store)
         to.write_bytes(datasets.write_result(table) if to.suffix == ".parquet" else datasets.write_jsonl(table))
-    except FreightError as exc:
+    except (FreightError, ValueError) as exc:  # ValueError: a malformed URL or option
         raise fail(str(exc)) from None
     Console(stderr=True).print(f"wrote {table.num_rows:,} rows to {to}", soft_wrap=True)
 

@@ -46,6 +46,8 @@ def _case(tmp_path: Path, demo_model_dir: Path, dataset: Path, case: str) -> tup
         return [str(dataset), "--model", model, "--output", out, "--max-tokens", "0"], "max_tokens"
     if case == "unknown instance type":
         return [str(dataset), "--model", model, "--output", out, "--instance-type", "z9.huge"], "--price-per-hour"
+    if case == "unsupported url":
+        return [str(dataset), "--model", model, "--output", "gs://bucket/out"], "only local paths and s3://"
     if case == "bad jsonl":
         p = tmp_path / "batch.jsonl"
         p.write_text('{"custom_id": "a", "body": {"prompt": "hi"}}\nnot json\n')
@@ -54,7 +56,7 @@ def _case(tmp_path: Path, demo_model_dir: Path, dataset: Path, case: str) -> tup
 
 
 CASES = ["missing input", "not parquet", "missing prompt column", "wrong column type", "empty dataset",
-         "unknown model", "bad option", "unknown instance type", "bad jsonl"]
+         "unknown model", "bad option", "unknown instance type", "bad jsonl", "unsupported url"]
 
 
 @pytest.mark.parametrize("case", CASES)
