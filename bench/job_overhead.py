@@ -46,7 +46,10 @@ class EngineTimer:
 def make_dataset(path: Path, rows: int) -> Path:
     # short, distinct code prompts (~10-20 tokens); every 8th shares a long prefix with its group
     header = "# utility module: small helpers for parsing and formatting records\n"
-    prompts = [(header if i % 8 == 0 else "") + f"def helper_{i}(value):\n    return value * {i % 97}" for i in range(rows)]
+    prompts = [
+        (header if i % 8 == 0 else "") + f"def helper_{i}(value):\n    return value * {i % 97}"
+        for i in range(rows)
+    ]
     pq.write_table(pa.table({"id": [f"r{i}" for i in range(rows)], "prompt": prompts}), path)
     return path
 
@@ -74,8 +77,14 @@ def main() -> None:
     timer = EngineTimer(engine)
 
     t0 = time.perf_counter()
-    spec = JobSpec(input=str(data), model=str(model), output=str(work / "out"), id_column="id",
-                   sampling=SamplingSpec(max_tokens=1), shard_rows=args.shard_rows)
+    spec = JobSpec(
+        input=str(data),
+        model=str(model),
+        output=str(work / "out"),
+        id_column="id",
+        sampling=SamplingSpec(max_tokens=1),
+        shard_rows=args.shard_rows,
+    )
     prepared = prepare_job(spec)
     t_plan = time.perf_counter() - t0
     t1 = time.perf_counter()
@@ -97,16 +106,24 @@ def main() -> None:
         peer = time.perf_counter() - t2
         peer_hit = sum(o.cached_tokens for o in outs) / max(1, sum(o.prompt_tokens for o in outs))
 
-    print(f"\njob: {args.rows:,} rows, {len(prepared.manifest.shards)} shards of ~{args.shard_rows}, max_tokens 1, "
-          f"{report.get('prompt_tokens', 0):,} prompt tokens (prefix cache hit {report.get('cache_hit_rate', 0):.1%}), "
-          f"demo model {model}")
+    print(
+        f"\njob: {args.rows:,} rows, {len(prepared.manifest.shards)} shards of ~{args.shard_rows}, max_tokens 1, "
+        f"{report.get('prompt_tokens', 0):,} prompt tokens (prefix cache hit {report.get('cache_hit_rate', 0):.1%}), "
+        f"demo model {model}"
+    )
     print(f"{'measure':<44}{'seconds':>10}{'share':>9}")
-    for label, secs in (("plan + manifest", t_plan), ("run_local (shards + finalize)", t_run),
-                        ("  inside engine.stream", inside), ("  outside the engine (total - inside)", outside),
-                        ("job total", total)):
+    for label, secs in (
+        ("plan + manifest", t_plan),
+        ("run_local (shards + finalize)", t_run),
+        ("  inside engine.stream", inside),
+        ("  outside the engine (total - inside)", outside),
+        ("job total", total),
+    ):
         print(f"{label:<44}{secs:>10.2f}{secs / total:>9.1%}")
     if peer is not None:
-        print(f"{'peer: bare engine.generate, same prompts':<44}{peer:>10.2f}   (prefix cache hit {peer_hit:.1%})")
+        print(
+            f"{'peer: bare engine.generate, same prompts':<44}{peer:>10.2f}   (prefix cache hit {peer_hit:.1%})"
+        )
         print(f"job total / bare engine: {total / peer:.3f}x")
     verdict = "meets" if outside / total < 0.10 else "MISSES"
     print(f"overhead outside the engine: {outside / total:.1%} of the job ({verdict} the < 10% target)")

@@ -45,8 +45,20 @@ def main() -> None:
     out = work / "out"
     shutil.rmtree(out, ignore_errors=True)  # the demo's own output: a fresh job every time
     print(f"dataset {dataset}\nmodel   {model}\noutput  {out}\n", flush=True)
-    freight("run", str(dataset), "--model", str(model), "--output", str(out), "--id-column", "id",
-            "--max-tokens", str(args.max_tokens), "--shard-rows", "12")
+    freight(
+        "run",
+        str(dataset),
+        "--model",
+        str(model),
+        "--output",
+        str(out),
+        "--id-column",
+        "id",
+        "--max-tokens",
+        str(args.max_tokens),
+        "--shard-rows",
+        "12",
+    )
     freight("results", str(out), "--head", "6")
     freight("cost", str(out))
 

@@ -14,13 +14,30 @@ INSTRUCTION = (
     "# use only the standard library.\n\n"
 )
 FUNCTIONS = [
-    "def fibonacci(n):", "def is_prime(n):", "def reverse_words(text):", "def flatten(nested):",
-    "def word_count(path):", "def merge_sorted(a, b):", "def chunked(items, size):", "def median(values):",
-    "def parse_csv_line(line):", "def slugify(title):", "def gcd(a, b):", "def transpose(matrix):",
-    "def unique_everseen(iterable):", "def binary_search(items, target):", "def read_json(path):",
-    "def camel_to_snake(name):", "def rotate(items, k):", "def count_vowels(text):",
-    "def dedent_block(text):", "def running_mean(values):", "def is_palindrome(text):",
-    "def histogram(values, bins):", "def deep_merge(a, b):", "def format_bytes(n):",
+    "def fibonacci(n):",
+    "def is_prime(n):",
+    "def reverse_words(text):",
+    "def flatten(nested):",
+    "def word_count(path):",
+    "def merge_sorted(a, b):",
+    "def chunked(items, size):",
+    "def median(values):",
+    "def parse_csv_line(line):",
+    "def slugify(title):",
+    "def gcd(a, b):",
+    "def transpose(matrix):",
+    "def unique_everseen(iterable):",
+    "def binary_search(items, target):",
+    "def read_json(path):",
+    "def camel_to_snake(name):",
+    "def rotate(items, k):",
+    "def count_vowels(text):",
+    "def dedent_block(text):",
+    "def running_mean(values):",
+    "def is_palindrome(text):",
+    "def histogram(values, bins):",
+    "def deep_merge(a, b):",
+    "def format_bytes(n):",
 ]
 STANDALONE = [
     "import os\n\ndef list_python_files(root):",
@@ -30,7 +47,7 @@ STANDALONE = [
     "from dataclasses import dataclass\n\n@dataclass\nclass Point:",
     "def quicksort(xs):\n    if len(xs) <= 1:\n",
     "for i in range(10):\n",
-    "def add(a, b):\n    \"\"\"Return a + b.\"\"\"\n",
+    'def add(a, b):\n    """Return a + b."""\n',
 ]
 
 

@@ -46,8 +46,11 @@ class PriceTable:
         prices: dict[str, dict[str, float]] = {}
         for name, entry in raw.items():
             if not isinstance(entry, dict) or "on_demand" not in entry:
-                raise FreightError(f"price table {path}: [\"{name}\"] needs on_demand (and spot) USD/hour")
-            prices[name] = {"on_demand": float(entry["on_demand"]), "spot": float(entry.get("spot", entry["on_demand"]))}
+                raise FreightError(f'price table {path}: ["{name}"] needs on_demand (and spot) USD/hour')
+            prices[name] = {
+                "on_demand": float(entry["on_demand"]),
+                "spot": float(entry.get("spot", entry["on_demand"])),
+            }
         return cls(prices)
 
     def pricing(self, instance_type: str, market: Market, override: float | None = None) -> ShardPricing:
@@ -55,11 +58,17 @@ class PriceTable:
         entry = self.prices.get(instance_type)
         if entry is None and override is None:
             known = ", ".join(sorted(self.prices))
-            raise FreightError(f"unknown instance type '{instance_type}': pass --price-per-hour or use one of {known}")
+            raise FreightError(
+                f"unknown instance type '{instance_type}': pass --price-per-hour or use one of {known}"
+            )
         price = override if override is not None else entry["spot" if market == "spot" else "on_demand"]  # type: ignore[index]
         on_demand = entry["on_demand"] if entry is not None else price
-        return ShardPricing(instance_type=instance_type, market=market, price_per_hour=price,
-                            on_demand_price_per_hour=on_demand)
+        return ShardPricing(
+            instance_type=instance_type,
+            market=market,
+            price_per_hour=price,
+            on_demand_price_per_hour=on_demand,
+        )
 
 
 class ShardRecord(BaseModel):

@@ -30,7 +30,10 @@ RESULT_SCHEMA = pa.schema(
     ]
 )
 # Likelihood scoring (spec.continuation_column set) appends these two columns.
-LIKELIHOOD_FIELDS = [pa.field("continuation_logprob", pa.float64()), pa.field("continuation_tokens", pa.int32())]
+LIKELIHOOD_FIELDS = [
+    pa.field("continuation_logprob", pa.float64()),
+    pa.field("continuation_tokens", pa.int32()),
+]
 OVERRIDE_COLUMNS = ("max_tokens", "temperature", "top_p", "seed")
 
 
@@ -43,7 +46,9 @@ def _open_input(url: str, settings: Settings | None) -> tuple[ObjectStore, str]:
     return open_store(parent or ".", settings), name
 
 
-def list_input_files(url: str, settings: Settings | None = None) -> tuple[str, list[tuple[str, bytes | None]]]:
+def list_input_files(
+    url: str, settings: Settings | None = None
+) -> tuple[str, list[tuple[str, bytes | None]]]:
     """(format, [(file url, bytes or None for local files)]) for a file, folder or prefix.
 
     Raises InputError when nothing readable is there.
@@ -119,7 +124,9 @@ def jsonl_to_table(url: str, data: bytes) -> pa.Table:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise InputError(f"{url} line {lineno} is not JSON ({exc.msg}): expected OpenAI-Batch JSONL") from exc
+            raise InputError(
+                f"{url} line {lineno} is not JSON ({exc.msg}): expected OpenAI-Batch JSONL"
+            ) from exc
         if not isinstance(obj, dict):
             raise InputError(f"{url} line {lineno}: expected a JSON object with custom_id and body")
         body = obj.get("body") if isinstance(obj.get("body"), dict) else {}
@@ -169,7 +176,9 @@ class InputReader:
                 data = None if store.local_path(name) is not None else store.get(name)
                 table = read_parquet(f.url, data, columns=self.columns)
             if table.num_rows != f.rows:
-                raise InputError(f"{f.url} changed since the job was planned ({table.num_rows} rows, was {f.rows})")
+                raise InputError(
+                    f"{f.url} changed since the job was planned ({table.num_rows} rows, was {f.rows})"
+                )
             self._cache[f.url] = table
             while len(self._cache) > self._cache_files:
                 self._cache.popitem(last=False)

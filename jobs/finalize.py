@@ -23,7 +23,9 @@ from jobs.storage import ObjectStore
 
 def committed_shards(store: ObjectStore) -> set[int]:
     """Indices of shards whose result object exists (the definition of done)."""
-    return {int(k[len("shards/") : -len(".parquet")]) for k in store.list("shards/") if k.endswith(".parquet")}
+    return {
+        int(k[len("shards/") : -len(".parquet")]) for k in store.list("shards/") if k.endswith(".parquet")
+    }
 
 
 def load_shard_record(store: ObjectStore, index: int) -> ShardRecord:
@@ -38,7 +40,9 @@ def load_shard_record(store: ObjectStore, index: int) -> ShardRecord:
 
 
 def load_attempt_records(store: ObjectStore) -> list[AttemptRecord]:
-    return [AttemptRecord.model_validate_json(store.get(k)) for k in store.list("waste/") if k.endswith(".json")]
+    return [
+        AttemptRecord.model_validate_json(store.get(k)) for k in store.list("waste/") if k.endswith(".json")
+    ]
 
 
 def finalize(store: ObjectStore, manifest: Manifest | None = None) -> dict[str, Any]:
@@ -53,7 +57,9 @@ def finalize(store: ObjectStore, manifest: Manifest | None = None) -> dict[str, 
     missing = [s.index for s in manifest.shards if s.index not in done]
     if missing:
         head = ", ".join(str(i) for i in missing[:10]) + (" ..." if len(missing) > 10 else "")
-        raise JobIncompleteError(f"{len(missing)} of {len(manifest.shards)} shards not committed yet ({head})")
+        raise JobIncompleteError(
+            f"{len(missing)} of {len(manifest.shards)} shards not committed yet ({head})"
+        )
     report = build_report(
         manifest.job_id,
         [load_shard_record(store, s.index) for s in manifest.shards],

@@ -21,7 +21,9 @@ def resolve_model(model: str, settings: Settings | None = None) -> Path:
     if not model.startswith("s3://"):
         path = Path(model).expanduser()
         if not (path / "config.json").is_file():
-            raise ModelNotFoundError(f"model {model} has no config.json: give a Hugging Face checkpoint folder")
+            raise ModelNotFoundError(
+                f"model {model} has no config.json: give a Hugging Face checkpoint folder"
+            )
         return path
     settings = settings or get_settings()
     store = open_store(model, settings)

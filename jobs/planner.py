@@ -45,7 +45,9 @@ class PreparedJob:
     resumed: bool
 
 
-def prepare_job(spec: JobSpec, settings: Settings | None = None, prices: PriceTable | None = None) -> PreparedJob:
+def prepare_job(
+    spec: JobSpec, settings: Settings | None = None, prices: PriceTable | None = None
+) -> PreparedJob:
     """Validate, plan, and write OUT/manifest.json (or match the one there). Nothing is written on error."""
     store = open_store(spec.output, settings)
     if store.exists(MANIFEST_KEY):
@@ -88,7 +90,7 @@ def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[Inpu
     """Check the input's files and columns; return its plan and the prompt column (for grouping)."""
     fmt, sources = datasets.list_input_files(spec.input, settings)
     if fmt == "jsonl":
-        (url, data), = sources
+        ((url, data),) = sources
         if data is None:
             data = Path(url).read_bytes()
         table = datasets.jsonl_to_table(url, data)
@@ -113,27 +115,48 @@ def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[Inpu
             prompt_column = "messages"
         table = None
     names = schema.names
-    for label, column in (("prompt", prompt_column), ("id", id_column), ("continuation", spec.continuation_column)):
+    for label, column in (
+        ("prompt", prompt_column),
+        ("id", id_column),
+        ("continuation", spec.continuation_column),
+    ):
         if column is not None and column not in names:
-            raise InputError(f"{label} column '{column}' not found in {spec.input}; columns: {', '.join(names)}")
+            raise InputError(
+                f"{label} column '{column}' not found in {spec.input}; columns: {', '.join(names)}"
+            )
     kind = _prompt_kind(schema.field(prompt_column), fmt)
     if spec.continuation_column and not _is_string(schema.field(spec.continuation_column).type):
-        raise InputError(f"continuation column '{spec.continuation_column}' has type "
-                         f"{schema.field(spec.continuation_column).type}; expected string")
+        raise InputError(
+            f"continuation column '{spec.continuation_column}' has type "
+            f"{schema.field(spec.continuation_column).type}; expected string"
+        )
     overrides = tuple(c for c in datasets.OVERRIDE_COLUMNS if c in names and c != id_column)
     if fmt == "parquet":
         for column in overrides:
             t = schema.field(column).type
-            ok = pa.types.is_integer(t) if column in ("max_tokens", "seed") else (pa.types.is_integer(t) or pa.types.is_floating(t))
+            ok = (
+                pa.types.is_integer(t)
+                if column in ("max_tokens", "seed")
+                else (pa.types.is_integer(t) or pa.types.is_floating(t))
+            )
             if not ok:
-                raise InputError(f"column '{column}' overrides sampling per row but has type {t}; "
-                                 "expected a number (or rename the column)")
+                raise InputError(
+                    f"column '{column}' overrides sampling per row but has type {t}; "
+                    "expected a number (or rename the column)"
+                )
     total = sum(f.rows for f in files)
     if total == 0:
         raise InputError(f"input {spec.input} is empty: 0 rows")
-    input_plan = InputPlan(format=fmt, files=tuple(files), rows=total, prompt_column=prompt_column,
-                           prompt_kind=kind, id_column=id_column, continuation_column=spec.continuation_column,
-                           override_columns=overrides)
+    input_plan = InputPlan(
+        format=fmt,
+        files=tuple(files),
+        rows=total,
+        prompt_column=prompt_column,
+        prompt_kind=kind,
+        id_column=id_column,
+        continuation_column=spec.continuation_column,
+        override_columns=overrides,
+    )
     if table is None:
         table = pa.concat_tables(datasets.read_parquet(u, d, columns=[prompt_column]) for u, d in sources)
     prompts = table.column(prompt_column)
@@ -160,8 +183,10 @@ def _prompt_kind(field: pa.Field, fmt: str) -> str:
         members = {t.value_type.field(i).name for i in range(t.value_type.num_fields)}
         if {"role", "content"} <= members:
             return "messages"
-    raise InputError(f"prompt column '{field.name}' has type {t}; expected string prompts or chat "
-                     "messages (list of {role, content})")
+    raise InputError(
+        f"prompt column '{field.name}' has type {t}; expected string prompts or chat "
+        "messages (list of {role, content})"
+    )
 
 
 def cut_shards(prompts: pa.ChunkedArray | pa.Array, shard_rows: int) -> list[ShardPlan]:

@@ -35,8 +35,10 @@ def cost_table(report: dict[str, Any], provisional: bool = False) -> Table:
         ("completion tokens", f"{report['completion_tokens']:,}"),
         ("prefix cache hit rate", f"{report['cache_hit_rate']:.1%}"),
         ("tokens / s (engine busy)", _num(report["tokens_per_second"])),
-        ("busy / billed / wall s", f"{report['busy_seconds']:.1f} / {report['billed_seconds']:.1f} / "
-                                   f"{report['wall_seconds']:.1f}"),
+        (
+            "busy / billed / wall s",
+            f"{report['busy_seconds']:.1f} / {report['billed_seconds']:.1f} / {report['wall_seconds']:.1f}",
+        ),
         ("instance (market)", f"{report['instance_type']} ({report['market']})"),
         ("price / hour", _usd(report["price_per_hour"])),
         ("cost", _usd(report["cost_usd"])),
@@ -64,8 +66,14 @@ def status_table(status: JobStatus) -> Table:
     return t
 
 
-HEADERS = {"finish_reason": "finish", "prompt_tokens": "prompt tok", "cached_tokens": "cached tok",
-           "completion_tokens": "compl tok", "continuation_logprob": "cont logprob", "continuation_tokens": "cont tok"}
+HEADERS = {
+    "finish_reason": "finish",
+    "prompt_tokens": "prompt tok",
+    "cached_tokens": "cached tok",
+    "completion_tokens": "compl tok",
+    "continuation_logprob": "cont logprob",
+    "continuation_tokens": "cont tok",
+}
 
 
 def results_table(table: pa.Table, width: int = 60) -> Table:
@@ -82,8 +90,13 @@ def results_table(table: pa.Table, width: int = 60) -> Table:
             t.add_column(header, no_wrap=True, overflow="ellipsis", min_width=12, ratio=1)
             continue
         fit = min(max([len(header)] + [len(c[k]) for c in cells]), 24)
-        t.add_column(header, no_wrap=True, overflow="ellipsis", min_width=fit,
-                     justify="right" if name.endswith(("tokens", "logprob")) else "left")
+        t.add_column(
+            header,
+            no_wrap=True,
+            overflow="ellipsis",
+            min_width=fit,
+            justify="right" if name.endswith(("tokens", "logprob")) else "left",
+        )
     for c in cells:
         t.add_row(*c)
     return t

@@ -33,7 +33,9 @@ class LocalRun:
         return self.report is None
 
 
-def load_engine(manifest: Manifest, settings: Settings | None = None, device: str | None = None) -> tuple[Any, float]:
+def load_engine(
+    manifest: Manifest, settings: Settings | None = None, device: str | None = None
+) -> tuple[Any, float]:
     """(engine, seconds it took to load) for the manifest's model (S3 models via the local cache)."""
     import torch
 
@@ -42,13 +44,19 @@ def load_engine(manifest: Manifest, settings: Settings | None = None, device: st
     t0 = time.perf_counter()
     model_dir = resolve_model(manifest.spec.model, settings)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    engine = Engine.from_pretrained(str(model_dir), EngineConfig(device=device, quantization=manifest.spec.quantization))
+    engine = Engine.from_pretrained(
+        str(model_dir), EngineConfig(device=device, quantization=manifest.spec.quantization)
+    )
     return engine, time.perf_counter() - t0
 
 
 def next_attempt(store: ObjectStore, shard_index: int) -> int:
     """One more than the highest attempt that left partial rows for this shard (0 if none)."""
-    attempts = [int(m.group(1)) for k in store.list(partial_prefix(shard_index)) if (m := re.search(r"/(\d+)\.parquet$", k))]
+    attempts = [
+        int(m.group(1))
+        for k in store.list(partial_prefix(shard_index))
+        if (m := re.search(r"/(\d+)\.parquet$", k))
+    ]
     return max(attempts, default=-1) + 1
 
 
@@ -76,13 +84,28 @@ def run_local(
     outcomes: list[ShardOutcome] = []
     charge = load_seconds  # the first shard run after the load pays for it
     for index in todo:
-        outcome = run_shard(engine, store, manifest, index, attempt=next_attempt(store, index),
-                            should_stop=should_stop, load_seconds=charge, reader=reader, on_row=on_row,
-                            settings=settings)
+        outcome = run_shard(
+            engine,
+            store,
+            manifest,
+            index,
+            attempt=next_attempt(store, index),
+            should_stop=should_stop,
+            load_seconds=charge,
+            reader=reader,
+            on_row=on_row,
+            settings=settings,
+        )
         charge = 0.0
         outcomes.append(outcome)
-        log.info("shard_done", job_id=manifest.job_id, shard=index, status=outcome.status,
-                 rows=outcome.rows, rows_failed=outcome.rows_failed)
+        log.info(
+            "shard_done",
+            job_id=manifest.job_id,
+            shard=index,
+            status=outcome.status,
+            rows=outcome.rows,
+            rows_failed=outcome.rows_failed,
+        )
         if on_shard is not None:
             on_shard(outcome)
         if outcome.status == "interrupted":

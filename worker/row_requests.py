@@ -40,7 +40,9 @@ class RowRequest:
     error: str | None = None
 
 
-def build_requests(table: pa.Table, rows: list[int], spec: JobSpec, plan: InputPlan, tokenizer: Any) -> list[RowRequest]:
+def build_requests(
+    table: pa.Table, rows: list[int], spec: JobSpec, plan: InputPlan, tokenizer: Any
+) -> list[RowRequest]:
     """`table` holds the shard's rows in order (row i of the table is global row `rows[i]`)."""
     prompts = table.column(plan.prompt_column).to_pylist()
     ids = table.column(plan.id_column).to_pylist() if plan.id_column else [str(r) for r in rows]
@@ -50,7 +52,9 @@ def build_requests(table: pa.Table, rows: list[int], spec: JobSpec, plan: InputP
     for i, row in enumerate(rows):
         row_id = _row_id(ids[i], row)
         try:
-            sampling = _sampling(spec, row_id, {c: v[i] for c, v in overrides.items()}, json_text=plan.format == "jsonl")
+            sampling = _sampling(
+                spec, row_id, {c: v[i] for c, v in overrides.items()}, json_text=plan.format == "jsonl"
+            )
             text = _prompt_text(prompts[i], plan.prompt_kind, tokenizer)
             if conts is None:
                 out.append(RowRequest(row=row, id=row_id, prompt=text, sampling=sampling))
@@ -61,8 +65,11 @@ def build_requests(table: pa.Table, rows: list[int], spec: JobSpec, plan: InputP
             cont_ids = list(tokenizer.encode(cont))
             ids_all = list(tokenizer.encode(text)) + cont_ids
             greedy = RowSampling(max_tokens=1, temperature=0.0, top_p=1.0, seed=sampling.seed)
-            out.append(RowRequest(row=row, id=row_id, prompt=ids_all, sampling=greedy,
-                                  continuation_tokens=len(cont_ids)))
+            out.append(
+                RowRequest(
+                    row=row, id=row_id, prompt=ids_all, sampling=greedy, continuation_tokens=len(cont_ids)
+                )
+            )
         except ValueError as exc:
             out.append(RowRequest(row=row, id=row_id, prompt=None, sampling=None, error=str(exc)))
     return out
@@ -89,7 +96,11 @@ def _prompt_text(value: Any, kind: str, tokenizer: Any) -> str:
     if not messages or not isinstance(messages, list):
         raise ValueError("no messages: expected a list of {role, content}")
     for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+        if (
+            not isinstance(m, dict)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
+        ):
             raise ValueError("bad message: each needs a string role and string content")
     try:
         return tokenizer.apply_chat_template(
@@ -116,7 +127,9 @@ def _sampling(spec: JobSpec, row_id: str, values: dict[str, Any], json_text: boo
     temperature = _override("temperature", values.get("temperature"), json_text)
     top_p = _override("top_p", values.get("top_p"), json_text)
     seed = _override("seed", values.get("seed"), json_text)
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+    if max_tokens is not None and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
         raise ValueError(f"bad max_tokens {max_tokens!r}: expected an integer >= 1")
     if temperature is not None and (not _is_number(temperature) or not 0 <= temperature <= 100):
         raise ValueError(f"bad temperature {temperature!r}: expected a number in [0, 100]")

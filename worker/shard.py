@@ -60,9 +60,12 @@ class RowProgress:
 
 def default_pricing(manifest: Manifest) -> ShardPricing:
     spec = manifest.spec
-    return ShardPricing(instance_type=spec.instance_type, market=spec.market,
-                        price_per_hour=manifest.price_per_hour,
-                        on_demand_price_per_hour=manifest.on_demand_price_per_hour)
+    return ShardPricing(
+        instance_type=spec.instance_type,
+        market=spec.market,
+        price_per_hour=manifest.price_per_hour,
+        on_demand_price_per_hour=manifest.on_demand_price_per_hour,
+    )
 
 
 def worker_name() -> str:
@@ -116,8 +119,9 @@ def run_shard(
             pending.append(req)
 
     before = engine.stats.snapshot()
-    stopped = collect_rows(engine, pending, results, should_stop,
-                           lambda res: _report(on_row, shard_index, res))
+    stopped = collect_rows(
+        engine, pending, results, should_stop, lambda res: _report(on_row, shard_index, res)
+    )
     busy = engine.stats.snapshot().busy_seconds - before.busy_seconds
     likelihood = manifest.spec.continuation_column is not None
     worker = worker_name()
@@ -125,50 +129,93 @@ def run_shard(
     if stopped:
         saved = [results[r] for r in rows if r in results]
         if saved:
-            store.put(partial_key(shard_index, attempt), datasets.write_result(rows_table(saved, likelihood, with_row=True)))
+            store.put(
+                partial_key(shard_index, attempt),
+                datasets.write_result(rows_table(saved, likelihood, with_row=True)),
+            )
         attempted = len(pending)
         finished_now = sum(1 for req in pending if req.row in results)
-        rec = _attempt_record(manifest, shard_index, attempt, "interrupted", pricing, load_seconds, t0,
-                              attempted, finished_now, worker)
+        rec = _attempt_record(
+            manifest,
+            shard_index,
+            attempt,
+            "interrupted",
+            pricing,
+            load_seconds,
+            t0,
+            attempted,
+            finished_now,
+            worker,
+        )
         store.put(waste_key(shard_index, attempt, uuid.uuid4().hex[:8]), rec.model_dump_json().encode())
-        return ShardOutcome(shard=shard_index, status="interrupted", rows=len(saved),
-                            rows_failed=sum(1 for r in saved if r.error), attempt_record=rec)
+        return ShardOutcome(
+            shard=shard_index,
+            status="interrupted",
+            rows=len(saved),
+            rows_failed=sum(1 for r in saved if r.error),
+            attempt_record=rec,
+        )
 
     ordered = [results[r] for r in rows]
     wall = time.perf_counter() - t0
     billed = wall + load_seconds
     record = ShardRecord(
-        job_id=manifest.job_id, shard=shard_index, attempt=attempt, rows=len(ordered),
+        job_id=manifest.job_id,
+        shard=shard_index,
+        attempt=attempt,
+        rows=len(ordered),
         rows_failed=sum(1 for r in ordered if r.error is not None),
         rows_from_partial=sum(1 for r in rows if r in done),
         prompt_tokens=sum(r.prompt_tokens for r in ordered),
         cached_tokens=sum(r.cached_tokens for r in ordered),
         completion_tokens=sum(r.completion_tokens for r in ordered),
-        busy_seconds=busy, load_seconds=load_seconds, wall_seconds=wall, billed_seconds=billed,
-        instance_type=pricing.instance_type, market=pricing.market, price_per_hour=pricing.price_per_hour,
+        busy_seconds=busy,
+        load_seconds=load_seconds,
+        wall_seconds=wall,
+        billed_seconds=billed,
+        instance_type=pricing.instance_type,
+        market=pricing.market,
+        price_per_hour=pricing.price_per_hour,
         on_demand_price_per_hour=pricing.on_demand_price_per_hour,
-        cost_usd=usd(billed, pricing.price_per_hour), on_demand_cost_usd=usd(billed, pricing.on_demand_price_per_hour),
-        worker=worker, started_at=started, finished_at=time.time(),
+        cost_usd=usd(billed, pricing.price_per_hour),
+        on_demand_cost_usd=usd(billed, pricing.on_demand_price_per_hour),
+        worker=worker,
+        started_at=started,
+        finished_at=time.time(),
     )
     out = rows_table(ordered, likelihood, with_row=False)
     out = out.replace_schema_metadata({RECORD_METADATA_KEY: record.model_dump_json().encode()})
     if not store.put_if_absent(shard_result_key(shard_index), datasets.write_result(out)):
-        rec = _attempt_record(manifest, shard_index, attempt, "lost_race", pricing, load_seconds, t0,
-                              len(pending), 0, worker)
+        rec = _attempt_record(
+            manifest, shard_index, attempt, "lost_race", pricing, load_seconds, t0, len(pending), 0, worker
+        )
         store.put(waste_key(shard_index, attempt, uuid.uuid4().hex[:8]), rec.model_dump_json().encode())
-        return ShardOutcome(shard=shard_index, status="lost_race", rows=len(ordered),
-                            rows_failed=record.rows_failed, attempt_record=rec)
+        return ShardOutcome(
+            shard=shard_index,
+            status="lost_race",
+            rows=len(ordered),
+            rows_failed=record.rows_failed,
+            attempt_record=rec,
+        )
     store.put(shard_record_key(shard_index), record.model_dump_json(indent=1).encode())
     for key in store.list(partial_prefix(shard_index)):
         store.delete(key)  # the committed result supersedes them
-    return ShardOutcome(shard=shard_index, status="committed", rows=record.rows,
-                        rows_failed=record.rows_failed, record=record)
+    return ShardOutcome(
+        shard=shard_index, status="committed", rows=record.rows, rows_failed=record.rows_failed, record=record
+    )
 
 
 def _report(on_row: Callable[[RowProgress], None] | None, shard: int, res: RowResult) -> None:
     if on_row is not None:
-        on_row(RowProgress(shard=shard, prompt_tokens=res.prompt_tokens, cached_tokens=res.cached_tokens,
-                           completion_tokens=res.completion_tokens, failed=res.error is not None))
+        on_row(
+            RowProgress(
+                shard=shard,
+                prompt_tokens=res.prompt_tokens,
+                cached_tokens=res.cached_tokens,
+                completion_tokens=res.completion_tokens,
+                failed=res.error is not None,
+            )
+        )
 
 
 def _read_partial(store: ObjectStore, shard_index: int) -> dict[int, RowResult]:
@@ -184,17 +231,37 @@ def _read_partial(store: ObjectStore, shard_index: int) -> dict[int, RowResult]:
     return done
 
 
-def _attempt_record(manifest: Manifest, shard: int, attempt: int, reason: Any, pricing: ShardPricing,
-                    load_seconds: float, t0: float, attempted: int, saved: int, worker: str) -> AttemptRecord:
+def _attempt_record(
+    manifest: Manifest,
+    shard: int,
+    attempt: int,
+    reason: Any,
+    pricing: ShardPricing,
+    load_seconds: float,
+    t0: float,
+    attempted: int,
+    saved: int,
+    worker: str,
+) -> AttemptRecord:
     billed = time.perf_counter() - t0 + load_seconds
     cost = usd(billed, pricing.price_per_hour)
     kept = saved / attempted if attempted else 0.0  # share of the attempt's work the next attempt reuses
     return AttemptRecord(
-        job_id=manifest.job_id, shard=shard, attempt=attempt, reason=reason, rows_attempted=attempted,
-        rows_saved=saved, billed_seconds=billed, instance_type=pricing.instance_type, market=pricing.market,
-        price_per_hour=pricing.price_per_hour, cost_usd=cost,
+        job_id=manifest.job_id,
+        shard=shard,
+        attempt=attempt,
+        reason=reason,
+        rows_attempted=attempted,
+        rows_saved=saved,
+        billed_seconds=billed,
+        instance_type=pricing.instance_type,
+        market=pricing.market,
+        price_per_hour=pricing.price_per_hour,
+        cost_usd=cost,
         on_demand_cost_usd=usd(billed, pricing.on_demand_price_per_hour),
-        wasted_usd=cost * (1.0 - kept), worker=worker, recorded_at=time.time(),
+        wasted_usd=cost * (1.0 - kept),
+        worker=worker,
+        recorded_at=time.time(),
     )
 
 

@@ -29,13 +29,23 @@ class RowResult:
 
 
 def error_row(req: RowRequest) -> RowResult:
-    return RowResult(row=req.row, id=req.id, completion=None, finish_reason="error", prompt_tokens=0,
-                     cached_tokens=0, completion_tokens=0, error=req.error)
+    return RowResult(
+        row=req.row,
+        id=req.id,
+        completion=None,
+        finish_reason="error",
+        prompt_tokens=0,
+        cached_tokens=0,
+        completion_tokens=0,
+        error=req.error,
+    )
 
 
 def result_row(d: dict[str, Any]) -> RowResult:
     """A partial file's row (with its _row column) back to a RowResult."""
-    return RowResult(row=int(d[ROW_COLUMN]), **{k: d.get(k) for k in RowResult.__dataclass_fields__ if k != "row"})
+    return RowResult(
+        row=int(d[ROW_COLUMN]), **{k: d.get(k) for k in RowResult.__dataclass_fields__ if k != "row"}
+    )
 
 
 def _continuation_logprob(out: Any, req: RowRequest) -> float | None:
@@ -67,10 +77,12 @@ def from_output(out: Any, req: RowRequest) -> RowResult:
     else:
         out_error = None
     return RowResult(
-        row=req.row, id=req.id,
+        row=req.row,
+        id=req.id,
         completion=None if failed else out.text,
         finish_reason="error" if failed else out.finish_reason,
-        prompt_tokens=int(out.prompt_tokens), cached_tokens=int(out.cached_tokens),
+        prompt_tokens=int(out.prompt_tokens),
+        cached_tokens=int(out.cached_tokens),
         completion_tokens=len(out.token_ids),
         error=(out.error or "engine error") if out.finish_reason == "error" else out_error,
         continuation_logprob=cont_lp,
@@ -83,8 +95,14 @@ def sampling_params(req: RowRequest) -> Any:
 
     s = req.sampling
     assert s is not None  # invariant: only rows without an error reach the engine
-    kwargs: dict[str, Any] = dict(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
-                                  top_k=s.top_k, stop=s.stop, seed=s.seed)
+    kwargs: dict[str, Any] = dict(
+        max_tokens=s.max_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        stop=s.stop,
+        seed=s.seed,
+    )
     if isinstance(req.prompt, list):
         kwargs["prompt_logprobs"] = True
     return SamplingParams(**kwargs)

@@ -56,10 +56,14 @@ def _stop_on_signals() -> Iterator[threading.Event]:
 
 
 def run(
-    input: str = typer.Argument(..., help="Parquet file, folder/prefix of Parquet files, or OpenAI-Batch .jsonl"),
+    input: str = typer.Argument(
+        ..., help="Parquet file, folder/prefix of Parquet files, or OpenAI-Batch .jsonl"
+    ),
     model: str = typer.Option(..., "--model", help="Hugging Face checkpoint folder or s3://bucket/prefix"),
     output: str = typer.Option(..., "--output", help="OUT: local folder or s3://bucket/prefix"),
-    prompt_column: str = typer.Option("prompt", help="string prompts, or chat messages (list of role/content)"),
+    prompt_column: str = typer.Option(
+        "prompt", help="string prompts, or chat messages (list of role/content)"
+    ),
     id_column: str | None = typer.Option(None, help="ids for the results (default: the row index)"),
     continuation_column: str | None = typer.Option(None, help="score this column's text after the prompt"),
     max_tokens: int = typer.Option(128, help="tokens to generate per row, at most"),
@@ -82,10 +86,19 @@ def run(
     settings = get_settings()
     try:
         spec = JobSpec(
-            input=_absolute(input), model=_absolute(model), output=_absolute(output), prompt_column=prompt_column, id_column=id_column,
+            input=_absolute(input),
+            model=_absolute(model),
+            output=_absolute(output),
+            prompt_column=prompt_column,
+            id_column=id_column,
             continuation_column=continuation_column,
-            sampling=SamplingSpec(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed),
-            shard_rows=shard_rows, instance_type=instance_type, market=market, price_per_hour=price_per_hour,
+            sampling=SamplingSpec(
+                max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed
+            ),
+            shard_rows=shard_rows,
+            instance_type=instance_type,
+            market=market,
+            price_per_hour=price_per_hour,
             quantization=quantization,
         )
         prepared = prepare_job(spec, settings, PriceTable.load(prices) if prices else None)
@@ -123,7 +136,9 @@ def status(out: str = typer.Argument(..., help="the job's OUT (or a distributed 
     print_fleet_status(store)  # distributed jobs: live progress, failures, cancel
 
 
-def cost(out: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json", help="raw cost.json")) -> None:
+def cost(
+    out: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json", help="raw cost.json")
+) -> None:
     """The job's cost report (a provisional one, marked so, while shards are still running)."""
     from jobs.storage import open_store
     from jobs.tables import cost_table
@@ -151,9 +166,16 @@ def _report(store: Any) -> tuple[dict[str, Any], bool]:
     if report is not None:
         return report, False
     records = [load_shard_record(store, i) for i in sorted(committed_shards(store))]
-    return build_report(manifest.job_id, records, load_attempt_records(store), started_at=manifest.created_at,
-                        finished_at=time.time(), default_instance_type=manifest.spec.instance_type,
-                        default_market=manifest.spec.market, default_price_per_hour=manifest.price_per_hour), True
+    return build_report(
+        manifest.job_id,
+        records,
+        load_attempt_records(store),
+        started_at=manifest.created_at,
+        finished_at=time.time(),
+        default_instance_type=manifest.spec.instance_type,
+        default_market=manifest.spec.market,
+        default_price_per_hour=manifest.price_per_hour,
+    ), True
 
 
 def results(
@@ -176,7 +198,9 @@ def results(
         if to.suffix not in (".parquet", ".jsonl"):
             raise FreightError(f"--to {to}: give a .parquet or .jsonl file name")
         table = datasets.read_results(store)
-        to.write_bytes(datasets.write_result(table) if to.suffix == ".parquet" else datasets.write_jsonl(table))
+        to.write_bytes(
+            datasets.write_result(table) if to.suffix == ".parquet" else datasets.write_jsonl(table)
+        )
     except (FreightError, ValueError) as exc:  # ValueError: a malformed URL or option
         raise fail(str(exc)) from None
     Console(stderr=True).print(f"wrote {table.num_rows:,} rows to {to}", soft_wrap=True)

@@ -34,7 +34,10 @@ class _Counters:
 
     def fields(self) -> dict[str, Any]:
         elapsed = max(time.perf_counter() - self.t0, 1e-9)
-        return {"tps": (self.prompt + self.completion) / elapsed, "hit": self.cached / self.prompt if self.prompt else 0.0}
+        return {
+            "tps": (self.prompt + self.completion) / elapsed,
+            "hit": self.cached / self.prompt if self.prompt else 0.0,
+        }
 
 
 def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
@@ -53,24 +56,39 @@ def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
         console.print(cost_table(read_cost(store) or {}))
         return 0
     before = job_status(store, manifest)
-    log.info("job_start", job_id=manifest.job_id, output=store.url, rows=manifest.input.rows,
-             shards=len(manifest.shards), shards_committed=before.shards_committed, resumed=prepared.resumed)
+    log.info(
+        "job_start",
+        job_id=manifest.job_id,
+        output=store.url,
+        rows=manifest.input.rows,
+        shards=len(manifest.shards),
+        shards_committed=before.shards_committed,
+        resumed=prepared.resumed,
+    )
     counters = _Counters()
     tty = sys.stderr.isatty()
     last_log = [time.perf_counter()]
     if tty:  # the bar shows what the per-shard info lines would; keep warnings and errors
         from jobs.log import configure_logging
 
-        configure_logging(settings.log_format, "warning" if settings.log_level in ("debug", "info") else settings.log_level)
+        configure_logging(
+            settings.log_format, "warning" if settings.log_level in ("debug", "info") else settings.log_level
+        )
     with _stop_on_signals() as stop:
         progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[tps]:,.0f} tok/s"), TextColumn("prefix hit {task.fields[hit]:.0%}"),
-            TimeElapsedColumn(), console=console, disable=not tty,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[tps]:,.0f} tok/s"),
+            TextColumn("prefix hit {task.fields[hit]:.0%}"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not tty,
         )
         with progress:
-            task = progress.add_task("loading model", total=manifest.input.rows, completed=before.rows_done,
-                                     tps=0.0, hit=0.0)
+            task = progress.add_task(
+                "loading model", total=manifest.input.rows, completed=before.rows_done, tps=0.0, hit=0.0
+            )
 
             def on_row(p: Any) -> None:
                 counters.add(p)
@@ -78,8 +96,13 @@ def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
                     progress.update(task, advance=1, description="rows", **counters.fields())
                 elif time.perf_counter() - last_log[0] > 5.0:
                     last_log[0] = time.perf_counter()
-                    log.info("progress", job_id=manifest.job_id, rows=before.rows_done + counters.rows,
-                             total=manifest.input.rows, **{k: round(v, 3) for k, v in counters.fields().items()})
+                    log.info(
+                        "progress",
+                        job_id=manifest.job_id,
+                        rows=before.rows_done + counters.rows,
+                        total=manifest.input.rows,
+                        **{k: round(v, 3) for k, v in counters.fields().items()},
+                    )
 
             try:
                 result = run_local(store, manifest, settings=settings, should_stop=stop.is_set, on_row=on_row)
@@ -87,16 +110,27 @@ def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
                 raise fail(str(exc)) from None
     if result.interrupted:
         st = job_status(store, manifest)
-        console.print(f"interrupted: {st.shards_committed} of {st.shards_total} shards committed in {store.url}; "
-                      "rerun the same command to resume", soft_wrap=True)
+        console.print(
+            f"interrupted: {st.shards_committed} of {st.shards_total} shards committed in {store.url}; "
+            "rerun the same command to resume",
+            soft_wrap=True,
+        )
         return EXIT_INTERRUPTED
     report = result.report or {}
-    log.info("job_done", job_id=manifest.job_id, rows=report.get("rows"), rows_failed=report.get("rows_failed"),
-             cost_usd=report.get("cost_usd"))
+    log.info(
+        "job_done",
+        job_id=manifest.job_id,
+        rows=report.get("rows"),
+        rows_failed=report.get("rows_failed"),
+        cost_usd=report.get("cost_usd"),
+    )
     tps = report.get("tokens_per_second") or 0.0
     console.print(
         f"done: {report['rows']:,} rows ({report['rows_failed']:,} failed) in {len(report['shards'])} shards, "
         f"${report['cost_usd']:.6f} on {report['instance_type']} ({report['market']}), {tps:,.0f} tok/s, "
         f"prefix hit {report['cache_hit_rate']:.1%}\nresults: {store.url_of('shards/')}\n"
-        f"see `freight results {store.url}` and `freight cost {store.url}`", soft_wrap=True, highlight=False)
+        f"see `freight results {store.url}` and `freight cost {store.url}`",
+        soft_wrap=True,
+        highlight=False,
+    )
     return 0

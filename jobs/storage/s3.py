@@ -25,7 +25,9 @@ def make_s3_client(settings: Settings | None = None) -> Any:
 class S3Store(ObjectStore):
     """Objects under s3://bucket/prefix. The client is thread-safe and shared by the store."""
 
-    def __init__(self, bucket: str, prefix: str = "", *, settings: Settings | None = None, client: Any = None):
+    def __init__(
+        self, bucket: str, prefix: str = "", *, settings: Settings | None = None, client: Any = None
+    ):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
@@ -94,7 +96,10 @@ class S3Store(ObjectStore):
         strip = len(self.prefix) + 1 if self.prefix else 0
         out: list[tuple[str, str, int]] = []
         for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
-            out.extend((o["Key"][strip:], str(o.get("ETag", "")).strip('"'), int(o["Size"])) for o in page.get("Contents", []))
+            out.extend(
+                (o["Key"][strip:], str(o.get("ETag", "")).strip('"'), int(o["Size"]))
+                for o in page.get("Contents", [])
+            )
         return sorted(out)
 
     def list(self, prefix: str = "") -> list[str]:

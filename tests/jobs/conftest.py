@@ -43,8 +43,12 @@ def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settin
     """Environment for boto3 + FREIGHT_S3_ENDPOINT_URL; returns fresh Settings. Creates bucket 'freight-test'."""
     import boto3
 
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "FREIGHT_S3_ENDPOINT_URL": s3_endpoint}
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "FREIGHT_S3_ENDPOINT_URL": s3_endpoint,
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("AWS_PROFILE", raising=False)

@@ -33,7 +33,15 @@ def _case(tmp_path: Path, demo_model_dir: Path, dataset: Path, case: str) -> tup
         bad.write_text("hello, not parquet")
         return [str(bad), "--model", model, "--output", out], "not a readable Parquet file"
     if case == "missing prompt column":
-        return [str(dataset), "--model", model, "--output", out, "--prompt-column", "text"], "columns: id, prompt"
+        return [
+            str(dataset),
+            "--model",
+            model,
+            "--output",
+            out,
+            "--prompt-column",
+            "text",
+        ], "columns: id, prompt"
     if case == "wrong column type":
         p = write_parquet(pa.table({"prompt": [1, 2, 3]}), tmp_path / "ints.parquet")
         return [str(p), "--model", model, "--output", out], "has type int64"
@@ -45,7 +53,15 @@ def _case(tmp_path: Path, demo_model_dir: Path, dataset: Path, case: str) -> tup
     if case == "bad option":
         return [str(dataset), "--model", model, "--output", out, "--max-tokens", "0"], "max_tokens"
     if case == "unknown instance type":
-        return [str(dataset), "--model", model, "--output", out, "--instance-type", "z9.huge"], "--price-per-hour"
+        return [
+            str(dataset),
+            "--model",
+            model,
+            "--output",
+            out,
+            "--instance-type",
+            "z9.huge",
+        ], "--price-per-hour"
     if case == "unsupported url":
         return [str(dataset), "--model", model, "--output", "gs://bucket/out"], "only local paths and s3://"
     if case == "bad jsonl":
@@ -55,8 +71,18 @@ def _case(tmp_path: Path, demo_model_dir: Path, dataset: Path, case: str) -> tup
     raise AssertionError(case)
 
 
-CASES = ["missing input", "not parquet", "missing prompt column", "wrong column type", "empty dataset",
-         "unknown model", "bad option", "unknown instance type", "bad jsonl", "unsupported url"]
+CASES = [
+    "missing input",
+    "not parquet",
+    "missing prompt column",
+    "wrong column type",
+    "empty dataset",
+    "unknown model",
+    "bad option",
+    "unknown instance type",
+    "bad jsonl",
+    "unsupported url",
+]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -72,19 +98,27 @@ def test_user_errors_exit_nonzero_with_one_line_and_write_nothing(
     assert not (tmp_path / "out").exists()
 
 
-def test_out_of_another_job_is_refused_naming_the_difference(tmp_path: Path, demo_model_dir: Path, dataset: Path) -> None:
+def test_out_of_another_job_is_refused_naming_the_difference(
+    tmp_path: Path, demo_model_dir: Path, dataset: Path
+) -> None:
     from jobs.planner import prepare_job
     from jobs.spec import JobSpec, SamplingSpec
 
     out = tmp_path / "out"
-    spec = JobSpec(input=str(dataset), model=str(demo_model_dir), output=str(out), sampling=SamplingSpec(max_tokens=4))
+    spec = JobSpec(
+        input=str(dataset), model=str(demo_model_dir), output=str(out), sampling=SamplingSpec(max_tokens=4)
+    )
     prepare_job(spec)
     before = sorted(p.name for p in out.iterdir())
     manifest = (out / "manifest.json").read_bytes()
-    code, output = _run(["run", str(dataset), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "5"])
+    code, output = _run(
+        ["run", str(dataset), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "5"]
+    )
     assert code == 2
     assert "sampling.max_tokens: 4 != 5" in output and len(output.strip().splitlines()) == 1
-    assert sorted(p.name for p in out.iterdir()) == before and (out / "manifest.json").read_bytes() == manifest
+    assert (
+        sorted(p.name for p in out.iterdir()) == before and (out / "manifest.json").read_bytes() == manifest
+    )
     assert json.loads(manifest)["job_id"] == spec.job_id
 
 

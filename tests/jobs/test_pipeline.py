@@ -15,12 +15,35 @@ from jobs.settings import Settings
 from jobs.storage import open_store
 
 DESIGN_COST_KEYS = {
-    "job_id", "rows", "rows_failed", "prompt_tokens", "cached_tokens", "completion_tokens", "busy_seconds",
-    "wall_seconds", "instance_type", "market", "price_per_hour", "cost_usd", "usd_per_million_input_tokens",
-    "usd_per_million_output_tokens", "tokens_per_second", "cache_hit_rate", "on_demand_cost_usd",
-    "wasted_cost_usd", "shards",
+    "job_id",
+    "rows",
+    "rows_failed",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "busy_seconds",
+    "wall_seconds",
+    "instance_type",
+    "market",
+    "price_per_hour",
+    "cost_usd",
+    "usd_per_million_input_tokens",
+    "usd_per_million_output_tokens",
+    "tokens_per_second",
+    "cache_hit_rate",
+    "on_demand_cost_usd",
+    "wasted_cost_usd",
+    "shards",
 }
-RESULT_COLUMNS = ["id", "completion", "finish_reason", "prompt_tokens", "cached_tokens", "completion_tokens", "error"]
+RESULT_COLUMNS = [
+    "id",
+    "completion",
+    "finish_reason",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "error",
+]
 
 
 def invoke(args: list[str]) -> tuple[int, str]:
@@ -30,7 +53,9 @@ def invoke(args: list[str]) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def check_cost_report(report: dict, results_rows: list[dict], n_shards: int, attempts_usd: float = 0.0) -> None:
+def check_cost_report(
+    report: dict, results_rows: list[dict], n_shards: int, attempts_usd: float = 0.0
+) -> None:
     """cost.json has the design's keys and its sums agree with the shard records and the result rows."""
     assert set(report) >= DESIGN_COST_KEYS
     shards = report["shards"]
@@ -45,14 +70,32 @@ def check_cost_report(report: dict, results_rows: list[dict], n_shards: int, att
     for s in shards:
         assert s["cost_usd"] == pytest.approx(s["billed_seconds"] * s["price_per_hour"] / 3600)
     assert report["cache_hit_rate"] == pytest.approx(report["cached_tokens"] / report["prompt_tokens"])
-    assert report["usd_per_million_output_tokens"] == pytest.approx(report["cost_usd"] / report["completion_tokens"] * 1e6)
+    assert report["usd_per_million_output_tokens"] == pytest.approx(
+        report["cost_usd"] / report["completion_tokens"] * 1e6
+    )
 
 
 def test_local_job_end_to_end(tmp_path: Path, demo_model_dir: Path) -> None:
     data = write_parquet(prompts_table(40), tmp_path / "in.parquet")
     out = tmp_path / "out"
-    args = ["run", str(data), "--model", str(demo_model_dir), "--output", str(out), "--id-column", "id",
-            "--max-tokens", "4", "--shard-rows", "8", "--temperature", "0.7", "--seed", "3"]
+    args = [
+        "run",
+        str(data),
+        "--model",
+        str(demo_model_dir),
+        "--output",
+        str(out),
+        "--id-column",
+        "id",
+        "--max-tokens",
+        "4",
+        "--shard-rows",
+        "8",
+        "--temperature",
+        "0.7",
+        "--seed",
+        "3",
+    ]
     code, output = invoke(args)
     assert code == 0, output
     assert (out / "_SUCCESS").exists() and (out / "cost.json").exists() and (out / "manifest.json").exists()
@@ -71,7 +114,9 @@ def test_local_job_end_to_end(tmp_path: Path, demo_model_dir: Path) -> None:
         assert "prompt" in by_id[bad]["error"]
     assert "context" in by_id["row-0005"]["error"]
     good = [r for r in rows if r["finish_reason"] != "error"]
-    assert all(r["error"] is None and 1 <= r["completion_tokens"] <= 4 and r["prompt_tokens"] > 0 for r in good)
+    assert all(
+        r["error"] is None and 1 <= r["completion_tokens"] <= 4 and r["prompt_tokens"] > 0 for r in good
+    )
     assert sum(r["cached_tokens"] for r in good) > 0  # the shared system prefix hit the prefix cache
 
     report = json.loads((out / "cost.json").read_text())
@@ -98,7 +143,11 @@ def test_local_job_end_to_end(tmp_path: Path, demo_model_dir: Path) -> None:
     assert code == 0 and len(lines) == 40 and {json.loads(x)["id"] for x in lines} == set(by_id)
     code, _ = invoke(["results", str(out), "--to", str(tmp_path / "all.parquet")])
     exported = ds.dataset(tmp_path / "all.parquet").to_table()
-    assert code == 0 and exported.column_names == RESULT_COLUMNS and sorted(exported.column("id").to_pylist()) == sorted(by_id)
+    assert (
+        code == 0
+        and exported.column_names == RESULT_COLUMNS
+        and sorted(exported.column("id").to_pylist()) == sorted(by_id)
+    )
 
 
 def test_s3_job_end_to_end(tmp_path: Path, demo_model_dir: Path, s3_env: Settings) -> None:
@@ -109,8 +158,22 @@ def test_s3_job_end_to_end(tmp_path: Path, demo_model_dir: Path, s3_env: Setting
     models = open_store(f"{prefix}/model", s3_env)
     for f in demo_model_dir.iterdir():
         models.put(f.name, f.read_bytes())
-    code, output = invoke(["run", f"{prefix}/in", "--model", f"{prefix}/model", "--output", f"{prefix}/out",
-                           "--id-column", "id", "--max-tokens", "3", "--shard-rows", "6"])
+    code, output = invoke(
+        [
+            "run",
+            f"{prefix}/in",
+            "--model",
+            f"{prefix}/model",
+            "--output",
+            f"{prefix}/out",
+            "--id-column",
+            "id",
+            "--max-tokens",
+            "3",
+            "--shard-rows",
+            "6",
+        ]
+    )
     assert code == 0, output
     out = open_store(f"{prefix}/out", s3_env)
     assert out.exists("_SUCCESS")
@@ -121,32 +184,71 @@ def test_s3_job_end_to_end(tmp_path: Path, demo_model_dir: Path, s3_env: Setting
     report = json.loads(out.get("cost.json"))
     check_cost_report(report, rows, len(report["shards"]))
     cached = list((s3_env.cache_dir / "models").iterdir())
-    assert len(cached) == 1 and (cached[0] / "config.json").read_bytes() == (demo_model_dir / "config.json").read_bytes()
+    assert (
+        len(cached) == 1
+        and (cached[0] / "config.json").read_bytes() == (demo_model_dir / "config.json").read_bytes()
+    )
     stamp = (cached[0] / ".complete").stat().st_mtime_ns
-    code, output = invoke(["run", f"{prefix}/in", "--model", f"{prefix}/model", "--output", f"{prefix}/out2",
-                           "--max-tokens", "1", "--shard-rows", "20"])
+    code, output = invoke(
+        [
+            "run",
+            f"{prefix}/in",
+            "--model",
+            f"{prefix}/model",
+            "--output",
+            f"{prefix}/out2",
+            "--max-tokens",
+            "1",
+            "--shard-rows",
+            "20",
+        ]
+    )
     assert code == 0, output  # a second job on the same model: the cached copy, not a second download
-    assert list((s3_env.cache_dir / "models").iterdir()) == cached and (cached[0] / ".complete").stat().st_mtime_ns == stamp
+    assert (
+        list((s3_env.cache_dir / "models").iterdir()) == cached
+        and (cached[0] / ".complete").stat().st_mtime_ns == stamp
+    )
 
 
 def test_openai_batch_jsonl_round_trips_custom_id(tmp_path: Path, demo_model_dir: Path) -> None:
     lines = [
-        {"custom_id": "req-a", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "sort a list"}],
-                  "max_tokens": 2}},
-        {"custom_id": "req-b", "body": {"messages": [{"role": "user", "content": "reverse a string"}], "max_tokens": 5}},
+        {
+            "custom_id": "req-a",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "sort a list"},
+                ],
+                "max_tokens": 2,
+            },
+        },
+        {
+            "custom_id": "req-b",
+            "body": {"messages": [{"role": "user", "content": "reverse a string"}], "max_tokens": 5},
+        },
         {"custom_id": "req-c", "body": {"messages": [{"role": "user", "content": "x"}], "max_tokens": -4}},
         {"custom_id": "req-d", "body": {}},
     ]
     path = tmp_path / "batch.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     out = tmp_path / "out"
-    code, output = invoke(["run", str(path), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "8"])
+    code, output = invoke(
+        ["run", str(path), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "8"]
+    )
     assert code == 0, output
-    rows = {r["id"]: r for r in ds.dataset(out / "shards", format="parquet", exclude_invalid_files=True).to_table().to_pylist()}
+    rows = {
+        r["id"]: r
+        for r in ds.dataset(out / "shards", format="parquet", exclude_invalid_files=True)
+        .to_table()
+        .to_pylist()
+    }
     assert sorted(rows) == ["req-a", "req-b", "req-c", "req-d"]
     assert rows["req-a"]["completion_tokens"] <= 2 and rows["req-b"]["completion_tokens"] <= 5
-    assert rows["req-a"]["error"] is None and rows["req-a"]["prompt_tokens"] > 5  # rendered through the template
+    assert (
+        rows["req-a"]["error"] is None and rows["req-a"]["prompt_tokens"] > 5
+    )  # rendered through the template
     assert rows["req-c"]["finish_reason"] == "error" and "max_tokens" in rows["req-c"]["error"]
     assert rows["req-d"]["finish_reason"] == "error" and "messages" in rows["req-d"]["error"]
 
@@ -154,8 +256,20 @@ def test_openai_batch_jsonl_round_trips_custom_id(tmp_path: Path, demo_model_dir
 def test_quantized_run(tmp_path: Path, demo_model_dir: Path) -> None:
     data = write_parquet(prompts_table(4, bad=False), tmp_path / "in.parquet")
     out = tmp_path / "out"
-    code, output = invoke(["run", str(data), "--model", str(demo_model_dir), "--output", str(out),
-                           "--max-tokens", "2", "--quantization", "int8"])
+    code, output = invoke(
+        [
+            "run",
+            str(data),
+            "--model",
+            str(demo_model_dir),
+            "--output",
+            str(out),
+            "--max-tokens",
+            "2",
+            "--quantization",
+            "int8",
+        ]
+    )
     assert code == 0, output
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["spec"]["quantization"] == "int8"

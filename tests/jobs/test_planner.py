@@ -49,8 +49,13 @@ def test_plan_reads_the_dataset(tmp_path: Path, demo_model_dir: Path) -> None:
     table = prompts_table(40)
     write_parquet(table.slice(0, 25), tmp_path / "in" / "part-0.parquet")
     write_parquet(table.slice(25), tmp_path / "in" / "part-1.parquet")
-    spec = JobSpec(input=str(tmp_path / "in"), model=str(demo_model_dir), output=str(tmp_path / "out"),
-                   id_column="id", shard_rows=8)
+    spec = JobSpec(
+        input=str(tmp_path / "in"),
+        model=str(demo_model_dir),
+        output=str(tmp_path / "out"),
+        id_column="id",
+        shard_rows=8,
+    )
     m = plan(spec)
     assert m.job_id == spec.job_id and m.input.rows == 40 and len(m.input.files) == 2
     assert _all_rows(list(m.shards)) == list(range(40))
@@ -64,8 +69,10 @@ def test_plan_reads_the_dataset(tmp_path: Path, demo_model_dir: Path) -> None:
 
 def test_openai_batch_jsonl_with_text_prompts(tmp_path: Path, demo_model_dir: Path) -> None:
     path = tmp_path / "batch.jsonl"
-    lines = [{"custom_id": "x1", "body": {"prompt": "def f():", "max_tokens": 3, "temperature": 0.5}},
-             {"custom_id": "x2", "body": {"prompt": "class A:", "seed": 7}}]
+    lines = [
+        {"custom_id": "x1", "body": {"prompt": "def f():", "max_tokens": 3, "temperature": 0.5}},
+        {"custom_id": "x2", "body": {"prompt": "class A:", "seed": 7}},
+    ]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
     spec = JobSpec(input=str(path), model=str(demo_model_dir), output=str(tmp_path / "out"))
     m = plan(spec)

@@ -22,8 +22,22 @@ ROWS, SHARD_ROWS = 40, 4
 
 
 def _args(data: Path, model: Path, out: Path) -> list[str]:
-    return ["run", str(data), "--model", str(model), "--output", str(out), "--id-column", "id",
-            "--max-tokens", "8", "--temperature", "0.8", "--shard-rows", str(SHARD_ROWS)]
+    return [
+        "run",
+        str(data),
+        "--model",
+        str(model),
+        "--output",
+        str(out),
+        "--id-column",
+        "id",
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0.8",
+        "--shard-rows",
+        str(SHARD_ROWS),
+    ]
 
 
 def _start(args: list[str]) -> subprocess.Popen[bytes]:
@@ -35,7 +49,9 @@ def _wait_for_commits(proc: subprocess.Popen[bytes], out: Path, n: int, timeout:
     deadline = time.monotonic() + timeout
     while len(list((out / "shards").glob("*.parquet"))) < n:
         if proc.poll() is not None:
-            pytest.fail(f"freight run exited early ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}")
+            pytest.fail(
+                f"freight run exited early ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}"
+            )
         if time.monotonic() > deadline:
             proc.kill()
             pytest.fail("no shard committed in time")
@@ -46,7 +62,12 @@ def _check_complete(out: Path, committed_before: dict[str, bytes]) -> None:
     assert (out / "_SUCCESS").exists()
     for name, data in committed_before.items():  # never recomputed: the very same bytes
         assert (out / "shards" / name).read_bytes() == data
-    ids = ds.dataset(out / "shards", format="parquet", exclude_invalid_files=True).to_table().column("id").to_pylist()
+    ids = (
+        ds.dataset(out / "shards", format="parquet", exclude_invalid_files=True)
+        .to_table()
+        .column("id")
+        .to_pylist()
+    )
     assert sorted(ids) == [f"row-{i:04d}" for i in range(ROWS)]  # no duplicate, none missing
     report = json.loads((out / "cost.json").read_text())
     assert report["rows"] == ROWS and len(report["shards"]) == ROWS // SHARD_ROWS
@@ -96,5 +117,6 @@ def test_sigterm_saves_partial_rows_and_the_rerun_uses_them(tmp_path: Path, demo
     _check_complete(out, committed)
     report = json.loads((out / "cost.json").read_text())
     assert report["uncommitted_attempts"] == 1 and report["wasted_cost_usd"] >= 0
-    assert report["cost_usd"] == pytest.approx(sum(s["cost_usd"] for s in report["shards"])
-                                               + json.loads(waste[0].read_text())["cost_usd"])
+    assert report["cost_usd"] == pytest.approx(
+        sum(s["cost_usd"] for s in report["shards"]) + json.loads(waste[0].read_text())["cost_usd"]
+    )

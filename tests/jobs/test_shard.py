@@ -43,13 +43,19 @@ def _rows(store: Any, index: int) -> list[dict]:
     return datasets.read_result(store.get(shard_result_key(index))).to_pylist()
 
 
-def test_interrupted_shard_resumes_with_partial_rows_and_equal_output(tmp_path: Path, demo_model_dir: Path, engine: Any) -> None:
+def test_interrupted_shard_resumes_with_partial_rows_and_equal_output(
+    tmp_path: Path, demo_model_dir: Path, engine: Any
+) -> None:
     table = prompts_table(12, bad=False)
-    table = table.append_column("max_tokens", pa.array(range(1, 13), pa.int64()))  # rows finish at different steps
+    table = table.append_column(
+        "max_tokens", pa.array(range(1, 13), pa.int64())
+    )  # rows finish at different steps
     ref_store, ref = _job(tmp_path, demo_model_dir, "ref", table, shard_rows=12)
     assert run_shard(engine, ref_store, ref, 0).status == "committed"
 
-    store, manifest = _job(tmp_path, demo_model_dir, "out", table, shard_rows=12, instance_type="g5.xlarge", market="spot")
+    store, manifest = _job(
+        tmp_path, demo_model_dir, "out", table, shard_rows=12, instance_type="g5.xlarge", market="spot"
+    )
     finished = itertools.count(1)
     stop_after = 5
     state = {"n": 0}
@@ -57,7 +63,9 @@ def test_interrupted_shard_resumes_with_partial_rows_and_equal_output(tmp_path: 
     def on_row(_: Any) -> None:
         state["n"] = next(finished)
 
-    first = run_shard(engine, store, manifest, 0, attempt=0, should_stop=lambda: state["n"] >= stop_after, on_row=on_row)
+    first = run_shard(
+        engine, store, manifest, 0, attempt=0, should_stop=lambda: state["n"] >= stop_after, on_row=on_row
+    )
     assert first.status == "interrupted" and first.attempt_record is not None
     assert not store.exists(shard_result_key(0))
     saved = datasets.read_result(store.get(partial_key(0, 0)))
@@ -74,7 +82,9 @@ def test_interrupted_shard_resumes_with_partial_rows_and_equal_output(tmp_path: 
     assert store.list("partial/") == []
     # seeds are per row: the resumed shard equals an uninterrupted run
     strip = ("id", "completion", "finish_reason", "completion_tokens")
-    assert [{k: r[k] for k in strip} for r in _rows(store, 0)] == [{k: r[k] for k in strip} for r in _rows(ref_store, 0)]
+    assert [{k: r[k] for k in strip} for r in _rows(store, 0)] == [
+        {k: r[k] for k in strip} for r in _rows(ref_store, 0)
+    ]
 
     report = finalize(store, manifest)
     assert finalize(store, manifest) == report  # idempotent: the second call returns the same report
@@ -85,7 +95,9 @@ def test_interrupted_shard_resumes_with_partial_rows_and_equal_output(tmp_path: 
     assert report["market"] == "spot" and report["on_demand_cost_usd"] > report["cost_usd"]
 
 
-def test_a_lost_commit_race_is_discarded_and_counted_as_waste(tmp_path: Path, demo_model_dir: Path, engine: Any) -> None:
+def test_a_lost_commit_race_is_discarded_and_counted_as_waste(
+    tmp_path: Path, demo_model_dir: Path, engine: Any
+) -> None:
     store, manifest = _job(tmp_path, demo_model_dir, "out", prompts_table(6, bad=False), shard_rows=6)
     rival = datasets.write_result(pa.table({"id": ["rival"]}))
 
@@ -128,9 +140,16 @@ def test_row_outputs_do_not_depend_on_sharding(tmp_path: Path, demo_model_dir: P
     assert outs[0] == outs[1]
 
 
-def test_likelihood_scoring_adds_continuation_columns(tmp_path: Path, demo_model_dir: Path, engine: Any) -> None:
-    table = pa.table({"id": ["a", "b", "c"], "prompt": [SYSTEM + "Q: 2+2?", SYSTEM + "Q: 2+3?", "Q"],
-                      "answer": [" four", " five", None]})
+def test_likelihood_scoring_adds_continuation_columns(
+    tmp_path: Path, demo_model_dir: Path, engine: Any
+) -> None:
+    table = pa.table(
+        {
+            "id": ["a", "b", "c"],
+            "prompt": [SYSTEM + "Q: 2+2?", SYSTEM + "Q: 2+3?", "Q"],
+            "answer": [" four", " five", None],
+        }
+    )
     store, manifest = _job(tmp_path, demo_model_dir, "out", table, continuation_column="answer")
     run_shard(engine, store, manifest, 0)
     result = datasets.read_result(store.get(shard_result_key(0)))
@@ -138,7 +157,9 @@ def test_likelihood_scoring_adds_continuation_columns(tmp_path: Path, demo_model
     assert result.schema.field("continuation_tokens").type == pa.int32()
     rows = result.to_pylist()
     tok = engine.tokenizer
-    for row, context, cont in zip(rows[:2], table.column("prompt").to_pylist(), [" four", " five"], strict=False):
+    for row, context, cont in zip(
+        rows[:2], table.column("prompt").to_pylist(), [" four", " five"], strict=False
+    ):
         ids = tok.encode(context) + tok.encode(cont)
         (direct,) = engine.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=True))
         n = len(tok.encode(cont))
@@ -148,7 +169,9 @@ def test_likelihood_scoring_adds_continuation_columns(tmp_path: Path, demo_model
     assert rows[2]["finish_reason"] == "error" and rows[2]["continuation_logprob"] is None
 
 
-def test_messages_column_is_rendered_with_the_chat_template(tmp_path: Path, demo_model_dir: Path, engine: Any) -> None:
+def test_messages_column_is_rendered_with_the_chat_template(
+    tmp_path: Path, demo_model_dir: Path, engine: Any
+) -> None:
     messages = [
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sort a list."}],
         [],
