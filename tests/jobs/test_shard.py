@@ -186,3 +186,14 @@ def test_messages_column_is_rendered_with_the_chat_template(
     assert rows[0]["prompt_tokens"] == len(engine.tokenizer.encode(rendered)) and rows[0]["error"] is None
     assert rows[1]["finish_reason"] == "error" and "messages" in rows[1]["error"]
     assert rows[2]["error"] is None
+
+
+def test_a_crash_between_commit_and_record_loses_no_cost(
+    tmp_path: Path, demo_model_dir: Path, engine: Any
+) -> None:
+    store, manifest = _job(tmp_path, demo_model_dir, "out", prompts_table(4, bad=False), shard_rows=2)
+    records = [run_shard(engine, store, manifest, s.index).record for s in manifest.shards]
+    store.delete(shard_record_key(1))  # as if the worker died right after its conditional put
+    report = finalize(store, manifest)
+    assert [r.model_dump(mode="json") for r in records] == report["shards"]  # read back from Parquet metadata
+    assert report["cost_usd"] == pytest.approx(sum(r.cost_usd for r in records))
