@@ -108,3 +108,41 @@ def test_prompt_logprobs_match_log_softmax(make_checkpoint) -> None:
         assert max(abs(a - b) for a, b in zip(out.prompt_logprobs[1:], want, strict=True)) < 1e-4
         assert len(out.logprobs) == 1 and out.token_ids[0] in out.logprobs[0]
         assert max(out.logprobs[0].values()) == pytest.approx(out.logprobs[0][out.token_ids[0]], abs=1e-5)
+
+
+def test_sharded_checkpoint_loads(make_checkpoint, expected, tmp_path) -> None:
+    import shutil
+
+    ckpt = make_checkpoint("llama")
+    sharded = tmp_path / "sharded"
+    ckpt.model.save_pretrained(sharded, max_shard_size="200KB")
+    assert (sharded / "model.safetensors.index.json").is_file()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(ckpt.path / name, sharded / name)
+    got, _ = _run(sharded)
+    assert got == expected("llama")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_greedy_long_mixed_batch_under_pressure(make_checkpoint, arch: str) -> None:
+    """60 prompts up to 700 tokens, 24 new tokens, tiny token budget and KV cache together."""
+    import random
+
+    from engine_oracle import VOCAB, hf_greedy
+
+    ckpt = make_checkpoint(arch, max_position_embeddings=1024)
+    rng = random.Random(1)
+    shared = [rng.randrange(3, VOCAB) for _ in range(300)]
+    prompts = [
+        (shared[: rng.randrange(0, 300)] if i % 2 else [])
+        + [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 400))]
+        for i in range(60)
+    ]
+    engine = Engine.from_pretrained(
+        ckpt.path, EngineConfig(kv_cache_bytes=80 * 8192, max_num_batched_tokens=96, max_num_seqs=12)
+    )
+    outs = engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [hf_greedy(ckpt.model, p, 24) for p in prompts]
+    assert engine.stats.preemptions > 0 and engine.stats.cached_tokens > 0
+    engine.block_manager.check_invariants([])

@@ -32,6 +32,9 @@ class EngineConfig:
     quantization: str | None = None  # quantize on the fly when the checkpoint is not quantized
     max_model_len: int | None = None  # cap on prompt + completion; None: the model's own limit
     seed: int = 0  # seed of requests whose SamplingParams.seed is None (salted by request index)
+    # torch intra-op threads, set process-wide at load; None leaves torch's choice. On a CPU shared
+    # with other busy processes, 1 avoids threads spin-waiting on each other (often 5-10x faster).
+    num_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.device.split(":")[0] not in ("cpu", "cuda"):
@@ -57,6 +60,8 @@ class EngineConfig:
             raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {self.backend!r}")
         if self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1 or None, got {self.num_threads}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2 or None, got {self.max_model_len}")
 

@@ -55,6 +55,8 @@ class Engine:
         config = config or EngineConfig()
         if config.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError("device='cuda' but torch sees no CUDA device; use device='cpu'")
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
         mcfg = ModelConfig.from_dict(read_config(model_dir))
         max_len = min(
             mcfg.max_position_embeddings, mcfg.sliding_window or 1 << 62, config.max_model_len or 1 << 62
