@@ -275,3 +275,28 @@ def test_quantized_run(tmp_path: Path, demo_model_dir: Path) -> None:
     assert manifest["spec"]["quantization"] == "int8"
     rows = ds.dataset(out / "shards", format="parquet", exclude_invalid_files=True).to_table().to_pylist()
     assert len(rows) == 4 and all(r["error"] is None and r["completion_tokens"] >= 1 for r in rows)
+
+
+def test_price_table_and_overrides(tmp_path: Path, demo_model_dir: Path) -> None:
+    data = write_parquet(prompts_table(4, bad=False), tmp_path / "in.parquet")
+    prices = tmp_path / "prices.toml"
+    prices.write_text('["my.box"]\non_demand = 3600.0\nspot = 1800.0\n')  # $1 and $0.5 per second
+    out = tmp_path / "out"
+    code, output = invoke(["run", str(data), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "1",
+                           "--prices", str(prices), "--instance-type", "my.box", "--market", "spot"])  # fmt: skip
+    assert code == 0, output
+    report = json.loads((out / "cost.json").read_text())
+    assert report["instance_type"] == "my.box" and report["market"] == "spot"
+    assert report["cost_usd"] == pytest.approx(report["billed_seconds"] * 0.5)
+    assert report["on_demand_cost_usd"] == pytest.approx(report["billed_seconds"] * 1.0)
+    assert report["price_per_hour"] == pytest.approx(1800.0)
+
+    out2 = tmp_path / "out2"
+    code, output = invoke(["run", str(data), "--model", str(demo_model_dir), "--output", str(out2), "--max-tokens", "1",
+                           "--instance-type", "g5.xlarge", "--market", "spot", "--price-per-hour", "0.36"])  # fmt: skip
+    assert code == 0, output
+    report = json.loads((out2 / "cost.json").read_text())
+    shard = report["shards"][0]
+    assert (
+        shard["price_per_hour"] == 0.36 and shard["on_demand_price_per_hour"] == 1.006
+    )  # shipped g5.xlarge list price

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -81,3 +82,10 @@ def test_openai_batch_jsonl_with_text_prompts(tmp_path: Path, demo_model_dir: Pa
     path.write_text(json.dumps({"body": {"prompt": "no id"}}) + "\n")
     with pytest.raises(InputError, match="custom_id"):
         plan(spec)
+
+
+def test_gzipped_jsonl_input(tmp_path: Path, demo_model_dir: Path) -> None:
+    path = tmp_path / "batch.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"custom_id": "a", "body": {"prompt": "x = 1"}}\n'))
+    m = plan(JobSpec(input=str(path), model=str(demo_model_dir), output=str(tmp_path / "out")))
+    assert m.input.format == "jsonl" and m.input.rows == 1
