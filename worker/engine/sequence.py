@@ -40,7 +40,8 @@ class Sequence:
         self.planned_hashes: list[int] = []
         self.protected_len = 0  # positions < this are in shared cached blocks: never written
         self.num_cached_tokens: int | None = None  # prefix-cache hit at first admission
-        self.generator = torch.Generator().manual_seed(seed)  # CPU generator; sampling draws on CPU
+        # CPU generator (sampling draws on the CPU); any int seed, folded into [0, 2**63).
+        self.generator = torch.Generator().manual_seed(seed % 2**63)
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
