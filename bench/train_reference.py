@@ -169,16 +169,27 @@ def save(model, tok, cfg: TrainConfig, out: Path, meta: dict) -> None:
     model.config.torch_dtype = "float16"
     model.save_pretrained(out, safe_serialization=True)
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": EOS, "eos_token": EOS, "pad_token": EOS, "unk_token": None,
-        "add_bos_token": False, "add_eos_token": False,
-        "model_max_length": cfg.context * 2,
-        "chat_template": CHAT_TEMPLATE,
-    }, indent=2) + "\n")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": EOS,
+                "eos_token": EOS,
+                "pad_token": EOS,
+                "unk_token": None,
+                "add_bos_token": False,
+                "add_eos_token": False,
+                "model_max_length": cfg.context * 2,
+                "chat_template": CHAT_TEMPLATE,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     eos = tok.token_to_id(EOS)
-    (out / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos}, indent=2) + "\n")
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos}, indent=2) + "\n"
+    )
     (out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -188,9 +199,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=TrainConfig.steps)
     ap.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
     ap.add_argument("--warmup", type=int, default=TrainConfig.warmup)
+    ap.add_argument("--threads", type=int, default=TrainConfig.threads)
     ap.add_argument("--measure", type=int, default=0, help="time this many steps, print, exit")
     args = ap.parse_args()
-    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, warmup=args.warmup)
+    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, warmup=args.warmup, threads=args.threads)
 
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
@@ -199,16 +211,21 @@ def main() -> None:
     texts = train_files()
     tok = train_tokenizer(texts, cfg.vocab_size)
     data = token_stream(tok, texts)
-    print(f"corpus: {len(texts)} train files, {data.numel()} tokens; tokenizer {time.time() - t0:.0f}s",
-          flush=True)
+    print(
+        f"corpus: {len(texts)} train files, {data.numel()} tokens; tokenizer {time.time() - t0:.0f}s",
+        flush=True,
+    )
 
     model = build_model(cfg, tok.token_to_id(EOS))
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f}M parameters", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
     gen = torch.Generator().manual_seed(cfg.seed)
     n_steps = args.measure or cfg.steps
     model.train()
@@ -226,14 +243,24 @@ def main() -> None:
         opt.step()
         if step % 10 == 0 or step == n_steps - 1:
             el = time.time() - t_start
-            print(f"step {step:5d} loss {loss.item():.4f} lr {lr_at(step, cfg):.2e} "
-                  f"{el / (step + 1):.2f}s/step elapsed {el:.0f}s", flush=True)
+            print(
+                f"step {step:5d} loss {loss.item():.4f} lr {lr_at(step, cfg):.2e} "
+                f"{el / (step + 1):.2f}s/step elapsed {el:.0f}s",
+                flush=True,
+            )
     if args.measure:
         return
-    meta = {"config": cfg.__dict__, "parameters": n_params, "train_files": len(texts),
-            "train_tokens": int(data.numel()), "final_loss": round(loss.item(), 4),
-            "train_seconds": round(time.time() - t_start), "torch": torch.__version__,
-            "heldout_rule": f"sha256(relpath)[0] < {HELDOUT_THRESHOLD}", "command": sys.argv[1:]}
+    meta = {
+        "config": cfg.__dict__,
+        "parameters": n_params,
+        "train_files": len(texts),
+        "train_tokens": int(data.numel()),
+        "final_loss": round(loss.item(), 4),
+        "train_seconds": round(time.time() - t_start),
+        "torch": torch.__version__,
+        "heldout_rule": f"sha256(relpath)[0] < {HELDOUT_THRESHOLD}",
+        "command": sys.argv[1:],
+    }
     save(model, tok, cfg, args.output, meta)
     print(f"saved to {args.output}", flush=True)
 
