@@ -134,14 +134,15 @@ def test_gptq_format_checkpoint_loads_to_the_dequantized_weights(reference_model
     save_file(tensors, str(out / "model.safetensors"))
 
     engine = _engine(out)
+    reference = _engine(_dequantized_checkpoint(reference_model, tmp_path / "deq", dequantized))
+    # the first forward (under the engine's inference_mode) converts the GPTQ tensors
+    assert _greedy(engine, exact=True) == _greedy(reference, exact=True)
     modules = [(n, m) for n, m in engine.runner.model.named_modules() if isinstance(m, Int4Linear)]
     assert len(modules) == 16
     for name, module in modules:
-        module.convert_()
+        assert module.converted and not module.qweight.is_inference()
         want = torch.cat([dequantized[n] for n in _hf_names(name)])
         torch.testing.assert_close(dequantize_int4(module.qweight, module.scales, 32), want, rtol=0, atol=0)
-    reference = _engine(_dequantized_checkpoint(reference_model, tmp_path / "deq", dequantized))
-    assert _greedy(engine, exact=True) == _greedy(reference, exact=True)
 
 
 def test_gptq_lowers_layer_output_error_on_real_activations(reference_model: Path, real_texts: list[str]) -> None:

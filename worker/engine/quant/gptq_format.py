@@ -126,6 +126,12 @@ class GPTQInt4Linear(Int4Linear):
         """Turn the loaded GPTQ tensors into freight's int4 layout, in place (idempotent)."""
         if self.converted:
             return
+        # the engine runs forward under inference_mode; the converted weights must stay ordinary
+        # tensors (version-counted, usable outside it), as if loaded
+        with torch.inference_mode(False), torch.no_grad():
+            self._convert()
+
+    def _convert(self) -> None:
         device = self.qweight.device
         qweight, scales = gptq_to_freight(
             self.qweight.cpu(),

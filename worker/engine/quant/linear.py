@@ -30,6 +30,11 @@ def frozen_parameter(t: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(t, requires_grad=False)
 
 
+def _version(t: torch.Tensor) -> int:
+    """In-place write counter; inference tensors (made under torch.inference_mode) have none."""
+    return 0 if t.is_inference() else t._version
+
+
 def _triton():
     from kernels.triton import quant_matmul
 
@@ -125,13 +130,7 @@ class Int4Linear(nn.Module):
 
     def _cpu_packed(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(tiled int4 weight, scale-and-zero [K // G, N, 2]) for torch's CPU int4 kernel, cached."""
-        key = (
-            self.qweight.data_ptr(),
-            self.qweight._version,
-            self.scales.data_ptr(),
-            self.scales._version,
-            dtype,
-        )
+        key = (self.qweight.data_ptr(), _version(self.qweight), self.scales.data_ptr(), _version(self.scales), dtype)
         if self._cpu_pack is None or self._cpu_pack[0] != key:
             biased = unpack_int4(self.qweight).to(torch.int32) + 8  # [N, K] in [0, 15]
             packed = torch._convert_weight_to_int4pack_for_cpu(biased, 1)
