@@ -6,6 +6,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_MODEL = ROOT / "examples" / "models" / "pycoder-tiny"
@@ -27,3 +28,13 @@ def real_texts() -> list[str]:
         src = (stdlib / name).read_text(encoding="utf-8")
         texts += [src[i : i + 1200] for i in range(2000, 2000 + 3 * 1200, 1200)]
     return texts
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """These tiny models run ~10x faster on one thread than on two on a shared 2-core machine
+    (the two threads wait on each other); restored afterwards for the rest of the suite."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
