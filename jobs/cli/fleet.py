@@ -13,11 +13,31 @@ from pathlib import Path
 import redis
 import typer
 from kombu.exceptions import OperationalError
-from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from jobs.cli.run import _validation_line, fail
+from jobs.cli.job_options import (
+    ContinuationColumnOpt,
+    IdColumnOpt,
+    InputArg,
+    InstanceTypeOpt,
+    MarketOpt,
+    MaxTokensOpt,
+    ModelOpt,
+    OutputOpt,
+    PricePerHourOpt,
+    PricesOpt,
+    PromptColumnOpt,
+    QuantizationOpt,
+    SeedOpt,
+    ShardRowsOpt,
+    TemperatureOpt,
+    TopKOpt,
+    TopPOpt,
+    absolute,
+    prepare_from_options,
+)
+from jobs.cli.run import fail
 from jobs.errors import FreightError
 from jobs.settings import get_settings
 from jobs.storage import ObjectStore
@@ -57,27 +77,23 @@ def resolve_out(job_or_out: str) -> str:
 
 
 def submit(
-    input: str = typer.Argument(
-        ..., help="Parquet file, folder/prefix of Parquet files, or OpenAI-Batch .jsonl"
-    ),
-    model: str = typer.Option(..., "--model", help="Hugging Face checkpoint folder or s3://bucket/prefix"),
-    output: str = typer.Option(..., "--output", help="OUT: local folder or s3://bucket/prefix"),
-    prompt_column: str = typer.Option(
-        "prompt", help="string prompts, or chat messages (list of role/content)"
-    ),
-    id_column: str | None = typer.Option(None, help="ids for the results (default: the row index)"),
-    continuation_column: str | None = typer.Option(None, help="score this column's text after the prompt"),
-    max_tokens: int = typer.Option(128, help="tokens to generate per row, at most"),
-    temperature: float = typer.Option(0.0, help="0 = greedy"),
-    top_p: float = typer.Option(1.0),
-    top_k: int = typer.Option(0, help="0 = off"),
-    seed: int = typer.Option(0, help="job seed; each row's seed is hash(seed, row id)"),
-    shard_rows: int = typer.Option(256, help="rows per shard, about"),
-    instance_type: str = typer.Option("cpu-local", help="a key of the price table"),
-    market: str = typer.Option("on-demand", help="on-demand or spot"),
-    price_per_hour: float | None = typer.Option(None, help="USD per hour; overrides the price table"),
-    prices: Path | None = typer.Option(None, help="a price table TOML instead of the shipped one"),
-    quantization: str | None = typer.Option(None, help="int8 or int4: quantize the weights at load"),
+    input: InputArg,
+    model: ModelOpt,
+    output: OutputOpt,
+    prompt_column: PromptColumnOpt = "prompt",
+    id_column: IdColumnOpt = None,
+    continuation_column: ContinuationColumnOpt = None,
+    max_tokens: MaxTokensOpt = 128,
+    temperature: TemperatureOpt = 0.0,
+    top_p: TopPOpt = 1.0,
+    top_k: TopKOpt = 0,
+    seed: SeedOpt = 0,
+    shard_rows: ShardRowsOpt = 256,
+    instance_type: InstanceTypeOpt = "cpu-local",
+    market: MarketOpt = "on-demand",
+    price_per_hour: PricePerHourOpt = None,
+    prices: PricesOpt = None,
+    quantization: QuantizationOpt = None,
     priority: int = typer.Option(0, help="0 (taken first) .. 9 (last)"),
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary before the job id"),
 ) -> None:
@@ -85,55 +101,25 @@ def submit(
 
     Submitting the same job again re-queues only shards not yet committed (a resume after a cancel,
     a lost Redis, or failed shards, which get a fresh attempt budget)."""
-    from jobs.client import FleetClient
-    from jobs.cost import PriceTable
-    from jobs.finalize import committed_shards
-    from jobs.manifest import SUCCESS_KEY
-    from jobs.markers import CANCEL_KEY, FAILURES_KEY, FAILURES_PREFIX
-    from jobs.planner import prepare_job
-    from jobs.spec import JobSpec, SamplingSpec
+    options = dict(locals())
+    del options["priority"], options["as_json"]
+    from jobs.submission import submit_job
 
     settings = get_settings()
-    if not Path(model).exists() and not model.startswith("s3://"):
+    if not model.startswith("s3://") and not Path(model).exists():
         raise fail(f"model {model} does not exist: give a checkpoint folder or s3://bucket/prefix")
-    model = model if model.startswith("s3://") else str(Path(model).resolve())  # workers need absolute paths
     try:
-        spec = JobSpec(
-            input=input if input.startswith("s3://") else str(Path(input).resolve()),
-            model=model,
-            output=output if output.startswith("s3://") else str(Path(output).resolve()),
-            prompt_column=prompt_column, id_column=id_column, continuation_column=continuation_column,
-            sampling=SamplingSpec(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed),
-            shard_rows=shard_rows, instance_type=instance_type, market=market, price_per_hour=price_per_hour,
-            quantization=quantization,
-        )  # fmt: skip
-        prepared = prepare_job(spec, settings, PriceTable.load(prices) if prices else None)
-    except ValidationError as exc:
-        raise fail(_validation_line(exc)) from None
+        prepared = prepare_from_options(settings, **options)
     except FreightError as exc:
         raise fail(str(exc)) from None
-    store, manifest = prepared.store, prepared.manifest
-    store.delete(CANCEL_KEY)  # resubmitting a cancelled job resumes it
-    for key in [*store.list(FAILURES_PREFIX), FAILURES_KEY]:
-        store.delete(key)  # ... and retries its failed shards
-    committed = committed_shards(store)
-    # Estimated tokens per shard for the autoscaler: rows * max_tokens (generation dominates).
-    tokens = {s.index: s.rows * spec.sampling.max_tokens for s in manifest.shards}
-    client = FleetClient(settings, retry_for_s=5.0)
+    spec = prepared.manifest.spec
     try:
-        client.live.clear_cancel(manifest.job_id)
-        client.live.reset_strikes(manifest.job_id)
-        sub = client.enqueue(job_id=manifest.job_id, output=spec.output, model=spec.model, shard_tokens=tokens,
-                             committed=committed, failed=(), priority=priority)  # fmt: skip
-        if store.exists(SUCCESS_KEY):
-            client.live.set_job_state(manifest.job_id, "succeeded")
-        elif len(committed) == len(manifest.shards):
-            client.send_finalize(job_id=manifest.job_id, output=spec.output, queue=sub.queue)
+        sub = submit_job(prepared, settings, priority=priority)
     except (redis.RedisError, OperationalError) as exc:
         raise fail(f"cannot queue the job on {settings.redis_url} ({exc}): start Redis or set "
                    "FREIGHT_REDIS_URL, then submit again (the manifest in OUT is kept)") from None  # fmt: skip
-    finally:
-        client.close()
+    except ValueError as exc:  # e.g. a priority out of range
+        raise fail(str(exc)) from None
     summary = {"job_id": sub.job_id, "output": spec.output, "queue": sub.queue, "shards": sub.shards_total,
                "shards_enqueued": sub.shards_enqueued, "resumed": prepared.resumed,
                "enqueue_seconds": round(sub.enqueue_seconds, 4)}  # fmt: skip
@@ -159,7 +145,7 @@ def worker(
 
     names = [q for arg in queues for q in arg.split(",") if q]
     if model:
-        names.append(queue_for_model(model if model.startswith("s3://") else str(Path(model).resolve())))
+        names.append(queue_for_model(absolute(model)))  # as the submitted spec names it
     if not names:
         live = LiveState(get_settings().redis_url)
         names = sorted(live.queues())

@@ -12,9 +12,28 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 
+from jobs.cli.job_options import (
+    ContinuationColumnOpt,
+    IdColumnOpt,
+    InputArg,
+    InstanceTypeOpt,
+    MarketOpt,
+    MaxTokensOpt,
+    ModelOpt,
+    OutputOpt,
+    PricePerHourOpt,
+    PricesOpt,
+    PromptColumnOpt,
+    QuantizationOpt,
+    SeedOpt,
+    ShardRowsOpt,
+    TemperatureOpt,
+    TopKOpt,
+    TopPOpt,
+    prepare_from_options,
+)
 from jobs.errors import FreightError
 from jobs.settings import get_settings
 
@@ -26,12 +45,6 @@ def fail(message: str, code: int = EXIT_USER_ERROR) -> typer.Exit:
     """Print one clear line on stderr; return the Exit to raise."""
     Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {message}", soft_wrap=True)
     return typer.Exit(code)
-
-
-def _validation_line(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err.get("loc", ())) or "spec"
-    return f"invalid {where}: {err.get('msg', 'bad value')}"
 
 
 @contextmanager
@@ -56,68 +69,36 @@ def _stop_on_signals() -> Iterator[threading.Event]:
 
 
 def run(
-    input: str = typer.Argument(
-        ..., help="Parquet file, folder/prefix of Parquet files, or OpenAI-Batch .jsonl"
-    ),
-    model: str = typer.Option(..., "--model", help="Hugging Face checkpoint folder or s3://bucket/prefix"),
-    output: str = typer.Option(..., "--output", help="OUT: local folder or s3://bucket/prefix"),
-    prompt_column: str = typer.Option(
-        "prompt", help="string prompts, or chat messages (list of role/content)"
-    ),
-    id_column: str | None = typer.Option(None, help="ids for the results (default: the row index)"),
-    continuation_column: str | None = typer.Option(None, help="score this column's text after the prompt"),
-    max_tokens: int = typer.Option(128, help="tokens to generate per row, at most"),
-    temperature: float = typer.Option(0.0, help="0 = greedy"),
-    top_p: float = typer.Option(1.0),
-    top_k: int = typer.Option(0, help="0 = off"),
-    seed: int = typer.Option(0, help="job seed; each row's seed is hash(seed, row id)"),
-    shard_rows: int = typer.Option(256, help="rows per shard, about"),
-    instance_type: str = typer.Option("cpu-local", help="a key of the price table"),
-    market: str = typer.Option("on-demand", help="on-demand or spot"),
-    price_per_hour: float | None = typer.Option(None, help="USD per hour; overrides the price table"),
-    prices: Path | None = typer.Option(None, help="a price table TOML instead of the shipped one"),
-    quantization: str | None = typer.Option(None, help="int8 or int4: quantize the weights at load"),
+    input: InputArg,
+    model: ModelOpt,
+    output: OutputOpt,
+    prompt_column: PromptColumnOpt = "prompt",
+    id_column: IdColumnOpt = None,
+    continuation_column: ContinuationColumnOpt = None,
+    max_tokens: MaxTokensOpt = 128,
+    temperature: TemperatureOpt = 0.0,
+    top_p: TopPOpt = 1.0,
+    top_k: TopKOpt = 0,
+    seed: SeedOpt = 0,
+    shard_rows: ShardRowsOpt = 256,
+    instance_type: InstanceTypeOpt = "cpu-local",
+    market: MarketOpt = "on-demand",
+    price_per_hour: PricePerHourOpt = None,
+    prices: PricesOpt = None,
+    quantization: QuantizationOpt = None,
 ) -> None:
     """Run a job in this process: plan, shards, cost report. Rerun the same command to resume."""
-    from jobs.cost import PriceTable
-    from jobs.planner import prepare_job
-    from jobs.spec import JobSpec, SamplingSpec
-
+    options = dict(locals())  # exactly the flags above
     settings = get_settings()
     try:
-        spec = JobSpec(
-            input=_absolute(input),
-            model=_absolute(model),
-            output=_absolute(output),
-            prompt_column=prompt_column,
-            id_column=id_column,
-            continuation_column=continuation_column,
-            sampling=SamplingSpec(
-                max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed
-            ),
-            shard_rows=shard_rows,
-            instance_type=instance_type,
-            market=market,
-            price_per_hour=price_per_hour,
-            quantization=quantization,
-        )
-        prepared = prepare_job(spec, settings, PriceTable.load(prices) if prices else None)
-    except ValidationError as exc:
-        raise fail(_validation_line(exc)) from None
-    except (FreightError, ValueError) as exc:  # ValueError: a malformed URL or option
+        prepared = prepare_from_options(settings, **options)
+    except FreightError as exc:
         raise fail(str(exc)) from None
     from jobs.cli.run_progress import run_with_progress
 
     code = run_with_progress(prepared, settings)
     if code:
         raise typer.Exit(code)
-
-
-def _absolute(url: str) -> str:
-    """Local paths become absolute (the manifest must mean the same files from any directory)."""
-    if "://" in url or not url.strip():  # URLs stay as given; open_store refuses unknown schemes
-        return url
-    return str(Path(url).expanduser().absolute())
 
 
 def status(out: str = typer.Argument(..., help="the job's OUT (or a distributed job's id)")) -> None:
