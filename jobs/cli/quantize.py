@@ -7,9 +7,7 @@ from pathlib import Path
 import typer
 
 from jobs.cli.run import fail
-from jobs.log import get_logger
 
-log = get_logger(__name__)
 METHODS = ("int8", "int4-rtn", "int4-gptq")
 
 
