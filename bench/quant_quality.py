@@ -11,7 +11,7 @@ ignore_eos), fp32 vs on-the-fly int8 vs int4, on the reference model and on a bi
 (--big-hidden) where the weights, not the per-step overhead, dominate.
 
     .venv/bin/python bench/quant_quality.py                  # everything, prints the tables
-    .venv/bin/python bench/quant_quality.py --speed none     # perplexity and bytes only
+    .venv/bin/python bench/quant_quality.py --speed none     # perplexity and bytes only (speed: quant_speed.py)
 """
 
 from __future__ import annotations
@@ -28,30 +28,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_reference  # noqa: E402  (the held-out split's definition)
+from quant_speed import big_random_model, cpu_engine, decode_speed, matmul_speed  # noqa: E402
 
-from worker.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from worker.engine import Engine, SamplingParams  # noqa: E402
 from worker.engine.quant.calibration import read_calibration_texts  # noqa: E402
 from worker.engine.quant.checkpoint import QuantizeSpec, quantize_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-KV_BYTES = 256 << 20
-
-
-def _engine(model_dir: Path, quantization: str | None = None) -> Engine:
-    return Engine.from_pretrained(
-        model_dir,
-        EngineConfig(
-            device="cpu",
-            dtype="float32",
-            kv_cache_bytes=KV_BYTES,
-            enable_prefix_caching=False,
-            quantization=quantization,
-        ),
-    )
 
 
 def heldout_windows(engine: Engine, n: int, length: int) -> list[list[int]]:
@@ -145,7 +131,7 @@ def quality(args: argparse.Namespace) -> None:
     print(f"{'variant':24} {'ppl':>8} {'vs fp32':>8} {'Linear bytes':>13} {'vs bf16':>8} {'quantize s':>10}")
     rows = []
     for name, path, secs in variants:
-        engine = _engine(path)
+        engine = cpu_engine(path)
         for module in engine.runner.model.modules():
             if hasattr(module, "cpu_bf16"):  # the CPU path: torch's bf16 packed kernels, or the exact one
                 module.cpu_bf16 = "exact" not in name
@@ -171,7 +157,7 @@ def layer_errors(args: argparse.Namespace) -> None:
     from worker.engine.quant.formats import dequantize_int4, quantize_int4
     from worker.engine.quant.gptq import GPTQConfig, gptq_quantize_int4
 
-    engine = _engine(args.model)
+    engine = cpu_engine(args.model)
     calib = [engine.tokenizer.encode(t)[: args.window] for t in read_calibration_texts(
         args.workdir / "calibration.parquet", "prompt", 1 << 20)]
     held = heldout_windows(engine, 8, args.window)
@@ -198,113 +184,6 @@ def layer_errors(args: argparse.Namespace) -> None:
                 errs[key].append(rel(q.float() * sc.repeat_interleave(g, dim=1)))
         mean = {k: sum(v) / len(v) for k, v in errs.items()}
         print(f"{g:5d} {mean['rtn']:9.5f} {mean['gptq']:9.5f} {mean['act']:15.5f}", flush=True)
-
-
-def big_random_model(src: Path, out: Path, hidden: int, layers: int) -> Path:
-    """A random Llama with the reference model's tokenizer: `layers` x hidden `hidden`, MLP 2.75x."""
-    cfg = json.loads((src / "config.json").read_text())
-    inter = int(hidden * 2.75) // 128 * 128
-    cfg.update(
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_hidden_layers=layers,
-        num_attention_heads=hidden // 128,
-        num_key_value_heads=hidden // 256,
-        head_dim=128,
-    )
-    g = torch.Generator().manual_seed(0)
-    kv = cfg["num_key_value_heads"] * 128
-    shapes = {
-        "model.embed_tokens.weight": (cfg["vocab_size"], hidden),
-        "lm_head.weight": (cfg["vocab_size"], hidden),
-        "model.norm.weight": (hidden,),
-    }
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        shapes.update(
-            {
-                p + "self_attn.q_proj.weight": (hidden, hidden),
-                p + "self_attn.k_proj.weight": (kv, hidden),
-                p + "self_attn.v_proj.weight": (kv, hidden),
-                p + "self_attn.o_proj.weight": (hidden, hidden),
-                p + "mlp.gate_proj.weight": (inter, hidden),
-                p + "mlp.up_proj.weight": (inter, hidden),
-                p + "mlp.down_proj.weight": (hidden, inter),
-                p + "input_layernorm.weight": (hidden,),
-                p + "post_attention_layernorm.weight": (hidden,),
-            }
-        )
-    tensors = {
-        n: (torch.ones(s) if len(s) == 1 else torch.randn(s, generator=g) * s[-1] ** -0.5).half()
-        for n, s in shapes.items()
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if f.name not in ("model.safetensors", "config.json") and f.is_file():
-            shutil.copy2(f, out / f.name)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    save_file(tensors, str(out / "model.safetensors"))
-    return out
-
-
-def decode_speed(model_dir: Path, label: str, new_tokens: int, batches: tuple[int, ...]) -> None:
-    """Greedy decode throughput: tokens per wall second and per CPU second (process time, all threads)."""
-    print(f"\nCPU decode, {label} ({torch.get_num_threads()} threads, {new_tokens} new tokens each): "
-          "tokens/s wall | tokens per CPU-second")
-    print(f"{'weights':8} " + " ".join(f"{f'batch {b}':>17}" for b in batches))
-    results: dict[str, list[float]] = {}
-    for quant in (None, "int8", "int4"):
-        engine = _engine(model_dir, quant)
-        params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
-        engine.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=2, ignore_eos=True))  # warm up
-        walls, cpus = [], []
-        for b in batches:
-            prompts = [[5 + i, 6, 7, 8] for i in range(b)]
-            t0, c0 = time.perf_counter(), time.process_time()
-            engine.generate(prompts, params)
-            walls.append(b * new_tokens / (time.perf_counter() - t0))
-            cpus.append(b * new_tokens / (time.process_time() - c0))
-        results[quant or "fp32"] = cpus
-        print(f"{quant or 'fp32':8} " + " ".join(f"{w:8.1f} |{c:7.1f}" for w, c in zip(walls, cpus, strict=True)),
-              flush=True)
-    for quant in ("int8", "int4"):
-        ratios = [q / f for q, f in zip(results[quant], results["fp32"], strict=True)]
-        print(f"{quant} / fp32 per CPU-second: "
-              + "  ".join(f"batch {b}: {r:.2f}x" for b, r in zip(batches, ratios, strict=True)))
-
-
-def matmul_speed(shapes: tuple[tuple[int, int], ...], batches: tuple[int, ...]) -> None:
-    """One Linear (fp32 activations) per weight format: nn.Linear fp32 vs Int8Linear vs Int4Linear (G 128).
-
-    One thread, timed in that thread's CPU time (time.thread_time): on a shared machine wall time
-    mostly measures the other tenants, CPU time measures the kernel.
-    """
-    from worker.engine.quant import Int4Linear, Int8Linear
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    print("\nCPU Linear microseconds per call (thread CPU time), fp32 activations, 1 thread")
-    print(f"{'N x K':12} {'M':>3} {'fp32':>9} {'int8':>9} {'int4':>9} {'int8 x':>7} {'int4 x':>7}")
-    for n, k in shapes:
-        dense = torch.nn.Linear(k, n, bias=False).requires_grad_(False)
-        mods = (dense, Int8Linear.from_linear(dense), Int4Linear.from_linear(dense, 128))
-        for m in batches:
-            x = torch.randn(m, k)
-            us = []
-            with torch.no_grad():
-                for mod in mods:
-                    mod(x)
-                    reps, t0 = 0, time.thread_time()
-                    while time.thread_time() - t0 < 0.3:
-                        mod(x)
-                        reps += 1
-                    us.append((time.thread_time() - t0) / reps * 1e6)
-            print(
-                f"{f'{n} x {k}':12} {m:3d} {us[0]:9.0f} {us[1]:9.0f} {us[2]:9.0f} "
-                f"{us[0] / us[1]:6.2f}x {us[0] / us[2]:6.2f}x",
-                flush=True,
-            )
-    torch.set_num_threads(threads)
 
 
 def main() -> None:
