@@ -30,7 +30,7 @@ class _Part:
     block_ids: torch.Tensor  # int64 [n * nb]: blocks to gather, row-major per sequence
     num_seqs: int
     num_keys: int  # keys per sequence after gathering (nb * block_size, or trimmed for prefill)
-    mask: torch.Tensor  # additive fp32, broadcastable to [n, Hkv, M, num_keys]
+    mask: torch.Tensor | None  # additive fp32, broadcastable to [n, Hkv, M, num_keys]; None: causal
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,27 @@ def _attend_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
         scores = scores + mask
     lse = torch.logsumexp(scores, dim=-1)
     return torch.matmul(torch.exp(scores - lse[..., None]), v), lse
+
+
+def _attend_causal(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, flash: bool | None = None
+):
+    """q [n, Hq, D] at positions 0..n-1, k/v [1, Hkv, n, D] -> (out [n, Hkv, G, D], lse [n, Hkv, G]).
+
+    flash: use the CPU flash kernel (default: on the CPU); else plain math with an explicit mask.
+    """
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    if not (q.device.type == "cpu" if flash is None else flash):
+        mask = torch.full((n, n), float("-inf"), device=q.device).triu_(1)
+        o, s = _attend_math(_fold_tokens(q, hkv), k, v, mask.repeat(hq // hkv, 1)[None, None], scale)
+        return _unfold_tokens(o, n), _unfold_tokens(s[..., None], n)[..., 0]
+    qg = q.float().view(n, hkv, hq // hkv, d).permute(2, 1, 0, 3)  # [G, Hkv, n, D]: G as batch
+    g = qg.shape[0]
+    o, s = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        qg, k.float().expand(g, -1, -1, -1), v.float().expand(g, -1, -1, -1), is_causal=True, scale=scale
+    )
+    return o.permute(2, 1, 0, 3), s.permute(2, 1, 0)
 
 
 def _merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:
@@ -191,6 +212,9 @@ def plan_prefill(
         if q_len == 0:
             continue
         ids = block_tables[b, shared : -(-ctx // block_size)].long()
+        if ctx == q_len:  # no earlier context: plain causal, which the kernel computes half of
+            parts.append(_Part(slice(starts[b], starts[b] + q_len), ids, 1, ctx, None))
+            continue
         # Query rows are (g, i): head g of the group, token i at position ctx - q_len + i.
         q_pos = torch.arange(ctx - q_len, ctx, device=device).repeat(group)
         k_pos = torch.arange(base, ctx, device=device)
@@ -229,6 +253,10 @@ def prefill_with_plan(
         n = part.rows.stop - part.rows.start
         k = _gather(k_cache, part.block_ids, 1, part.num_keys)
         v = _gather(v_cache, part.block_ids, 1, part.num_keys)
+        if part.mask is None:
+            o, s = _attend_causal(q[part.rows], k, v, scale)
+            res[part.rows], lse[part.rows] = o, s
+            continue
         o, s = _attend(_fold_tokens(q[part.rows], num_kv_heads), k, v, part.mask, scale)
         res[part.rows] = _unfold_tokens(o, n)
         lse[part.rows] = _unfold_tokens(s[..., None], n)[..., 0]

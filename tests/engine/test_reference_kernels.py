@@ -166,3 +166,11 @@ def test_apply_rotary_rotate_half() -> None:
     torch.testing.assert_close(q, q0 * cos + rotate_half(q0) * sin)
     torch.testing.assert_close(k, k0 * cos + rotate_half(k0) * sin)
     assert torch.equal(q[0], q0[0])  # position 0 is the identity
+
+
+def test_causal_fast_path_matches_math_path() -> None:
+    from kernels.reference.attention import _attend_causal
+
+    q, k, v = torch.randn(7, HQ, D), torch.randn(1, HKV, 7, D), torch.randn(1, HKV, 7, D)
+    for a, b in zip(_attend_causal(q, k, v, 0.3), _attend_causal(q, k, v, 0.3, flash=False), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
