@@ -12,6 +12,9 @@ from jobs.storage.base import ObjectStore, check_key
 # 412: the key exists. 409: another conditional write to the key is in flight (retry, then look).
 _EXISTS_CODES = {"PreconditionFailed", "412"}
 _CONFLICT_CODES = {"ConditionalRequestConflict", "409"}
+# Checkpoints of interrupted shards are tagged so the bucket's lifecycle rule can expire them
+# (a lifecycle prefix filter cannot match partial/ nested under each job's OUT).
+PARTIAL_TAGGING = "freight-partial=true"
 
 
 def make_s3_client(settings: Settings | None = None) -> Any:
@@ -53,7 +56,8 @@ class S3Store(ObjectStore):
             raise
 
     def put(self, key: str, data: bytes) -> None:
-        self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        extra = {"Tagging": PARTIAL_TAGGING} if key.startswith("partial/") else {}
+        self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **extra)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         from botocore.exceptions import ClientError

@@ -74,3 +74,19 @@ def test_open_store_picks_the_backend(tmp_path: Path, s3_env: Settings) -> None:
     assert isinstance(s3, S3Store) and s3.url == "s3://freight-test/a/b"
     with pytest.raises(ValueError):
         open_store("gs://bucket/x")
+
+
+def test_s3_partial_checkpoints_are_tagged_for_expiry(s3_env: Settings, tmp_path: Path) -> None:
+    """The bucket's lifecycle rule expires objects tagged freight-partial=true (infra/terraform)."""
+    store = open_store(f"s3://freight-test/{tmp_path.name}/out", s3_env)
+    assert isinstance(store, S3Store)
+    store.put("partial/00003/1.parquet", b"rows")
+    store.put("shards/00003.json", b"{}")
+    client, bucket = store._client, store.bucket
+
+    def tags(key: str) -> dict[str, str]:
+        got = client.get_object_tagging(Bucket=bucket, Key=f"{tmp_path.name}/out/{key}")["TagSet"]
+        return {t["Key"]: t["Value"] for t in got}
+
+    assert tags("partial/00003/1.parquet") == {"freight-partial": "true"}
+    assert tags("shards/00003.json") == {}

@@ -66,6 +66,7 @@ resource "aws_s3_bucket_lifecycle_configuration" "this" {
   # OUT/partial/ checkpoints of interrupted shards: the next attempt reads them; leftovers of jobs
   # that never finished expire. partial/ sits under each job's output prefix, which a prefix filter
   # cannot match, so writers tag those objects freight-partial=true.
+  # jobs/storage/s3.py S3Store.put does so for every partial/ key.
   rule {
     id     = "expire-partial-checkpoints"
     status = "Enabled"
