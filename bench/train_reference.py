@@ -17,6 +17,8 @@ fixed batch order from a seeded generator. The result (fp16 safetensors, tokeniz
 template) is written in Hugging Face format so freight's engine and transformers both load it.
 The defaults are the recipe of the committed examples/models/pycoder-tiny (400 steps x 16 x 256
 tokens, one thread: 743 s, final train loss 3.66, held-out perplexity 66; see its training.json).
+Re-running the defaults on the dev machine reproduced its model.safetensors and tokenizer.json
+byte for byte (same sha256).
 
     .venv/bin/python bench/train_reference.py --output examples/models/pycoder-tiny
     .venv/bin/python bench/train_reference.py --measure 5      # seconds per step, then exit
