@@ -41,49 +41,140 @@ def _cases(defaults_only: bool) -> list[tuple[str, object, dict, dict, dict]]:
     from kernels.triton.store_kv_cache import _store_kv_cache_kernel
 
     bf = "*bf16"
-    attn_ptrs = {"bt_ptr": "*i32", "lens_ptr": "*i32", "cu_ptr": "*i32", "po_ptr": "*fp32", "pml_ptr": "*fp32"}
+    attn_ptrs = {
+        "bt_ptr": "*i32",
+        "lens_ptr": "*i32",
+        "cu_ptr": "*i32",
+        "po_ptr": "*fp32",
+        "pml_ptr": "*fp32",
+    }
     cases = [
         ("store_kv_cache", _store_kv_cache_kernel, {"slot_ptr": "*i64"}, {"BLOCK_H": 8, "BLOCK_D": 128}, {}),
         ("rms_norm H=4096", _rms_norm_kernel, {}, {"HAS_RESIDUAL": True, "BLOCK_H": 4096}, {"num_warps": 16}),
-        ("rotary D=128", _rotary_kernel, {"pos_ptr": "*i64", "cs_ptr": "*fp32"},
-         {"BLOCK_HQ": 32, "BLOCK_HKV": 8, "BLOCK_HALF": 64}, {}),
-        ("decode merge", _decode_merge_kernel, {"po_ptr": "*fp32", "pml_ptr": "*fp32"},
-         {"BLOCK_S": 16, "BLOCK_D": 128}, {}),
+        (
+            "rotary D=128",
+            _rotary_kernel,
+            {"pos_ptr": "*i64", "cs_ptr": "*fp32"},
+            {"BLOCK_HQ": 32, "BLOCK_HKV": 8, "BLOCK_HALF": 64},
+            {},
+        ),
+        (
+            "decode merge",
+            _decode_merge_kernel,
+            {"po_ptr": "*fp32", "pml_ptr": "*fp32"},
+            {"BLOCK_S": 16, "BLOCK_D": 128},
+            {},
+        ),
     ]
-    decode = [(64, 4, 2)] if defaults_only else [(64, 4, 2), (32, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2),
-                                                 (128, 8, 3)]
+    decode = (
+        [(64, 4, 2)]
+        if defaults_only
+        else [(64, 4, 2), (32, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3)]
+    )
     for bn, w, s in decode:
         for split in (False, True):
-            cases.append((f"decode BN={bn} w={w} s={s} split={split}", _decode_split_kernel, attn_ptrs,
-                          {"block_size": 16, "SPLIT": split, "BLOCK_G": 16, "BLOCK_N": bn, "BLOCK_D": 128, "UPCAST": False},
-                          {"num_warps": w, "num_stages": s}))
+            cases.append(
+                (
+                    f"decode BN={bn} w={w} s={s} split={split}",
+                    _decode_split_kernel,
+                    attn_ptrs,
+                    {
+                        "block_size": 16,
+                        "SPLIT": split,
+                        "BLOCK_G": 16,
+                        "BLOCK_N": bn,
+                        "BLOCK_D": 128,
+                        "UPCAST": False,
+                    },
+                    {"num_warps": w, "num_stages": s},
+                )
+            )
     if not defaults_only:  # an fp32 model on CUDA: full-precision dots
         fp32 = {"default": "*fp32", **attn_ptrs}
-        cases.append(("decode fp32 BN=64 w=4 s=2", _decode_split_kernel, fp32,
-                      {"block_size": 16, "SPLIT": False, "BLOCK_G": 16, "BLOCK_N": 64, "BLOCK_D": 128, "UPCAST": False},
-                      {"num_warps": 4, "num_stages": 2}))
-        cases.append(("prefill fp32 BM=128 BN=64 w=8 s=3", _prefill_kernel, fp32,
-                      {"block_size": 16, "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_D": 128, "UPCAST": False},
-                      {"num_warps": 8, "num_stages": 3}))
-    prefill = [(128, 64, 8, 3)] if defaults_only else [(128, 64, 8, 3), (128, 32, 8, 3), (128, 128, 8, 2),
-                                                       (64, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 2)]
+        cases.append(
+            (
+                "decode fp32 BN=64 w=4 s=2",
+                _decode_split_kernel,
+                fp32,
+                {
+                    "block_size": 16,
+                    "SPLIT": False,
+                    "BLOCK_G": 16,
+                    "BLOCK_N": 64,
+                    "BLOCK_D": 128,
+                    "UPCAST": False,
+                },
+                {"num_warps": 4, "num_stages": 2},
+            )
+        )
+        cases.append(
+            (
+                "prefill fp32 BM=128 BN=64 w=8 s=3",
+                _prefill_kernel,
+                fp32,
+                {"block_size": 16, "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_D": 128, "UPCAST": False},
+                {"num_warps": 8, "num_stages": 3},
+            )
+        )
+    prefill = (
+        [(128, 64, 8, 3)]
+        if defaults_only
+        else [
+            (128, 64, 8, 3),
+            (128, 32, 8, 3),
+            (128, 128, 8, 2),
+            (64, 64, 4, 3),
+            (128, 64, 4, 3),
+            (64, 128, 4, 2),
+        ]
+    )
     for bm, bn, w, s in prefill:
-        cases.append((f"prefill BM={bm} BN={bn} w={w} s={s}", _prefill_kernel, attn_ptrs,
-                      {"block_size": 16, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": 128, "UPCAST": False},
-                      {"num_warps": w, "num_stages": s}))
+        cases.append(
+            (
+                f"prefill BM={bm} BN={bn} w={w} s={s}",
+                _prefill_kernel,
+                attn_ptrs,
+                {"block_size": 16, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": 128, "UPCAST": False},
+                {"num_warps": w, "num_stages": s},
+            )
+        )
     mm = [(16, 64, 128, 4, 4), (128, 128, 64, 8, 3)]
     if not defaults_only:
-        mm += [(16, 32, 128, 4, 4), (16, 128, 128, 4, 3), (16, 128, 64, 8, 4), (16, 64, 64, 4, 5),
-               (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3)]
+        mm += [
+            (16, 32, 128, 4, 4),
+            (16, 128, 128, 4, 3),
+            (16, 128, 64, 8, 4),
+            (16, 64, 64, 4, 5),
+            (128, 64, 64, 4, 4),
+            (64, 128, 64, 4, 4),
+            (128, 256, 64, 8, 3),
+            (256, 128, 64, 8, 3),
+        ]
     for bm, bn, bk, w, s in mm:
         meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "UPCAST": False}
         opts = {"num_warps": w, "num_stages": s}
-        cases.append((f"int4 BM={bm} BN={bn} BK={bk} w={w} s={s}", qm._int4_matmul_kernel,
-                      {"w_ptr": "*u8", "out_ptr": "*fp32"}, {**meta, "GROUP": 128, "SCALE_WEIGHTS": bm > bk}, opts))
-        cases.append((f"int8 BM={bm} BN={bn} BK={bk} w={w} s={s}", qm._int8_matmul_kernel,
-                      {"w_ptr": "*i8"}, meta, opts))
-    return [(label, k, {"default": bf, **p}, c, o) if "default" not in p else (label, k, p, c, o)
-            for label, k, p, c, o in cases]
+        cases.append(
+            (
+                f"int4 BM={bm} BN={bn} BK={bk} w={w} s={s}",
+                qm._int4_matmul_kernel,
+                {"w_ptr": "*u8", "out_ptr": "*fp32"},
+                {**meta, "GROUP": 128, "SCALE_WEIGHTS": bm > bk},
+                opts,
+            )
+        )
+        cases.append(
+            (
+                f"int8 BM={bm} BN={bn} BK={bk} w={w} s={s}",
+                qm._int8_matmul_kernel,
+                {"w_ptr": "*i8"},
+                meta,
+                opts,
+            )
+        )
+    return [
+        (label, k, {"default": bf, **p}, c, o) if "default" not in p else (label, k, p, c, o)
+        for label, k, p, c, o in cases
+    ]
 
 
 def _resources(cubin: bytes) -> dict[str, int]:
@@ -94,8 +185,9 @@ def _resources(cubin: bytes) -> dict[str, int]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True,
-                              check=True).stdout
+        text = subprocess.run(
+            [str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
     return {k.lower(): int(v) for k, v in re.findall(r"(REG|SHARED|LOCAL):(\d+)", text)}
 
 
@@ -142,11 +234,17 @@ def main() -> int:
         shared = compiled.metadata.shared
         ptx = compiled.asm["ptx"]
         mma = "wgmma" if "wgmma" in ptx else "mma" if "mma.sync" in ptx else "-"
-        problems = [p for p, bad in (("SHARED OVERFLOW", shared > SHARED_LIMIT),
-                                      ("SPILLS", res.get("local", 0) > 0)) if bad]
+        problems = [
+            p
+            for p, bad in (("SHARED OVERFLOW", shared > SHARED_LIMIT), ("SPILLS", res.get("local", 0) > 0))
+            if bad
+        ]
         failures += bool(problems)
-        print(f"{label:<44} {res.get('reg', -1):>5} {res.get('local', 0):>6} {shared:>8} {mma:>6} "
-              f"{time.perf_counter() - t0:5.1f}  {' '.join(problems)}", flush=True)
+        print(
+            f"{label:<44} {res.get('reg', -1):>5} {res.get('local', 0):>6} {shared:>8} {mma:>6} "
+            f"{time.perf_counter() - t0:5.1f}  {' '.join(problems)}",
+            flush=True,
+        )
     return 1 if failures else 0
 
 

@@ -38,8 +38,14 @@ class Check:
 
     def __init__(self, dry_run: bool) -> None:
         self.dry_run = dry_run
-        self.report: dict = {"mode": "interpret" if dry_run else "gpu", "ceilings": {}, "kernels": [],
-                             "targets": [], "engine": {}, "errors": []}
+        self.report: dict = {
+            "mode": "interpret" if dry_run else "gpu",
+            "ceilings": {},
+            "kernels": [],
+            "targets": [],
+            "engine": {},
+            "errors": [],
+        }
 
     def section(self, name: str, fn, *args) -> None:
         start = time.perf_counter()
@@ -47,8 +53,9 @@ class Check:
         try:
             fn(self, *args)
         except Exception as exc:  # fail soft: record, go on with the next section
-            self.report["errors"].append({"section": name, "error": repr(exc),
-                                          "traceback": traceback.format_exc(limit=6)})
+            self.report["errors"].append(
+                {"section": name, "error": repr(exc), "traceback": traceback.format_exc(limit=6)}
+            )
             print(f"   FAILED: {exc!r}", flush=True)
         print(f"   ({time.perf_counter() - start:.1f} s)", flush=True)
 
@@ -57,8 +64,9 @@ class Check:
         try:
             fn(*args)
         except Exception as exc:  # fail soft: one broken kernel does not hide the others
-            self.report["errors"].append({"section": name, "error": repr(exc),
-                                          "traceback": traceback.format_exc(limit=6)})
+            self.report["errors"].append(
+                {"section": name, "error": repr(exc), "traceback": traceback.format_exc(limit=6)}
+            )
             print(f"   {name}: FAILED {exc!r}", flush=True)
 
     def time_ms(self, fn) -> float:
@@ -74,8 +82,19 @@ class Check:
 
         return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
-    def kernel(self, name: str, shape: str, got, want, bound: str, ms: float, amount: float, unit: str,
-               ceiling: str | None, extra: dict | None = None) -> dict:
+    def kernel(
+        self,
+        name: str,
+        shape: str,
+        got,
+        want,
+        bound: str,
+        ms: float,
+        amount: float,
+        unit: str,
+        ceiling: str | None,
+        extra: dict | None = None,
+    ) -> dict:
         """Record one kernel row: error vs reference, time, achieved GB/s or TFLOP/s (`amount` is
         bytes or FLOPs per call) and the fraction of the matching ceiling."""
         import torch
@@ -86,13 +105,25 @@ class Check:
         ok = finite and rel <= BOUNDS[bound]
         rate = amount / (ms * 1e-3) / (1e9 if unit == "GB/s" else 1e12)
         ceil = self.report["ceilings"].get(ceiling) if ceiling else None
-        row = {"name": name, "shape": shape, "rel_err": rel, "bound": BOUNDS[bound], "ok": ok,
-               "median_ms": ms, "achieved": rate, "unit": unit,
-               "of_ceiling": rate / ceil if ceil else None, **(extra or {})}
+        row = {
+            "name": name,
+            "shape": shape,
+            "rel_err": rel,
+            "bound": BOUNDS[bound],
+            "ok": ok,
+            "median_ms": ms,
+            "achieved": rate,
+            "unit": unit,
+            "of_ceiling": rate / ceil if ceil else None,
+            **(extra or {}),
+        }
         self.report["kernels"].append(row)
         frac = f"{row['of_ceiling']:6.1%}" if ceil else "     -"
-        print(f"   {name:<22} {shape:<34} err {rel:8.1e} {'ok ' if ok else 'BAD'} "
-              f"{ms * 1e3:10.1f} us {rate:9.1f} {unit:<7} {frac}", flush=True)
+        print(
+            f"   {name:<22} {shape:<34} err {rel:8.1e} {'ok ' if ok else 'BAD'} "
+            f"{ms * 1e3:10.1f} us {rate:9.1f} {unit:<7} {frac}",
+            flush=True,
+        )
         return row
 
     def target(self, name: str, value: float | None, goal: float, what: str) -> None:
@@ -114,15 +145,23 @@ def ceilings(chk: Check, device) -> None:
     b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     ms = chk.time_ms(lambda: a @ b)
     chk.report["ceilings"]["matmul_tflops"] = 2 * n**3 / (ms * 1e-3) / 1e12
-    print(f"   copy {chk.report['ceilings']['copy_gbps']:.0f} GB/s, "
-          f"bf16 matmul {chk.report['ceilings']['matmul_tflops']:.1f} TFLOP/s", flush=True)
+    print(
+        f"   copy {chk.report['ceilings']['copy_gbps']:.0f} GB/s, "
+        f"bf16 matmul {chk.report['ceilings']['matmul_tflops']:.1f} TFLOP/s",
+        flush=True,
+    )
 
 
 def _main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("output", type=Path, help="JSON file to write the results to")
-    parser.add_argument("--dry-run", "--interpret", dest="dry_run", action="store_true",
-                        help="CPU + Triton interpreter, tiny sizes: checks the script, not the GPU")
+    parser.add_argument(
+        "--dry-run",
+        "--interpret",
+        dest="dry_run",
+        action="store_true",
+        help="CPU + Triton interpreter, tiny sizes: checks the script, not the GPU",
+    )
     parser.add_argument("--skip-engine", action="store_true", help="leave out section (d)")
     parser.add_argument("--skip-sweep", action="store_true", help="leave out the launch-config sweep")
     args = parser.parse_args()
@@ -160,8 +199,10 @@ def _main() -> int:
     bad = [k["name"] for k in chk.report["kernels"] if not k["ok"]]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(chk.report, indent=2) + "\n", encoding="utf-8")
-    print(f"\nwrote {args.output}; {len(chk.report['errors'])} section errors, {len(bad)} kernels off "
-          f"their error bound {bad if bad else ''}; {chk.report['wall_seconds']:.0f} s")
+    print(
+        f"\nwrote {args.output}; {len(chk.report['errors'])} section errors, {len(bad)} kernels off "
+        f"their error bound {bad if bad else ''}; {chk.report['wall_seconds']:.0f} s"
+    )
     return 1 if bad or chk.report["errors"] else 0
 
 

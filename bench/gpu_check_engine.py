@@ -25,9 +25,17 @@ from safetensors.torch import save_file
 from worker.demo_model import make_demo_model
 from worker.engine import Engine, EngineConfig, SamplingParams
 
-LLAMA_1B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
-            "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "tie_word_embeddings": True}
+LLAMA_1B = {
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": True,
+}
 
 
 def _write_llama_1b(folder: Path, device: torch.device) -> int:
@@ -50,9 +58,15 @@ def _write_llama_1b(folder: Path, device: torch.device) -> int:
     weights = {"model.embed_tokens.weight": rand(vocab, h, std=0.5), "model.norm.weight": norm(h)}
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        for name, shape in (("self_attn.q_proj", (q_out, h)), ("self_attn.k_proj", (kv_out, h)),
-                            ("self_attn.v_proj", (kv_out, h)), ("self_attn.o_proj", (h, q_out)),
-                            ("mlp.gate_proj", (ffn, h)), ("mlp.up_proj", (ffn, h)), ("mlp.down_proj", (h, ffn))):
+        for name, shape in (
+            ("self_attn.q_proj", (q_out, h)),
+            ("self_attn.k_proj", (kv_out, h)),
+            ("self_attn.v_proj", (kv_out, h)),
+            ("self_attn.o_proj", (h, q_out)),
+            ("mlp.gate_proj", (ffn, h)),
+            ("mlp.up_proj", (ffn, h)),
+            ("mlp.down_proj", (h, ffn)),
+        ):
             weights[p + name + ".weight"] = rand(*shape)
         weights[p + "input_layernorm.weight"] = norm(h)
         weights[p + "post_attention_layernorm.weight"] = norm(h)
@@ -69,16 +83,23 @@ def _batch(vocab: int, dry: bool) -> tuple[list[list[int]], list[SamplingParams]
     for i in range(n):
         body = [rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))]
         prompts.append(shared + body if i % 4 == 0 else body)
-        params.append(SamplingParams(max_tokens=rng.randint(out_lo, out_hi), temperature=0.0, ignore_eos=True))
+        params.append(
+            SamplingParams(max_tokens=rng.randint(out_lo, out_hi), temperature=0.0, ignore_eos=True)
+        )
     return prompts, params
 
 
 def _run(model_dir: Path, label: str, device: torch.device, dry: bool, prompts, params) -> dict:
     backend, _, quant = label.partition("+")
-    config = EngineConfig(device=str(device), backend=backend, dtype="float32" if dry else "bfloat16",
-                          quantization=quant or None,
-                          max_num_seqs=8 if dry else 256, max_num_batched_tokens=32 if dry else 8192,
-                          kv_cache_bytes=(1 << 24) if dry else (24 << 30))  # 24 GiB: ~750k tokens
+    config = EngineConfig(
+        device=str(device),
+        backend=backend,
+        dtype="float32" if dry else "bfloat16",
+        quantization=quant or None,
+        max_num_seqs=8 if dry else 256,
+        max_num_batched_tokens=32 if dry else 8192,
+        kv_cache_bytes=(1 << 24) if dry else (24 << 30),
+    )  # 24 GiB: ~750k tokens
     engine = Engine.from_pretrained(model_dir, config)
     engine.generate(prompts[:2], SamplingParams(max_tokens=2, ignore_eos=True))  # compile / warm up
     before = engine.stats.snapshot()
@@ -96,10 +117,18 @@ def _run(model_dir: Path, label: str, device: torch.device, dry: bool, prompts, 
     gc.collect()  # free the KV cache before the next backend's engine allocates its own
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return {"backend": label, "requests": len(outs), "prompt_tokens": prompt_tokens, "cached_tokens": cached,
-            "output_tokens": out_tokens, "wall_seconds": wall, "output_tokens_per_s": out_tokens / wall,
-            "total_tokens_per_s": (prompt_tokens + out_tokens) / wall,
-            "errors": sum(o.finish_reason == "error" for o in outs), "token_ids": [o.token_ids for o in outs]}
+    return {
+        "backend": label,
+        "requests": len(outs),
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": cached,
+        "output_tokens": out_tokens,
+        "wall_seconds": wall,
+        "output_tokens_per_s": out_tokens / wall,
+        "total_tokens_per_s": (prompt_tokens + out_tokens) / wall,
+        "errors": sum(o.finish_reason == "error" for o in outs),
+        "token_ids": [o.token_ids for o in outs],
+    }
 
 
 def engine_end_to_end(chk, device: torch.device) -> None:
@@ -114,16 +143,26 @@ def engine_end_to_end(chk, device: torch.device) -> None:
     same = sum(a == b for a, b in zip(runs["triton"]["token_ids"], runs["torch"]["token_ids"], strict=True))
     for r in runs.values():
         r.pop("token_ids")
-    report = {"parameters": params_count, "runs": runs, "same_greedy_outputs": same,
-              "triton_over_torch": runs["triton"]["total_tokens_per_s"] / runs["torch"]["total_tokens_per_s"],
-              "quantized_over_bf16": runs[quantized]["total_tokens_per_s"] / runs["triton"]["total_tokens_per_s"]}
+    report = {
+        "parameters": params_count,
+        "runs": runs,
+        "same_greedy_outputs": same,
+        "triton_over_torch": runs["triton"]["total_tokens_per_s"] / runs["torch"]["total_tokens_per_s"],
+        "quantized_over_bf16": runs[quantized]["total_tokens_per_s"] / runs["triton"]["total_tokens_per_s"],
+    }
     chk.report["engine"] = report
     for r in runs.values():
-        print(f"   {r['backend']:<11} {r['requests']} requests, {r['prompt_tokens']} prompt ({r['cached_tokens']} cached)"
-              f" + {r['output_tokens']} output tokens in {r['wall_seconds']:.1f} s: "
-              f"{r['output_tokens_per_s']:.0f} output tok/s, {r['total_tokens_per_s']:.0f} total tok/s", flush=True)
-    print(f"   triton / torch: x{report['triton_over_torch']:.2f}; {quantized} / triton: "
-          f"x{report['quantized_over_bf16']:.2f}; identical greedy outputs triton vs torch: "
-          f"{same}/{len(prompts)} (bf16: near-ties may flip)", flush=True)
+        print(
+            f"   {r['backend']:<11} {r['requests']} requests, {r['prompt_tokens']} prompt ({r['cached_tokens']} cached)"
+            f" + {r['output_tokens']} output tokens in {r['wall_seconds']:.1f} s: "
+            f"{r['output_tokens_per_s']:.0f} output tok/s, {r['total_tokens_per_s']:.0f} total tok/s",
+            flush=True,
+        )
+    print(
+        f"   triton / torch: x{report['triton_over_torch']:.2f}; {quantized} / triton: "
+        f"x{report['quantized_over_bf16']:.2f}; identical greedy outputs triton vs torch: "
+        f"{same}/{len(prompts)} (bf16: near-ties may flip)",
+        flush=True,
+    )
     if runs["triton"]["errors"]:
         raise RuntimeError(f"{runs['triton']['errors']} requests ended in error on the triton backend")

@@ -49,8 +49,15 @@ def attention_kernels(chk, device) -> None:
     for batch, ctx in [(3, 40)] if dry else [(64, 4096), (8, 4096), (2, 16384)]:
         chk.case(f"paged_decode_attention B={batch} ctx={ctx}", _decode_case, chk, device, batch, ctx, *heads)
     for q_len, prefix in [(40, 0), (9, 20)] if dry else [(4096, 0), (1024, 3072)]:
-        chk.case(f"prefill_attention chunk={q_len} prefix={prefix}", _prefill_case, chk, device, q_len, prefix,
-                 *heads)
+        chk.case(
+            f"prefill_attention chunk={q_len} prefix={prefix}",
+            _prefill_case,
+            chk,
+            device,
+            q_len,
+            prefix,
+            *heads,
+        )
 
 
 def _decode_case(chk, device, batch: int, ctx: int, hq: int, hkv: int, d: int) -> None:
@@ -62,8 +69,17 @@ def _decode_case(chk, device, batch: int, ctx: int, hq: int, hkv: int, d: int) -
     want = reference.paged_decode_attention(q, kc, vc, tables, lens, scale)
     ms = chk.time_ms(lambda: paged_decode_attention(q, kc, vc, tables, lens, scale))
     kv_bytes = 2 * batch * ctx * hkv * d * kc.element_size()
-    row = chk.kernel("paged_decode_attention", f"B={batch} ctx={ctx} Hq={hq} Hkv={hkv} D={d}", got, want,
-                     "reduction", ms, kv_bytes, "GB/s", "copy_gbps")
+    row = chk.kernel(
+        "paged_decode_attention",
+        f"B={batch} ctx={ctx} Hq={hq} Hkv={hkv} D={d}",
+        got,
+        want,
+        "reduction",
+        ms,
+        kv_bytes,
+        "GB/s",
+        "copy_gbps",
+    )
     if batch == 64 or chk.dry_run:
         chk.target(f"paged decode B={batch} ctx={ctx}", row["of_ceiling"], 0.70, "fraction of copy GB/s")
 
@@ -79,8 +95,17 @@ def _prefill_case(chk, device, q_len: int, prefix: int, hq: int, hkv: int, d: in
     ms = chk.time_ms(lambda: prefill_attention(q, kc, vc, cu, lens, tables, scale))
     # causal: the query at position p scores p + 1 keys; QK^T and PV are 2 FLOPs per MAC each
     flops = 4 * sum(range(prefix + 1, prefix + q_len + 1)) * d * hq
-    row = chk.kernel("prefill_attention", f"chunk={q_len} prefix={prefix} Hq={hq} D={d}", got, want,
-                     "reduction", ms, flops, "TFLOP/s", "matmul_tflops")
+    row = chk.kernel(
+        "prefill_attention",
+        f"chunk={q_len} prefix={prefix} Hq={hq} D={d}",
+        got,
+        want,
+        "reduction",
+        ms,
+        flops,
+        "TFLOP/s",
+        "matmul_tflops",
+    )
     if prefix == 0:
         chk.target(f"prefill {q_len} tokens", row["of_ceiling"], 0.50, "fraction of bf16 matmul TFLOP/s")
 
@@ -91,7 +116,9 @@ def matmul_kernels(chk, device) -> None:
     dry = chk.dry_run
     shapes = [(64, 128)] if dry else [(14336, 4096), (4096, 14336)]  # (N, K): Llama-8B MLP up / down
     for n, k in shapes:
-        _matmul_shape(chk, device, n, k, ms=[1, 3, 70] if dry else [1, 4, 8, 16, 4096], group=64 if dry else 128)
+        _matmul_shape(
+            chk, device, n, k, ms=[1, 3, 70] if dry else [1, 4, 8, 16, 4096], group=64 if dry else 128
+        )
 
 
 def _matmul_shape(chk, device, n: int, k: int, ms: list[int], group: int) -> None:
@@ -101,20 +128,30 @@ def _matmul_shape(chk, device, n: int, k: int, ms: list[int], group: int) -> Non
     q8 = torch.randint(-127, 128, (n, k), device=device, dtype=torch.int8)
     s8 = (torch.rand(n, device=device) * 2e-4 + 1e-4).to(BF16)
     ops = {
-        "int4_matmul": (lambda x: tq.int4_matmul(x, q4, s4, group),
-                        lambda x: ref_quant.int4_matmul(x, q4, s4, group), n * k // 2 + s4.numel() * 2),
-        "int8_matmul": (lambda x: tq.int8_matmul(x, q8, s8), lambda x: ref_quant.int8_matmul(x, q8, s8),
-                        n * k + n * 2),
+        "int4_matmul": (
+            lambda x: tq.int4_matmul(x, q4, s4, group),
+            lambda x: ref_quant.int4_matmul(x, q4, s4, group),
+            n * k // 2 + s4.numel() * 2,
+        ),
+        "int8_matmul": (
+            lambda x: tq.int8_matmul(x, q8, s8),
+            lambda x: ref_quant.int8_matmul(x, q8, s8),
+            n * k + n * 2,
+        ),
     }
     for m in ms:
         x = _randn(m, k, device=device)
         dense_ms = chk.time_ms(lambda x=x: x @ w.T)
         for name, (fn, ref, weight_bytes) in ops.items():
             shape = f"M={m} N={n} K={k}" + (f" G={group}" if name == "int4_matmul" else "")
-            chk.case(f"{name} {shape}", _matmul_case, chk, name, shape, fn, ref, x, dense_ms, weight_bytes, n, k)
+            chk.case(
+                f"{name} {shape}", _matmul_case, chk, name, shape, fn, ref, x, dense_ms, weight_bytes, n, k
+            )
 
 
-def _matmul_case(chk, name: str, shape: str, fn, ref, x, dense_ms: float, weight_bytes: int, n: int, k: int) -> None:
+def _matmul_case(
+    chk, name: str, shape: str, fn, ref, x, dense_ms: float, weight_bytes: int, n: int, k: int
+) -> None:
     m = x.shape[0]
     got, want = fn(x), ref(x)
     t = chk.time_ms(lambda: fn(x))
@@ -123,7 +160,9 @@ def _matmul_case(chk, name: str, shape: str, fn, ref, x, dense_ms: float, weight
         amount = weight_bytes + 2 * m * (k + n)
         chk.kernel(name, shape, got, want, "reduction", t, amount, "GB/s", "copy_gbps", extra)
         if name == "int4_matmul":
-            chk.target(f"int4 matmul {shape}", extra["speedup_vs_bf16"], 2.5, "speedup over bf16 torch matmul")
+            chk.target(
+                f"int4 matmul {shape}", extra["speedup_vs_bf16"], 2.5, "speedup over bf16 torch matmul"
+            )
     else:
         chk.kernel(name, shape, got, want, "reduction", t, 2 * m * n * k, "TFLOP/s", "matmul_tflops", extra)
     print(f"   {'':<22} bf16 torch matmul {dense_ms * 1e3:.1f} us -> x{dense_ms / t:.2f}", flush=True)
@@ -144,13 +183,24 @@ def _store_case(chk, device, tokens: int, hkv: int, d: int) -> None:
     k, v = _randn(tokens, hkv, d, device=device), _randn(tokens, hkv, d, device=device)
     num_blocks = -(-tokens // BLOCK_SIZE) + 1
     slots = torch.randperm(num_blocks * BLOCK_SIZE, device=device)[:tokens]
-    caches = [torch.full((num_blocks, BLOCK_SIZE, hkv, d), float("nan"), dtype=BF16, device=device)
-              for _ in range(4)]
+    caches = [
+        torch.full((num_blocks, BLOCK_SIZE, hkv, d), float("nan"), dtype=BF16, device=device)
+        for _ in range(4)
+    ]
     store_kv_cache(k, v, caches[0], caches[1], slots)
     reference.store_kv_cache(k, v, caches[2], caches[3], slots)
     ms = chk.time_ms(lambda: store_kv_cache(k, v, caches[0], caches[1], slots))
-    chk.kernel("store_kv_cache", f"T={tokens} Hkv={hkv} D={d}", torch.cat([caches[0], caches[1]]).nan_to_num(),
-               torch.cat([caches[2], caches[3]]).nan_to_num(), "exact", ms, 4 * k.numel() * 2, "GB/s", "copy_gbps")
+    chk.kernel(
+        "store_kv_cache",
+        f"T={tokens} Hkv={hkv} D={d}",
+        torch.cat([caches[0], caches[1]]).nan_to_num(),
+        torch.cat([caches[2], caches[3]]).nan_to_num(),
+        "exact",
+        ms,
+        4 * k.numel() * 2,
+        "GB/s",
+        "copy_gbps",
+    )
 
 
 def _rms_norm_case(chk, device, tokens: int, hidden: int) -> None:
@@ -160,8 +210,17 @@ def _rms_norm_case(chk, device, tokens: int, hidden: int) -> None:
     got, got_res = rms_norm(x, w, 1e-6, res)
     want, want_res = reference.rms_norm(x, w, 1e-6, res)
     ms = chk.time_ms(lambda: rms_norm(x, w, 1e-6, res))
-    chk.kernel("rms_norm+residual", f"T={tokens} H={hidden}", torch.cat([got, got_res]),
-               torch.cat([want, want_res]), "elementwise", ms, 4 * x.numel() * 2 + hidden * 2, "GB/s", "copy_gbps")
+    chk.kernel(
+        "rms_norm+residual",
+        f"T={tokens} H={hidden}",
+        torch.cat([got, got_res]),
+        torch.cat([want, want_res]),
+        "elementwise",
+        ms,
+        4 * x.numel() * 2 + hidden * 2,
+        "GB/s",
+        "copy_gbps",
+    )
 
 
 def _rotary_case(chk, device, tokens: int, hq: int, hkv: int, d: int) -> None:
@@ -178,5 +237,14 @@ def _rotary_case(chk, device, tokens: int, hq: int, hkv: int, d: int) -> None:
     reference.apply_rotary(q_ref, k_ref, positions, cos_sin)
     ms = chk.time_ms(lambda: apply_rotary(q, kk, positions, cos_sin))  # rotates q, kk again each call
     moved = 2 * (q.numel() + kk.numel()) * 2 + tokens * d * 4
-    chk.kernel("apply_rotary", f"T={tokens} Hq={hq} Hkv={hkv} D={d}", torch.cat([q_t.flatten(), k_t.flatten()]),
-               torch.cat([q_ref.flatten(), k_ref.flatten()]), "elementwise", ms, moved, "GB/s", "copy_gbps")
+    chk.kernel(
+        "apply_rotary",
+        f"T={tokens} Hq={hq} Hkv={hkv} D={d}",
+        torch.cat([q_t.flatten(), k_t.flatten()]),
+        torch.cat([q_ref.flatten(), k_ref.flatten()]),
+        "elementwise",
+        ms,
+        moved,
+        "GB/s",
+        "copy_gbps",
+    )

@@ -51,14 +51,27 @@ def _sweep_decode(chk, device, hq: int, hkv: int, d: int) -> None:
     q = _randn(batch, hq, d, device=device)
     want = paged_decode_attention(q, kc, vc, tables, lens, d**-0.5)
     kv_bytes = 2 * batch * ctx * hkv * d * kc.element_size()
-    decode_cfgs = [DecodeConfig(16, 2), DecodeConfig(32, 1, 4, 1)] if dry else [
-        DecodeConfig(block_n=bn, num_warps=w, num_stages=s) for bn, w, s in
-        ((32, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3))] + [DecodeConfig(num_splits=2)]
+    decode_cfgs = (
+        [DecodeConfig(16, 2), DecodeConfig(32, 1, 4, 1)]
+        if dry
+        else [
+            DecodeConfig(block_n=bn, num_warps=w, num_stages=s)
+            for bn, w, s in ((32, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3))
+        ]
+        + [DecodeConfig(num_splits=2)]
+    )
     for cfg in decode_cfgs:
         label = f"BN={cfg.block_n} splits={cfg.num_splits or 'auto'} w={cfg.num_warps} s={cfg.num_stages}"
-        _try(chk, "paged_decode_attention", label,
-             lambda cfg=cfg: paged_decode_attention(q, kc, vc, tables, lens, d**-0.5, config=cfg),
-             want, kv_bytes, "GB/s", "copy_gbps")
+        _try(
+            chk,
+            "paged_decode_attention",
+            label,
+            lambda cfg=cfg: paged_decode_attention(q, kc, vc, tables, lens, d**-0.5, config=cfg),
+            want,
+            kv_bytes,
+            "GB/s",
+            "copy_gbps",
+        )
 
 
 def _sweep_prefill(chk, device, hq: int, hkv: int, d: int) -> None:
@@ -70,14 +83,32 @@ def _sweep_prefill(chk, device, hq: int, hkv: int, d: int) -> None:
     q = _randn(n, hq, d, device=device)
     want = prefill_attention(q, kc, vc, cu, lens, tables, d**-0.5)
     flops = 4 * (n * (n + 1) // 2) * d * hq
-    prefill_cfgs = [PrefillConfig(16, 16, 4, 1), PrefillConfig(32, 16, 4, 1)] if dry else [
-        PrefillConfig(bm, bn, w, s) for bm, bn, w, s in
-        ((128, 32, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 2))]
+    prefill_cfgs = (
+        [PrefillConfig(16, 16, 4, 1), PrefillConfig(32, 16, 4, 1)]
+        if dry
+        else [
+            PrefillConfig(bm, bn, w, s)
+            for bm, bn, w, s in (
+                (128, 32, 8, 3),
+                (128, 128, 8, 2),
+                (64, 64, 4, 3),
+                (128, 64, 4, 3),
+                (64, 128, 4, 2),
+            )
+        ]
+    )
     for cfg in prefill_cfgs:
         label = f"BM={cfg.block_m} BN={cfg.block_n} w={cfg.num_warps} s={cfg.num_stages}"
-        _try(chk, "prefill_attention", label,
-             lambda cfg=cfg: prefill_attention(q, kc, vc, cu, lens, tables, d**-0.5, config=cfg),
-             want, flops, "TFLOP/s", "matmul_tflops")
+        _try(
+            chk,
+            "prefill_attention",
+            label,
+            lambda cfg=cfg: prefill_attention(q, kc, vc, cu, lens, tables, d**-0.5, config=cfg),
+            want,
+            flops,
+            "TFLOP/s",
+            "matmul_tflops",
+        )
 
 
 def _sweep_int4(chk, device) -> None:
@@ -92,13 +123,32 @@ def _sweep_int4(chk, device) -> None:
         if dry:
             mm_cfgs = [tq.MatmulConfig(16 if m < 64 else 32, 32, 32, 2 if m < 64 else 1, 4, 1)]
         elif m <= 16:
-            mm_cfgs = [tq.MatmulConfig(16, bn, bk, sk, w, st) for bn, bk, sk, w, st in
-                       ((32, 128, 1, 4, 4), (64, 128, 1, 4, 4), (128, 128, 1, 4, 3), (32, 128, 4, 4, 4),
-                        (64, 128, 4, 4, 4), (128, 64, 2, 8, 4), (64, 64, 8, 4, 5))]
+            mm_cfgs = [
+                tq.MatmulConfig(16, bn, bk, sk, w, st)
+                for bn, bk, sk, w, st in (
+                    (32, 128, 1, 4, 4),
+                    (64, 128, 1, 4, 4),
+                    (128, 128, 1, 4, 3),
+                    (32, 128, 4, 4, 4),
+                    (64, 128, 4, 4, 4),
+                    (128, 64, 2, 8, 4),
+                    (64, 64, 8, 4, 5),
+                )
+            ]
         else:  # prefill M: compute bound, rate in TFLOP/s would read better but GB/s keeps one column
-            mm_cfgs = [tq.MatmulConfig(bm, bn, 64, 1, w, st) for bm, bn, w, st in
-                       ((128, 64, 4, 4), (64, 128, 4, 4), (128, 256, 8, 3), (256, 128, 8, 3))]
+            mm_cfgs = [
+                tq.MatmulConfig(bm, bn, 64, 1, w, st)
+                for bm, bn, w, st in ((128, 64, 4, 4), (64, 128, 4, 4), (128, 256, 8, 3), (256, 128, 8, 3))
+            ]
         for cfg in mm_cfgs:
             label = f"M={m} BM={cfg.block_m} BN={cfg.block_n} BK={cfg.block_k} split={cfg.split_k} w={cfg.num_warps} s={cfg.num_stages}"
-            _try(chk, "int4_matmul", label, lambda cfg=cfg, x=x: tq.int4_matmul(x, q4, s4, group, config=cfg),
-                 want, amount, "GB/s", "copy_gbps")
+            _try(
+                chk,
+                "int4_matmul",
+                label,
+                lambda cfg=cfg, x=x: tq.int4_matmul(x, q4, s4, group, config=cfg),
+                want,
+                amount,
+                "GB/s",
+                "copy_gbps",
+            )

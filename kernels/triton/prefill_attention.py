@@ -210,14 +210,20 @@ def _check_lengths(cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, token
         cu_seqlens_q[0], cu_seqlens_q[-1], q_lens.min(), q_lens.max(), (context_lens - q_lens).min(),
         context_lens.max()]).tolist()  # fmt: skip
     if first != 0 or last != tokens or shortest < 0:
-        raise ValueError(f"cu_seqlens_q must rise from 0 to the number of query rows ({tokens}), "
-                         f"got {cu_seqlens_q.tolist()}")
+        raise ValueError(
+            f"cu_seqlens_q must rise from 0 to the number of query rows ({tokens}), "
+            f"got {cu_seqlens_q.tolist()}"
+        )
     if min_prefix < 0:
-        raise ValueError("context_lens[b] must be >= the chunk length of sequence b (the chunk's keys are "
-                         f"in the cache), got context_lens={context_lens.tolist()}")
+        raise ValueError(
+            "context_lens[b] must be >= the chunk length of sequence b (the chunk's keys are "
+            f"in the cache), got context_lens={context_lens.tolist()}"
+        )
     if max_ctx > capacity:
-        raise ValueError(f"a context of {max_ctx} tokens does not fit the block tables "
-                         f"({capacity} tokens = max_blocks * block_size)")
+        raise ValueError(
+            f"a context of {max_ctx} tokens does not fit the block tables "
+            f"({capacity} tokens = max_blocks * block_size)"
+        )
     return int(longest)
 
 

@@ -123,8 +123,11 @@ def _int4_matmul_kernel(
         k0 = 2 * j0
         # one dense [BM, BK] load of x, split in registers into even and odd k: [BM, BK/2] twice,
         # one for each nibble
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k[None, :]) * stride_xk,
-                    mask=m_mask[:, None], other=0.0)
+        x = tl.load(
+            x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k[None, :]) * stride_xk,
+            mask=m_mask[:, None],
+            other=0.0,
+        )
         x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, HALF_K, 2)))
         packed = tl.load(
             w_ptr + offs_n[None, :] * stride_wn + (j0 + offs_j[:, None]) * stride_wk,
