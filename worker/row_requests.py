@@ -62,7 +62,7 @@ def build_requests(
             cont = conts[i]
             if not isinstance(cont, str) or not cont:
                 raise ValueError("empty continuation: likelihood scoring needs text to score")
-            cont_ids = list(tokenizer.encode(cont))
+            cont_ids = list(tokenizer.encode(cont, add_special_tokens=False))  # no BOS mid-sequence
             ids_all = list(tokenizer.encode(text)) + cont_ids
             greedy = RowSampling(max_tokens=1, temperature=0.0, top_p=1.0, seed=sampling.seed)
             out.append(

@@ -186,6 +186,8 @@ def paged_decode_attention(
 
     k_cache, v_cache: [num_blocks, block_size, Hkv, D]; block_tables int32 [B, max_blocks]
     (entries past a sequence's blocks are ignored); context_lens int32 [B], each >= 1.
+    Slots past a sequence's context in its last block get weight 0 but must hold finite values
+    (0 * NaN is NaN): the engine allocates its cache zeroed. The Triton kernel does not read them.
     """
     plan = plan_decode(block_tables, context_lens, k_cache.shape[1])
     return decode_with_plan(q, k_cache, v_cache, plan, scale, out)

@@ -69,18 +69,7 @@ def _add_bos(model_dir: Path) -> None:
 
 @pytest.mark.parametrize(
     ("arch", "bos"),
-    [
-        ("qwen2", False),
-        pytest.param(
-            "llama",
-            True,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="known pipeline bug (worker/row_requests.py): encode(continuation) adds the tokenizer's "
-                "BOS in the middle of the sequence and its logprob is counted in continuation_logprob",
-            ),
-        ),
-    ],
+    [("qwen2", False), ("llama", True)],  # llama: a tokenizer that prepends a BOS to every encode
 )
 def test_multiple_choice_matches_transformers(tmp_path: Path, arch: str, bos: bool) -> None:
     from worker.demo_model import make_demo_model

@@ -61,10 +61,11 @@ class Tokenizer:
     def _raise(message: str) -> None:
         raise ValueError(f"chat template: {message}")
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Like transformers' `tokenizer(text)`: tokenizer.json's post-processor may add a BOS; a text
-        that already starts with the BOS token (a rendered chat template) does not get a second one."""
-        ids = self._tok.encode(text, add_special_tokens=True).ids
+        that already starts with the BOS token (a rendered chat template) does not get a second one.
+        add_special_tokens=False: the bare tokens, for text that continues a sequence."""
+        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
         bos = self._tok.token_to_id(self.bos_token) if self.bos_token else None
         if bos is not None and len(ids) >= 2 and ids[0] == ids[1] == bos:
             ids = ids[1:]
