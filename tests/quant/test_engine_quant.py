@@ -112,6 +112,17 @@ def test_on_the_fly_int8_equals_the_int8_checkpoint(reference_model: Path, tmp_p
         torch.testing.assert_close(a.scales, b.scales, rtol=1e-3, atol=0)  # checkpoint scales are fp16
 
 
+def test_on_the_fly_int4_picks_a_group_that_fits_a_small_model(tmp_path: Path) -> None:
+    """The demo model's 64-wide layers take no group of 128: on-the-fly int4 picks 64 and runs."""
+    from worker.demo_model import make_demo_model
+
+    engine = _engine(make_demo_model(tmp_path / "tiny", "llama", seed=1), quantization="int4")
+    linears = [m for m in engine.runner.model.modules() if isinstance(m, Int4Linear)]
+    assert linears and {m.group_size for m in linears} == {64}
+    [out] = engine.generate(["def f(x):"], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(out.token_ids) == 4 and out.error is None
+
+
 def test_gptq_format_checkpoint_loads_to_the_dequantized_weights(reference_model: Path, tmp_path: Path) -> None:
     src = load_file(str(reference_model / "model.safetensors"))
     tensors: dict[str, torch.Tensor] = {}

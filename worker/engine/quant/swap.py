@@ -17,7 +17,7 @@ import structlog
 from torch import nn
 
 from worker.engine.quant.config import QuantizationConfig
-from worker.engine.quant.formats import check_group_size
+from worker.engine.quant.formats import INT4_GROUP_SIZES, check_group_size
 from worker.engine.quant.gptq_format import GPTQInt4Linear
 from worker.engine.quant.linear import Int4Linear, Int8Linear
 
@@ -82,16 +82,19 @@ def prepare_quantized_model(model: nn.Module, quantization_config: dict[str, Any
     )
 
 
-def quantize_model(model: nn.Module, method: str, group_size: int = 128) -> None:
+def quantize_model(model: nn.Module, method: str, group_size: int | None = None) -> None:
     """Quantize the loaded decoder Linears round-to-nearest: method "int8" or "int4" (group-wise).
 
-    Raises ValueError (before changing anything) for an unknown method or a group size that does not
-    divide some layer's input dimension.
+    group_size None (int4): the largest allowed group (128, then 64, 32) that divides every layer's
+    input dimension, so `--quantization int4` works on small models too. Raises ValueError (before
+    changing anything) for an unknown method or a group size that does not divide some layer.
     """
     if method not in ON_THE_FLY_METHODS:
         raise ValueError(f"unknown quantization {method!r}; use one of {ON_THE_FLY_METHODS}")
     targets = decoder_linears(model)
     if method == "int4":
+        if group_size is None:
+            group_size = _largest_group(targets)
         for name, linear in targets:
             _check_int4_shape(name, linear, group_size)
     for name, linear in targets:
@@ -105,6 +108,13 @@ def quantize_model(model: nn.Module, method: str, group_size: int = 128) -> None
         group_size=group_size if method == "int4" else None,
         modules=len(targets),
     )
+
+
+def _largest_group(targets: list[tuple[str, nn.Linear]]) -> int:
+    """The largest allowed int4 group size dividing every target's input dimension (or the
+    largest allowed one, whose check then names the layer it does not fit)."""
+    fits = [g for g in INT4_GROUP_SIZES if all(lin.in_features % g == 0 for _, lin in targets)]
+    return max(fits) if fits else max(INT4_GROUP_SIZES)
 
 
 def _check_int4_shape(name: str, linear: nn.Linear, group_size: int) -> None:
