@@ -106,7 +106,8 @@ def test_spot_notice_checkpoints_and_resumes_elsewhere(
     fleet: Fleet, job: Fixture, tmp_path: Path, imds: FakeImds
 ) -> None:
     out = tmp_path / "out"
-    inp = make_input(tmp_path / "input.parquet", 12, max_tokens=(1, 3, 6, 10, 16, 24))
+    # long rows keep the shard running well past the notice (the engine is fast on the tiny model)
+    inp = make_input(tmp_path / "input.parquet", 12, max_tokens=(1, 3, 6, 600, 1000, 1500))
     reference = embedded_run(inp, job.model, tmp_path / "embedded", 12)
     spot = fleet.start("spot", FREIGHT_IMDS_URL=imds.url)
     sub = submit(fleet.env(), inp, job.model, out, 12)  # one shard of 12 rows, staggered lengths
@@ -222,7 +223,7 @@ def test_sigterm_hands_the_running_shard_back(fleet: Fleet, job: Fixture, tmp_pa
     shard: the pool process sees the shutdown flag at its next engine step, saves its finished rows and
     requeues the shard, and the worker exits cleanly."""
     out = tmp_path / "out"
-    inp = make_input(tmp_path / "input.parquet", 8, max_tokens=(1, 2, 40, 40))
+    inp = make_input(tmp_path / "input.parquet", 8, max_tokens=(1, 2, 600, 1000))
     w = fleet.start("term")
     sub = submit(fleet.env(), inp, job.model, out, 8, max_tokens=40)
     wait_for(lambda: fleet.metric("term", "freight_rows_total") >= 2, 180, "rows finished")
