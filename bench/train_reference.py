@@ -113,19 +113,9 @@ def heldout_files(root: Path | None = None) -> list[tuple[str, str]]:
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from worker.demo_model import train_byte_level_bpe
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    return tok
+    return train_byte_level_bpe(texts, vocab_size, SPECIAL_TOKENS)
 
 
 def token_stream(tok, texts: list[str]) -> torch.Tensor:

@@ -51,21 +51,26 @@ SIZES = {
 }
 
 
-def train_tokenizer(vocab_size: int) -> Tokenizer:
-    """Byte-level BPE trained on the fixed stdlib corpus; deterministic for one Python version."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    texts = [(stdlib / name).read_text(encoding="utf-8") for name in CORPUS_FILES]
+def train_byte_level_bpe(texts: list[str], vocab_size: int, special_tokens: list[str]) -> Tokenizer:
+    """A byte-level BPE tokenizer trained on `texts`; deterministic for the same texts and settings."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
+
+
+def train_tokenizer(vocab_size: int) -> Tokenizer:
+    """Byte-level BPE trained on the fixed stdlib corpus; deterministic for one Python version."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    texts = [(stdlib / name).read_text(encoding="utf-8") for name in CORPUS_FILES]
+    return train_byte_level_bpe(texts, vocab_size, SPECIAL_TOKENS)
 
 
 def _config(arch: str, size: DemoSize, vocab_size: int, tie: bool) -> dict:
