@@ -5,6 +5,7 @@ Every check a user can fail runs here, before anything is written under OUT.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,12 +78,26 @@ def plan(spec: JobSpec, settings: Settings | None = None, prices: PriceTable | N
 
 
 def check_model(model: str, settings: Settings | None = None) -> None:
-    """A model is a folder or prefix holding config.json (a Hugging Face checkpoint)."""
+    """A model is a folder or prefix holding a Hugging Face checkpoint: a config.json that parses and
+    safetensors weights. Checked before anything is written; the engine checks the rest at load."""
     store = open_store(model, settings)
     if not store.exists("config.json"):
         raise ModelNotFoundError(
             f"model {model} has no config.json: give a Hugging Face checkpoint folder "
             "(`freight demo-model DIR` makes a small one)"
+        )
+    try:
+        config = json.loads(store.get("config.json"))
+    except ValueError as exc:
+        raise ModelNotFoundError(f"model {model}: config.json is not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ModelNotFoundError(f"model {model}: config.json must hold a JSON object")
+    if not (store.exists("model.safetensors") or store.exists("model.safetensors.index.json")):
+        pickled = store.exists("pytorch_model.bin") or store.exists("pytorch_model.bin.index.json")
+        raise ModelNotFoundError(
+            f"model {model} has no safetensors weights"
+            + (" (only pickle pytorch_model.bin, which freight refuses to load: convert it to "
+               "safetensors)" if pickled else ": expected model.safetensors or model.safetensors.index.json")
         )
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobs.datasets import InputReader
+from jobs.errors import ModelNotFoundError
 from jobs.finalize import committed_shards, finalize
 from jobs.log import get_logger
 from jobs.manifest import Manifest, partial_prefix
@@ -44,9 +45,12 @@ def load_engine(
     t0 = time.perf_counter()
     model_dir = resolve_model(manifest.spec.model, settings)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    engine = Engine.from_pretrained(
-        str(model_dir), EngineConfig(device=device, quantization=manifest.spec.quantization)
-    )
+    try:
+        engine = Engine.from_pretrained(
+            str(model_dir), EngineConfig(device=device, quantization=manifest.spec.quantization)
+        )
+    except (ValueError, KeyError, OSError) as exc:  # a checkpoint the engine cannot use
+        raise ModelNotFoundError(f"model {manifest.spec.model} cannot be loaded: {exc}") from exc
     return engine, time.perf_counter() - t0
 
 

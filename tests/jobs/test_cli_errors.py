@@ -50,6 +50,18 @@ def _case(tmp_path: Path, demo_model_dir: Path, dataset: Path, case: str) -> tup
         return [str(p), "--model", model, "--output", out], "empty"
     if case == "unknown model":
         return [str(dataset), "--model", str(tmp_path / "no-model"), "--output", out], "config.json"
+    if case in ("pickle-only model", "model without weights", "broken config.json"):
+        broken = tmp_path / "broken-model"
+        broken.mkdir()
+        (broken / "config.json").write_text("{not json" if case == "broken config.json" else "{}")
+        if case == "pickle-only model":
+            (broken / "pytorch_model.bin").write_bytes(b"\x80\x02pickle")
+        expected = {
+            "pickle-only model": "refuses to load",
+            "model without weights": "no safetensors weights",
+            "broken config.json": "not valid JSON",
+        }[case]
+        return [str(dataset), "--model", str(broken), "--output", out], expected
     if case == "bad option":
         return [str(dataset), "--model", model, "--output", out, "--max-tokens", "0"], "max_tokens"
     if case == "unknown instance type":
@@ -78,6 +90,9 @@ CASES = [
     "wrong column type",
     "empty dataset",
     "unknown model",
+    "pickle-only model",
+    "model without weights",
+    "broken config.json",
     "bad option",
     "unknown instance type",
     "bad jsonl",
