@@ -45,6 +45,20 @@ def load_attempt_records(store: ObjectStore) -> list[AttemptRecord]:
     ]
 
 
+def report_now(store: ObjectStore, manifest: Manifest, shard_indices: list[int]) -> dict[str, Any]:
+    """The cost report over these committed shards (and every recorded wasted attempt), as of now."""
+    return build_report(
+        manifest.job_id,
+        [load_shard_record(store, i) for i in shard_indices],
+        load_attempt_records(store),
+        started_at=manifest.created_at,
+        finished_at=time.time(),
+        default_instance_type=manifest.spec.instance_type,
+        default_market=manifest.spec.market,
+        default_price_per_hour=manifest.price_per_hour,
+    )
+
+
 def finalize(store: ObjectStore, manifest: Manifest | None = None) -> dict[str, Any]:
     """Write cost.json (once: put_if_absent) then _SUCCESS; return the cost report.
 
@@ -60,16 +74,7 @@ def finalize(store: ObjectStore, manifest: Manifest | None = None) -> dict[str, 
         raise JobIncompleteError(
             f"{len(missing)} of {len(manifest.shards)} shards not committed yet ({head})"
         )
-    report = build_report(
-        manifest.job_id,
-        [load_shard_record(store, s.index) for s in manifest.shards],
-        load_attempt_records(store),
-        started_at=manifest.created_at,
-        finished_at=time.time(),
-        default_instance_type=manifest.spec.instance_type,
-        default_market=manifest.spec.market,
-        default_price_per_hour=manifest.price_per_hour,
-    )
+    report = report_now(store, manifest, [s.index for s in manifest.shards])
     data = json.dumps(report, indent=1).encode()
     if not store.put_if_absent(COST_KEY, data):
         report = json.loads(store.get(COST_KEY))  # another finalizer won; its report stands

@@ -128,10 +128,11 @@ def run_shard(
 
     if stopped:
         saved = [results[r] for r in rows if r in results]
-        if saved:
+        new = [res for res in saved if res.row not in done]  # earlier attempts' files hold the rest
+        if new:
             store.put(
                 partial_key(shard_index, attempt),
-                datasets.write_result(rows_table(saved, likelihood, with_row=True)),
+                datasets.write_result(rows_table(new, likelihood, with_row=True)),
             )
         attempted = len(pending)
         finished_now = sum(1 for req in pending if req.row in results)

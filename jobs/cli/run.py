@@ -135,10 +135,8 @@ def cost(
 
 
 def _report(store: Any) -> tuple[dict[str, Any], bool]:
-    import time
-
-    from jobs.cost import build_report
-    from jobs.finalize import committed_shards, load_attempt_records, load_shard_record
+    """(report, provisional): cost.json once finalized, else a report over the committed shards."""
+    from jobs.finalize import committed_shards, report_now
     from jobs.manifest import read_manifest
     from jobs.status import read_cost
 
@@ -146,17 +144,7 @@ def _report(store: Any) -> tuple[dict[str, Any], bool]:
     report = read_cost(store)
     if report is not None:
         return report, False
-    records = [load_shard_record(store, i) for i in sorted(committed_shards(store))]
-    return build_report(
-        manifest.job_id,
-        records,
-        load_attempt_records(store),
-        started_at=manifest.created_at,
-        finished_at=time.time(),
-        default_instance_type=manifest.spec.instance_type,
-        default_market=manifest.spec.market,
-        default_price_per_hour=manifest.price_per_hour,
-    ), True
+    return report_now(store, manifest, sorted(committed_shards(store))), True
 
 
 def results(
@@ -182,7 +170,7 @@ def results(
         to.write_bytes(
             datasets.write_result(table) if to.suffix == ".parquet" else datasets.write_jsonl(table)
         )
-    except (FreightError, ValueError) as exc:  # ValueError: a malformed URL or option
+    except (FreightError, ValueError, OSError) as exc:  # ValueError: a malformed URL; OSError: --to
         raise fail(str(exc)) from None
     Console(stderr=True).print(f"wrote {table.num_rows:,} rows to {to}", soft_wrap=True)
 
