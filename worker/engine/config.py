@@ -72,5 +72,5 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":
-            return torch.float32 if self.device == "cpu" else torch.bfloat16
+            return torch.float32 if self.torch_device.type == "cpu" else torch.bfloat16
         return DTYPES[self.dtype]

@@ -211,7 +211,16 @@ class Engine:
         return seq.is_finished
 
     def _stop_string(self, seq: Sequence) -> bool:
-        """Cut seq.text before the earliest stop string, if the completion now contains one."""
+        """Cut seq.text before the earliest stop string, if the completion now contains one.
+
+        Earlier tokens were checked already, so a new match ends in the latest token: decode only a
+        tail long enough to hold any stop string (a character is at most 4 bytes, a token at least
+        one), and the whole completion only on a hit. Keeps a long completion's checks linear.
+        """
+        stops = seq.params.stop
+        window = 4 * max(len(s) for s in stops) + 2
+        if not any(s in self.tokenizer.decode(seq.output_token_ids[-window:]) for s in stops):
+            return False
         text = self.tokenizer.decode(seq.output_token_ids)
         hits = [i for i in (text.find(s) for s in seq.params.stop) if i >= 0]
         if not hits:

@@ -4,8 +4,8 @@ Each step: (1) running sequences in decode (one uncomputed token) are scheduled 
 never starves (max_num_batched_tokens >= max_num_seqs); (2) running sequences in the middle of a
 prefill get the remaining budget as chunks; (3) waiting sequences are admitted in order while
 budget, sequence slots and KV blocks last. When a running sequence needs a block and none is free,
-the most recently admitted running sequences are preempted: their blocks are freed and they go back
-to the head of the queue to be recomputed (their full blocks usually survive in the prefix cache).
+others are preempted (those mid-prefill first, then decodes, newest first): their blocks are freed
+and they go back to the head of the queue to be recomputed (their full blocks usually survive in the prefix cache).
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class Attention(nn.Module):
         cfg = self.cfg
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = q.reshape(tokens, cfg.num_heads, cfg.head_dim)  # copies: rotary works in place
+        q = q.reshape(tokens, cfg.num_heads, cfg.head_dim)  # strided views of the qkv output; rotary writes in place
         k = k.reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
         v = v.reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
