@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 
@@ -38,7 +39,10 @@ class WorkerMetrics:
         )
         self.busy = Gauge("freight_busy", "1 while a shard runs", registry=r)
         self._window_s = window_s
-        self._recent: deque[tuple[float, int]] = deque()  # (monotonic time, tokens)
+        # (monotonic time, tokens): appended by the task thread, read by the heartbeat thread
+        self._recent: deque[tuple[float, int]] = deque()
+        self._recent_tokens = 0  # sum of the window's tokens, kept as rows come and go
+        self._lock = threading.Lock()
         self._prompt_total = 0
         self._cached_total = 0
 
@@ -56,11 +60,15 @@ class WorkerMetrics:
         if self._prompt_total:
             self.prefix_hit_rate.set(self._cached_total / self._prompt_total)
         now = time.monotonic()
-        self._recent.append((now, prompt + completion))
+        with self._lock:
+            self._recent.append((now, prompt + completion))
+            self._recent_tokens += prompt + completion
         self.tokens_per_second.set(self.current_tokens_per_second(now))
 
     def current_tokens_per_second(self, now: float | None = None) -> float:
+        """Tokens per second over the last window; safe from any thread."""
         now = time.monotonic() if now is None else now
-        while self._recent and now - self._recent[0][0] > self._window_s:
-            self._recent.popleft()
-        return sum(n for _, n in self._recent) / self._window_s
+        with self._lock:
+            while self._recent and now - self._recent[0][0] > self._window_s:
+                self._recent_tokens -= self._recent.popleft()[1]
+            return self._recent_tokens / self._window_s

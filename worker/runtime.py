@@ -119,6 +119,8 @@ class ProcessRuntime:
                 self.beat()
             except redis.RedisError as exc:
                 log.warning("heartbeat_failed", error=str(exc))
+            except Exception:  # the heartbeat must outlive any bug: a silent worker counts as gone
+                log.exception("heartbeat_error")
             self._closed.wait(self.settings.heartbeat_s)
 
     def close(self) -> None:
