@@ -60,7 +60,7 @@ def submit_executor(settings: Settings) -> JobExecutor:
     return execute
 
 
-def _fail(exc: Exception) -> typer.Exit:
+def _fail(exc: Exception | str) -> typer.Exit:
     typer.echo(f"error: {exc}", err=True)
     return typer.Exit(2)
 
@@ -100,7 +100,7 @@ def run_command(
             )
             return
         report = collect(plan.output)
-    except FreightError as exc:
+    except (FreightError, ValueError) as exc:  # ValueError: e.g. a checkpoint the engine refuses
         raise _fail(exc) from exc
     typer.echo(report.markdown)
     if report.regressions:
@@ -119,7 +119,7 @@ def report_command(
 
     try:
         report = collect(output)
-    except FreightError as exc:
+    except (FreightError, ValueError) as exc:
         raise _fail(exc) from exc
     if as_json:
         typer.echo(json.dumps(json.loads(open_store(output).get(REPORT_JSON)), indent=2))
@@ -150,6 +150,8 @@ def beat_command(suites: Annotated[Path, typer.Argument(help="the suite file (TO
         run_beat(make_client_app(settings), str(suite_file.path), submit_executor(settings), lock)
     except (FreightError, LockHeldError) as exc:
         raise _fail(exc) from exc
+    except redis.RedisError as exc:
+        raise _fail(f"cannot reach Redis at {settings.redis_url} ({exc}): start it or set FREIGHT_REDIS_URL") from None
 
 
 def register(app: typer.Typer) -> None:

@@ -114,7 +114,10 @@ class Regex(GenerationMetric, Normalization):
     def score(self, completion: str, reference: Any) -> float:
         flags = re.IGNORECASE if self.ignore_case else 0
         if self.pattern is None:
-            return float(any(re.search(str(ref), completion, flags) for ref in _references(reference)))
+            try:
+                return float(any(re.search(str(ref), completion, flags) for ref in _references(reference)))
+            except re.error as exc:
+                raise ValueError(f"the reference {reference!r} is not a valid regular expression: {exc}") from exc
         found = re.search(self.pattern, completion, flags)
         if found is None or found.group(self.group) is None:
             return 0.0
@@ -191,7 +194,10 @@ class Custom(GenerationMetric):
             if spec is None or spec.loader is None:
                 raise ValueError(f"cannot import {path} as a Python module")
             module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+            try:
+                spec.loader.exec_module(module)
+            except Exception as exc:  # a syntax error or a failing import inside the user's file
+                raise ValueError(f"cannot import {path}: {type(exc).__name__}: {exc}") from exc
         else:
             try:
                 module = importlib.import_module(target)

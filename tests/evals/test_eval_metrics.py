@@ -155,3 +155,9 @@ def test_bootstrap_level_counts_agree_with_row_resampling() -> None:
     jittered = values + np.arange(300) * 1e-12
     fast, slow = bootstrap_ci(values, resamples=4000), bootstrap_ci(jittered, resamples=4000)
     assert abs(fast.low - slow.low) < 0.01 and abs(fast.high - slow.high) < 0.01
+
+
+def test_regex_reference_that_is_not_a_pattern_is_a_row_error() -> None:
+    """A ValueError (the row's error, the report goes on), not a re.error traceback."""
+    with pytest.raises(ValueError, match="not a valid regular expression"):
+        Regex().score("f(x) = 1", "f(x")
