@@ -232,7 +232,7 @@ def int8_matmul(
     check_shape("scales", scales, (n,))
     check_last_dim_contiguous("scales", scales)
     check_launchable(_int8_matmul_kernel, check_same_device(x=x, qweight=qweight, scales=scales))
-    if m == 0 or n == 0:
+    if m == 0 or n == 0 or k == 0:  # nothing to launch (K = 0: zeros, as the reference)
         return x.new_zeros((m, n))
     cfg = config or choose_config(m, n, k, x.device)
     return _launch(_int8_matmul_kernel, x, qweight, scales, n, k, cfg, ())
@@ -251,14 +251,14 @@ def int4_matmul(
     check_tensor("scales", scales, ndim=2, dtypes=FLOAT_DTYPES)
     m, k = x.shape
     n = qweight.shape[0]
-    if not isinstance(group_size, int) or group_size < 16 or group_size & (group_size - 1):
-        raise ValueError(f"group_size must be a power of two >= 16 (32, 64, 128 ...), got {group_size!r}")
+    if not isinstance(group_size, int) or group_size < 32 or group_size & (group_size - 1):
+        raise ValueError(f"group_size must be a power of two >= 32 (32, 64, 128 ...), got {group_size!r}")
     if k % group_size:
         raise ValueError(f"K ({k}) must be a multiple of group_size ({group_size}); pad the weight's K")
     check_shape("qweight", qweight, (n, k // 2))
     check_shape("scales", scales, (n, k // group_size))
     check_launchable(_int4_matmul_kernel, check_same_device(x=x, qweight=qweight, scales=scales))
-    if m == 0 or n == 0:
+    if m == 0 or n == 0 or k == 0:  # nothing to launch (K = 0: zeros, as the reference)
         return x.new_zeros((m, n))
     cfg = config or choose_config(m, n, k, x.device, group=group_size)
     if group_size % cfg.block_k or cfg.block_k < 32:

@@ -102,12 +102,21 @@ def test_wrapper_rejects_bad_arguments() -> None:
         tq.int4_matmul(x, q, s[:, :1], 32)
     with pytest.raises(ValueError, match="power of two"):
         tq.int4_matmul(x, q, s, 24)
+    with pytest.raises(ValueError, match=r"power of two >= 32"):
+        tq.int4_matmul(randn(2, 64), pack_int4(torch.randint(-8, 8, (8, 64))), torch.rand(8, 4), 16)
     with pytest.raises(ValueError, match=r"qweight must have shape \[8, 64\]"):
         tq.int8_matmul(x, torch.zeros(8, 32, dtype=torch.int8), torch.rand(8))
     with pytest.raises(ValueError, match="x must be float16 or bfloat16 or float32"):
         tq.int8_matmul(x.to(torch.float64), torch.zeros(8, 64, dtype=torch.int8), torch.rand(8))
     with pytest.raises(ValueError, match="meta"):
         tq.int8_matmul(x.to("meta"), torch.zeros(8, 64, dtype=torch.int8), torch.rand(8))
+
+
+def test_empty_k_gives_zeros_like_the_reference() -> None:
+    x = randn(3, 0)
+    got8 = tq.int8_matmul(x, torch.zeros(5, 0, dtype=torch.int8), torch.rand(5))
+    assert torch.equal(got8, ref_int8(x, torch.zeros(5, 0, dtype=torch.int8), torch.rand(5)))
+    assert got8.shape == (3, 5) and not got8.any()
 
 
 @pytest.mark.parametrize("group", [32, 128])
