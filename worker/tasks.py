@@ -96,7 +96,10 @@ def run_shard_task(self: Any, job_id: str, output: str, shard: int) -> dict[str,
     rt = runtime()
     with structlog.contextvars.bound_contextvars(job_id=job_id, shard=shard):
         # Counted first, before anything that can crash or hang (storage, model load, engine).
-        attempt, strikes = rt.live.begin_attempt(job_id, shard)
+        try:
+            attempt, strikes = rt.live.begin_attempt(job_id, shard)
+        except redis.RedisError as exc:  # an uncounted attempt must not run, nor be acked and lost
+            raise Reject(f"cannot count the attempt ({exc})", requeue=True) from exc
         rt.metrics.attempts.inc()
         with structlog.contextvars.bound_contextvars(attempt=attempt):
             try:
@@ -107,11 +110,14 @@ def run_shard_task(self: Any, job_id: str, output: str, shard: int) -> dict[str,
                 log.exception("shard_error", error=str(exc))
                 rt.metrics.outcomes.labels("error").inc()
                 if strikes >= rt.settings.max_shard_attempts:
-                    store = open_store(output, rt.settings)
-                    manifest = read_manifest(store)
-                    mark_failed(rt, store, manifest, shard, attempt, f"{type(exc).__name__}: {exc}")
-                    finish_if_done(rt, store, manifest, send_finalize)
-                    return {"status": "failed"}
+                    try:
+                        store = open_store(output, rt.settings)
+                        manifest = read_manifest(store)
+                        mark_failed(rt, store, manifest, shard, attempt, f"{type(exc).__name__}: {exc}")
+                        finish_if_done(rt, store, manifest, send_finalize)
+                        return {"status": "failed"}
+                    except Exception:  # storage or Redis down too: requeue, never ack a lost shard;
+                        log.exception("give_up_failed")  # the next delivery gives up past the limit
                 with contextlib.suppress(redis.RedisError):
                     rt.live.transition(job_id, shard, "queued")
                 time.sleep(min(ERROR_BACKOFF_CAP_S, 2.0**strikes))  # a transient cause may pass

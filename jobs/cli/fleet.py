@@ -147,9 +147,14 @@ def worker(
     if model:
         names.append(queue_for_model(absolute(model)))  # as the submitted spec names it
     if not names:
-        live = LiveState(get_settings().redis_url)
-        names = sorted(live.queues())
-        live.close()
+        url = get_settings().redis_url
+        live = LiveState(url, socket_timeout=2.0, retry_for_s=0)
+        try:
+            names = sorted(live.queues())
+        except redis.RedisError as exc:
+            raise fail(f"cannot reach Redis at {url} ({exc}): start it, or pass --model / --queues") from None
+        finally:
+            live.close()
     if not names:
         raise fail("no queue to consume: pass --model MODEL (as jobs name it) or --queues NAME")
     from worker.celery_app import app as celery_app  # lazy: the worker side
