@@ -77,14 +77,21 @@ class Int8Linear(nn.Module):
         if x2.is_cuda:
             y = _triton().int8_matmul(x2.contiguous(), self.qweight, self.scales)
         elif self.cpu_bf16 and x2.dtype.is_floating_point:
-            ones = torch.ones(self.out_features, dtype=torch.bfloat16)  # scales applied below, in fp32
-            y = torch._weight_int8pack_mm(x2.to(torch.bfloat16).contiguous(), self.qweight, ones)
+            # unit scales: the real ones are applied below, in fp32
+            y = torch._weight_int8pack_mm(x2.to(torch.bfloat16).contiguous(), self.qweight, self._unit_scales())
             y = (y.float() * self.scales.float()).to(x2.dtype)
         else:
             y = reference.int8_matmul(x2, self.qweight, self.scales)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _unit_scales(self) -> torch.Tensor:
+        """bf16 ones [N], made once (not on every call of every layer at every step)."""
+        ones = getattr(self, "_ones_bf16", None)
+        if ones is None:
+            ones = self._ones_bf16 = torch.ones(self.out_features, dtype=torch.bfloat16)
+        return ones
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"
