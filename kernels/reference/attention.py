@@ -141,21 +141,13 @@ def decode_with_plan(
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     qf = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, Hkv, G, D]
-    if len(plan.parts) == 1 and plan.parts[0].num_seqs == batch:
-        part = plan.parts[0]  # one group: gather, attend, scatter back by rows
+    result = torch.empty(qf.shape, dtype=torch.float32, device=q.device)  # [B, Hkv, G, D]
+    lse = torch.empty(qf.shape[:3], dtype=torch.float32, device=q.device)
+    for part in plan.parts:  # gather each group's blocks, attend, scatter back by rows
         k = _gather(k_cache, part.block_ids, part.num_seqs, part.num_keys)
         v = _gather(v_cache, part.block_ids, part.num_seqs, part.num_keys)
         o, s = _attend(qf.index_select(0, part.rows), k, v, part.mask, scale)
-        result, lse = torch.empty_like(o), torch.empty_like(s)
         result[part.rows], lse[part.rows] = o, s
-    else:
-        result = torch.empty(qf.shape, dtype=torch.float32, device=q.device)
-        lse = torch.empty(qf.shape[:3], dtype=torch.float32, device=q.device)
-        for part in plan.parts:
-            k = _gather(k_cache, part.block_ids, part.num_seqs, part.num_keys)
-            v = _gather(v_cache, part.block_ids, part.num_seqs, part.num_keys)
-            o, s = _attend(qf.index_select(0, part.rows), k, v, part.mask, scale)
-            result[part.rows], lse[part.rows] = o, s
     if plan.shared_ids is not None:
         n = plan.shared_ids.numel()
         k = _gather(k_cache, plan.shared_ids, 1, n * k_cache.shape[1])
