@@ -105,6 +105,11 @@ def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[Inpu
     """Check the input's files and columns; return its plan and the prompt column (for grouping)."""
     fmt, sources = datasets.list_input_files(spec.input, settings)
     if fmt == "jsonl":
+        if spec.id_column is not None or spec.prompt_column != "prompt":
+            raise InputError(
+                "OpenAI-Batch JSONL input takes its ids from custom_id and its prompts from "
+                "body.prompt / body.messages: drop --id-column / --prompt-column"
+            )
         ((url, data),) = sources
         if data is None:
             data = Path(url).read_bytes()

@@ -106,12 +106,13 @@ def run_shard(
     done = _read_partial(store, shard_index)
     reader = reader or datasets.InputReader(manifest.input, settings)
     table = reader.read(shard.ranges)
-    requests = build_requests(table, rows, manifest.spec, manifest.input, engine.tokenizer)
     results: dict[int, RowResult] = {r: done[r] for r in rows if r in done}
+    todo = [i for i, r in enumerate(rows) if r not in results]  # positions in `table`
+    if len(todo) < len(rows):  # rows from partial files are neither tokenized nor rendered again
+        table = table.take(todo)
+    requests = build_requests(table, [rows[i] for i in todo], manifest.spec, manifest.input, engine.tokenizer)
     pending: list[RowRequest] = []
     for req in requests:
-        if req.row in results:
-            continue
         if req.error is not None:
             results[req.row] = error_row(req)
             _report(on_row, shard_index, results[req.row])

@@ -80,6 +80,10 @@ def _case(tmp_path: Path, demo_model_dir: Path, dataset: Path, case: str) -> tup
         p = tmp_path / "batch.jsonl"
         p.write_text('{"custom_id": "a", "body": {"prompt": "hi"}}\nnot json\n')
         return [str(p), "--model", model, "--output", out], "line 2 is not JSON"
+    if case == "jsonl with column flags":
+        p = tmp_path / "batch.jsonl"
+        p.write_text('{"custom_id": "a", "body": {"prompt": "hi"}}\n')
+        return [str(p), "--model", model, "--output", out, "--id-column", "key"], "drop --id-column"
     raise AssertionError(case)
 
 
@@ -96,6 +100,7 @@ CASES = [
     "bad option",
     "unknown instance type",
     "bad jsonl",
+    "jsonl with column flags",
     "unsupported url",
 ]
 
