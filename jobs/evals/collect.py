@@ -120,7 +120,7 @@ def _score_entry(
     if not history.record(record):  # collected before: keep the stored record
         record = RunRecord.model_validate_json(history.store.get(record.key))
     runs = [r for r in history.runs(suite.name, entry.model) if r.run_id <= plan.run_id]
-    previous = history.previous(record)
+    previous = history.previous(record, runs)
     reported = compare(record, previous, _paired_noise(scores.rows, previous, record, base))
     png = score_chart(runs, f"{suite.name} on {model_key(entry.model)}")
     if png is not None:

@@ -74,7 +74,9 @@ class History:
         keys = [k for k in self.store.list(prefix) if k.endswith(".json")]
         return [RunRecord.model_validate_json(self.store.get(k)) for k in keys]
 
-    def previous(self, record: RunRecord) -> RunRecord | None:
-        """The latest record of the same suite and model before `record`'s run."""
-        earlier = [r for r in self.runs(record.suite, record.model) if r.run_id < record.run_id]
+    def previous(self, record: RunRecord, runs: list[RunRecord] | None = None) -> RunRecord | None:
+        """The latest record of the same suite and model before `record`'s run (`runs`: that
+        suite and model's records when the caller has them already, saving a second listing)."""
+        runs = self.runs(record.suite, record.model) if runs is None else runs
+        earlier = [r for r in runs if r.run_id < record.run_id]
         return earlier[-1] if earlier else None
