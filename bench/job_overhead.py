@@ -61,6 +61,11 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None, help="default: a fresh tiny demo model")
     parser.add_argument("--no-peer", action="store_true", help="skip the bare-engine run")
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="freight-bench-") as tmp:  # model, data and OUT go away
+        measure(args, Path(tmp))
+
+
+def measure(args: argparse.Namespace, work: Path) -> None:
 
     from jobs.log import configure_logging
     from jobs.planner import prepare_job
@@ -70,7 +75,6 @@ def main() -> None:
     from worker.local import run_local
 
     configure_logging("json", "warning")
-    work = Path(tempfile.mkdtemp(prefix="freight-bench-"))
     model = args.model or make_demo_model(work / "model", arch="llama", size="tiny")
     data = make_dataset(work / "in.parquet", args.rows)
     engine = Engine.from_pretrained(model, EngineConfig(device="cpu"))
@@ -109,7 +113,7 @@ def main() -> None:
     print(
         f"\njob: {args.rows:,} rows, {len(prepared.manifest.shards)} shards of ~{args.shard_rows}, max_tokens 1, "
         f"{report.get('prompt_tokens', 0):,} prompt tokens (prefix cache hit {report.get('cache_hit_rate', 0):.1%}), "
-        f"demo model {model}"
+        f"model {args.model or 'tiny random demo llama'}"
     )
     print(f"{'measure':<44}{'seconds':>10}{'share':>9}")
     for label, secs in (
