@@ -67,9 +67,10 @@ class RunPlan(BaseModel):
 
 
 def new_run_id(now: datetime | None = None) -> str:
-    """Sortable by time: 20261129T020000Z-3f9a1c2e."""
+    """Sortable by time, to the microsecond (two runs within one second keep their order):
+    20261129T020000.123456Z-3f9a1c2e."""
     now = now or datetime.now(UTC)
-    return f"{now.strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(4)}"
+    return f"{now.strftime('%Y%m%dT%H%M%S.%fZ')}-{secrets.token_hex(4)}"
 
 
 def _pick(suite_file: SuiteFile, names: Sequence[str] | None) -> list[Suite]:
