@@ -15,10 +15,8 @@ import redis
 from jobs.finalize import committed_shards
 from jobs.manifest import SUCCESS_KEY, Manifest, read_manifest
 from jobs.markers import FAILURES_KEY, is_cancelled, read_failures
-from jobs.progress import LiveState
+from jobs.progress import FINISHED_JOB_STATES, LiveState
 from jobs.storage import ObjectStore
-
-FINAL_STATES = ("succeeded", "failed", "cancelled")
 
 
 @dataclass(frozen=True)
@@ -40,7 +38,7 @@ class FleetStatus:
 
     @property
     def done(self) -> bool:
-        return self.state in FINAL_STATES
+        return self.state in FINISHED_JOB_STATES
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,12 +67,12 @@ def fleet_status(store: ObjectStore, live: LiveState | None, manifest: Manifest 
         state = "finalizing"
     else:
         state = str(counts.get("state", "unknown"))
-        if state in FINAL_STATES:  # Redis is ahead of storage (e.g. a cancel whose marker is not in yet)
+        if state in FINISHED_JOB_STATES:  # Redis ahead of storage (a cancel whose marker is not in yet)
             state = "running"
     rows_done = sum(manifest.shards[i].rows for i in committed if i < total)
     rate = eta = None
     submitted = float(meta.get("submitted_at", 0) or 0)
-    if submitted and rows_done and state not in FINAL_STATES:
+    if submitted and rows_done and state not in FINISHED_JOB_STATES:
         rate = rows_done / max(time.time() - submitted, 1e-9)
         eta = (manifest.input.rows - rows_done) / rate
     running = int(counts.get("shards_running", 0))

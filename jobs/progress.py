@@ -30,17 +30,18 @@ from redis.retry import Retry
 
 QUEUES_KEY = "freight:queues"
 WORKERS_KEY = "freight:workers"
+JOB_KEY_PREFIX = "freight:job:"
 JOBS_KEY = "freight:jobs"
-WORKER_GONE_AFTER_S = 60.0
+WORKER_GONE_AFTER_S = 60.0  # a worker whose heartbeat is older than this counts as gone
 SHARD_STATES = ("queued", "running", "committed", "failed", "cancelled")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
-FINISHED_JOB_STATES = ("succeeded", "failed", "cancelled")
+FINISHED_JOB_STATES = frozenset({"succeeded", "failed", "cancelled"})
 AUX_KINDS = ("shards", "est", "attempts", "strikes", "started", "cancel", "meta")
 JOB_TTL_S = 7 * 24 * 3600  # finished jobs' keys expire after a week
 
 
 def job_key(job_id: str) -> str:
-    return f"freight:job:{job_id}"
+    return f"{JOB_KEY_PREFIX}{job_id}"
 
 
 def _aux(kind: str, job_id: str) -> str:
@@ -89,6 +90,26 @@ class WorkerBeat:
     queue: str
     tokens_per_second: float
     heartbeat: float  # unix seconds
+
+    @classmethod
+    def from_json(cls, worker_id: str, raw: str | bytes) -> WorkerBeat:
+        """One `freight:workers` entry; ValueError when it is not the documented JSON."""
+        try:
+            data = json.loads(raw)
+            instance_id = data.get("instance_id")
+            return cls(
+                worker_id=worker_id,
+                busy=bool(data["busy"]),
+                instance_id=str(instance_id) if instance_id else None,
+                queue=str(data.get("queue", "")),
+                tokens_per_second=max(float(data.get("tokens_per_second") or 0.0), 0.0),
+                heartbeat=float(data["heartbeat"]),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"worker {worker_id}: malformed heartbeat {raw!r} ({exc!r})") from exc
+
+    def is_live(self, now: float, alive_within: float = WORKER_GONE_AFTER_S) -> bool:
+        return now - self.heartbeat <= alive_within
 
     def to_json(self) -> str:
         return json.dumps(
@@ -288,21 +309,8 @@ class LiveState:
     def workers(self, *, alive_within: float = WORKER_GONE_AFTER_S) -> list[WorkerBeat]:
         """Workers whose heartbeat is younger than `alive_within` seconds."""
         now = time.time()
-        out = []
-        for worker_id, raw in self.client.hgetall(WORKERS_KEY).items():
-            data = json.loads(raw)
-            if now - float(data.get("heartbeat", 0)) <= alive_within:
-                out.append(
-                    WorkerBeat(
-                        worker_id=worker_id,
-                        busy=bool(data.get("busy")),
-                        instance_id=data.get("instance_id"),
-                        queue=str(data.get("queue", "")),
-                        tokens_per_second=float(data.get("tokens_per_second", 0.0)),
-                        heartbeat=float(data["heartbeat"]),
-                    )
-                )
-        return out
+        beats = (WorkerBeat.from_json(w, raw) for w, raw in self.client.hgetall(WORKERS_KEY).items())
+        return [beat for beat in beats if beat.is_live(now, alive_within)]
 
     def close(self) -> None:
         self.client.close()

@@ -11,7 +11,6 @@ from jobs.autoscale.policy import (
     JobBacklog,
     ScalerState,
     ScalingLimits,
-    WorkerHeartbeat,
     decide,
     demand,
 )
@@ -22,7 +21,6 @@ __all__ = [
     "JobBacklog",
     "ScalerState",
     "ScalingLimits",
-    "WorkerHeartbeat",
     "decide",
     "demand",
 ]

@@ -11,17 +11,14 @@ Malformed entries are logged and skipped: a bad heartbeat must not stop the flee
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import redis
 
-from jobs.autoscale.policy import Backlog, JobBacklog, WorkerHeartbeat
+from jobs.autoscale.policy import Backlog, JobBacklog
 from jobs.log import get_logger
+from jobs.progress import JOB_KEY_PREFIX, QUEUES_KEY, WORKERS_KEY, WorkerBeat
 
-QUEUES_KEY = "freight:queues"
-JOB_KEY_PREFIX = "freight:job:"
-WORKERS_KEY = "freight:workers"
 # kombu's Redis transport keeps priority p > 0 of queue Q in the list Q + "\x06\x16" + str(p).
 PRIORITY_SEPARATOR = "\x06\x16"
 PRIORITIES = range(1, 10)
@@ -50,20 +47,11 @@ def queue_lists(queue: str) -> list[str]:
     return [queue] + [f"{queue}{PRIORITY_SEPARATOR}{p}" for p in PRIORITIES]
 
 
-def parse_heartbeat(worker_id: str, raw: str | bytes) -> WorkerHeartbeat | None:
+def parse_heartbeat(worker_id: str, raw: str | bytes) -> WorkerBeat | None:
     """One `freight:workers` entry, or None (logged) when it is not the documented JSON."""
     try:
-        data = json.loads(raw)
-        instance_id = data.get("instance_id")
-        return WorkerHeartbeat(
-            worker_id=worker_id,
-            busy=bool(data["busy"]),
-            instance_id=str(instance_id) if instance_id else None,
-            queue=str(data.get("queue", "")),
-            tokens_per_second=max(float(data.get("tokens_per_second") or 0.0), 0.0),
-            heartbeat=float(data["heartbeat"]),
-        )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return WorkerBeat.from_json(worker_id, raw)
+    except ValueError as exc:
         log.warning("autoscale.bad_heartbeat", worker_id=worker_id, error=str(exc))
         return None
 
@@ -118,7 +106,7 @@ class RedisBacklogReader:
             )
         return tuple(sorted(jobs, key=lambda j: j.job_id))
 
-    def workers(self) -> tuple[WorkerHeartbeat, ...]:
+    def workers(self) -> tuple[WorkerBeat, ...]:
         beats = []
         for worker_id, raw in sorted(self._redis.hgetall(WORKERS_KEY).items()):
             beat = parse_heartbeat(_text(worker_id), raw)

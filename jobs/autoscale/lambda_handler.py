@@ -1,7 +1,8 @@
 """AWS Lambda entry point: `jobs.autoscale.lambda_handler.handler`, invoked by an EventBridge schedule.
 
-Packaged by infra/build_autoscaler.py with jobs/__init__, jobs/log and jobs/autoscale plus the
-pure-Python redis and structlog packages; boto3 comes with the Lambda Python runtime.
+Packaged by infra/build_autoscaler.py with jobs/__init__, jobs/log, jobs/progress (the Redis key names)
+and jobs/autoscale plus the pure-Python redis and structlog packages; boto3 comes with the Lambda
+Python runtime.
 """
 
 from __future__ import annotations

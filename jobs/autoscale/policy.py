@@ -12,28 +12,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-# A worker whose heartbeat is older than this counts as gone (docs/ARCHITECTURE.md, "Live state").
-WORKER_GONE_AFTER_S = 60.0
+from jobs.progress import FINISHED_JOB_STATES, WORKER_GONE_AFTER_S, WorkerBeat
+
 # A job's shards_running counter is trusted only this long after the hash last changed: a running
 # shard's worker is busy and heartbeating, so the counter matters only in the seconds before that
 # worker's next beat. Stale counters (a worker killed mid-shard) must not keep the fleet up.
 JOB_COUNTERS_FRESH_S = 2 * WORKER_GONE_AFTER_S
-TERMINAL_JOB_STATES = frozenset({"succeeded", "failed", "cancelled"})
-
-
-@dataclass(frozen=True)
-class WorkerHeartbeat:
-    """One entry of `freight:workers`."""
-
-    worker_id: str
-    busy: bool
-    instance_id: str | None
-    queue: str
-    tokens_per_second: float
-    heartbeat: float  # unix seconds of the last beat
-
-    def is_live(self, now: float) -> bool:
-        return now - self.heartbeat <= WORKER_GONE_AFTER_S
 
 
 @dataclass(frozen=True)
@@ -50,7 +34,7 @@ class JobBacklog:
 
     @property
     def is_active(self) -> bool:
-        return self.state not in TERMINAL_JOB_STATES and self.shards_queued + self.shards_running > 0
+        return self.state not in FINISHED_JOB_STATES and self.shards_queued + self.shards_running > 0
 
 
 @dataclass(frozen=True)
@@ -63,7 +47,7 @@ class Backlog:
 
     queued_shards: int
     jobs: tuple[JobBacklog, ...] = ()
-    workers: tuple[WorkerHeartbeat, ...] = ()
+    workers: tuple[WorkerBeat, ...] = ()
 
     def __post_init__(self) -> None:
         if self.queued_shards < 0:
@@ -73,10 +57,10 @@ class Backlog:
     def est_tokens_queued(self) -> float:
         return float(sum(max(j.est_tokens_queued, 0.0) for j in self.jobs if j.is_active))
 
-    def live_workers(self, now: float) -> tuple[WorkerHeartbeat, ...]:
+    def live_workers(self, now: float) -> tuple[WorkerBeat, ...]:
         return tuple(w for w in self.workers if w.is_live(now))
 
-    def busy_workers(self, now: float) -> tuple[WorkerHeartbeat, ...]:
+    def busy_workers(self, now: float) -> tuple[WorkerBeat, ...]:
         return tuple(w for w in self.live_workers(now) if w.busy)
 
     def running_shards(self, now: float) -> int:

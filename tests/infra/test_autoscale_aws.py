@@ -8,7 +8,8 @@ import boto3
 import pytest
 
 from jobs.autoscale.aws import AutoScalingGroupAdapter
-from jobs.autoscale.policy import Backlog, Decision, JobBacklog, WorkerHeartbeat
+from jobs.autoscale.policy import Backlog, Decision, JobBacklog
+from jobs.progress import WorkerBeat
 
 NOW = 1_800_000_000.0
 REGION = "us-east-1"
@@ -71,7 +72,7 @@ def test_publishes_backlog_metrics(make_group):
     backlog = Backlog(
         7,
         (JobBacklog("j", "running", 7, 2, 70000.0),),
-        (WorkerHeartbeat("w", True, "i-1", "q", 100.0, NOW),),
+        (WorkerBeat("w", True, "i-1", "q", 100.0, NOW),),
     )
     adapter().publish(backlog, Decision(desired=3, current=1, demand=3, reason="scale_out"), NOW)
     cw = boto3.client("cloudwatch", region_name=REGION)

@@ -9,10 +9,10 @@ from jobs.autoscale.policy import (
     JobBacklog,
     ScalerState,
     ScalingLimits,
-    WorkerHeartbeat,
     decide,
     demand,
 )
+from jobs.progress import WorkerBeat
 
 NOW = 1_800_000_000.0
 LIMITS = ScalingLimits(
@@ -27,11 +27,11 @@ LIMITS = ScalingLimits(
 
 def workers(
     busy: int = 0, idle: int = 0, tps: float = 0.0, age: float = 5.0, at: float = NOW
-) -> tuple[WorkerHeartbeat, ...]:
+) -> tuple[WorkerBeat, ...]:
     beats = []
     for i in range(busy + idle):
         beats.append(
-            WorkerHeartbeat(
+            WorkerBeat(
                 worker_id=f"w{i}",
                 busy=i < busy,
                 instance_id=f"i-{i:04d}",

@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from jobs.autoscale.policy import Backlog, JobBacklog, ScalerState, ScalingLimits, WorkerHeartbeat, decide
+from jobs.autoscale.policy import Backlog, JobBacklog, ScalerState, ScalingLimits, decide
+from jobs.progress import WorkerBeat
 
 STEP_S = 10
 TICK_S = 60
@@ -63,7 +64,7 @@ class Fleet:
             if j.arrival <= now and j.finished_at is None
         )
         beats = tuple(
-            WorkerHeartbeat(i.id, i.shard is not None, i.id, "q", TPS if i.worked else 0.0, now)
+            WorkerBeat(i.id, i.shard is not None, i.id, "q", TPS if i.worked else 0.0, now)
             for i in self.instances
             if i.ready_at <= now
         )
