@@ -62,6 +62,11 @@ def make_client_app(settings: Settings) -> Celery:
     return app
 
 
+def send_finalize(app: Celery, *, job_id: str, output: str, queue: str) -> None:
+    """Publish freight.finalize for a job whose shards are all committed (the task is idempotent)."""
+    app.send_task(TASK_FINALIZE, kwargs={"job_id": job_id, "output": output}, queue=queue)
+
+
 @dataclass(frozen=True)
 class Submission:
     """What `FleetClient.enqueue` did."""
@@ -125,7 +130,7 @@ class FleetClient:
         return Submission(job_id, queue, len(shard_tokens), len(todo), time.perf_counter() - start)
 
     def send_finalize(self, *, job_id: str, output: str, queue: str) -> None:
-        self.app.send_task(TASK_FINALIZE, kwargs={"job_id": job_id, "output": output}, queue=queue)
+        send_finalize(self.app, job_id=job_id, output=output, queue=queue)
 
     def cancel(self, *, job_id: str) -> None:
         """Raise the Redis flag; running shards stop at their next engine step, queued ones are skipped.

@@ -5,10 +5,11 @@ ended and some failed."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import redis
+from celery import Celery
 
+from jobs.client import queue_for_model, send_finalize
 from jobs.cost import AttemptRecord, usd
 from jobs.finalize import committed_shards
 from jobs.log import get_logger
@@ -19,8 +20,6 @@ from worker.runtime import ProcessRuntime
 from worker.shard import default_pricing
 
 log = get_logger(__name__)
-
-SendFinalize = Callable[[str, str, str], None]  # (job_id, output, model)
 
 
 def poison_reason(died: int) -> str:
@@ -40,13 +39,12 @@ def mark_failed(rt: ProcessRuntime, store: ObjectStore, manifest: Manifest, shar
     log.error("shard_failed", reason=reason)
 
 
-def finish_if_done(
-    rt: ProcessRuntime, store: ObjectStore, manifest: Manifest, send_finalize: SendFinalize
-) -> str:
+def finish_if_done(rt: ProcessRuntime, store: ObjectStore, manifest: Manifest, app: Celery) -> str:
     """After a shard ends: finalize when all committed, write failures.json when all ended with failures.
 
-    Redis counts are a cheap first check; storage decides. Returns "running", "finalizing", "failed",
-    "cancelled" or "succeeded". Any worker may call it any number of times: finalize is idempotent.
+    Redis counts are a cheap first check; storage decides; `app` publishes freight.finalize. Returns
+    "running", "finalizing", "failed", "cancelled" or "succeeded". Any worker may call it any number of
+    times: finalize is idempotent.
     """
     job_id, total = manifest.job_id, len(manifest.shards)
     try:
@@ -62,7 +60,9 @@ def finish_if_done(
     committed = committed_shards(store)
     if len(committed) == total:
         log.info("job_complete_sending_finalize")
-        send_finalize(job_id, manifest.spec.output, manifest.spec.model)
+        send_finalize(
+            app, job_id=job_id, output=manifest.spec.output, queue=queue_for_model(manifest.spec.model)
+        )
         return "finalizing"
     failed = failed_shards(store) - committed
     if len(committed) + len(failed) == total:

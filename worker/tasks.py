@@ -23,7 +23,7 @@ import redis
 import structlog
 from celery.exceptions import Reject
 
-from jobs.client import TASK_FINALIZE, TASK_RUN_SHARD, queue_for_model
+from jobs.client import TASK_FINALIZE, TASK_RUN_SHARD
 from jobs.finalize import finalize
 from jobs.log import get_logger
 from jobs.manifest import Manifest, read_manifest, shard_result_key
@@ -114,7 +114,7 @@ def run_shard_task(self: Any, job_id: str, output: str, shard: int) -> dict[str,
                         store = open_store(output, rt.settings)
                         manifest = read_manifest(store)
                         mark_failed(rt, store, manifest, shard, attempt, f"{type(exc).__name__}: {exc}")
-                        finish_if_done(rt, store, manifest, send_finalize)
+                        finish_if_done(rt, store, manifest, app)
                         return {"status": "failed"}
                     except Exception:  # storage or Redis down too: requeue, never ack a lost shard;
                         log.exception("give_up_failed")  # the next delivery gives up past the limit
@@ -157,7 +157,7 @@ def _run(
     if skip is not None:
         rt.live.end_attempt_clean(job_id, shard)
         log.info("shard_skipped", status=skip)
-        finish_if_done(rt, store, manifest, send_finalize)
+        finish_if_done(rt, store, manifest, app)
         return {"status": skip}
     return _attempt(task, rt, store, manifest, shard, attempt, entered)
 
@@ -214,12 +214,8 @@ def _attempt(
     tokens = (record.prompt_tokens + record.completion_tokens) if record else 0
     rt.live.transition(job_id, shard, "committed", rows=outcome.rows, tokens=tokens)
     log.info("shard_done", status=outcome.status, rows=outcome.rows, seconds=round(seconds, 3))
-    finish_if_done(rt, store, manifest, send_finalize)
+    finish_if_done(rt, store, manifest, app)
     return {"status": outcome.status, "rows": outcome.rows}
-
-
-def send_finalize(job_id: str, output: str, model: str) -> None:
-    app.send_task(TASK_FINALIZE, kwargs={"job_id": job_id, "output": output}, queue=queue_for_model(model))
 
 
 @app.task(name=TASK_FINALIZE, bind=True)
