@@ -101,7 +101,8 @@ class ShardRecord(BaseModel):
 
 
 class AttemptRecord(BaseModel):
-    """OUT/waste/<n>-<attempt>-<token>.json: an attempt that did not commit (interrupted, lost race).
+    """OUT/waste/<n>-<attempt>-<token>.json: an attempt that did not commit (interrupted, lost race,
+    raised an error).
 
     `cost_usd` is all it cost; `wasted_usd` the part not saved as partial rows for the next attempt.
     """
@@ -111,7 +112,7 @@ class AttemptRecord(BaseModel):
     job_id: str
     shard: int
     attempt: int
-    reason: Literal["interrupted", "lost_race", "already_committed"]
+    reason: Literal["interrupted", "lost_race", "already_committed", "error"]
     rows_attempted: int
     rows_saved: int
     billed_seconds: float

@@ -12,8 +12,9 @@ Keys of this module only (other prefixes, so a SCAN of `freight:job:*` meets onl
 `freight:jobs` (SET of job ids), `freight:shards:<job>` (HASH shard -> queued|running|committed|
 failed|cancelled), `freight:est:<job>` (HASH shard -> estimated tokens), `freight:attempts:<job>` and
 `freight:strikes:<job>` (HASH shard -> count), `freight:started:<job>` (HASH shard -> JSON of the
-last attempt's start), `freight:cancel:<job>` (flag), `freight:meta:<job>`
-(HASH output, queue, model, submitted_at).
+last attempt's start; dropped when that attempt raised and was billed as an error, so only a start
+whose attempt vanished is left for the next attempt to bill as lost), `freight:cancel:<job>` (flag),
+`freight:meta:<job>` (HASH output, queue, model, submitted_at).
 """
 
 from __future__ import annotations
@@ -79,6 +80,16 @@ end
 return old or ''
 """
 
+# Forget an attempt's start once that attempt has been billed, but only if no later attempt has
+# replaced it. KEYS: started hash. ARGV: shard, attempt.
+_END_START = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if raw and tonumber(cjson.decode(raw)['attempt']) == tonumber(ARGV[2]) then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
 
 @dataclass(frozen=True)
 class WorkerBeat:
@@ -141,6 +152,7 @@ class LiveState:
             retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         )
         self._transition = self.client.register_script(_TRANSITION)
+        self._end_start = self.client.register_script(_END_START)
 
     # ----- jobs -----------------------------------------------------------------------------------
     def init_job(
@@ -258,6 +270,10 @@ class LiveState:
         pipe.hset(key, str(shard), json.dumps(info))
         previous, _ = pipe.execute()
         return json.loads(previous) if previous else None
+
+    def end_attempt_start(self, job_id: str, shard: int, attempt: int) -> bool:
+        """Drop `attempt`'s start (it ended and was billed), unless a later attempt's start replaced it."""
+        return bool(self._end_start(keys=[_aux("started", job_id)], args=[shard, attempt]))
 
     def last_heartbeat(self, worker_id: str) -> float | None:
         raw = self.client.hget(WORKERS_KEY, worker_id)

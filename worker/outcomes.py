@@ -4,7 +4,9 @@ ended and some failed."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from typing import Literal
 
 import redis
 from celery import Celery
@@ -73,29 +75,60 @@ def finish_if_done(rt: ProcessRuntime, store: ObjectStore, manifest: Manifest, a
     return "running"
 
 
-def record_lost_attempt(
-    rt: ProcessRuntime, store: ObjectStore, manifest: Manifest, shard: int, previous: dict, now: float
+def _unsaved_attempt(
+    manifest: Manifest,
+    shard: int,
+    attempt: int,
+    reason: Literal["interrupted", "error"],
+    billed: float,
+    worker: str,
+    now: float,
 ) -> AttemptRecord:
-    """Waste record for an attempt that died without a word (SIGKILL, OOM, a spot loss without notice).
-
-    Its work is billed from its start to its worker's last heartbeat (+ one interval), at most until
-    now: the time a vanished machine was still running. Nothing of it was saved.
-    """
+    """An attempt of which nothing was saved: all of its billed time is waste."""
     pricing = default_pricing(manifest)
-    beat = rt.live.last_heartbeat(str(previous.get("worker", "")))
-    end = min(now, beat + rt.settings.heartbeat_s) if beat is not None else now
-    billed = max(0.0, end - float(previous.get("at", now)))
     cost = usd(billed, pricing.price_per_hour)
-    record = AttemptRecord(
-        job_id=manifest.job_id, shard=shard, attempt=int(previous.get("attempt", 0)), reason="interrupted",
+    return AttemptRecord(
+        job_id=manifest.job_id, shard=shard, attempt=attempt, reason=reason,
         rows_attempted=manifest.shards[shard].rows, rows_saved=0, billed_seconds=billed,
         instance_type=pricing.instance_type, market=pricing.market, price_per_hour=pricing.price_per_hour,
         cost_usd=cost, on_demand_cost_usd=usd(billed, pricing.on_demand_price_per_hour), wasted_usd=cost,
-        worker=str(previous.get("worker", "")), recorded_at=now,
+        worker=worker, recorded_at=now,
     )  # fmt: skip
-    store.put(waste_key(shard, record.attempt, "lost"), record.model_dump_json().encode())
+
+
+def record_lost_attempt(
+    rt: ProcessRuntime, store: ObjectStore, manifest: Manifest, shard: int, previous: dict, now: float
+) -> AttemptRecord | None:
+    """Waste record for an attempt that died without a word (SIGKILL, OOM, a spot loss without notice).
+
+    Its work is billed from its start to its worker's last heartbeat (+ one interval), at most until
+    now: the time a vanished machine was still running. Nothing of it was saved. None when the attempt
+    did end and was billed by its own worker (an error record whose start Redis failed to forget).
+    """
+    attempt, worker = int(previous.get("attempt", 0)), str(previous.get("worker", ""))
+    if store.exists(waste_key(shard, attempt, "error")):
+        return None
+    beat = rt.live.last_heartbeat(worker)
+    end = min(now, beat + rt.settings.heartbeat_s) if beat is not None else now
+    billed = max(0.0, end - float(previous.get("at", now)))
+    record = _unsaved_attempt(manifest, shard, attempt, "interrupted", billed, worker, now)
+    store.put(waste_key(shard, attempt, "lost"), record.model_dump_json().encode())
     rt.metrics.wasted_seconds.inc(billed)
-    log.warning(
-        "attempt_lost", lost_attempt=record.attempt, lost_worker=record.worker, billed_s=round(billed, 3)
-    )
+    log.warning("attempt_lost", lost_attempt=attempt, lost_worker=worker, billed_s=round(billed, 3))
+    return record
+
+
+def record_failed_attempt(
+    rt: ProcessRuntime, store: ObjectStore, manifest: Manifest, shard: int, attempt: int, started: float
+) -> AttemptRecord:
+    """Waste record for an attempt that raised (then requeued or given up): billed from its start to
+    now, nothing saved (`waste/<n>-<attempt>-error.json`). Its start is then dropped from
+    `freight:started:<job>`, so the next attempt does not bill it a second time as lost."""
+    now = time.time()
+    billed = max(0.0, now - started)
+    record = _unsaved_attempt(manifest, shard, attempt, "error", billed, rt.worker_id, now)
+    store.put(waste_key(shard, attempt, "error"), record.model_dump_json().encode())
+    rt.metrics.wasted_seconds.inc(billed)
+    with contextlib.suppress(redis.RedisError):  # left behind, record_lost_attempt sees the error record
+        rt.live.end_attempt_start(manifest.job_id, shard, attempt)
     return record

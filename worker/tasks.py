@@ -8,8 +8,9 @@ run_shard, every delivery (Celery on Redis may deliver one shard more than once)
 3. run the pipeline's `run_shard` with `should_stop` = spot notice | worker shutdown | job cancelled;
 4. committed -> progress, and finalize once every shard is done; stopped by an interruption or a
    shutdown -> the finished rows are in OUT/partial/, the shard is handed back (requeued) for another
-   worker; stopped by cancel -> done; an exception -> requeued (after a backoff) until the attempts
-   run out, then failed with the exception as the reason.
+   worker; stopped by cancel -> done; an exception -> the attempt billed as waste (reason "error"),
+   then requeued (after a backoff) until the attempts run out, then failed with the exception as
+   the reason.
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ from jobs.markers import is_failed
 from jobs.storage import ObjectStore, open_store
 from worker.celery_app import app
 from worker.local import load_engine
-from worker.outcomes import finish_if_done, mark_failed, poison_reason, record_lost_attempt
+from worker.outcomes import (
+    finish_if_done,
+    mark_failed,
+    poison_reason,
+    record_failed_attempt,
+    record_lost_attempt,
+)
 from worker.runtime import ProcessRuntime, runtime
 
 log = get_logger(__name__)
@@ -109,19 +116,34 @@ def run_shard_task(self: Any, job_id: str, output: str, shard: int) -> dict[str,
             except Exception as exc:  # this attempt failed: requeue it, or give up after the last one
                 log.exception("shard_error", error=str(exc))
                 rt.metrics.outcomes.labels("error").inc()
-                if strikes >= rt.settings.max_shard_attempts:
-                    try:
-                        store = open_store(output, rt.settings)
-                        manifest = read_manifest(store)
-                        mark_failed(rt, store, manifest, shard, attempt, f"{type(exc).__name__}: {exc}")
-                        finish_if_done(rt, store, manifest, app)
-                        return {"status": "failed"}
-                    except Exception:  # storage or Redis down too: requeue, never ack a lost shard;
-                        log.exception("give_up_failed")  # the next delivery gives up past the limit
-                with contextlib.suppress(redis.RedisError):
-                    rt.live.transition(job_id, shard, "queued")
-                time.sleep(min(ERROR_BACKOFF_CAP_S, 2.0**strikes))  # a transient cause may pass
-                raise Reject(f"attempt {attempt} failed: {exc}", requeue=True) from exc
+                return _after_error(rt, job_id, output, shard, attempt, strikes, entered, exc)
+
+
+def _after_error(
+    rt: ProcessRuntime,
+    job_id: str,
+    output: str,
+    shard: int,
+    attempt: int,
+    strikes: int,
+    entered: float,
+    exc: Exception,
+) -> dict[str, Any]:
+    """Bill the failed attempt as an error, then give the shard up after the last attempt, or requeue it."""
+    try:
+        store = open_store(output, rt.settings)
+        manifest = read_manifest(store)
+        record_failed_attempt(rt, store, manifest, shard, attempt, entered)
+        if strikes >= rt.settings.max_shard_attempts:
+            mark_failed(rt, store, manifest, shard, attempt, f"{type(exc).__name__}: {exc}")
+            finish_if_done(rt, store, manifest, app)
+            return {"status": "failed"}
+    except Exception:  # storage or Redis down too: requeue, never ack a lost shard; the next delivery
+        log.exception("error_handling_failed")  # bills this attempt as lost and gives up past the limit
+    with contextlib.suppress(redis.RedisError):
+        rt.live.transition(job_id, shard, "queued")
+    time.sleep(min(ERROR_BACKOFF_CAP_S, 2.0**strikes))  # a transient cause may pass
+    raise Reject(f"attempt {attempt} failed: {exc}", requeue=True) from exc
 
 
 def _run(

@@ -85,10 +85,12 @@ class Fleet:
                 "FREIGHT_IMDS_URL": f"http://127.0.0.1:{free_port()}", "FREIGHT_MAX_SHARD_ATTEMPTS": "3"}  # fmt: skip
         return {**base, **extra}
 
-    def start(self, name: str, poison_shard: int | None = None, **extra: str) -> WorkerProcess:
+    def start(
+        self, name: str, poison_shard: int | None = None, poison_kind: str = "kill", **extra: str
+    ) -> WorkerProcess:
         self.ports[name] = free_port()
         env = self.env(FREIGHT_METRICS_PORT=str(self.ports[name]), **extra)
-        w = WorkerProcess(name, env, self.queue, self.tmp, poison_shard=poison_shard)
+        w = WorkerProcess(name, env, self.queue, self.tmp, poison_shard=poison_shard, poison_kind=poison_kind)
         self.workers.append(w)
         return w
 

@@ -1,8 +1,10 @@
-"""TEST-ONLY worker: a freight worker whose pool process SIGKILLs itself when it starts shard POISON.
+"""TEST-ONLY worker: a freight worker whose pool process fails when it starts shard POISON.
 
-It stands for a row that crashes the process every time (a CUDA fault, an OOM kill). It wraps
-worker.shard.run_shard from outside; production code carries no hook for it.
-Usage: python fleet_poison_worker.py POISON_SHARD <celery worker args...>
+KIND "kill": it SIGKILLs itself every time, standing for a row that crashes the process (a CUDA
+fault, an OOM kill). KIND "raise_once": the first attempt raises, standing for a transient error
+(storage hiccup); later attempts run. It wraps worker.shard.run_shard from outside; production code
+carries no hook for it.
+Usage: python fleet_poison_worker.py POISON_SHARD KIND <celery worker args...>
 """
 
 from __future__ import annotations
@@ -15,16 +17,19 @@ import worker.shard as shard_module
 from worker.celery_app import app
 
 POISON = int(sys.argv[1])
+KIND = sys.argv[2]
 _real_run_shard = shard_module.run_shard
 
 
 def _poisoned_run_shard(engine, store, manifest, shard_index, **kwargs):  # noqa: ANN001, ANN202
-    if shard_index == POISON:
+    if shard_index == POISON and KIND == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if shard_index == POISON and KIND == "raise_once" and kwargs["attempt"] == 1:
+        raise RuntimeError(f"test poison: attempt 1 of shard {POISON} raises")
     return _real_run_shard(engine, store, manifest, shard_index, **kwargs)
 
 
 shard_module.run_shard = _poisoned_run_shard
 
 if __name__ == "__main__":
-    app.worker_main(sys.argv[2:])
+    app.worker_main(sys.argv[3:])

@@ -142,7 +142,13 @@ class WorkerProcess:
     """`freight worker` as a real subprocess (its own Celery main process + one pool child)."""
 
     def __init__(
-        self, name: str, env: dict[str, str], queue: str, logdir: Path, poison_shard: int | None = None
+        self,
+        name: str,
+        env: dict[str, str],
+        queue: str,
+        logdir: Path,
+        poison_shard: int | None = None,
+        poison_kind: str = "kill",
     ) -> None:
         self.name = name
         self.log_path = logdir / f"worker-{name}.log"
@@ -150,9 +156,9 @@ class WorkerProcess:
         args = [str(exe), "worker", "--queues", queue, "--hostname", f"{name}@test", "--loglevel", "WARNING"]
         if poison_shard is not None:  # the test-only worker of tests/distributed/fleet_poison_worker.py
             script = Path(__file__).with_name("fleet_poison_worker.py")
-            args = [sys.executable, str(script), str(poison_shard), "worker", "--pool=prefork", "--concurrency=1",
-                    f"--queues={queue}", f"--hostname={name}@test", "--loglevel=WARNING", "--without-gossip",
-                    "--without-mingle", "--without-heartbeat"]  # fmt: skip
+            args = [sys.executable, str(script), str(poison_shard), poison_kind, "worker", "--pool=prefork",
+                    "--concurrency=1", f"--queues={queue}", f"--hostname={name}@test", "--loglevel=WARNING",
+                    "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(args, env={**os.environ, **env}, stdout=self._log, stderr=subprocess.STDOUT,
                                      cwd=Path(__file__).resolve().parents[2])  # fmt: skip

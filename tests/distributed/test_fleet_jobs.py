@@ -199,6 +199,29 @@ def test_poison_shard_fails_after_bounded_attempts(fleet: Fleet, job: Fixture, t
     assert len(result_rows(out)) == 8 and not (out / "failures.json").exists()
 
 
+def test_an_attempt_that_raises_is_billed_as_an_error_not_as_lost(
+    fleet: Fleet, job: Fixture, tmp_path: Path
+) -> None:
+    """Attempt 1 of shard 0 raises (requeued, retried): its time is waste of reason "error", billed
+    once by its own worker, and the retry does not bill it again as a lost (vanished) attempt."""
+    out = tmp_path / "out"
+    inp = make_input(tmp_path / "input.parquet", 4, max_tokens=(2,))
+    fleet.start("e", poison_shard=0, poison_kind="raise_once")
+    sub = submit(fleet.env(), inp, job.model, out, 2, max_tokens=2)  # 2 shards
+    done = fleet.wait_done(out, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert {s: n for s, n in fleet.live.attempts(sub["job_id"]).items() if s >= 0} == {0: 2, 1: 1}
+    (error,) = _waste(out)
+    assert (error.shard, error.attempt, error.reason, error.worker) == (0, 1, "error", "e@test#0")
+    assert error.billed_seconds > 0 and error.rows_saved == 0 and error.wasted_usd == error.cost_usd > 0
+    assert not any(k.endswith("-lost.json") for k in open_store(str(out)).list("waste/"))
+    cost = json.loads((out / "cost.json").read_text())
+    assert cost["uncommitted_attempts"] == 1 and cost["wasted_cost_usd"] == pytest.approx(error.wasted_usd)
+    assert cost["cost_usd"] == pytest.approx(sum(r.cost_usd for r in _records(out)) + error.cost_usd)
+    started = fleet.live.client.hget(f"freight:started:{sub['job_id']}", "0")
+    assert json.loads(started)["attempt"] == 2  # the committed attempt's start; attempt 1's was dropped
+
+
 @pytest.mark.slow
 def test_redis_restart_during_job(
     fleet: Fleet, job: Fixture, tmp_path: Path, redis_server: RedisServer

@@ -67,6 +67,15 @@ def test_attempts_count_at_start_and_strikes_only_unclean_ends(redis_url: str) -
     assert live.attempts("j") == {4: 3}
 
 
+def test_a_billed_attempts_start_is_dropped_but_never_a_later_ones(redis_url: str) -> None:
+    live = LiveState(redis_url)
+    assert live.swap_attempt_start("j", 4, {"attempt": 1, "worker": "w1", "at": 10.0}) is None
+    assert live.end_attempt_start("j", 4, 1)  # attempt 1 raised and was billed: nothing left to bill
+    assert live.swap_attempt_start("j", 4, {"attempt": 2, "worker": "w2", "at": 20.0}) is None
+    assert not live.end_attempt_start("j", 4, 1)  # a late call for attempt 1 leaves attempt 2's start
+    assert live.swap_attempt_start("j", 4, {"attempt": 3, "worker": "w1", "at": 30.0})["attempt"] == 2
+
+
 def test_cancel_flag_and_state(redis_url: str) -> None:
     live = LiveState(redis_url)
     live.init_job("j2", output="/o", queue="q", model="/m", est_tokens={0: 1})
