@@ -310,9 +310,6 @@ class LiveState:
         return float(value) if value is not None else None
 
     # ----- queues and workers ---------------------------------------------------------------------
-    def register_queue(self, queue: str) -> None:
-        self.client.sadd(QUEUES_KEY, queue)
-
     def queues(self) -> set[str]:
         return set(self.client.smembers(QUEUES_KEY))
 

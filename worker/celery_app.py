@@ -74,7 +74,6 @@ class LeaseRenewer:
     def __init__(self, redis_url: str, interval_s: float) -> None:
         self.client = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=10)
         self.interval_s = interval_s
-        self._stop = threading.Event()
 
     def held_tags(self) -> list[str]:
         held = tuple(worker_state.active_requests) + tuple(worker_state.reserved_requests)
@@ -90,7 +89,8 @@ class LeaseRenewer:
     def run(self) -> None:
         import time
 
-        while not self._stop.wait(self.interval_s):
+        while True:
+            time.sleep(self.interval_s)
             try:
                 self.renew(time.time())
             except (redis.RedisError, RuntimeError) as exc:  # RuntimeError: set changed size mid-copy
@@ -99,9 +99,6 @@ class LeaseRenewer:
     def start(self) -> LeaseRenewer:
         threading.Thread(target=self.run, name="freight-lease-renewer", daemon=True).start()
         return self
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 @signals.worker_init.connect

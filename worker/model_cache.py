@@ -30,13 +30,11 @@ class ModelCache(Generic[EngineT]):
         self._engine: EngineT | None = None
         self._lock = threading.Lock()
         self.loads = 0
-        self.hits = 0
         self.load_seconds = 0.0
 
     def get(self, key: Hashable, load: Callable[[], EngineT]) -> EngineT:
         with self._lock:
             if self._engine is not None and self._key == key:
-                self.hits += 1
                 return self._engine
             self._drop()
             start = time.perf_counter()
@@ -46,10 +44,6 @@ class ModelCache(Generic[EngineT]):
             self.loads += 1
             log.info("model_loaded", key=str(key), seconds=round(time.perf_counter() - start, 3))
             return engine
-
-    def clear(self) -> None:
-        with self._lock:
-            self._drop()
 
     def _drop(self) -> None:
         if self._engine is None:
