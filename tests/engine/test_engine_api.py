@@ -129,6 +129,10 @@ def test_tokenizer_matches_transformers(tokenizer_dir: Path, engine: Engine) -> 
     ids = engine.tokenizer.encode(PROMPTS[1])
     assert engine.tokenizer.decode(ids) == hf.decode(ids, skip_special_tokens=True) == PROMPTS[1]
     assert set(engine.tokenizer.eos_token_ids) >= {hf.eos_token_id}
+    # the engine encodes a stream's text prompts in one batch: the same ids as one by one and as
+    # transformers (a rendered chat template keeps its single BOS)
+    texts = [text, *PROMPTS]
+    assert engine.tokenizer.encode_batch(texts) == [hf(t)["input_ids"] for t in texts]
 
 
 def test_loader_refuses_unknown_architecture_and_pickle(tokenizer_dir: Path, tmp_path: Path) -> None:

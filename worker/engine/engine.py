@@ -105,8 +105,10 @@ class Engine:
         if self.scheduler.has_unfinished():
             raise RuntimeError("this engine is already running a stream; finish or close it first")
         seqs: list[Sequence] = []
+        texts = [p for p in prompts if isinstance(p, str)]
+        encoded = iter(self.tokenizer.encode_batch(texts) if texts else [])
         for i, (prompt, p) in enumerate(zip(prompts, params_list, strict=True)):
-            ids, error = self._prompt_ids(prompt)
+            ids, error = self._prompt_ids(prompt, next(encoded) if isinstance(prompt, str) else None)
             if error is not None:
                 yield RequestOutput(i, ids, [], "", "error", len(ids), 0, error=error)
                 continue
@@ -177,10 +179,11 @@ class Engine:
             )
         return params
 
-    def _prompt_ids(self, prompt: str | Seq[int]) -> tuple[list[int], str | None]:
-        """(token ids, None) or (whatever ids there are, why this prompt cannot run)."""
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
+    def _prompt_ids(self, prompt: object, encoded: list[int] | None) -> tuple[list[int], str | None]:
+        """(token ids, None) or (whatever ids there are, why this prompt cannot run). A text prompt
+        comes with `encoded`, its ids from the batch encode in `stream`."""
+        if encoded is not None:
+            ids = encoded
         elif isinstance(prompt, Seq) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             ids = list(prompt)
             bad = [t for t in ids if not 0 <= t < self.vocab_size]

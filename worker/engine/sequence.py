@@ -40,13 +40,21 @@ class Sequence:
         self.planned_hashes: list[int] = []
         self.protected_len = 0  # positions < this are in shared cached blocks: never written
         self.num_cached_tokens: int | None = None  # prefix-cache hit at first admission
-        # CPU generator (sampling draws on the CPU); any int seed, folded into [0, 2**63).
-        self.generator = torch.Generator().manual_seed(seed % 2**63)
+        self.seed = seed % 2**63  # any int seed, folded into [0, 2**63)
+        self._generator: torch.Generator | None = None
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list[float | None] | None = [None] if params.prompt_logprobs else None
         self.text: str | None = None  # set when the request finishes (or for stop-string checks)
+
+    @property
+    def generator(self) -> torch.Generator:
+        """This request's CPU generator (sampling draws on the CPU), made on first use: greedy
+        requests never draw, so a bulk greedy job makes none."""
+        if self._generator is None:
+            self._generator = torch.Generator().manual_seed(self.seed)
+        return self._generator
 
     @property
     def num_tokens(self) -> int:

@@ -51,6 +51,7 @@ class Tokenizer:
         if self.eos_token is not None and self._tok.token_to_id(self.eos_token) is not None:
             eos.append(self._tok.token_to_id(self.eos_token))
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eos))
+        self._bos_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
         self.vocab_size = self._tok.get_vocab_size()
 
     @staticmethod
@@ -65,10 +66,16 @@ class Tokenizer:
         """Like transformers' `tokenizer(text)`: tokenizer.json's post-processor may add a BOS; a text
         that already starts with the BOS token (a rendered chat template) does not get a second one.
         add_special_tokens=False: the bare tokens, for text that continues a sequence."""
-        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
-        bos = self._tok.token_to_id(self.bos_token) if self.bos_token else None
+        return self._single_bos(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """`encode` of each text, in one call (the Rust side splits the batch across its threads)."""
+        return [self._single_bos(e.ids) for e in self._tok.encode_batch_fast(texts)]
+
+    def _single_bos(self, ids: list[int]) -> list[int]:
+        bos = self._bos_id
         if bos is not None and len(ids) >= 2 and ids[0] == ids[1] == bos:
-            ids = ids[1:]
+            return ids[1:]
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
