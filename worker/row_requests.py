@@ -52,9 +52,8 @@ def build_requests(
     for i, row in enumerate(rows):
         row_id = _row_id(ids[i], row)
         try:
-            sampling = _sampling(
-                spec, row_id, {c: v[i] for c, v in overrides.items()}, json_text=plan.format == "jsonl"
-            )
+            values = {c: v[i] for c, v in overrides.items()} if overrides else None
+            sampling = _sampling(spec, row_id, values, json_text=plan.format == "jsonl")
             text = _prompt_text(prompts[i], plan.prompt_kind, tokenizer)
             if conts is None:
                 out.append(RowRequest(row=row, id=row_id, prompt=text, sampling=sampling))
@@ -121,8 +120,18 @@ def _override(name: str, raw: Any, json_text: bool) -> Any:
     return raw
 
 
-def _sampling(spec: JobSpec, row_id: str, values: dict[str, Any], json_text: bool) -> RowSampling:
+def _sampling(spec: JobSpec, row_id: str, values: dict[str, Any] | None, json_text: bool) -> RowSampling:
+    """The job's sampling with this row's override columns (`values`, None when the input has none)."""
     s = spec.sampling
+    if values is None:
+        return RowSampling(
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            seed=row_seed(s.seed, row_id),
+            top_k=s.top_k,
+            stop=s.stop,
+        )
     max_tokens = _override("max_tokens", values.get("max_tokens"), json_text)
     temperature = _override("temperature", values.get("temperature"), json_text)
     top_p = _override("top_p", values.get("top_p"), json_text)

@@ -90,22 +90,30 @@ def from_output(out: Any, req: RowRequest) -> RowResult:
     )
 
 
-def sampling_params(req: RowRequest) -> Any:
+def sampling_params(req: RowRequest, cache: dict[tuple[Any, ...], Any] | None = None) -> Any:
+    """The engine's SamplingParams for a row. With `cache`, rows that decode alike share one object:
+    greedy rows ignore their seed (nothing is drawn), so a greedy job builds a single one."""
     from worker.engine.sampling_params import SamplingParams
 
     s = req.sampling
     assert s is not None  # invariant: only rows without an error reach the engine
-    kwargs: dict[str, Any] = dict(
+    likelihood = isinstance(req.prompt, list)
+    seed = None if s.temperature == 0 else s.seed
+    key = (s.max_tokens, s.temperature, s.top_p, s.top_k, s.stop, seed, likelihood)
+    if cache is not None and (hit := cache.get(key)) is not None:
+        return hit
+    params = SamplingParams(
         max_tokens=s.max_tokens,
         temperature=s.temperature,
         top_p=s.top_p,
         top_k=s.top_k,
         stop=s.stop,
-        seed=s.seed,
+        seed=seed,
+        prompt_logprobs=likelihood,
     )
-    if isinstance(req.prompt, list):
-        kwargs["prompt_logprobs"] = True
-    return SamplingParams(**kwargs)
+    if cache is not None:
+        cache[key] = params
+    return params
 
 
 def collect_rows(
@@ -121,7 +129,8 @@ def collect_rows(
     if should_stop is not None and should_stop():
         return True
     prompts = [req.prompt for req in pending]
-    params = [sampling_params(req) for req in pending]
+    cache: dict[tuple[Any, ...], Any] = {}
+    params = [sampling_params(req, cache) for req in pending]
     finished = 0
     for out in engine.stream(prompts, params, should_stop=should_stop):
         req = pending[out.index]
