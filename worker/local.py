@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,8 @@ from jobs.manifest import Manifest, partial_prefix
 from jobs.model_cache import resolve_model
 from jobs.settings import Settings
 from jobs.storage import ObjectStore
-from worker.shard import RowProgress, ShardOutcome, run_shard
+from worker.shard import RowProgress, compute_shard
+from worker.shard_commit import ComputedShard, ShardOutcome, commit_shard
 
 log = get_logger(__name__)
 
@@ -86,33 +88,49 @@ def run_local(
         log.info("engine_loaded", model=manifest.spec.model, seconds=round(load_seconds, 3))
     reader = InputReader(manifest.input, settings)
     outcomes: list[ShardOutcome] = []
-    charge = load_seconds  # the first shard run after the load pays for it
-    for index in todo:
-        outcome = run_shard(
-            engine,
-            store,
-            manifest,
-            index,
-            attempt=next_attempt(store, index),
-            should_stop=should_stop,
-            load_seconds=charge,
-            reader=reader,
-            on_row=on_row,
-            settings=settings,
-        )
-        charge = 0.0
+
+    def settled(outcome: ShardOutcome) -> None:
         outcomes.append(outcome)
         log.info(
             "shard_done",
             job_id=manifest.job_id,
-            shard=index,
+            shard=outcome.shard,
             status=outcome.status,
             rows=outcome.rows,
             rows_failed=outcome.rows_failed,
         )
         if on_shard is not None:
             on_shard(outcome)
-        if outcome.status == "interrupted":
-            return LocalRun(outcomes=tuple(outcomes), report=None, load_seconds=load_seconds)
+
+    charge = load_seconds  # the first shard run after the load pays for it
+    # One shard's commit (result table, Parquet write, conditional put) runs on this thread while
+    # the next shard computes; at most one is in flight, and its errors surface here.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="freight-commit") as committer:
+        committing: Future[ShardOutcome] | None = None
+        for index in todo:
+            done = compute_shard(
+                engine,
+                store,
+                manifest,
+                index,
+                attempt=next_attempt(store, index),
+                should_stop=should_stop,
+                load_seconds=charge,
+                reader=reader,
+                on_row=on_row,
+                settings=settings,
+            )
+            charge = 0.0
+            if committing is not None:
+                settled(committing.result())
+                committing = None
+            if isinstance(done, ComputedShard):
+                committing = committer.submit(commit_shard, store, done)
+                continue
+            settled(done)
+            if done.status == "interrupted":
+                return LocalRun(outcomes=tuple(outcomes), report=None, load_seconds=load_seconds)
+        if committing is not None:
+            settled(committing.result())
     report = finalize(store, manifest)
     return LocalRun(outcomes=tuple(outcomes), report=report, load_seconds=load_seconds)

@@ -1,8 +1,8 @@
 """run_shard: one shard from input rows to a committed result + cost record. Used embedded and by Celery.
 
-Commit rule: the result object OUT/shards/<n>.parquet is created with put_if_absent; its Parquet
-metadata carries the shard record too (so the record commits atomically with the rows), and the
-winner then writes OUT/shards/<n>.json. A committed shard is never recomputed.
+`compute_shard` runs the rows (or saves an interrupted attempt's partial rows); `commit_shard`
+(worker/shard_commit.py) commits the result. The embedded runner overlaps one shard's commit with
+the next shard's compute; Celery commits before it acks. A committed shard is never recomputed.
 """
 
 from __future__ import annotations
@@ -13,38 +13,16 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from jobs import datasets
-from jobs.cost import AttemptRecord, ShardPricing, ShardRecord, usd
-from jobs.manifest import (
-    RECORD_METADATA_KEY,
-    Manifest,
-    partial_key,
-    partial_prefix,
-    shard_record_key,
-    shard_result_key,
-    waste_key,
-)
+from jobs.cost import ShardPricing, ShardRecord, usd
+from jobs.manifest import Manifest, partial_key, partial_prefix, shard_result_key, waste_key
 from jobs.settings import Settings
 from jobs.storage import ObjectStore
 from worker.row_requests import RowRequest, build_requests
+from worker.shard_commit import ComputedShard, ShardOutcome, attempt_record, commit_shard
 from worker.shard_rows import RowResult, collect_rows, error_row, result_row, rows_table
-
-Status = Literal["committed", "already_committed", "lost_race", "interrupted"]
-
-
-@dataclass(frozen=True)
-class ShardOutcome:
-    """What run_shard did. `record` is set when this call committed; `attempt_record` when it did not
-    commit after doing work (interrupted, lost race)."""
-
-    shard: int
-    status: Status
-    rows: int
-    rows_failed: int
-    record: ShardRecord | None = None
-    attempt_record: AttemptRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +55,19 @@ def run_shard(
     store: ObjectStore,
     manifest: Manifest,
     shard_index: int,
+    **kwargs: Any,
+) -> ShardOutcome:
+    """Run shard `shard_index` of `manifest` with a loaded `engine` and commit it into `store` (OUT).
+    Keyword arguments: those of `compute_shard`."""
+    done = compute_shard(engine, store, manifest, shard_index, **kwargs)
+    return done if isinstance(done, ShardOutcome) else commit_shard(store, done)
+
+
+def compute_shard(
+    engine: Any,
+    store: ObjectStore,
+    manifest: Manifest,
+    shard_index: int,
     *,
     attempt: int = 0,
     should_stop: Callable[[], bool] | None = None,
@@ -85,8 +76,9 @@ def run_shard(
     reader: datasets.InputReader | None = None,
     on_row: Callable[[RowProgress], None] | None = None,
     settings: Settings | None = None,
-) -> ShardOutcome:
-    """Run shard `shard_index` of `manifest` with a loaded `engine`, committing into `store` (OUT).
+) -> ComputedShard | ShardOutcome:
+    """Run shard `shard_index` of `manifest` with a loaded `engine`: a ComputedShard to commit, or the
+    outcome when there is nothing to commit ("already_committed", "interrupted").
 
     attempt: this attempt's number (partial rows are saved as partial/<n>/<attempt>.parquet).
     should_stop: checked before every engine step; when it turns True the finished rows are saved
@@ -137,17 +129,9 @@ def run_shard(
             )
         attempted = len(pending)
         finished_now = sum(1 for req in pending if req.row in results)
-        rec = _attempt_record(
-            manifest,
-            shard_index,
-            attempt,
-            "interrupted",
-            pricing,
-            load_seconds,
-            t0,
-            attempted,
-            finished_now,
-            worker,
+        billed = time.perf_counter() - t0 + load_seconds
+        rec = attempt_record(
+            manifest, shard_index, attempt, "interrupted", pricing, billed, attempted, finished_now, worker
         )
         store.put(waste_key(shard_index, attempt, uuid.uuid4().hex[:8]), rec.model_dump_json().encode())
         return ShardOutcome(
@@ -185,25 +169,8 @@ def run_shard(
         started_at=started,
         finished_at=time.time(),
     )
-    out = rows_table(ordered, likelihood, with_row=False)
-    out = out.replace_schema_metadata({RECORD_METADATA_KEY: record.model_dump_json().encode()})
-    if not store.put_if_absent(shard_result_key(shard_index), datasets.write_result(out)):
-        rec = _attempt_record(
-            manifest, shard_index, attempt, "lost_race", pricing, load_seconds, t0, len(pending), 0, worker
-        )
-        store.put(waste_key(shard_index, attempt, uuid.uuid4().hex[:8]), rec.model_dump_json().encode())
-        return ShardOutcome(
-            shard=shard_index,
-            status="lost_race",
-            rows=len(ordered),
-            rows_failed=record.rows_failed,
-            attempt_record=rec,
-        )
-    store.put(shard_record_key(shard_index), record.model_dump_json(indent=1).encode())
-    for key in store.list(partial_prefix(shard_index)):
-        store.delete(key)  # the committed result supersedes them
-    return ShardOutcome(
-        shard=shard_index, status="committed", rows=record.rows, rows_failed=record.rows_failed, record=record
+    return ComputedShard(
+        manifest=manifest, rows=ordered, record=record, pricing=pricing, rows_attempted=len(pending)
     )
 
 
@@ -233,38 +200,4 @@ def _read_partial(store: ObjectStore, shard_index: int) -> dict[int, RowResult]:
     return done
 
 
-def _attempt_record(
-    manifest: Manifest,
-    shard: int,
-    attempt: int,
-    reason: Any,
-    pricing: ShardPricing,
-    load_seconds: float,
-    t0: float,
-    attempted: int,
-    saved: int,
-    worker: str,
-) -> AttemptRecord:
-    billed = time.perf_counter() - t0 + load_seconds
-    cost = usd(billed, pricing.price_per_hour)
-    kept = saved / attempted if attempted else 0.0  # share of the attempt's work the next attempt reuses
-    return AttemptRecord(
-        job_id=manifest.job_id,
-        shard=shard,
-        attempt=attempt,
-        reason=reason,
-        rows_attempted=attempted,
-        rows_saved=saved,
-        billed_seconds=billed,
-        instance_type=pricing.instance_type,
-        market=pricing.market,
-        price_per_hour=pricing.price_per_hour,
-        cost_usd=cost,
-        on_demand_cost_usd=usd(billed, pricing.on_demand_price_per_hour),
-        wasted_usd=cost * (1.0 - kept),
-        worker=worker,
-        recorded_at=time.time(),
-    )
-
-
-__all__ = ["RowProgress", "ShardOutcome", "default_pricing", "run_shard"]
+__all__ = ["ComputedShard", "RowProgress", "ShardOutcome", "compute_shard", "default_pricing", "run_shard"]

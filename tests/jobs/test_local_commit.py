@@ -1,0 +1,94 @@
+"""The embedded runner commits each shard on its commit thread while the next shard computes: the
+result is the same as committing in line, and a failed commit stops the job with that error and
+loses nothing (a rerun commits the rest, each row exactly once)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as pads
+import pytest
+from pipeline_data import prompts_table, write_parquet
+
+from jobs.manifest import shard_result_key
+from jobs.planner import prepare_job
+from jobs.spec import JobSpec, SamplingSpec
+from jobs.storage.local import LocalStore
+from worker.local import run_local
+
+
+class RecordingStore(LocalStore):
+    """A LocalStore that notes which thread commits each shard result, and can fail one commit."""
+
+    def __init__(self, root: Path, fail_key: str | None = None) -> None:
+        super().__init__(root)
+        self.fail_key = fail_key
+        self.committers: dict[str, str] = {}
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        if key == self.fail_key:
+            raise OSError(f"disk full writing {key}")
+        if key.startswith("shards/") and key.endswith(".parquet"):
+            self.committers[key] = threading.current_thread().name
+        return super().put_if_absent(key, data)
+
+
+def _ids(store: LocalStore) -> list[str]:
+    shards = pads.dataset(store.root / "shards", format="parquet", exclude_invalid_files=True)
+    return shards.to_table().column("id").to_pylist()
+
+
+@pytest.fixture(scope="module")
+def engine(demo_model_dir: Path) -> Any:
+    from worker.engine import Engine, EngineConfig
+
+    return Engine.from_pretrained(demo_model_dir, EngineConfig(device="cpu", kv_cache_bytes=64 << 20))
+
+
+def _prepare(tmp_path: Path, model: Path) -> Any:
+    data = write_parquet(prompts_table(24, bad=False), tmp_path / "in.parquet")
+    spec = JobSpec(
+        input=str(data),
+        model=str(model),
+        output=str(tmp_path / "out"),
+        id_column="id",
+        sampling=SamplingSpec(max_tokens=4),
+        shard_rows=6,
+    )
+    return prepare_job(spec)
+
+
+def test_shards_commit_on_the_commit_thread(tmp_path: Path, demo_model_dir: Path, engine: Any) -> None:
+    prepared = _prepare(tmp_path, demo_model_dir)
+    store = RecordingStore(prepared.store.root)
+    run = run_local(store, prepared.manifest, engine=engine)
+
+    assert run.report is not None and [o.status for o in run.outcomes] == ["committed"] * 4
+    assert [o.shard for o in run.outcomes] == [0, 1, 2, 3]  # settled in shard order
+    assert set(store.committers) == {shard_result_key(i) for i in range(4)}
+    assert all(name.startswith("freight-commit") for name in store.committers.values())
+    ids = _ids(store)
+    assert sorted(ids) == [f"row-{i:04d}" for i in range(24)]
+
+
+def test_failed_commit_stops_the_job_and_a_rerun_finishes_it(
+    tmp_path: Path, demo_model_dir: Path, engine: Any
+) -> None:
+    prepared = _prepare(tmp_path, demo_model_dir)
+    failing = RecordingStore(prepared.store.root, fail_key=shard_result_key(1))
+    with pytest.raises(OSError, match="disk full"):
+        run_local(failing, prepared.manifest, engine=engine)
+    assert failing.exists(shard_result_key(0))
+    assert not failing.exists(shard_result_key(1))
+    assert not failing.exists("_SUCCESS")
+    # shard 2 was computing while shard 1's commit failed: it must not have been committed after it
+    assert not failing.exists(shard_result_key(2))
+
+    store = RecordingStore(prepared.store.root)
+    rerun = run_local(store, prepared.manifest, engine=engine)
+    assert rerun.report is not None and rerun.report["rows"] == 24
+    assert set(store.committers) == {shard_result_key(i) for i in (1, 2, 3)}  # shard 0 kept
+    ids = _ids(store)
+    assert sorted(ids) == [f"row-{i:04d}" for i in range(24)]
