@@ -4,7 +4,7 @@ building, Parquet writes, commits, finalize), on a 20,000-row job with max_token
 Peer, measured in the same run: the bare engine generating the same prompts in one call. Prints a
 small table; the target is overhead < 10% of the job's time.
 
-    .venv/bin/python bench/job_overhead.py [--rows 20000] [--shard-rows 256] [--model DIR] [--no-peer]
+    .venv/bin/python bench/job_overhead.py [--rows 20000] [--shard-rows 256] [--model DIR] [--no-peer] [--threads 1]
 """
 
 from __future__ import annotations
@@ -60,6 +60,9 @@ def main() -> None:
     parser.add_argument("--shard-rows", type=int, default=256)
     parser.add_argument("--model", type=Path, default=None, help="default: a fresh tiny demo model")
     parser.add_argument("--no-peer", action="store_true", help="skip the bare-engine run")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: on a shared 2-core box two threads spin-wait)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="freight-bench-") as tmp:  # model, data and OUT go away
         measure(args, Path(tmp))
@@ -77,7 +80,7 @@ def measure(args: argparse.Namespace, work: Path) -> None:
     configure_logging("json", "warning")
     model = args.model or make_demo_model(work / "model", arch="llama", size="tiny")
     data = make_dataset(work / "in.parquet", args.rows)
-    engine = Engine.from_pretrained(model, EngineConfig(device="cpu"))
+    engine = Engine.from_pretrained(model, EngineConfig(device="cpu", num_threads=args.threads))
     timer = EngineTimer(engine)
 
     t0 = time.perf_counter()
@@ -103,7 +106,7 @@ def measure(args: argparse.Namespace, work: Path) -> None:
     if not args.no_peer:
         # a fresh engine: the job's engine holds these prompts in its prefix cache
         del engine, timer
-        fresh = Engine.from_pretrained(model, EngineConfig(device="cpu"))
+        fresh = Engine.from_pretrained(model, EngineConfig(device="cpu", num_threads=args.threads))
         prompts = pq.read_table(data, columns=["prompt"]).column("prompt").to_pylist()
         t2 = time.perf_counter()
         outs = fresh.generate(prompts, SamplingParams(max_tokens=1))
