@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
 import time
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
@@ -71,7 +73,17 @@ class Engine:
         runner = ModelRunner(model, num_blocks, config.block_size, config.torch_device, config.torch_dtype)
         log.info("engine_ready", model_dir=str(model_dir), backend=backend.name, num_blocks=num_blocks,
                  max_model_len=max_len)  # fmt: skip
-        return cls(model_dir, config, runner, tokenizer, max_len, num_blocks)
+        engine = cls(model_dir, config, runner, tokenizer, max_len, num_blocks)
+        # Everything alive now (torch, the model, the libraries: ~300k objects) lives as long as the
+        # engine. Freezing it keeps Python's cyclic collector from walking it again on each full
+        # collection of a bulk job (~0.3 s apiece here; 0.3 s of a 20k-row job's planning alone).
+        # Unfreezing first lets this collection reclaim what an earlier engine froze and dropped.
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+        atexit.unregister(gc.unfreeze)
+        atexit.register(gc.unfreeze)  # the final collection at exit sees them (nanobind counts leaks)
+        return engine
 
     @staticmethod
     def _kv_budget(config: EngineConfig) -> int:
