@@ -8,6 +8,10 @@ poison shards, cancel flags and worker heartbeats. Keys read by the autoscaler (
                             shards_failed, rows_done, tokens_done, est_tokens_queued, updated_at
 - `freight:workers`         HASH worker_id -> JSON {busy, instance_id, queue, tokens_per_second, heartbeat}
 
+Token units: `est_tokens_queued` is rows x max_tokens of the queued shards (the most they can
+generate) and a heartbeat's `tokens_per_second` is the completion tokens generated over the last
+minute, per second: both count completion tokens, so the autoscaler can divide one by the other.
+
 Keys of this module only (other prefixes, so a SCAN of `freight:job:*` meets only job hashes):
 `freight:jobs` (SET of job ids), `freight:shards:<job>` (HASH shard -> queued|running|committed|
 failed|cancelled), `freight:est:<job>` (HASH shard -> estimated tokens), `freight:attempts:<job>` and
@@ -99,7 +103,7 @@ class WorkerBeat:
     busy: bool
     instance_id: str | None
     queue: str
-    tokens_per_second: float
+    tokens_per_second: float  # completion tokens per second over the last minute
     heartbeat: float  # unix seconds
 
     @classmethod

@@ -39,9 +39,11 @@ class WorkerMetrics:
         )
         self.busy = Gauge("freight_busy", "1 while a shard runs", registry=r)
         self._window_s = window_s
-        # (monotonic time, tokens): appended by the task thread, read by the heartbeat thread
-        self._recent: deque[tuple[float, int]] = deque()
-        self._recent_tokens = 0  # sum of the window's tokens, kept as rows come and go
+        # (monotonic time, prompt + completion tokens, completion tokens): appended by the task
+        # thread, read by the heartbeat thread
+        self._recent: deque[tuple[float, int, int]] = deque()
+        self._recent_tokens = 0  # sums over the window, kept as rows come and go
+        self._recent_completion = 0
         self._lock = threading.Lock()
         self._prompt_total = 0
         self._cached_total = 0
@@ -61,14 +63,29 @@ class WorkerMetrics:
             self.prefix_hit_rate.set(self._cached_total / self._prompt_total)
         now = time.monotonic()
         with self._lock:
-            self._recent.append((now, prompt + completion))
+            self._recent.append((now, prompt + completion, completion))
             self._recent_tokens += prompt + completion
+            self._recent_completion += completion
         self.tokens_per_second.set(self.current_tokens_per_second(now))
 
-    def current_tokens_per_second(self, now: float | None = None) -> float:
-        """Tokens per second over the last window; safe from any thread."""
+    def _window_sums(self, now: float | None) -> tuple[int, int]:
+        """(prompt + completion, completion) tokens of the rows finished within the last window."""
         now = time.monotonic() if now is None else now
         with self._lock:
             while self._recent and now - self._recent[0][0] > self._window_s:
-                self._recent_tokens -= self._recent.popleft()[1]
-            return self._recent_tokens / self._window_s
+                _, tokens, completion = self._recent.popleft()
+                self._recent_tokens -= tokens
+                self._recent_completion -= completion
+            return self._recent_tokens, self._recent_completion
+
+    def current_tokens_per_second(self, now: float | None = None) -> float:
+        """Prompt + completion tokens per second over the last window; safe from any thread."""
+        return self._window_sums(now)[0] / self._window_s
+
+    def current_completion_tokens_per_second(self, now: float | None = None) -> float:
+        """Completion tokens per second over the last window; safe from any thread.
+
+        The heartbeat's `tokens_per_second`: the autoscaler divides the queued completion-token
+        estimate (rows x max_tokens) by it, so both count completion tokens only.
+        """
+        return self._window_sums(now)[1] / self._window_s

@@ -107,7 +107,7 @@ class ProcessRuntime:
                 busy=self.busy,
                 instance_id=self.instance_id,
                 queue=",".join(self.queues),
-                tokens_per_second=round(self.metrics.current_tokens_per_second(), 3),
+                tokens_per_second=round(self.metrics.current_completion_tokens_per_second(), 3),
                 heartbeat=time.time(),
             )
         )

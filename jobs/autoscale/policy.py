@@ -3,8 +3,11 @@
 No I/O here: the caller reads the backlog (Redis), the group's current desired capacity (AWS) and the
 policy's own small state, and passes `now` explicitly, so every rule is a table-driven unit test.
 
-Units: tokens are estimated prompt + completion tokens, throughput is tokens per second per worker,
-times are unix seconds. One worker runs one shard at a time (`freight worker --concurrency 1`).
+Units: tokens are completion (generated) tokens on both sides. A job's `est_tokens_queued` is the
+sum over its queued shards of rows x max_tokens (the most those rows can generate); a worker's
+`tokens_per_second` is the completion tokens it generated over the last minute, per second. Prompt
+tokens are in neither: their cost shows as a lower completion rate. Times are unix seconds. One
+worker runs one shard at a time (`freight worker --concurrency 1`).
 """
 
 from __future__ import annotations
@@ -121,7 +124,7 @@ class Decision:
 
 
 def measured_tokens_per_second(backlog: Backlog, now: float, default: float) -> float:
-    """Mean throughput of the live workers that report one; `default` until any does."""
+    """Mean completion tokens per second of the live workers that report one; `default` until any does."""
     rates = [w.tokens_per_second for w in backlog.live_workers(now) if w.tokens_per_second > 0]
     return sum(rates) / len(rates) if rates else default
 

@@ -30,7 +30,8 @@ def test_tokens_per_second_is_safe_across_threads() -> None:
     assert errors == []
     # the running total equals the window's rows once nothing else touches it
     with metrics._lock:
-        assert metrics._recent_tokens == sum(n for _, n in metrics._recent)
+        assert metrics._recent_tokens == sum(n for _, n, _ in metrics._recent)
+        assert metrics._recent_completion == sum(c for _, _, c in metrics._recent)
 
 
 def test_window_rate() -> None:
@@ -38,3 +39,4 @@ def test_window_rate() -> None:
     metrics.record_tokens(prompt=30, cached=0, completion=20)
     metrics.record_tokens(prompt=0, cached=0, completion=50)
     assert metrics.current_tokens_per_second() == 10.0
+    assert metrics.current_completion_tokens_per_second() == 7.0

@@ -59,3 +59,42 @@ def test_reader_sees_fleet_client_submissions_and_worker_progress(redis_url, rdb
     # 7000 tokens at 750 tok/s drain in far less than target_drain_s: one more worker is enough
     decision = decide(backlog, 2, ScalerState(), ScalingLimits(), now)
     assert (decision.demand, decision.desired, decision.reason) == (2, 2, "steady")
+
+
+def test_heartbeat_rate_and_backlog_count_the_same_tokens(redis_url, rdb):
+    """A prompt-heavy job: 40 shards of 10 rows, max_tokens 100 (est 40,000 completion tokens).
+
+    The worker's last minute: 60 rows of 900 prompt + 100 completion tokens, i.e. 100 completion
+    tokens/s. Draining 40,000 completion tokens in 100 s at that rate takes 4 workers; a rate that
+    also counted prompt tokens (1,000/s) would ask for 1.
+    """
+    from types import SimpleNamespace
+
+    from worker.runtime import ProcessRuntime
+
+    settings = Settings(redis_url=redis_url)
+    max_tokens, rows_per_shard = 100, 10
+    client = FleetClient(settings)
+    try:
+        client.enqueue(
+            job_id="p" * 16,
+            output="s3://b/jobs/p/",
+            model="s3://b/models/m",
+            shard_tokens=dict.fromkeys(range(40), rows_per_shard * max_tokens),
+        )
+    finally:
+        client.close()
+    rt = ProcessRuntime(settings, worker_id="w1", queues=("q",))
+    try:
+        for _ in range(60):
+            rt.record_row(SimpleNamespace(prompt_tokens=900, cached_tokens=0, completion_tokens=max_tokens))
+        rt.beat()
+    finally:
+        rt.live.close()
+        rt.live_fast.close()
+    now = time.time()
+    backlog = RedisBacklogReader(rdb).read()
+    assert [w.tokens_per_second for w in backlog.live_workers(now)] == [100.0]
+    limits = ScalingLimits(max_workers=10, target_drain_s=100.0)
+    decision = decide(backlog, 0, ScalerState(), limits, now)
+    assert (decision.demand, decision.desired, decision.reason) == (4, 4, "scale_out")
