@@ -96,8 +96,10 @@ class FleetClient:
         committed: Iterable[int] = (),
         failed: Iterable[int] = (),
         priority: int = 0,
+        deadline: float | None = None,
     ) -> Submission:
-        """Queue every shard not yet committed or failed; `shard_tokens`: estimated tokens per shard.
+        """Queue every shard not yet committed or failed; `shard_tokens`: estimated tokens per shard;
+        `deadline`: unix seconds the job should finish by (None: none), for the autoscaler.
 
         Safe to repeat (a resubmit after a Redis loss): committed shards are skipped by the caller's
         list here and, for any task already queued twice, by the storage commit on the worker.
@@ -115,6 +117,7 @@ class FleetClient:
             est_tokens=shard_tokens,
             committed=committed,
             failed=failed,
+            deadline=deadline,
         )
         todo = sorted(i for i in shard_tokens if i not in done)
         with self.app.producer_or_acquire() as producer:

@@ -5,7 +5,8 @@ poison shards, cancel flags and worker heartbeats. Keys read by the autoscaler (
 
 - `freight:queues`          SET of Celery queue names that carry freight shards (one per model)
 - `freight:job:<job_id>`    HASH state, shards_total, shards_queued, shards_running, shards_committed,
-                            shards_failed, rows_done, tokens_done, est_tokens_queued, updated_at
+                            shards_failed, rows_done, tokens_done, est_tokens_queued, updated_at and,
+                            when the submit gave one, deadline (unix seconds)
 - `freight:workers`         HASH worker_id -> JSON {busy, instance_id, queue, tokens_per_second, heartbeat}
 
 Token units: `est_tokens_queued` is rows x max_tokens of the queued shards (the most they can
@@ -169,8 +170,10 @@ class LiveState:
         est_tokens: Mapping[int, int],
         committed: Iterable[int] = (),
         failed: Iterable[int] = (),
+        deadline: float | None = None,
     ) -> None:
-        """Record a submitted job: `est_tokens` covers every shard; committed/failed ones are done."""
+        """Record a submitted job: `est_tokens` covers every shard; committed/failed ones are done;
+        `deadline` (unix seconds, None: none) is the autoscaler's, replaced by each submit."""
         done = {int(i): "committed" for i in committed} | {int(i): "failed" for i in failed}
         states = {i: done.get(i, "queued") for i in est_tokens}
         queued = [i for i, s in states.items() if s == "queued"]
@@ -191,6 +194,7 @@ class LiveState:
                 "tokens_done": 0,
                 "est_tokens_queued": sum(est_tokens[i] for i in queued),
                 "updated_at": time.time(),
+                **({"deadline": repr(float(deadline))} if deadline is not None else {}),
             },
         )
         if states:
@@ -235,7 +239,7 @@ class LiveState:
             if k == "state":
                 out[k] = v
             else:
-                out[k] = float(v) if k == "updated_at" else int(v)
+                out[k] = float(v) if k in ("updated_at", "deadline") else int(v)
         return out
 
     def shard_states(self, job_id: str) -> dict[int, str]:

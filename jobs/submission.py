@@ -14,9 +14,16 @@ from jobs.settings import Settings
 
 
 def submit_job(
-    prepared: PreparedJob, settings: Settings, priority: int = 0, retry_for_s: float = 5.0
+    prepared: PreparedJob,
+    settings: Settings,
+    priority: int = 0,
+    retry_for_s: float = 5.0,
+    deadline: float | None = None,
 ) -> Submission:
     """Queue every shard of `prepared` not yet committed; returns what was queued.
+
+    `deadline` (unix seconds) is when the job should be done: the autoscaler sizes the fleet for it.
+    It belongs to this submission, not to the job: a resubmit without one clears it.
 
     Submitting the same job again resumes it: a cancel marker is lifted, failed shards get a fresh
     attempt budget, committed shards are skipped, and a job whose shards are all committed but
@@ -43,6 +50,7 @@ def submit_job(
             committed=committed,
             failed=(),
             priority=priority,
+            deadline=deadline,
         )
         if store.exists(SUCCESS_KEY):
             client.live.set_job_state(manifest.job_id, "succeeded")

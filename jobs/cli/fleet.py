@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
+    DeadlineOpt,
     IdColumnOpt,
     InputArg,
     InstanceTypeOpt,
@@ -35,6 +36,7 @@ from jobs.cli.job_options import (
     TopKOpt,
     TopPOpt,
     absolute,
+    parse_deadline,
     prepare_from_options,
 )
 from jobs.cli.run import fail
@@ -95,6 +97,7 @@ def submit(
     prices: PricesOpt = None,
     quantization: QuantizationOpt = None,
     priority: int = typer.Option(0, help="0 (taken first) .. 9 (last)"),
+    deadline: DeadlineOpt = None,
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary before the job id"),
 ) -> None:
     """Plan the job, write its manifest, queue its shards. Prints the job id as the last line.
@@ -102,9 +105,13 @@ def submit(
     Submitting the same job again re-queues only shards not yet committed (a resume after a cancel,
     a lost Redis, or failed shards, which get a fresh attempt budget)."""
     options = dict(locals())
-    del options["priority"], options["as_json"]
+    del options["priority"], options["deadline"], options["as_json"]
     from jobs.submission import submit_job
 
+    try:
+        deadline_s = parse_deadline(deadline, time.time()) if deadline is not None else None
+    except ValueError as exc:
+        raise fail(str(exc)) from None
     settings = get_settings()
     if not model.startswith("s3://") and not Path(model).exists():
         raise fail(f"model {model} does not exist: give a checkpoint folder or s3://bucket/prefix")
@@ -114,7 +121,7 @@ def submit(
         raise fail(str(exc)) from None
     spec = prepared.manifest.spec
     try:
-        sub = submit_job(prepared, settings, priority=priority)
+        sub = submit_job(prepared, settings, priority=priority, deadline=deadline_s)
     except (redis.RedisError, OperationalError) as exc:
         raise fail(f"cannot queue the job on {settings.redis_url} ({exc}): start Redis or set "
                    "FREIGHT_REDIS_URL, then submit again (the manifest in OUT is kept)") from None  # fmt: skip

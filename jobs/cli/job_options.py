@@ -5,6 +5,8 @@ Declared once as Annotated types so both commands take the same flags with the s
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -36,6 +38,37 @@ MarketOpt = Annotated[str, typer.Option(help="on-demand or spot")]
 PricePerHourOpt = Annotated[float | None, typer.Option(help="USD per hour; overrides the price table")]
 PricesOpt = Annotated[Path | None, typer.Option(help="a price table TOML instead of the shipped one")]
 QuantizationOpt = Annotated[str | None, typer.Option(help="int8 or int4: quantize the weights at load")]
+DeadlineOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="finish by: an ISO-8601 time (2025-06-01T18:00, local unless it has an offset) or a "
+        "duration from now (2h, 30m, 1h30m, 1d); the autoscaler sizes the fleet to meet it"
+    ),
+]
+
+_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+
+
+def parse_deadline(text: str, now: float) -> float:
+    """`--deadline` as unix seconds: a duration from `now` (1d, 2h, 30m, 90s, or a run like 1h30m)
+    or an ISO-8601 time. ValueError, with one line for the user, when it is neither or not in the
+    future."""
+    value = text.strip()
+    duration = _DURATION.fullmatch(value.lower())
+    if value and duration:
+        days, hours, minutes, seconds = (int(g or 0) for g in duration.groups())
+        deadline = now + days * 86400 + hours * 3600 + minutes * 60 + seconds
+    else:
+        try:
+            deadline = datetime.fromisoformat(value).timestamp()
+        except ValueError:
+            raise ValueError(
+                f"--deadline {text!r} is neither an ISO-8601 time (2025-06-01T18:00+00:00) nor a "
+                "duration (2h, 30m, 1h30m)"
+            ) from None
+    if deadline <= now:
+        raise ValueError(f"--deadline {text!r} is not in the future")
+    return deadline
 
 
 def absolute(url: str) -> str:
