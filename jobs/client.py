@@ -14,7 +14,7 @@ from typing import Any
 
 from celery import Celery
 
-from jobs.progress import LiveState
+from jobs.live_state import LiveState
 from jobs.settings import Settings
 
 TASK_RUN_SHARD = "freight.run_shard"

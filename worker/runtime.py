@@ -19,8 +19,9 @@ from typing import Any
 
 import redis
 
+from jobs.live_state import LiveState
 from jobs.log import get_logger
-from jobs.progress import LiveState, WorkerBeat
+from jobs.progress import WorkerBeat
 from jobs.settings import Settings, get_settings
 from worker.metrics import WorkerMetrics
 from worker.model_cache import ModelCache

@@ -49,8 +49,8 @@ EXIT_JOB_FAILED = 1
 
 def _resolve(job_or_out: str) -> tuple[str, str]:
     """(job_id, OUT) from either: a path / s3:// URL is OUT; 16 hex digits is a job id Redis knows."""
+    from jobs.live_state import LiveState
     from jobs.manifest import read_manifest
-    from jobs.progress import LiveState
     from jobs.storage import open_store
 
     settings = get_settings()
@@ -148,7 +148,7 @@ def worker(
 ) -> None:
     """A Celery worker with freight's settings: takes shards, keeps its model loaded between them."""
     from jobs.client import queue_for_model
-    from jobs.progress import LiveState
+    from jobs.live_state import LiveState
 
     names = [q for arg in queues for q in arg.split(",") if q]
     if model:
@@ -180,7 +180,7 @@ def wait(
 ) -> None:
     """Progress bar until the job ends. Exit 0 only when it succeeded; 1 failed or cancelled."""
     from jobs.fleet_status import fleet_status
-    from jobs.progress import LiveState
+    from jobs.live_state import LiveState
     from jobs.storage import open_store
 
     settings = get_settings()
@@ -240,7 +240,7 @@ def print_fleet_status(store: ObjectStore) -> None:
     """Live lines under `freight status` for a distributed job: shards by state, rows/s, ETA, failures,
     cancel. Prints nothing for an embedded job; never waits on an absent Redis (1 s timeout)."""
     from jobs.fleet_status import fleet_status
-    from jobs.progress import LiveState
+    from jobs.live_state import LiveState
 
     live = LiveState(get_settings().redis_url, socket_timeout=1.0, retry_for_s=0)
     try:

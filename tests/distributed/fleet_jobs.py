@@ -16,7 +16,7 @@ from fleet_servers import WorkerProcess, free_port
 
 from jobs import datasets
 from jobs.client import queue_for_model
-from jobs.progress import LiveState
+from jobs.live_state import LiveState
 from jobs.storage import open_store
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from jobs.client import TASK_RUN_SHARD, FleetClient, celery_config, queue_for_model
-from jobs.progress import LiveState
+from jobs.live_state import LiveState
 from jobs.settings import Settings
 
 

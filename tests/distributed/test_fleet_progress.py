@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from jobs.progress import JOB_TTL_S, JOBS_KEY, QUEUES_KEY, WORKERS_KEY, LiveState, WorkerBeat, job_key
+from jobs.live_state import LiveState
+from jobs.progress import JOB_TTL_S, JOBS_KEY, QUEUES_KEY, WORKERS_KEY, WorkerBeat, job_key
 
 
 def test_job_counts_follow_shard_transitions(redis_url: str) -> None:

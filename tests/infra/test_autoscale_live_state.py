@@ -8,7 +8,8 @@ import time
 from jobs.autoscale.backlog import RedisBacklogReader
 from jobs.autoscale.policy import ScalerState, ScalingLimits, decide
 from jobs.client import FleetClient
-from jobs.progress import LiveState, WorkerBeat
+from jobs.live_state import LiveState
+from jobs.progress import WorkerBeat
 from jobs.settings import Settings
 
 
