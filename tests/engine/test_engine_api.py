@@ -119,6 +119,26 @@ def test_stats_snapshots_difference(engine: Engine) -> None:
         before.steps = 3  # frozen
 
 
+def test_last_layer_runs_only_rows_that_need_logits(engine: Engine) -> None:
+    """A prefill step stores every token's K/V in every layer, but the last layer's MLP sees only the
+    rows whose logits are used (one per prompt); the first layer sees them all. Greedy exactness
+    against transformers (test_exactness) checks the outputs stay right."""
+    layers = engine.runner.model.model.layers
+    seen: dict[str, list[int]] = {"first": [], "last": []}
+    hooks = [
+        layers[0].mlp.register_forward_hook(lambda _m, args, _o: seen["first"].append(args[0].shape[0])),
+        layers[-1].mlp.register_forward_hook(lambda _m, args, _o: seen["last"].append(args[0].shape[0])),
+    ]
+    try:
+        prompts = [[3 + k, *range(10, 9 + n)] for k, n in enumerate((40, 25, 60))]  # no shared prefix
+        engine.generate(prompts, SamplingParams(max_tokens=2))
+    finally:
+        for h in hooks:
+            h.remove()
+    assert seen["first"][0] == 125 and seen["last"][0] == 3  # the prefill step: 3 prompts, 125 tokens
+    assert seen["first"][1:] == seen["last"][1:] == [3]  # decode steps: every row samples
+
+
 def test_tokenizer_matches_transformers(tokenizer_dir: Path, engine: Engine) -> None:
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)

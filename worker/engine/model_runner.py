@@ -60,6 +60,7 @@ class ModelRunner:
         sample_rows: list[int] = []
         prompt_rows: list[tuple[int, list[int]] | None] = []
         logit_rows: list[int] = []
+        logit_tables: list[list[int]] = []  # the block table of each logit row's sequence
         for c in chunks:
             seq, lo, hi = c.seq, c.start, c.start + c.num_tokens
             row0 = len(input_ids)
@@ -82,6 +83,7 @@ class ModelRunner:
                 if lo <= first < end:
                     prompt_rows.append((first, list(range(len(logit_rows), len(logit_rows) + end - first))))
                     logit_rows.extend(range(row0 + first - lo, row0 + end - lo))
+                    logit_tables.extend([table] * (end - first))
                 else:
                     prompt_rows.append(None)
             else:
@@ -89,9 +91,11 @@ class ModelRunner:
             if c.samples:
                 sample_rows.append(len(logit_rows))
                 logit_rows.append(row0 + c.num_tokens - 1)
+                logit_tables.append(table)
             else:
                 sample_rows.append(-1)
 
+        rows_only = len(logit_rows) < len(input_ids)  # a prefill chunk: most rows need no logits
         meta = AttentionMetadata(
             slot_mapping=self._tensor(slots, torch.int64),
             num_prefill_tokens=cu[-1],
@@ -100,15 +104,29 @@ class ModelRunner:
             prefill_block_tables=self._tensor(_pad(pre_tables), torch.int32) if pre_lens else None,
             decode_context_lens=self._tensor(dec_lens, torch.int32) if dec_lens else None,
             decode_block_tables=self._tensor(_pad(dec_tables), torch.int32) if dec_lens else None,
+            **(self._output_rows(logit_rows, positions, logit_tables) if rows_only else {}),
         )
         hidden = self.model(
             self._tensor(input_ids, torch.int64), self._tensor(positions, torch.int64), meta, self.kv_caches
         )
-        rows = self._tensor(logit_rows, torch.int64)
-        logits = (
-            self.model.compute_logits(hidden.index_select(0, rows)) if logit_rows else hidden.new_empty(0)
-        )
+        if not rows_only:  # every row came back: pick the logit rows
+            hidden = hidden.index_select(0, self._tensor(logit_rows, torch.int64))
+        logits = self.model.compute_logits(hidden) if logit_rows else hidden.new_empty(0)
         return StepLogits(logits, sample_rows, prompt_rows)
+
+    def _output_rows(self, rows: list[int], positions: list[int], tables: list[list[int]]) -> dict:
+        """AttentionMetadata's output_* fields: each kept row attends its sequence up to itself."""
+        if not rows:
+            return {"output_rows": self._tensor([], torch.int64)}
+        bs = self.block_size
+        lens = [positions[r] + 1 for r in rows]
+        return {
+            "output_rows": self._tensor(rows, torch.int64),
+            "output_context_lens": self._tensor(lens, torch.int32),
+            "output_block_tables": self._tensor(
+                _pad([t[: -(-n // bs)] for t, n in zip(tables, lens, strict=True)]), torch.int32
+            ),
+        }
 
 
 def _pad(tables: list[list[int]]) -> list[list[int]]:

@@ -24,6 +24,11 @@ class AttentionMetadata:
     prefill_block_tables: torch.Tensor | None  # int32 [Bp, max_blocks]
     decode_context_lens: torch.Tensor | None  # int32 [Bd]
     decode_block_tables: torch.Tensor | None  # int32 [Bd, max_blocks]
+    # Rows whose final hidden state the step needs (logits), when fewer than all T: the last layer
+    # then stores every row's K/V but attends and runs its MLP for these rows only. None: all rows.
+    output_rows: torch.Tensor | None = None  # int64 [N]
+    output_context_lens: torch.Tensor | None = None  # int32 [N]: position of the row + 1
+    output_block_tables: torch.Tensor | None = None  # int32 [N, max_blocks]
     # Per-step memo a backend may fill with work shared by every layer (e.g. gather plans).
     scratch: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -73,3 +78,24 @@ class Backend:
                 q[p:], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, out[p:]
             )
         return out
+
+    def attention_rows(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Like `attention`, but returns [N, Hq, D] for meta.output_rows only; every row's k/v is
+        stored. Each kept row is one query over its sequence's cache up to its own position."""
+        assert meta.output_rows is not None  # invariant: only called when the step keeps a subset
+        self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        rows = meta.output_rows
+        if rows.numel() == 0:
+            return q.new_empty((0, *q.shape[1:]))
+        return self.paged_decode_attention(
+            q.index_select(0, rows), k_cache, v_cache, meta.output_block_tables, meta.output_context_lens, scale
+        )

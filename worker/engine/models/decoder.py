@@ -49,7 +49,9 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         cos_sin: torch.Tensor,
+        rows_only: bool = False,
     ) -> torch.Tensor:
+        """[T, hidden] -> [T, hidden], or [N, hidden] for meta.output_rows with `rows_only`."""
         cfg = self.cfg
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
@@ -60,8 +62,9 @@ class Attention(nn.Module):
             q = self.q_norm(q.reshape(-1, cfg.head_dim))[0].view(tokens, cfg.num_heads, cfg.head_dim)
             k = self.k_norm(k.reshape(-1, cfg.head_dim))[0].view(tokens, cfg.num_kv_heads, cfg.head_dim)
         self.backend.apply_rotary(q, k, positions, cos_sin)
-        out = self.backend.attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        return self.o_proj(out.view(tokens, cfg.q_size))
+        attend = self.backend.attention_rows if rows_only else self.backend.attention
+        out = attend(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        return self.o_proj(out.reshape(-1, cfg.q_size))
 
 
 class MLP(nn.Module):
@@ -92,9 +95,13 @@ class DecoderLayer(nn.Module):
         meta: AttentionMetadata,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         cos_sin: torch.Tensor,
+        rows_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """rows_only: every row's K/V goes to the cache; the output holds meta.output_rows only."""
         h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, positions, meta, kv_cache, cos_sin)
+        h = self.self_attn(h, positions, meta, kv_cache, cos_sin, rows_only)
+        if rows_only:
+            residual = residual.index_select(0, meta.output_rows)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
@@ -136,11 +143,14 @@ class CausalLM(nn.Module):
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k_cache, v_cache)
     ) -> torch.Tensor:
-        """Final hidden states [T, hidden] (normed); logits come from compute_logits on chosen rows."""
+        """Final hidden states (normed): [T, hidden], or [N, hidden] for meta.output_rows when set
+        (the last layer then skips the other rows: only their K/V are needed, by later tokens)."""
         x = self.model.embed_tokens(input_ids)
         residual = None
-        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            x, residual = layer(x, residual, positions, meta, kv_cache, self.cos_sin)
+        last = len(self.model.layers) - 1
+        for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
+            rows_only = i == last and meta.output_rows is not None
+            x, residual = layer(x, residual, positions, meta, kv_cache, self.cos_sin, rows_only)
         return self.model.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
