@@ -13,9 +13,10 @@ from typing import Any
 import redis
 
 from jobs.finalize import committed_shards
+from jobs.live_state import LiveState
 from jobs.manifest import SUCCESS_KEY, Manifest, read_manifest
 from jobs.markers import FAILURES_KEY, is_cancelled, read_failures
-from jobs.progress import FINISHED_JOB_STATES, LiveState
+from jobs.progress import FINISHED_JOB_STATES
 from jobs.storage import ObjectStore
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
 QUEUES_KEY = "freight:queues"
 WORKERS_KEY = "freight:workers"
@@ -92,13 +91,3 @@ class WorkerBeat:
                 "heartbeat": self.heartbeat,
             }
         )
-
-
-def __getattr__(name: str) -> Any:
-    """`from jobs.progress import LiveState` keeps working; imported on use, so the Lambda bundle,
-    which has no jobs.live_state, never needs it."""
-    if name == "LiveState":
-        from jobs.live_state import LiveState
-
-        return LiveState
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
