@@ -107,6 +107,27 @@ def matmul_gflops(hidden: int, ffn: int, m: int = 256, seconds: float = 2.0) -> 
     return 2 * m * hidden * 2 * ffn * n / (time.perf_counter() - t0) / 1e9
 
 
+def print_bounds(rows: list, hf: torch.nn.Module, rate: float) -> None:
+    """How far any fp32 engine could go: the matmul work freight itself must do at the measured rate.
+
+    A computed prompt token runs every layer but the last, plus the last layer's qkv (its K/V are
+    needed later); a generated token runs every layer and the lm_head. Attention and everything else
+    are left out, so the bound is generous.
+    """
+    layer = hf.model.layers[0]
+    per_layer = sum(p.numel() for p in layer.parameters() if p.dim() == 2)
+    qkv = sum(getattr(layer.self_attn, n).weight.numel() for n in ("q_proj", "k_proj", "v_proj"))
+    n_layers, head = len(hf.model.layers), hf.lm_head.weight.numel()
+    print(f"\nfp32 matmul floor at the measured {rate:.1f} GFLOP/s (attention and the rest left out):")
+    for w, te, th, c in rows:
+        generated = sum(w.max_tokens)
+        flops = 2 * c["computed"] * ((n_layers - 1) * per_layer + qkv)
+        flops += 2 * generated * (n_layers * per_layer + head)
+        floor = flops / (rate * 1e9)
+        print(f"  {w.name:<14} floor {floor:6.1f} s; freight {te.cpu:6.1f} CPU s ({floor / te.cpu:.0%} of it "
+              f"matmul); transformers {th.cpu:6.1f} CPU s: at most {th.cpu / floor:.1f}x for any fp32 engine")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="64 prompts per workload instead of 256")
@@ -143,6 +164,9 @@ def main() -> None:
             print(f"{w.name:<14} {len(w.prompts):>7} {w.tokens:>8} {w.tokens / te.wall:>14.0f} "
                   f"{w.tokens / th.wall:>9.0f} {th.wall / te.wall:>5.1f}x {th.cpu / te.cpu:>12.1f}x "
                   f"{c['computed'] / c['prompt']:>15.1%}")  # fmt: skip
+        rate = matmul_gflops(cfg.hidden_size, cfg.intermediate_size)
+        if not args.skip_hf:
+            print_bounds(rows, hf, rate)
 
         # Decode rate vs the matmul roofline: short prompts, long generations, a full batch.
         decode = Workload(
@@ -151,7 +175,6 @@ def main() -> None:
         before = engine.stats.snapshot()
         t_dec = run_engine(engine, decode)[0].wall
         gen = (engine.stats.snapshot() - before).decode_tokens
-        rate = matmul_gflops(cfg.hidden_size, cfg.intermediate_size)
         roof = rate * 1e9 / (2 * non_embed)
         print(f"\ndecode: {gen / t_dec:.0f} tokens/s ({n} sequences x 64 tokens, 16-token prompts); "
               f"fp32 matmul {rate:.1f} GFLOP/s -> roofline {roof:.0f} tokens/s (2 x {non_embed / 1e6:.1f}M "
