@@ -63,9 +63,9 @@ class Engine:
         max_len = min(
             mcfg.max_position_embeddings, mcfg.sliding_window or 1 << 62, config.max_model_len or 1 << 62
         )
+        tokenizer = Tokenizer(model_dir)  # before the weights: a folder without one fails at once
         backend = select_backend(config.backend, config.torch_device)
         model = load_model(model_dir, config, backend, max_positions=max_len)
-        tokenizer = Tokenizer(model_dir)
         per_block = ModelRunner.kv_bytes_per_block(model, config.block_size, config.torch_dtype)
         num_blocks = cls._kv_budget(config) // per_block
         # More blocks than max_num_seqs full-length sequences cannot be used at once.
