@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs.errors import InputError, ObjectNotFoundError
+from jobs.errors import InputError
 from jobs.manifest import InputFile, InputPlan
 from jobs.settings import Settings
 from jobs.storage import ObjectStore, open_store, split_url
@@ -46,10 +46,8 @@ def _open_input(url: str, settings: Settings | None) -> tuple[ObjectStore, str]:
     return open_store(parent or ".", settings), name
 
 
-def list_input_files(
-    url: str, settings: Settings | None = None
-) -> tuple[str, list[tuple[str, bytes | None]]]:
-    """(format, [(file url, bytes or None for local files)]) for a file, folder or prefix.
+def list_input_files(url: str, settings: Settings | None = None) -> tuple[str, list[str]]:
+    """(format, file urls) for a file, folder or prefix; nothing is downloaded (see fetch_input).
 
     Raises InputError when nothing readable is there.
     """
@@ -58,23 +56,28 @@ def list_input_files(
     local = store.local_path(name) if name else None
     if local is not None:
         if local.is_file():
-            return fmt, [(str(local), None)]
+            return fmt, [str(local)]
         if local.is_dir():
             folder = open_store(str(local), settings)
             keys = [k for k in folder.list() if k.endswith(".parquet") and not _hidden(k)]
             if not keys:
                 raise InputError(f"input folder {url} holds no .parquet files")
-            return "parquet", [(folder.url_of(k), None) for k in keys]
+            return "parquet", [folder.url_of(k) for k in keys]
         raise InputError(f"input {url} does not exist")
-    try:
-        return fmt, [(url, store.get(name))]
-    except ObjectNotFoundError:
-        pass
+    if name and store.exists(name):
+        return fmt, [url]
     folder = open_store(url, settings)
     keys = [k for k in folder.list() if k.endswith(".parquet") and not _hidden(k)]
     if not keys:
         raise InputError(f"input {url} does not exist (no such object and no .parquet files under it)")
-    return "parquet", [(folder.url_of(k), folder.get(k)) for k in keys]
+    return "parquet", [folder.url_of(k) for k in keys]
+
+
+def fetch_input(url: str, settings: Settings | None = None) -> bytes | None:
+    """An input file's bytes from object storage, or None for a local file (read in place).
+    Callers hold one file at a time: a dataset may be far larger than memory."""
+    store, name = _open_input(url, settings)
+    return None if store.local_path(name) is not None else store.get(name)
 
 
 def _hidden(key: str) -> bool:
@@ -172,9 +175,7 @@ class InputReader:
                 store, name = _open_input(f.url, self.settings)
                 table = jsonl_to_table(f.url, store.get(name))
             else:
-                store, name = _open_input(f.url, self.settings)
-                data = None if store.local_path(name) is not None else store.get(name)
-                table = read_parquet(f.url, data, columns=self.columns)
+                table = read_parquet(f.url, fetch_input(f.url, self.settings), columns=self.columns)
             if table.num_rows != f.rows:
                 raise InputError(
                     f"{f.url} changed since the job was planned ({table.num_rows} rows, was {f.rows})"

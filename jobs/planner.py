@@ -103,14 +103,16 @@ def check_model(model: str, settings: Settings | None = None) -> None:
 
 def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[InputPlan, pa.ChunkedArray]:
     """Check the input's files and columns; return its plan and the prompt column (for grouping)."""
-    fmt, sources = datasets.list_input_files(spec.input, settings)
+    fmt, urls = datasets.list_input_files(spec.input, settings)
+    prompt_parts: list[pa.Table] = []
     if fmt == "jsonl":
         if spec.id_column is not None or spec.prompt_column != "prompt":
             raise InputError(
                 "OpenAI-Batch JSONL input takes its ids from custom_id and its prompts from "
                 "body.prompt / body.messages: drop --id-column / --prompt-column"
             )
-        ((url, data),) = sources
+        (url,) = urls
+        data = datasets.fetch_input(url, settings)
         if data is None:
             data = Path(url).read_bytes()
         table = datasets.jsonl_to_table(url, data)
@@ -118,22 +120,25 @@ def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[Inpu
         schema = table.schema
         id_column: str | None = "custom_id"
         prompt_column = "messages" if "messages" in schema.names else "prompt"
+        prompt_parts.append(table)
     else:
-        schemas, files = [], []
-        for url, data in sources:
-            schema, rows = datasets.parquet_schema(url, data)
-            schemas.append(schema)
-            size = len(data) if data is not None else _local_size(url)
-            files.append(InputFile(url=url, rows=rows, size=size))
-        schema = schemas[0]
-        for url, other in zip((u for u, _ in sources), schemas, strict=True):
-            if other.names != schema.names:
-                raise InputError(f"{url} has columns {other.names}, unlike {sources[0][0]} ({schema.names})")
+        schema, files = None, []
         id_column = spec.id_column
         prompt_column = spec.prompt_column
-        if prompt_column not in schema.names and prompt_column == "prompt" and "messages" in schema.names:
-            prompt_column = "messages"
-        table = None
+        for url in urls:  # one file's bytes in memory at a time
+            data = datasets.fetch_input(url, settings)
+            file_schema, rows = datasets.parquet_schema(url, data)
+            if schema is None:
+                schema = file_schema
+                if prompt_column not in schema.names and prompt_column == "prompt" and "messages" in schema.names:
+                    prompt_column = "messages"
+            elif file_schema.names != schema.names:
+                raise InputError(f"{url} has columns {file_schema.names}, unlike {urls[0]} ({schema.names})")
+            size = len(data) if data is not None else _local_size(url)
+            files.append(InputFile(url=url, rows=rows, size=size))
+            if prompt_column in schema.names:
+                prompt_parts.append(datasets.read_parquet(url, data, columns=[prompt_column]))
+        assert schema is not None  # invariant: list_input_files returns at least one file
     names = schema.names
     for label, column in (
         ("prompt", prompt_column),
@@ -177,9 +182,7 @@ def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[Inpu
         continuation_column=spec.continuation_column,
         override_columns=overrides,
     )
-    if table is None:
-        table = pa.concat_tables(datasets.read_parquet(u, d, columns=[prompt_column]) for u, d in sources)
-    prompts = table.column(prompt_column)
+    prompts = pa.concat_tables(t.select([prompt_column]) for t in prompt_parts).column(prompt_column)
     if kind == "messages" and not _is_string(prompts.type):
         prompts = pa.chunked_array([pa.array([str(v) for v in prompts.to_pylist()], pa.string())])
     return input_plan, prompts

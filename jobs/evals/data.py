@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.datasets import list_input_files, read_parquet, write_result
+from jobs.datasets import fetch_input, list_input_files, read_parquet, write_result
 from jobs.errors import InputError
 from jobs.evals.metrics import Metric, MultipleChoice
 from jobs.evals.suite import Suite
@@ -40,7 +40,8 @@ def reference_key(metric: Metric) -> str:
     return f"reference.{metric.reference_column}" if metric.reference_column else "reference"
 
 
-def _file_bytes(url: str, data: bytes | None) -> bytes:
+def _file_bytes(url: str) -> bytes:
+    data = fetch_input(url)
     if data is not None:
         return data
     with open(url, "rb") as f:
@@ -54,8 +55,8 @@ def load_suite_data(suite: Suite) -> SuiteData:
         raise InputError(f"{suite.dataset}: suites read Parquet datasets")
     digest = hashlib.sha256()
     tables = []
-    for url, data in files:
-        raw = _file_bytes(url, data)
+    for url in files:
+        raw = _file_bytes(url)
         digest.update(raw)
         tables.append(read_parquet(url, raw))
     table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]

@@ -302,10 +302,10 @@ class _Loader:
 
 def dataset_columns(dataset: str) -> list[str]:
     """Column names of a Parquet dataset (file, folder or s3:// prefix): its first file's schema."""
-    from jobs.datasets import list_input_files, parquet_schema
+    from jobs.datasets import fetch_input, list_input_files, parquet_schema
 
     fmt, files = list_input_files(dataset)
     if fmt != "parquet":
         raise ValueError("suites read Parquet datasets; convert the JSONL file to Parquet")
-    schema, _rows = parquet_schema(*files[0])
+    schema, _rows = parquet_schema(files[0], fetch_input(files[0]))
     return list(schema.names)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -89,3 +90,30 @@ def test_gzipped_jsonl_input(tmp_path: Path, demo_model_dir: Path) -> None:
     path.write_bytes(gzip.compress(b'{"custom_id": "a", "body": {"prompt": "x = 1"}}\n'))
     m = plan(JobSpec(input=str(path), model=str(demo_model_dir), output=str(tmp_path / "out")))
     assert m.input.format == "jsonl" and m.input.rows == 1
+
+
+def test_s3_prefix_is_planned_fetching_each_file_once(
+    tmp_path: Path, demo_model_dir: Path, s3_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planning an S3 prefix downloads each file once, in turn (schema, rows and prompt column from
+    the same bytes, which go before the next file: a dataset may be larger than memory)."""
+    from jobs import datasets
+    from jobs.storage import open_store
+
+    prefix = f"s3://freight-test/{tmp_path.name}/in"
+    store = open_store(prefix, s3_env)
+    for part in range(3):
+        local = write_parquet(prompts_table(10 + part, bad=False), tmp_path / f"p{part}.parquet")
+        store.put(f"part-{part}.parquet", local.read_bytes())
+    fetched: list[str] = []
+    real_fetch = datasets.fetch_input
+
+    def counting_fetch(url: str, settings: Any = None) -> bytes | None:
+        fetched.append(url)
+        return real_fetch(url, settings)
+
+    monkeypatch.setattr(datasets, "fetch_input", counting_fetch)
+    spec = JobSpec(input=prefix, model=str(demo_model_dir), output=str(tmp_path / "out"), id_column="id")
+    manifest = plan(spec, settings=s3_env)
+    assert fetched == [f"{prefix}/part-{i}.parquet" for i in range(3)]
+    assert [f.rows for f in manifest.input.files] == [10, 11, 12] and manifest.input.rows == 33
