@@ -141,7 +141,10 @@ def submit(
 
 def worker(
     concurrency: int = typer.Option(1, help="shard processes (one engine each; 1 per GPU)"),
-    queues: list[str] = typer.Option([], "--queues", "-Q", help="queues to consume (default: --model's)"),
+    queues: list[str] = typer.Option(
+        [], "--queues", "-Q",
+        help="queues to consume (default: --model's; with neither, every freight queue that exists at start)",
+    ),
     model: str | None = typer.Option(None, help="consume the queue of this model (the URI jobs use)"),
     hostname: str | None = typer.Option(None, help="Celery node name (default: freight@<host>)"),
     loglevel: str = typer.Option("INFO", help="Celery's own log level"),
