@@ -18,6 +18,10 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, moto, ...)")
     imds_url: str = Field("http://169.254.169.254", description="EC2 instance metadata service base URL")
     cache_dir: Path = Field(Path.home() / ".cache" / "freight", description="downloaded models, etc.")
+    model_cache_bytes: int = Field(
+        0, ge=0, description="most bytes of downloaded models kept (least recently used go first); 0 = "
+        "as many as the disk holds (models go only when a new one would not fit)"
+    )
     log_format: str = Field("auto", pattern="^(auto|json|console)$", description="auto: console on a TTY")
     log_level: str = Field("info", pattern="^(debug|info|warning|error)$")
     # distributed mode (docs/ARCHITECTURE.md, "Distributed mode")

@@ -188,7 +188,7 @@ def test_s3_job_end_to_end(tmp_path: Path, demo_model_dir: Path, s3_env: Setting
         len(cached) == 1
         and (cached[0] / "config.json").read_bytes() == (demo_model_dir / "config.json").read_bytes()
     )
-    stamp = (cached[0] / ".complete").stat().st_mtime_ns
+    stamp = (cached[0] / "config.json").stat().st_mtime_ns  # .complete is stamped on every use
     code, output = invoke(
         [
             "run",
@@ -206,7 +206,7 @@ def test_s3_job_end_to_end(tmp_path: Path, demo_model_dir: Path, s3_env: Setting
     assert code == 0, output  # a second job on the same model: the cached copy, not a second download
     assert (
         list((s3_env.cache_dir / "models").iterdir()) == cached
-        and (cached[0] / ".complete").stat().st_mtime_ns == stamp
+        and (cached[0] / "config.json").stat().st_mtime_ns == stamp
     )
 
 
