@@ -49,3 +49,31 @@ def test_logprobs_top_k_plus_sampled_token() -> None:
         entry = seq.logprobs[-1]
         assert {0, 1} <= set(entry) and token in entry
         assert abs(entry[0] - float(LOGITS.log_softmax(-1)[0, 0])) < 1e-6
+
+
+def test_a_batch_of_mixed_rows_draws_as_each_row_alone() -> None:
+    """Sampled rows are cut and raced together; each still gets its own cut and its own noise."""
+    params = [
+        SamplingParams(temperature=1.0, top_k=2),
+        SamplingParams(temperature=1.0, top_p=0.7),
+        SamplingParams(temperature=0.5),
+        SamplingParams(),  # greedy, in the same step
+        SamplingParams(temperature=2.0, top_k=3, top_p=0.9),
+    ]
+    logits = torch.stack([LOGITS[0], LOGITS[0].flip(0), LOGITS[0] * 2, LOGITS[0], LOGITS[0].roll(2)])
+
+    def run(rows: list[int]) -> dict[int, list[int]]:
+        seqs = {i: Sequence(0, i, [1], params[i], seed=100 + i) for i in rows}
+        out: dict[int, list[int]] = {i: [] for i in rows}
+        for _ in range(60):
+            for i, t in zip(rows, Sampler().sample(logits[rows], [seqs[i] for i in rows]), strict=True):
+                out[i].append(t)
+        return out
+
+    together = run([0, 1, 2, 3, 4])
+    for i in range(5):
+        assert run([i])[i] == together[i]
+    assert set(together[0]) == {0, 1}  # top_k 2 of row 0
+    assert set(together[1]) == {5, 4}  # top_p 0.7 of the flipped row
+    assert set(together[3]) == {0}
+    assert len(set(together[2])) >= 2

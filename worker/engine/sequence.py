@@ -50,8 +50,8 @@ class Sequence:
 
     @property
     def generator(self) -> torch.Generator:
-        """This request's CPU generator (sampling draws on the CPU), made on first use: greedy
-        requests never draw, so a bulk greedy job makes none."""
+        """This request's CPU generator, made at its first draw (greedy requests never draw, so a
+        bulk greedy job makes none); every later draw continues the same stream."""
         if self._generator is None:
             self._generator = torch.Generator().manual_seed(self.seed)
         return self._generator
