@@ -16,28 +16,39 @@ import torch
 from worker.engine.sequence import Sequence
 
 
+def _top_p(sorted_logits: torch.Tensor, top_p: list[float]) -> torch.Tensor:
+    """Rows sorted descending: -inf where the mass strictly before a token already reaches the row's
+    top_p (so >= 1 token stays); rows with top_p 1 keep everything."""
+    if all(p >= 1.0 for p in top_p):
+        return sorted_logits
+    probs = sorted_logits.softmax(-1)
+    limit = torch.tensor([p if p < 1.0 else float("inf") for p in top_p], device=probs.device)
+    return sorted_logits.masked_fill((probs.cumsum(-1) - probs) >= limit[:, None], float("-inf"))
+
+
 def _filter(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
-    """logits [N, V] (temperature-scaled) with each row's tokens outside its top-k / top-p at -inf."""
+    """logits [N, V] (temperature-scaled) with each row's tokens outside its top-k / top-p at -inf.
+    Rows with a top-k cut apply top-p to their k best only (no sort of the whole vocabulary)."""
     vocab = logits.shape[-1]
     device = logits.device
-    cut_k = [i for i, k in enumerate(top_k) if 0 < k < vocab]
-    if cut_k:
-        rows = torch.tensor(cut_k, device=device)
+    k_rows = [i for i, k in enumerate(top_k) if 0 < k < vocab]
+    if k_rows:
+        rows = torch.tensor(k_rows, device=device)
         sub = logits.index_select(0, rows)
-        ks = torch.tensor([top_k[i] for i in cut_k], device=device)
-        kth = torch.topk(sub, max(top_k[i] for i in cut_k), dim=-1).values.gather(1, ks[:, None] - 1)
-        logits = logits.index_copy(0, rows, sub.masked_fill(sub < kth, float("-inf")))
-    cut = [i for i, p in enumerate(top_p) if p < 1.0]
-    if cut:
-        rows = torch.tensor(cut, device=device)
+        values, index = torch.topk(sub, max(top_k[i] for i in k_rows), dim=-1)  # sorted, descending
+        ks = torch.tensor([top_k[i] for i in k_rows], device=device)
+        values = values.masked_fill(torch.arange(values.shape[1], device=device)[None, :] >= ks[:, None],
+                                    float("-inf"))  # fmt: skip
+        values = _top_p(values, [top_p[i] for i in k_rows])
+        logits = logits.index_copy(0, rows, torch.full_like(sub, float("-inf")).scatter(1, index, values))
+    taken = set(k_rows)
+    p_rows = [i for i, p in enumerate(top_p) if p < 1.0 and i not in taken]
+    if p_rows:
+        rows = torch.tensor(p_rows, device=device)
         sub = logits.index_select(0, rows)
-        sorted_logits, order = torch.sort(sub, dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        limit = torch.tensor([top_p[i] for i in cut], device=device, dtype=probs.dtype)[:, None]
-        # Drop a token when the mass strictly before it already reaches top_p (keeps >= 1 token).
-        drop = (probs.cumsum(-1) - probs) >= limit
-        sub = sub.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
-        logits = logits.index_copy(0, rows, sub)
+        ordered, order = torch.sort(sub, dim=-1, descending=True)
+        cut = _top_p(ordered, [top_p[i] for i in p_rows])
+        logits = logits.index_copy(0, rows, sub.scatter(1, order, cut))
     return logits
 
 
