@@ -92,3 +92,25 @@ def test_failed_commit_stops_the_job_and_a_rerun_finishes_it(
     assert set(store.committers) == {shard_result_key(i) for i in (1, 2, 3)}  # shard 0 kept
     ids = _ids(store)
     assert sorted(ids) == [f"row-{i:04d}" for i in range(24)]
+
+
+def test_a_stop_waits_for_the_commit_in_flight(tmp_path: Path, demo_model_dir: Path, engine: Any) -> None:
+    """Stopped as shard 2 starts, while shard 1's commit runs beside it: shard 1 still commits, shard
+    2 is interrupted, and a rerun finishes the job with each row once."""
+    prepared = _prepare(tmp_path, demo_model_dir)
+    rows_done = {"n": 0}
+
+    def count(_progress: Any) -> None:
+        rows_done["n"] += 1
+
+    run = run_local(
+        prepared.store, prepared.manifest, engine=engine, on_row=count, should_stop=lambda: rows_done["n"] >= 12
+    )
+    assert run.report is None
+    assert [(o.shard, o.status) for o in run.outcomes] == [(0, "committed"), (1, "committed"), (2, "interrupted")]
+    assert prepared.store.exists(shard_result_key(1)) and not prepared.store.exists(shard_result_key(2))
+    assert prepared.store.list("waste/")  # shard 2's attempt, priced as waste
+
+    rerun = run_local(prepared.store, prepared.manifest, engine=engine)
+    assert rerun.report is not None and [o.shard for o in rerun.outcomes] == [2, 3]
+    assert sorted(_ids(prepared.store)) == [f"row-{i:04d}" for i in range(24)]
