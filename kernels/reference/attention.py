@@ -99,7 +99,7 @@ def _attend_causal(
     return o.permute(2, 1, 0, 3), s.permute(2, 1, 0)
 
 
-def _merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:
+def merge_partials(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:
     """Combine attention over two disjoint key sets from their outputs and log-sum-exps."""
     m = torch.maximum(lse1, lse2)
     w1, w2 = torch.exp(lse1 - m)[..., None], torch.exp(lse2 - m)[..., None]
@@ -107,15 +107,34 @@ def _merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.T
 
 
 # ---- decode -------------------------------------------------------------------------------------
+def decode_shared_blocks(block_tables: torch.Tensor, lens: list[int], block_size: int) -> int:
+    """Leading blocks every decode sequence shares and is worth a cascade (leaving each sequence at
+    least one key of its own), else 0."""
+    shared = _shared_blocks(block_tables, (min(lens) - 1) // block_size)
+    return shared if shared * block_size >= _MIN_SHARED_TOKENS else 0
+
+
+def attend_shared_blocks(
+    qf: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, shared_ids: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every decode query qf [B, Hkv, G, D] over the same blocks (read once, one call for the whole
+    batch) -> (out [B, Hkv, G, D], lse [B, Hkv, G]), to merge with the rest of each context."""
+    batch, num_kv_heads, group, head_dim = qf.shape
+    n = shared_ids.numel() * k_cache.shape[1]
+    k = _gather(k_cache, shared_ids, 1, n)
+    v = _gather(v_cache, shared_ids, 1, n)
+    q_all = qf.permute(1, 0, 2, 3).reshape(1, num_kv_heads, batch * group, head_dim)
+    o, s = _attend(q_all, k, v, None, scale)
+    o = o.view(num_kv_heads, batch, group, head_dim).permute(1, 0, 2, 3)
+    return o, s.view(num_kv_heads, batch, group).permute(1, 0, 2)
+
+
 def plan_decode(
     block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, group_size: int = _DECODE_GROUP
 ) -> AttentionPlan:
     lens = context_lens.tolist()
     device = block_tables.device
-    # Shared blocks must leave every sequence at least one key of its own.
-    shared = _shared_blocks(block_tables, (min(lens) - 1) // block_size)
-    if shared * block_size < _MIN_SHARED_TOKENS:
-        shared = 0
+    shared = decode_shared_blocks(block_tables, lens, block_size)
     base = shared * block_size
     order = sorted(range(len(lens)), key=lens.__getitem__)
     parts = []
@@ -149,15 +168,7 @@ def decode_with_plan(
         o, s = _attend(qf.index_select(0, part.rows), k, v, part.mask, scale)
         result[part.rows], lse[part.rows] = o, s
     if plan.shared_ids is not None:
-        n = plan.shared_ids.numel()
-        k = _gather(k_cache, plan.shared_ids, 1, n * k_cache.shape[1])
-        v = _gather(v_cache, plan.shared_ids, 1, n * k_cache.shape[1])
-        group = qf.shape[2]
-        q_all = qf.permute(1, 0, 2, 3).reshape(1, num_kv_heads, batch * group, head_dim)
-        o, s = _attend(q_all, k, v, None, scale)  # one call for the whole batch
-        o = o.view(num_kv_heads, batch, group, head_dim).permute(1, 0, 2, 3)
-        s = s.view(num_kv_heads, batch, group).permute(1, 0, 2)
-        result = _merge(result, lse, o, s)
+        result = merge_partials(result, lse, *attend_shared_blocks(qf, k_cache, v_cache, plan.shared_ids, scale))
     result = result.reshape(batch, num_heads, head_dim)
     if out is None:
         return result.to(q.dtype)
@@ -259,7 +270,7 @@ def prefill_with_plan(
         k = _gather(k_cache, plan.shared_ids, 1, n)
         v = _gather(v_cache, plan.shared_ids, 1, n)
         o, s = _attend(_fold_tokens(q, num_kv_heads), k, v, None, scale)  # every token at once
-        res = _merge(res, lse, _unfold_tokens(o, total), _unfold_tokens(s[..., None], total)[..., 0])
+        res = merge_partials(res, lse, _unfold_tokens(o, total), _unfold_tokens(s[..., None], total)[..., 0])
     out.copy_(res.view(total, num_heads, head_dim))
     return out
 

@@ -49,6 +49,14 @@ def test_greedy_matches_transformers(make_checkpoint, expected, arch: str, overr
     assert stats.computed_prefill_tokens == stats.prompt_tokens - stats.cached_tokens
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_greedy_per_cpu_backend(make_checkpoint, expected, backend: str) -> None:
+    """"auto" is the C decode kernel on the CPU; the torch references (its fallback where no compiler
+    is found) give the same tokens."""
+    got, _ = _run(make_checkpoint("qwen3").path, backend=backend)
+    assert got == expected("qwen3")
+
+
 def test_greedy_without_prefix_caching(make_checkpoint, expected) -> None:
     got, engine = _run(make_checkpoint("llama").path, enable_prefix_caching=False)
     assert got == expected("llama")

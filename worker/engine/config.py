@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-BACKEND_NAMES = ("auto", "torch", "triton")
+BACKEND_NAMES = ("auto", "cpu", "torch", "triton")
 QUANTIZATION_METHODS = (None, "int8", "int4")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -28,7 +28,7 @@ class EngineConfig:
     kv_cache_bytes: int | None = None
     gpu_memory_fraction: float = 0.85
     enable_prefix_caching: bool = True
-    backend: str = "auto"  # "auto": triton on CUDA when registered, else torch
+    backend: str = "auto"  # "auto": triton on CUDA, cpu (C decode kernel) on the CPU, else torch
     quantization: str | None = None  # quantize on the fly when the checkpoint is not quantized
     max_model_len: int | None = None  # cap on prompt + completion; None: the model's own limit
     seed: int = 0  # seed of requests whose SamplingParams.seed is None (salted by request index)

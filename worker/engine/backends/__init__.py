@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import importlib
 
+import structlog
 import torch
 
+from kernels.cpu.build import KernelBuildError
 from worker.engine.backends.base import AttentionMetadata, Backend
 
 _REGISTRY: dict[str, str] = {
+    "cpu": "worker.engine.backends.cpu_backend:CpuBackend",
     "torch": "worker.engine.backends.torch_backend:TorchBackend",
     "triton": "worker.engine.backends.triton_backend:TritonBackend",
 }
@@ -31,13 +34,26 @@ def backend_class(name: str) -> type[Backend]:
 
 
 def select_backend(name: str, device: torch.device) -> Backend:
-    """`name` is "auto" or a registered name; "auto" is "triton" on CUDA when registered, else "torch"."""
+    """`name` is "auto" or a registered name. "auto" is "triton" on CUDA, "cpu" on the CPU, or "torch"
+    where the CPU kernels cannot be built here (no C compiler: logged as a warning)."""
     if name == "auto":
-        name = "triton" if device.type == "cuda" and "triton" in _REGISTRY else "torch"
+        if device.type == "cuda" and "triton" in _REGISTRY:
+            name = "triton"
+        elif device.type == "cpu":
+            try:
+                return backend_class("cpu")()
+            except KernelBuildError as exc:
+                structlog.get_logger("freight.engine").warning("cpu_kernels_unavailable", fallback="torch", reason=str(exc))
+                name = "torch"
+        else:
+            name = "torch"
     cls = backend_class(name)
     if not cls.supports(device):
         raise ValueError(f"backend {name!r} cannot run on device {device}; use backend='torch' or 'auto'")
-    return cls()
+    try:
+        return cls()
+    except KernelBuildError as exc:
+        raise ValueError(f"backend {name!r} is unavailable here ({exc}); use backend='torch' or 'auto'") from exc
 
 
 __all__ = ["AttentionMetadata", "Backend", "backend_class", "registered_backends", "select_backend"]

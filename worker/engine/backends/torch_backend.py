@@ -33,21 +33,34 @@ class TorchBackend(Backend):
     ) -> torch.Tensor:
         """Backend.attention, with the gather plans built once per step and reused by every layer."""
         self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         p = meta.num_prefill_tokens
-        block_size = k_cache.shape[1]
         if p:
-            plan = meta.scratch.get("prefill")
-            if plan is None:
-                group = q.shape[1] // k_cache.shape[2]
-                plan = plan_prefill(meta.prefill_cu_seqlens_q, meta.prefill_context_lens,
-                                    meta.prefill_block_tables, block_size, group)  # fmt: skip
-                meta.scratch["prefill"] = plan
-            prefill_with_plan(q[:p], k_cache, v_cache, plan, scale, out[:p])
+            self.prefill_rows(q[:p], k_cache, v_cache, meta, scale, out[:p])
         if p < q.shape[0]:
-            plan = meta.scratch.get("decode")
-            if plan is None:
-                plan = plan_decode(meta.decode_block_tables, meta.decode_context_lens, block_size)
-                meta.scratch["decode"] = plan
-            decode_with_plan(q[p:], k_cache, v_cache, plan, scale, out[p:])
+            self.decode_rows(q[p:], k_cache, v_cache, meta, scale, out[p:])
         return out
+
+    def prefill_rows(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        out: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """The step's prefill rows q [P, Hq, D] -> out, through a plan shared by every layer."""
+        plan = meta.scratch.get("prefill")
+        if plan is None:
+            group = q.shape[1] // k_cache.shape[2]
+            plan = plan_prefill(meta.prefill_cu_seqlens_q, meta.prefill_context_lens,
+                                meta.prefill_block_tables, k_cache.shape[1], group)  # fmt: skip
+            meta.scratch["prefill"] = plan
+        prefill_with_plan(q, k_cache, v_cache, plan, scale, out)
+
+    def decode_rows(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        out: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """The step's decode rows q [B, Hq, D] -> out, through a plan shared by every layer."""
+        plan = meta.scratch.get("decode")
+        if plan is None:
+            plan = plan_decode(meta.decode_block_tables, meta.decode_context_lens, k_cache.shape[1])
+            meta.scratch["decode"] = plan
+        decode_with_plan(q, k_cache, v_cache, plan, scale, out)

@@ -1,0 +1,1 @@
+"""C kernels for the CPU, compiled for this machine on first use (kernels/cpu/build.py)."""

@@ -1,0 +1,80 @@
+"""The CPU backend: the torch backend with decode attention in C (kernels/cpu).
+
+Decode attention is memory-bound: the torch path gathers every sequence's blocks into a copy and
+runs the CPU flash kernel over it, moving each key and value three times; the C kernel reads them
+once, straight from the paged cache. Prefill (compute-bound) stays on torch's flash kernel. When a
+step's decode sequences share leading blocks (a common prompt prefix), those are attended once for
+the whole batch by the torch cascade and merged with the kernel's result by log-sum-exp.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.cpu.paged_decode_attention import NativeDecodeAttention
+from kernels.reference.attention import attend_shared_blocks, decode_shared_blocks, merge_partials
+from worker.engine.backends.base import AttentionMetadata
+from worker.engine.backends.torch_backend import TorchBackend
+
+
+class CpuBackend(TorchBackend):
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self.native = NativeDecodeAttention()  # compiles on first use; raises KernelBuildError
+
+    @classmethod
+    def supports(cls, device: torch.device) -> bool:
+        return device.type == "cpu"
+
+    def decode_rows(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        out: torch.Tensor,
+    ) -> None:  # fmt: skip
+        if not self.native.supports(q, k_cache):
+            super().decode_rows(q, k_cache, v_cache, meta, scale, out)
+            return
+        shared = meta.scratch.get("decode_shared")
+        if shared is None:
+            lens = meta.decode_context_lens.tolist()
+            shared = decode_shared_blocks(meta.decode_block_tables, lens, k_cache.shape[1])
+            meta.scratch["decode_shared"] = shared
+        self._decode(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, out, shared)
+
+    def paged_decode_attention(  # type: ignore[override]
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """kernels.reference.paged_decode_attention, through the C kernel where it applies."""
+        if not self.native.supports(q, k_cache):
+            return super().paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, out)
+        result = out if out is not None and out.is_contiguous() else torch.empty(q.shape, dtype=q.dtype)
+        shared = decode_shared_blocks(block_tables, context_lens.tolist(), k_cache.shape[1]) if q.shape[0] else 0
+        self._decode(q, k_cache, v_cache, block_tables, context_lens, scale, result, shared)
+        if out is not None and result is not out:
+            out.copy_(result)
+        return result
+
+    def _decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+        context_lens: torch.Tensor, scale: float, out: torch.Tensor, shared: int,
+    ) -> None:  # fmt: skip
+        """out [B, Hq, D] (contiguous) <- the kernel over blocks >= shared, merged with the cascade."""
+        if not shared:
+            self.native(q, k_cache, v_cache, block_tables, context_lens, scale, out)
+            return
+        batch, num_heads, head_dim = q.shape
+        num_kv_heads = k_cache.shape[2]
+        group = num_heads // num_kv_heads
+        lse = torch.empty(batch, num_heads, dtype=torch.float32)
+        self.native(q, k_cache, v_cache, block_tables, context_lens, scale, out, start_block=shared, lse=lse)
+        qf = q.view(batch, num_kv_heads, group, head_dim)
+        o, s = attend_shared_blocks(qf, k_cache, v_cache, block_tables[0, :shared].long(), scale)
+        own = out.view(batch, num_kv_heads, group, head_dim)
+        out.copy_(merge_partials(own, lse.view(batch, num_kv_heads, group), o, s).view(batch, num_heads, head_dim))
