@@ -2,7 +2,8 @@
 
 Like Triton's launchers, the build happens at run time with the system C compiler (`$CC`, else `cc`
 or `gcc`), here with -march=native, so the library is cached per source, flags, compiler and CPU:
-`$FREIGHT_KERNEL_CACHE`, else `$XDG_CACHE_HOME/freight/kernels`, else `~/.cache/freight/kernels`.
+`$FREIGHT_KERNEL_CACHE`, else `kernels/` in `$FREIGHT_CACHE_DIR` (the folder freight's model cache
+uses), else `~/.cache/freight/kernels`.
 Concurrent builds are safe: each compiles into its own temporary file and renames it into place.
 """
 
@@ -28,8 +29,7 @@ class KernelBuildError(RuntimeError):
 def cache_dir() -> Path:
     if os.environ.get("FREIGHT_KERNEL_CACHE"):
         return Path(os.environ["FREIGHT_KERNEL_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "freight" / "kernels"
+    return Path(os.environ.get("FREIGHT_CACHE_DIR") or Path.home() / ".cache" / "freight") / "kernels"
 
 
 def _compiler() -> str:
