@@ -8,6 +8,18 @@ import sys
 import structlog
 
 
+class _CurrentStderr:
+    """Writes to sys.stderr as it is at each write, not as it was when logging was configured: a
+    CLI runner (typer's CliRunner in tests, a daemon) may swap and close the stream it replaced, and
+    a worker thread still logging afterwards must not die on "I/O operation on closed file"."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(fmt: str = "auto", level: str = "info") -> None:
     """Configure structlog for the process. `fmt`: auto | json | console."""
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
@@ -22,7 +34,7 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=False,
     )
 
