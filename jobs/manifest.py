@@ -32,12 +32,15 @@ def shard_record_key(index: int) -> str:
     return f"shards/{index:05d}.json"
 
 
+PARTIAL_ROOT = "partial/"
+
+
 def partial_prefix(index: int) -> str:
-    return f"partial/{index:05d}/"
+    return f"{PARTIAL_ROOT}{index:05d}/"
 
 
 def partial_key(index: int, attempt: int) -> str:
-    return f"partial/{index:05d}/{attempt}.parquet"
+    return f"{PARTIAL_ROOT}{index:05d}/{attempt}.parquet"
 
 
 def waste_key(index: int, attempt: int, token: str) -> str:

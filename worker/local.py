@@ -13,7 +13,7 @@ from jobs.datasets import InputReader
 from jobs.errors import ModelNotFoundError
 from jobs.finalize import committed_shards, finalize
 from jobs.log import get_logger
-from jobs.manifest import Manifest, partial_prefix
+from jobs.manifest import PARTIAL_ROOT, Manifest
 from jobs.model_cache import resolve_model
 from jobs.settings import Settings
 from jobs.storage import ObjectStore
@@ -56,13 +56,19 @@ def load_engine(
     return engine, time.perf_counter() - t0
 
 
-def next_attempt(store: ObjectStore, shard_index: int) -> int:
-    """One more than the highest attempt that left partial rows for this shard (0 if none)."""
-    attempts = [
-        int(m.group(1))
-        for k in store.list(partial_prefix(shard_index))
-        if (m := re.search(r"/(\d+)\.parquet$", k))
-    ]
+def partial_keys_by_shard(store: ObjectStore) -> dict[int, list[str]]:
+    """Every shard's partial-row files, from one listing (not one per shard: on S3 each is a request)."""
+    keys: dict[int, list[str]] = {}
+    for key in store.list(PARTIAL_ROOT):
+        if m := re.match(r"partial/(\d+)/", key):
+            keys.setdefault(int(m.group(1)), []).append(key)
+    return keys
+
+
+def next_attempt(partial_keys: list[str]) -> int:
+    """One more than the highest attempt that left partial rows for a shard (0 if none), given the
+    shard's partial keys."""
+    attempts = [int(m.group(1)) for k in partial_keys if (m := re.search(r"/(\d+)\.parquet$", k))]
     return max(attempts, default=-1) + 1
 
 
@@ -87,6 +93,7 @@ def run_local(
         engine, load_seconds = load_engine(manifest, settings)
         log.info("engine_loaded", model=manifest.spec.model, seconds=round(load_seconds, 3))
     reader = InputReader(manifest.input, settings)
+    partials = partial_keys_by_shard(store) if todo else {}
     outcomes: list[ShardOutcome] = []
 
     def settled(outcome: ShardOutcome) -> None:
@@ -113,7 +120,8 @@ def run_local(
                 store,
                 manifest,
                 index,
-                attempt=next_attempt(store, index),
+                attempt=next_attempt(partials.get(index, [])),
+                partial_keys=partials.get(index, []),
                 should_stop=should_stop,
                 load_seconds=charge,
                 reader=reader,

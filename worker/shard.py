@@ -76,6 +76,7 @@ def compute_shard(
     reader: datasets.InputReader | None = None,
     on_row: Callable[[RowProgress], None] | None = None,
     settings: Settings | None = None,
+    partial_keys: list[str] | None = None,
 ) -> ComputedShard | ShardOutcome:
     """Run shard `shard_index` of `manifest` with a loaded `engine`: a ComputedShard to commit, or the
     outcome when there is nothing to commit ("already_committed", "interrupted").
@@ -86,6 +87,7 @@ def compute_shard(
     pricing: where this runs (default: the manifest's instance type and price).
     load_seconds: model load time to charge to this shard (the first shard after a load).
     reader: an InputReader to reuse across shards of one job (default: a fresh one).
+    partial_keys: this shard's partial-row files when the caller listed them already (default: list).
     """
     started = time.time()
     t0 = time.perf_counter()
@@ -95,7 +97,7 @@ def compute_shard(
         return ShardOutcome(shard=shard_index, status="already_committed", rows=shard.rows, rows_failed=0)
 
     rows = shard.row_indices()
-    done = _read_partial(store, shard_index)
+    done = _read_partial(store, shard_index if partial_keys is None else partial_keys)
     reader = reader or datasets.InputReader(manifest.input, settings)
     table = reader.read(shard.ranges)
     results: dict[int, RowResult] = {r: done[r] for r in rows if r in done}
@@ -187,10 +189,12 @@ def _report(on_row: Callable[[RowProgress], None] | None, shard: int, res: RowRe
         )
 
 
-def _read_partial(store: ObjectStore, shard_index: int) -> dict[int, RowResult]:
-    """Rows finished by earlier interrupted attempts (later attempts win; all agree, seeds are per row)."""
+def _read_partial(store: ObjectStore, shard: int | list[str]) -> dict[int, RowResult]:
+    """Rows finished by earlier interrupted attempts (later attempts win; all agree, seeds are per row).
+    `shard`: the shard's index (its partial files are listed), or their keys."""
     done: dict[int, RowResult] = {}
-    for key in store.list(partial_prefix(shard_index)):
+    keys = store.list(partial_prefix(shard)) if isinstance(shard, int) else sorted(shard)
+    for key in keys:
         if not key.endswith(".parquet"):
             continue
         table = datasets.read_result(store.get(key))
