@@ -60,7 +60,7 @@ def partial_keys_by_shard(store: ObjectStore) -> dict[int, list[str]]:
     """Every shard's partial-row files, from one listing (not one per shard: on S3 each is a request)."""
     keys: dict[int, list[str]] = {}
     for key in store.list(PARTIAL_ROOT):
-        if m := re.match(r"partial/(\d+)/", key):
+        if m := re.match(re.escape(PARTIAL_ROOT) + r"(\d+)/", key):
             keys.setdefault(int(m.group(1)), []).append(key)
     return keys
 
