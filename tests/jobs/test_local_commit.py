@@ -8,10 +8,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
 from pipeline_data import prompts_table, write_parquet
 
+from jobs import datasets
 from jobs.manifest import shard_result_key
 from jobs.planner import prepare_job
 from jobs.spec import JobSpec, SamplingSpec
@@ -113,4 +115,41 @@ def test_a_stop_waits_for_the_commit_in_flight(tmp_path: Path, demo_model_dir: P
 
     rerun = run_local(prepared.store, prepared.manifest, engine=engine)
     assert rerun.report is not None and [o.shard for o in rerun.outcomes] == [2, 3]
+    assert sorted(_ids(prepared.store)) == [f"row-{i:04d}" for i in range(24)]
+
+
+def test_rerun_reads_the_partial_rows_of_an_interrupted_shard(
+    tmp_path: Path, demo_model_dir: Path, engine: Any
+) -> None:
+    """Stopped inside shard 2: its finished rows go to partial/00002/0.parquet; the rerun (which lists
+    partial/ once for the job) runs shard 2 as attempt 1 and computes only the rows not saved."""
+    table = prompts_table(24, bad=False)
+    table = table.append_column("max_tokens", pa.array([1 + i % 6 for i in range(24)], pa.int64()))
+    spec = JobSpec(
+        input=str(write_parquet(table, tmp_path / "in.parquet")),
+        model=str(demo_model_dir),
+        output=str(tmp_path / "out"),
+        id_column="id",
+        shard_rows=6,
+    )  # rows of a shard finish at different steps
+    prepared = prepare_job(spec)
+    rows_done = {"n": 0}
+
+    def count(_progress: Any) -> None:
+        rows_done["n"] += 1
+
+    run = run_local(
+        prepared.store, prepared.manifest, engine=engine, on_row=count, should_stop=lambda: rows_done["n"] >= 14
+    )
+    assert run.report is None and run.outcomes[-1].status == "interrupted"
+    partial = prepared.store.list("partial/")
+    assert partial == ["partial/00002/0.parquet"]
+    saved = datasets.read_result(prepared.store.get(partial[0])).num_rows
+    assert 0 < saved < 6
+
+    rerun = run_local(prepared.store, prepared.manifest, engine=engine)
+    shard2 = next(o for o in rerun.outcomes if o.shard == 2)
+    assert shard2.status == "committed" and shard2.record is not None
+    assert (shard2.record.attempt, shard2.record.rows_from_partial) == (1, saved)
+    assert prepared.store.list("partial/") == []
     assert sorted(_ids(prepared.store)) == [f"row-{i:04d}" for i in range(24)]
