@@ -9,6 +9,7 @@ import json
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -141,11 +142,13 @@ def _log_events(worker: WorkerProcess, event: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_cancel_stops_running_shard_within_a_few_steps(fleet: Fleet, job: Fixture, tmp_path: Path) -> None:
+def test_cancel_stops_the_running_shard_promptly(fleet: Fleet, job: Fixture, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    inp = make_input(tmp_path / "input.parquet", 12, max_tokens=(40,))
+    # 6 shards of 2 rows x 1,000 tokens: long enough that the cancel finds one running even on a
+    # machine where the tiny model's steps take well under a millisecond
+    inp = make_input(tmp_path / "input.parquet", 12, max_tokens=(1000,))
     w = fleet.start("c")
-    sub = submit(fleet.env(), inp, job.model, out, 2, max_tokens=40)  # 6 shards, 40 tokens a row
+    sub = submit(fleet.env(), inp, job.model, out, 2, max_tokens=1000)
     store = open_store(str(out))
     wait_for(lambda: any(k.endswith(".parquet") for k in store.list("shards/")) and fleet.busy("c@test#0"),
              240, "one committed shard and the next one running")  # fmt: skip
@@ -154,7 +157,10 @@ def test_cancel_stops_running_shard_within_a_few_steps(fleet: Fleet, job: Fixtur
     committed_at_cancel = {k for k in store.list("shards/") if k.endswith(".parquet")}
     (stopped,) = wait_for(lambda: _log_events(w, "shard_stopped"), 60, "the running shard to stop")
     assert stopped["reason"] == "cancelled" and stopped["job_id"] == sub["job_id"]
-    assert 0 <= stopped["steps_after_cancel"] <= 5, stopped  # stopped within a few engine steps
+    # stopped within the cancel poll (CANCEL_CHECK_S, 50 ms; steps in between depend on the machine)
+    cancelled_at = fleet.live.cancelled_at(sub["job_id"])
+    assert cancelled_at is not None and stopped["steps_after_cancel"] >= 0, stopped
+    assert datetime.fromisoformat(stopped["timestamp"]).timestamp() - cancelled_at < 1.0, stopped
     done = fleet.wait_done(out, timeout=60)
     assert done.returncode == 1 and "cancelled" in done.stderr
     # the queue drains: queued shards are skipped, none commits after the cancel
