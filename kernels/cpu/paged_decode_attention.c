@@ -148,13 +148,14 @@ static AttendBlock block_kernel(int64_t head_dim) {
 }
 
 /* One sequence: block by block (each block's K and V rows are read once, for every head, while the
- * next block is prefetched), heads inside; per-head state lives in small arrays that stay in L1. */
+ * next block is prefetched), heads inside; per-head state lives in small arrays that stay in L1
+ * (at most MAX_HEADS x MAX_DIM floats, checked by paged_decode_attention_supports). */
 static void attend_sequence(const Job *job, int64_t b) {
     const int64_t hq = job->num_heads, hkv = job->num_kv_heads, d = job->head_dim, bs = job->block_size;
     const int64_t group = hq / hkv, ts = hkv * d, ctx = job->context_lens[b];
     const int32_t *table = job->block_tables + b * job->bt_stride;
     const AttendBlock attend = block_kernel(d);
-    float q[MAX_HEADS * MAX_DIM], acc[MAX_HEADS * MAX_DIM], m[MAX_HEADS], l[MAX_HEADS];
+    float q[hq * d], acc[hq * d], m[hq], l[hq]; /* sized to the model: a few KB of stack */
     const float *qb = job->q + b * job->q_stride;
     for (int64_t i = 0; i < hq * d; i++) {
         q[i] = qb[i] * job->scale;
