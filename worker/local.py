@@ -115,13 +115,14 @@ def run_local(
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="freight-commit") as committer:
         committing: Future[ShardOutcome] | None = None
         for index in todo:
+            keys = partials.get(index, [])
             done = compute_shard(
                 engine,
                 store,
                 manifest,
                 index,
-                attempt=next_attempt(partials.get(index, [])),
-                partial_keys=partials.get(index, []),
+                attempt=next_attempt(keys),
+                partial_keys=keys,
                 should_stop=should_stop,
                 load_seconds=charge,
                 reader=reader,

@@ -48,14 +48,12 @@ def build_requests(
     ids = table.column(plan.id_column).to_pylist() if plan.id_column else [str(r) for r in rows]
     conts = table.column(plan.continuation_column).to_pylist() if plan.continuation_column else None
     overrides = {c: table.column(c).to_pylist() for c in plan.override_columns}
-    # Greedy rows without overrides draw nothing, so their seed is unused: one object serves them all.
-    shared = None if overrides or spec.sampling.temperature != 0 else _sampling(spec, "", None, False)
     out: list[RowRequest] = []
     for i, row in enumerate(rows):
         row_id = _row_id(ids[i], row)
         try:
             values = {c: v[i] for c, v in overrides.items()} if overrides else None
-            sampling = shared or _sampling(spec, row_id, values, json_text=plan.format == "jsonl")
+            sampling = _sampling(spec, row_id, values, json_text=plan.format == "jsonl")
             text = _prompt_text(prompts[i], plan.prompt_kind, tokenizer)
             if conts is None:
                 out.append(RowRequest(row=row, id=row_id, prompt=text, sampling=sampling))

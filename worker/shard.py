@@ -97,7 +97,8 @@ def compute_shard(
         return ShardOutcome(shard=shard_index, status="already_committed", rows=shard.rows, rows_failed=0)
 
     rows = shard.row_indices()
-    done = _read_partial(store, shard_index if partial_keys is None else partial_keys)
+    keys = store.list(partial_prefix(shard_index)) if partial_keys is None else sorted(partial_keys)
+    done = _read_partial(store, keys)
     reader = reader or datasets.InputReader(manifest.input, settings)
     table = reader.read(shard.ranges)
     results: dict[int, RowResult] = {r: done[r] for r in rows if r in done}
@@ -189,11 +190,10 @@ def _report(on_row: Callable[[RowProgress], None] | None, shard: int, res: RowRe
         )
 
 
-def _read_partial(store: ObjectStore, shard: int | list[str]) -> dict[int, RowResult]:
-    """Rows finished by earlier interrupted attempts (later attempts win; all agree, seeds are per row).
-    `shard`: the shard's index (its partial files are listed), or their keys."""
+def _read_partial(store: ObjectStore, keys: list[str]) -> dict[int, RowResult]:
+    """Rows finished by earlier interrupted attempts, from the shard's partial files `keys` (later
+    attempts win; all agree, seeds are per row)."""
     done: dict[int, RowResult] = {}
-    keys = store.list(partial_prefix(shard)) if isinstance(shard, int) else sorted(shard)
     for key in keys:
         if not key.endswith(".parquet"):
             continue
