@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/engine_vs_hf.py            # 256 + 256 prompts (several minutes on 2 cores)
     .venv/bin/python bench/engine_vs_hf.py --quick    # 64 + 64 prompts
+    .venv/bin/python bench/engine_vs_hf.py --skip-hf --backend torch   # freight alone, one backend
+    .venv/bin/python bench/engine_vs_hf.py --dtype bfloat16            # both sides in bf16
 
 Workloads (random token ids, EOS ignored so both sides generate exactly max_tokens per prompt):
   mixed          prompts of 16..512 tokens, max_tokens 16..128
@@ -95,9 +97,9 @@ def run_hf(model: torch.nn.Module, w: Workload, batch_size: int) -> Timing:
     return Timing.since(t0, c0)
 
 
-def matmul_gflops(hidden: int, ffn: int, m: int = 256, seconds: float = 2.0) -> float:
-    """Measured fp32 rate of this machine on the model's own projection shape (gate_up, M rows)."""
-    x, w = torch.randn(m, hidden), torch.randn(2 * ffn, hidden)
+def matmul_gflops(hidden: int, ffn: int, dtype: torch.dtype, m: int = 256, seconds: float = 2.0) -> float:
+    """Measured rate of this machine on the model's own projection shape (gate_up, M rows)."""
+    x, w = torch.randn(m, hidden, dtype=dtype), torch.randn(2 * ffn, hidden, dtype=dtype)
     for _ in range(3):
         x @ w.T
     n, t0 = 0, time.perf_counter()
@@ -107,8 +109,8 @@ def matmul_gflops(hidden: int, ffn: int, m: int = 256, seconds: float = 2.0) -> 
     return 2 * m * hidden * 2 * ffn * n / (time.perf_counter() - t0) / 1e9
 
 
-def print_bounds(rows: list, hf: torch.nn.Module, rate: float) -> None:
-    """How far any fp32 engine could go: the matmul work freight itself must do at the measured rate.
+def print_bounds(rows: list, hf: torch.nn.Module, rate: float, dtype: str) -> None:
+    """How far any engine in this dtype could go: the matmul work freight itself must do at the measured rate.
 
     A computed prompt token runs every layer but the last, plus the last layer's qkv (its K/V are
     needed later); a generated token runs every layer and the lm_head. Attention and everything else
@@ -118,14 +120,14 @@ def print_bounds(rows: list, hf: torch.nn.Module, rate: float) -> None:
     per_layer = sum(p.numel() for p in layer.parameters() if p.dim() == 2)
     qkv = sum(getattr(layer.self_attn, n).weight.numel() for n in ("q_proj", "k_proj", "v_proj"))
     n_layers, head = len(hf.model.layers), hf.lm_head.weight.numel()
-    print(f"\nfp32 matmul floor at the measured {rate:.1f} GFLOP/s (attention and the rest left out):")
+    print(f"\n{dtype} matmul floor at the measured {rate:.1f} GFLOP/s (attention and the rest left out):")
     for w, te, th, c in rows:
         generated = sum(w.max_tokens)
         flops = 2 * c["computed"] * ((n_layers - 1) * per_layer + qkv)
         flops += 2 * generated * (n_layers * per_layer + head)
         floor = flops / (rate * 1e9)
         print(f"  {w.name:<14} floor {floor:6.1f} s; freight {te.cpu:6.1f} CPU s ({floor / te.cpu:.0%} of it "
-              f"matmul); transformers {th.cpu:6.1f} CPU s: at most {th.cpu / floor:.1f}x for any fp32 engine")
+              f"matmul); transformers {th.cpu:6.1f} CPU s: at most {th.cpu / floor:.1f}x for any {dtype} engine")
 
 
 def main() -> None:
@@ -135,6 +137,8 @@ def main() -> None:
     ap.add_argument("--hf-batch-size", type=int, default=16)
     ap.add_argument("--skip-hf", action="store_true", help="engine only (profiling)")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads for both sides")
+    ap.add_argument("--backend", default="auto", help="freight's attention backend (auto, cpu, torch)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="both sides' dtype")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -145,14 +149,16 @@ def main() -> None:
         path = make_demo_model(Path(tmp) / "llama", "llama", size="medium")
         cfg = transformers.AutoConfig.from_pretrained(path)
         engine = Engine.from_pretrained(
-            path, EngineConfig(kv_cache_bytes=3 << 29, max_num_batched_tokens=2048)
+            path,
+            EngineConfig(kv_cache_bytes=3 << 29, max_num_batched_tokens=2048, backend=args.backend, dtype=args.dtype),
         )
-        hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
         hf.generation_config.eos_token_id = None
         params = sum(p.numel() for p in hf.parameters())
         non_embed = params - cfg.vocab_size * cfg.hidden_size
         print(f"model: random Llama, {params / 1e6:.1f}M parameters ({non_embed / 1e6:.1f}M without the "
-              f"input embedding); torch {torch.__version__}, {torch.get_num_threads()} threads")  # fmt: skip
+              f"input embedding); torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}, "
+              f"freight backend {args.backend}")  # fmt: skip
         rows = []
         for w in workloads(n, cfg.vocab_size):
             t_engine, counts = run_engine(engine, w)
@@ -164,9 +170,9 @@ def main() -> None:
             print(f"{w.name:<14} {len(w.prompts):>7} {w.tokens:>8} {w.tokens / te.wall:>14.0f} "
                   f"{w.tokens / th.wall:>9.0f} {th.wall / te.wall:>5.1f}x {th.cpu / te.cpu:>12.1f}x "
                   f"{c['computed'] / c['prompt']:>15.1%}")  # fmt: skip
-        rate = matmul_gflops(cfg.hidden_size, cfg.intermediate_size)
+        rate = matmul_gflops(cfg.hidden_size, cfg.intermediate_size, getattr(torch, args.dtype))
         if not args.skip_hf:
-            print_bounds(rows, hf, rate)
+            print_bounds(rows, hf, rate, args.dtype)
 
         # Decode rate vs the matmul roofline: short prompts, long generations, a full batch.
         decode = Workload(
@@ -177,7 +183,7 @@ def main() -> None:
         gen = (engine.stats.snapshot() - before).decode_tokens
         roof = rate * 1e9 / (2 * non_embed)
         print(f"\ndecode: {gen / t_dec:.0f} tokens/s ({n} sequences x 64 tokens, 16-token prompts); "
-              f"fp32 matmul {rate:.1f} GFLOP/s -> roofline {roof:.0f} tokens/s (2 x {non_embed / 1e6:.1f}M "
+              f"{args.dtype} matmul {rate:.1f} GFLOP/s -> roofline {roof:.0f} tokens/s (2 x {non_embed / 1e6:.1f}M "
               f"params per token); {gen / t_dec / roof:.0%} of roofline")  # fmt: skip
 
 
