@@ -70,7 +70,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 
 
 def _attend_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
-    """_attend in plain torch ops (any device)."""
+    """_attend in plain torch ops (any device; any float dtype in, fp32 out like _attend)."""
+    q, k, v = q.float(), k.float(), v.float()
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if mask is not None:
         scores = scores + mask

@@ -1,5 +1,6 @@
 """The torch reference kernels against plain dense attention / textbook formulas."""
 
+import pytest
 import torch
 
 from kernels.reference import (
@@ -168,9 +169,12 @@ def test_apply_rotary_rotate_half() -> None:
     assert torch.equal(q[0], q0[0])  # position 0 is the identity
 
 
-def test_causal_fast_path_matches_math_path() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_causal_fast_path_matches_math_path(dtype: torch.dtype) -> None:
+    """The math path is what CUDA runs: it must take bf16 caches too (fp32 out either way)."""
     from kernels.reference.attention import _attend_causal
 
-    q, k, v = torch.randn(7, HQ, D), torch.randn(1, HKV, 7, D), torch.randn(1, HKV, 7, D)
+    q, k, v = (torch.randn(shape).to(dtype) for shape in [(7, HQ, D), (1, HKV, 7, D), (1, HKV, 7, D)])
     for a, b in zip(_attend_causal(q, k, v, 0.3), _attend_causal(q, k, v, 0.3, flash=False), strict=True):
+        assert a.dtype == b.dtype == torch.float32
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
