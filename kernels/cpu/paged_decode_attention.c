@@ -132,6 +132,7 @@ DEFINE_ATTEND_BLOCK(2)
 DEFINE_ATTEND_BLOCK(4)
 DEFINE_ATTEND_BLOCK(8)
 DEFINE_ATTEND_BLOCK(16)
+DEFINE_ATTEND_BLOCK(32) /* head_dim 256 with 8 lanes (AVX2) */
 
 typedef void (*AttendBlock)(const float *, const float *, const float *, int64_t, int64_t, float *, float *, float *);
 
@@ -143,6 +144,7 @@ static AttendBlock block_kernel(int64_t head_dim) {
         case 4: return attend_block_4;
         case 8: return attend_block_8;
         case 16: return attend_block_16;
+        case 32: return attend_block_32;
         default: return 0;
     }
 }
