@@ -109,25 +109,51 @@ def matmul_gflops(hidden: int, ffn: int, dtype: torch.dtype, m: int = 256, secon
     return 2 * m * hidden * 2 * ffn * n / (time.perf_counter() - t0) / 1e9
 
 
-def print_bounds(rows: list, hf: torch.nn.Module, rate: float, dtype: str) -> None:
-    """How far any engine in this dtype could go: the matmul work freight itself must do at the measured rate.
+def read_gbps(mib: int = 512, seconds: float = 2.0) -> float:
+    """Measured streaming read rate of this machine (GB/s): a sum over a buffer far larger than cache."""
+    x = torch.ones(mib << 18)  # fp32
+    x.sum()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        x.sum()
+        n += 1
+    return x.numel() * 4 * n / (time.perf_counter() - t0) / 1e9
+
+
+def decode_kv_bytes(w: Workload, cfg, bytes_per: int) -> int:
+    """K and V bytes decode attention must read: each generated token after the first (which the
+    prefill yields) attends its whole context once per layer."""
+    per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    contexts = sum((m - 1) * len(p) + m * (m - 1) // 2 for p, m in zip(w.prompts, w.max_tokens, strict=True))
+    return contexts * per_token * bytes_per
+
+
+def print_bounds(rows: list, hf: torch.nn.Module, rate: float, dtype: str, gbps: float) -> None:
+    """How far any engine in this dtype could go: the matmul work freight itself must do at the measured rate,
+    plus (where no prefix is shared) decode attention's K/V reads at the measured streaming read rate.
 
     A computed prompt token runs every layer but the last, plus the last layer's qkv (its K/V are
-    needed later); a generated token runs every layer and the lm_head. Attention and everything else
-    are left out, so the bound is generous.
+    needed later); a generated token runs every layer and the lm_head. Everything else is left out,
+    so the bound is generous. A shared prefix's K/V are read once per step (cascade), not per
+    sequence, so that workload's bound counts the matmuls only.
     """
     layer = hf.model.layers[0]
     per_layer = sum(p.numel() for p in layer.parameters() if p.dim() == 2)
     qkv = sum(getattr(layer.self_attn, n).weight.numel() for n in ("q_proj", "k_proj", "v_proj"))
     n_layers, head = len(hf.model.layers), hf.lm_head.weight.numel()
-    print(f"\n{dtype} matmul floor at the measured {rate:.1f} GFLOP/s (attention and the rest left out):")
+    bytes_per = torch.finfo(getattr(torch, dtype)).bits // 8
+    print(f"\n{dtype} floor at the measured {rate:.1f} GFLOP/s matmul and {gbps:.1f} GB/s streaming read:")
     for w, te, th, c in rows:
         generated = sum(w.max_tokens)
         flops = 2 * c["computed"] * ((n_layers - 1) * per_layer + qkv)
         flops += 2 * generated * (n_layers * per_layer + head)
         floor = flops / (rate * 1e9)
-        print(f"  {w.name:<14} floor {floor:6.1f} s; freight {te.cpu:6.1f} CPU s ({floor / te.cpu:.0%} of it "
-              f"matmul); transformers {th.cpu:6.1f} CPU s: at most {th.cpu / floor:.1f}x for any {dtype} engine")
+        kv = 0 if c["computed"] < c["prompt"] else decode_kv_bytes(w, hf.config, bytes_per)
+        kv_s = kv / (gbps * 1e9)
+        print(f"  {w.name:<14} matmul {floor:6.1f} s + K/V reads {kv / 1e9:5.1f} GB {kv_s:5.1f} s; freight "
+              f"{te.cpu:6.1f} CPU s ({floor / te.cpu:.0%} of it matmul); transformers {th.cpu:6.1f} CPU s: at most "
+              f"{th.cpu / floor:.1f}x for any {dtype} engine (matmuls alone), {th.cpu / (floor + kv_s):.1f}x "
+              f"(with the K/V reads)")
 
 
 def main() -> None:
@@ -172,7 +198,7 @@ def main() -> None:
                   f"{c['computed'] / c['prompt']:>15.1%}")  # fmt: skip
         rate = matmul_gflops(cfg.hidden_size, cfg.intermediate_size, getattr(torch, args.dtype))
         if not args.skip_hf:
-            print_bounds(rows, hf, rate, args.dtype)
+            print_bounds(rows, hf, rate, args.dtype, read_gbps())
 
         # Decode rate vs the matmul roofline: short prompts, long generations, a full batch.
         decode = Workload(

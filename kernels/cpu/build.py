@@ -51,8 +51,9 @@ def _cpu_signature() -> str:
 
 def library_path(source: Path, compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    headers = [h.read_text() for h in sorted(source.parent.glob("*.h"))]  # what `#include "..."` can pull in
     key = hashlib.sha256(
-        "\0".join([source.read_text(), " ".join(FLAGS + LIBS), version, _cpu_signature()]).encode()
+        "\0".join([source.read_text(), *headers, " ".join(FLAGS + LIBS), version, _cpu_signature()]).encode()
     ).hexdigest()[:16]
     return cache_dir() / f"{source.stem}-{key}.so"
 

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+
 #define MAX_BLOCK 64
 #define MAX_HEADS 128
 #define MAX_DIM 256
@@ -26,62 +27,7 @@ typedef struct {
     int64_t first, step; /* sequences first, first + step, ... */
 } Job;
 
-/* Vectors of LANES floats (GCC vector extensions: the compiler picks the instructions). */
-#ifdef __AVX512F__
-#define LANES 16
-#else
-#define LANES 8
-#endif
-typedef float vf __attribute__((vector_size(LANES * 4)));
-typedef float vf_unaligned __attribute__((vector_size(LANES * 4), aligned(4)));
-
-static inline vf load(const float *p) { return *(const vf_unaligned *)p; }
-static inline void store(float *p, vf v) { *(vf_unaligned *)p = v; }
-
-typedef float v8 __attribute__((vector_size(32)));
-typedef float v4 __attribute__((vector_size(16)));
-
-static inline float hsum(vf v) {
-#if LANES == 16
-    v8 lo, hi;
-    __builtin_memcpy(&lo, &v, 32);
-    __builtin_memcpy(&hi, (char *)&v + 32, 32);
-    const v8 x = lo + hi;
-#else
-    const v8 x = v;
-#endif
-    v4 a, b;
-    __builtin_memcpy(&a, &x, 16);
-    __builtin_memcpy(&b, (const char *)&x + 16, 16);
-    const v4 y = a + b;
-    return (y[0] + y[2]) + (y[1] + y[3]);
-}
-
-/* e^x for x <= 0, LANES at a time (Cephes' expf polynomial, ~1 ulp); below -87 it returns e^-87
- * (~1e-38), which every use here multiplies away. */
-typedef int32_t vi __attribute__((vector_size(LANES * 4)));
-
-static inline vf exp_nonpositive(vf x) {
-    const vf floor = (vf){0} - 87.0f;
-    const vi below = x < floor;
-    x = (vf)(((vi)x & ~below) | ((vi)floor & below));
-    const vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(x / ln 2) */
-    const vf r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-    vf p = (vf){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const vf y = p * r * r + r + 1.0f;
-    const vi two_n = (__builtin_convertvector(n, vi) + 127) << 23;
-    return y * (vf)two_n;
-}
-
-static inline float exp_nonpositive1(float x) {
-    vf v = (vf){0} + x;
-    return exp_nonpositive(v)[0];
-}
+#include "simd.h"
 
 /* One block's n keys for one query head (head_dim = NV * LANES): q (pre-scaled) and the block's
  * running max m, sum l and output accumulator acc (in registers for the block) are updated with an

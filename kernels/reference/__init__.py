@@ -1,6 +1,7 @@
 """Torch references of every kernel: the contract the Triton kernels are tested against, and the
 engine's fast path on the CPU. Signatures follow docs/ARCHITECTURE.md ("Kernel contract")."""
 
+from kernels.reference.activation import silu_mul
 from kernels.reference.attention import paged_decode_attention, prefill_attention
 from kernels.reference.kv_cache import store_kv_cache
 from kernels.reference.norm import rms_norm
@@ -11,5 +12,6 @@ __all__ = [
     "paged_decode_attention",
     "prefill_attention",
     "rms_norm",
+    "silu_mul",
     "store_kv_cache",
 ]

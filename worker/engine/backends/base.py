@@ -46,6 +46,7 @@ class Backend:
     prefill_attention = None
     rms_norm = None
     apply_rotary = None
+    silu_mul = None
 
     @classmethod
     def supports(cls, device: torch.device) -> bool:

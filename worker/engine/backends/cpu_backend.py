@@ -1,16 +1,20 @@
-"""The CPU backend: the torch backend with decode attention in C (kernels/cpu).
+"""The CPU backend: the torch backend with decode attention and the elementwise layers in C
+(kernels/cpu).
 
 Decode attention is memory-bound: the torch path gathers every sequence's blocks into a copy and
 runs the CPU flash kernel over it, moving each key and value three times; the C kernel reads them
 once, straight from the paged cache. Prefill (compute-bound) stays on torch's flash kernel. When a
 step's decode sequences share leading blocks (a common prompt prefix), those are attended once for
 the whole batch by the torch cascade and merged with the kernel's result by log-sum-exp.
+RMSNorm (with its residual add), SiLU * up and rotary run one C pass each instead of the
+reference's chains of torch ops; any tensor the kernels don't take falls back to the reference.
 """
 
 from __future__ import annotations
 
 import torch
 
+from kernels.cpu.elementwise import NativeElementwise
 from kernels.cpu.paged_decode_attention import NativeDecodeAttention
 from kernels.reference.attention import attend_shared_blocks, decode_shared_blocks, merge_partials
 from worker.engine.backends.base import AttentionMetadata
@@ -22,10 +26,31 @@ class CpuBackend(TorchBackend):
 
     def __init__(self) -> None:
         self.native = NativeDecodeAttention()  # compiles on first use; raises KernelBuildError
+        self.elementwise = NativeElementwise()
 
     @classmethod
     def supports(cls, device: torch.device) -> bool:
         return device.type == "cpu"
+
+    def rms_norm(  # type: ignore[override]
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.elementwise.supports_rms_norm(x, weight, residual):
+            return self.elementwise.rms_norm(x, weight, eps, residual)
+        return super().rms_norm(x, weight, eps, residual)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if self.elementwise.supports_silu_mul(gate_up):
+            return self.elementwise.silu_mul(gate_up)
+        return super().silu_mul(gate_up)
+
+    def apply_rotary(  # type: ignore[override]
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
+    ) -> None:
+        if self.elementwise.supports_rotary(q, k, positions, cos_sin):
+            self.elementwise.apply_rotary(q, k, positions, cos_sin)
+        else:
+            super().apply_rotary(q, k, positions, cos_sin)
 
     def decode_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,

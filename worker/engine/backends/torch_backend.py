@@ -16,6 +16,7 @@ class TorchBackend(Backend):
     prefill_attention = staticmethod(reference.prefill_attention)
     rms_norm = staticmethod(reference.rms_norm)
     apply_rotary = staticmethod(reference.apply_rotary)
+    silu_mul = staticmethod(reference.silu_mul)
 
     @classmethod
     def supports(cls, device: torch.device) -> bool:

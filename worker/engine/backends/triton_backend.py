@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import reference
 from kernels.triton import prefill_attention as _prefill_module
 from kernels.triton.launch import is_interpreted
 from kernels.triton.paged_decode_attention import paged_decode_attention
@@ -23,6 +24,7 @@ class TritonBackend(Backend):
     prefill_attention = staticmethod(prefill_attention)
     rms_norm = staticmethod(rms_norm)
     apply_rotary = staticmethod(apply_rotary)
+    silu_mul = staticmethod(reference.silu_mul)  # torch ops on CUDA: no Triton kernel yet
     int8_matmul = staticmethod(int8_matmul)
     int4_matmul = staticmethod(int4_matmul)
 

@@ -9,7 +9,6 @@ T tokens of many sequences in one [T, ...] tensor; no padding.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from worker.engine.backends.base import AttentionMetadata, Backend
@@ -68,22 +67,21 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, backend: Backend) -> None:
         super().__init__()
-        self.intermediate_size = cfg.intermediate_size
+        self.backend = backend
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.backend.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, backend: Backend) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, backend)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, backend)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend)
 
