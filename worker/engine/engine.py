@@ -18,7 +18,7 @@ from worker.engine.config import EngineConfig
 from worker.engine.loader import load_model, read_config
 from worker.engine.model_runner import ModelRunner
 from worker.engine.models import ModelConfig
-from worker.engine.ordering import prefix_order
+from worker.engine.ordering import batch_order
 from worker.engine.outputs import RequestOutput
 from worker.engine.sampler import Sampler
 from worker.engine.sampling_params import SamplingParams
@@ -127,7 +127,8 @@ class Engine:
             seed = p.seed if p.seed is not None else hash((self.config.seed, i)) & 0x7FFF_FFFF_FFFF_FFFF
             seqs.append(Sequence(self._next_seq_id, i, ids, p, seed))
             self._next_seq_id += 1
-        for j in prefix_order([s.token_ids for s in seqs]):
+        order = batch_order([s.token_ids for s in seqs], [s.params.max_tokens for s in seqs], self.config.block_size)
+        for j in order:
             self.scheduler.add(seqs[j])
         try:
             while self.scheduler.has_unfinished():

@@ -36,8 +36,8 @@ class AttentionMetadata:
 class Backend:
     """Kernels with the signatures of docs/ARCHITECTURE.md ("Kernel contract").
 
-    A subclass binds the five functions as static attributes; `supports(device)` says whether it can
-    run there. Models receive a Backend instance explicitly; nothing global is read.
+    A subclass binds the six functions as static attributes (or methods); `supports(device)` says
+    whether it can run there. Models receive a Backend instance explicitly; nothing global is read.
     """
 
     name: ClassVar[str] = "base"
