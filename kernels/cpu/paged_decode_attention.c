@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "simd.h"
 
 #define MAX_BLOCK 64
 #define MAX_HEADS 128
@@ -26,8 +27,6 @@ typedef struct {
     float *out, *lse;
     int64_t first, step; /* sequences first, first + step, ... */
 } Job;
-
-#include "simd.h"
 
 /* One block's n keys for one query head (head_dim = NV * LANES): q (pre-scaled) and the block's
  * running max m, sum l and output accumulator acc (in registers for the block) are updated with an
