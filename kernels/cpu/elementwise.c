@@ -8,63 +8,37 @@
  * Built by kernels/cpu/build.py with -O3 -march=native.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 
 #include "simd.h"
+#include "threads.h"
 
-#define MAX_THREADS 64
 #define MIN_FLOATS_PER_THREAD 65536 /* below this a thread costs more than it saves */
 
-typedef struct {
-    /* rms_norm: x, residual (or 0), weight -> out, residual_out; silu_mul: x = gate_up -> out;
-     * rotary: x = q, residual = k rotated in place, weight = cos_sin, positions */
-    const float *x, *residual, *weight;
-    float *out, *residual_out;
-    const int64_t *positions;
-    int64_t x_stride, r_stride, n, heads, heads2, head_dim;
-    float eps;
-    int64_t lo, hi; /* rows of this thread */
-} Rows;
-
-typedef void (*RowsFn)(const Rows *);
-
-typedef struct {
-    Rows rows;
-    RowsFn fn;
-} Task;
-
-static void *run_task(void *arg) {
-    Task *t = (Task *)arg;
-    t->fn(&t->rows);
-    return 0;
-}
-
-/* Run fn over rows [0, total) in up to num_threads contiguous ranges. */
-static void parallel_rows(RowsFn fn, Rows base, int64_t total, int64_t floats_per_row, int64_t num_threads) {
-    int64_t threads = num_threads < 1 ? 1 : num_threads > MAX_THREADS ? MAX_THREADS : num_threads;
-    const int64_t by_size = total * floats_per_row / MIN_FLOATS_PER_THREAD;
-    if (threads > by_size) threads = by_size < 1 ? 1 : by_size;
-    if (threads > total) threads = total < 1 ? 1 : total;
-    Task tasks[MAX_THREADS];
-    pthread_t ids[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
-    for (int64_t i = 0; i < threads; i++) {
-        tasks[i].rows = base;
-        tasks[i].rows.lo = total * i / threads;
-        tasks[i].rows.hi = total * (i + 1) / threads;
-        tasks[i].fn = fn;
-    }
-    for (int64_t i = 1; i < threads; i++) started[i] = pthread_create(&ids[i], 0, run_task, &tasks[i]) == 0;
-    for (int64_t i = 1; i < threads; i++)
-        if (!started[i]) run_task(&tasks[i]); /* a thread that did not start: run its rows here */
-    run_task(&tasks[0]);
-    for (int64_t i = 1; i < threads; i++)
-        if (started[i]) pthread_join(ids[i], 0);
-}
+/* Split rows [0, total) of `floats_per_row` into contiguous ranges: tasks[i].lo / .hi of a task
+ * array `tasks` (structs with int64_t lo, hi) copied from `base`; returns how many tasks. */
+#define SPLIT_ROWS(tasks, base, total, floats_per_row, num_threads)                                  \
+    ({                                                                                                \
+        const int64_t n_ = threads_for((total) * (floats_per_row), MIN_FLOATS_PER_THREAD, num_threads); \
+        for (int64_t i_ = 0; i_ < n_; i_++) {                                                         \
+            (tasks)[i_] = (base);                                                                     \
+            (tasks)[i_].lo = (total) * i_ / n_;                                                       \
+            (tasks)[i_].hi = (total) * (i_ + 1) / n_;                                                 \
+        }                                                                                             \
+        n_;                                                                                           \
+    })
 
 /* ---- RMSNorm ------------------------------------------------------------------------------- */
-static void rms_norm_rows(const Rows *r) {
+typedef struct {
+    const float *x, *residual, *weight;
+    float *out, *residual_out;
+    int64_t x_stride, r_stride, n;
+    float eps;
+    int64_t lo, hi;
+} NormRows;
+
+static void *rms_norm_rows(void *arg) {
+    const NormRows *r = (const NormRows *)arg;
     const int64_t n = r->n, nv = n - n % LANES;
     for (int64_t row = r->lo; row < r->hi; row++) {
         const float *x = r->x + row * r->x_stride;
@@ -93,22 +67,31 @@ static void rms_norm_rows(const Rows *r) {
         for (i = 0; i < nv; i += LANES) store(o + i, (load(h + i) * inv) * load(r->weight + i));
         for (; i < n; i++) o[i] = (h[i] * inv) * r->weight[i];
     }
+    return 0;
 }
 
 /* x rows [rows, n] at row stride x_stride; residual (or 0) at r_stride; out and residual_out
  * contiguous [rows, n] (residual_out unused without a residual). */
 void rms_norm_f32(const float *x, int64_t x_stride, const float *residual, int64_t r_stride, const float *weight,
                   float eps, int64_t rows, int64_t n, float *out, float *residual_out, int64_t num_threads) {
-    const Rows base = {.x = x, .residual = residual, .weight = weight, .out = out, .residual_out = residual_out,
-                       .x_stride = x_stride, .r_stride = r_stride, .n = n, .eps = eps};
-    parallel_rows(rms_norm_rows, base, rows, n, num_threads);
+    const NormRows base = {x, residual, weight, out, residual_out, x_stride, r_stride, n, eps, 0, 0};
+    NormRows tasks[MAX_THREADS];
+    run_tasks(rms_norm_rows, tasks, sizeof(NormRows), SPLIT_ROWS(tasks, base, rows, n, num_threads));
 }
 
 /* ---- SiLU(gate) * up ----------------------------------------------------------------------- */
-static void silu_mul_rows(const Rows *r) {
+typedef struct {
+    const float *gate_up;
+    float *out;
+    int64_t stride, n;
+    int64_t lo, hi;
+} SiluRows;
+
+static void *silu_mul_rows(void *arg) {
+    const SiluRows *r = (const SiluRows *)arg;
     const int64_t n = r->n, nv = n - n % LANES;
     for (int64_t row = r->lo; row < r->hi; row++) {
-        const float *g = r->x + row * r->x_stride, *u = g + n;
+        const float *g = r->gate_up + row * r->stride, *u = g + n;
         float *o = r->out + row * n;
         int64_t i = 0;
         for (; i < nv; i += LANES) {
@@ -117,13 +100,15 @@ static void silu_mul_rows(const Rows *r) {
         }
         for (; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
+    return 0;
 }
 
 /* gate_up [rows, 2 * inter] at row stride `stride` (gate first) -> out [rows, inter] contiguous. */
 void silu_mul_f32(const float *gate_up, int64_t stride, int64_t rows, int64_t inter, float *out,
                   int64_t num_threads) {
-    const Rows base = {.x = gate_up, .out = out, .x_stride = stride, .n = inter};
-    parallel_rows(silu_mul_rows, base, rows, 3 * inter, num_threads);
+    const SiluRows base = {gate_up, out, stride, inter, 0, 0};
+    SiluRows tasks[MAX_THREADS];
+    run_tasks(silu_mul_rows, tasks, sizeof(SiluRows), SPLIT_ROWS(tasks, base, rows, 3 * inter, num_threads));
 }
 
 /* ---- rotary -------------------------------------------------------------------------------- */
@@ -145,20 +130,30 @@ static inline void rotate_heads(float *x, int64_t heads, int64_t d, const float 
     }
 }
 
-static void rotary_rows(const Rows *r) {
-    float *q = r->out, *k = r->residual_out;
+typedef struct {
+    float *q, *k;
+    const float *cos_sin;
+    const int64_t *positions;
+    int64_t q_stride, k_stride, num_heads, num_kv_heads, head_dim;
+    int64_t lo, hi;
+} RotaryRows;
+
+static void *rotary_rows(void *arg) {
+    const RotaryRows *r = (const RotaryRows *)arg;
     for (int64_t t = r->lo; t < r->hi; t++) {
-        const float *cs = r->weight + r->positions[t] * r->head_dim;
-        rotate_heads(q + t * r->x_stride, r->heads, r->head_dim, cs);
-        rotate_heads(k + t * r->r_stride, r->heads2, r->head_dim, cs);
+        const float *cs = r->cos_sin + r->positions[t] * r->head_dim;
+        rotate_heads(r->q + t * r->q_stride, r->num_heads, r->head_dim, cs);
+        rotate_heads(r->k + t * r->k_stride, r->num_kv_heads, r->head_dim, cs);
     }
+    return 0;
 }
 
 /* q [T, Hq, D] and k [T, Hkv, D] (token strides q_stride, k_stride; heads D apart) rotated in place
  * at positions [T] with cos_sin [max_pos, D] (row p: cos(p * f) for the first D/2, then sin). */
 void rotary_f32(float *q, int64_t q_stride, int64_t num_heads, float *k, int64_t k_stride, int64_t num_kv_heads,
                 int64_t head_dim, const int64_t *positions, const float *cos_sin, int64_t tokens, int64_t num_threads) {
-    const Rows base = {.weight = cos_sin, .out = q, .residual_out = k, .positions = positions, .x_stride = q_stride,
-                       .r_stride = k_stride, .heads = num_heads, .heads2 = num_kv_heads, .head_dim = head_dim};
-    parallel_rows(rotary_rows, base, tokens, (num_heads + num_kv_heads) * head_dim, num_threads);
+    const RotaryRows base = {q, k, cos_sin, positions, q_stride, k_stride, num_heads, num_kv_heads, head_dim, 0, 0};
+    const int64_t floats = (num_heads + num_kv_heads) * head_dim;
+    RotaryRows tasks[MAX_THREADS];
+    run_tasks(rotary_rows, tasks, sizeof(RotaryRows), SPLIT_ROWS(tasks, base, tokens, floats, num_threads));
 }

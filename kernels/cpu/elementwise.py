@@ -1,8 +1,9 @@
 """RMSNorm (with the residual add), SiLU * up and rotary in C for the CPU, one pass each.
 
 Same results as kernels.reference's rms_norm, silu_mul and apply_rotary (fp32, to rounding), without
-the reference's chain of torch ops and their activation-sized temporaries. Each method's
-`supports_*` says whether the tensors fit; the CPU backend falls back to the reference otherwise.
+the reference's chain of torch ops and their activation-sized temporaries. Each method checks its
+tensors once (`supports_*`) and returns None (apply_rotary: False) when they don't fit, so the CPU
+backend falls back to the reference without checking twice on the hot path.
 """
 
 from __future__ import annotations
@@ -55,10 +56,11 @@ class NativeElementwise:
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """kernels.reference.rms_norm: (normed * weight, the normed input: x + residual, or x)."""
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """kernels.reference.rms_norm: (normed * weight, the normed input: x + residual, or x); None
+        unless x (and residual) are 2-D fp32 CPU rows with a matching fp32 weight."""
         if not self.supports_rms_norm(x, weight, residual):
-            raise ValueError("NativeElementwise.rms_norm needs 2-D fp32 CPU rows and a matching fp32 weight")
+            return None
         rows, n = x.shape
         out = torch.empty(rows, n, dtype=torch.float32)
         summed = x if residual is None else torch.empty(rows, n, dtype=torch.float32)
@@ -73,10 +75,11 @@ class NativeElementwise:
     def supports_silu_mul(self, gate_up: torch.Tensor) -> bool:
         return _rows_fp32(gate_up) and gate_up.shape[1] % 2 == 0
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """kernels.reference.silu_mul: [rows, 2 * I] -> silu(gate) * up [rows, I]."""
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
+        """kernels.reference.silu_mul: [rows, 2 * I] -> silu(gate) * up [rows, I]; None unless gate_up
+        is 2-D fp32 CPU rows of even width."""
         if not self.supports_silu_mul(gate_up):
-            raise ValueError("NativeElementwise.silu_mul needs 2-D fp32 CPU rows of even width")
+            return None
         rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
         out = torch.empty(rows, inter, dtype=torch.float32)
         if rows:
@@ -91,13 +94,14 @@ class NativeElementwise:
             and positions.device.type == "cpu"
         )  # fmt: skip
 
-    def apply_rotary(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
-        """kernels.reference.apply_rotary: q [T, Hq, D] and k [T, Hkv, D] rotated in place."""
+    def apply_rotary(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> bool:
+        """kernels.reference.apply_rotary: q [T, Hq, D] and k [T, Hkv, D] rotated in place; False (and
+        nothing done) unless q and k are fp32 CPU tensors with contiguous heads."""
         if not self.supports_rotary(q, k, positions, cos_sin):
-            raise ValueError("NativeElementwise.apply_rotary needs fp32 CPU q/k with contiguous heads")
+            return False
         tokens = q.shape[0]
         if not tokens:
-            return
+            return True
         pos = positions.to(torch.int64).contiguous()
         lo, hi = pos.aminmax()
         if int(lo) < 0 or int(hi) >= cos_sin.shape[0]:  # the reference's index_select raises here too
@@ -106,3 +110,4 @@ class NativeElementwise:
             q.data_ptr(), q.stride(0), q.shape[1], k.data_ptr(), k.stride(0), k.shape[1], q.shape[2], pos.data_ptr(),
             cos_sin.data_ptr(), tokens, torch.get_num_threads(),
         )  # fmt: skip
+        return True

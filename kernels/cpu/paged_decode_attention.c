@@ -10,10 +10,10 @@
  * vectorizes them along the head dimension.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 
 #include "simd.h"
+#include "threads.h"
 
 #define MAX_BLOCK 64
 #define MAX_HEADS 128
@@ -154,23 +154,13 @@ int paged_decode_attention_f32(const float *q, int64_t q_stride, const float *k_
                                int64_t block_size, int64_t start_block, float scale, float *out, float *lse,
                                int64_t num_threads) {
     if (!paged_decode_attention_supports(num_heads, num_kv_heads, head_dim, block_size)) return -1;
-    Job jobs[64];
-    pthread_t threads[64];
-    if (num_threads > 64) num_threads = 64;
-    if (num_threads > batch) num_threads = batch;
-    if (num_threads < 1) num_threads = 1;
+    num_threads = threads_for(batch, 1, num_threads); /* a thread per sequence at most */
+    Job jobs[MAX_THREADS];
     for (int64_t i = 0; i < num_threads; i++) {
         jobs[i] = (Job){q, k_cache, v_cache, block_tables, context_lens, batch, q_stride, num_heads,
                         num_kv_heads, head_dim, block_size, bt_stride, start_block, scale, out, lse,
                         i, num_threads};
     }
-    int64_t started = 1;
-    for (int64_t i = 1; i < num_threads; i++) {
-        if (pthread_create(&threads[i], 0, run_job, &jobs[i]) != 0) break;
-        started++;
-    }
-    for (int64_t i = started; i < num_threads; i++) run_job(&jobs[i]); /* threads that did not start */
-    run_job(&jobs[0]);
-    for (int64_t i = 1; i < started; i++) pthread_join(threads[i], 0);
+    run_tasks(run_job, jobs, sizeof(Job), num_threads);
     return 0;
 }

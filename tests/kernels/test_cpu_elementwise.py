@@ -84,8 +84,12 @@ def test_unsupported_tensors_are_refused_and_the_backend_falls_back(native) -> N
     assert not native.supports_rms_norm(x16, w16, None)
     assert not native.supports_silu_mul(randn(4, 64).t())  # columns, not rows, contiguous
     assert not native.supports_silu_mul(randn(4, 63))  # odd width: no gate/up halves
-    with pytest.raises(ValueError, match="rms_norm needs"):
-        native.rms_norm(x16, w16, 1e-5)
+    assert native.rms_norm(x16, w16, 1e-5) is None  # refused: nothing computed, the caller falls back
+    assert native.silu_mul(randn(4, 63)) is None
+    q16, k16 = randn(2, 2, 16, dtype=torch.bfloat16), randn(2, 1, 16, dtype=torch.bfloat16)
+    q16_before = q16.clone()
+    assert native.apply_rotary(q16, k16, torch.tensor([0, 1]), cos_sin_cache(16, 4, 10000.0, None)) is False
+    assert torch.equal(q16, q16_before)
     backend = CpuBackend()
     out, _ = backend.rms_norm(x16, w16, 1e-5)  # the reference, in bf16
     assert out.dtype == torch.bfloat16

@@ -35,21 +35,17 @@ class CpuBackend(TorchBackend):
     def rms_norm(  # type: ignore[override]
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.elementwise.supports_rms_norm(x, weight, residual):
-            return self.elementwise.rms_norm(x, weight, eps, residual)
-        return super().rms_norm(x, weight, eps, residual)
+        result = self.elementwise.rms_norm(x, weight, eps, residual)
+        return result if result is not None else super().rms_norm(x, weight, eps, residual)
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        if self.elementwise.supports_silu_mul(gate_up):
-            return self.elementwise.silu_mul(gate_up)
-        return super().silu_mul(gate_up)
+        result = self.elementwise.silu_mul(gate_up)
+        return result if result is not None else super().silu_mul(gate_up)
 
     def apply_rotary(  # type: ignore[override]
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
     ) -> None:
-        if self.elementwise.supports_rotary(q, k, positions, cos_sin):
-            self.elementwise.apply_rotary(q, k, positions, cos_sin)
-        else:
+        if not self.elementwise.apply_rotary(q, k, positions, cos_sin):
             super().apply_rotary(q, k, positions, cos_sin)
 
     def decode_rows(
