@@ -15,7 +15,6 @@
 #include "simd.h"
 #include "threads.h"
 
-#define MAX_BLOCK 64
 #define MAX_HEADS 128
 #define MAX_DIM 256
 
@@ -28,80 +27,101 @@ typedef struct {
     int64_t first, step; /* sequences first, first + step, ... */
 } Job;
 
-/* One block's n keys for one query head (head_dim = NV * LANES): q (pre-scaled) and the block's
- * running max m, sum l and output accumulator acc (in registers for the block) are updated with an
- * online softmax; four keys' dot products run interleaved. ts: floats between a block's key rows. */
-#define DEFINE_ATTEND_BLOCK(NV)                                                                       \
-    static void attend_block_##NV(const float *q, const float *kb, const float *vb, int64_t n,         \
-                                  int64_t ts, float *m, float *l, float *acc_out) {                    \
-        vf qv[NV], acc[NV];                                                                           \
-        float s[MAX_BLOCK + LANES];                                                                     \
-        for (int i = 0; i < NV; i++) qv[i] = load(q + i * LANES);                                     \
-        int64_t t = 0;                                                                                \
-        for (; t + 4 <= n; t += 4) {                                                                  \
-            const float *k0 = kb + t * ts, *k1 = k0 + ts, *k2 = k1 + ts, *k3 = k2 + ts;               \
-            vf a0 = qv[0] * load(k0), a1 = qv[0] * load(k1), a2 = qv[0] * load(k2),                   \
-               a3 = qv[0] * load(k3);                                                                 \
-            for (int i = 1; i < NV; i++) {                                                            \
-                a0 += qv[i] * load(k0 + i * LANES);                                                   \
-                a1 += qv[i] * load(k1 + i * LANES);                                                   \
-                a2 += qv[i] * load(k2 + i * LANES);                                                   \
-                a3 += qv[i] * load(k3 + i * LANES);                                                   \
+/* Up to LANES keys (rows ts floats apart from kb) for NQ query heads that share them (a GQA group,
+ * heads side by side in q, pre-scaled): each key row is loaded once for all NQ heads, and a head's
+ * dot products are reduced together into one vector of scores (two keys at a time as they are
+ * computed, then transpose_sum) instead of one horizontal sum per key. Then an online-softmax update
+ * of each head's running max m, sum l and output accumulator acc_out (head_dim = NV * LANES floats
+ * per head). Keys past n read row 0 (always valid memory) and are masked out. Meanwhile `lines`
+ * cache lines of the next block's K (from pk) and V (from pv) are prefetched, spread over the keys:
+ * issued all at once they stall the core on its few line-fill buffers. */
+#define DEFINE_ATTEND_KEYS(NV, NQ)                                                                    \
+    static void attend_keys_##NV##_##NQ(const float *q, const float *kb, const float *vb, int64_t n,   \
+                                        int64_t ts, float *m, float *l, float *acc_out, const char *pk, \
+                                        const char *pv, int64_t lines) {                               \
+        const int64_t d = NV * LANES;                                                                 \
+        vf pairs[NQ][LANES / 2];                                                                      \
+        for (int t = 0; t < LANES; t += 2) {                                                          \
+            for (int64_t u = t * lines / LANES; u < (t + 2) * lines / LANES; u++) {                   \
+                __builtin_prefetch(pk + u * 64, 0, 2);                                                \
+                __builtin_prefetch(pv + u * 64, 0, 2);                                                \
             }                                                                                         \
-            s[t] = hsum(a0), s[t + 1] = hsum(a1), s[t + 2] = hsum(a2), s[t + 3] = hsum(a3);           \
+            const float *k0 = kb + (t < n ? t : 0) * ts, *k1 = kb + (t + 1 < n ? t + 1 : 0) * ts;     \
+            vf x0[NQ], x1[NQ];                                                                        \
+            for (int h = 0; h < NQ; h++) {                                                            \
+                x0[h] = load(q + h * d) * load(k0);                                                   \
+                x1[h] = load(q + h * d) * load(k1);                                                   \
+            }                                                                                         \
+            for (int i = 1; i < NV; i++) {                                                            \
+                const vf a = load(k0 + i * LANES), b = load(k1 + i * LANES);                          \
+                for (int h = 0; h < NQ; h++) {                                                        \
+                    x0[h] += load(q + h * d + i * LANES) * a;                                         \
+                    x1[h] += load(q + h * d + i * LANES) * b;                                         \
+                }                                                                                     \
+            }                                                                                         \
+            for (int h = 0; h < NQ; h++) pairs[h][t / 2] = pair_sum(x0[h], x1[h]);                    \
         }                                                                                             \
-        for (; t < n; t++) {                                                                          \
-            const float *kt = kb + t * ts;                                                            \
-            vf a = qv[0] * load(kt);                                                                  \
-            for (int i = 1; i < NV; i++) a += qv[i] * load(kt + i * LANES);                           \
-            s[t] = hsum(a);                                                                           \
+        const vi valid = lane_index() < (int32_t)n;                                                   \
+        float p[NQ][LANES], correction[NQ];                                                           \
+        for (int h = 0; h < NQ; h++) {                                                                \
+            const vf s = blend(valid, transpose_sum(pairs[h], LANES / 2), (vf){0} - INFINITY);       \
+            const float top = hmax(s), mx = m[h] > top ? m[h] : top;                                  \
+            correction[h] = exp_nonpositive1(m[h] - mx); /* ~0 on the first keys: m is -inf */        \
+            const vf e = blend(valid, exp_nonpositive(s - mx), (vf){0});                             \
+            store(p[h], e);                                                                           \
+            l[h] = l[h] * correction[h] + hsum(e);                                                    \
+            m[h] = mx;                                                                                \
         }                                                                                             \
-        float mx = *m;                                                                                \
-        for (t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;                                           \
-        const float correction = exp_nonpositive1(*m - mx); /* ~0 on the first block: m is -inf */   \
-        for (t = 0; t < n; t += LANES) store(s + t, exp_nonpositive(load(s + t) - mx));               \
-        float sum = 0.0f;                                                                             \
-        for (t = 0; t < n; t++) sum += s[t];                                                          \
-        for (int i = 0; i < NV; i++) acc[i] = load(acc_out + i * LANES) * correction;                 \
-        for (t = 0; t < n; t++) {                                                                     \
+        vf acc[NQ][NV];                                                                               \
+        for (int h = 0; h < NQ; h++)                                                                  \
+            for (int i = 0; i < NV; i++) acc[h][i] = load(acc_out + h * d + i * LANES) * correction[h]; \
+        for (int64_t t = 0; t < n; t++) {                                                             \
             const float *vt = vb + t * ts;                                                            \
-            for (int i = 0; i < NV; i++) acc[i] += s[t] * load(vt + i * LANES);                       \
+            for (int i = 0; i < NV; i++) {                                                            \
+                const vf vv = load(vt + i * LANES);                                                   \
+                for (int h = 0; h < NQ; h++) acc[h][i] += p[h][t] * vv;                               \
+            }                                                                                         \
         }                                                                                             \
-        for (int i = 0; i < NV; i++) store(acc_out + i * LANES, acc[i]);                              \
-        *l = *l * correction + sum;                                                                   \
-        *m = mx;                                                                                      \
+        for (int h = 0; h < NQ; h++)                                                                  \
+            for (int i = 0; i < NV; i++) store(acc_out + h * d + i * LANES, acc[h][i]);               \
     }
 
-DEFINE_ATTEND_BLOCK(1)
-DEFINE_ATTEND_BLOCK(2)
-DEFINE_ATTEND_BLOCK(4)
-DEFINE_ATTEND_BLOCK(8)
-DEFINE_ATTEND_BLOCK(16)
-DEFINE_ATTEND_BLOCK(32) /* head_dim 256 with 8 lanes (AVX2) */
+#define DEFINE_ATTEND(NV) DEFINE_ATTEND_KEYS(NV, 1) DEFINE_ATTEND_KEYS(NV, 2)
+DEFINE_ATTEND(1)
+DEFINE_ATTEND(2)
+DEFINE_ATTEND(4)
+DEFINE_ATTEND(8)
+DEFINE_ATTEND(16)
+DEFINE_ATTEND(32) /* head_dim 256 with 8 lanes (AVX2) */
 
-typedef void (*AttendBlock)(const float *, const float *, const float *, int64_t, int64_t, float *, float *, float *);
+typedef void (*AttendKeys)(const float *, const float *, const float *, int64_t, int64_t, float *, float *, float *,
+                           const char *, const char *, int64_t);
 
-static AttendBlock block_kernel(int64_t head_dim) {
+/* The kernel for NQ (1 or 2) heads of head_dim floats, or 0 when head_dim does not fit. */
+static AttendKeys keys_kernel(int64_t head_dim, int64_t nq) {
     if (head_dim % LANES) return 0;
+#define PICK(NV) return nq == 2 ? attend_keys_##NV##_2 : attend_keys_##NV##_1
     switch (head_dim / LANES) {
-        case 1: return attend_block_1;
-        case 2: return attend_block_2;
-        case 4: return attend_block_4;
-        case 8: return attend_block_8;
-        case 16: return attend_block_16;
-        case 32: return attend_block_32;
+        case 1: PICK(1);
+        case 2: PICK(2);
+        case 4: PICK(4);
+        case 8: PICK(8);
+        case 16: PICK(16);
+        case 32: PICK(32);
         default: return 0;
     }
+#undef PICK
 }
 
 /* One sequence: block by block (each block's K and V rows are read once, for every head, while the
- * next block is prefetched), heads inside; per-head state lives in small arrays that stay in L1
- * (at most MAX_HEADS x MAX_DIM floats, checked by paged_decode_attention_supports). */
+ * next block is prefetched), LANES keys at a time, heads inside; per-head state lives in small
+ * arrays that stay in L1 (at most MAX_HEADS x MAX_DIM floats, checked by paged_decode_attention_supports). */
 static void attend_sequence(const Job *job, int64_t b) {
     const int64_t hq = job->num_heads, hkv = job->num_kv_heads, d = job->head_dim, bs = job->block_size;
     const int64_t group = hq / hkv, ts = hkv * d, ctx = job->context_lens[b];
+    const int64_t nq = group % 2 ? 1 : 2; /* heads per call: pairs of a GQA group share each K/V row */
     const int32_t *table = job->block_tables + b * job->bt_stride;
-    const AttendBlock attend = block_kernel(d);
+    const AttendKeys attend = keys_kernel(d, nq);
     float q[hq * d], acc[hq * d], m[hq], l[hq]; /* sized to the model: a few KB of stack */
     const float *qb = job->q + b * job->q_stride;
     for (int64_t i = 0; i < hq * d; i++) {
@@ -114,17 +134,19 @@ static void attend_sequence(const Job *job, int64_t b) {
         const int64_t n = (j + 1) * bs <= ctx ? bs : ctx - j * bs;
         const float *kb = job->k_cache + (int64_t)table[j] * block_floats;
         const float *vb = job->v_cache + (int64_t)table[j] * block_floats;
-        if (j + 1 < num_blocks) { /* blocks are scattered in the cache: fetch the next one early */
-            const float *kn = job->k_cache + (int64_t)table[j + 1] * block_floats;
-            const float *vn = job->v_cache + (int64_t)table[j + 1] * block_floats;
-            for (int64_t i = 0; i < block_floats; i += 16) {
-                __builtin_prefetch(kn + i, 0, 2);
-                __builtin_prefetch(vn + i, 0, 2);
+        /* The next block's K and V (the last block prefetches nothing), spread over this block's calls. */
+        const int64_t next = j + 1 < num_blocks ? table[j + 1] : table[j];
+        const char *kn = (const char *)(job->k_cache + next * block_floats);
+        const char *vn = (const char *)(job->v_cache + next * block_floats);
+        const int64_t calls = (n + LANES - 1) / LANES * (hq / nq);
+        const int64_t lines = j + 1 < num_blocks ? (block_floats * 4 / 64 + calls - 1) / calls : 0;
+        for (int64_t t = 0, c = 0; t < n; t += LANES) {
+            const int64_t keys = n - t < LANES ? n - t : LANES;
+            for (int64_t h = 0; h < hq; h += nq, c++) {
+                const int64_t off = t * ts + (h / group) * d;
+                attend(q + h * d, kb + off, vb + off, keys, ts, m + h, l + h, acc + h * d, kn + c * lines * 64,
+                       vn + c * lines * 64, lines);
             }
-        }
-        for (int64_t h = 0; h < hq; h++) {
-            const int64_t off = (h / group) * d;
-            attend(q + h * d, kb + off, vb + off, n, ts, m + h, l + h, acc + h * d);
         }
     }
     float *o = job->out + b * hq * d;
@@ -143,7 +165,7 @@ static void *run_job(void *arg) {
 
 /* 1 when these sizes fit the compiled kernels, else 0 (the caller then uses the torch path). */
 int paged_decode_attention_supports(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size) {
-    return block_kernel(head_dim) && num_heads <= MAX_HEADS && head_dim <= MAX_DIM && block_size <= MAX_BLOCK &&
+    return keys_kernel(head_dim, 1) && num_heads <= MAX_HEADS && head_dim <= MAX_DIM && block_size > 0 &&
            num_kv_heads > 0 && num_heads % num_kv_heads == 0;
 }
 

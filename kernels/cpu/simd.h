@@ -38,7 +38,80 @@ static inline float hsum(vf v) {
     return (y[0] + y[2]) + (y[1] + y[3]);
 }
 
+
 typedef int32_t vi __attribute__((vector_size(LANES * 4)));
+
+/* The indices for lanes 8..15 of a shuffle, on AVX-512 only. */
+#if LANES == 16
+#define LANES_TAIL(...) , __VA_ARGS__
+#else
+#define LANES_TAIL(...)
+#endif
+
+/* 0, 1, ..., LANES - 1. */
+static inline vi lane_index(void) {
+#if LANES == 16
+    return (vi){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#else
+    return (vi){0, 1, 2, 3, 4, 5, 6, 7};
+#endif
+}
+
+/* Lane-wise mask ? a : b (mask lanes all ones or all zeros, as vector comparisons give). */
+static inline vf blend(vi mask, vf a, vf b) { return (vf)(((vi)a & mask) | ((vi)b & ~mask)); }
+
+/* Sums of adjacent lane pairs: lanes [0, LANES/2) from a, the rest from b. */
+static inline vf pair_sum(vf a, vf b) {
+#if LANES == 16
+    return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+#else
+    return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14) +
+           __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15);
+#endif
+}
+
+/* LANES vectors in, one out: lane t = the sum of v[t]'s lanes (v is overwritten). LANES - 1 pair
+ * sums, two shuffles each, where LANES horizontal sums would take about twice as many. Also
+ * continues a reduction whose first levels are done: count = LANES / 2 vectors of pair_sum results
+ * (pair_sum(v0, v1), pair_sum(v2, v3), ...), and so on. */
+static inline vf transpose_sum(vf *v, int count) {
+    for (int width = count; width > 1; width /= 2)
+        for (int i = 0; i < width / 2; i++) v[i] = pair_sum(v[2 * i], v[2 * i + 1]);
+    return v[0];
+}
+
+static inline vf vmax(vf a, vf b) { return blend(a > b, a, b); }
+
+/* Maxima of adjacent lane pairs: lanes [0, LANES/2) from a, the rest from b. */
+static inline vf pair_max(vf a, vf b) {
+#if LANES == 16
+    return vmax(__builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+                __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31));
+#else
+    return vmax(__builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14),
+                __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15));
+#endif
+}
+
+/* transpose_sum's counterpart: lane t = the largest lane of v[t] (v: LANES vectors, overwritten). */
+static inline vf transpose_max(vf *v) {
+    for (int width = LANES; width > 1; width /= 2)
+        for (int i = 0; i < width / 2; i++) v[i] = pair_max(v[2 * i], v[2 * i + 1]);
+    return v[0];
+}
+
+/* The largest lane (NaN-free input). */
+static inline float hmax(vf v) {
+#if LANES == 16
+    v = vmax(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+#endif
+    const vf a = __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3 LANES_TAIL(12, 13, 14, 15, 8, 9, 10, 11));
+    v = vmax(v, a);
+    const vf b = __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5 LANES_TAIL(10, 11, 8, 9, 14, 15, 12, 13));
+    v = vmax(v, b);
+    return v[0] > v[1] ? v[0] : v[1];
+}
 
 /* e^x for x in [-87, 88] (Cephes' expf polynomial, ~1 ulp). */
 static inline vf exp_core(vf x) {
