@@ -198,6 +198,27 @@ def paged_decode_attention(
 
 
 # ---- prefill ------------------------------------------------------------------------------------
+def prefill_shared_blocks(starts: list[int], lens: list[int], block_tables: torch.Tensor, block_size: int) -> int:
+    """Leading blocks every prefill sequence shares and is worth a cascade, else 0: only blocks
+    before every sequence's first query (no causal cut inside). starts: cu_seqlens_q as a list."""
+    first_query = min(c - (starts[b + 1] - starts[b]) for b, c in enumerate(lens))
+    shared = _shared_blocks(block_tables, first_query // block_size)
+    return shared if shared * block_size >= _MIN_SHARED_TOKENS else 0
+
+
+def attend_shared_prefill(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, shared_ids: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every prefill query q [T, Hq, D] over the same blocks (read once, one call) -> (out [T, Hkv,
+    G, D], lse [T, Hkv, G]), to merge with the rest of each context."""
+    total, num_kv_heads = q.shape[0], k_cache.shape[2]
+    n = shared_ids.numel() * k_cache.shape[1]
+    k = _gather(k_cache, shared_ids, 1, n)
+    v = _gather(v_cache, shared_ids, 1, n)
+    o, s = _attend(_fold_tokens(q, num_kv_heads), k, v, None, scale)
+    return _unfold_tokens(o, total), _unfold_tokens(s[..., None], total)[..., 0]
+
+
 def plan_prefill(
     cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int,
     group: int,
@@ -206,11 +227,7 @@ def plan_prefill(
     lens = context_lens.tolist()
     device = block_tables.device
     q_lens = [starts[b + 1] - starts[b] for b in range(len(lens))]
-    # Cascade only over blocks that lie before every sequence's first query (no causal cut inside).
-    first_query = min(c - n for c, n in zip(lens, q_lens, strict=True))
-    shared = _shared_blocks(block_tables, first_query // block_size)
-    if shared * block_size < _MIN_SHARED_TOKENS:
-        shared = 0
+    shared = prefill_shared_blocks(starts, lens, block_tables, block_size)
     base = shared * block_size
     parts = []
     for b, ctx in enumerate(lens):
@@ -267,11 +284,7 @@ def prefill_with_plan(
         res[part.rows] = _unfold_tokens(o, n)
         lse[part.rows] = _unfold_tokens(s[..., None], n)[..., 0]
     if plan.shared_ids is not None:
-        n = plan.shared_ids.numel() * k_cache.shape[1]
-        k = _gather(k_cache, plan.shared_ids, 1, n)
-        v = _gather(v_cache, plan.shared_ids, 1, n)
-        o, s = _attend(_fold_tokens(q, num_kv_heads), k, v, None, scale)  # every token at once
-        res = merge_partials(res, lse, _unfold_tokens(o, total), _unfold_tokens(s[..., None], total)[..., 0])
+        res = merge_partials(res, lse, *attend_shared_prefill(q, k_cache, v_cache, plan.shared_ids, scale))
     out.copy_(res.view(total, num_heads, head_dim))
     return out
 
