@@ -190,6 +190,8 @@ def main() -> None:
         rows = []
         for w in workloads(n, cfg.vocab_size):
             t_engine = t_hf = Timing(float("inf"), float("inf"))
+            if args.skip_hf:
+                t_hf = Timing(float("nan"), float("nan"))
             for r in range(args.repeats):  # alternating; each side's fastest run (by CPU time) is kept
                 if r:
                     engine = Engine.from_pretrained(path, config)  # an empty prefix cache, like the first run
