@@ -38,7 +38,6 @@ static inline float hsum(vf v) {
     return (y[0] + y[2]) + (y[1] + y[3]);
 }
 
-
 typedef int32_t vi __attribute__((vector_size(LANES * 4)));
 
 /* The indices for lanes 8..15 of a shuffle, on AVX-512 only. */
