@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "simd.h"
+#include "softmax.h"
 #include "threads.h"
 
 #define MAX_HEADS 128
@@ -61,17 +62,9 @@ typedef struct {
             }                                                                                         \
             for (int h = 0; h < NQ; h++) pairs[h][t / 2] = pair_sum(x0[h], x1[h]);                    \
         }                                                                                             \
-        const vi valid = lane_index() < (int32_t)n;                                                   \
         float p[NQ][LANES], correction[NQ];                                                           \
-        for (int h = 0; h < NQ; h++) {                                                                \
-            const vf s = blend(valid, transpose_sum(pairs[h], LANES / 2), (vf){0} - INFINITY);       \
-            const float top = hmax(s), mx = m[h] > top ? m[h] : top;                                  \
-            correction[h] = exp_nonpositive1(m[h] - mx); /* ~0 on the first keys: m is -inf */        \
-            const vf e = blend(valid, exp_nonpositive(s - mx), (vf){0});                             \
-            store(p[h], e);                                                                           \
-            l[h] = l[h] * correction[h] + hsum(e);                                                    \
-            m[h] = mx;                                                                                \
-        }                                                                                             \
+        for (int h = 0; h < NQ; h++)                                                                  \
+            correction[h] = softmax_update(transpose_sum(pairs[h], LANES / 2), n, m + h, l + h, p[h]);  \
         vf acc[NQ][NV];                                                                               \
         for (int h = 0; h < NQ; h++)                                                                  \
             for (int i = 0; i < NV; i++) acc[h][i] = load(acc_out + h * d + i * LANES) * correction[h]; \

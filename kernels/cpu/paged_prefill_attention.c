@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "simd.h"
+#include "softmax.h"
 #include "threads.h"
 
 #define MAX_HEADS 128
@@ -88,22 +89,14 @@ static int tile_scores(Tile *t, const Keys *keys, int64_t c, int64_t d) {
     }
     int any = 0;
     for (int r = 0; r < TILE; r++) {
-        int64_t n = t->limit[r] - start;
-        n = n < len ? n : len;
-        t->correction[r] = 1.0f;
-        if (n <= 0) {
+        const int64_t n = t->limit[r] - start < len ? t->limit[r] - start : len;
+        if (n <= 0) { /* the row sees none of these keys (or is unused) */
+            t->correction[r] = 1.0f;
             store(t->p + r * LANES, (vf){0});
             continue;
         }
         any = 1;
-        const vi valid = lane_index() < (int32_t)n;
-        const vf sr = blend(valid, s[r], (vf){0} - INFINITY);
-        const float top = hmax(sr), mx = t->m[r] > top ? t->m[r] : top;
-        t->correction[r] = exp_nonpositive1(t->m[r] - mx); /* ~0 on the first keys: m is -inf */
-        const vf e = blend(valid, exp_nonpositive(sr - mx), (vf){0});
-        store(t->p + r * LANES, e);
-        t->l[r] = t->l[r] * t->correction[r] + hsum(e);
-        t->m[r] = mx;
+        t->correction[r] = softmax_update(s[r], n, t->m + r, t->l + r, t->p + r * LANES);
     }
     return any;
 }
