@@ -112,3 +112,14 @@ def test_backend_cascade_over_shared_prefix(head_dim: int) -> None:
     else:  # the torch path's plan, cascade included
         assert meta.scratch["prefill"].shared_ids.tolist() == tables[0, :shared].tolist()
     assert_close(out, expected, atol=2e-5, rtol=1e-5)
+
+
+def test_bad_out_lse_and_offsets_are_refused(native) -> None:
+    """The caller's out / lse / cu_seqlens are checked before the kernel writes anything."""
+    q, k_cache, v_cache, cu, cl, tables = _case([5, 3], [5, 9], 4, 2, 16, 16)
+    with pytest.raises(ValueError, match="out must be a contiguous fp32 tensor shaped like q"):
+        native(q, k_cache, v_cache, cu, cl, tables, 0.25, torch.empty(8, 4, 16).transpose(0, 1).contiguous())
+    with pytest.raises(ValueError, match=r"lse must be a contiguous fp32 \[8, 4\] tensor"):
+        native(q, k_cache, v_cache, cu, cl, tables, 0.25, lse=torch.empty(8, 3))
+    with pytest.raises(ValueError, match="cu_seqlens_q must hold B \\+ 1 offsets"):
+        native(q, k_cache, v_cache, torch.tensor([0, 5, 7], dtype=torch.int32), cl, tables, 0.25)
