@@ -73,15 +73,10 @@ class CpuBackend(TorchBackend):
         if not shared:
             self.prefill(*args, scale, out)
             return
-        total, num_heads, head_dim = q.shape
-        num_kv_heads = k_cache.shape[2]
-        group = num_heads // num_kv_heads
-        lse = torch.empty(total, num_heads, dtype=torch.float32)
+        lse = torch.empty(q.shape[:2], dtype=torch.float32)
         self.prefill(*args, scale, out, start_block=shared, lse=lse)
-        tables = meta.prefill_block_tables
-        o, s = attend_shared_prefill(q, k_cache, v_cache, tables[0, :shared].long(), scale)
-        own = out.view(total, num_kv_heads, group, head_dim)
-        out.copy_(merge_partials(own, lse.view(total, num_kv_heads, group), o, s).view(total, num_heads, head_dim))
+        shared_ids = meta.prefill_block_tables[0, :shared].long()
+        _merge_shared(out, lse, *attend_shared_prefill(q, k_cache, v_cache, shared_ids, scale))
 
     def decode_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
@@ -127,10 +122,16 @@ class CpuBackend(TorchBackend):
             return
         batch, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[2]
-        group = num_heads // num_kv_heads
         lse = torch.empty(batch, num_heads, dtype=torch.float32)
         self.native(q, k_cache, v_cache, block_tables, context_lens, scale, out, start_block=shared, lse=lse)
-        qf = q.view(batch, num_kv_heads, group, head_dim)
-        o, s = attend_shared_blocks(qf, k_cache, v_cache, block_tables[0, :shared].long(), scale)
-        own = out.view(batch, num_kv_heads, group, head_dim)
-        out.copy_(merge_partials(own, lse.view(batch, num_kv_heads, group), o, s).view(batch, num_heads, head_dim))
+        qf = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+        _merge_shared(out, lse, *attend_shared_blocks(qf, k_cache, v_cache, block_tables[0, :shared].long(), scale))
+
+
+def _merge_shared(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, s: torch.Tensor) -> None:
+    """out [N, Hq, D] over each row's own keys (log-sum-exp lse [N, Hq]) <- merged in place with the
+    shared blocks' o [N, Hkv, G, D] (log-sum-exp s [N, Hkv, G])."""
+    rows, num_heads, head_dim = out.shape
+    num_kv_heads, group = o.shape[1], o.shape[2]
+    own = out.view(rows, num_kv_heads, group, head_dim)
+    out.copy_(merge_partials(own, lse.view(rows, num_kv_heads, group), o, s).view(rows, num_heads, head_dim))
