@@ -24,19 +24,29 @@ from kernels.reference.attention import decode_with_plan, plan_decode
 HQ, HKV, D, BS = 8, 4, 64, 16
 
 
-def case(batch: int, lo: int, hi: int, seed: int = 0):
-    rng = random.Random(seed)
-    lens = [rng.randint(lo, hi) for _ in range(batch)]
+def scattered_cache(lens: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random K/V caches holding these sequences' blocks at random places, and their block tables."""
     need = [-(-n // BS) for n in lens]
     num_blocks = sum(need) + 16
     k_cache, v_cache = torch.randn(num_blocks, BS, HKV, D), torch.randn(num_blocks, BS, HKV, D)
     perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
-    tables = torch.zeros(batch, max(need), dtype=torch.int32)
+    tables = torch.zeros(len(lens), max(need), dtype=torch.int32)
     for b, n in enumerate(need):
         tables[b, :n] = torch.tensor(perm[:n], dtype=torch.int32)
         perm = perm[n:]
-    q = torch.randn(batch, HQ * D + 2 * HKV * D)[:, : HQ * D].view(batch, HQ, D)  # a view of a qkv row
-    return q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32)
+    return k_cache, v_cache, tables
+
+
+def qkv_queries(rows: int) -> torch.Tensor:
+    """[rows, HQ, D] queries as the model passes them: a view of a fused qkv row."""
+    return torch.randn(rows, HQ * D + 2 * HKV * D)[:, : HQ * D].view(rows, HQ, D)
+
+
+def case(batch: int, lo: int, hi: int, seed: int = 0):
+    rng = random.Random(seed)
+    lens = [rng.randint(lo, hi) for _ in range(batch)]
+    k_cache, v_cache, tables = scattered_cache(lens, seed)
+    return qkv_queries(batch), k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32)
 
 
 def cpu_ms(fn, calls: int) -> float:

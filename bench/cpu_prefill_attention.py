@@ -14,40 +14,18 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
 
 import torch
+from cpu_decode_attention import BS, HKV, HQ, D, cpu_ms, qkv_queries, scattered_cache  # bench/ is on sys.path
 
 from kernels.cpu.paged_prefill_attention import NativePrefillAttention
 from kernels.reference.attention import plan_prefill, prefill_with_plan
 
-HQ, HKV, D, BS = 8, 4, 64, 16
-
 
 def case(q_lens: list[int], ctxs: list[int], seed: int = 0):
-    need = [-(-n // BS) for n in ctxs]
-    num_blocks = sum(need) + 16
-    k_cache, v_cache = torch.randn(num_blocks, BS, HKV, D), torch.randn(num_blocks, BS, HKV, D)
-    perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
-    tables = torch.zeros(len(ctxs), max(need), dtype=torch.int32)
-    for b, n in enumerate(need):
-        tables[b, :n] = torch.tensor(perm[:n], dtype=torch.int32)
-        perm = perm[n:]
+    k_cache, v_cache, tables = scattered_cache(ctxs, seed)
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-    q = torch.randn(sum(q_lens), HQ * D + 2 * HKV * D)[:, : HQ * D].view(-1, HQ, D)  # a view of a qkv row
-    return q, k_cache, v_cache, cu, torch.tensor(ctxs, dtype=torch.int32), tables
-
-
-def cpu_ms(fn, calls: int) -> float:
-    for _ in range(2):
-        fn()
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.process_time()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.process_time() - t0) / calls)
-    return best * 1e3
+    return qkv_queries(sum(q_lens)), k_cache, v_cache, cu, torch.tensor(ctxs, dtype=torch.int32), tables
 
 
 def main() -> None:
