@@ -189,17 +189,15 @@ def main() -> None:
               f"freight backend {args.backend}")  # fmt: skip
         rows = []
         for w in workloads(n, cfg.vocab_size):
-            t_engine = t_hf = Timing(float("inf"), float("inf"))
-            if args.skip_hf:
-                t_hf = Timing(float("nan"), float("nan"))
+            engine_runs, hf_runs = [], [Timing(float("nan"), float("nan"))] if args.skip_hf else []
             for r in range(args.repeats):  # alternating; each side's fastest run (by CPU time) is kept
                 if r:
                     engine = Engine.from_pretrained(path, config)  # an empty prefix cache, like the first run
-                te, counts = run_engine(engine, w)
-                t_engine = min(t_engine, te, key=lambda t: t.cpu)
+                t_engine, counts = run_engine(engine, w)
+                engine_runs.append(t_engine)
                 if not args.skip_hf:
-                    t_hf = min(t_hf, run_hf(hf, w, args.hf_batch_size), key=lambda t: t.cpu)
-            rows.append((w, t_engine, t_hf, counts))
+                    hf_runs.append(run_hf(hf, w, args.hf_batch_size))
+            rows.append((w, min(engine_runs, key=lambda t: t.cpu), min(hf_runs, key=lambda t: t.cpu), counts))
         print(f"\n{'workload':<14} {'prompts':>7} {'tokens':>8} {'freight tok/s':>14} {'hf tok/s':>9} "
               f"{'ratio':>6} {'ratio (cpu s)':>13} {'computed/prompt':>16}")  # fmt: skip
         for w, te, th, c in rows:
