@@ -6,8 +6,8 @@
  * Layouts (fp32, contiguous): q [B, Hq, D] (row stride q_stride), k/v cache [blocks, bs, Hkv, D],
  * block_tables int32 [B, bt_stride], context_lens int32 [B]. Keys from block `start_block` of each
  * sequence up to context_lens[b] - 1 are attended; each sequence must have at least one.
- * Built by kernels/cpu/build.py with -O3 -march=native; the loops are written so the compiler
- * vectorizes them along the head dimension.
+ * Built by kernels/cpu/build.py with -O3 -march=native; the arithmetic is on GCC vector types
+ * (simd.h), a vector of keys or of head-dimension floats at a time.
  */
 #include <math.h>
 #include <stdint.h>
