@@ -40,8 +40,8 @@ def _cases(defaults_only: bool) -> list[tuple[str, object, dict, dict, dict, int
     """(label, kernel, pointer dtypes, constexprs, options, weights per thread and loop step or
     None) per compile."""
     from kernels.triton import quant_gemv as qg
-    from kernels.triton.fp8_matmul import _quantize_rows_kernel
     from kernels.triton import quant_matmul as qm
+    from kernels.triton.fp8_matmul import _quantize_rows_kernel
     from kernels.triton.paged_decode_attention import _decode_merge_kernel, _decode_split_kernel
     from kernels.triton.prefill_attention import _prefill_kernel
     from kernels.triton.rms_norm import _rms_norm_kernel
