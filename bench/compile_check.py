@@ -7,10 +7,11 @@ does not compile, configs that overflow shared memory (228 KiB per SM on H100/H2
     .venv/bin/python bench/compile_check.py            # defaults + sweep configs
     .venv/bin/python bench/compile_check.py --defaults # the wrappers' default configs only
 
-For the quantized matmuls it also counts the SASS instructions of the main loop's body per weight
-each thread handles ("sass/w"): the cost the dequantization and the multiply-adds put on the issue
-slots, which is what decides between the GEMV and the tensor-core kernels at small M
-(kernels/triton/quant_gemv.py) until a GPU measures it.
+For the quantized matmuls it also counts the SASS instructions of the main loop per weight each
+thread handles in one trip ("sass/w"): what the dequantization and the multiply-adds cost in issue
+slots. 132 SMs x 4 schedulers x 1.98 GHz issue ~1.05e12 warp instructions a second on an H200, so
+sass/w x weights / 33.4e12 bounds a kernel from below (14336 x 4096: 58.7M weights -> 1.76 us
+per sass/w), next to the weight read (bytes / copy bandwidth).
 
 Exit status 1 when a config fails to compile, overflows shared memory or spills registers. Run without
 TRITON_INTERPRET (compiled kernels are what is checked).
@@ -179,7 +180,7 @@ def _cases(defaults_only: bool) -> list[tuple[str, object, dict, dict, dict, int
             label = f"int{bits} BM={bm} BN={bn} BK={bk} w={w} s={s}"
             weights[label] = bn * bk // (32 * w)
             cases.append((label, kernel, ptrs, {**meta, **extra}, opts))
-    gemv = [(256, 2)] if defaults_only else [(256, 2), (128, 1), (512, 4), (256, 4), (128, 4)]
+    gemv = [(128, 1)] if defaults_only else [(128, 1), (256, 2), (512, 4), (256, 4), (128, 4)]
     for bn, w in gemv:
         for bits, kernel, ptrs, extra, ms in (
             (8, qg._int8_gemv_kernel, {"w_ptr": "*i8", "out_ptr": "*fp32"}, {}, (1, 2)),
@@ -196,7 +197,9 @@ def _cases(defaults_only: bool) -> list[tuple[str, object, dict, dict, dict, int
 
 
 def _loop_sass(cubin: bytes) -> int:
-    """SASS instructions in the kernel's largest basic block: the unrolled body of its main loop."""
+    """SASS instructions of the kernel's largest loop: from the target of its widest backward branch
+    to that branch (16 bytes an instruction), every path of the body counted (a GEMV's rows of x
+    past M included, as when M fills BLOCK_M)."""
     import triton
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -204,8 +207,12 @@ def _loop_sass(cubin: bytes) -> int:
         f.write(cubin)
         f.flush()
         text = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    blocks = re.split(r"^\.L_x_\d+:", text, flags=re.M)
-    return max(len(re.findall(r"/\*[0-9a-f]{4}\*/\s+\S", b)) for b in blocks)
+    spans = [
+        (int(at, 16) - int(to, 16)) // 16 + 1
+        for at, to in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?BRA\s+0x([0-9a-f]+)", text)
+        if int(to, 16) < int(at, 16)
+    ]
+    return max(spans, default=0)
 
 
 def _resources(cubin: bytes) -> dict[str, int]:

@@ -167,7 +167,7 @@ def _gemv_cfgs(default: tg.GemvConfig, dry: bool) -> list[tg.GemvConfig]:
     if dry:
         return [tg.GemvConfig(32, 2, 1), tg.GemvConfig(64, 1, 1)]
     s = default.split_k
-    shapes = [(256, 2), (128, 1), (512, 4), (256, 4), (128, 4), (512, 2)]
+    shapes = [(128, 1), (256, 2), (512, 4), (256, 4), (128, 4), (256, 1)]
     return [tg.GemvConfig(bn, s, w) for bn, w in shapes] + [
         tg.GemvConfig(default.block_n, max(1, s // 2), default.num_warps),
         tg.GemvConfig(default.block_n, 2 * s, default.num_warps),

@@ -24,11 +24,13 @@ import triton.language as tl
 from kernels.triton.launch import num_sms
 
 GEMV_MAX_M = 16  # the most rows of x these kernels take
-# Where the wrappers use them (config=None): up to the M at which the loop's sm_90 instructions
-# per weight and thread reach the tensor-core kernel's (bench/compile_check.py prints both: int4
-# GEMV 7.5 / 9.6 / 14.2 at M 1 / 2 / 4 against 14.0, int8 6.6 / 8.9 / 16.3 against 9.3); past it
-# the CUDA-core multiply-adds (~1.5 instructions per weight and row of x) cost more than the
-# tensor-core kernel's dequantization. bench/gpu_check.py times both at M 1-16 to settle it.
+# Where the wrappers use them (config=None), until a GPU run of bench/gpu_check.py (which times
+# both kernels at M 1-16) moves these: the GEMV's sm_90 issue-slot floor (bench/compile_check.py:
+# int4 6.0 / 7.7 / 11.0 / 17.6 SASS instructions a weight at M 1 / 2 / 4 / 8, ~1.76 us each on
+# 14336 x 4096 on an H200: 11 / 14 / 19 / 31 us) against the tensor-core kernel's one measured time
+# there, 41-43 us at M 1-16 (docs/PERFORMANCE.md): the GEMV until its floor nears that at M 8.
+# int8: its floor (5.4 / 7.8 / 12.0: 10 / 14 / 21 us) meets the weight read (~14 us) at M 2, past
+# which the tensor-core kernel (4.4 a weight, the same read) should not be slower.
 INT4_GEMV_MAX_M = 4
 INT8_GEMV_MAX_M = 2
 
@@ -187,13 +189,15 @@ class GemvConfig:
 
 
 def choose_gemv_config(n: int, k_units: int, step: int, device: torch.device) -> GemvConfig:
-    """256 rows per program (2 warps, 4 rows per thread: each x value a thread converts serves four
-    rows) and K splits for ~4 programs per SM (latency is hidden by programs in flight, not by a
-    pipeline), keeping >= 8 loop steps per split. k_units / step: the kernel's K loop (int8: 32
-    elements a step; int4: 16 packed bytes)."""
-    block_n, num_warps = 256, 2
+    """128 rows per program (one warp, 4 rows per thread: each x value a thread converts serves four
+    rows; one warp per program compiles to the fewest loop instructions per weight of the shapes
+    bench/compile_check.py tries) and K splits for ~8 programs (warps) per SM, which their ~200
+    registers allow: latency is hidden by programs in flight, not by a pipeline, and 8 warps of 4
+    rows x 16-32 bytes a step keep ~16-32 KiB in flight per SM. Each split keeps >= 8 loop steps. k_units / step: the kernel's K
+    loop (int8: 32 elements a step; int4: 16 packed bytes)."""
+    block_n, num_warps = 128, 1
     tiles = triton.cdiv(n, block_n)
-    by_occupancy = triton.cdiv(4 * num_sms(device), tiles)
+    by_occupancy = triton.cdiv(8 * num_sms(device), tiles)
     by_work = max(1, k_units // (8 * step))
     return GemvConfig(block_n, max(1, min(by_occupancy, by_work)), num_warps)
 
