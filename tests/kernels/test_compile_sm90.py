@@ -27,6 +27,6 @@ def test_default_configs_compile_for_sm90() -> None:
     per_weight = {label: float(cols[-2]) for label, cols in rows.items() if cols[-2] != "-"}
     for bits, limit in ((4, INT4_GEMV_MAX_M), (8, INT8_GEMV_MAX_M)):
         gemv = [per_weight[f"gemv int{bits} M<={m} BN=128 w=1"] for m in (1, 2, 4) if m <= limit]
-        assert len(gemv) == {4: 3, 8: 2}[bits] and all(0 < a < b for a, b in zip(gemv, gemv[1:])), gemv
+        assert len(gemv) == {4: 3, 8: 2}[bits] and all(0 < a < b for a, b in zip(gemv, gemv[1:], strict=False)), gemv
         assert per_weight[f"int{bits} BM=16 BN=64 BK=128 w=4 s=4"] > 0
     assert per_weight["gemv int4 M<=1 BN=128 w=1"] < per_weight["int4 BM=16 BN=64 BK=128 w=4 s=4"]

@@ -34,7 +34,7 @@ def test_dry_run_kernels(tmp_path: Path) -> None:
     assert {(k["name"], k["shape"].split()[0]) for k in decode} >= {
         (f"int{b}_{kind}", f"M={m}") for b in (4, 8) for kind in ("matmul", "gemv", "dot") for m in (1, 2, 3, 16)
     }
-    assert all(k["speedup_vs_bf16"] > 0 and 0 < k["of_roofline"] and k["timing"] == "cuda graph" for k in decode)
+    assert all(k["speedup_vs_bf16"] > 0 and k["of_roofline"] > 0 and k["timing"] == "cuda graph" for k in decode)
     fp8 = [t for t in report["targets"] if t["name"].startswith("fp8")]
     assert [t["goal"] for t in fp8] == [1.6] and "M=70" in fp8[0]["name"]
 
