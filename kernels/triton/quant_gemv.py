@@ -6,13 +6,16 @@ them in registers, and reduce along K inside the thread: no tl.dot, no tensor-co
 with padding rows, no cross-thread reduction or shared memory in the loop. Each weight row
 segment is read once and used for all M rows of x (a static loop over M; x comes from L1/L2 as
 a broadcast load). Programs split K when the N tiles alone cannot fill the GPU (fp32 partials,
-summed after). The work per weight is ~1 fused multiply-add per row of x plus the conversion, so
-these kernels are memory bound at M 1-4 and compute bound (CUDA cores) towards M 16, where the
-tensor-core kernel of quant_matmul.py may win: bench/gpu_check.py times both at every M.
+summed after). The work per weight is ~3 instructions of conversion plus ~1.5 per row of x (the
+multiply-add and its share of the sum), so on an H200 they are bound by the weight read only at M
+1-2 and by issue slots beyond, growing with M where the tensor-core kernel of quant_matmul.py does
+not: the wrappers use them up to INT4_GEMV_MAX_M / INT8_GEMV_MAX_M, and bench/gpu_check.py times
+both kernels at every M.
 
 Layouts are the kernel contract's (docs/ARCHITECTURE.md): int8 qweight [N, K], scales [N];
 int4 qweight uint8 [N, K // 2] (k = 2j in byte j's low nibble, 2j + 1 in its high one, each q + 8),
-scales [N, K // G]. Integers become floats through fp32 (see quant_matmul.py).
+scales [N, K // G]. Integers become floats by placing them in the mantissa of 2^23 and subtracting
+(exact; no int-to-float convert instruction, which runs at a quarter of the FMA rate).
 """
 
 from dataclasses import dataclass
@@ -193,8 +196,8 @@ def choose_gemv_config(n: int, k_units: int, step: int, device: torch.device) ->
     rows; one warp per program compiles to the fewest loop instructions per weight of the shapes
     bench/compile_check.py tries) and K splits for ~8 programs (warps) per SM, which their ~200
     registers allow: latency is hidden by programs in flight, not by a pipeline, and 8 warps of 4
-    rows x 16-32 bytes a step keep ~16-32 KiB in flight per SM. Each split keeps >= 8 loop steps. k_units / step: the kernel's K
-    loop (int8: 32 elements a step; int4: 16 packed bytes)."""
+    rows x 16-32 bytes a step keep ~16-32 KiB in flight per SM. Each split keeps >= 8 loop steps.
+    k_units / step: the kernel's K loop (int8: 32 elements a step; int4: 16 packed bytes)."""
     block_n, num_warps = 128, 1
     tiles = triton.cdiv(n, block_n)
     by_occupancy = triton.cdiv(8 * num_sms(device), tiles)
