@@ -7,6 +7,12 @@ does not compile, configs that overflow shared memory (228 KiB per SM on H100/H2
     .venv/bin/python bench/compile_check.py            # defaults + sweep configs
     .venv/bin/python bench/compile_check.py --defaults # the wrappers' default configs only
 
+For the quantized matmuls it also counts the SASS instructions of the main loop per weight each
+thread handles in one trip ("sass/w"): what the dequantization and the multiply-adds cost in issue
+slots. 132 SMs x 4 schedulers x 1.98 GHz issue ~1.05e12 warp instructions a second on an H200, so
+sass/w x weights / 33.4e12 bounds a kernel from below (14336 x 4096: 58.7M weights -> 1.76 us
+per sass/w), next to the weight read (bytes / copy bandwidth).
+
 Exit status 1 when a config fails to compile, overflows shared memory or spills registers. Run without
 TRITON_INTERPRET (compiled kernels are what is checked).
 """
@@ -31,9 +37,12 @@ UNIT_STRIDES = {"stride_kd", "stride_vd", "stride_cd", "stride_xk", "stride_wk",
 ALIGNED_INTS = {"head_dim", "half", "hidden", "tokens_per_split", "k_per_split", "bytes_per_split", "N", "K"}
 
 
-def _cases(defaults_only: bool) -> list[tuple[str, object, dict, dict, dict]]:
-    """(label, kernel, pointer dtypes, constexprs, options) per compile."""
+def _cases(defaults_only: bool) -> list[tuple[str, object, dict, dict, dict, int | None]]:
+    """(label, kernel, pointer dtypes, constexprs, options, weights per thread and loop step or
+    None) per compile."""
+    from kernels.triton import quant_gemv as qg
     from kernels.triton import quant_matmul as qm
+    from kernels.triton.fp8_matmul import _quantize_rows_kernel
     from kernels.triton.paged_decode_attention import _decode_merge_kernel, _decode_split_kernel
     from kernels.triton.prefill_attention import _prefill_kernel
     from kernels.triton.rms_norm import _rms_norm_kernel
@@ -150,31 +159,60 @@ def _cases(defaults_only: bool) -> list[tuple[str, object, dict, dict, dict]]:
             (128, 256, 64, 8, 3),
             (256, 128, 64, 8, 3),
         ]
+    # x's per-token e4m3 quantization before torch._scaled_mm: rows of up to 1024 per loop step
+    cases.append(
+        (
+            "fp8 quantize rows BK=1024",
+            _quantize_rows_kernel,
+            {"q_ptr": "*fp8e4nv", "s_ptr": "*fp32"},
+            {"FP8_MAX": 448.0, "MIN_SCALE": 1e-12 / 448.0, "BLOCK_K": 1024},
+            {"num_warps": 4},
+        )
+    )
+    weights = {}  # label -> weights per thread and loop step, for the sass/w column
     for bm, bn, bk, w, s in mm:
         meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "UPCAST": False}
         opts = {"num_warps": w, "num_stages": s}
-        cases.append(
-            (
-                f"int4 BM={bm} BN={bn} BK={bk} w={w} s={s}",
-                qm._int4_matmul_kernel,
-                {"w_ptr": "*u8", "out_ptr": "*fp32"},
-                {**meta, "GROUP": 128, "SCALE_WEIGHTS": bm > bk},
-                opts,
-            )
-        )
-        cases.append(
-            (
-                f"int8 BM={bm} BN={bn} BK={bk} w={w} s={s}",
-                qm._int8_matmul_kernel,
-                {"w_ptr": "*i8"},
-                meta,
-                opts,
-            )
-        )
+        for bits, kernel, ptrs, extra in (
+            (4, qm._int4_matmul_kernel, {"w_ptr": "*u8", "out_ptr": "*fp32"}, {"GROUP": 128, "SCALE_WEIGHTS": bm > bk}),
+            (8, qm._int8_matmul_kernel, {"w_ptr": "*i8"}, {}),
+        ):
+            label = f"int{bits} BM={bm} BN={bn} BK={bk} w={w} s={s}"
+            weights[label] = bn * bk // (32 * w)
+            cases.append((label, kernel, ptrs, {**meta, **extra}, opts))
+    gemv = [(128, 1)] if defaults_only else [(128, 1), (256, 2), (512, 4), (256, 4), (128, 4)]
+    for bn, w in gemv:
+        for bits, kernel, ptrs, extra, ms in (
+            (8, qg._int8_gemv_kernel, {"w_ptr": "*i8", "out_ptr": "*fp32"}, {}, (1, 2)),
+            (4, qg._int4_gemv_kernel, {"w_ptr": "*u8", "out_ptr": "*fp32"}, {"GROUP": 128}, (1, 2, 4)),
+        ):
+            for bm in ms if defaults_only else (1, 2, 4, 8, 16):
+                label = f"gemv int{bits} M<={bm} BN={bn} w={w}"
+                weights[label] = 32 * bn // (32 * w)  # rows per thread x 32 weights a step
+                cases.append((label, kernel, ptrs, {"BLOCK_M": bm, "BLOCK_N": bn, **extra}, {"num_warps": w}))
     return [
-        (label, k, {"default": bf, **p}, c, o) if "default" not in p else (label, k, p, c, o)
+        (label, k, p if "default" in p else {"default": bf, **p}, c, o, weights.get(label))
         for label, k, p, c, o in cases
     ]
+
+
+def _loop_sass(cubin: bytes) -> int:
+    """SASS instructions of the kernel's largest loop: from the target of its widest backward branch
+    to that branch (16 bytes an instruction), every path of the body counted (a GEMV's rows of x
+    past M included, as when M fills BLOCK_M)."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    spans = [
+        (int(at, 16) - int(to, 16)) // 16 + 1
+        for at, to in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?BRA\s+0x([0-9a-f]+)", text)
+        if int(to, 16) < int(at, 16)
+    ]
+    return max(spans, default=0)
 
 
 def _resources(cubin: bytes) -> dict[str, int]:
@@ -221,8 +259,8 @@ def main() -> int:
         parser.error("unset TRITON_INTERPRET: this checks the compiled kernels")
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     failures = 0
-    print(f"{'kernel / config':<44} {'regs':>5} {'spill':>6} {'shared':>8} {'mma':>6} {'s':>5}")
-    for label, kernel, ptrs, consts, options in _cases(args.defaults):
+    print(f"{'kernel / config':<44} {'regs':>5} {'spill':>6} {'shared':>8} {'mma':>6} {'sass/w':>6} {'s':>5}")
+    for label, kernel, ptrs, consts, options, weights in _cases(args.defaults):
         t0 = time.perf_counter()
         try:
             compiled = _compile(kernel, ptrs, consts, options)
@@ -234,6 +272,7 @@ def main() -> int:
         shared = compiled.metadata.shared
         ptx = compiled.asm["ptx"]
         mma = "wgmma" if "wgmma" in ptx else "mma" if "mma.sync" in ptx else "-"
+        per_weight = f"{_loop_sass(compiled.asm['cubin']) / weights:.1f}" if weights else "-"
         problems = [
             p
             for p, bad in (("SHARED OVERFLOW", shared > SHARED_LIMIT), ("SPILLS", res.get("local", 0) > 0))
@@ -242,7 +281,7 @@ def main() -> int:
         failures += bool(problems)
         print(
             f"{label:<44} {res.get('reg', -1):>5} {res.get('local', 0):>6} {shared:>8} {mma:>6} "
-            f"{time.perf_counter() - t0:5.1f}  {' '.join(problems)}",
+            f"{per_weight:>6} {time.perf_counter() - t0:5.1f}  {' '.join(problems)}",
             flush=True,
         )
     return 1 if failures else 0

@@ -9,7 +9,9 @@ Sections, each failing soft (an error is recorded and the next section runs):
   (b) every kernel against its torch reference (bf16; relative Frobenius error within a bound);
   (c) each kernel timed with triton.testing.do_bench (median), achieved GB/s or TFLOP/s against the
       ceilings of (a), and the targets: paged decode >= 70% of copy bandwidth (batch 64, 4k context),
-      int4 matmul at M 1..16 >= 2.5x the bf16 torch matmul, prefill >= 50% of matmul peak at 4k;
+      prefill >= 50% of matmul peak at 4k; the quantized matmuls (bench/gpu_check_matmul.py) as
+      replayed CUDA graphs (kernels alone): int4 and int8 at M 1..16 >= 1.5x the bf16 torch matmul
+      (GEMV and tensor-core kernels each timed, with the weight-read roofline), fp8 at M 4096 >= 1.6x;
   (c') a few launch configs around those three kernels' defaults (bench/gpu_check_sweep.py);
   (d) the engine on a random ~1B-parameter Llama (bf16), a mixed batch, tokens/s (bench/gpu_check_engine.py);
   (e) everything into the JSON file named on the command line.
@@ -68,6 +70,15 @@ class Check:
                 {"section": name, "error": repr(exc), "traceback": traceback.format_exc(limit=6)}
             )
             print(f"   {name}: FAILED {exc!r}", flush=True)
+
+    def time_graph_ms(self, fn) -> float:
+        """Median milliseconds of fn() captured in a CUDA graph and replayed: the GPU work without
+        the Python launch cost (wall-clock runs in the interpreter)."""
+        if self.dry_run:
+            return self.time_ms(fn)
+        import triton.testing
+
+        return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
 
     def time_ms(self, fn) -> float:
         """Median milliseconds of fn(): do_bench on a GPU, a few wall-clock runs in the interpreter."""
@@ -170,7 +181,8 @@ def _main() -> int:
     import torch
 
     # imported after TRITON_INTERPRET is settled
-    from gpu_check_kernels import attention_kernels, matmul_kernels, small_kernels
+    from gpu_check_kernels import attention_kernels, small_kernels
+    from gpu_check_matmul import fp8_kernels, matmul_kernels
     from gpu_check_sweep import sweeps
 
     chk = Check(args.dry_run)
@@ -183,6 +195,7 @@ def _main() -> int:
     chk.section("(a) ceilings", ceilings, device)
     chk.section("(b, c) attention kernels", attention_kernels, device)
     chk.section("(b, c) quantized matmuls", matmul_kernels, device)
+    chk.section("(b, c) fp8 matmul", fp8_kernels, device)
     chk.section("(b, c) small kernels", small_kernels, device)
     if not args.skip_sweep:
         chk.section("(c') launch-config sweep", sweeps, device)

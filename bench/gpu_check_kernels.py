@@ -1,5 +1,6 @@
 """Sections (b) and (c) of bench/gpu_check.py: each Triton kernel against its torch reference at
 real sizes (tiny ones under --dry-run), timed, with bytes or FLOPs per call for the achieved rate.
+The quantized matmuls are in gpu_check_matmul.py.
 
 Imported by gpu_check.py after TRITON_INTERPRET is settled; `chk` is its Check.
 """
@@ -9,8 +10,6 @@ from __future__ import annotations
 import torch
 
 from kernels import reference
-from kernels.reference import quant_matmul as ref_quant
-from kernels.triton import quant_matmul as tq
 from kernels.triton.paged_decode_attention import paged_decode_attention
 from kernels.triton.prefill_attention import prefill_attention
 from kernels.triton.rms_norm import rms_norm
@@ -108,64 +107,6 @@ def _prefill_case(chk, device, q_len: int, prefix: int, hq: int, hkv: int, d: in
     )
     if prefix == 0:
         chk.target(f"prefill {q_len} tokens", row["of_ceiling"], 0.50, "fraction of bf16 matmul TFLOP/s")
-
-
-def matmul_kernels(chk, device) -> None:
-    """int4 (group 128) and int8 weight-only matmuls at decode M 1..16 against torch's bf16 matmul of
-    the same shape (the ratio is the target), and at prefill M against the matmul ceiling."""
-    dry = chk.dry_run
-    shapes = [(64, 128)] if dry else [(14336, 4096), (4096, 14336)]  # (N, K): Llama-8B MLP up / down
-    for n, k in shapes:
-        _matmul_shape(
-            chk, device, n, k, ms=[1, 3, 70] if dry else [1, 4, 8, 16, 4096], group=64 if dry else 128
-        )
-
-
-def _matmul_shape(chk, device, n: int, k: int, ms: list[int], group: int) -> None:
-    w = _randn(n, k, device=device, std=0.02)
-    q4 = ref_quant.pack_int4(torch.randint(-8, 8, (n, k), device=device))
-    s4 = (torch.rand(n, k // group, device=device) * 0.004 + 0.001).to(BF16)
-    q8 = torch.randint(-127, 128, (n, k), device=device, dtype=torch.int8)
-    s8 = (torch.rand(n, device=device) * 2e-4 + 1e-4).to(BF16)
-    ops = {
-        "int4_matmul": (
-            lambda x: tq.int4_matmul(x, q4, s4, group),
-            lambda x: ref_quant.int4_matmul(x, q4, s4, group),
-            n * k // 2 + s4.numel() * 2,
-        ),
-        "int8_matmul": (
-            lambda x: tq.int8_matmul(x, q8, s8),
-            lambda x: ref_quant.int8_matmul(x, q8, s8),
-            n * k + n * 2,
-        ),
-    }
-    for m in ms:
-        x = _randn(m, k, device=device)
-        dense_ms = chk.time_ms(lambda x=x: x @ w.T)
-        for name, (fn, ref, weight_bytes) in ops.items():
-            shape = f"M={m} N={n} K={k}" + (f" G={group}" if name == "int4_matmul" else "")
-            chk.case(
-                f"{name} {shape}", _matmul_case, chk, name, shape, fn, ref, x, dense_ms, weight_bytes, n, k
-            )
-
-
-def _matmul_case(
-    chk, name: str, shape: str, fn, ref, x, dense_ms: float, weight_bytes: int, n: int, k: int
-) -> None:
-    m = x.shape[0]
-    got, want = fn(x), ref(x)
-    t = chk.time_ms(lambda: fn(x))
-    extra = {"bf16_matmul_ms": dense_ms, "speedup_vs_bf16": dense_ms / t}
-    if m <= 16:  # decode: bound by the weight read
-        amount = weight_bytes + 2 * m * (k + n)
-        chk.kernel(name, shape, got, want, "reduction", t, amount, "GB/s", "copy_gbps", extra)
-        if name == "int4_matmul":
-            chk.target(
-                f"int4 matmul {shape}", extra["speedup_vs_bf16"], 2.5, "speedup over bf16 torch matmul"
-            )
-    else:
-        chk.kernel(name, shape, got, want, "reduction", t, 2 * m * n * k, "TFLOP/s", "matmul_tflops", extra)
-    print(f"   {'':<22} bf16 torch matmul {dense_ms * 1e3:.1f} us -> x{dense_ms / t:.2f}", flush=True)
 
 
 def small_kernels(chk, device) -> None:

@@ -2,13 +2,15 @@
 
 Perplexity: the reference model (bench/train_reference.py, examples/models/pycoder-tiny) on the first
 --windows windows of --window tokens of its held-out stdlib files (train_reference.heldout_files),
-scored through the engine's prompt_logprobs: fp32, int8, int4 RTN and int4 GPTQ at group 128 and 32.
+scored through the engine's prompt_logprobs: fp32, int8, int4 RTN and int4 GPTQ at group 128 and 32,
+and fp8 (e4m3 weights per output channel, activations rounded to e4m3 per token; on the CPU through
+the exact torch reference, so the figure is the GPU format's).
 GPTQ calibrates on --calibration-rows chunks of the *training* files, written to a Parquet file and
 read back the way `freight quantize --calibration` reads it.
 Weight bytes: the decoder Linear weights of each checkpoint (scales included) against their bf16 size.
 Speed: CPU decode tokens/s at batch 1, 8, 32 (short prompts, --decode-tokens new tokens each, greedy,
-ignore_eos), fp32 vs on-the-fly int8 vs int4, on the reference model and on a bigger random model
-(--big-hidden) where the weights, not the per-step overhead, dominate.
+ignore_eos), fp32 vs on-the-fly int8 vs int4 vs fp8, on the reference model and on a bigger random
+model (--big-hidden) where the weights, not the per-step overhead, dominate.
 
     .venv/bin/python bench/quant_quality.py                  # everything, prints the tables
     .venv/bin/python bench/quant_quality.py --speed none     # perplexity and bytes only (speed: quant_speed.py)
@@ -116,6 +118,7 @@ def quality(args: argparse.Namespace) -> None:
         ("int4-gptq g128", "int4-gptq", 128),
         ("int4-rtn g32", "int4-rtn", 32),
         ("int4-gptq g32", "int4-gptq", 32),
+        ("fp8 e4m3", "fp8", 128),
     ):
         out = work / name.replace(" ", "-")
         secs = quantize(args.model, out, method, group, calib if "gptq" in method else None)

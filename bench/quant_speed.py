@@ -1,4 +1,5 @@
-"""CPU speed of freight's weight-only quantized Linears and of the engine decoding with them.
+"""CPU speed of freight's quantized Linears (int8 / int4 weight-only, fp8 through its exact CPU
+reference) and of the engine decoding with them.
 
 Used by bench/quant_quality.py (which prints these tables after the quality ones); times are CPU
 time (thread or process), which other tenants of a shared machine do not inflate.
@@ -85,7 +86,7 @@ def decode_speed(model_dir: Path, label: str, new_tokens: int, batches: tuple[in
           "tokens/s wall | tokens per CPU-second")
     print(f"{'weights':8} " + " ".join(f"{f'batch {b}':>17}" for b in batches))
     results: dict[str, list[float]] = {}
-    for quant in (None, "int8", "int4"):
+    for quant in (None, "int8", "int4", "fp8"):
         engine = cpu_engine(model_dir, quant)
         params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
         engine.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=2, ignore_eos=True))  # warm up
@@ -99,27 +100,28 @@ def decode_speed(model_dir: Path, label: str, new_tokens: int, batches: tuple[in
         results[quant or "fp32"] = cpus
         print(f"{quant or 'fp32':8} " + " ".join(f"{w:8.1f} |{c:7.1f}" for w, c in zip(walls, cpus, strict=True)),
               flush=True)
-    for quant in ("int8", "int4"):
+    for quant in ("int8", "int4", "fp8"):
         ratios = [q / f for q, f in zip(results[quant], results["fp32"], strict=True)]
         print(f"{quant} / fp32 per CPU-second: "
               + "  ".join(f"batch {b}: {r:.2f}x" for b, r in zip(batches, ratios, strict=True)))
 
 
 def matmul_speed(shapes: tuple[tuple[int, int], ...], batches: tuple[int, ...]) -> None:
-    """One Linear (fp32 activations) per weight format: nn.Linear fp32 vs Int8Linear vs Int4Linear (G 128).
+    """One Linear (fp32 activations) per weight format: nn.Linear fp32 vs Int8Linear vs Int4Linear (G 128)
+    vs Fp8Linear (the CPU's exact reference path).
 
     One thread, timed in that thread's CPU time (time.thread_time): on a shared machine wall time
     mostly measures the other tenants, CPU time measures the kernel.
     """
-    from worker.engine.quant import Int4Linear, Int8Linear
+    from worker.engine.quant import Fp8Linear, Int4Linear, Int8Linear
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     print("\nCPU Linear microseconds per call (thread CPU time), fp32 activations, 1 thread")
-    print(f"{'N x K':12} {'M':>3} {'fp32':>9} {'int8':>9} {'int4':>9} {'int8 x':>7} {'int4 x':>7}")
+    print(f"{'N x K':12} {'M':>3} {'fp32':>9} {'int8':>9} {'int4':>9} {'fp8':>9} {'int8 x':>7} {'int4 x':>7} {'fp8 x':>7}")
     for n, k in shapes:
         dense = torch.nn.Linear(k, n, bias=False).requires_grad_(False)
-        mods = (dense, Int8Linear.from_linear(dense), Int4Linear.from_linear(dense, 128))
+        mods = (dense, Int8Linear.from_linear(dense), Int4Linear.from_linear(dense, 128), Fp8Linear.from_linear(dense))
         for m in batches:
             x = torch.randn(m, k)
             us = []
@@ -132,8 +134,8 @@ def matmul_speed(shapes: tuple[tuple[int, int], ...], batches: tuple[int, ...]) 
                         reps += 1
                     us.append((time.thread_time() - t0) / reps * 1e6)
             print(
-                f"{f'{n} x {k}':12} {m:3d} {us[0]:9.0f} {us[1]:9.0f} {us[2]:9.0f} "
-                f"{us[0] / us[1]:6.2f}x {us[0] / us[2]:6.2f}x",
+                f"{f'{n} x {k}':12} {m:3d} {us[0]:9.0f} {us[1]:9.0f} {us[2]:9.0f} {us[3]:9.0f} "
+                f"{us[0] / us[1]:6.2f}x {us[0] / us[2]:6.2f}x {us[0] / us[3]:6.2f}x",
                 flush=True,
             )
     torch.set_num_threads(threads)

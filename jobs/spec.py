@@ -46,7 +46,7 @@ class JobSpec(BaseModel):
     instance_type: str = Field("cpu-local", min_length=1, description="a key of the price table")
     market: Literal["on-demand", "spot"] = "on-demand"
     price_per_hour: float | None = Field(None, ge=0.0, description="USD per hour; overrides the table")
-    quantization: Literal["int8", "int4"] | None = None
+    quantization: Literal["int8", "int4", "fp8"] | None = None
 
     @field_validator("input", "model", "output")
     @classmethod

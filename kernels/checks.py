@@ -119,3 +119,19 @@ def check_out(name: str, out: torch.Tensor | None, shape: Sequence[int], like: t
     check_shape(name, out, shape)
     check_same_device(**{name: out, "input": like})
     check_writable(name, out)
+
+
+FP8_MIN_CAPABILITY = (8, 9)  # torch._scaled_mm's e4m3 kernels: Ada (8.9), Hopper (9.0) and newer
+
+
+def check_fp8_capability(device: torch.device) -> None:
+    """`device` is a CUDA GPU whose tensor cores multiply float8 (compute capability >= 8.9)."""
+    if device.type != "cuda":
+        raise ValueError(f"fp8 matmuls (torch._scaled_mm) need a CUDA GPU, got {device}; use the torch reference")
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < FP8_MIN_CAPABILITY:
+        raise ValueError(
+            f"fp8 matmuls (torch._scaled_mm) need an NVIDIA GPU of compute capability 8.9 or newer "
+            f"(Ada: L4, L40S, RTX 4090; Hopper: H100, H200; Blackwell); {torch.cuda.get_device_name(device)} "
+            f"({device}) is {major}.{minor}: use int8 or int4 weights on it"
+        )

@@ -37,7 +37,11 @@ InstanceTypeOpt = Annotated[str, typer.Option(help="a key of the price table")]
 MarketOpt = Annotated[str, typer.Option(help="on-demand or spot")]
 PricePerHourOpt = Annotated[float | None, typer.Option(help="USD per hour; overrides the price table")]
 PricesOpt = Annotated[Path | None, typer.Option(help="a price table TOML instead of the shipped one")]
-QuantizationOpt = Annotated[str | None, typer.Option(help="int8 or int4: quantize the weights at load")]
+QuantizationOpt = Annotated[
+    str | None,
+    typer.Option(help="int8, int4 or fp8 (GPUs of compute capability 8.9+: L4, L40S, H100, H200): "
+                 "quantize the weights at load"),
+]
 DeadlineOpt = Annotated[
     str | None,
     typer.Option(

@@ -1,4 +1,5 @@
-"""`freight quantize`: write an int8 / int4 (RTN or GPTQ) weight-only quantized checkpoint folder."""
+"""`freight quantize`: write an int8 / int4 (RTN or GPTQ) weight-only or an fp8 (e4m3) quantized
+checkpoint folder."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import typer
 
 from jobs.cli.run import fail
 
-METHODS = ("int8", "int4-rtn", "int4-gptq")
+METHODS = ("int8", "int4-rtn", "int4-gptq", "fp8")
 
 
 def quantize(
     model: Path = typer.Argument(..., help="full-precision Hugging Face checkpoint folder (safetensors)"),
-    method: str = typer.Option(..., "--method", help="int8 | int4-rtn | int4-gptq"),
+    method: str = typer.Option(..., "--method", help="int8 | int4-rtn | int4-gptq | fp8"),
     output: Path = typer.Option(..., "--output", help="folder to create for the quantized checkpoint"),
     group_size: int = typer.Option(128, "--group-size", help="int4 group size along K: 32, 64 or 128"),
     calibration: Path | None = typer.Option(None, "--calibration",
@@ -26,7 +27,9 @@ def quantize(
 ) -> None:
     """Quantize MODEL's decoder Linear weights into a checkpoint Engine.from_pretrained and `freight run
     --model` load. int8: per output channel; int4: group-wise; both symmetric. GPTQ needs
-    --calibration (e.g. a sample of the job's own dataset)."""
+    --calibration (e.g. a sample of the job's own dataset). fp8: e4m3 weights with one fp32 scale
+    per output channel, activations quantized per token at run time (GPUs of compute capability
+    8.9+: L4, L40S, H100, H200; the CPU runs it exactly but at fp32 speed)."""
     # torch and the engine are imported here, not at module level: jobs/ stays light.
     from worker.engine.quant.calibration import read_calibration_texts
     from worker.engine.quant.checkpoint import QuantizeSpec, quantize_checkpoint
@@ -48,7 +51,7 @@ def quantize(
         raise fail(str(e)) from e
     ratio = sizes["linear_bytes_after"] / max(sizes["linear_bytes_before"], 1)
     typer.echo(f"wrote {output}: {method}"
-               f"{'' if method == 'int8' else f' group {group_size}'}, decoder Linear weights "
+               f"{f' group {group_size}' if method.startswith('int4') else ''}, decoder Linear weights "
                f"{sizes['linear_bytes_before'] / 2**20:.2f} MiB -> {sizes['linear_bytes_after'] / 2**20:.2f} MiB "
                f"({ratio:.1%}, scales included)")
 

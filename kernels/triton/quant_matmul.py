@@ -4,7 +4,9 @@ The weight tile is loaded packed (1 byte per int8 weight, 1 byte per two int4 we
 into x's dtype in registers and fed to tl.dot; nothing dequantized ever reaches memory. Decode
 (small M) is bound by reading the weight once, so it uses narrow N tiles and splits K across
 programs to fill the GPU; prefill (large M) is compute bound and uses 128x128 tiles.
-Same signatures as kernels/reference/quant_matmul.py.
+Same signatures as kernels/reference/quant_matmul.py. The smallest M (decode at batch 1-4) goes to
+the GEMV-shaped kernels of quant_gemv.py instead; `config` picks a kernel explicitly: a
+MatmulConfig this file's, a GemvConfig the GEMV (M <= 16).
 
 Integers become floats through fp32 (int -> fp32 -> x's dtype): exact for |q| <= 127, and Triton
 3.9's interpreter turns a direct int -> bf16 cast into garbage (bit patterns, not values).
@@ -24,6 +26,7 @@ from kernels.checks import (
     check_tensor,
 )
 from kernels.triton.launch import check_launchable, dot, dot_upcast, num_sms
+from kernels.triton.quant_gemv import INT4_GEMV_MAX_M, INT8_GEMV_MAX_M, GemvConfig, int4_gemv, int8_gemv
 
 
 @triton.jit
@@ -220,7 +223,10 @@ def _launch(
 
 
 def int8_matmul(
-    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, config: MatmulConfig | None = None
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    config: MatmulConfig | GemvConfig | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ (qweight int8 [N, K] * scales [N, None]).T -> [M, N] in x's dtype."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
@@ -234,6 +240,8 @@ def int8_matmul(
     check_launchable(_int8_matmul_kernel, check_same_device(x=x, qweight=qweight, scales=scales))
     if m == 0 or n == 0 or k == 0:  # nothing to launch (K = 0: zeros, as the reference)
         return x.new_zeros((m, n))
+    if isinstance(config, GemvConfig) or (config is None and m <= INT8_GEMV_MAX_M):
+        return int8_gemv(x, qweight, scales, config)
     cfg = config or choose_config(m, n, k, x.device)
     return _launch(_int8_matmul_kernel, x, qweight, scales, n, k, cfg, ())
 
@@ -243,7 +251,7 @@ def int4_matmul(
     qweight: torch.Tensor,
     scales: torch.Tensor,
     group_size: int,
-    config: MatmulConfig | None = None,
+    config: MatmulConfig | GemvConfig | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ dequant(qweight uint8 [N, K // 2], scales [N, K // G]).T -> [M, N] in x's dtype."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
@@ -260,6 +268,8 @@ def int4_matmul(
     check_launchable(_int4_matmul_kernel, check_same_device(x=x, qweight=qweight, scales=scales))
     if m == 0 or n == 0 or k == 0:  # nothing to launch (K = 0: zeros, as the reference)
         return x.new_zeros((m, n))
+    if isinstance(config, GemvConfig) or (config is None and m <= INT4_GEMV_MAX_M):
+        return int4_gemv(x, qweight, scales, group_size, config)
     cfg = config or choose_config(m, n, k, x.device, group=group_size)
     if group_size % cfg.block_k or cfg.block_k < 32:
         raise ValueError(f"block_k ({cfg.block_k}) must divide group_size ({group_size}) and be >= 32")

@@ -253,7 +253,8 @@ def test_openai_batch_jsonl_round_trips_custom_id(tmp_path: Path, demo_model_dir
     assert rows["req-d"]["finish_reason"] == "error" and "messages" in rows["req-d"]["error"]
 
 
-def test_quantized_run(tmp_path: Path, demo_model_dir: Path) -> None:
+@pytest.mark.parametrize("quantization", ["int8", "fp8"])
+def test_quantized_run(tmp_path: Path, demo_model_dir: Path, quantization: str) -> None:
     data = write_parquet(prompts_table(4, bad=False), tmp_path / "in.parquet")
     out = tmp_path / "out"
     code, output = invoke(
@@ -267,12 +268,12 @@ def test_quantized_run(tmp_path: Path, demo_model_dir: Path) -> None:
             "--max-tokens",
             "2",
             "--quantization",
-            "int8",
+            quantization,
         ]
     )
     assert code == 0, output
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["spec"]["quantization"] == "int8"
+    assert manifest["spec"]["quantization"] == quantization
     rows = ds.dataset(out / "shards", format="parquet", exclude_invalid_files=True).to_table().to_pylist()
     assert len(rows) == 4 and all(r["error"] is None and r["completion_tokens"] >= 1 for r in rows)
 

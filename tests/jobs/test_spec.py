@@ -20,6 +20,7 @@ def test_job_id_is_stable_and_depends_on_every_field() -> None:
     assert len(a.job_id) == 16 and int(a.job_id, 16) >= 0
     assert a.job_id != _spec(sampling=SamplingSpec(max_tokens=9)).job_id
     assert a.job_id != _spec(sampling=SamplingSpec(max_tokens=8), quantization="int8").job_id
+    assert _spec(quantization="fp8").job_id not in (a.job_id, _spec(quantization="int8").job_id)
     assert _spec(output="out/").job_id == _spec(output="out").job_id  # trailing slash is not a new job
 
 

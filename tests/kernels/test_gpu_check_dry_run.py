@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = {"paged_decode_attention", "prefill_attention", "int4_matmul", "int8_matmul", "store_kv_cache",
-           "rms_norm+residual", "apply_rotary"}
+           "rms_norm+residual", "apply_rotary", "int4_gemv", "int4_dot", "int8_gemv", "int8_dot", "fp8_matmul"}
 
 
 def _dry_run(tmp_path: Path, *flags: str) -> dict:
@@ -28,7 +28,15 @@ def test_dry_run_kernels(tmp_path: Path) -> None:
     assert set(report["ceilings"]) == {"copy_gbps", "matmul_tflops"}
     assert {k["name"] for k in report["kernels"]} == KERNELS
     assert all(k["ok"] and k["rel_err"] <= k["bound"] and k["median_ms"] > 0 for k in report["kernels"])
-    assert {t["name"].split(" ")[0] for t in report["targets"]} == {"paged", "prefill", "int4"}
+    assert {t["name"].split(" ")[0] for t in report["targets"]} == {"paged", "prefill", "int4", "int8", "fp8"}
+    # decode M: the wrappers' choice and both kernels forced, each against bf16 and the roofline
+    decode = [k for k in report["kernels"] if k["name"].startswith(("int4", "int8", "fp8")) and k["unit"] == "GB/s"]
+    assert {(k["name"], k["shape"].split()[0]) for k in decode} >= {
+        (f"int{b}_{kind}", f"M={m}") for b in (4, 8) for kind in ("matmul", "gemv", "dot") for m in (1, 2, 3, 16)
+    }
+    assert all(k["speedup_vs_bf16"] > 0 and k["of_roofline"] > 0 and k["timing"] == "cuda graph" for k in decode)
+    fp8 = [t for t in report["targets"] if t["name"].startswith("fp8")]
+    assert [t["goal"] for t in fp8] == [1.6] and "M=70" in fp8[0]["name"]
 
 
 @pytest.mark.slow
@@ -36,6 +44,7 @@ def test_dry_run_everything(tmp_path: Path) -> None:
     report = _dry_run(tmp_path)
     assert report["errors"] == []
     assert all("error" not in row for row in report["sweep"])
+    assert {row["kernel"] for row in report["sweep"]} >= {"int4_gemv", "int8_gemv", "int4_matmul"}
     engine = report["engine"]
     assert engine["runs"]["triton"]["errors"] == 0
     assert engine["same_greedy_outputs"] == engine["runs"]["triton"]["requests"]

@@ -39,6 +39,19 @@ def test_int4_gptq_from_a_parquet_column_loads_and_generates(reference_model: Pa
     assert len(res.token_ids) == 4
 
 
+def test_fp8_checkpoint_from_the_command_line(reference_model: Path, tmp_path: Path) -> None:
+    from worker.engine.quant import Fp8Linear
+
+    out = tmp_path / "fp8"
+    result = _quantize(str(reference_model), "--method", "fp8", "--output", str(out))
+    assert result.exit_code == 0, result.output
+    assert "fp8, decoder Linear weights" in " ".join(result.output.split())
+    engine = Engine.from_pretrained(out, EngineConfig(device="cpu", kv_cache_bytes=8 << 20))
+    assert sum(isinstance(m, Fp8Linear) for m in engine.runner.model.modules()) == 16
+    [res] = engine.generate(["def add(a, b):\n"], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(res.token_ids) == 4
+
+
 @pytest.fixture(scope="module")
 def narrow_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random model whose hidden size (64) no int4 group of 128 divides."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 BACKEND_NAMES = ("auto", "cpu", "torch", "triton")
-QUANTIZATION_METHODS = (None, "int8", "int4")
+QUANTIZATION_METHODS = (None, "int8", "int4", "fp8")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 

@@ -100,7 +100,11 @@ def load_model(model_dir: Path, config: EngineConfig, backend: Backend, max_posi
     if quant_config is not None:
         from worker.engine.quant import prepare_quantized_model
 
-        prepare_quantized_model(model, quant_config)
+        prepare_quantized_model(model, quant_config, config.torch_device)
+    elif config.quantization is not None:
+        from worker.engine.quant import check_quantization
+
+        check_quantization(model, config.quantization, config.torch_device)  # before any weight loads
     model.to_empty(device=config.torch_device)
     model.to(config.torch_dtype)  # floating-point tensors only; packed integer weights keep theirs
     model.tie_weights()

@@ -24,17 +24,18 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from kernels.reference.fp8_matmul import quantize_fp8_rows
 from worker.engine.quant.config import QuantizationConfig
 from worker.engine.quant.formats import check_group_size, pack_int4, quantize_int4, quantize_int8
 from worker.engine.quant.gptq import GPTQConfig, gptq_quantize_int4
 
 log = structlog.get_logger(__name__)
-METHODS = ("int8", "int4-rtn", "int4-gptq")
+METHODS = ("int8", "int4-rtn", "int4-gptq", "fp8")
 
 
 @dataclass(frozen=True)
 class QuantizeSpec:
-    method: str  # "int8" | "int4-rtn" | "int4-gptq"
+    method: str  # "int8" | "int4-rtn" | "int4-gptq" | "fp8" (e4m3 weights, fp32 per-channel scales)
     group_size: int = 128  # int4 only
     damp: float = 0.01  # GPTQ: fraction of mean(diag H) added before inverting
     act_order: bool = False  # GPTQ: visit columns by decreasing Hessian diagonal (static groups)
@@ -43,7 +44,7 @@ class QuantizeSpec:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"unknown quantization method {self.method!r}; use one of {METHODS}")
-        if self.method != "int8":
+        if self.method.startswith("int4"):
             QuantizationConfig(bits=4, group_size=self.group_size)  # validates the group size
         GPTQConfig(group_size=self.group_size, damp=self.damp, act_order=self.act_order)
         if self.max_calibration_tokens < 2:
@@ -51,6 +52,8 @@ class QuantizeSpec:
 
     @property
     def quantization_config(self) -> QuantizationConfig:
+        if self.method == "fp8":
+            return QuantizationConfig(bits=8, weight_format="fp8_e4m3")
         bits = 8 if self.method == "int8" else 4
         return QuantizationConfig(
             bits=bits, group_size=self.group_size, method="gptq" if self.method == "int4-gptq" else "rtn"
@@ -114,29 +117,25 @@ def quantize_checkpoint(
         raise ValueError("int4-gptq needs calibration data: pass --calibration DATA.parquet")
     raw, tensors = _load_all(model_dir)
     targets = linear_weight_names(raw, tensors)
-    if spec.method != "int8":
+    if spec.method.startswith("int4"):
         for name in targets:
             check_group_size(tensors[name].shape[1], spec.group_size, name)
 
     if spec.method == "int4-gptq":
         quantized = _gptq_all(model_dir, targets, tensors, spec, calibration_texts or [])
     else:
-        quantized = {
-            name: (
-                quantize_int8(tensors[name])
-                if spec.method == "int8"
-                else quantize_int4(tensors[name], spec.group_size)
-            )
-            for name in targets
-        }
+        rtn = {"int8": quantize_int8, "fp8": quantize_fp8_rows}.get(
+            spec.method, lambda w: quantize_int4(w, spec.group_size)
+        )
+        quantized = {name: rtn(tensors[name]) for name in targets}
     out_tensors = {k: v for k, v in tensors.items() if k not in targets}
     for name, (qweight, scales) in quantized.items():
         base = name.removesuffix(".weight")
         src_dtype = tensors[name].dtype
         out_tensors[f"{base}.qweight"] = qweight.contiguous()
-        out_tensors[f"{base}.scales"] = scales.to(
-            torch.float32 if src_dtype == torch.float32 else torch.float16
-        ).contiguous()
+        # fp8's scales stay fp32 (what torch._scaled_mm takes; fp16 would flush small ones)
+        keep_fp32 = src_dtype == torch.float32 or spec.method == "fp8"
+        out_tensors[f"{base}.scales"] = scales.to(torch.float32 if keep_fp32 else torch.float16).contiguous()
     raw = dict(raw, quantization_config=spec.quantization_config.to_dict())
     _write_folder(model_dir, output, raw, out_tensors)
     sizes = {

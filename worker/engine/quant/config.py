@@ -8,6 +8,7 @@ from typing import Any
 from worker.engine.quant.formats import INT4_GROUP_SIZES
 
 QUANT_METHODS = ("freight", "gptq")
+WEIGHT_FORMATS = ("int", "fp8_e4m3")  # freight checkpoints at 8 bits: int8 or float8 e4m3 weights
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,8 @@ class QuantizationConfig:
     quant_method: "freight" (freight's own layouts) or "gptq" (the common GPTQ 4-bit format,
     converted to freight's int4 layout when first used).
     bits: 8 (per output channel) or 4 (group-wise along K). group_size: int4 only.
+    weight_format: "int" (int8 / int4) or "fp8_e4m3" (8 bits: e4m3 weights with fp32 per-channel
+    scales, activations quantized per token at run time).
     method: how a freight checkpoint was made ("rtn" | "gptq"); informational at load.
     modules_to_not_convert: Linear names (suffixes) left in full precision; lm_head always is.
     """
@@ -26,6 +29,7 @@ class QuantizationConfig:
     group_size: int = 128
     method: str = "rtn"
     checkpoint_format: str = "gptq"  # gptq only: "gptq" stores zero - 1, "gptq_v2" the zero
+    weight_format: str = "int"
     modules_to_not_convert: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -37,6 +41,11 @@ class QuantizationConfig:
             raise ValueError(
                 f"{self.quant_method} checkpoints with {self.bits} bits are not supported "
                 "(freight: 8 or 4, gptq: 4)"
+            )
+        if self.weight_format not in WEIGHT_FORMATS or (self.weight_format == "fp8_e4m3" and self.bits != 8):
+            raise ValueError(
+                f"weight_format {self.weight_format!r} with {self.bits} bits is not supported; use one of "
+                f"{WEIGHT_FORMATS} ('fp8_e4m3' with bits 8)"
             )
         if self.method not in ("rtn", "gptq"):
             raise ValueError(f"quantization method {self.method!r} is not supported; use 'rtn' or 'gptq'")
@@ -74,6 +83,7 @@ class QuantizationConfig:
                 bits=int(d["bits"]),
                 group_size=int(d.get("group_size", 128)),
                 method=str(d.get("method", "rtn")),
+                weight_format=str(d.get("weight_format", "int")),
                 modules_to_not_convert=tuple(d.get("modules_to_not_convert") or ()),
             )
         raise ValueError(
@@ -90,6 +100,8 @@ class QuantizationConfig:
             "group_size": self.group_size,
             "method": self.method,
         }  # group_size is unused at 8 bits
+        if self.weight_format != "int":
+            out["weight_format"] = self.weight_format
         if self.modules_to_not_convert:
             out["modules_to_not_convert"] = list(self.modules_to_not_convert)
         return out

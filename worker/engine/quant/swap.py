@@ -14,16 +14,18 @@ from __future__ import annotations
 from typing import Any
 
 import structlog
+import torch
 from torch import nn
 
 from worker.engine.quant.config import QuantizationConfig
 from worker.engine.quant.formats import INT4_GROUP_SIZES, check_group_size
+from worker.engine.quant.fp8 import Fp8Linear, check_fp8_device, check_fp8_shape
 from worker.engine.quant.gptq_format import GPTQInt4Linear
 from worker.engine.quant.linear import Int4Linear, Int8Linear
 
 log = structlog.get_logger(__name__)
 SKIPPED = ("lm_head",)
-ON_THE_FLY_METHODS = ("int8", "int4")
+ON_THE_FLY_METHODS = ("int8", "int4", "fp8")
 
 
 def decoder_linears(model: nn.Module, skip: tuple[str, ...] = ()) -> list[tuple[str, nn.Linear]]:
@@ -55,52 +57,67 @@ def _empty_quantized(linear: nn.Linear, cfg: QuantizationConfig) -> nn.Module:
             w.device,
             cfg.checkpoint_format,
         )
+    if cfg.weight_format == "fp8_e4m3":
+        return Fp8Linear(linear.in_features, linear.out_features, bias, w.dtype, w.device)
     if cfg.bits == 8:
         return Int8Linear(linear.in_features, linear.out_features, bias, w.dtype, w.device)
     return Int4Linear(linear.in_features, linear.out_features, cfg.group_size, bias, w.dtype, w.device)
 
 
-def prepare_quantized_model(model: nn.Module, quantization_config: dict[str, Any]) -> None:
+def prepare_quantized_model(
+    model: nn.Module, quantization_config: dict[str, Any], device: torch.device | None = None
+) -> None:
     """Swap decoder Linears for modules that load the checkpoint described by `quantization_config`.
+    `device`: where the model will run (the model itself is still on the meta device), for the
+    checks that depend on it (fp8 needs a recent GPU, or the CPU).
 
-    Raises ValueError (before changing anything) for an unsupported config or a layer whose shape
-    does not fit it.
+    Raises ValueError (before changing anything) for an unsupported config, a device that cannot
+    run it, or a layer whose shape does not fit it.
     """
     cfg = QuantizationConfig.from_dict(quantization_config)
     targets = decoder_linears(model, cfg.modules_to_not_convert)
     if cfg.bits == 4:
         for name, linear in targets:
             _check_int4_shape(name, linear, cfg.group_size)
+    if cfg.weight_format == "fp8_e4m3" and device is not None:
+        _check_fp8(targets, device)
+        if device.type == "cpu":
+            _warn_fp8_on_cpu()
     for name, linear in targets:
         replace_module(model, name, _empty_quantized(linear, cfg))
     log.info(
         "quantized modules prepared",
         quant_method=cfg.quant_method,
         bits=cfg.bits,
+        weight_format=cfg.weight_format,
         group_size=cfg.group_size if cfg.bits == 4 else None,
         modules=len(targets),
     )
 
 
 def quantize_model(model: nn.Module, method: str, group_size: int | None = None) -> None:
-    """Quantize the loaded decoder Linears round-to-nearest: method "int8" or "int4" (group-wise).
+    """Quantize the loaded decoder Linears round-to-nearest: method "int8", "int4" (group-wise) or
+    "fp8" (e4m3 per output channel; activations per token at run time).
 
     group_size None (int4): the largest allowed group (128, then 64, 32) that divides every layer's
     input dimension, so `--quantization int4` works on small models too. Raises ValueError (before
-    changing anything) for an unknown method or a group size that does not divide some layer.
+    changing anything) for an unknown method, a group size that does not divide some layer, or
+    fp8 on a GPU that cannot multiply it.
     """
-    if method not in ON_THE_FLY_METHODS:
-        raise ValueError(f"unknown quantization {method!r}; use one of {ON_THE_FLY_METHODS}")
     targets = decoder_linears(model)
-    if method == "int4":
-        if group_size is None:
-            group_size = _largest_group(targets)
-        for name, linear in targets:
-            _check_int4_shape(name, linear, group_size)
+    device = targets[0][1].weight.device if targets else torch.device("cpu")
+    check_quantization(model, method, device, group_size)
+    if method == "int4" and group_size is None:
+        group_size = _largest_group(targets)
+    if method == "fp8" and device.type == "cpu":
+        _warn_fp8_on_cpu()
     for name, linear in targets:
-        new = (
-            Int8Linear.from_linear(linear) if method == "int8" else Int4Linear.from_linear(linear, group_size)
-        )
+        if method == "int8":
+            new = Int8Linear.from_linear(linear)
+        elif method == "int4":
+            new = Int4Linear.from_linear(linear, group_size)
+        else:
+            new = Fp8Linear.from_linear(linear)
         replace_module(model, name, new)
     log.info(
         "model quantized on the fly",
@@ -108,6 +125,21 @@ def quantize_model(model: nn.Module, method: str, group_size: int | None = None)
         group_size=group_size if method == "int4" else None,
         modules=len(targets),
     )
+
+
+def check_quantization(model: nn.Module, method: str, device: torch.device, group_size: int | None = None) -> None:
+    """What `quantize_model(model, method, group_size)` would refuse, checked on the model as built
+    (the meta device is fine) for the device it will run on, so that a bad `--quantization` fails
+    before the weights load. Raises ValueError."""
+    if method not in ON_THE_FLY_METHODS:
+        raise ValueError(f"unknown quantization {method!r}; use one of {ON_THE_FLY_METHODS}")
+    targets = decoder_linears(model)
+    if method == "int4":
+        group = group_size if group_size is not None else _largest_group(targets)
+        for name, linear in targets:
+            _check_int4_shape(name, linear, group)
+    if method == "fp8":
+        _check_fp8(targets, device)
 
 
 def _largest_group(targets: list[tuple[str, nn.Linear]]) -> int:
@@ -119,3 +151,18 @@ def _largest_group(targets: list[tuple[str, nn.Linear]]) -> int:
 
 def _check_int4_shape(name: str, linear: nn.Linear, group_size: int) -> None:
     check_group_size(linear.in_features, group_size, name)
+
+
+def _warn_fp8_on_cpu() -> None:
+    log.warning(
+        "fp8_on_cpu",
+        detail="no CPU kernel multiplies float8: the exact torch reference runs instead (activations "
+        "rounded to e4m3 per token, the weights' e4m3 values widened to fp32 once), giving the fp8 "
+        "model's outputs at about the fp32 model's speed and memory; int8 is the fast CPU format",
+    )
+
+
+def _check_fp8(targets: list[tuple[str, nn.Linear]], device: torch.device) -> None:
+    check_fp8_device(device)
+    for name, linear in targets:
+        check_fp8_shape(name, linear, device)
