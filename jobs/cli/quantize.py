@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from jobs.cli.run import fail
+from jobs.cli.common import fail
 
 METHODS = ("int8", "int4-rtn", "int4-gptq")
 

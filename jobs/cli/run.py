@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
 
+from jobs.cli.common import fail, resolve_out
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
     IdColumnOpt,
@@ -36,36 +33,6 @@ from jobs.cli.job_options import (
 )
 from jobs.errors import FreightError
 from jobs.settings import get_settings
-
-EXIT_USER_ERROR = 2
-EXIT_INTERRUPTED = 130
-
-
-def fail(message: str, code: int = EXIT_USER_ERROR) -> typer.Exit:
-    """Print one clear line on stderr; return the Exit to raise."""
-    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {message}", soft_wrap=True)
-    return typer.Exit(code)
-
-
-@contextmanager
-def _stop_on_signals() -> Iterator[threading.Event]:
-    """SIGINT / SIGTERM set the event (the shard saves its finished rows); a second SIGINT kills."""
-    stop = threading.Event()
-
-    def handler(signum: int, frame: Any) -> None:
-        if stop.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        stop.set()
-
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def run(
@@ -103,7 +70,7 @@ def run(
 
 def status(out: str = typer.Argument(..., help="the job's OUT (or a distributed job's id)")) -> None:
     """State of a job: shards committed / total, rows, errors."""
-    from jobs.cli.fleet import print_fleet_status, resolve_out
+    from jobs.cli.fleet import print_fleet_status
     from jobs.status import job_status
     from jobs.storage import open_store
     from jobs.tables import status_table

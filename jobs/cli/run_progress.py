@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from jobs.cli.common import EXIT_INTERRUPTED, fail
 from jobs.errors import FreightError
 from jobs.log import get_logger
 from jobs.manifest import SUCCESS_KEY
@@ -16,6 +21,27 @@ from jobs.planner import PreparedJob
 from jobs.settings import Settings
 
 log = get_logger("freight.run")
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """SIGINT / SIGTERM set the event (the shard saves its finished rows); a second SIGINT kills."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop.set()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 class _Counters:
@@ -42,7 +68,6 @@ class _Counters:
 
 def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
     """Run the job; return the exit status (0 done, 130 interrupted, 2 user error)."""
-    from jobs.cli.run import EXIT_INTERRUPTED, _stop_on_signals, fail
     from jobs.status import job_status
     from jobs.tables import cost_table
     from worker.local import run_local
@@ -74,7 +99,7 @@ def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
         configure_logging(
             settings.log_format, "warning" if settings.log_level in ("debug", "info") else settings.log_level
         )
-    with _stop_on_signals() as stop:
+    with stop_on_signals() as stop:
         progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
