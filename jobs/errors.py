@@ -23,6 +23,11 @@ class JobIncompleteError(FreightError):
     """finalize was asked for while shards are still uncommitted."""
 
 
+class StorageError(FreightError):
+    """Object storage cannot be used at all: a missing bucket, no credentials, an unreachable endpoint,
+    access denied. Distinct from ObjectNotFoundError (one key is absent)."""
+
+
 class ObjectNotFoundError(FreightError, KeyError):
     """An object store key does not exist."""
 

@@ -5,7 +5,6 @@ Every check a user can fail runs here, before anything is written under OUT.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ import pyarrow.compute as pc
 
 from jobs import datasets
 from jobs.cost import PriceTable
-from jobs.errors import InputError, ModelNotFoundError, SpecMismatchError
+from jobs.errors import InputError, SpecMismatchError
 from jobs.manifest import (
     COST_KEY,
     MANIFEST_KEY,
@@ -28,6 +27,7 @@ from jobs.manifest import (
     read_manifest,
     write_or_match,
 )
+from jobs.model_check import check_model
 from jobs.settings import Settings
 from jobs.spec import JobSpec
 from jobs.storage import ObjectStore, open_store
@@ -51,6 +51,9 @@ def prepare_job(
 ) -> PreparedJob:
     """Validate, plan, and write OUT/manifest.json (or match the one there). Nothing is written on error."""
     store = open_store(spec.output, settings)
+    root = store.local_path("manifest.json")
+    if root is not None and root.parent.exists() and not root.parent.is_dir():
+        raise InputError(f"output {store.url} is a file: give a folder (created if new) or s3://bucket/prefix")
     if store.exists(MANIFEST_KEY):
         check_same_job(store, read_manifest(store), spec)
     elif store.exists(SUCCESS_KEY) or store.exists(COST_KEY) or store.list("shards/"):
@@ -75,30 +78,6 @@ def plan(spec: JobSpec, settings: Settings | None = None, prices: PriceTable | N
         price_per_hour=pricing.price_per_hour,
         on_demand_price_per_hour=pricing.on_demand_price_per_hour,
     )
-
-
-def check_model(model: str, settings: Settings | None = None) -> None:
-    """A model is a folder or prefix holding a Hugging Face checkpoint: a config.json that parses and
-    safetensors weights. Checked before anything is written; the engine checks the rest at load."""
-    store = open_store(model, settings)
-    if not store.exists("config.json"):
-        raise ModelNotFoundError(
-            f"model {model} has no config.json: give a Hugging Face checkpoint folder "
-            "(`freight demo-model DIR` makes a small one)"
-        )
-    try:
-        config = json.loads(store.get("config.json"))
-    except ValueError as exc:
-        raise ModelNotFoundError(f"model {model}: config.json is not valid JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise ModelNotFoundError(f"model {model}: config.json must hold a JSON object")
-    if not (store.exists("model.safetensors") or store.exists("model.safetensors.index.json")):
-        pickled = store.exists("pytorch_model.bin") or store.exists("pytorch_model.bin.index.json")
-        raise ModelNotFoundError(
-            f"model {model} has no safetensors weights"
-            + (" (only pickle pytorch_model.bin, which freight refuses to load: convert it to "
-               "safetensors)" if pickled else ": expected model.safetensors or model.safetensors.index.json")
-        )
 
 
 def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[InputPlan, pa.ChunkedArray]:

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from jobs.cli.common import fail
+from jobs.errors import FreightError
 
 METHODS = ("int8", "int4-rtn", "int4-gptq")
 
@@ -37,8 +38,12 @@ def quantize(
         raise fail(f"--calibration is used only by int4-gptq, not {method}")
     if calibration_rows < 1:
         raise fail("--calibration-rows must be at least 1")
-    if not (model / "config.json").is_file():
-        raise fail(f"{model} is not a Hugging Face checkpoint folder (no config.json)")
+    from jobs.model_check import check_model
+
+    try:
+        check_model(str(model))  # config, tokenizer, weight headers: one line for a broken model
+    except FreightError as exc:
+        raise fail(str(exc)) from None
     try:
         spec = QuantizeSpec(method=method, group_size=group_size, damp=damp, act_order=act_order)
         texts = (read_calibration_texts(calibration, calibration_column, calibration_rows)

@@ -152,7 +152,7 @@ def demo_model(
 
     try:
         path = make_demo_model(out_dir, arch=arch, size=size)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # OSError: a folder we may not write
         raise fail(str(exc)) from None
     Console(stderr=True).print(f"demo model ({arch}, {size}) written to {path}", soft_wrap=True)
 
