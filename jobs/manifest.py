@@ -69,6 +69,7 @@ class InputPlan(BaseModel):
     prompt_column: str = Field(description="resolved column: the spec's, or 'messages' / JSONL's")
     prompt_kind: Literal["text", "messages"]
     id_column: str | None
+    id_type: Literal["string", "int64"] = Field("string", description="type of the results' id column")
     continuation_column: str | None = None
     override_columns: tuple[str, ...] = Field((), description="per-row sampling columns present")
 

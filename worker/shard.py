@@ -128,7 +128,9 @@ def compute_shard(
         if new:
             store.put(
                 partial_key(shard_index, attempt),
-                datasets.write_result(rows_table(new, likelihood, with_row=True)),
+                datasets.write_result(
+                    rows_table(new, likelihood, with_row=True, id_type=manifest.input.id_type)
+                ),
             )
         attempted = len(pending)
         finished_now = sum(1 for req in pending if req.row in results)

@@ -171,9 +171,8 @@ S3_CASES = {
 def test_s3_problems_are_one_line(
     case: str, command: str, s3_env: Settings, monkeypatch: pytest.MonkeyPatch, demo_model_dir: Path, dataset: Path
 ) -> None:  # fmt: skip
-    from conftest import _free_port
-
     import boto3
+    from conftest import _free_port
 
     out, env, expected = S3_CASES[case]
     out = out.replace("/out", f"/{case.replace(' ', '-')}-{command}/out")
