@@ -54,6 +54,8 @@ class _Counters:
     def add(self, p: Any) -> None:
         self.rows += 1
         self.failed += int(p.failed)
+        if p.failed:  # a refused row (too long, bad input) ran no tokens
+            return
         self.prompt += p.prompt_tokens
         self.cached += p.cached_tokens
         self.completion += p.completion_tokens
