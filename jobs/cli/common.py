@@ -16,13 +16,18 @@ from jobs.settings import get_settings
 
 EXIT_JOB_FAILED = 1
 EXIT_USER_ERROR = 2
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # 128 + SIGINT; a run stopped by SIGTERM exits 128 + 15 = 143
 
 
 def fail(message: str, code: int = EXIT_USER_ERROR) -> typer.Exit:
     """Print one clear line on stderr; return the Exit to raise."""
     Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {message}", soft_wrap=True)
     return typer.Exit(code)
+
+
+def plural(n: int, noun: str) -> str:
+    """`noun` for one, `noun`s otherwise ("1 shard", "3 shards")."""
+    return noun if n == 1 else noun + "s"
 
 
 def _is_out(job_or_out: str) -> bool:

@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from jobs.cli.common import fail, resolve_out
+from jobs.cli.common import fail, plural, resolve_out
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
     IdColumnOpt,
@@ -115,31 +115,57 @@ def _report(store: Any) -> tuple[dict[str, Any], bool]:
 
 
 def results(
-    out: str = typer.Argument(...),
-    head: int = typer.Option(10, help="rows to show"),
-    to: Path | None = typer.Option(None, help="write all results to FILE.parquet or FILE.jsonl"),
+    out: str = typer.Argument(..., metavar="OUT", help="the job's OUT: local folder or s3://bucket/prefix"),
+    head: int = typer.Option(10, metavar="N", help="rows to show"),
+    to: Path | None = typer.Option(
+        None,
+        metavar="FILE",
+        help="write all results to FILE.parquet or FILE.jsonl (an unfinished job: see --partial)",
+    ),
+    partial: bool = typer.Option(
+        False, "--partial", help="with --to: export the committed shards of a job that is not complete"
+    ),
 ) -> None:
-    """Show the first results, or export them all."""
+    """Show the first results, or export them all. --to refuses a job with shards still missing (it
+    says how many) unless --partial is given, which exports what is committed and warns."""
     from jobs import datasets
+    from jobs.finalize import committed_shards
     from jobs.manifest import read_manifest
     from jobs.storage import open_store
     from jobs.tables import results_table
 
+    err = Console(stderr=True, highlight=False)
     try:
         store = open_store(out, get_settings())
-        read_manifest(store)
+        manifest = read_manifest(store)
+        done = committed_shards(store)
+        missing = [s for s in manifest.shards if s.index not in done]
+        gap = (
+            f"{len(missing)} of {len(manifest.shards)} {plural(len(manifest.shards), 'shard')} "
+            f"({sum(s.rows for s in missing):,} of {manifest.input.rows:,} rows) have no results yet"
+        )
         if to is None:
             Console().print(results_table(datasets.read_results(store, head=head)))
+            if missing:
+                err.print(f"note: job {manifest.job_id} is not complete: {gap}", soft_wrap=True)
             return
         if to.suffix not in (".parquet", ".jsonl"):
             raise FreightError(f"--to {to}: give a .parquet or .jsonl file name")
+        if missing and not partial:
+            raise FreightError(
+                f"job {manifest.job_id} is not complete: {gap}; wait for it (`freight status {out}`), or "
+                "pass --partial to export the committed rows only"
+            )
         table = datasets.read_results(store)
-        to.write_bytes(
-            datasets.write_result(table) if to.suffix == ".parquet" else datasets.write_jsonl(table)
-        )
+        data = datasets.write_result(table) if to.suffix == ".parquet" else datasets.write_jsonl(table)
+        tmp = to.with_name(f".{to.name}.tmp")
+        tmp.write_bytes(data)
+        tmp.replace(to)  # a reader never sees a half-written export
     except (FreightError, ValueError, OSError) as exc:  # ValueError: a malformed URL; OSError: --to
         raise fail(str(exc)) from None
-    Console(stderr=True).print(f"wrote {table.num_rows:,} rows to {to}", soft_wrap=True)
+    if missing:
+        err.print(f"[bold yellow]warning:[/] partial export: {gap}", soft_wrap=True)
+    err.print(f"wrote {table.num_rows:,} rows to {to}", soft_wrap=True)
 
 
 def demo_model(
