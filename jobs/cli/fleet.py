@@ -187,14 +187,19 @@ def cancel(job_or_out: str = typer.Argument(..., help="job id or OUT")) -> None:
     """Cancel: running shards stop at their next engine step, queued ones are skipped, committed stay."""
     from jobs.client import FleetClient
     from jobs.markers import write_cancel
+    from jobs.status import finished_state
     from jobs.storage import open_store
 
     settings = get_settings()
     try:
         job_id, out = resolve_job(job_or_out)
+        store = open_store(out, settings)
+        ended = finished_state(store)
     except FreightError as exc:
         raise fail(str(exc)) from None
-    write_cancel(open_store(out, settings), job_id)  # durable: outlives Redis
+    if ended is not None:  # _CANCELLED beside _SUCCESS or failures.json would contradict them
+        raise fail(f"job {job_id} already {ended}: there is nothing to cancel ({out})")
+    write_cancel(store, job_id)  # durable: outlives Redis
     client = FleetClient(settings, retry_for_s=5.0)
     try:
         client.cancel(job_id=job_id)
