@@ -142,5 +142,6 @@ def check_same_job(store: ObjectStore, existing: Manifest, spec: JobSpec) -> Non
         raise SpecMismatchError(
             f"{store.url} holds another job ({existing.job_id}); differences: "
             + "; ".join(differences)
-            + ". Use a new --output or rerun with the same options."
+            + ". Use a new --output or rerun with the same options.",
+            tuple(existing.spec.diff_items(spec)),
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import typer
 from rich.console import Console
@@ -68,7 +68,9 @@ def run(
         raise typer.Exit(code)
 
 
-def status(out: str = typer.Argument(..., help="the job's OUT (or a distributed job's id)")) -> None:
+def status(
+    out: str = typer.Argument(..., metavar="OUT", help="the job's OUT (or a distributed job's id)"),
+) -> None:
     """State of a job: shards committed / total, rows, errors."""
     from jobs.cli.fleet import print_fleet_status
     from jobs.status import job_status
@@ -85,7 +87,8 @@ def status(out: str = typer.Argument(..., help="the job's OUT (or a distributed 
 
 
 def cost(
-    out: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json", help="raw cost.json")
+    out: str = typer.Argument(..., metavar="OUT", help="the job's OUT: local folder or s3://bucket/prefix"),
+    as_json: bool = typer.Option(False, "--json", help="print cost.json as it is"),
 ) -> None:
     """The job's cost report (a provisional one, marked so, while shards are still running)."""
     from jobs.storage import open_store
@@ -169,9 +172,11 @@ def results(
 
 
 def demo_model(
-    out_dir: Path = typer.Argument(..., help="folder to write the checkpoint into"),
-    arch: str = typer.Option("llama", help="llama, qwen2 or qwen3"),
-    size: str = typer.Option("tiny", help="tiny, small or medium"),
+    out_dir: Path = typer.Argument(..., metavar="DIR", help="new or empty folder to write the checkpoint into"),
+    arch: Literal["llama", "qwen2", "qwen3"] = typer.Option("llama", help="architecture of the checkpoint"),
+    size: Literal["tiny", "small", "medium"] = typer.Option(
+        "tiny", help="tiny ~0.2M, small ~4M, medium ~30M parameters"
+    ),
 ) -> None:
     """Write a small random Hugging Face checkpoint + tokenizer (for trying freight without a model hub)."""
     from worker.demo_model import make_demo_model

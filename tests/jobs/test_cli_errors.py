@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pyarrow as pa
@@ -64,7 +65,7 @@ def _case(tmp_path: Path, demo_model_dir: Path, dataset: Path, case: str) -> tup
         }[case]
         return [str(dataset), "--model", str(broken), "--output", out], expected
     if case == "bad option":
-        return [str(dataset), "--model", model, "--output", out, "--max-tokens", "0"], "max_tokens"
+        return [str(dataset), "--model", model, "--output", out, "--max-tokens", "0"], "--max-tokens 0: input should be greater than or equal to 1"
     if case == "unknown instance type":
         return [
             str(dataset),
@@ -136,7 +137,7 @@ def test_out_of_another_job_is_refused_naming_the_difference(
         ["run", str(dataset), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "5"]
     )
     assert code == 2
-    assert "sampling.max_tokens: 4 != 5" in output and len(output.strip().splitlines()) == 1
+    assert "--max-tokens was 4, now 5" in output and len(output.strip().splitlines()) == 1
     assert (
         sorted(p.name for p in out.iterdir()) == before and (out / "manifest.json").read_bytes() == manifest
     )
@@ -146,6 +147,12 @@ def test_out_of_another_job_is_refused_naming_the_difference(
 def test_status_of_a_folder_without_a_job(tmp_path: Path) -> None:
     code, output = _run(["status", str(tmp_path)])
     assert code == 2 and "holds no freight job" in output
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _one_error_line(code: int, output: str, expected: str) -> None:
@@ -172,7 +179,6 @@ def test_s3_problems_are_one_line(
     case: str, command: str, s3_env: Settings, monkeypatch: pytest.MonkeyPatch, demo_model_dir: Path, dataset: Path
 ) -> None:  # fmt: skip
     import boto3
-    from conftest import _free_port
 
     out, env, expected = S3_CASES[case]
     out = out.replace("/out", f"/{case.replace(' ', '-')}-{command}/out")
