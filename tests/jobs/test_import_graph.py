@@ -96,3 +96,19 @@ def test_no_import_circles() -> None:
 
 def test_the_checker_sees_a_lazy_circle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_jobs_imports_neither_torch_nor_worker_at_module_level() -> None:
+    """Every module of jobs/ imported (the CLI included): torch, worker/ and kernels/ stay unloaded;
+    commands that run work in process import them inside the command."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib, pkgutil, sys, jobs\n"
+        "for m in pkgutil.walk_packages(jobs.__path__, 'jobs.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "bad = sorted(n for n in sys.modules if n == 'torch' or n.startswith(('torch.', 'worker', 'kernels')))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
