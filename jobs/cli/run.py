@@ -162,8 +162,11 @@ def results(
         table = datasets.read_results(store)
         data = datasets.write_result(table) if to.suffix == ".parquet" else datasets.write_jsonl(table)
         tmp = to.with_name(f".{to.name}.tmp")
-        tmp.write_bytes(data)
-        tmp.replace(to)  # a reader never sees a half-written export
+        try:
+            tmp.write_bytes(data)
+            tmp.replace(to)  # a reader never sees a half-written export
+        finally:
+            tmp.unlink(missing_ok=True)
     except (FreightError, ValueError, OSError) as exc:  # ValueError: a malformed URL; OSError: --to
         raise fail(str(exc)) from None
     if missing:
