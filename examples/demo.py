@@ -22,10 +22,11 @@ from demo_data import make_demo_dataset  # noqa: E402
 from jobs.cli import app  # noqa: E402
 
 TRAINED_MODEL = HERE / "models" / "pycoder-tiny"
-# Sampling that suits a model this small: greedy decoding falls into loops it cannot leave
-# (a line repeated to the end), so sample, from the likeliest 90% of the mass at a moderate
-# temperature. Each row is seeded from the job seed and its id, so a rerun prints the same text.
-TEMPERATURE = "0.7"
+# Sampling that suits a model this small: greedy decoding repeats itself (every docstring the same
+# sentence), a temperature of 0.7 breaks the syntax; 0.4 over the likeliest 90% of the mass reads
+# best (measured over the 32 demo prompts). Each row is seeded from the job seed and its id, so a
+# rerun prints the same text.
+TEMPERATURE = "0.4"
 TOP_P = "0.9"
 SHOWN_IN_FULL = ("fn-00", "fn-13", "code-01")
 
@@ -61,10 +62,11 @@ def show_in_full(out: Path, dataset: Path, ids: tuple[str, ...]) -> None:
     prompts = {r["id"]: r["prompt"] for r in pq.read_table(dataset).to_pylist()}
     rows = pads.dataset(out / "shards", format="parquet", exclude_invalid_files=True).to_table()
     completions = {r["id"]: r["completion"] for r in rows.to_pylist()}
+    bold, plain = ("\033[1m", "\033[0m") if sys.stdout.isatty() else ("", "")
     for row_id in ids:
         if row_id in completions:
             print(f"--- {row_id}: the prompt, then what the model wrote after it ---")
-            print(prompts[row_id] + "\033[1m" + (completions[row_id] or "") + "\033[0m\n", flush=True)
+            print(f"{prompts[row_id]}{bold}{completions[row_id] or ''}{plain}\n", flush=True)
 
 
 def main() -> None:
