@@ -82,10 +82,13 @@ class ShardRecord(BaseModel):
     rows: int
     rows_failed: int
     rows_from_partial: int = Field(0, description="rows reused from an interrupted attempt")
+    # tokens of the rows that ran (a row refused with an error, e.g. too long, counts none)
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
     busy_seconds: float = Field(description="engine busy time in this attempt")
+    prefill_seconds: float = Field(0.0, description="of busy_seconds, the prefill share (EngineStats)")
+    decode_seconds: float = Field(0.0, description="of busy_seconds, the decode share")
     load_seconds: float = Field(description="model load time charged to this shard")
     wall_seconds: float = Field(description="shard start to commit on the worker")
     billed_seconds: float
@@ -134,6 +137,24 @@ def _per_million(cost: float, tokens: int) -> float | None:
     return cost / tokens * 1e6 if tokens else None
 
 
+def split_cost(
+    cost: float, prefill_seconds: float, decode_seconds: float, computed_prompt: int, completion: int
+) -> tuple[float, float]:
+    """(input, output) parts of `cost`, by each side's share of engine time: prefill time prices the
+    input tokens, decode time the output tokens. Time outside the engine (model load, reading,
+    writing) is shared the same way. Records without the time split (written before it existed)
+    fall back to the computed tokens of each side: prompt tokens not served from the cache, and
+    completion tokens."""
+    engine = prefill_seconds + decode_seconds
+    if engine > 0:
+        share = prefill_seconds / engine
+    elif computed_prompt + completion > 0:
+        share = computed_prompt / (computed_prompt + completion)
+    else:
+        share = 1.0
+    return cost * share, cost * (1.0 - share)
+
+
 def build_report(
     job_id: str,
     shards: list[ShardRecord],
@@ -151,11 +172,14 @@ def build_report(
     cached = sum(r.cached_tokens for r in shards)
     completion = sum(r.completion_tokens for r in shards)
     busy = sum(r.busy_seconds for r in shards)
+    prefill_s = sum(r.prefill_seconds for r in shards)
+    decode_s = sum(r.decode_seconds for r in shards)
     billed = sum(r.billed_seconds for r in shards) + sum(a.billed_seconds for a in attempts)
     cost = sum(r.cost_usd for r in shards) + sum(a.cost_usd for a in attempts)
     on_demand = sum(r.on_demand_cost_usd for r in shards) + sum(a.on_demand_cost_usd for a in attempts)
     types = Counter(r.instance_type for r in shards) or Counter([default_instance_type])
     markets = {r.market for r in shards} or {default_market}
+    input_cost, output_cost = split_cost(cost, prefill_s, decode_s, prompt - cached, completion)
     return {
         "job_id": job_id,
         "rows": sum(r.rows for r in shards),
@@ -164,6 +188,8 @@ def build_report(
         "cached_tokens": cached,
         "completion_tokens": completion,
         "busy_seconds": busy,
+        "prefill_seconds": prefill_s,
+        "decode_seconds": decode_s,
         "load_seconds": sum(r.load_seconds for r in shards),
         "billed_seconds": billed,
         "wall_seconds": max(0.0, finished_at - started_at),
@@ -172,8 +198,11 @@ def build_report(
         # effective price: what the billed seconds cost per hour (the table price on one instance type)
         "price_per_hour": cost / billed * 3600.0 if billed else default_price_per_hour,
         "cost_usd": cost,
-        "usd_per_million_input_tokens": _per_million(cost, prompt),
-        "usd_per_million_output_tokens": _per_million(cost, completion),
+        # the cost split by engine time (split_cost); each side per million of its tokens
+        "input_cost_usd": input_cost,
+        "output_cost_usd": output_cost,
+        "usd_per_million_input_tokens": _per_million(input_cost, prompt),
+        "usd_per_million_output_tokens": _per_million(output_cost, completion),
         "tokens_per_second": (prompt + completion) / busy if busy else None,
         "cache_hit_rate": cached / prompt if prompt else 0.0,
         "on_demand_cost_usd": on_demand,

@@ -37,8 +37,12 @@ LIKELIHOOD_FIELDS = [
 OVERRIDE_COLUMNS = ("max_tokens", "temperature", "top_p", "seed")
 
 
-def result_schema(likelihood: bool) -> pa.Schema:
-    return pa.schema(list(RESULT_SCHEMA) + (LIKELIHOOD_FIELDS if likelihood else []))
+def result_schema(likelihood: bool, id_type: str = "string") -> pa.Schema:
+    """The result columns; `id` is int64 when the input's ids are integers (InputPlan.id_type)."""
+    fields = list(RESULT_SCHEMA) + (LIKELIHOOD_FIELDS if likelihood else [])
+    if id_type == "int64":
+        fields[0] = pa.field("id", pa.int64(), nullable=False)
+    return pa.schema(fields)
 
 
 def _open_input(url: str, settings: Settings | None) -> tuple[ObjectStore, str]:
@@ -198,7 +202,12 @@ class InputReader:
                 continue
             table = self._file_table(f)
             pieces.extend(table.slice(s, e - s) for s, e in parts)
-        return pa.concat_tables(pieces).combine_chunks() if pieces else pa.table({})
+        # files may differ in lossless ways (string / large_string): the planner checked they unify
+        return (
+            pa.concat_tables(pieces, promote_options="permissive").combine_chunks()
+            if pieces
+            else pa.table({})
+        )
 
 
 def needed_columns(plan: InputPlan) -> list[str]:

@@ -16,11 +16,21 @@ class ModelNotFoundError(FreightError):
 
 
 class SpecMismatchError(FreightError):
-    """OUT already holds a job with a different spec; the message names the differing fields."""
+    """OUT already holds a job with a different spec; the message names the differing fields.
+    `differences`: (field path such as "sampling.max_tokens", value there, value asked for)."""
+
+    def __init__(self, message: str, differences: tuple[tuple[str, object, object], ...] = ()) -> None:
+        super().__init__(message)
+        self.differences = differences
 
 
 class JobIncompleteError(FreightError):
     """finalize was asked for while shards are still uncommitted."""
+
+
+class StorageError(FreightError):
+    """Object storage cannot be used at all: a missing bucket, no credentials, an unreachable endpoint,
+    access denied. Distinct from ObjectNotFoundError (one key is absent)."""
 
 
 class ObjectNotFoundError(FreightError, KeyError):

@@ -69,6 +69,7 @@ class InputPlan(BaseModel):
     prompt_column: str = Field(description="resolved column: the spec's, or 'messages' / JSONL's")
     prompt_kind: Literal["text", "messages"]
     id_column: str | None
+    id_type: Literal["string", "int64"] = Field("string", description="type of the results' id column")
     continuation_column: str | None = None
     override_columns: tuple[str, ...] = Field((), description="per-row sampling columns present")
 
@@ -141,5 +142,6 @@ def check_same_job(store: ObjectStore, existing: Manifest, spec: JobSpec) -> Non
         raise SpecMismatchError(
             f"{store.url} holds another job ({existing.job_id}); differences: "
             + "; ".join(differences)
-            + ". Use a new --output or rerun with the same options."
+            + ". Use a new --output or rerun with the same options.",
+            tuple(existing.spec.diff_items(spec)),
         )

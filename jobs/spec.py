@@ -60,9 +60,9 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> JobSpec:
         if self.continuation_column is not None and self.continuation_column == self.prompt_column:
-            raise ValueError("continuation_column must differ from prompt_column")
+            raise ValueError("the continuation column must differ from the prompt column")
         if self.output == self.input:
-            raise ValueError("output must differ from input: results would overwrite the dataset")
+            raise ValueError("the output must differ from the input: results would overwrite the dataset")
         return self
 
     @property
@@ -74,17 +74,21 @@ class JobSpec(BaseModel):
 
     def diff(self, other: JobSpec) -> list[str]:
         """Human-readable differences, e.g. ["sampling.max_tokens: 16 != 32"]; empty when equal."""
+        return [f"{path}: {a!r} != {b!r}" for path, a, b in self.diff_items(other)]
+
+    def diff_items(self, other: JobSpec) -> list[tuple[str, Any, Any]]:
+        """(field path, this value, other value) of every differing field, in path order."""
         return _diff(self.model_dump(mode="json"), other.model_dump(mode="json"), prefix="")
 
 
-def _diff(a: dict[str, Any], b: dict[str, Any], prefix: str) -> list[str]:
-    out: list[str] = []
+def _diff(a: dict[str, Any], b: dict[str, Any], prefix: str) -> list[tuple[str, Any, Any]]:
+    out: list[tuple[str, Any, Any]] = []
     for key in sorted(set(a) | set(b)):
         va, vb = a.get(key), b.get(key)
         if isinstance(va, dict) and isinstance(vb, dict):
             out.extend(_diff(va, vb, prefix=f"{prefix}{key}."))
         elif va != vb:
-            out.append(f"{prefix}{key}: {va!r} != {vb!r}")
+            out.append((f"{prefix}{key}", va, vb))
     return out
 
 

@@ -8,12 +8,15 @@ from typing import Any
 
 from jobs.finalize import committed_shards, load_attempt_records, load_shard_record
 from jobs.manifest import COST_KEY, SUCCESS_KEY, Manifest, read_manifest
+from jobs.markers import FAILURES_KEY, failed_shards, is_cancelled
 from jobs.storage import ObjectStore
 
 
 @dataclass(frozen=True)
 class JobStatus:
-    """state: "complete" (_SUCCESS present), "finalizing" (all shards in), "incomplete"."""
+    """state, from storage markers in the precedence jobs.fleet_status uses, so `freight status` and its
+    fleet line agree: "complete" (_SUCCESS), "failed" (failures.json and every shard ended),
+    "cancelled" (_CANCELLED), "finalizing" (all shards in), "incomplete"."""
 
     job_id: str
     state: str
@@ -35,6 +38,10 @@ def job_status(store: ObjectStore, manifest: Manifest | None = None) -> JobStatu
     records = [load_shard_record(store, i) for i in sorted(done)]
     if store.exists(SUCCESS_KEY):
         state = "complete"
+    elif store.exists(FAILURES_KEY) and len(done | failed_shards(store)) >= len(manifest.shards):
+        state = "failed"
+    elif is_cancelled(store):
+        state = "cancelled"
     elif len(done) >= len(manifest.shards):
         state = "finalizing"
     else:
@@ -50,6 +57,17 @@ def job_status(store: ObjectStore, manifest: Manifest | None = None) -> JobStatu
         interrupted_attempts=len(load_attempt_records(store)),
         output=store.url,
     )
+
+
+def finished_state(store: ObjectStore, manifest: Manifest | None = None) -> str | None:
+    """The end state, "succeeded" or "failed", of a job that ended for good (storage markers, read as
+    job_status reads them), else None. A cancelled job has not: a resubmit revives it."""
+    if store.exists(SUCCESS_KEY):
+        return "succeeded"
+    if not store.exists(FAILURES_KEY):
+        return None
+    total = len((manifest or read_manifest(store)).shards)
+    return "failed" if len(committed_shards(store) | failed_shards(store)) >= total else None
 
 
 def read_cost(store: ObjectStore) -> dict[str, Any] | None:

@@ -39,6 +39,10 @@ def cost_table(report: dict[str, Any], provisional: bool = False) -> Table:
             "busy / billed / wall s",
             f"{report['busy_seconds']:.1f} / {report['billed_seconds']:.1f} / {report['wall_seconds']:.1f}",
         ),
+        (  # cost.json written before the split lacks these keys
+            "engine s: prefill / decode",
+            f"{report.get('prefill_seconds', 0.0):.1f} / {report.get('decode_seconds', 0.0):.1f}",
+        ),
         ("instance (market)", f"{report['instance_type']} ({report['market']})"),
         ("price / hour", _usd(report["price_per_hour"])),
         ("cost", _usd(report["cost_usd"])),

@@ -11,7 +11,10 @@ version -> byte-identical files.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sysconfig
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,10 +54,23 @@ SIZES = {
 }
 
 
-def train_byte_level_bpe(texts: list[str], vocab_size: int, special_tokens: list[str]) -> Tokenizer:
-    """A byte-level BPE tokenizer trained on `texts`; deterministic for the same texts and settings."""
+def train_byte_level_bpe(
+    texts: list[str], vocab_size: int, special_tokens: list[str], *, isolate_newlines: bool = False
+) -> Tokenizer:
+    """A byte-level BPE tokenizer trained on `texts`; deterministic for the same texts and settings.
+
+    isolate_newlines: every "\n" is a token of its own, never merged with the next line's
+    indentation. For code this keeps a prompt that ends with a newline in distribution: with the
+    GPT-2 split, "):\n    return" is "):", "\n   ", " return", so a prompt ending in a bare "\n"
+    looks like the end of a top-level line and the model continues at column 0.
+    """
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Split("\n", behavior="isolated"), byte_level])
+        if isolate_newlines
+        else byte_level
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -142,15 +158,41 @@ def make_demo_model(
     size: str = "tiny",
     tie_word_embeddings: bool | None = None,
 ) -> Path:
-    """Write a random `arch` checkpoint of `size` into out_dir (created) and return its path."""
+    """Write a random `arch` checkpoint of `size` into out_dir and return its path.
+
+    out_dir must be new or an empty folder (ValueError otherwise: a checkpoint is never overwritten).
+    The files are written into a temporary sibling folder renamed into place, so a failure leaves
+    nothing half-written.
+    """
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown demo architecture {arch!r}; choose one of {sorted(ARCHITECTURES)}")
     if size not in SIZES:
         raise ValueError(f"unknown demo size {size!r}; choose one of {sorted(SIZES)}")
-    shape = SIZES[size]
-    tie = False if tie_word_embeddings is None else tie_word_embeddings
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file: give a new or empty folder for the checkpoint")
+    if out.is_dir() and any(out.iterdir()):
+        names = sorted(p.name for p in out.iterdir())
+        raise ValueError(
+            f"{out} is not empty ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}): give a new "
+            "or empty folder; freight never overwrites a checkpoint"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it owner-only; a checkpoint folder is an ordinary one
+    try:
+        _write_checkpoint(tmp, arch, SIZES[size], tie_word_embeddings, seed)
+        os.replace(tmp, out)  # rename(2) may replace an empty folder
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _write_checkpoint(
+    out: Path, arch: str, shape: DemoSize, tie_word_embeddings: bool | None, seed: int
+) -> None:
+    tie = False if tie_word_embeddings is None else tie_word_embeddings
 
     tokenizer = train_tokenizer(shape.vocab_size)
     vocab_size = tokenizer.get_vocab_size()
@@ -175,7 +217,6 @@ def make_demo_model(
         },
     )
     save_file(_weights(arch, shape, vocab_size, tie, seed), str(out / "model.safetensors"), {"format": "pt"})
-    return out
 
 
 def _write_json(path: Path, data: dict) -> None:

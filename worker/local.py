@@ -41,6 +41,7 @@ def load_engine(
 ) -> tuple[Any, float]:
     """(engine, seconds it took to load) for the manifest's model (S3 models via the local cache)."""
     import torch
+    from safetensors import SafetensorError
 
     from worker.engine import Engine, EngineConfig
 
@@ -51,7 +52,8 @@ def load_engine(
         engine = Engine.from_pretrained(
             str(model_dir), EngineConfig(device=device, quantization=manifest.spec.quantization)
         )
-    except (ValueError, KeyError, OSError) as exc:  # a checkpoint the engine cannot use
+    # a checkpoint the engine cannot use (jobs.model_check refused most before the manifest)
+    except (ValueError, KeyError, OSError, SafetensorError) as exc:
         raise ModelNotFoundError(f"model {manifest.spec.model} cannot be loaded: {exc}") from exc
     return engine, time.perf_counter() - t0
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from jobs.errors import InputError
 from jobs.manifest import InputPlan
 from jobs.spec import JobSpec, row_seed
 
@@ -33,7 +34,7 @@ class RowRequest:
     """One input row. Exactly one of `prompt` / `error` is set (token ids when scoring likelihood)."""
 
     row: int  # global row number
-    id: str
+    id: str | int  # the input's id (its type kept: InputPlan.id_type), or the row number as a string
     prompt: str | list[int] | None
     sampling: RowSampling | None
     continuation_tokens: int = 0  # likelihood mode: the last n prompt tokens are the continuation
@@ -74,12 +75,13 @@ def build_requests(
     return out
 
 
-def _row_id(value: Any, row: int) -> str:
-    if value is None:
-        return str(row)  # a null id falls back to the row number, so ids stay non-null
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return value if isinstance(value, str) else str(value)
+def _row_id(value: Any, row: int) -> str | int:
+    """The row's id as the results carry it: a string, or an int for integer id columns."""
+    if value is None:  # the planner refused null ids, so the input changed under the job
+        raise InputError(f"row {row} has a null id, which the input did not have when the job was planned")
+    if isinstance(value, int | str) and not isinstance(value, bool):
+        return value
+    return str(value)
 
 
 def _prompt_text(value: Any, kind: str, tokenizer: Any) -> str:
@@ -120,7 +122,9 @@ def _override(name: str, raw: Any, json_text: bool) -> Any:
     return raw
 
 
-def _sampling(spec: JobSpec, row_id: str, values: dict[str, Any] | None, json_text: bool) -> RowSampling:
+def _sampling(
+    spec: JobSpec, row_id: str | int, values: dict[str, Any] | None, json_text: bool
+) -> RowSampling:
     """The job's sampling with this row's override columns (`values`, None when the input has none)."""
     s = spec.sampling
     if values is None:
@@ -128,7 +132,7 @@ def _sampling(spec: JobSpec, row_id: str, values: dict[str, Any] | None, json_te
             max_tokens=s.max_tokens,
             temperature=s.temperature,
             top_p=s.top_p,
-            seed=row_seed(s.seed, row_id),
+            seed=row_seed(s.seed, str(row_id)),
             top_k=s.top_k,
             stop=s.stop,
         )
@@ -150,7 +154,7 @@ def _sampling(spec: JobSpec, row_id: str, values: dict[str, Any] | None, json_te
         max_tokens=s.max_tokens if max_tokens is None else max_tokens,
         temperature=s.temperature if temperature is None else float(temperature),
         top_p=s.top_p if top_p is None else float(top_p),
-        seed=row_seed(s.seed, row_id) if seed is None else seed,
+        seed=row_seed(s.seed, str(row_id)) if seed is None else seed,
         top_k=s.top_k,
         stop=s.stop,
     )

@@ -118,7 +118,8 @@ def compute_shard(
     stopped = collect_rows(
         engine, pending, results, should_stop, lambda res: _report(on_row, shard_index, res)
     )
-    busy = engine.stats.snapshot().busy_seconds - before.busy_seconds
+    engine_time = engine.stats.snapshot() - before  # busy, prefill and decode seconds of this attempt
+    busy = engine_time.busy_seconds
     likelihood = manifest.spec.continuation_column is not None
     worker = worker_name()
 
@@ -128,7 +129,9 @@ def compute_shard(
         if new:
             store.put(
                 partial_key(shard_index, attempt),
-                datasets.write_result(rows_table(new, likelihood, with_row=True)),
+                datasets.write_result(
+                    rows_table(new, likelihood, with_row=True, id_type=manifest.input.id_type)
+                ),
             )
         attempted = len(pending)
         finished_now = sum(1 for req in pending if req.row in results)
@@ -146,6 +149,7 @@ def compute_shard(
         )
 
     ordered = [results[r] for r in rows]
+    ran = [r for r in ordered if r.error is None]  # a refused row (too long, bad input) cost no engine work
     wall = time.perf_counter() - t0
     billed = wall + load_seconds
     record = ShardRecord(
@@ -155,10 +159,12 @@ def compute_shard(
         rows=len(ordered),
         rows_failed=sum(1 for r in ordered if r.error is not None),
         rows_from_partial=sum(1 for r in rows if r in done),
-        prompt_tokens=sum(r.prompt_tokens for r in ordered),
-        cached_tokens=sum(r.cached_tokens for r in ordered),
-        completion_tokens=sum(r.completion_tokens for r in ordered),
+        prompt_tokens=sum(r.prompt_tokens for r in ran),
+        cached_tokens=sum(r.cached_tokens for r in ran),
+        completion_tokens=sum(r.completion_tokens for r in ran),
         busy_seconds=busy,
+        prefill_seconds=engine_time.prefill_seconds,
+        decode_seconds=engine_time.decode_seconds,
         load_seconds=load_seconds,
         wall_seconds=wall,
         billed_seconds=billed,

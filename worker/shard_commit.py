@@ -60,7 +60,7 @@ def commit_shard(store: ObjectStore, shard: ComputedShard) -> ShardOutcome:
     """Commit `shard` unless another attempt already did ("lost_race": its cost goes to waste/)."""
     record = shard.record
     likelihood = shard.manifest.spec.continuation_column is not None
-    out = rows_table(shard.rows, likelihood, with_row=False)
+    out = rows_table(shard.rows, likelihood, with_row=False, id_type=shard.manifest.input.id_type)
     out = out.replace_schema_metadata({RECORD_METADATA_KEY: record.model_dump_json().encode()})
     if not store.put_if_absent(shard_result_key(shard.index), datasets.write_result(out)):
         rec = attempt_record(

@@ -17,7 +17,7 @@ ROW_COLUMN = "_row"  # global row number; only in partial files, never in commit
 @dataclass(frozen=True)
 class RowResult:
     row: int
-    id: str
+    id: str | int  # int when the input's id column holds integers
     completion: str | None
     finish_reason: str
     prompt_tokens: int
@@ -145,9 +145,10 @@ def collect_rows(
     return False
 
 
-def rows_table(rows: list[RowResult], likelihood: bool, with_row: bool) -> pa.Table:
-    """Rows in the result schema (+ likelihood columns; + _row for partial files)."""
-    schema = datasets.result_schema(likelihood)
+def rows_table(rows: list[RowResult], likelihood: bool, with_row: bool, id_type: str = "string") -> pa.Table:
+    """Rows in the result schema (+ likelihood columns; + _row for partial files); `id_type`: the
+    manifest's InputPlan.id_type."""
+    schema = datasets.result_schema(likelihood, id_type)
     cols: dict[str, pa.Array] = {}
     for field in schema:
         cols[field.name] = pa.array([getattr(r, field.name) for r in rows], field.type)

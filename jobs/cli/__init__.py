@@ -8,11 +8,13 @@ from __future__ import annotations
 import typer
 
 from jobs.cli import autoscale, evals, fleet, quantize, run
+from jobs.cli.style import FreightGroup, restyle_commands
 from jobs.log import configure_logging
 from jobs.settings import get_settings
 
 app = typer.Typer(
     name="freight",
+    cls=FreightGroup,
     help="Bulk LLM inference: Parquet in, results and a per-job cost report out.",
     no_args_is_help=True,
     add_completion=False,
@@ -28,6 +30,7 @@ def _setup() -> None:
 
 for _module in (run, fleet, quantize, evals, autoscale):
     _module.register(app)
+restyle_commands(app)  # capital metavars, no <bool>, one-line errors (jobs/cli/style.py)
 
 
 def main() -> None:

@@ -47,17 +47,32 @@ def register(app: typer.Typer) -> None:
         once: bool = typer.Option(False, "--once", help="Run one tick and exit."),
         loop: bool = typer.Option(False, "--loop", help="Run a tick every --interval seconds until stopped."),
         group: str | None = typer.Option(
-            None, "--group", help="Auto Scaling group name (default: $FREIGHT_AUTOSCALE_GROUP)."
+            None, "--group", metavar="NAME", help="Auto Scaling group name (default: $FREIGHT_AUTOSCALE_GROUP)."
         ),
         interval: float = typer.Option(
-            60.0, "--interval", min=0.0, help="Seconds between ticks with --loop."
+            60.0, "--interval", min=0.0, metavar="SECONDS", help="Seconds between ticks with --loop."
         ),
-        ticks: int = typer.Option(0, "--ticks", min=0, help="With --loop: stop after N ticks (0: never)."),
-        min_workers: int | None = typer.Option(None, "--min-workers", min=0),
-        max_workers: int | None = typer.Option(None, "--max-workers", min=1),
-        scale_in_cooldown: float | None = typer.Option(None, "--scale-in-cooldown", min=0.0, help="Seconds."),
-        idle_to_zero: float | None = typer.Option(None, "--idle-to-zero", min=0.0, help="Seconds."),
-        target_drain: float | None = typer.Option(None, "--target-drain", min=1.0, help="Seconds."),
+        ticks: int = typer.Option(
+            0, "--ticks", min=0, metavar="N", help="With --loop: stop after N ticks (0: never)."
+        ),
+        min_workers: int | None = typer.Option(
+            None, "--min-workers", min=0, metavar="N", help="Fewest workers (default: $FREIGHT_AUTOSCALE_MIN_WORKERS)."
+        ),
+        max_workers: int | None = typer.Option(
+            None, "--max-workers", min=1, metavar="N", help="Most workers (default: $FREIGHT_AUTOSCALE_MAX_WORKERS)."
+        ),
+        scale_in_cooldown: float | None = typer.Option(
+            None, "--scale-in-cooldown", min=0.0, metavar="SECONDS",
+            help="Demand must stay below the group this long before it shrinks.",
+        ),
+        idle_to_zero: float | None = typer.Option(
+            None, "--idle-to-zero", min=0.0, metavar="SECONDS",
+            help="With nothing queued or running, wait this long, then go to --min-workers.",
+        ),
+        target_drain: float | None = typer.Option(
+            None, "--target-drain", min=1.0, metavar="SECONDS",
+            help="Size the fleet to work off the queued tokens within this time.",
+        ),
         dry_run: bool = typer.Option(False, "--dry-run", help="Decide and print; change nothing."),
         as_json: bool = typer.Option(False, "--json", help="One JSON object per tick."),
     ) -> None:

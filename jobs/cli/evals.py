@@ -69,7 +69,7 @@ def _fail(exc: Exception | str) -> typer.Exit:
 def run_command(
     suites: Annotated[Path, typer.Argument(help="the suite file (TOML)")],
     output: Annotated[
-        str, typer.Option("--output", "-o", help="OUT: folder or s3://bucket/prefix for this run")
+        str, typer.Option("--output", "-o", metavar="OUT", help="OUT: folder or s3://bucket/prefix for this run")
     ],
     suite: Annotated[
         list[str] | None, typer.Option("--suite", help="run only this suite (repeatable)")
@@ -109,7 +109,7 @@ def run_command(
 
 @eval_app.command("report")
 def report_command(
-    output: Annotated[str, typer.Argument(help="OUT of an eval run")],
+    output: Annotated[str, typer.Argument(metavar="OUT", help="OUT of an eval run")],
     as_json: Annotated[bool, typer.Option("--json", help="print report.json instead of Markdown")] = False,
 ) -> None:
     """Score a finished run (if not yet), compare with the previous run of each suite, print it.

@@ -16,6 +16,7 @@ from kombu.exceptions import OperationalError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from jobs.cli.common import EXIT_JOB_FAILED, fail, resolve_job
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
     DeadlineOpt,
@@ -39,43 +40,9 @@ from jobs.cli.job_options import (
     parse_deadline,
     prepare_from_options,
 )
-from jobs.cli.run import fail
 from jobs.errors import FreightError
 from jobs.settings import get_settings
 from jobs.storage import ObjectStore
-
-EXIT_JOB_FAILED = 1
-
-
-def _resolve(job_or_out: str) -> tuple[str, str]:
-    """(job_id, OUT) from either: a path / s3:// URL is OUT; 16 hex digits is a job id Redis knows."""
-    from jobs.live_state import LiveState
-    from jobs.manifest import read_manifest
-    from jobs.storage import open_store
-
-    settings = get_settings()
-    if "/" in job_or_out or job_or_out.startswith("s3://") or Path(job_or_out).exists():
-        manifest = read_manifest(open_store(job_or_out, settings))
-        return manifest.job_id, manifest.spec.output
-    live = LiveState(settings.redis_url, socket_timeout=2.0, retry_for_s=0)
-    try:
-        output = live.job_meta(job_or_out).get("output")
-    except redis.RedisError as exc:
-        raise FreightError(
-            f"cannot ask Redis about job {job_or_out!r} ({exc}): pass its OUT instead"
-        ) from None
-    finally:
-        live.close()
-    if not output:
-        raise FreightError(f"Redis knows no job {job_or_out!r}: pass its OUT (folder or s3:// URL) instead")
-    return job_or_out, output
-
-
-def resolve_out(job_or_out: str) -> str:
-    """OUT for `freight status`: the argument itself unless it is a job id Redis knows."""
-    if "/" in job_or_out or job_or_out.startswith("s3://") or Path(job_or_out).exists():
-        return job_or_out
-    return _resolve(job_or_out)[1]
 
 
 def submit(
@@ -188,7 +155,7 @@ def wait(
 
     settings = get_settings()
     try:
-        _, out = _resolve(job_or_out)
+        _, out = resolve_job(job_or_out)
         store = open_store(out, settings)
         live = LiveState(settings.redis_url)
         st = fleet_status(store, live)
@@ -220,14 +187,19 @@ def cancel(job_or_out: str = typer.Argument(..., help="job id or OUT")) -> None:
     """Cancel: running shards stop at their next engine step, queued ones are skipped, committed stay."""
     from jobs.client import FleetClient
     from jobs.markers import write_cancel
+    from jobs.status import finished_state
     from jobs.storage import open_store
 
     settings = get_settings()
     try:
-        job_id, out = _resolve(job_or_out)
+        job_id, out = resolve_job(job_or_out)
+        store = open_store(out, settings)
+        ended = finished_state(store)
     except FreightError as exc:
         raise fail(str(exc)) from None
-    write_cancel(open_store(out, settings), job_id)  # durable: outlives Redis
+    if ended is not None:  # _CANCELLED beside _SUCCESS or failures.json would contradict them
+        raise fail(f"job {job_id} already {ended}: there is nothing to cancel ({out})")
+    write_cancel(store, job_id)  # durable: outlives Redis
     client = FleetClient(settings, retry_for_s=5.0)
     try:
         client.cancel(job_id=job_id)

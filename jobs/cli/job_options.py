@@ -8,45 +8,91 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from pydantic import ValidationError
 
-from jobs.errors import FreightError
+from jobs.errors import FreightError, SpecMismatchError
 from jobs.planner import PreparedJob
 from jobs.settings import Settings
 
+
+def _shipped_instance_types() -> str:
+    """The shipped price table's keys, for --instance-type's help (read once, at import: a small TOML)."""
+    import tomllib
+
+    from jobs.cost import SHIPPED_PRICES
+
+    try:
+        return ", ".join(tomllib.loads(SHIPPED_PRICES.read_text()))
+    except (OSError, tomllib.TOMLDecodeError):  # the help must not fail; the run will say why
+        return "see jobs/prices.toml"
+
+
 InputArg = Annotated[
-    str, typer.Argument(help="Parquet file, folder/prefix of Parquet files, or OpenAI-Batch .jsonl")
+    str,
+    typer.Argument(
+        metavar="INPUT", help="Parquet file, folder/prefix of Parquet files, or OpenAI-Batch .jsonl"
+    ),
 ]
 ModelOpt = Annotated[
-    str, typer.Option("--model", help="Hugging Face checkpoint folder or s3://bucket/prefix")
+    str, typer.Option("--model", metavar="MODEL", help="Hugging Face checkpoint folder or s3://bucket/prefix")
 ]
-OutputOpt = Annotated[str, typer.Option("--output", help="OUT: local folder or s3://bucket/prefix")]
-PromptColumnOpt = Annotated[str, typer.Option(help="string prompts, or chat messages (list of role/content)")]
-IdColumnOpt = Annotated[str | None, typer.Option(help="ids for the results (default: the row index)")]
-ContinuationColumnOpt = Annotated[str | None, typer.Option(help="score this column's text after the prompt")]
-MaxTokensOpt = Annotated[int, typer.Option(help="tokens to generate per row, at most")]
-TemperatureOpt = Annotated[float, typer.Option(help="0 = greedy")]
-TopPOpt = Annotated[float, typer.Option(help="nucleus sampling mass (1 = off)")]
-TopKOpt = Annotated[int, typer.Option(help="0 = off")]
-SeedOpt = Annotated[int, typer.Option(help="job seed; each row's seed is hash(seed, row id)")]
-ShardRowsOpt = Annotated[int, typer.Option(help="rows per shard, about")]
-InstanceTypeOpt = Annotated[str, typer.Option(help="a key of the price table")]
-MarketOpt = Annotated[str, typer.Option(help="on-demand or spot")]
-PricePerHourOpt = Annotated[float | None, typer.Option(help="USD per hour; overrides the price table")]
-PricesOpt = Annotated[Path | None, typer.Option(help="a price table TOML instead of the shipped one")]
-QuantizationOpt = Annotated[
+OutputOpt = Annotated[
+    str, typer.Option("--output", metavar="OUT", help="where results go: local folder or s3://bucket/prefix")
+]
+PromptColumnOpt = Annotated[
+    str, typer.Option(metavar="COLUMN", help="string prompts, or chat messages (list of role/content)")
+]
+IdColumnOpt = Annotated[
     str | None,
-    typer.Option(help="int8, int4 or fp8 (GPUs of compute capability 8.9+: L4, L40S, H100, H200): "
-                 "quantize the weights at load"),
+    typer.Option(
+        metavar="COLUMN", help="unique ids (strings or integers) for the results (default: the row number)"
+    ),
+]
+ContinuationColumnOpt = Annotated[
+    str | None, typer.Option(metavar="COLUMN", help="score this column's text after the prompt")
+]
+MaxTokensOpt = Annotated[int, typer.Option(metavar="N", help="tokens to generate per row, at most")]
+TemperatureOpt = Annotated[float, typer.Option(metavar="T", help="sampling temperature; 0 = greedy")]
+TopPOpt = Annotated[float, typer.Option(metavar="P", help="nucleus sampling mass in (0, 1]; 1 = off")]
+TopKOpt = Annotated[int, typer.Option(metavar="K", help="sample from the K likeliest tokens; 0 = off")]
+SeedOpt = Annotated[int, typer.Option(metavar="SEED", help="job seed; each row's seed is hash(seed, row id)")]
+ShardRowsOpt = Annotated[int, typer.Option(metavar="N", help="rows per shard, about")]
+InstanceTypeOpt = Annotated[
+    str,
+    typer.Option(
+        metavar="TYPE",
+        help=f"where it runs, for the cost report: one of {_shipped_instance_types()} (the shipped "
+        "price table), or a key of --prices, or any name with --price-per-hour",
+    ),
+]
+MarketOpt = Annotated[Literal["on-demand", "spot"], typer.Option(help="which price of the instance type")]
+PricePerHourOpt = Annotated[
+    float | None, typer.Option(metavar="USD", help="USD per instance-hour; overrides the price table")
+]
+PricesOpt = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="FILE",
+        help="a price table instead of the shipped one: a TOML table per instance type with USD per hour, "
+        'e.g. ["g5.xlarge"] on_demand = 1.006 spot = 0.40 (spot optional: defaults to on_demand)',
+    ),
+]
+QuantizationOpt = Annotated[
+    Literal["int8", "int4", "fp8"] | None,
+    typer.Option(
+        help="quantize the weights at load (int8/int4: round to nearest; fp8: e4m3, on GPUs of compute "
+        "capability 8.9+ such as L4, L40S, H100, H200)"
+    ),
 ]
 DeadlineOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="WHEN",
         help="finish by: an ISO-8601 time (2025-06-01T18:00, local unless it has an offset) or a "
-        "duration from now (2h, 30m, 1h30m, 1d); the autoscaler sizes the fleet to meet it"
+        "duration from now (2h, 30m, 1h30m, 1d); the autoscaler sizes the fleet to meet it",
     ),
 ]
 
@@ -83,10 +129,35 @@ def absolute(url: str) -> str:
     return str(Path(url).expanduser().absolute())
 
 
+def flag_of(path: str | tuple[object, ...]) -> str:
+    """The command-line name of a JobSpec field: ("sampling", "max_tokens") or "sampling.max_tokens"
+    -> "--max-tokens"; "input" -> "INPUT" (the argument)."""
+    parts = path.split(".") if isinstance(path, str) else [str(p) for p in path]
+    name = parts[-1] if parts else ""
+    if name == "input":
+        return "INPUT"
+    return "--" + name.replace("_", "-") if name else "the options"
+
+
 def validation_line(exc: ValidationError) -> str:
+    """A JobSpec validation error as one line naming the flag: "--max-tokens 0: input should be ..."."""
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err.get("loc", ())) or "spec"
-    return f"invalid {where}: {err.get('msg', 'bad value')}"
+    msg = str(err.get("msg", "bad value")).removeprefix("Value error, ")
+    msg = msg[:1].lower() + msg[1:]
+    loc = tuple(err.get("loc", ()))
+    if not loc:  # a rule across fields; its message names them
+        return msg
+    value = err.get("input")
+    shown = f" {value!r}" if isinstance(value, int | float | str) and not isinstance(value, bool) else ""
+    return f"{flag_of(loc)}{shown}: {msg}"
+
+
+def mismatch_line(exc: SpecMismatchError, out: str) -> str:
+    """OUT holds another job: the differing options by flag, then what to do."""
+    if not exc.differences:
+        return str(exc)
+    shown = "; ".join(f"{flag_of(path)} was {there!r}, now {here!r}" for path, there, here in exc.differences)
+    return f"{out} holds another job, with other options ({shown}): use a new --output, or the same options to resume it"
 
 
 def prepare_from_options(
@@ -136,6 +207,8 @@ def prepare_from_options(
             quantization=quantization,
         )
         return prepare_job(spec, settings, PriceTable.load(prices) if prices else None)
+    except SpecMismatchError as exc:
+        raise SpecMismatchError(mismatch_line(exc, output), exc.differences) from None
     except ValidationError as exc:
         raise FreightError(validation_line(exc)) from None
     except ValueError as exc:  # a malformed URL or option

@@ -4,18 +4,18 @@ checkpoint folder."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import typer
 
-from jobs.cli.run import fail
-
-METHODS = ("int8", "int4-rtn", "int4-gptq", "fp8")
+from jobs.cli.common import fail
+from jobs.errors import FreightError
 
 
 def quantize(
-    model: Path = typer.Argument(..., help="full-precision Hugging Face checkpoint folder (safetensors)"),
-    method: str = typer.Option(..., "--method", help="int8 | int4-rtn | int4-gptq | fp8"),
-    output: Path = typer.Option(..., "--output", help="folder to create for the quantized checkpoint"),
+    model: Path = typer.Argument(..., metavar="MODEL", help="full-precision Hugging Face checkpoint folder (safetensors)"),
+    method: Literal["int8", "int4-rtn", "int4-gptq", "fp8"] = typer.Option(..., "--method", help="how to quantize"),
+    output: Path = typer.Option(..., "--output", metavar="DIR", help="folder to create for the quantized checkpoint"),
     group_size: int = typer.Option(128, "--group-size", help="int4 group size along K: 32, 64 or 128"),
     calibration: Path | None = typer.Option(None, "--calibration",
                                             help="Parquet file of calibration rows (int4-gptq)"),
@@ -34,14 +34,16 @@ def quantize(
     from worker.engine.quant.calibration import read_calibration_texts
     from worker.engine.quant.checkpoint import QuantizeSpec, quantize_checkpoint
 
-    if method not in METHODS:
-        raise fail(f"unknown --method {method!r}; use one of {', '.join(METHODS)}")
     if calibration is not None and method != "int4-gptq":
         raise fail(f"--calibration is used only by int4-gptq, not {method}")
     if calibration_rows < 1:
         raise fail("--calibration-rows must be at least 1")
-    if not (model / "config.json").is_file():
-        raise fail(f"{model} is not a Hugging Face checkpoint folder (no config.json)")
+    from jobs.model_check import check_model
+
+    try:
+        check_model(str(model))  # config, tokenizer, weight headers: one line for a broken model
+    except FreightError as exc:
+        raise fail(str(exc)) from None
     try:
         spec = QuantizeSpec(method=method, group_size=group_size, damp=damp, act_order=act_order)
         texts = (read_calibration_texts(calibration, calibration_column, calibration_rows)

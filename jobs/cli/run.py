@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import typer
 from rich.console import Console
 
+from jobs.cli.common import fail, plural, resolve_out
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
     IdColumnOpt,
@@ -36,36 +33,6 @@ from jobs.cli.job_options import (
 )
 from jobs.errors import FreightError
 from jobs.settings import get_settings
-
-EXIT_USER_ERROR = 2
-EXIT_INTERRUPTED = 130
-
-
-def fail(message: str, code: int = EXIT_USER_ERROR) -> typer.Exit:
-    """Print one clear line on stderr; return the Exit to raise."""
-    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {message}", soft_wrap=True)
-    return typer.Exit(code)
-
-
-@contextmanager
-def _stop_on_signals() -> Iterator[threading.Event]:
-    """SIGINT / SIGTERM set the event (the shard saves its finished rows); a second SIGINT kills."""
-    stop = threading.Event()
-
-    def handler(signum: int, frame: Any) -> None:
-        if stop.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        stop.set()
-
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def run(
@@ -101,9 +68,11 @@ def run(
         raise typer.Exit(code)
 
 
-def status(out: str = typer.Argument(..., help="the job's OUT (or a distributed job's id)")) -> None:
+def status(
+    out: str = typer.Argument(..., metavar="OUT", help="the job's OUT (or a distributed job's id)"),
+) -> None:
     """State of a job: shards committed / total, rows, errors."""
-    from jobs.cli.fleet import print_fleet_status, resolve_out
+    from jobs.cli.fleet import print_fleet_status
     from jobs.status import job_status
     from jobs.storage import open_store
     from jobs.tables import status_table
@@ -118,7 +87,8 @@ def status(out: str = typer.Argument(..., help="the job's OUT (or a distributed 
 
 
 def cost(
-    out: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json", help="raw cost.json")
+    out: str = typer.Argument(..., metavar="OUT", help="the job's OUT: local folder or s3://bucket/prefix"),
+    as_json: bool = typer.Option(False, "--json", help="print cost.json as it is"),
 ) -> None:
     """The job's cost report (a provisional one, marked so, while shards are still running)."""
     from jobs.storage import open_store
@@ -148,44 +118,75 @@ def _report(store: Any) -> tuple[dict[str, Any], bool]:
 
 
 def results(
-    out: str = typer.Argument(...),
-    head: int = typer.Option(10, help="rows to show"),
-    to: Path | None = typer.Option(None, help="write all results to FILE.parquet or FILE.jsonl"),
+    out: str = typer.Argument(..., metavar="OUT", help="the job's OUT: local folder or s3://bucket/prefix"),
+    head: int = typer.Option(10, metavar="N", help="rows to show"),
+    to: Path | None = typer.Option(
+        None,
+        metavar="FILE",
+        help="write all results to FILE.parquet or FILE.jsonl (an unfinished job: see --partial)",
+    ),
+    partial: bool = typer.Option(
+        False, "--partial", help="with --to: export the committed shards of a job that is not complete"
+    ),
 ) -> None:
-    """Show the first results, or export them all."""
+    """Show the first results, or export them all. --to refuses a job with shards still missing (it
+    says how many) unless --partial is given, which exports what is committed and warns."""
     from jobs import datasets
+    from jobs.finalize import committed_shards
     from jobs.manifest import read_manifest
     from jobs.storage import open_store
     from jobs.tables import results_table
 
+    err = Console(stderr=True, highlight=False)
     try:
         store = open_store(out, get_settings())
-        read_manifest(store)
+        manifest = read_manifest(store)
+        done = committed_shards(store)
+        missing = [s for s in manifest.shards if s.index not in done]
+        gap = (
+            f"{len(missing)} of {len(manifest.shards)} {plural(len(manifest.shards), 'shard')} "
+            f"({sum(s.rows for s in missing):,} of {manifest.input.rows:,} rows) have no results yet"
+        )
         if to is None:
             Console().print(results_table(datasets.read_results(store, head=head)))
+            if missing:
+                err.print(f"note: job {manifest.job_id} is not complete: {gap}", soft_wrap=True)
             return
         if to.suffix not in (".parquet", ".jsonl"):
             raise FreightError(f"--to {to}: give a .parquet or .jsonl file name")
+        if missing and not partial:
+            raise FreightError(
+                f"job {manifest.job_id} is not complete: {gap}; wait for it (`freight status {out}`), or "
+                "pass --partial to export the committed rows only"
+            )
         table = datasets.read_results(store)
-        to.write_bytes(
-            datasets.write_result(table) if to.suffix == ".parquet" else datasets.write_jsonl(table)
-        )
+        data = datasets.write_result(table) if to.suffix == ".parquet" else datasets.write_jsonl(table)
+        tmp = to.with_name(f".{to.name}.tmp")
+        try:
+            tmp.write_bytes(data)
+            tmp.replace(to)  # a reader never sees a half-written export
+        finally:
+            tmp.unlink(missing_ok=True)
     except (FreightError, ValueError, OSError) as exc:  # ValueError: a malformed URL; OSError: --to
         raise fail(str(exc)) from None
-    Console(stderr=True).print(f"wrote {table.num_rows:,} rows to {to}", soft_wrap=True)
+    if missing:
+        err.print(f"[bold yellow]warning:[/] partial export: {gap}", soft_wrap=True)
+    err.print(f"wrote {table.num_rows:,} rows to {to}", soft_wrap=True)
 
 
 def demo_model(
-    out_dir: Path = typer.Argument(..., help="folder to write the checkpoint into"),
-    arch: str = typer.Option("llama", help="llama, qwen2 or qwen3"),
-    size: str = typer.Option("tiny", help="tiny, small or medium"),
+    out_dir: Path = typer.Argument(..., metavar="DIR", help="new or empty folder to write the checkpoint into"),
+    arch: Literal["llama", "qwen2", "qwen3"] = typer.Option("llama", help="architecture of the checkpoint"),
+    size: Literal["tiny", "small", "medium"] = typer.Option(
+        "tiny", help="tiny ~0.2M, small ~4M, medium ~30M parameters"
+    ),
 ) -> None:
     """Write a small random Hugging Face checkpoint + tokenizer (for trying freight without a model hub)."""
     from worker.demo_model import make_demo_model
 
     try:
         path = make_demo_model(out_dir, arch=arch, size=size)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # OSError: a folder we may not write
         raise fail(str(exc)) from None
     Console(stderr=True).print(f"demo model ({arch}, {size}) written to {path}", soft_wrap=True)
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from jobs.cli.common import EXIT_INTERRUPTED, fail, plural
 from jobs.errors import FreightError
 from jobs.log import get_logger
 from jobs.manifest import SUCCESS_KEY
@@ -16,6 +21,35 @@ from jobs.planner import PreparedJob
 from jobs.settings import Settings
 
 log = get_logger("freight.run")
+
+
+class StopRequest(threading.Event):
+    """Set by SIGINT / SIGTERM; `signum` remembers the first signal (the exit status is 128 + it)."""
+
+    signum: int | None = None
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[StopRequest]:
+    """SIGINT / SIGTERM set the event (the shard saves its finished rows); a second SIGINT kills."""
+    stop = StopRequest()
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if stop.signum is None:
+            stop.signum = signum
+        stop.set()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 class _Counters:
@@ -28,6 +62,8 @@ class _Counters:
     def add(self, p: Any) -> None:
         self.rows += 1
         self.failed += int(p.failed)
+        if p.failed:  # a refused row (too long, bad input) ran no tokens
+            return
         self.prompt += p.prompt_tokens
         self.cached += p.cached_tokens
         self.completion += p.completion_tokens
@@ -41,19 +77,20 @@ class _Counters:
 
 
 def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
-    """Run the job; return the exit status (0 done, 130 interrupted, 2 user error)."""
-    from jobs.cli.run import EXIT_INTERRUPTED, _stop_on_signals, fail
+    """Run the job; return the exit status (0 done, 130 after SIGINT, 143 after SIGTERM, 2 user error).
+    The summary goes to stdout; progress and logs to stderr."""
     from jobs.status import job_status
     from jobs.tables import cost_table
     from worker.local import run_local
 
     store, manifest = prepared.store, prepared.manifest
     console = Console(stderr=True)
+    summary = Console(highlight=False)  # stdout: what the run produced
     if prepared.resumed and store.exists(SUCCESS_KEY):
-        console.print(f"job {manifest.job_id} is already complete in {store.url}", soft_wrap=True)
+        summary.print(f"job {manifest.job_id} is already complete in {store.url}", soft_wrap=True)
         from jobs.status import read_cost
 
-        console.print(cost_table(read_cost(store) or {}))
+        summary.print(cost_table(read_cost(store) or {}))
         return 0
     before = job_status(store, manifest)
     log.info(
@@ -74,7 +111,7 @@ def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
         configure_logging(
             settings.log_format, "warning" if settings.log_level in ("debug", "info") else settings.log_level
         )
-    with _stop_on_signals() as stop:
+    with stop_on_signals() as stop:
         progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -111,11 +148,11 @@ def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
     if result.interrupted:
         st = job_status(store, manifest)
         console.print(
-            f"interrupted: {st.shards_committed} of {st.shards_total} shards committed in {store.url}; "
+            f"interrupted: {st.shards_committed} of {st.shards_total} {plural(st.shards_total, 'shard')} committed in {store.url}; "
             "rerun the same command to resume",
             soft_wrap=True,
         )
-        return EXIT_INTERRUPTED
+        return 128 + stop.signum if stop.signum else EXIT_INTERRUPTED
     report = result.report or {}
     log.info(
         "job_done",
@@ -125,8 +162,9 @@ def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
         cost_usd=report.get("cost_usd"),
     )
     tps = report.get("tokens_per_second") or 0.0
-    console.print(
-        f"done: {report['rows']:,} rows ({report['rows_failed']:,} failed) in {len(report['shards'])} shards, "
+    shards = len(report["shards"])
+    summary.print(
+        f"done: {report['rows']:,} rows ({report['rows_failed']:,} failed) in {shards} {plural(shards, 'shard')}, "
         f"${report['cost_usd']:.6f} on {report['instance_type']} ({report['market']}), {tps:,.0f} tok/s, "
         f"prefix hit {report['cache_hit_rate']:.1%}\nresults: {store.url_of('shards/')}\n"
         f"see `freight results {store.url}` and `freight cost {store.url}`",

@@ -113,7 +113,13 @@ def _score_entry(
         rows_failed=scores.rows_failed,
         cost_usd=_job_cost(entry.generate) + _job_cost(entry.likelihood),
         metrics={
-            name: MetricResult(score=ci.mean, low=ci.low, high=ci.high, confidence=ci.confidence)
+            name: MetricResult(
+                score=ci.mean,
+                low=ci.low,
+                high=ci.high,
+                confidence=ci.confidence,
+                method=scores.methods.get(name, "bootstrap"),
+            )
             for name, ci in scores.intervals.items()
         },
     )

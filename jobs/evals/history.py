@@ -24,13 +24,14 @@ def model_key(model: str) -> str:
 
 
 class MetricResult(BaseModel):
-    """Score of one metric column and its bootstrap interval."""
+    """Score of one metric column and its interval (jobs/evals/intervals.py)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     score: float
     low: float
     high: float
     confidence: float
+    method: str = "bootstrap"  # wilson | bootstrap | wilson-fallback (records before: bootstrap)
 
 
 class RunRecord(BaseModel):

@@ -28,7 +28,7 @@ from jobs.evals.history import model_key
 from jobs.evals.metrics import MultipleChoice
 from jobs.evals.suite import Suite, SuiteFile
 from jobs.log import get_logger
-from jobs.planner import check_model
+from jobs.model_check import check_model
 from jobs.spec import JobSpec, SamplingSpec
 from jobs.storage import ObjectStore, open_store
 

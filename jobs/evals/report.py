@@ -4,8 +4,10 @@ previous run, as JSON (for machines) and Markdown (for people).
 Regression rule: a metric regressed when its score dropped by more than the noise of the two runs.
 - paired (the same rows scored both times, the usual nightly case): noise = half-width of the 95%
   bootstrap interval of the per-row score differences, so only changes that many rows agree on count;
-- unpaired (the data changed, or the previous per-row scores are gone): noise = sqrt(h_prev^2 +
-  h_now^2), h the half-width of each run's own interval (errors combined as independent).
+- unpaired (the data changed, or the previous per-row scores are gone): noise = sqrt(d_prev^2 +
+  u_now^2), d_prev the previous interval's reach below its score, u_now the current interval's reach
+  above its score (errors combined as independent). Wilson intervals are asymmetric near 0 and 1, so
+  the sides that bear on a drop are the ones used; for a symmetric interval both are its half-width.
 A drop inside the noise is reported, not flagged.
 """
 
@@ -54,8 +56,9 @@ class ReportEntry(BaseModel):
         return any(m.regression for m in self.metrics)
 
 
-def _half_width(low: float, high: float) -> float:
-    return (high - low) / 2 if math.isfinite(low) and math.isfinite(high) else 0.0
+def _reach(a: float, b: float) -> float:
+    """|a - b|, or 0 when either is not finite (a run with no rows)."""
+    return abs(a - b) if math.isfinite(a) and math.isfinite(b) else 0.0
 
 
 def compare(
@@ -74,7 +77,7 @@ def compare(
         if paired is not None:
             noise = paired
         else:
-            noise = math.hypot(_half_width(before.low, before.high), _half_width(now.low, now.high))
+            noise = math.hypot(_reach(before.score, before.low), _reach(now.high, now.score))
         metrics.append(
             MetricComparison(
                 metric=name,

@@ -6,7 +6,7 @@ reference) keeps its error and scores 0 in every metric: failures never raise a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -14,6 +14,7 @@ import pyarrow as pa
 from jobs.datasets import read_result
 from jobs.evals.bootstrap import Interval, bootstrap_ci
 from jobs.evals.data import OPTION_SEPARATOR, SuiteData, reference_key
+from jobs.evals.intervals import score_interval
 from jobs.evals.metrics import GenerationMetric, MultipleChoice
 from jobs.evals.suite import Suite
 from jobs.storage import ObjectStore
@@ -34,6 +35,7 @@ class SuiteScores:
     rows: pa.Table  # id, reference, completion, finish_reason, error, one float64 column per metric column
     intervals: dict[str, Interval]
     rows_failed: int
+    methods: dict[str, str] = field(default_factory=dict)  # column -> how its interval was made
 
 
 def _by_id(table: pa.Table | None, columns: list[str]) -> dict[str, dict[str, Any]]:
@@ -111,11 +113,12 @@ def score_suite(
     ]
     table = pa.Table.from_pydict(out, schema=pa.schema(fields))
     table = table.add_column(1, "reference", data.table.column("reference"))
-    intervals = {
-        name: bootstrap_ci(table.column(name).to_numpy(), confidence=confidence, resamples=resamples, seed=0)
+    made = {
+        name: score_interval(table.column(name).to_numpy(), confidence=confidence, resamples=resamples, seed=0)
         for name in columns
     }
-    return SuiteScores(table, intervals, failed)
+    intervals = {name: ci for name, (ci, _) in made.items()}
+    return SuiteScores(table, intervals, failed, {name: method for name, (_, method) in made.items()})
 
 
 def paired_noise(

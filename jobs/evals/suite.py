@@ -16,9 +16,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from jobs.errors import FreightError
+from jobs.evals.cron import validate_cron
 from jobs.evals.lines import LineIndex, PathPart
 from jobs.evals.metrics import METRICS, Metric, MultipleChoice
-from jobs.evals.schedule import validate_cron
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 # columns of the eval results; a metric must not take one of these names

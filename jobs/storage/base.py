@@ -39,6 +39,15 @@ class ObjectStore(ABC):
     @abstractmethod
     def delete(self, key: str) -> None: ...
 
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Up to `length` bytes of `key` from byte `start` (fewer at the end of the object); raises
+        ObjectNotFoundError like `get`. Backends override it to read only that range."""
+        return self.get(key)[start : start + length]
+
+    def size(self, key: str) -> int:
+        """The object's size in bytes; raises ObjectNotFoundError like `get`."""
+        return len(self.get(key))
+
     def local_path(self, key: str) -> Path | None:
         """A filesystem path for `key` when the store is local (readers may mmap it), else None."""
         return None

@@ -31,6 +31,20 @@ class LocalStore(ObjectStore):
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
             raise ObjectNotFoundError(f"{self.url_of(key)} does not exist") from exc
 
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        try:
+            with self._path(key).open("rb") as f:
+                f.seek(start)
+                return f.read(length)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            raise ObjectNotFoundError(f"{self.url_of(key)} does not exist") from exc
+
+    def size(self, key: str) -> int:
+        path = self._path(key)
+        if not path.is_file():
+            raise ObjectNotFoundError(f"{self.url_of(key)} does not exist")
+        return path.stat().st_size
+
     def _write_temp(self, path: Path, data: bytes) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f"{_TMP_PREFIX}{path.name}.{uuid.uuid4().hex}"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from jobs.errors import ObjectNotFoundError
+from jobs.errors import ObjectNotFoundError, StorageError
 from jobs.settings import Settings, get_settings
 from jobs.storage.base import ObjectStore, check_key
 
@@ -15,6 +17,9 @@ _CONFLICT_CODES = {"ConditionalRequestConflict", "409"}
 # Checkpoints of interrupted shards are tagged so the bucket's lifecycle rule can expire them
 # (a lifecycle prefix filter cannot match partial/ nested under each job's OUT).
 PARTIAL_TAGGING = "freight-partial=true"
+# Error codes that mean the store as a whole is unusable (not one key): reported as StorageError.
+_ACCESS_CODES = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+                 "InvalidToken", "AllAccessDisabled", "AccountProblem"}  # fmt: skip
 
 
 def make_s3_client(settings: Settings | None = None) -> Any:
@@ -45,52 +50,130 @@ class S3Store(ObjectStore):
         response = getattr(exc, "response", None) or {}
         return str(response.get("Error", {}).get("Code", ""))
 
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Turn the errors that make the whole store unusable into one StorageError line that says what
+        to do; per-key errors (NoSuchKey, 412, ...) pass through to the method's own handling."""
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            ConnectionError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            PartialCredentialsError,
+        )
+
+        try:
+            yield
+        except (NoCredentialsError, PartialCredentialsError):
+            raise StorageError(
+                f"no AWS credentials to reach {self.url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                "(or AWS_PROFILE), or run where an instance role is attached"
+            ) from None
+        except (EndpointConnectionError, ConnectionError) as exc:
+            endpoint = getattr(self._client.meta, "endpoint_url", "S3")
+            raise StorageError(
+                f"cannot reach {endpoint} for {self.url} ({type(exc).__name__}): check the network, or "
+                "FREIGHT_S3_ENDPOINT_URL for an S3-compatible store"
+            ) from None
+        except ClientError as exc:
+            code = self._code(exc)
+            if code == "NoSuchBucket":
+                raise StorageError(
+                    f"bucket {self.bucket!r} does not exist ({self.url}): create it, or check the name "
+                    "and FREIGHT_S3_ENDPOINT_URL"
+                ) from None
+            if code in _ACCESS_CODES:
+                raise StorageError(
+                    f"access to {self.url} denied ({code}): check the credentials and the bucket's policy"
+                ) from None
+            raise
+        except BotoCoreError as exc:  # anything else botocore raises before a response: one line
+            raise StorageError(f"{self.url}: {exc}") from None
+
     def get(self, key: str) -> bytes:
         from botocore.exceptions import ClientError
 
-        try:
-            return self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
-        except ClientError as exc:
-            if self._code(exc) in ("NoSuchKey", "404", "NotFound"):
-                raise ObjectNotFoundError(f"{self.url_of(key)} does not exist") from exc
-            raise
+        with self._guard():
+            try:
+                return self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+            except ClientError as exc:
+                if self._code(exc) in ("NoSuchKey", "404", "NotFound"):
+                    raise ObjectNotFoundError(f"{self.url_of(key)} does not exist") from exc
+                raise
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        from botocore.exceptions import ClientError
+
+        if length <= 0:
+            return b""
+        with self._guard():
+            try:
+                body = self._client.get_object(
+                    Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{start + length - 1}"
+                )["Body"]
+                return body.read()
+            except ClientError as exc:
+                code = self._code(exc)
+                if code in ("NoSuchKey", "404", "NotFound"):
+                    raise ObjectNotFoundError(f"{self.url_of(key)} does not exist") from exc
+                if code == "InvalidRange":  # start at or past the end
+                    return b""
+                raise
+
+    def size(self, key: str) -> int:
+        from botocore.exceptions import ClientError
+
+        with self._guard():
+            try:
+                return int(self._client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
+            except ClientError as exc:
+                if self._code(exc) in ("404", "NoSuchKey", "NotFound"):
+                    raise ObjectNotFoundError(f"{self.url_of(key)} does not exist") from exc
+                raise
 
     def put(self, key: str, data: bytes) -> None:
         extra = {"Tagging": PARTIAL_TAGGING} if key.startswith("partial/") else {}
-        self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **extra)
+        with self._guard():
+            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **extra)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         from botocore.exceptions import ClientError
 
         for attempt in range(5):
-            try:
-                self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
-                return True
-            except ClientError as exc:
-                code = self._code(exc)
-                if code in _EXISTS_CODES:
-                    return False
-                if code not in _CONFLICT_CODES:
-                    raise
-                time.sleep(0.05 * 2**attempt)
-                if self.exists(key):
-                    return False
+            with self._guard():
+                try:
+                    self._client.put_object(
+                        Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*"
+                    )
+                    return True
+                except ClientError as exc:
+                    code = self._code(exc)
+                    if code in _EXISTS_CODES:
+                        return False
+                    if code not in _CONFLICT_CODES:
+                        raise
+            time.sleep(0.05 * 2**attempt)
+            if self.exists(key):
+                return False
         raise RuntimeError(f"{self.url_of(key)}: conditional put kept conflicting; retry the shard")
 
     def exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError
 
-        try:
-            self._client.head_object(Bucket=self.bucket, Key=self._key(key))
-            return True
-        except ClientError as exc:
-            if self._code(exc) in ("404", "NoSuchKey", "NotFound"):
-                return False
-            raise
+        with self._guard():
+            try:
+                self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+                return True
+            except ClientError as exc:
+                if self._code(exc) in ("404", "NoSuchKey", "NotFound"):
+                    return False
+                raise
 
     def download(self, key: str, path: str) -> None:
         """Stream `key` into the local file `path` (multipart for large objects; no full copy in memory)."""
-        self._client.download_file(self.bucket, self._key(key), path)
+        with self._guard():
+            self._client.download_file(self.bucket, self._key(key), path)
 
     def describe(self, prefix: str = "") -> list[tuple[str, str, int]]:
         """(key, ETag, size in bytes) of every object under `prefix`, sorted by key."""
@@ -99,15 +182,18 @@ class S3Store(ObjectStore):
         full = (f"{self.prefix}/" if self.prefix else "") + prefix
         strip = len(self.prefix) + 1 if self.prefix else 0
         out: list[tuple[str, str, int]] = []
-        for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
-            out.extend(
-                (o["Key"][strip:], str(o.get("ETag", "")).strip('"'), int(o["Size"]))
-                for o in page.get("Contents", [])
-            )
+        with self._guard():
+            pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full)
+            for page in pages:
+                out.extend(
+                    (o["Key"][strip:], str(o.get("ETag", "")).strip('"'), int(o["Size"]))
+                    for o in page.get("Contents", [])
+                )
         return sorted(out)
 
     def list(self, prefix: str = "") -> list[str]:
         return [key for key, _, _ in self.describe(prefix)]
 
     def delete(self, key: str) -> None:
-        self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        with self._guard():
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(key))

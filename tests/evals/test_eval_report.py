@@ -66,13 +66,8 @@ def test_regression_flag_only_when_the_drop_exceeds_the_noise() -> None:
     for entry in (small, big, up):
         (m,) = entry.metrics
         assert m.previous_score == pytest.approx(0.70) and m.previous_run_id == before.run_id
-        assert m.noise == pytest.approx(
-            (
-                (before.metrics["exact_match"].high - before.metrics["exact_match"].low) ** 2 / 4
-                + (m.high - m.low) ** 2 / 4
-            )
-            ** 0.5
-        )
+        prev = before.metrics["exact_match"]  # the sides that bear on a drop: prev's below, now's above
+        assert m.noise == pytest.approx(((prev.score - prev.low) ** 2 + (m.high - m.score) ** 2) ** 0.5)
     assert small.metrics[0].delta == pytest.approx(-0.04) and not small.regressed
     assert big.metrics[0].delta == pytest.approx(-0.20) and big.regressed
     assert not up.regressed
@@ -167,6 +162,8 @@ def test_scoring_joins_results_by_id_and_scores_failed_inputs_as_wrong() -> None
     assert scores.rows_failed == 2
     assert scores.intervals["exact_match"].mean == pytest.approx(2 / 3)
     assert scores.intervals["multiple_choice"].mean == pytest.approx(1 / 3)
+    assert scores.methods == {name: "wilson" for name in ("exact_match", "multiple_choice", "multiple_choice_norm")}
+    assert scores.intervals["exact_match"].low == pytest.approx(0.2077, abs=1e-4)  # Wilson, 2 of 3
 
 
 def test_paired_noise_catches_a_consistent_drop_that_unpaired_intervals_miss() -> None:

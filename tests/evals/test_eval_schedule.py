@@ -15,15 +15,9 @@ import redis
 from celery import Celery
 
 from jobs.evals.beat import scheduler_class
+from jobs.evals.cron import cron_fields, to_crontab
 from jobs.evals.lock import BeatLock, LockHeldError, lock_key
-from jobs.evals.schedule import (
-    COLLECT_SECONDS,
-    COLLECT_TASK,
-    SUBMIT_TASK,
-    build_schedule,
-    cron_fields,
-    to_crontab,
-)
+from jobs.evals.schedule import COLLECT_SECONDS, COLLECT_TASK, SUBMIT_TASK, build_schedule
 from jobs.evals.suite import load_suite_file
 
 SUITES = """\

@@ -31,10 +31,9 @@ def submit(redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     get_settings.cache_clear()
     inp = tmp_path / "in.parquet"
     pq.write_table(pa.table({"prompt": [f"{i:03d} prompt" for i in range(40)]}), inp)
-    model = tmp_path / "model"  # submit checks that a checkpoint is there; nothing loads it
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    (model / "model.safetensors").write_bytes(b"")
+    from worker.demo_model import make_demo_model
+
+    model = make_demo_model(tmp_path / "model")  # submit checks the checkpoint's files; nothing loads it
     base = [
         "submit", str(inp), "--model", str(model), "--output", str(tmp_path / "out"),
         "--shard-rows", "10", "--max-tokens", "100",

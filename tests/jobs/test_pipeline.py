@@ -62,16 +62,26 @@ def check_cost_report(
     assert sorted(s["shard"] for s in shards) == list(range(n_shards))
     assert report["rows"] == len(results_rows) == sum(s["rows"] for s in shards)
     assert report["rows_failed"] == sum(r["finish_reason"] == "error" for r in results_rows)
+    ran = [r for r in results_rows if r["finish_reason"] != "error"]  # refused rows cost no tokens
     for key in ("prompt_tokens", "cached_tokens", "completion_tokens"):
-        assert report[key] == sum(s[key] for s in shards) == sum(r[key] for r in results_rows)
+        assert report[key] == sum(s[key] for s in shards) == sum(r[key] for r in ran)
     assert report["busy_seconds"] == pytest.approx(sum(s["busy_seconds"] for s in shards))
+    assert report["prefill_seconds"] + report["decode_seconds"] == pytest.approx(report["busy_seconds"])
     assert report["cost_usd"] == pytest.approx(sum(s["cost_usd"] for s in shards) + attempts_usd, rel=1e-9)
     assert report["cost_usd"] > 0 and report["on_demand_cost_usd"] >= report["cost_usd"] - 1e-12
     for s in shards:
         assert s["cost_usd"] == pytest.approx(s["billed_seconds"] * s["price_per_hour"] / 3600)
     assert report["cache_hit_rate"] == pytest.approx(report["cached_tokens"] / report["prompt_tokens"])
+    # the cost split by engine time: prefill prices the input tokens, decode the output tokens
+    assert report["input_cost_usd"] + report["output_cost_usd"] == pytest.approx(report["cost_usd"])
+    assert report["input_cost_usd"] == pytest.approx(
+        report["cost_usd"] * report["prefill_seconds"] / report["busy_seconds"]
+    )
+    assert report["usd_per_million_input_tokens"] == pytest.approx(
+        report["input_cost_usd"] / report["prompt_tokens"] * 1e6
+    )
     assert report["usd_per_million_output_tokens"] == pytest.approx(
-        report["cost_usd"] / report["completion_tokens"] * 1e6
+        report["output_cost_usd"] / report["completion_tokens"] * 1e6
     )
 
 

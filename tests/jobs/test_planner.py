@@ -103,7 +103,9 @@ def test_s3_prefix_is_planned_fetching_each_file_once(
     prefix = f"s3://freight-test/{tmp_path.name}/in"
     store = open_store(prefix, s3_env)
     for part in range(3):
-        local = write_parquet(prompts_table(10 + part, bad=False), tmp_path / f"p{part}.parquet")
+        table = prompts_table(10 + part, bad=False)
+        table = table.set_column(0, "id", pa.array([f"p{part}-{i}" for i in range(table.num_rows)]))
+        local = write_parquet(table, tmp_path / f"p{part}.parquet")
         store.put(f"part-{part}.parquet", local.read_bytes())
     fetched: list[str] = []
     real_fetch = datasets.fetch_input

@@ -1,5 +1,5 @@
 """A real `freight run` subprocess killed mid-job: the rerun keeps committed shards, recomputes none of
-them, and leaves exactly one row per input row. SIGTERM stops gracefully (partial rows, exit 130)."""
+them, and leaves exactly one row per input row. SIGTERM stops gracefully (partial rows, exit 143 = 128 + SIGTERM)."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def test_sigterm_saves_partial_rows_and_the_rerun_uses_them(tmp_path: Path, demo
     _wait_for_commits(proc, out, 1)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr.decode()[-2000:]
+    assert proc.returncode == 143, stderr.decode()[-2000:]
     assert "rerun the same command to resume" in stderr.decode()
     committed = {p.name: p.read_bytes() for p in (out / "shards").iterdir() if p.is_file()}
     waste = list((out / "waste").glob("*.json"))

@@ -36,6 +36,18 @@ def test_put_get_list_delete(store: ObjectStore) -> None:
         store.get("shards/00000.json")
 
 
+def test_ranged_reads_and_sizes(store: ObjectStore) -> None:
+    store.put("w/model.safetensors", bytes(range(100)))
+    assert store.size("w/model.safetensors") == 100
+    assert store.get_range("w/model.safetensors", 0, 8) == bytes(range(8))
+    assert store.get_range("w/model.safetensors", 95, 10) == bytes(range(95, 100))  # short at the end
+    assert store.get_range("w/model.safetensors", 100, 4) == b""
+    with pytest.raises(ObjectNotFoundError):
+        store.get_range("w/missing", 0, 8)
+    with pytest.raises(ObjectNotFoundError):
+        store.size("w/missing")
+
+
 def test_put_if_absent_refuses_a_second_commit(store: ObjectStore) -> None:
     assert store.put_if_absent("shards/00000.parquet", b"first") is True
     assert store.put_if_absent("shards/00000.parquet", b"second") is False

@@ -63,7 +63,7 @@ def narrow_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--method", "int3"], "unknown --method 'int3'"),
+        (["--method", "int3"], "--method': 'int3' is not one of 'int8', 'int4-rtn', 'int4-gptq'"),
         (["--method", "int4-rtn", "--group-size", "128"], "group size 128 does not divide"),
         (["--method", "int4-rtn", "--group-size", "48"], "group size 48 is not supported"),
         (["--method", "int4-gptq"], "needs calibration data"),

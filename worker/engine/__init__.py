@@ -1,9 +1,33 @@
-"""freight's inference engine: a plain library (no jobs/, no Celery). See docs/ARCHITECTURE.md."""
+"""freight's inference engine: a plain library (no jobs/, no Celery). See docs/ARCHITECTURE.md.
 
-from worker.engine.config import EngineConfig
-from worker.engine.engine import Engine
-from worker.engine.outputs import RequestOutput
-from worker.engine.sampling_params import SamplingParams
-from worker.engine.stats import EngineStats, StatsSnapshot
+Exports resolve on first use (PEP 562): importing a torch-free module of the engine (e.g.
+`worker.engine.models.architectures`, which jobs/ reads) does not import torch.
+"""
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from worker.engine.config import EngineConfig
+    from worker.engine.engine import Engine
+    from worker.engine.outputs import RequestOutput
+    from worker.engine.sampling_params import SamplingParams
+    from worker.engine.stats import EngineStats, StatsSnapshot
+
+_EXPORTS = {
+    "EngineConfig": "worker.engine.config",
+    "Engine": "worker.engine.engine",
+    "RequestOutput": "worker.engine.outputs",
+    "SamplingParams": "worker.engine.sampling_params",
+    "EngineStats": "worker.engine.stats",
+    "StatsSnapshot": "worker.engine.stats",
+}
 __all__ = ["Engine", "EngineConfig", "EngineStats", "RequestOutput", "SamplingParams", "StatsSnapshot"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

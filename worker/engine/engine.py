@@ -145,6 +145,7 @@ class Engine:
     def step(self) -> list[Sequence]:
         """Schedule, run the model once, sample; returns the sequences that finished."""
         t0 = time.perf_counter()
+        prefill_before, decode_rows = self.stats.computed_prefill_tokens, 0  # for the time split below
         sched = self.scheduler.schedule()
         finished = list(sched.errored)
         self.stats.preemptions += sched.num_preempted
@@ -158,6 +159,8 @@ class Engine:
             for c, row, prompt_rows in zip(sched.chunks, step.sample_rows, step.prompt_rows, strict=True):
                 if c.num_tokens > 1 or c.seq.num_output_tokens == 0:
                     self.stats.computed_prefill_tokens += c.num_tokens
+                else:  # a decode row: one token of a sequence already generating
+                    decode_rows += 1
                 if prompt_rows is not None:
                     first, idx = prompt_rows
                     self.sampler.prompt_logprobs(step.logits[idx], c.seq, first)
@@ -173,7 +176,9 @@ class Engine:
                         self.scheduler.finish(seq)
                         finished.append(seq)
             self.stats.steps += 1
-        self.stats.busy_seconds += time.perf_counter() - t0
+        # busy time, split between prefill and decode by this step's token counts (EngineStats.add_busy)
+        prefill = self.stats.computed_prefill_tokens - prefill_before
+        self.stats.add_busy(time.perf_counter() - t0, prefill, decode_rows)
         return finished
 
     # ---- helpers ---------------------------------------------------------------------------

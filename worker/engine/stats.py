@@ -1,4 +1,11 @@
-"""EngineStats: cumulative counters of one Engine; snapshot() freezes them for differencing."""
+"""EngineStats: cumulative counters of one Engine; snapshot() freezes them for differencing.
+
+Busy time is split between prefill and decode step by step (`EngineStats.add_busy`): a step is one
+forward pass in which every token is a row of every matmul, so its time is shared in proportion to
+the prefill tokens (prompt chunks, recompute, the first token) and decode tokens (one per decoding
+sequence) it computes. A pure decode step is all decode time; a pure prefill step all prefill time.
+Callers use the split to price input and output tokens by the engine time each side took.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +23,8 @@ class StatsSnapshot:
     steps: int = 0  # engine steps (model forward passes)
     busy_seconds: float = 0.0  # wall time spent inside steps
     preemptions: int = 0  # sequences preempted (their KV recomputed later)
+    prefill_seconds: float = 0.0  # busy_seconds = prefill_seconds + decode_seconds (module docstring)
+    decode_seconds: float = 0.0
 
     def __sub__(self, other: StatsSnapshot) -> StatsSnapshot:
         return StatsSnapshot(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
@@ -32,6 +41,17 @@ class EngineStats:
     steps: int = 0
     busy_seconds: float = 0.0
     preemptions: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+    def add_busy(self, seconds: float, prefill_tokens: int, decode_tokens: int) -> None:
+        """Count one step's `seconds`, shared between prefill and decode by the step's token counts
+        (a step with neither, e.g. only errors, counts as prefill: it served admissions)."""
+        self.busy_seconds += seconds
+        computed = prefill_tokens + decode_tokens
+        decode = seconds * decode_tokens / computed if computed else 0.0
+        self.decode_seconds += decode
+        self.prefill_seconds += seconds - decode
 
     def snapshot(self) -> StatsSnapshot:
         return StatsSnapshot(**{f.name: getattr(self, f.name) for f in fields(self)})

@@ -5,14 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# Hugging Face architecture name -> the flags our one decoder implementation needs.
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": {"qk_norm": False, "default_bias": False},
-    "MistralForCausalLM": {"qk_norm": False, "default_bias": False},
-    "Qwen2ForCausalLM": {"qk_norm": False, "default_bias": True},
-    "Qwen3ForCausalLM": {"qk_norm": True, "default_bias": False},
-}
-ROPE_TYPES = ("default", "llama3", "linear")
+from worker.engine.models.architectures import (
+    SUPPORTED_ARCHITECTURES,
+    config_problem,
+    rope_settings,
+    rope_type,
+    supported_architecture,
+)
 
 
 @dataclass(frozen=True)
@@ -45,24 +44,16 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
-        archs = cfg.get("architectures") or []
-        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-        if arch is None:
-            raise ValueError(
-                f"unsupported architecture {archs or cfg.get('model_type')!r} in config.json; "
-                f"freight supports {sorted(SUPPORTED_ARCHITECTURES)}"
-            )
+        problem = config_problem(cfg)  # the same check jobs/ runs before a job is planned
+        if problem is not None:
+            raise ValueError(problem)
+        arch = supported_architecture(cfg)
+        assert arch is not None  # invariant: config_problem checked it
         flags = SUPPORTED_ARCHITECTURES[arch]
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"hidden_act {cfg['hidden_act']!r} is not supported (only 'silu')")
-        if cfg.get("mlp_bias"):
-            raise ValueError("mlp_bias=true is not supported")
         num_heads = int(cfg["num_attention_heads"])
-        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        rope = rope_settings(cfg)
         rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ROPE_TYPES:
-            raise ValueError(f"rope type {rope_type!r} is not supported; freight supports {ROPE_TYPES}")
+        kind = rope_type(cfg)
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
@@ -78,7 +69,7 @@ class ModelConfig:
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             rope_theta=rope_theta,
-            rope_scaling=None if rope_type == "default" else {**rope, "rope_type": rope_type},
+            rope_scaling=None if kind == "default" else {**rope, "rope_type": kind},
             attention_bias=bool(cfg.get("attention_bias", flags["default_bias"])),
             qk_norm=flags["qk_norm"],
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),

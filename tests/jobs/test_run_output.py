@@ -1,0 +1,74 @@
+"""`freight run` as a script sees it: the summary on stdout, logs and progress on stderr, exit 143 after
+SIGTERM (130 after Ctrl-C), and counts that read right ("1 shard")."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pipeline_data import prompts_table, write_parquet
+from typer.testing import CliRunner
+
+from jobs.cli import app
+
+
+def test_summary_on_stdout_logs_on_stderr(tmp_path: Path, demo_model_dir: Path) -> None:
+    data = write_parquet(prompts_table(4, bad=False), tmp_path / "in.parquet")
+    out = tmp_path / "out"
+    env = {**os.environ, "FREIGHT_LOG_FORMAT": "json", "FREIGHT_LOG_LEVEL": "info"}
+    cmd = [sys.executable, "-c", "from jobs.cli import main; main()", "run", str(data), "--model",
+           str(demo_model_dir), "--output", str(out), "--max-tokens", "2"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("done: 4 rows (0 failed) in 1 shard, "), proc.stdout
+    assert f"results: {out}/shards/" in proc.stdout
+    assert '"event"' not in proc.stdout  # no log line on stdout
+    assert '"event": "job_start"' in proc.stderr and "done:" not in proc.stderr
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_stops_the_run_with_128_plus_its_number(
+    signum: int, code: int, tmp_path: Path, demo_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import worker.local
+
+    real = worker.local.run_local
+
+    def signalled_run_local(*args: object, **kwargs: object) -> object:
+        os.kill(os.getpid(), signum)  # delivered to freight's handler before the first shard starts
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(worker.local, "run_local", signalled_run_local)
+    data = write_parquet(prompts_table(4, bad=False), tmp_path / "in.parquet")
+    args = ["run", str(data), "--model", str(demo_model_dir), "--output", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == code, result.output
+    assert "interrupted: 0 of 1 shard committed" in result.output
+    assert "rerun the same command to resume" in result.output
+
+
+def test_results_to_refuses_an_unfinished_job_unless_partial(tmp_path: Path, demo_model_dir: Path) -> None:
+    data = write_parquet(prompts_table(6, bad=False), tmp_path / "in.parquet")
+    out = tmp_path / "out"
+    args = ["run", str(data), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "2"]
+    assert CliRunner().invoke(app, [*args, "--shard-rows", "2"]).exit_code == 0
+    for name in ("_SUCCESS", "cost.json", "shards/00001.parquet", "shards/00001.json"):
+        (out / name).unlink()  # as if shard 1 were still running
+    export = tmp_path / "all.jsonl"
+    refused = CliRunner().invoke(app, ["results", str(out), "--to", str(export)])
+    assert refused.exit_code == 2, refused.output
+    lines = [line for line in refused.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "is not complete: 1 of 3 shards (2 of 6 rows) have no results yet" in lines[0]
+    assert "--partial" in lines[0] and not export.exists()
+
+    partial = CliRunner().invoke(app, ["results", str(out), "--to", str(export), "--partial"])
+    assert partial.exit_code == 0, partial.output
+    assert "warning: partial export: 1 of 3 shards (2 of 6 rows)" in partial.output
+    assert len(export.read_text().splitlines()) == 4
+
+    shown = CliRunner().invoke(app, ["results", str(out)])
+    assert shown.exit_code == 0 and "note: job" in shown.output and "1 of 3 shards" in shown.output

@@ -1,0 +1,81 @@
+"""What config.json must say for the engine to build a model: the one list of supported architectures.
+
+Plain data and a pure check, no torch: the engine (ModelConfig.from_dict) and the control plane's
+model check before a job is planned (jobs/model_check.py, which must not import torch) read this
+module, so both refuse the same configs with the same words.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Hugging Face architecture name -> the flags our one decoder implementation needs.
+SUPPORTED_ARCHITECTURES: dict[str, dict[str, bool]] = {
+    "LlamaForCausalLM": {"qk_norm": False, "default_bias": False},
+    "MistralForCausalLM": {"qk_norm": False, "default_bias": False},
+    "Qwen2ForCausalLM": {"qk_norm": False, "default_bias": True},
+    "Qwen3ForCausalLM": {"qk_norm": True, "default_bias": False},
+}
+ROPE_TYPES = ("default", "llama3", "linear")
+# Keys without a default: a config.json lacking one cannot describe the model's shapes.
+REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+# Keys that, when present, must be positive integers.
+_OPTIONAL_INT_KEYS = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+
+
+def supported_architecture(cfg: dict[str, Any]) -> str | None:
+    """The first entry of config.json's `architectures` the engine supports, or None."""
+    archs = cfg.get("architectures") or []
+    if not isinstance(archs, list):
+        return None
+    return next((a for a in archs if isinstance(a, str) and a in SUPPORTED_ARCHITECTURES), None)
+
+
+def rope_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The rope parameters, whichever key the config uses (transformers 5 `rope_parameters`, or 4's)."""
+    return dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+
+
+def rope_type(cfg: dict[str, Any]) -> str:
+    rope = rope_settings(cfg)
+    return str(rope.get("rope_type", rope.get("type", "default")))
+
+
+def config_problem(cfg: Any) -> str | None:
+    """Why the engine cannot build a model from this parsed config.json, in words that name the key
+    ("config.json has no hidden_size"), or None when it can."""
+    if not isinstance(cfg, dict):
+        return "config.json must hold a JSON object"
+    if supported_architecture(cfg) is None:
+        named = cfg.get("architectures") or cfg.get("model_type")
+        return (
+            f"config.json names architecture {named!r}, which freight does not support; "
+            f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
+            if named
+            else "config.json has no architectures (e.g. [\"LlamaForCausalLM\"])"
+        )
+    for key in REQUIRED_KEYS:
+        if key not in cfg or cfg[key] is None:
+            return f"config.json has no {key}"
+    for key in (*REQUIRED_KEYS, *_OPTIONAL_INT_KEYS):
+        value = cfg.get(key)
+        if value is None and key not in REQUIRED_KEYS:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            return f"config.json: {key} must be a positive integer, not {value!r}"
+    heads = cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    if heads % kv_heads:
+        return f"config.json: num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"
+    if not cfg.get("head_dim") and cfg["hidden_size"] % heads:
+        return (
+            f"config.json: hidden_size ({cfg['hidden_size']}) is not a multiple of num_attention_heads "
+            f"({heads}) and there is no head_dim"
+        )
+    if cfg.get("hidden_act", "silu") != "silu":
+        return f"config.json: hidden_act {cfg['hidden_act']!r} is not supported (only 'silu')"
+    if cfg.get("mlp_bias"):
+        return "config.json: mlp_bias=true is not supported"
+    if rope_type(cfg) not in ROPE_TYPES:
+        return f"config.json: rope type {rope_type(cfg)!r} is not supported; freight supports {', '.join(ROPE_TYPES)}"
+    return None
