@@ -12,18 +12,19 @@ import torch
 class AttentionMetadata:
     """Where one step's tokens go in the paged KV cache and what they attend to.
 
-    The step's T tokens are laid out prefill-first: rows [0, num_prefill_tokens) belong to
-    sequences computing a chunk of >= 2 tokens (prefill_attention), the remaining rows are one
-    token per sequence (paged_decode_attention). Tensors live on the model's device.
+    The step's T tokens are laid out prefill-first: rows [0, num_prefill_tokens) are chunks of
+    sequences that are prefilling or were just admitted, any length (prefill_attention); the
+    remaining rows are one token per decoding sequence (paged_decode_attention). Tensors live on
+    the model's device; block tables may be row-strided views (last dim dense).
     """
 
     slot_mapping: torch.Tensor  # int64 [T]; -1: do not store (the slot already holds this K/V)
     num_prefill_tokens: int
-    prefill_cu_seqlens_q: torch.Tensor | None  # int32 [Bp + 1]
-    prefill_context_lens: torch.Tensor | None  # int32 [Bp], tokens in cache after this step
-    prefill_block_tables: torch.Tensor | None  # int32 [Bp, max_blocks]
-    decode_context_lens: torch.Tensor | None  # int32 [Bd]
-    decode_block_tables: torch.Tensor | None  # int32 [Bd, max_blocks]
+    prefill_cu_seqlens_q: torch.Tensor | None = None  # int32 [Bp + 1]
+    prefill_context_lens: torch.Tensor | None = None  # int32 [Bp], tokens in cache after this step
+    prefill_block_tables: torch.Tensor | None = None  # int32 [Bp, max_blocks]
+    decode_context_lens: torch.Tensor | None = None  # int32 [Bd]
+    decode_block_tables: torch.Tensor | None = None  # int32 [Bd, max_blocks]
     # Rows whose final hidden state the step needs (logits), when fewer than all T: the last layer
     # then stores every row's K/V but attends and runs its MLP for these rows only. None: all rows.
     output_rows: torch.Tensor | None = None  # int64 [N]

@@ -1,0 +1,161 @@
+"""The engine's host cost per decode step, on a model whose compute is negligible.
+
+    .venv/bin/python bench/step_overhead.py                         # this tree
+    .venv/bin/python bench/step_overhead.py --baseline-rev main     # + the same measurement of main
+    .venv/bin/python bench/step_overhead.py --batches 1 256 --repeats 5
+
+Model: a random Llama with 2 layers, hidden 64, vocab 512 (the demo tokenizer's ids below 512);
+prompts of 16 random tokens, greedy, EOS ignored, one torch thread. A decode step's cost is measured
+as a difference, so prefill, ordering and output building cancel out: the CPU time of `generate` with
+max_tokens = SHORT + STEPS minus that with max_tokens = SHORT, divided by STEPS (best of --repeats
+each, alternating). CPU seconds (time.process_time), so other load on the machine costs little.
+
+--baseline-rev REV exports that git revision with `git archive` into a temporary folder and runs the
+same measurement there in a subprocess (PYTHONPATH at the export, so its `worker` package is used);
+the table then shows both side by side, and the ratio.
+--batch1-medium adds batch-1 decode on bench/engine_vs_hf.py's model (demo size "medium", fp32): ms
+per generated token, by the same difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+SHORT = 4  # max_tokens of the reference run
+STEPS = 64  # extra decode steps of the measured run
+VOCAB = 512
+
+
+def negligible_model(out: Path) -> Path:
+    """The demo "tiny" Llama (2 layers, hidden 64) cut to a 512-token vocabulary."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from worker.demo_model import make_demo_model
+
+    path = make_demo_model(out, "llama", size="tiny")
+    weights = load_file(path / "model.safetensors")
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        weights[name] = weights[name][:VOCAB].contiguous()
+    save_file({k: v.to(torch.float32) for k, v in weights.items()}, str(path / "model.safetensors"),
+              {"format": "pt"})  # fmt: skip
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(vocab_size=VOCAB, eos_token_id=2, bos_token_id=0)
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def decode_cost(engine, prompts: list[list[int]], repeats: int, steps: int = STEPS) -> float:
+    """CPU seconds per decode step of `engine` on `prompts` (see the module docstring)."""
+    from worker.engine import SamplingParams
+
+    short = SamplingParams(max_tokens=SHORT, ignore_eos=True)
+    long = SamplingParams(max_tokens=SHORT + steps, ignore_eos=True)
+    engine.generate(prompts, long)  # warm-up: kernels built, caches touched
+    best_short = best_long = float("inf")
+    for _ in range(repeats):
+        for params in (short, long):
+            t0 = time.process_time()
+            outs = engine.generate(prompts, params)
+            spent = time.process_time() - t0
+            if any(len(o.token_ids) != params.max_tokens for o in outs):
+                raise RuntimeError("the engine generated the wrong number of tokens")
+            if params is short:
+                best_short = min(best_short, spent)
+            else:
+                best_long = min(best_long, spent)
+    return (best_long - best_short) / steps
+
+
+def measure(batches: list[int], repeats: int, batch1_medium: bool) -> dict:
+    """{"steps": {batch: ms per step}, "batch1_medium_ms": ms per token or None, "where": path}."""
+    import torch
+
+    import worker
+    from worker.engine import Engine, EngineConfig
+
+    torch.set_num_threads(1)
+    result: dict = {"steps": {}, "batch1_medium_ms": None, "where": str(Path(worker.__file__).parent.parent)}
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = negligible_model(Path(tmp) / "tiny")
+        for batch in batches:
+            engine = Engine.from_pretrained(
+                path, EngineConfig(kv_cache_bytes=256 << 20, max_num_seqs=max(batch, 1), num_threads=1)
+            )
+            prompts = [[rng.randrange(3, VOCAB) for _ in range(16)] for _ in range(batch)]
+            result["steps"][batch] = 1e3 * decode_cost(engine, prompts, repeats)
+        if batch1_medium:
+            from worker.demo_model import make_demo_model
+
+            medium = make_demo_model(Path(tmp) / "medium", "llama", size="medium")
+            engine = Engine.from_pretrained(medium, EngineConfig(kv_cache_bytes=1 << 28, num_threads=1))
+            prompt = [[rng.randrange(3, 4000) for _ in range(16)]]
+            result["batch1_medium_ms"] = 1e3 * decode_cost(engine, prompt, repeats, steps=48)
+    return result
+
+
+def measure_revision(rev: str, args: argparse.Namespace) -> dict:
+    """The same measurement on `git archive rev`, in a subprocess whose `worker` is that export."""
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "-C", str(root), "archive", rev], check=True, capture_output=True).stdout
+        tar_path = Path(tmp) / "rev.tar"
+        tar_path.write_bytes(archive)
+        export = Path(tmp) / "src"
+        with tarfile.open(tar_path) as tar:
+            tar.extractall(export, filter="data")
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--json", "--repeats", str(args.repeats),
+               "--batches", *map(str, args.batches)] + (["--batch1-medium"] if args.batch1_medium else [])  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(export)}
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=export).stdout
+        result = json.loads(out.strip().splitlines()[-1])
+        if not result["where"].startswith(str(export)):
+            raise RuntimeError(f"the baseline run imported worker from {result['where']}, not the export")
+        return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
+    ap.add_argument("--repeats", type=int, default=3, help="runs per point; the fastest is kept")
+    ap.add_argument("--baseline-rev", default=None, help="a git revision to measure the same way, side by side")
+    ap.add_argument("--batch1-medium", action="store_true", help="add batch-1 ms/token on the 29M bench model")
+    ap.add_argument("--json", action="store_true", help="print one JSON line (used for the baseline run)")
+    args = ap.parse_args()
+    if args.json:
+        print(json.dumps(measure(args.batches, args.repeats, args.batch1_medium)))
+        return
+    base = measure_revision(args.baseline_rev, args) if args.baseline_rev else None
+    now = measure(args.batches, args.repeats, args.batch1_medium)
+    print(f"CPU per decode step, negligible model (Llama 2 layers, hidden 64, vocab {VOCAB}), 16-token prompts, "
+          f"greedy, 1 thread; best of {args.repeats}")  # fmt: skip
+    head = f"{'batch':>5} {'ms/step':>8} {'us/seq/step':>11}"
+    if base:
+        head += f" {'base ms/step':>12} {'base us/seq':>11} {'speed-up':>8}   (base = {args.baseline_rev})"
+    print(head)
+    for batch in args.batches:
+        ms = now["steps"][batch]
+        line = f"{batch:>5} {ms:>8.2f} {1e3 * ms / batch:>11.1f}"
+        if base:
+            b = base["steps"][str(batch)]
+            line += f" {b:>12.2f} {1e3 * b / batch:>11.1f} {b / ms:>7.1f}x"
+        print(line)
+    if args.batch1_medium:
+        line = f"\nbatch-1 decode, demo 'medium' Llama (fp32, 1 thread): {now['batch1_medium_ms']:.2f} ms/token"
+        if base:
+            line += f"; base {base['batch1_medium_ms']:.2f} ms/token"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
