@@ -42,7 +42,9 @@ class NativeDecodeAttention(PagedAttentionKernel):
         out = self._outputs(q, k_cache, v_cache, out, lse)
         if batch == 0:
             return out
-        tables = block_tables.to(torch.int32).contiguous()
+        tables = block_tables.to(torch.int32)
+        if tables.stride(1) != 1:  # rows may be strided (a view of a wider table): read in place
+            tables = tables.contiguous()
         lens = context_lens.to(torch.int32).contiguous()
         status = self._fn(
             q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.stride(0),

@@ -93,17 +93,20 @@ class ModelRunner:
         if not num_sampled:
             return InFlightStep(sample_rows, sample_rows.copy(), torch.zeros(0, dtype=torch.int64), None, None, prompt)
         b = self.batch
-        srows_dev = to_device(sample_rows, self.device)
-        counter = b.num_tokens[sample_rows] + b.num_pending[sample_rows] - 1 - b.num_prompt[sample_rows]
-        params = SamplingRows(
-            b.temperature[sample_rows], b.top_k[sample_rows], b.top_p[sample_rows],
-            rows.fparams.index_select(0, srows_dev), rows.iparams.index_select(0, srows_dev),
-            to_device(counter, self.device),
-        )  # fmt: skip
-        tokens = self.sampler.sample(sampled, params)
-        rows.last_token.index_copy_(0, srows_dev, tokens)  # the next decode step's inputs
-        hits = stop_hits(tokens, rows.stop_ids.index_select(0, srows_dev))
-        packed = _to_host(tokens | (hits.to(torch.int64) << 32))
+        temperature = b.temperature[sample_rows]
+        if not rows.copy and not temperature.any():  # the CPU, greedy: the same work in numpy, no torch ops
+            tokens, packed = self._greedy_on_host(sampled, sample_rows)
+        else:
+            srows_dev = to_device(sample_rows, self.device)
+            counter = b.num_tokens[sample_rows] + b.num_pending[sample_rows] - 1 - b.num_prompt[sample_rows]
+            params = SamplingRows(
+                temperature, b.top_k[sample_rows], b.top_p[sample_rows], rows.fparams.index_select(0, srows_dev),
+                rows.iparams.index_select(0, srows_dev), to_device(counter, self.device),
+            )  # fmt: skip
+            tokens = self.sampler.sample(sampled, params)
+            rows.last_token.index_copy_(0, srows_dev, tokens)  # the next decode step's inputs
+            hits = stop_hits(tokens, rows.stop_ids.index_select(0, srows_dev))
+            packed = _to_host(tokens | (hits.to(torch.int64) << 32))
         logprobs = None
         ks = b.logprobs_k[sample_rows]
         want = np.flatnonzero(ks >= 0)
@@ -117,6 +120,15 @@ class ModelRunner:
             ready = torch.cuda.Event()
             ready.record()
         return InFlightStep(sample_rows, b.seq_id[sample_rows], packed, ready, logprobs, prompt)
+
+    def _greedy_on_host(self, logits: torch.Tensor, sample_rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the device path computes for greedy rows when the device is this CPU and the mirrored
+        arrays are the host's: (tokens, packed), with numpy (a few us) instead of ~8 torch ops."""
+        b = self.batch
+        ids = logits.numpy().argmax(-1).astype(np.int64)
+        b.last_token[sample_rows] = ids  # the next decode step's inputs
+        hits = (b.stop_ids[sample_rows] == ids[:, None]).any(-1)
+        return torch.from_numpy(ids), torch.from_numpy(ids | (hits.astype(np.int64) << 32))
 
     def _logits(self, inputs: StepInputs) -> torch.Tensor:
         """fp32 logits of the step's logits rows (see step_inputs)."""

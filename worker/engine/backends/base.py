@@ -53,6 +53,15 @@ class Backend:
     def supports(cls, device: torch.device) -> bool:
         raise NotImplementedError
 
+    def rotary_store(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+    ) -> None:  # fmt: skip
+        """apply_rotary on q and k in place, then store_kv_cache of k and v at meta.slot_mapping: what
+        every layer does before attending. A backend may fuse the two (one pass, one launch)."""
+        self.apply_rotary(q, k, positions, cos_sin)
+        self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+
     def attention(
         self,
         q: torch.Tensor,
@@ -68,6 +77,12 @@ class Backend:
         Stores k/v at meta.slot_mapping first, so each token sees itself and the step's earlier tokens.
         """
         self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        return self.attend(q, k_cache, v_cache, meta, scale)
+
+    def attend(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        """`attention` once the step's K/V are in the cache (see rotary_store)."""
         out = torch.empty_like(q)
         p = meta.num_prefill_tokens
         if p:
@@ -93,8 +108,14 @@ class Backend:
     ) -> torch.Tensor:
         """Like `attention`, but returns [N, Hq, D] for meta.output_rows only; every row's k/v is
         stored. Each kept row is one query over its sequence's cache up to its own position."""
-        assert meta.output_rows is not None  # invariant: only called when the step keeps a subset
         self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        return self.attend_rows(q, k_cache, v_cache, meta, scale)
+
+    def attend_rows(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        """`attention_rows` once the step's K/V are in the cache."""
+        assert meta.output_rows is not None  # invariant: only called when the step keeps a subset
         rows = meta.output_rows
         if rows.numel() == 0:
             return q.new_empty((0, *q.shape[1:]))

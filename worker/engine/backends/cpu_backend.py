@@ -57,6 +57,22 @@ class CpuBackend(TorchBackend):
         if not self.elementwise.apply_rotary(q, k, positions, cos_sin):
             super().apply_rotary(q, k, positions, cos_sin)
 
+    def rotary_store(  # type: ignore[override]
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+    ) -> None:  # fmt: skip
+        """Rotary and the K/V store in one C pass. Every layer of a step passes tensors of the same
+        shapes, strides and dtypes, so the first layer's check holds for the step (meta.scratch)."""
+        fits = meta.scratch.get("rotary_store")
+        if fits is None:
+            fits = self.elementwise.supports_rotary_store(q, k, v, positions, cos_sin, k_cache, v_cache,
+                                                          meta.slot_mapping)  # fmt: skip
+            meta.scratch["rotary_store"] = fits
+        if not fits:
+            super().rotary_store(q, k, v, positions, cos_sin, k_cache, v_cache, meta)
+            return
+        self.elementwise.rotary_store(q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping, checked=True)
+
     def prefill_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
         out: torch.Tensor,

@@ -4,6 +4,12 @@ Module and parameter names follow Hugging Face's, except that q/k/v and gate/up 
 fused into one nn.Linear each (`qkv_proj`, `gate_up_proj`; see loader.internal_name). All
 projections stay nn.Linear modules so worker.engine.quant can swap them. Inputs are flat (varlen):
 T tokens of many sequences in one [T, ...] tensor; no padding.
+
+The layer loop is the engine's hot path (a decode step runs it once per layer for the whole batch):
+the layers, norms, attention and MLP modules are entered through `.forward` directly, not through
+nn.Module.__call__ (whose hook bookkeeping costs ~1-2 us a call, ~10 calls a layer); hooks on them
+do not fire. The projections (nn.Linear or its quantized replacements) are called normally, so
+hooks on those work (quantization calibration uses them).
 """
 
 from __future__ import annotations
@@ -58,11 +64,11 @@ class Attention(nn.Module):
         k = k.reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
         v = v.reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
-            q = self.q_norm(q.reshape(-1, cfg.head_dim))[0].view(tokens, cfg.num_heads, cfg.head_dim)
-            k = self.k_norm(k.reshape(-1, cfg.head_dim))[0].view(tokens, cfg.num_kv_heads, cfg.head_dim)
-        self.backend.apply_rotary(q, k, positions, cos_sin)
-        attend = self.backend.attention_rows if rows_only else self.backend.attention
-        out = attend(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+            q = self.q_norm.forward(q.reshape(-1, cfg.head_dim))[0].view(tokens, cfg.num_heads, cfg.head_dim)
+            k = self.k_norm.forward(k.reshape(-1, cfg.head_dim))[0].view(tokens, cfg.num_kv_heads, cfg.head_dim)
+        self.backend.rotary_store(q, k, v, positions, cos_sin, kv_cache[0], kv_cache[1], meta)
+        attend = self.backend.attend_rows if rows_only else self.backend.attend
+        out = attend(q, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out.reshape(-1, cfg.q_size))
 
 
@@ -96,12 +102,12 @@ class DecoderLayer(nn.Module):
         rows_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """rows_only: every row's K/V goes to the cache; the output holds meta.output_rows only."""
-        h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, positions, meta, kv_cache, cos_sin, rows_only)
+        h, residual = self.input_layernorm.forward(x, residual)
+        h = self.self_attn.forward(h, positions, meta, kv_cache, cos_sin, rows_only)
         if rows_only:
             residual = residual.index_select(0, meta.output_rows)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+        h, residual = self.post_attention_layernorm.forward(h, residual)
+        return self.mlp.forward(h), residual
 
 
 class DecoderBody(nn.Module):
@@ -143,13 +149,15 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """Final hidden states (normed): [T, hidden], or [N, hidden] for meta.output_rows when set
         (the last layer then skips the other rows: only their K/V are needed, by later tokens)."""
-        x = self.model.embed_tokens(input_ids)
+        body = self.model
+        x = body.embed_tokens(input_ids)
         residual = None
-        last = len(self.model.layers) - 1
-        for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
+        cos_sin = self.cos_sin
+        last = len(body.layers) - 1
+        for i, (layer, kv_cache) in enumerate(zip(body.layers, kv_caches, strict=True)):
             rows_only = i == last and meta.output_rows is not None
-            x, residual = layer(x, residual, positions, meta, kv_cache, self.cos_sin, rows_only)
-        return self.model.norm(x, residual)[0]
+            x, residual = layer.forward(x, residual, positions, meta, kv_cache, cos_sin, rows_only)
+        return body.norm.forward(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> fp32 logits [N, vocab]."""
