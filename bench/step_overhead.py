@@ -54,26 +54,45 @@ def negligible_model(out: Path) -> Path:
     return path
 
 
-def decode_cost(engine, prompts: list[list[int]], repeats: int, steps: int = STEPS) -> float:
-    """CPU seconds per decode step of `engine` on `prompts` (see the module docstring)."""
+class ModelClock:
+    """CPU seconds spent inside the model (forward + logits), to split a step into model and host."""
+
+    def __init__(self, model) -> None:
+        self.seconds = 0.0
+        for name in ("forward", "compute_logits"):
+            inner = getattr(model, name)
+            setattr(model, name, self._timed(inner))
+
+    def _timed(self, fn):
+        def timed(*args, **kwargs):
+            t0 = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.process_time() - t0
+
+        return timed
+
+
+def decode_cost(engine, prompts: list[list[int]], repeats: int, steps: int = STEPS) -> tuple[float, float]:
+    """(CPU seconds per decode step, of which inside the model) of `engine` on `prompts` (see the
+    module docstring)."""
     from worker.engine import SamplingParams
 
+    clock = ModelClock(engine.runner.model)
     short = SamplingParams(max_tokens=SHORT, ignore_eos=True)
     long = SamplingParams(max_tokens=SHORT + steps, ignore_eos=True)
     engine.generate(prompts, long)  # warm-up: kernels built, caches touched
-    best_short = best_long = float("inf")
+    best = {short: (float("inf"), 0.0), long: (float("inf"), 0.0)}
     for _ in range(repeats):
         for params in (short, long):
-            t0 = time.process_time()
+            model0, t0 = clock.seconds, time.process_time()
             outs = engine.generate(prompts, params)
             spent = time.process_time() - t0
             if any(len(o.token_ids) != params.max_tokens for o in outs):
                 raise RuntimeError("the engine generated the wrong number of tokens")
-            if params is short:
-                best_short = min(best_short, spent)
-            else:
-                best_long = min(best_long, spent)
-    return (best_long - best_short) / steps
+            best[params] = min(best[params], (spent, clock.seconds - model0))
+    return (best[long][0] - best[short][0]) / steps, (best[long][1] - best[short][1]) / steps
 
 
 def measure(batches: list[int], repeats: int, batch1_medium: bool) -> dict:
@@ -84,7 +103,8 @@ def measure(batches: list[int], repeats: int, batch1_medium: bool) -> dict:
     from worker.engine import Engine, EngineConfig
 
     torch.set_num_threads(1)
-    result: dict = {"steps": {}, "batch1_medium_ms": None, "where": str(Path(worker.__file__).parent.parent)}
+    result: dict = {"steps": {}, "model": {}, "batch1_medium_ms": None,
+                    "where": str(Path(worker.__file__).parent.parent)}  # fmt: skip
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
         path = negligible_model(Path(tmp) / "tiny")
@@ -93,14 +113,15 @@ def measure(batches: list[int], repeats: int, batch1_medium: bool) -> dict:
                 path, EngineConfig(kv_cache_bytes=256 << 20, max_num_seqs=max(batch, 1), num_threads=1)
             )
             prompts = [[rng.randrange(3, VOCAB) for _ in range(16)] for _ in range(batch)]
-            result["steps"][batch] = 1e3 * decode_cost(engine, prompts, repeats)
+            step, model = decode_cost(engine, prompts, repeats)
+            result["steps"][batch], result["model"][batch] = 1e3 * step, 1e3 * model
         if batch1_medium:
             from worker.demo_model import make_demo_model
 
             medium = make_demo_model(Path(tmp) / "medium", "llama", size="medium")
             engine = Engine.from_pretrained(medium, EngineConfig(kv_cache_bytes=1 << 28, num_threads=1))
             prompt = [[rng.randrange(3, 4000) for _ in range(16)]]
-            result["batch1_medium_ms"] = 1e3 * decode_cost(engine, prompt, repeats, steps=48)
+            result["batch1_medium_ms"] = 1e3 * decode_cost(engine, prompt, repeats, steps=48)[0]
     return result
 
 
@@ -139,16 +160,18 @@ def main() -> None:
     now = measure(args.batches, args.repeats, args.batch1_medium)
     print(f"CPU per decode step, negligible model (Llama 2 layers, hidden 64, vocab {VOCAB}), 16-token prompts, "
           f"greedy, 1 thread; best of {args.repeats}")  # fmt: skip
-    head = f"{'batch':>5} {'ms/step':>8} {'us/seq/step':>11}"
+    print("(model = CPU ms inside the model's forward and logits; host = the rest of the step)")
+    head = f"{'batch':>5} {'ms/step':>8} {'us/seq/step':>11} {'model':>6} {'host':>6}"
     if base:
-        head += f" {'base ms/step':>12} {'base us/seq':>11} {'speed-up':>8}   (base = {args.baseline_rev})"
-    print(head)
+        head += f" | {'base ms/step':>12} {'base us/seq':>11} {'model':>6} {'host':>6} {'speed-up':>8} {'host x':>7}"
+    print(head + (f"   (base = {args.baseline_rev})" if base else ""))
     for batch in args.batches:
-        ms = now["steps"][batch]
-        line = f"{batch:>5} {ms:>8.2f} {1e3 * ms / batch:>11.1f}"
+        ms, model = now["steps"][batch], now["model"][batch]
+        line = f"{batch:>5} {ms:>8.2f} {1e3 * ms / batch:>11.1f} {model:>6.2f} {ms - model:>6.2f}"
         if base:
-            b = base["steps"][str(batch)]
-            line += f" {b:>12.2f} {1e3 * b / batch:>11.1f} {b / ms:>7.1f}x"
+            b, bm = base["steps"][str(batch)], base["model"][str(batch)]
+            line += (f" | {b:>12.2f} {1e3 * b / batch:>11.1f} {bm:>6.2f} {b - bm:>6.2f} {b / ms:>7.1f}x "
+                     f"{(b - bm) / max(ms - model, 1e-9):>6.1f}x")  # fmt: skip
         print(line)
     if args.batch1_medium:
         line = f"\nbatch-1 decode, demo 'medium' Llama (fp32, 1 thread): {now['batch1_medium_ms']:.2f} ms/token"

@@ -60,11 +60,13 @@ class NativeElementwise:
         )  # fmt: skip
 
     def rms_norm(
-        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+        *, checked: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:  # fmt: skip
         """kernels.reference.rms_norm: (normed * weight, the normed input: x + residual, or x); None
-        unless x (and residual) are 2-D fp32 CPU rows with a matching fp32 weight."""
-        if not self.supports_rms_norm(x, weight, residual):
+        unless x (and residual) are 2-D fp32 CPU rows with a matching fp32 weight. checked=True: the
+        caller has seen supports_rms_norm hold for tensors of these shapes, strides and dtypes."""
+        if not checked and not self.supports_rms_norm(x, weight, residual):
             return None
         rows, n = x.shape
         out = torch.empty(rows, n, dtype=torch.float32)
@@ -80,10 +82,10 @@ class NativeElementwise:
     def supports_silu_mul(self, gate_up: torch.Tensor) -> bool:
         return _rows_fp32(gate_up) and gate_up.shape[1] % 2 == 0
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
+    def silu_mul(self, gate_up: torch.Tensor, *, checked: bool = False) -> torch.Tensor | None:
         """kernels.reference.silu_mul: [rows, 2 * I] -> silu(gate) * up [rows, I]; None unless gate_up
-        is 2-D fp32 CPU rows of even width."""
-        if not self.supports_silu_mul(gate_up):
+        is 2-D fp32 CPU rows of even width (checked=True: known to be)."""
+        if not checked and not self.supports_silu_mul(gate_up):
             return None
         rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
         out = torch.empty(rows, inter, dtype=torch.float32)

@@ -8,8 +8,9 @@ T tokens of many sequences in one [T, ...] tensor; no padding.
 The layer loop is the engine's hot path (a decode step runs it once per layer for the whole batch):
 the layers, norms, attention and MLP modules are entered through `.forward` directly, not through
 nn.Module.__call__ (whose hook bookkeeping costs ~1-2 us a call, ~10 calls a layer); hooks on them
-do not fire. The projections (nn.Linear or its quantized replacements) are called normally, so
-hooks on those work (quantization calibration uses them).
+do not fire. The projections (nn.Linear or its quantized replacements) go through
+Backend.project, which calls any module that has hooks of its own (quantization calibration hooks
+them) and applies a plain nn.Linear directly.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Attention(nn.Module):
         """[T, hidden] -> [T, hidden], or [N, hidden] for meta.output_rows with `rows_only`."""
         cfg = self.cfg
         tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q, k, v = self.backend.project(self.qkv_proj, x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         q = q.reshape(tokens, cfg.num_heads, cfg.head_dim)  # strided views of the qkv output; rotary writes in place
         k = k.reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
         v = v.reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
@@ -69,7 +70,7 @@ class Attention(nn.Module):
         self.backend.rotary_store(q, k, v, positions, cos_sin, kv_cache[0], kv_cache[1], meta)
         attend = self.backend.attend_rows if rows_only else self.backend.attend
         out = attend(q, kv_cache[0], kv_cache[1], meta, self.scale)
-        return self.o_proj(out.reshape(-1, cfg.q_size))
+        return self.backend.project(self.o_proj, out.reshape(-1, cfg.q_size))
 
 
 class MLP(nn.Module):
@@ -80,7 +81,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.backend.silu_mul(self.gate_up_proj(x)))
+        backend = self.backend
+        return backend.project(self.down_proj, backend.silu_mul(backend.project(self.gate_up_proj, x)))
 
 
 class DecoderLayer(nn.Module):
@@ -124,6 +126,7 @@ class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, backend: Backend, max_positions: int) -> None:
         super().__init__()
         self.cfg = cfg
+        self.backend = backend
         self.model = DecoderBody(cfg, backend)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.max_positions = max_positions
@@ -161,4 +164,4 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> fp32 logits [N, vocab]."""
-        return self.lm_head(hidden).float()
+        return self.backend.project(self.lm_head, hidden).float()
