@@ -95,6 +95,25 @@ def decode_cost(engine, prompts: list[list[int]], repeats: int, steps: int = STE
     return (best[long][0] - best[short][0]) / steps, (best[long][1] - best[short][1]) / steps
 
 
+def projections_alone(model, repeats: int) -> tuple[float, float]:
+    """(ms, MB): one token's projections and lm_head alone, torch's M=1 matmuls over the model's own
+    weights in layer order (best of `repeats`), and the bytes they read: the floor a batch-1 decode
+    step sits on when the weights stream from memory."""
+    import torch
+
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights}
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats):
+            t0 = time.process_time()
+            for _ in range(10):
+                for w in weights:
+                    torch.nn.functional.linear(inputs[w.shape[1]], w)
+            best = min(best, (time.process_time() - t0) / 10)
+    return 1e3 * best, sum(w.numel() * w.element_size() for w in weights) / 1e6
+
+
 def measure(batches: list[int], repeats: int, batch1_medium: bool) -> dict:
     """{"steps": {batch: ms per step}, "batch1_medium_ms": ms per token or None, "where": path}."""
     import torch
@@ -122,6 +141,7 @@ def measure(batches: list[int], repeats: int, batch1_medium: bool) -> dict:
             engine = Engine.from_pretrained(medium, EngineConfig(kv_cache_bytes=1 << 28, num_threads=1))
             prompt = [[rng.randrange(3, 4000) for _ in range(16)]]
             result["batch1_medium_ms"] = 1e3 * decode_cost(engine, prompt, repeats, steps=48)[0]
+            result["gemv_ms"], result["weight_mb"] = projections_alone(engine.runner.model, repeats)
     return result
 
 
@@ -178,6 +198,9 @@ def main() -> None:
         if base:
             line += f"; base {base['batch1_medium_ms']:.2f} ms/token"
         print(line)
+        print(f"  its projections + lm_head alone (torch M=1 matmuls, {now['weight_mb']:.0f} MB of weights): "
+              f"{now['gemv_ms']:.2f} ms ({now['weight_mb'] / now['gemv_ms']:.1f} GB/s); the rest of a step: "
+              f"{now['batch1_medium_ms'] - now['gemv_ms']:.2f} ms")  # fmt: skip
 
 
 if __name__ == "__main__":
