@@ -73,6 +73,14 @@ class PersistentBatch:
         self.logprobs_k = np.full(r, -1, np.int64)  # -1: no logprobs
         self._free = list(range(r))  # a heap: the lowest free row first
         self._admissions = 0
+        # bumped whenever the set of rows past their prefill changes (join, leave, prefill done), so
+        # a steady decode step reuses the last decode rows instead of searching the arrays again
+        self.version = 0
+        self._past_prefill = (-1, np.zeros(0, np.int64))  # (version, active rows not prefilling)
+        # rows whose sampled tokens need per-row host work: stop strings or logprobs (counts, so a
+        # step without any skips looking); rows that draw (temperature > 0)
+        self.num_special = 0
+        self.num_drawing = 0
         # rows whose device copies are stale: joined (every mirrored array) / got blocks (block table)
         self.joined: set[int] = set()
         self.grew: set[int] = set()
@@ -118,10 +126,13 @@ class PersistentBatch:
         self.stop_ids[row, : len(stops)] = stops
         self.has_stop_strings[row] = bool(p.stop)
         self.logprobs_k[row] = -1 if p.logprobs is None else p.logprobs
+        self.num_special += bool(p.stop) or p.logprobs is not None
+        self.num_drawing += p.temperature > 0
         self.num_blocks[row] = 0
         self.sync_blocks(seq, row)
         seq.batch, seq.row = self, row
         self.joined.add(row)
+        self.version += 1
         return row
 
     def remove(self, seq: Sequence) -> None:
@@ -134,7 +145,15 @@ class PersistentBatch:
         self.token_lists[row] = []
         self.active[row] = False
         self.seq_id[row] = -1
+        self.num_special -= bool(self.has_stop_strings[row]) or self.logprobs_k[row] >= 0
+        self.num_drawing -= self.temperature[row] > 0
         heapq.heappush(self._free, row)
+        self.version += 1
+
+    def prefill_done(self, row: int) -> None:
+        """The row's last prompt chunk is scheduled: from now on it decodes."""
+        self.prefilling[row] = False
+        self.version += 1
 
     # ---- updates -------------------------------------------------------------------------
     def sync_blocks(self, seq: Sequence, row: int | None = None) -> None:
@@ -146,23 +165,40 @@ class PersistentBatch:
             self.num_blocks[row] = len(table)
             self.grew.add(row)
 
-    def append_tokens(self, rows: np.ndarray, ids: list[int]) -> None:
+    def append_tokens(self, rows: np.ndarray, ids: list[int], ascending: bool = False) -> None:
         """The host received ids[i] for rows[i] (all active): appended to their sequences' token lists
         (C-level map, no per-row Python bytecode) and counted."""
+        at = self.span(rows, ascending)
         if len(rows) == 1:
             self.token_lists[int(rows[0])].append(ids[0])
         elif len(rows):
-            deque(map(list.append, operator.itemgetter(*rows.tolist())(self.token_lists), ids), maxlen=0)
-        self.num_tokens[rows] += 1
-        self.num_pending[rows] -= 1
+            lists = self.token_lists[at] if isinstance(at, slice) else operator.itemgetter(*rows.tolist())(self.token_lists)
+            deque(map(list.append, lists, ids), maxlen=0)
+        self.num_tokens[at] += 1
+        self.num_pending[at] -= 1
 
     # ---- queries -------------------------------------------------------------------------
     def decode_rows(self) -> np.ndarray:
-        """Active rows (ascending) past their prefill with exactly one uncomputed token and room for
-        another: the rows a decode step runs."""
-        total = self.num_tokens + self.num_pending
-        ready = self.active & ~self.prefilling & (self.num_computed == total - 1) & (total < self.limit)
-        return np.flatnonzero(ready)
+        """Active rows (ascending) past their prefill with room for another token: the rows a decode
+        step runs. (A row past its prefill always has exactly one token not computed: its newest,
+        maybe still being sampled.) Rows whose last token is in flight are left out (overlap)."""
+        version, rows = self._past_prefill
+        if version != self.version:
+            rows = np.flatnonzero(self.active & ~self.prefilling)
+            self._past_prefill = (self.version, rows)
+        if rows.size and int(rows[-1]) == rows.size - 1:  # packed at the front: views, not gathers
+            room = self.num_computed[: rows.size] + 1 < self.limit[: rows.size]
+        else:
+            room = self.num_computed[rows] + 1 < self.limit[rows]
+        return rows if room.all() else rows[room]
+
+    @staticmethod
+    def span(rows: np.ndarray, ascending: bool = True) -> slice | np.ndarray:
+        """An index for `rows` (distinct; ascending unless told otherwise): the slice [0, n) when they
+        are exactly the first n rows (numpy views instead of gathers: the common, packed case), else
+        the rows themselves."""
+        n = rows.size
+        return slice(0, n) if ascending and n and int(rows[-1]) == n - 1 else rows
 
     def sequences(self, rows: np.ndarray) -> list[Sequence]:
         return [self.seqs[r] for r in rows.tolist()]  # type: ignore[misc]
@@ -183,3 +219,6 @@ class PersistentBatch:
             raise AssertionError(f"row {r} block table differs from the sequence's")
         if self.token_lists[r] is not seq.token_ids or not self.active[r] or self.seqs[r] is not seq:
             raise AssertionError(f"row {r} does not point at its sequence")
+        total = self.num_tokens[r] + self.num_pending[r]
+        if not self.prefilling[r] and self.num_computed[r] != total - 1:
+            raise AssertionError(f"row {r} is past its prefill but has {total - self.num_computed[r]} tokens to compute")

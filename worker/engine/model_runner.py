@@ -25,18 +25,27 @@ from worker.engine.step_inputs import PromptScores, StepInputs, build_step
 
 @dataclass
 class InFlightStep:
-    """A launched step's results, on the host once `wait()` returns."""
+    """A launched step's results, on the host once `results()` returns."""
 
     rows: np.ndarray  # int64 [S]: batch row of each sampled token
     seq_ids: np.ndarray  # int64 [S]: the sequence in that row at launch
-    packed: torch.Tensor  # int64 [S] on the host: token id | stop hit << 32
+    version: int  # the batch's membership version at launch (unchanged: every row still holds it)
+    ascending: bool  # rows ascending (a decode-only step)
+    packed: torch.Tensor  # int64 [S] on the host (once ready): token id | stop hit << 32
     ready: torch.cuda.Event | None
     logprobs: tuple[np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor] | None  # (indices, values, ids, sampled)
     prompt: list[tuple[PromptScores, torch.Tensor]]  # prompt logprobs per scored chunk, on the host
+    tokens: np.ndarray | None = None  # int64 [S], set at once when the host computed them
+    hits: np.ndarray | None = None  # bool [S]: the token is a stop token of its row
 
-    def wait(self) -> None:
-        if self.ready is not None:
-            self.ready.synchronize()
+    def results(self) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids, stop hits), waiting for the device's copy if needed."""
+        if self.tokens is None:
+            if self.ready is not None:
+                self.ready.synchronize()
+            packed = self.packed.numpy()
+            self.tokens, self.hits = packed & 0xFFFFFFFF, (packed >> 32) != 0
+        return self.tokens, self.hits  # type: ignore[return-value]
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
@@ -90,12 +99,14 @@ class ModelRunner:
             logits[p.offset : p.offset + p.count],
             to_device(np.asarray(p.seq.token_ids[p.first + 1 : p.first + 1 + p.count], np.int64), self.device))))
             for p in inputs.prompt]  # fmt: skip
-        if not num_sampled:
-            return InFlightStep(sample_rows, sample_rows.copy(), torch.zeros(0, dtype=torch.int64), None, None, prompt)
         b = self.batch
+        if not num_sampled:
+            none = np.zeros(0, np.int64)
+            return InFlightStep(sample_rows, none, b.version, True, torch.zeros(0, dtype=torch.int64), None, None,
+                                prompt, none, np.zeros(0, np.bool_))  # fmt: skip
         temperature = b.temperature[sample_rows]
-        if not rows.copy and not temperature.any():  # the CPU, greedy: the same work in numpy, no torch ops
-            tokens, packed = self._greedy_on_host(sampled, sample_rows)
+        if not rows.copy and not (b.num_drawing and temperature.any()):  # CPU, greedy: numpy, no torch ops
+            return self._greedy_on_host(sampled, sample_rows, inputs.sample_rows_ascending, prompt)
         else:
             srows_dev = to_device(sample_rows, self.device)
             counter = b.num_tokens[sample_rows] + b.num_pending[sample_rows] - 1 - b.num_prompt[sample_rows]
@@ -107,28 +118,40 @@ class ModelRunner:
             rows.last_token.index_copy_(0, srows_dev, tokens)  # the next decode step's inputs
             hits = stop_hits(tokens, rows.stop_ids.index_select(0, srows_dev))
             packed = _to_host(tokens | (hits.to(torch.int64) << 32))
-        logprobs = None
-        ks = b.logprobs_k[sample_rows]
-        want = np.flatnonzero(ks >= 0)
-        if want.size:
-            idx = to_device(want, self.device)
-            values, ids, chosen = self.sampler.logprobs(sampled.index_select(0, idx), tokens.index_select(0, idx),
-                                                        int(ks[want].max()))  # fmt: skip
-            logprobs = (want, _to_host(values), _to_host(ids), _to_host(chosen))
         ready = None
         if self.device.type == "cuda":
             ready = torch.cuda.Event()
             ready.record()
-        return InFlightStep(sample_rows, b.seq_id[sample_rows], packed, ready, logprobs, prompt)
+        return InFlightStep(sample_rows, b.seq_id[sample_rows], b.version, inputs.sample_rows_ascending, packed, ready,
+                            self._logprobs(sampled, tokens, sample_rows), prompt)  # fmt: skip
 
-    def _greedy_on_host(self, logits: torch.Tensor, sample_rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """What the device path computes for greedy rows when the device is this CPU and the mirrored
-        arrays are the host's: (tokens, packed), with numpy (a few us) instead of ~8 torch ops."""
+    def _logprobs(self, sampled: torch.Tensor, tokens: torch.Tensor, sample_rows: np.ndarray) -> tuple | None:
+        """InFlightStep.logprobs for the sampled rows whose requests asked for them (None: no row)."""
         b = self.batch
-        ids = logits.numpy().argmax(-1).astype(np.int64)
-        b.last_token[sample_rows] = ids  # the next decode step's inputs
-        hits = (b.stop_ids[sample_rows] == ids[:, None]).any(-1)
-        return torch.from_numpy(ids), torch.from_numpy(ids | (hits.astype(np.int64) << 32))
+        if not b.num_special:
+            return None
+        ks = b.logprobs_k[sample_rows]
+        want = np.flatnonzero(ks >= 0)
+        if not want.size:
+            return None
+        idx = to_device(want, self.device)
+        values, ids, chosen = self.sampler.logprobs(sampled.index_select(0, idx), tokens.index_select(0, idx),
+                                                    int(ks[want].max()))  # fmt: skip
+        return want, _to_host(values), _to_host(ids), _to_host(chosen)
+
+    def _greedy_on_host(self, logits: torch.Tensor, sample_rows: np.ndarray, ascending: bool,
+                        prompt: list) -> InFlightStep:  # fmt: skip
+        """What the device path does for greedy rows when the device is this CPU and the mirrored
+        arrays are the host's, with numpy (a few us) instead of ~10 small torch ops."""
+        b = self.batch
+        ids = logits.numpy().argmax(-1)
+        at = b.span(sample_rows, ascending)
+        b.last_token[at] = ids  # the next decode step's inputs
+        hits = (b.stop_ids[at] == ids[:, None]).any(-1)
+        logprobs = self._logprobs(logits, torch.from_numpy(ids), sample_rows)
+        seq_ids = b.seq_id[at].copy()  # a slice is a view: the rows' owners may change before apply
+        return InFlightStep(sample_rows, seq_ids, b.version, ascending, torch.zeros(0, dtype=torch.int64), None,
+                            logprobs, prompt, ids, hits)  # fmt: skip
 
     def _logits(self, inputs: StepInputs) -> torch.Tensor:
         """fp32 logits of the step's logits rows (see step_inputs)."""

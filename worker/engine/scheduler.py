@@ -97,17 +97,25 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         rows = b.decode_rows()
         if rows.size:
-            grow = rows[b.num_computed[rows] >= b.num_blocks[rows] * self.bm.block_size]
-            if grow.size:
-                self._grow(grow, rows, out)
+            bs = self.bm.block_size
+            at = b.span(rows)
+            positions = b.num_computed[at]
+            grow = positions >= b.num_blocks[at] * bs
+            if grow.any():
+                self._grow(rows[grow], rows, out)
                 rows = rows[b.active[rows]]  # preempted and dropped rows left the batch
-            positions = b.num_computed[rows]
-            b.num_computed[rows] = positions + 1
-            b.num_pending[rows] += 1
+                at = b.span(rows)
+                positions = b.num_computed[at]
+            if isinstance(at, slice):
+                positions = positions.copy()  # a view would follow the increment below
+            b.num_computed[at] += 1
+            b.num_pending[at] += 1
             out.decode_rows, out.decode_positions = rows, positions
             budget -= rows.size
-            if self.bm.enable_prefix_caching:
-                self.commit_rows(rows)
+            if self.bm.enable_prefix_caching:  # blocks this step fills, where the host has their tokens
+                full = rows[(positions + 1) % bs == 0]
+                if full.size:
+                    self.commit_rows(full)
         for seq in list(self.prefilling):
             if budget <= 0:
                 break
@@ -208,7 +216,7 @@ class Scheduler:
         samples = end == len(seq.token_ids) + seq.num_pending
         if samples:
             self.batch.num_pending[seq.row] += 1
-            self.batch.prefilling[seq.row] = False
+            self.batch.prefill_done(seq.row)
             self.prefilling.remove(seq)
         first = last = 0
         if seq.prompt_logprobs is not None:

@@ -40,6 +40,7 @@ class StepInputs:
     meta: AttentionMetadata
     logit_rows: torch.Tensor | None  # int64 [N]: hidden rows that need logits; None: every row
     sample_rows: np.ndarray  # int64 [S]: batch row of each sampled logits row (the last S rows)
+    sample_rows_ascending: bool  # only decode rows sample (they come ascending)
     prompt: list[PromptScores]
     num_prefill_tokens: int  # T - decode rows
     decode_rows: np.ndarray  # int64 [D]
@@ -143,6 +144,6 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
         logit_rows = to_device(np.concatenate([np.asarray(logit_hidden, np.int64), np.arange(num_prefill, total)]),
                                device)  # fmt: skip
     meta = AttentionMetadata(slot_mapping=to_device(all_slots, device), **meta_args)
-    return StepInputs(input_ids, to_device(all_pos, device), meta, logit_rows, all_sample_rows, prompt,
-                      num_prefill, rows, pos)  # fmt: skip
+    return StepInputs(input_ids, to_device(all_pos, device), meta, logit_rows, all_sample_rows, not sample_rows,
+                      prompt, num_prefill, rows, pos)  # fmt: skip
 

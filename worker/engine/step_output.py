@@ -20,8 +20,6 @@ from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence
 from worker.engine.stats import EngineStats
 
-_MASK32 = 0xFFFFFFFF
-
 
 class StepOutputs:
     def __init__(self, scheduler: Scheduler, stats: EngineStats, stop_string: Callable[[Sequence], bool]) -> None:
@@ -32,19 +30,20 @@ class StepOutputs:
 
     def apply(self, step: InFlightStep) -> list[Sequence]:
         """Wait for the step's results and apply them; returns the sequences that finished."""
-        step.wait()
+        tokens, hits = step.results()
         for scores, logp in step.prompt:
             if not scores.seq.is_finished:
                 scores.seq.prompt_logprobs.extend(logp.tolist())
         if not step.rows.size:
             return []
         b = self.batch
-        packed = step.packed.numpy()
-        tokens, hits = packed & _MASK32, (packed >> 32) != 0
-        live = b.seq_id[step.rows] == step.seq_ids
-        special = ~live | b.has_stop_strings[step.rows] | (b.logprobs_k[step.rows] >= 0)
         finished: list[Sequence] = []
-        if special.any():
+        if step.version == b.version and not b.num_special:
+            special = None  # every row still holds its sequence, none needs per-row work
+        else:
+            live = b.seq_id[step.rows] == step.seq_ids
+            special = ~live | b.has_stop_strings[step.rows] | (b.logprobs_k[step.rows] >= 0)
+        if special is not None and special.any():
             logprob_of = {} if step.logprobs is None else {int(i): j for j, i in enumerate(step.logprobs[0])}
             for i in np.flatnonzero(special).tolist():
                 seq = b.seqs[step.rows[i]] if live[i] else self._departed(int(step.seq_ids[i]))
@@ -56,16 +55,21 @@ class StepOutputs:
             rows = step.rows
         if not rows.size:
             return finished
-        b.append_tokens(rows, tokens.tolist())
+        b.append_tokens(rows, tokens.tolist(), step.ascending)
         self.stats.decode_tokens += rows.size
-        stopped = hits | (b.num_tokens[rows] >= b.limit[rows])
-        for j in np.flatnonzero(stopped).tolist():
-            seq = b.seqs[rows[j]]
-            seq.finish("stop" if hits[j] else "length")
-            self.scheduler.finish(seq)
-            finished.append(seq)
-        if self.scheduler.bm.enable_prefix_caching:
-            self.scheduler.commit_rows(rows[b.active[rows]])
+        at = b.span(rows, step.ascending)
+        num_tokens = b.num_tokens[at]
+        stopped = hits | (num_tokens >= b.limit[at])
+        if stopped.any():
+            for j in np.flatnonzero(stopped).tolist():
+                seq = b.seqs[rows[j]]
+                seq.finish("stop" if hits[j] else "length")
+                self.scheduler.finish(seq)
+                finished.append(seq)
+        if self.scheduler.bm.enable_prefix_caching:  # a block whose last token just arrived (overlap)
+            full = rows[num_tokens % b.block_size == 0]
+            if full.size:
+                self.scheduler.commit_rows(full[b.active[full]])
         return finished
 
     def _departed(self, seq_id: int) -> Sequence | None:
