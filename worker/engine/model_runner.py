@@ -48,6 +48,9 @@ class InFlightStep:
         return self.tokens, self.hits  # type: ignore[return-value]
 
 
+_NO_TOKENS = torch.zeros(0, dtype=torch.int64)  # InFlightStep.packed when the host has the tokens already
+
+
 def _to_host(t: torch.Tensor) -> torch.Tensor:
     if t.device.type == "cpu":
         return t
@@ -102,12 +105,13 @@ class ModelRunner:
         b = self.batch
         if not num_sampled:
             none = np.zeros(0, np.int64)
-            return InFlightStep(sample_rows, none, b.version, True, torch.zeros(0, dtype=torch.int64), None, None,
-                                prompt, none, np.zeros(0, np.bool_))  # fmt: skip
-        temperature = b.temperature[sample_rows]
-        if not rows.copy and not (b.num_drawing and temperature.any()):  # CPU, greedy: numpy, no torch ops
+            return InFlightStep(sample_rows, none, b.version, True, _NO_TOKENS, None, None, prompt, none,
+                                np.zeros(0, np.bool_))  # fmt: skip
+        drawing = b.num_drawing and b.temperature[sample_rows].any()
+        if not rows.copy and not drawing:  # the CPU, greedy: numpy, no torch ops
             return self._greedy_on_host(sampled, sample_rows, inputs.sample_rows_ascending, prompt)
         else:
+            temperature = b.temperature[sample_rows]
             srows_dev = to_device(sample_rows, self.device)
             counter = b.num_tokens[sample_rows] + b.num_pending[sample_rows] - 1 - b.num_prompt[sample_rows]
             params = SamplingRows(
@@ -150,8 +154,7 @@ class ModelRunner:
         hits = (b.stop_ids[at] == ids[:, None]).any(-1)
         logprobs = self._logprobs(logits, torch.from_numpy(ids), sample_rows)
         seq_ids = b.seq_id[at].copy()  # a slice is a view: the rows' owners may change before apply
-        return InFlightStep(sample_rows, seq_ids, b.version, ascending, torch.zeros(0, dtype=torch.int64), None,
-                            logprobs, prompt, ids, hits)  # fmt: skip
+        return InFlightStep(sample_rows, seq_ids, b.version, ascending, _NO_TOKENS, None, logprobs, prompt, ids, hits)
 
     def _logits(self, inputs: StepInputs) -> torch.Tensor:
         """fp32 logits of the step's logits rows (see step_inputs)."""

@@ -92,7 +92,7 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+        out = SchedulerOutput([], _NO_ROWS, _NO_ROWS, [], [])
         b = self.batch
         budget = self.config.max_num_batched_tokens
         rows = b.decode_rows()
@@ -116,7 +116,7 @@ class Scheduler:
                 full = rows[(positions + 1) % bs == 0]
                 if full.size:
                     self.commit_rows(full)
-        for seq in list(self.prefilling):
+        for seq in list(self.prefilling) if self.prefilling else ():
             if budget <= 0:
                 break
             if seq.batch is None:  # preempted above
@@ -139,7 +139,7 @@ class Scheduler:
                 b.sync_blocks(seq)
                 out.chunks.append(self._take(seq, n))
                 budget -= n
-        if not out.num_preempted:
+        if self.waiting and not out.num_preempted:
             self._admit(budget, out)
         return out
 

@@ -64,7 +64,33 @@ def decode_tables(dev: DeviceRows, rows: np.ndarray, rows_dev: torch.Tensor, wid
     return dev.block_table.index_select(0, rows_dev)[:, :width]
 
 
+def decode_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) -> StepInputs:
+    """build_step for a step of decode rows only (the steady state): a handful of numpy operations,
+    views instead of gathers when the rows are the first n."""
+    bs = batch.block_size
+    rows, pos = sched.decode_rows, sched.decode_positions
+    at = batch.span(rows)
+    slots = batch.block_table[rows, pos // bs].astype(np.int64) * bs + pos % bs
+    below = pos < batch.protected[at]  # a fully cached prompt recomputes its last token: no store
+    if below.any():
+        slots[below] = -1
+    if isinstance(at, slice):
+        ids = dev.last_token[at]
+        tables = dev.block_table[at, : int(pos.max()) // bs + 1]
+    else:
+        rows_dev = to_device(rows, dev.device)
+        ids = dev.last_token.index_select(0, rows_dev)
+        tables = decode_tables(dev, rows, rows_dev, int(pos.max()) // bs + 1)
+    meta = AttentionMetadata(
+        slot_mapping=to_device(slots, dev.device), num_prefill_tokens=0,
+        decode_context_lens=to_device((pos + 1).astype(np.int32), dev.device), decode_block_tables=tables,
+    )  # fmt: skip
+    return StepInputs(ids, to_device(pos, dev.device), meta, None, rows, True, [], 0, rows, pos)
+
+
 def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) -> StepInputs:
+    if not sched.chunks:
+        return decode_step(sched, batch, dev)
     device, bs = dev.device, batch.block_size
     ids: list[int] = []
     positions: list[int] = []
