@@ -14,7 +14,10 @@ each, alternating). CPU seconds (time.process_time), so other load on the machin
 same measurement there in a subprocess (PYTHONPATH at the export, so its `worker` package is used);
 the table then shows both side by side, and the ratio.
 --batch1-medium adds batch-1 decode on bench/engine_vs_hf.py's model (demo size "medium", fp32): ms
-per generated token, by the same difference.
+per generated token, by the same difference, and that model's projections alone.
+--host-only replaces the model's forward and logits by stubs returning fixed tensors of the right
+shapes (tokens are then garbage but the counts are right): the engine's host work alone, steadier
+than the difference of two noisy numbers.
 """
 
 from __future__ import annotations
@@ -74,6 +77,22 @@ class ModelClock:
         return timed
 
 
+def stub_model(model) -> None:
+    """The model's forward and logits replaced by slices of fixed tensors (works on any revision:
+    the engine calls model(input_ids, positions, meta, kv_caches) and model.compute_logits(hidden))."""
+    import torch
+
+    cfg = model.cfg
+    hidden, logits = torch.zeros(8192, cfg.hidden_size), torch.randn(8192, cfg.vocab_size)
+
+    def forward(input_ids, positions, meta, kv_caches):
+        rows = getattr(meta, "output_rows", None)
+        return hidden[: input_ids.shape[0] if rows is None else rows.shape[0]]
+
+    model.forward = forward
+    model.compute_logits = lambda h: logits[: h.shape[0]]
+
+
 def decode_cost(engine, prompts: list[list[int]], repeats: int, steps: int = STEPS) -> tuple[float, float]:
     """(CPU seconds per decode step, of which inside the model) of `engine` on `prompts` (see the
     module docstring)."""
@@ -114,7 +133,7 @@ def projections_alone(model, repeats: int) -> tuple[float, float]:
     return 1e3 * best, sum(w.numel() * w.element_size() for w in weights) / 1e6
 
 
-def measure(batches: list[int], repeats: int, batch1_medium: bool) -> dict:
+def measure(batches: list[int], repeats: int, batch1_medium: bool, host_only: bool = False) -> dict:
     """{"steps": {batch: ms per step}, "batch1_medium_ms": ms per token or None, "where": path}."""
     import torch
 
@@ -132,6 +151,8 @@ def measure(batches: list[int], repeats: int, batch1_medium: bool) -> dict:
                 path, EngineConfig(kv_cache_bytes=256 << 20, max_num_seqs=max(batch, 1), num_threads=1)
             )
             prompts = [[rng.randrange(3, VOCAB) for _ in range(16)] for _ in range(batch)]
+            if host_only:
+                stub_model(engine.runner.model)
             step, model = decode_cost(engine, prompts, repeats)
             result["steps"][batch], result["model"][batch] = 1e3 * step, 1e3 * model
         if batch1_medium:
@@ -156,7 +177,8 @@ def measure_revision(rev: str, args: argparse.Namespace) -> dict:
         with tarfile.open(tar_path) as tar:
             tar.extractall(export, filter="data")
         cmd = [sys.executable, str(Path(__file__).resolve()), "--json", "--repeats", str(args.repeats),
-               "--batches", *map(str, args.batches)] + (["--batch1-medium"] if args.batch1_medium else [])  # fmt: skip
+               "--batches", *map(str, args.batches)] + (["--batch1-medium"] if args.batch1_medium else []) + (
+               ["--host-only"] if args.host_only else [])  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(export)}
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=export).stdout
         result = json.loads(out.strip().splitlines()[-1])
@@ -171,15 +193,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs per point; the fastest is kept")
     ap.add_argument("--baseline-rev", default=None, help="a git revision to measure the same way, side by side")
     ap.add_argument("--batch1-medium", action="store_true", help="add batch-1 ms/token on the 29M bench model")
+    ap.add_argument("--host-only", action="store_true", help="stub the model: the engine's host work alone")
     ap.add_argument("--json", action="store_true", help="print one JSON line (used for the baseline run)")
     args = ap.parse_args()
+    if args.host_only and args.batch1_medium:
+        ap.error("--host-only stubs the model; run --batch1-medium separately")
     if args.json:
-        print(json.dumps(measure(args.batches, args.repeats, args.batch1_medium)))
+        print(json.dumps(measure(args.batches, args.repeats, args.batch1_medium, args.host_only)))
         return
     base = measure_revision(args.baseline_rev, args) if args.baseline_rev else None
-    now = measure(args.batches, args.repeats, args.batch1_medium)
+    now = measure(args.batches, args.repeats, args.batch1_medium, args.host_only)
     print(f"CPU per decode step, negligible model (Llama 2 layers, hidden 64, vocab {VOCAB}), 16-token prompts, "
-          f"greedy, 1 thread; best of {args.repeats}")  # fmt: skip
+          f"greedy, 1 thread; best of {args.repeats}" + ("; MODEL STUBBED (host work only)" if args.host_only else ""))  # fmt: skip
     print("(model = CPU ms inside the model's forward and logits; host = the rest of the step)")
     head = f"{'batch':>5} {'ms/step':>8} {'us/seq/step':>11} {'model':>6} {'host':>6}"
     if base:

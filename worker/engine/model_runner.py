@@ -23,7 +23,7 @@ from worker.engine.scheduler import SchedulerOutput
 from worker.engine.step_inputs import PromptScores, StepInputs, build_step
 
 
-@dataclass
+@dataclass(slots=True)
 class InFlightStep:
     """A launched step's results, on the host once `results()` returns."""
 

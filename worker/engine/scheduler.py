@@ -44,7 +44,7 @@ class ScheduledChunk:
     prompt_end: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)  # prefill part: admitted / prefilling
     decode_rows: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # batch rows decoding, ascending

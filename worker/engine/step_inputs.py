@@ -33,7 +33,7 @@ class PromptScores:
     count: int
 
 
-@dataclass
+@dataclass(slots=True)
 class StepInputs:
     input_ids: torch.Tensor  # int64 [T] on the device
     positions: torch.Tensor  # int64 [T]

@@ -66,7 +66,9 @@ class StepOutputs:
                 seq.finish("stop" if hits[j] else "length")
                 self.scheduler.finish(seq)
                 finished.append(seq)
-        if self.scheduler.bm.enable_prefix_caching:  # a block whose last token just arrived (overlap)
+        if self.scheduler.bm.enable_prefix_caching and self.scheduler.config.overlap_steps:
+            # a computed block whose last token just arrived (without overlap, the token of a block's
+            # last position is on the host when that position is scheduled: committed then)
             full = rows[num_tokens % b.block_size == 0]
             if full.size:
                 self.scheduler.commit_rows(full[b.active[full]])
