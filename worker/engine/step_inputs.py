@@ -125,14 +125,15 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
     rows, pos = sched.decode_rows, sched.decode_positions
     num_decode = rows.size
     all_sample_rows = np.concatenate([np.asarray(sample_rows, np.int64), rows])
-    meta_args: dict = {"num_prefill_tokens": num_prefill}
-    if num_prefill:
-        width = max(len(t) for t in tables)
-        meta_args.update(
-            prefill_cu_seqlens_q=to_device(np.asarray(cu, np.int32), device),
-            prefill_context_lens=to_device(np.asarray(lens, np.int32), device),
-            prefill_block_tables=to_device(_pad(tables, width), device),
-        )
+    meta_args: dict = {
+        "num_prefill_tokens": num_prefill,  # > 0: there are chunks
+        "prefill_cu_seqlens_q": to_device(np.asarray(cu, np.int32), device),
+        "prefill_context_lens": to_device(np.asarray(lens, np.int32), device),
+        "prefill_block_tables": to_device(_pad(tables, max(len(t) for t in tables)), device),
+    }
+    all_pos = np.concatenate([np.asarray(positions, np.int64), pos])
+    all_slots = np.asarray(slots, np.int64)
+    input_ids = to_device(np.asarray(ids, np.int64), device)
     if num_decode:
         dslots = batch.block_table[rows, pos // bs].astype(np.int64) * bs + pos % bs
         dslots[pos < batch.protected[rows]] = -1
@@ -141,15 +142,8 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
             decode_context_lens=to_device((pos + 1).astype(np.int32), device),
             decode_block_tables=decode_tables(dev, rows, rows_dev, int(pos.max()) // bs + 1),
         )
-        decode_ids = dev.last_token.index_select(0, rows_dev)
-    all_pos = np.concatenate([np.asarray(positions, np.int64), pos]) if num_prefill else pos
-    all_slots = np.concatenate([np.asarray(slots, np.int64), dslots]) if num_prefill and num_decode else (
-        np.asarray(slots, np.int64) if num_prefill else dslots)  # fmt: skip
-    if num_prefill:
-        pre_ids = to_device(np.asarray(ids, np.int64), device)
-        input_ids = torch.cat([pre_ids, decode_ids]) if num_decode else pre_ids
-    else:
-        input_ids = decode_ids
+        all_slots = np.concatenate([all_slots, dslots])
+        input_ids = torch.cat([input_ids, dev.last_token.index_select(0, rows_dev)])
     logit_hidden = prompt_hidden + sample_hidden  # then the decode rows
     total = num_prefill + num_decode
     logit_rows = None
