@@ -171,7 +171,8 @@ class Engine:
         launched = None
         if sched.chunks or sched.decode_rows.size:
             # this step's work: sched.num_prefill_tokens prompt (or recomputed) tokens and
-            # sched.decode_rows.size decode tokens; the decode tokens are counted as they arrive
+            # sched.num_scheduled_tokens - sched.num_prefill_tokens decode tokens (decode_tokens
+            # counts them as they reach the host)
             self.stats.computed_prefill_tokens += sched.num_prefill_tokens
             self.stats.steps += 1
             launched = self.runner.execute(sched)
