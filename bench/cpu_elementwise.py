@@ -57,6 +57,17 @@ def main() -> None:
         total_ref += t_ref * (2 if name.startswith("rms") else 1)  # two norms per layer
         total_c += t_c * (2 if name.startswith("rms") else 1)
         print(f"{name:<20} {t_ref:>9.2f} {t_c:>7.2f} {t_ref / t_c:>5.1f}x")
+    # the engine's layers run rotary fused with the K/V store: against the C rotary + torch store
+    v = qkv[:, (HQ + HKV) * D :].view(T, HKV, D)
+    k_cache, v_cache = torch.zeros(T // 16 + 8, 16, HKV, D), torch.zeros(T // 16 + 8, 16, HKV, D)
+    slots = torch.randperm(k_cache.shape[0] * 16)[:T]
+    for tokens in (T, 64):
+        args = (q[:tokens], k[:tokens], v[:tokens], positions[:tokens], slots[:tokens])
+        t_two = cpu_ms(lambda a=args: (native.apply_rotary(a[0], a[1], a[3], cos_sin),
+                                       reference.store_kv_cache(a[1], a[2], k_cache, v_cache, a[4])))  # fmt: skip
+        t_one = cpu_ms(lambda a=args: native.rotary_store(a[0], a[1], a[2], a[3], cos_sin, k_cache, v_cache, a[4]))
+        print(f"rotary + K/V store, {tokens} tokens: C rotary then torch store {t_two:.3f} ms, fused C "
+              f"{t_one:.3f} ms ({t_two / t_one:.1f}x)")
     weights = [torch.randn(n, kk) for n, kk in (((HQ + 2 * HKV) * D, H), (H, HQ * D), (2 * INTER, H), (H, INTER))]
     inputs = [x, torch.randn(T, HQ * D), x, torch.randn(T, INTER)]
     t_mm = sum(cpu_ms(lambda a=a, w=w: F.linear(a, w), calls=3, rounds=3) for a, w in zip(inputs, weights, strict=True))

@@ -199,11 +199,11 @@ def main() -> None:
                     hf_runs.append(run_hf(hf, w, args.hf_batch_size))
             rows.append((w, min(engine_runs, key=lambda t: t.cpu), min(hf_runs, key=lambda t: t.cpu), counts))
         print(f"\n{'workload':<14} {'prompts':>7} {'tokens':>8} {'freight tok/s':>14} {'hf tok/s':>9} "
-              f"{'ratio':>6} {'ratio (cpu s)':>13} {'computed/prompt':>16}")  # fmt: skip
+              f"{'ratio':>6} {'ratio (cpu s)':>13} {'computed/prompt':>16} {'freight cpu s':>14}")  # fmt: skip
         for w, te, th, c in rows:
             print(f"{w.name:<14} {len(w.prompts):>7} {w.tokens:>8} {w.tokens / te.wall:>14.0f} "
                   f"{w.tokens / th.wall:>9.0f} {th.wall / te.wall:>5.1f}x {th.cpu / te.cpu:>12.1f}x "
-                  f"{c['computed'] / c['prompt']:>15.1%}")  # fmt: skip
+                  f"{c['computed'] / c['prompt']:>15.1%} {te.cpu:>14.2f}")  # fmt: skip
         rate = matmul_gflops(cfg.hidden_size, cfg.intermediate_size, getattr(torch, args.dtype))
         if not args.skip_hf:
             print_bounds(rows, hf, rate, args.dtype, read_gbps())

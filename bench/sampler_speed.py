@@ -2,8 +2,8 @@
 
 Same logits for both (N rows x vocabulary V, fp32, random), temperature 0.8, optionally top-k 50 and
 top-p 0.9; transformers runs the LogitsProcessorList its `generate` builds for these settings, then
-`torch.multinomial` (one shared generator: it has no per-request seeds). freight draws each row
-from its own request's seeded generator. Prints ms per step and the ratio.
+`torch.multinomial` (one shared generator: it has no per-request seeds). freight draws each row at
+a counter-based uniform of its own request's seed and token index. Prints ms per step and the ratio.
 
     .venv/bin/python bench/sampler_speed.py [--rows 256] [--device cpu|cuda]
 """
@@ -14,11 +14,11 @@ import argparse
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
-from worker.engine.sampler import Sampler
-from worker.engine.sampling_params import SamplingParams
-from worker.engine.sequence import Sequence
+from worker.engine.batch_state import seed_keys
+from worker.engine.sampler import Sampler, SamplingRows
 
 
 def per_step_ms(fn: Callable[[], object], device: str, reps: int = 5) -> float:
@@ -44,8 +44,11 @@ def compare(rows: int, vocab: int, top_k: int, top_p: float, device: str) -> tup
 
     logits = torch.randn(rows, vocab, device=device)
     ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
-    params = SamplingParams(temperature=0.8, top_k=top_k, top_p=top_p)
-    seqs = [Sequence(i, i, [1], params, seed=i) for i in range(rows)]
+    keys = np.array([seed_keys(i) for i in range(rows)], np.int64)
+    params = SamplingRows.from_host(
+        np.full(rows, 0.8, np.float32), np.full(rows, top_k, np.int64), np.full(rows, top_p, np.float32), keys,
+        np.zeros(rows, np.int64), torch.device(device),
+    )  # fmt: skip
     sampler = Sampler()
     warpers = LogitsProcessorList([TemperatureLogitsWarper(0.8)])
     if top_k:
@@ -57,7 +60,7 @@ def compare(rows: int, vocab: int, top_k: int, top_p: float, device: str) -> tup
         probs = warpers(ids, logits.clone()).softmax(-1)
         return torch.multinomial(probs, 1)[:, 0].tolist()
 
-    return per_step_ms(lambda: sampler.sample(logits, seqs), device), per_step_ms(hf_step, device)
+    return per_step_ms(lambda: sampler.sample(logits, params).tolist(), device), per_step_ms(hf_step, device)
 
 
 def main() -> None:

@@ -34,16 +34,24 @@ class NativeDecodeAttention(PagedAttentionKernel):
         start_block: int = 0,
         lse: torch.Tensor | None = None,
         num_threads: int | None = None,
+        checked: bool = False,
     ) -> torch.Tensor:
         """q [B, Hq, D] attends keys start_block * block_size .. context_lens[b] - 1; returns out
         [B, Hq, D] (fp32, contiguous). lse: an fp32 [B, Hq] tensor to receive each head's log-sum-exp.
-        Every sequence must have at least one key past start_block."""
+        Every sequence must have at least one key past start_block. checked=True skips the checks and
+        conversions: the caller passes tensors it has already seen pass them this step (out given,
+        int32 tables with dense rows, int32 contiguous lens), as the engine's layers do."""
         batch, num_heads, head_dim = q.shape
-        out = self._outputs(q, k_cache, v_cache, out, lse)
+        if checked:
+            tables, lens = block_tables, context_lens
+        else:
+            out = self._outputs(q, k_cache, v_cache, out, lse)
+            tables = block_tables.to(torch.int32)
+            if tables.stride(1) != 1:  # rows may be strided (a view of a wider table): read in place
+                tables = tables.contiguous()
+            lens = context_lens.to(torch.int32).contiguous()
         if batch == 0:
             return out
-        tables = block_tables.to(torch.int32).contiguous()
-        lens = context_lens.to(torch.int32).contiguous()
         status = self._fn(
             q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.stride(0),
             lens.data_ptr(), batch, num_heads, k_cache.shape[2], head_dim, k_cache.shape[1], start_block, scale,

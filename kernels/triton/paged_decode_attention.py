@@ -192,8 +192,11 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     *,
     config: DecodeConfig | None = None,
+    checked: bool = False,
 ) -> torch.Tensor:
     """q [B, Hq, D] attends keys 0..context_lens[b]-1 of its sequence; returns [B, Hq, D].
+    checked=True skips the argument checks (for a caller that saw them pass for the same shapes,
+    strides, dtypes and devices).
 
     k_cache, v_cache [num_blocks, block_size, Hkv, D]; block_tables int32 [B, max_blocks] (only
     entries below a sequence's context are read); context_lens int32 [B], each <= max_blocks *
@@ -202,35 +205,40 @@ def paged_decode_attention(
     trimmed to the batch's longest sequence.
     """
     cfg = config or DecodeConfig()
-    _, block_size, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
-    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
-    batch, num_heads, _ = q.shape
-    check_shape("q", q, (batch, num_heads, head_dim))
-    check_same_dtype(q=q, k_cache=k_cache)
-    group = check_gqa(num_heads, num_kv_heads)
-    check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32,))
-    check_shape("block_tables", block_tables, (batch, None))
-    check_tensor("context_lens", context_lens, ndim=1, dtypes=(torch.int32,))
-    check_shape("context_lens", context_lens, (batch,))
-    check_positive("scale", scale)
-    check_out("out", out, (batch, num_heads, head_dim), q)
-    for name, t in (
-        ("q", q),
-        ("k_cache", k_cache),
-        ("v_cache", v_cache),
-        ("block_tables", block_tables),
-        ("context_lens", context_lens),
-        ("out", out),
-    ):
-        check_last_dim_contiguous(name, t)
-    if k_cache.stride() != v_cache.stride():
-        raise ValueError(
-            f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}"
+    if checked:  # the caller saw the checks below pass for the same shapes, strides, dtypes
+        _, block_size, num_kv_heads, head_dim = k_cache.shape
+        batch, num_heads, _ = q.shape
+        group, device = num_heads // num_kv_heads, q.device
+    else:
+        _, block_size, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
+        check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+        batch, num_heads, _ = q.shape
+        check_shape("q", q, (batch, num_heads, head_dim))
+        check_same_dtype(q=q, k_cache=k_cache)
+        group = check_gqa(num_heads, num_kv_heads)
+        check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32,))
+        check_shape("block_tables", block_tables, (batch, None))
+        check_tensor("context_lens", context_lens, ndim=1, dtypes=(torch.int32,))
+        check_shape("context_lens", context_lens, (batch,))
+        check_positive("scale", scale)
+        check_out("out", out, (batch, num_heads, head_dim), q)
+        for name, t in (
+            ("q", q),
+            ("k_cache", k_cache),
+            ("v_cache", v_cache),
+            ("block_tables", block_tables),
+            ("context_lens", context_lens),
+            ("out", out),
+        ):
+            check_last_dim_contiguous(name, t)
+        if k_cache.stride() != v_cache.stride():
+            raise ValueError(
+                f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}"
+            )
+        device = check_same_device(
+            q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, context_lens=context_lens
         )
-    device = check_same_device(
-        q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, context_lens=context_lens
-    )
-    check_launchable(_decode_split_kernel, device)
+        check_launchable(_decode_split_kernel, device)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:

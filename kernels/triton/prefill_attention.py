@@ -238,53 +238,61 @@ def prefill_attention(
     out: torch.Tensor | None = None,
     *,
     config: PrefillConfig | None = None,
+    checked: bool = False,
 ) -> torch.Tensor:
     """Varlen causal attention for T new query tokens of B sequences; returns [T, Hq, D].
+    checked=True skips the argument checks (for a caller that saw them pass for the same shapes,
+    strides, dtypes and devices).
 
     cu_seqlens_q int32 [B+1] (rows cu[b]:cu[b+1] belong to sequence b); context_lens int32 [B]
     (cached prefix + chunk, >= the chunk); block_tables int32 [B, max_blocks]. One host sync reads
     the longest chunk to size the grid and checks the lengths against q and the block tables.
     """
     cfg = config or PrefillConfig()
-    _, block_size, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
-    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
-    tokens, num_heads, _ = q.shape
-    check_shape("q", q, (tokens, num_heads, head_dim))
-    check_same_dtype(q=q, k_cache=k_cache)
-    group = check_gqa(num_heads, num_kv_heads)
-    check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=(torch.int32,))
-    batch = cu_seqlens_q.shape[0] - 1
-    if batch < 0:
-        raise ValueError("cu_seqlens_q must hold B+1 offsets (at least [0])")
-    check_tensor("context_lens", context_lens, ndim=1, dtypes=(torch.int32,))
-    check_shape("context_lens", context_lens, (batch,))
-    check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32,))
-    check_shape("block_tables", block_tables, (batch, None))
-    check_positive("scale", scale)
-    check_out("out", out, (tokens, num_heads, head_dim), q)
-    for name, t in (
-        ("q", q),
-        ("k_cache", k_cache),
-        ("v_cache", v_cache),
-        ("block_tables", block_tables),
-        ("cu_seqlens_q", cu_seqlens_q),
-        ("context_lens", context_lens),
-        ("out", out),
-    ):
-        check_last_dim_contiguous(name, t)
-    if k_cache.stride() != v_cache.stride():
-        raise ValueError(
-            f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}"
+    if checked:  # the caller saw the checks below pass for the same shapes, strides, dtypes
+        _, block_size, num_kv_heads, head_dim = k_cache.shape
+        tokens, num_heads, _ = q.shape
+        batch, group, device = cu_seqlens_q.shape[0] - 1, num_heads // num_kv_heads, q.device
+    else:
+        _, block_size, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
+        check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+        tokens, num_heads, _ = q.shape
+        check_shape("q", q, (tokens, num_heads, head_dim))
+        check_same_dtype(q=q, k_cache=k_cache)
+        group = check_gqa(num_heads, num_kv_heads)
+        check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=(torch.int32,))
+        batch = cu_seqlens_q.shape[0] - 1
+        if batch < 0:
+            raise ValueError("cu_seqlens_q must hold B+1 offsets (at least [0])")
+        check_tensor("context_lens", context_lens, ndim=1, dtypes=(torch.int32,))
+        check_shape("context_lens", context_lens, (batch,))
+        check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32,))
+        check_shape("block_tables", block_tables, (batch, None))
+        check_positive("scale", scale)
+        check_out("out", out, (tokens, num_heads, head_dim), q)
+        for name, t in (
+            ("q", q),
+            ("k_cache", k_cache),
+            ("v_cache", v_cache),
+            ("block_tables", block_tables),
+            ("cu_seqlens_q", cu_seqlens_q),
+            ("context_lens", context_lens),
+            ("out", out),
+        ):
+            check_last_dim_contiguous(name, t)
+        if k_cache.stride() != v_cache.stride():
+            raise ValueError(
+                f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}"
+            )
+        device = check_same_device(
+            q=q,
+            k_cache=k_cache,
+            v_cache=v_cache,
+            cu_seqlens_q=cu_seqlens_q,
+            context_lens=context_lens,
+            block_tables=block_tables,
         )
-    device = check_same_device(
-        q=q,
-        k_cache=k_cache,
-        v_cache=v_cache,
-        cu_seqlens_q=cu_seqlens_q,
-        context_lens=context_lens,
-        block_tables=block_tables,
-    )
-    check_launchable(_prefill_kernel, device)
+        check_launchable(_prefill_kernel, device)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0 or tokens == 0:

@@ -54,23 +54,28 @@ def _rms_norm_kernel(
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, *, checked: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H], weight [H] -> (normed [T, H], residual_out [T, H]); with a residual, x + residual
-    is normalised and returned as residual_out, otherwise residual_out is x itself."""
-    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
-    tokens, hidden = x.shape
-    check_tensor("weight", weight, ndim=1, dtypes=FLOAT_DTYPES)
-    check_shape("weight", weight, (hidden,))
-    check_positive("eps", eps)
-    tensors = {"x": x, "weight": weight}
-    if residual is not None:
-        check_tensor("residual", residual, ndim=2, dtypes=(x.dtype,))
-        check_shape("residual", residual, (tokens, hidden))
-        tensors["residual"] = residual
-    for name, t in tensors.items():
-        check_last_dim_contiguous(name, t)
-    check_launchable(_rms_norm_kernel, check_same_device(**tensors))
+    is normalised and returned as residual_out, otherwise residual_out is x itself.
+    checked=True skips the argument checks (for a caller that saw them pass for the same shapes,
+    strides, dtypes and devices)."""
+    if checked:  # the caller saw the checks below pass for the same shapes, strides, dtypes
+        tokens, hidden = x.shape
+    else:
+        check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
+        tokens, hidden = x.shape
+        check_tensor("weight", weight, ndim=1, dtypes=FLOAT_DTYPES)
+        check_shape("weight", weight, (hidden,))
+        check_positive("eps", eps)
+        tensors = {"x": x, "weight": weight}
+        if residual is not None:
+            check_tensor("residual", residual, ndim=2, dtypes=(x.dtype,))
+            check_shape("residual", residual, (tokens, hidden))
+            tensors["residual"] = residual
+        for name, t in tensors.items():
+            check_last_dim_contiguous(name, t)
+        check_launchable(_rms_norm_kernel, check_same_device(**tensors))
     out = torch.empty((tokens, hidden), device=x.device, dtype=torch.promote_types(x.dtype, weight.dtype))
     residual_out = torch.empty_like(x) if residual is not None else x
     if tokens == 0:

@@ -60,27 +60,32 @@ def _rotary_kernel(
 
 
 def apply_rotary(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, *, checked: bool = False
 ) -> None:
     """Rotate q [T, Hq, D] and k [T, Hkv, D] in place at positions int64 [T];
     cos_sin_cache [max_pos, D]: row p = cat(cos[p, :D/2], sin[p, :D/2]). Positions must be
-    < max_pos (not checked on the device: that would cost a sync per call)."""
-    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
-    check_tensor("k", k, ndim=3, dtypes=FLOAT_DTYPES)
-    tokens, num_heads, head_dim = q.shape
-    if head_dim % 2:
-        raise ValueError(f"rotary needs an even head_dim, got {head_dim}")
-    check_shape("k", k, (tokens, None, head_dim))
-    check_tensor("positions", positions, ndim=1, dtypes=(torch.int64,))
-    check_shape("positions", positions, (tokens,))
-    check_tensor("cos_sin_cache", cos_sin_cache, ndim=2, dtypes=FLOAT_DTYPES)
-    check_shape("cos_sin_cache", cos_sin_cache, (None, head_dim))
-    for name, t in (("q", q), ("k", k), ("cos_sin_cache", cos_sin_cache), ("positions", positions)):
-        check_last_dim_contiguous(name, t)
-    check_writable("q", q)
-    check_writable("k", k)
-    device = check_same_device(q=q, k=k, positions=positions, cos_sin_cache=cos_sin_cache)
-    check_launchable(_rotary_kernel, device)
+    < max_pos (not checked on the device: that would cost a sync per call).
+    checked=True skips the argument checks (for a caller that saw them pass for the same shapes,
+    strides, dtypes and devices)."""
+    if checked:  # the caller saw the checks below pass for the same shapes, strides, dtypes
+        tokens, num_heads, head_dim = q.shape
+    else:
+        check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+        check_tensor("k", k, ndim=3, dtypes=FLOAT_DTYPES)
+        tokens, num_heads, head_dim = q.shape
+        if head_dim % 2:
+            raise ValueError(f"rotary needs an even head_dim, got {head_dim}")
+        check_shape("k", k, (tokens, None, head_dim))
+        check_tensor("positions", positions, ndim=1, dtypes=(torch.int64,))
+        check_shape("positions", positions, (tokens,))
+        check_tensor("cos_sin_cache", cos_sin_cache, ndim=2, dtypes=FLOAT_DTYPES)
+        check_shape("cos_sin_cache", cos_sin_cache, (None, head_dim))
+        for name, t in (("q", q), ("k", k), ("cos_sin_cache", cos_sin_cache), ("positions", positions)):
+            check_last_dim_contiguous(name, t)
+        check_writable("q", q)
+        check_writable("k", k)
+        device = check_same_device(q=q, k=k, positions=positions, cos_sin_cache=cos_sin_cache)
+        check_launchable(_rotary_kernel, device)
     if tokens == 0:
         return
     _rotary_kernel[(tokens,)](

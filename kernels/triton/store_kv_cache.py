@@ -62,25 +62,33 @@ def store_kv_cache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    checked: bool = False,
 ) -> None:
     """Scatter k, v [T, Hkv, D] into k_cache, v_cache [num_blocks, block_size, Hkv, D] by slot_mapping
-    int64 [T]. The caches must share strides (they are allocated together)."""
-    num_blocks, block_size, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
-    check_tensor("k", k, ndim=3, dtypes=FLOAT_DTYPES)
-    check_tensor("v", v, ndim=3, dtypes=FLOAT_DTYPES)
-    tokens = k.shape[0]
-    check_shape("k", k, (tokens, num_kv_heads, head_dim))
-    check_shape("v", v, (tokens, num_kv_heads, head_dim))
-    check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int64,))
-    check_shape("slot_mapping", slot_mapping, (tokens,))
-    if k_cache.stride() != v_cache.stride():
-        raise ValueError(
-            f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}"
-        )
-    check_writable("k_cache", k_cache)
-    check_last_dim_contiguous("slot_mapping", slot_mapping)
-    device = check_same_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
-    check_launchable(_store_kv_cache_kernel, device)
+    int64 [T]. The caches must share strides (they are allocated together).
+    checked=True skips the argument checks (for a caller that saw them pass for the same shapes,
+    strides, dtypes and devices)."""
+    if checked:  # the caller saw the checks below pass for the same shapes, strides, dtypes
+        num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+        tokens = k.shape[0]
+    else:
+        num_blocks, block_size, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
+        check_tensor("k", k, ndim=3, dtypes=FLOAT_DTYPES)
+        check_tensor("v", v, ndim=3, dtypes=FLOAT_DTYPES)
+        tokens = k.shape[0]
+        check_shape("k", k, (tokens, num_kv_heads, head_dim))
+        check_shape("v", v, (tokens, num_kv_heads, head_dim))
+        check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int64,))
+        check_shape("slot_mapping", slot_mapping, (tokens,))
+        if k_cache.stride() != v_cache.stride():
+            raise ValueError(
+                f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}"
+            )
+        check_writable("k_cache", k_cache)
+        check_last_dim_contiguous("slot_mapping", slot_mapping)
+        device = check_same_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
+        check_launchable(_store_kv_cache_kernel, device)
     if tokens == 0:
         return
     _store_kv_cache_kernel[(tokens,)](

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from worker.engine.batch_state import PersistentBatch
 from worker.engine.block_manager import BlockManager, chain_hashes
 from worker.engine.config import EngineConfig
 from worker.engine.sampling_params import SamplingParams
@@ -17,12 +19,23 @@ def _seq(i: int, tokens: list[int], **params: object) -> Sequence:
     return Sequence(i, i, tokens, SamplingParams(**params), seed=i)
 
 
+def _scheduler(cfg: EngineConfig, bm: BlockManager, max_model_len: int = 64) -> Scheduler:
+    batch = PersistentBatch(cfg.max_num_seqs, max_model_len // BS, BS, frozenset({2}))
+    return Scheduler(cfg, bm, batch, max_model_len)
+
+
+def _deliver(sched: Scheduler, out, token: int = 1) -> None:
+    """The step ran: its sampled rows get `token` (what the engine's StepOutputs does)."""
+    rows = np.concatenate([np.array([c.seq.row for c in out.chunks if c.samples], np.int64), out.decode_rows])
+    sched.batch.append_tokens(rows, [token] * rows.size)
+
+
 def _admit(bm: BlockManager, seq: Sequence) -> None:
     matched, hashes = bm.match_prefix(seq)
     assert bm.can_allocate(seq, matched)
     bm.allocate(seq, matched, hashes)
     seq.num_computed_tokens = seq.num_tokens  # pretend the whole prompt ran
-    bm.commit_computed(seq)
+    bm.commit_computed(seq, seq.num_tokens)
 
 
 def test_prefix_hits_refcounts_and_no_leaks() -> None:
@@ -73,7 +86,7 @@ def test_lru_eviction_reclaims_oldest_leaf_first() -> None:
 def test_pending_prefix_defers_admission_until_computed() -> None:
     cfg = EngineConfig(max_num_batched_tokens=8, max_num_seqs=4)
     bm = BlockManager(32, BS, enable_prefix_caching=True)
-    sched = Scheduler(cfg, bm)
+    sched = _scheduler(cfg, bm)
     prefix = list(range(1, 17))
     a, b = _seq(0, prefix + [50]), _seq(1, prefix + [60])
     sched.add(a)
@@ -90,7 +103,7 @@ def test_pending_prefix_defers_admission_until_computed() -> None:
 
 def test_scheduler_errors_a_prompt_larger_than_the_cache() -> None:
     bm = BlockManager(4, BS, enable_prefix_caching=False)
-    sched = Scheduler(EngineConfig(max_num_batched_tokens=64), bm)
+    sched = _scheduler(EngineConfig(max_num_batched_tokens=64), bm)
     big, small = _seq(0, list(range(40))), _seq(1, list(range(5)))
     sched.add(big)
     sched.add(small)
@@ -102,19 +115,17 @@ def test_scheduler_errors_a_prompt_larger_than_the_cache() -> None:
 
 def test_preemption_frees_and_requeues_the_newest() -> None:
     bm = BlockManager(4, BS, enable_prefix_caching=False)
-    sched = Scheduler(EngineConfig(max_num_batched_tokens=64, max_num_seqs=4), bm)
+    sched = _scheduler(EngineConfig(max_num_batched_tokens=64, max_num_seqs=4), bm)
     a, b = _seq(0, list(range(7))), _seq(1, list(range(7)))
     sched.add(a)
     sched.add(b)
-    sched.schedule()  # both admitted: 2 blocks each, cache full
-    for s in (a, b):
-        s.token_ids.append(1)  # sampled token; position 7 still fits in block 2
-    sched.schedule()
-    for s in (a, b):
-        s.token_ids.append(1)  # position 8 needs a third block each
+    _deliver(sched, sched.schedule())  # both admitted: 2 blocks each, cache full; sampled token 7
+    out = sched.schedule()  # position 7 still fits in block 2
+    assert out.decode_rows.tolist() == [a.row, b.row] and out.decode_positions.tolist() == [7, 7]
+    _deliver(sched, out)  # position 8 needs a third block each
     out = sched.schedule()
     assert out.num_preempted == 1 and sched.waiting[0] is b and b.num_computed_tokens == 0
-    assert [c.seq for c in out.chunks] == [a]
+    assert out.decode_rows.tolist() == [a.row] and not out.chunks and b.row == -1
     bm.check_invariants([a])
     for s in sched.abort_all():
         assert s.finish_reason == "cancelled"

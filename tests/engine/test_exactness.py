@@ -80,6 +80,24 @@ def test_preemption_small_kv_cache(make_checkpoint, expected) -> None:
 
 
 @pytest.mark.parametrize(
+    "modes", [{"static_decode": True}, {"overlap_steps": True}, {"static_decode": True, "overlap_steps": True}]
+)
+def test_hot_path_modes_match_transformers(make_checkpoint, expected, modes: dict) -> None:
+    """Decode on the padded static buffers (CUDA graphs' inputs, run eagerly here) and overlapped steps
+    keep greedy exactness, also with chunked prefill and preemption."""
+    got, _ = _run(make_checkpoint("qwen3").path, **modes)
+    assert got == expected("qwen3")
+    engine = Engine.from_pretrained(
+        make_checkpoint("llama").path,
+        EngineConfig(kv_cache_bytes=30 * 8192, max_num_seqs=8, max_num_batched_tokens=128, **modes),
+    )
+    outs = engine.generate(mixed_prompts(), GREEDY)
+    assert [o.token_ids for o in outs] == expected("llama")
+    assert engine.stats.preemptions > 0
+    engine.block_manager.check_invariants([])
+
+
+@pytest.mark.parametrize(
     ("arch", "overrides"),
     [
         ("mistral", {}),
@@ -132,8 +150,11 @@ def test_sharded_checkpoint_loads(make_checkpoint, expected, tmp_path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_greedy_long_mixed_batch_under_pressure(make_checkpoint, arch: str) -> None:
+@pytest.mark.parametrize(
+    ("arch", "modes"),
+    [("llama", {}), ("qwen2", {}), ("qwen3", {}), ("llama", {"static_decode": True, "overlap_steps": True})],
+)
+def test_greedy_long_mixed_batch_under_pressure(make_checkpoint, arch: str, modes: dict) -> None:
     """60 prompts up to 700 tokens, 24 new tokens, tiny token budget and KV cache together."""
     import random
 
@@ -148,7 +169,7 @@ def test_greedy_long_mixed_batch_under_pressure(make_checkpoint, arch: str) -> N
         for i in range(60)
     ]
     engine = Engine.from_pretrained(
-        ckpt.path, EngineConfig(kv_cache_bytes=80 * 8192, max_num_batched_tokens=96, max_num_seqs=12)
+        ckpt.path, EngineConfig(kv_cache_bytes=80 * 8192, max_num_batched_tokens=96, max_num_seqs=12, **modes)
     )
     outs = engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
     assert [o.token_ids for o in outs] == [hf_greedy(ckpt.model, p, 24) for p in prompts]

@@ -103,7 +103,7 @@ def test_backend_cascade_over_shared_prefix(head_dim: int) -> None:
     out = poisoned(len(lens), 8, head_dim)
     backend.decode_rows(q, k_cache, v_cache, meta, 0.125, out)
     if head_dim == 64:
-        assert meta.scratch["decode_shared"] == shared
+        assert meta.scratch["native_decode"][2] == shared  # (tables, lens, shared blocks)
     else:  # the torch path's plan, cascade included
         assert meta.scratch["decode"].shared_ids.tolist() == tables[0, :shared].tolist()
     assert_close(out, expected, atol=2e-5, rtol=1e-5)

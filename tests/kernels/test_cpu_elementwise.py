@@ -71,6 +71,51 @@ def test_rotary_matches_reference(native, threads: int, num_heads: int, num_kv_h
     assert torch.equal(qkv[:, (num_heads + num_kv_heads) * head_dim :], v_before)  # v untouched
 
 
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(8, 4, 64), (4, 2, 20), (4, 2, 16)])
+def test_rotary_store_matches_rotary_then_store(native, threads: int, num_heads: int, num_kv_heads: int,
+                                                head_dim: int) -> None:  # fmt: skip
+    """The fused pass equals the references' rotary followed by store_kv_cache, slot -1 skipped, bit
+    for bit in the cache (a copy of the same rotated k)."""
+    tokens, num_blocks, bs = 3000, 400, 16
+    cos_sin = cos_sin_cache(head_dim, 4096, 10000.0, None)
+    positions = torch.randint(0, 4096, (tokens,))
+    slots = torch.randperm(num_blocks * bs)[:tokens]
+    slots[::7] = -1  # shared cached blocks: not written
+    qkv = randn(tokens, (num_heads + 2 * num_kv_heads) * head_dim)
+    q = qkv[:, : num_heads * head_dim].view(tokens, num_heads, head_dim)
+    k = qkv[:, num_heads * head_dim : (num_heads + num_kv_heads) * head_dim].view(tokens, num_kv_heads, head_dim)
+    v = qkv[:, (num_heads + num_kv_heads) * head_dim :].view(tokens, num_kv_heads, head_dim)
+    k_cache, v_cache = randn(num_blocks, bs, num_kv_heads, head_dim), randn(num_blocks, bs, num_kv_heads, head_dim)
+    want_q, want_k = q.clone(), k.clone()
+    want_kc, want_vc = k_cache.clone(), v_cache.clone()
+    reference.apply_rotary(want_q, want_k, positions, cos_sin)
+    reference.store_kv_cache(want_k, v.clone(), want_kc, want_vc, slots)
+    assert native.supports_rotary_store(q, k, v, positions, cos_sin, k_cache, v_cache, slots)
+    assert native.rotary_store(q, k, v, positions, cos_sin, k_cache, v_cache, slots)
+    assert_close(q, want_q, atol=1e-5, rtol=1e-5)
+    assert_close(k, want_k, atol=1e-5, rtol=1e-5)
+    kept = slots[slots >= 0]
+    assert torch.equal(k_cache.flatten(0, 1)[kept], k[slots >= 0])  # the rotated k itself
+    assert torch.equal(v_cache.flatten(0, 1)[kept], v[slots >= 0])
+    assert_close(k_cache, want_kc, atol=1e-5, rtol=1e-5)
+    untouched = torch.ones(num_blocks * bs, dtype=torch.bool)
+    untouched[kept] = False
+    assert torch.equal(v_cache.flatten(0, 1)[untouched], want_vc.flatten(0, 1)[untouched])
+
+
+def test_rotary_store_refuses_slots_and_positions_out_of_range(native) -> None:
+    cos_sin = cos_sin_cache(16, 32, 10000.0, None)
+    q, k, v = randn(2, 2, 16), randn(2, 1, 16), randn(2, 1, 16)
+    kc, vc = randn(4, 4, 1, 16), randn(4, 4, 1, 16)
+    before = kc.clone()
+    with pytest.raises(IndexError, match="slot outside"):
+        native.rotary_store(q, k, v, torch.tensor([0, 1]), cos_sin, kc, vc, torch.tensor([3, 16]))
+    with pytest.raises(IndexError, match="rotary cache"):
+        native.rotary_store(q, k, v, torch.tensor([0, 32]), cos_sin, kc, vc, torch.tensor([3, 4]))
+    assert torch.equal(kc, before)  # refused before anything was written
+    assert not native.supports_rotary_store(q, k, v, torch.tensor([0, 1]), cos_sin, kc, vc, torch.tensor([3, 4], dtype=torch.int32))
+
+
 def test_rotary_refuses_positions_outside_the_cache(native) -> None:
     cos_sin = cos_sin_cache(16, 32, 10000.0, None)
     q, k = randn(2, 2, 16), randn(2, 1, 16)

@@ -67,3 +67,30 @@ def test_mixed_step_matches_torch_backend() -> None:
         part = select_backend(name, torch.device("cpu")).attention_rows(q, k, v, kc, vc, kept, 0.125)
         assert_close(part, full[rows], atol=2e-5, rtol=1e-4)
         assert torch.equal(kc, outs[0][1])  # every row's K/V stored, kept or not
+
+
+def test_argument_checks_run_once_per_signature(monkeypatch) -> None:
+    """The backend validates a wrapper's arguments the first time it sees their shapes, strides and
+    dtypes (checked=False), then launches with checked=True; a new signature is checked again, so a
+    bad argument is still refused with the wrapper's message."""
+    import pytest
+
+    import worker.engine.backends.triton_backend as module
+
+    backend = select_backend("triton", torch.device("cpu"))
+    seen = []
+    real = module.rms_norm
+
+    def spy(*args, checked=False):
+        seen.append(checked)
+        return real(*args, checked=checked)
+
+    monkeypatch.setattr(module, "rms_norm", spy)
+    x, w = randn(3, 32), randn(32)
+    first, _ = backend.rms_norm(x, w, 1e-6)
+    again, _ = backend.rms_norm(randn(3, 32), w, 1e-6)
+    backend.rms_norm(randn(5, 32), w, 1e-6)
+    assert seen == [False, True, False]
+    assert_close(first, backend.rms_norm(x, w, 1e-6)[0], atol=0, rtol=0)
+    with pytest.raises(ValueError, match="weight"):
+        backend.rms_norm(x, randn(16), 1e-6)

@@ -106,11 +106,12 @@ class BlockManager:
         seq.block_table.extend(self._take() for _ in range(need))
         return True
 
-    def commit_computed(self, seq: Sequence) -> None:
-        """Hash and cache seq's full blocks up to num_computed_tokens (call after scheduling a chunk)."""
+    def commit_computed(self, seq: Sequence, upto: int) -> None:
+        """Hash and cache seq's full blocks below position `upto`: at most its computed (or scheduled)
+        tokens, and only tokens the host has (a token still being sampled cannot be hashed yet)."""
         if not self.enable_prefix_caching:
             return
-        full = seq.num_computed_tokens // self.block_size
+        full = upto // self.block_size
         if full <= len(seq.block_hashes):
             return
         parent = seq.block_hashes[-1] if seq.block_hashes else _ROOT_HASH

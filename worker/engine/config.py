@@ -35,6 +35,15 @@ class EngineConfig:
     # torch intra-op threads, set process-wide at load; None leaves torch's choice. On a CPU shared
     # with other busy processes, 1 avoids threads spin-waiting on each other (often 5-10x faster).
     num_threads: int | None = None
+    # Decode steps as CUDA graphs captured at start (padded batch sizes 1, 2, 4, 8, 16, ...). None: on
+    # for CUDA; the CPU has no graphs (True there is refused).
+    cuda_graphs: bool | None = None
+    # Decode steps on the graphs' static padded buffers; None: exactly when cuda_graphs is on. On the
+    # CPU it runs them eagerly (no speed-up: it exists so tests check padding changes no token).
+    static_decode: bool | None = None
+    # Schedule step n+1 while the device runs step n (its tokens are applied after). None: on for
+    # CUDA; on the CPU there is nothing to overlap with (the host runs the model too).
+    overlap_steps: bool | None = None
 
     def __post_init__(self) -> None:
         if self.device.split(":")[0] not in ("cpu", "cuda"):
@@ -62,6 +71,20 @@ class EngineConfig:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1 or None, got {self.num_threads}")
+        cuda = self.torch_device.type == "cuda"
+        if self.cuda_graphs and not cuda:
+            raise ValueError(
+                "cuda_graphs=True needs device='cuda': the CPU has no CUDA graphs (leave it None; "
+                "static_decode=True runs the same padded decode buffers eagerly on the CPU)"
+            )
+        if self.cuda_graphs is None:
+            object.__setattr__(self, "cuda_graphs", cuda)
+        if self.static_decode is None:
+            object.__setattr__(self, "static_decode", self.cuda_graphs)
+        if self.cuda_graphs and not self.static_decode:
+            raise ValueError("cuda_graphs=True replays the static decode buffers; drop static_decode=False")
+        if self.overlap_steps is None:
+            object.__setattr__(self, "overlap_steps", cuda)
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2 or None, got {self.max_model_len}")
 

@@ -13,18 +13,20 @@ import structlog
 import torch
 
 from worker.engine.backends import select_backend
+from worker.engine.batch_state import PersistentBatch
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
+from worker.engine.decode_graphs import activation_bytes
 from worker.engine.loader import load_model, read_config
-from worker.engine.model_runner import ModelRunner
+from worker.engine.model_runner import InFlightStep, ModelRunner
 from worker.engine.models import ModelConfig
 from worker.engine.ordering import batch_order
 from worker.engine.outputs import RequestOutput
-from worker.engine.sampler import Sampler
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence
 from worker.engine.stats import EngineStats
+from worker.engine.step_output import StepOutputs
 from worker.engine.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
@@ -43,12 +45,16 @@ class Engine:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = runner.model.cfg.vocab_size
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config, self.block_manager)
-        self.sampler = Sampler()
-        self.stats = EngineStats()
         eos = tokenizer.eos_token_ids or runner.model.cfg.eos_token_ids
         self.eos_token_ids = frozenset(eos)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.batch = PersistentBatch(config.max_num_seqs, -(-max_model_len // config.block_size), config.block_size,
+                                     self.eos_token_ids)  # fmt: skip
+        runner.bind(self.batch, mirror=config.torch_device.type != "cpu", static_decode=bool(config.static_decode))
+        self.scheduler = Scheduler(config, self.block_manager, self.batch, max_model_len)
+        self.stats = EngineStats()
+        self.outputs = StepOutputs(self.scheduler, self.stats, self._stop_string)
+        self._in_flight: InFlightStep | None = None  # the launched step whose tokens are not applied yet
         self._next_seq_id = 0
 
     @classmethod
@@ -67,13 +73,21 @@ class Engine:
         backend = select_backend(config.backend, config.torch_device)
         model = load_model(model_dir, config, backend, max_positions=max_len)
         per_block = ModelRunner.kv_bytes_per_block(model, config.block_size, config.torch_dtype)
-        num_blocks = cls._kv_budget(config) // per_block
+        # the decode graphs' memory pool comes out of the KV budget (a generous bound of its size)
+        graph_bytes = activation_bytes(model, config.max_num_seqs, config.torch_dtype) if config.cuda_graphs else 0
+        num_blocks = max(0, cls._kv_budget(config) - graph_bytes) // per_block
         # More blocks than max_num_seqs full-length sequences cannot be used at once.
         num_blocks = min(num_blocks, config.max_num_seqs * -(-max_len // config.block_size) + 1)
         runner = ModelRunner(model, num_blocks, config.block_size, config.torch_device, config.torch_dtype)
         log.info("engine_ready", model_dir=str(model_dir), backend=backend.name, num_blocks=num_blocks,
                  max_model_len=max_len)  # fmt: skip
         engine = cls(model_dir, config, runner, tokenizer, max_len, num_blocks)
+        if config.cuda_graphs:
+            before = torch.cuda.memory_reserved(config.torch_device)
+            seconds = runner.graphs.capture()
+            log.info("cuda_graphs_captured", sizes=runner.graphs.sizes, seconds=round(seconds, 2),
+                     pool_bytes=torch.cuda.memory_reserved(config.torch_device) - before,
+                     reserved_bytes=graph_bytes)  # fmt: skip
         # Everything alive now (torch, the model, the libraries: ~300k objects) lives as long as the
         # engine. Freezing it keeps Python's cyclic collector from walking it again on each full
         # collection of a bulk job (~0.3 s apiece here; 0.3 s of a 20k-row job's planning alone).
@@ -131,54 +145,46 @@ class Engine:
         for j in order:
             self.scheduler.add(seqs[j])
         try:
-            while self.scheduler.has_unfinished():
+            while self.scheduler.has_unfinished() or self._in_flight is not None:
                 if should_stop is not None and should_stop():
                     dropped = self.scheduler.abort_all()
+                    self._in_flight = None
                     log.info("engine_stopped", aborted=len(dropped))
                     return
                 yield from (self._output(s) for s in self.step())
         finally:
-            if self.scheduler.has_unfinished():  # the caller closed the generator early
+            if self.scheduler.has_unfinished() or self._in_flight is not None:  # the caller closed early
                 self.scheduler.abort_all()
+                self._in_flight = None
 
     # ---- one step --------------------------------------------------------------------------
     def step(self) -> list[Sequence]:
-        """Schedule, run the model once, sample; returns the sequences that finished."""
+        """Schedule and launch a step; apply the tokens of the previous step (overlapped) or of this
+        one; returns the sequences that finished."""
         t0 = time.perf_counter()
-        prefill_before, decode_rows = self.stats.computed_prefill_tokens, 0  # for the time split below
         sched = self.scheduler.schedule()
         finished = list(sched.errored)
         self.stats.preemptions += sched.num_preempted
         for seq in sched.admitted:
             self.stats.prompt_tokens += seq.num_prompt_tokens
             self.stats.cached_tokens += seq.num_cached_tokens or 0
-        if sched.chunks:
-            step = self.runner.execute(sched.chunks)
-            sampling: list[Sequence] = []
-            rows: list[int] = []
-            for c, row, prompt_rows in zip(sched.chunks, step.sample_rows, step.prompt_rows, strict=True):
-                if c.num_tokens > 1 or c.seq.num_output_tokens == 0:
-                    self.stats.computed_prefill_tokens += c.num_tokens
-                else:  # a decode row: one token of a sequence already generating
-                    decode_rows += 1
-                if prompt_rows is not None:
-                    first, idx = prompt_rows
-                    self.sampler.prompt_logprobs(step.logits[idx], c.seq, first)
-                if row >= 0:
-                    sampling.append(c.seq)
-                    rows.append(row)
-            if sampling:
-                logits = step.logits if len(rows) == step.logits.shape[0] else step.logits[rows]
-                for seq, token in zip(sampling, self.sampler.sample(logits, sampling), strict=True):
-                    seq.token_ids.append(token)
-                    self.stats.decode_tokens += 1
-                    if self._check_finished(seq, token):
-                        self.scheduler.finish(seq)
-                        finished.append(seq)
+        launched = None
+        if sched.chunks or sched.decode_rows.size:
+            # this step's work: sched.num_prefill_tokens prompt (or recomputed) tokens and
+            # sched.num_scheduled_tokens - sched.num_prefill_tokens decode tokens (decode_tokens
+            # counts them as they reach the host)
+            self.stats.computed_prefill_tokens += sched.num_prefill_tokens
             self.stats.steps += 1
+            launched = self.runner.execute(sched)
+        if self.config.overlap_steps:  # the previous step ran on the device while this one was scheduled
+            done, self._in_flight = self._in_flight, launched
+        else:
+            done = launched
+        if done is not None:
+            finished.extend(self.outputs.apply(done))
         # busy time, split between prefill and decode by this step's token counts (EngineStats.add_busy)
-        prefill = self.stats.computed_prefill_tokens - prefill_before
-        self.stats.add_busy(time.perf_counter() - t0, prefill, decode_rows)
+        prefill = sched.num_prefill_tokens
+        self.stats.add_busy(time.perf_counter() - t0, prefill, sched.num_scheduled_tokens - prefill)
         return finished
 
     # ---- helpers ---------------------------------------------------------------------------
@@ -217,19 +223,6 @@ class Engine:
                 "(prompt + at least one generated token); shorten it"
             )
         return ids, None
-
-    def _check_finished(self, seq: Sequence, token: int) -> bool:
-        p = seq.params
-        if (
-            (token in self.eos_token_ids and not p.ignore_eos)
-            or token in p.stop_token_ids
-            or p.stop
-            and self._stop_string(seq)
-        ):
-            seq.finish("stop")
-        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            seq.finish("length")
-        return seq.is_finished
 
     def _stop_string(self, seq: Sequence) -> bool:
         """Cut seq.text before the earliest stop string, if the completion now contains one.

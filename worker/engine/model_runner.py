@@ -1,30 +1,61 @@
-"""ModelRunner: owns the model and the KV cache; turns a step's chunks into one varlen forward.
+"""ModelRunner: owns the model, the KV cache and the device copies of the batch; runs one step.
 
-The step's tokens are flattened into [T] tensors (no padding): multi-token chunks first (prefill
-attention over cu_seqlens), then one token per decoding sequence (paged decode attention). Logits
-are computed only for rows that need them: the last row of each chunk that samples, and, for
-prompt_logprobs requests, every prompt row.
+execute() launches a step without waiting for it: inputs (step_inputs), the forward (through the
+decode graphs for a pure-decode step when they are on), sampling and stop checks on the device, the
+sampled ids written into the device's last-token rows (the next decode step reads them there), and
+one device-to-host copy of the sampled ids with their stop flags. The returned InFlightStep is waited
+on only when its tokens are applied, so on CUDA the host can schedule the next step meanwhile.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from worker.engine.backends.base import AttentionMetadata
+from worker.engine.batch_state import PersistentBatch
+from worker.engine.decode_graphs import DecodeGraphs
+from worker.engine.device_rows import DeviceRows
 from worker.engine.models import CausalLM
-from worker.engine.scheduler import ScheduledChunk
+from worker.engine.sampler import Sampler, SamplingRows, stop_hits, to_device
+from worker.engine.scheduler import SchedulerOutput
+from worker.engine.step_inputs import PromptScores, StepInputs, build_step
 
 
-@dataclass(frozen=True)
-class StepLogits:
-    """logits fp32 [N, vocab]; sample_rows[i] is the row of chunk i's sampling logits (-1: none);
-    prompt_rows[i] = (first prompt position scored, rows) for chunks that collect prompt logprobs."""
+@dataclass(slots=True)
+class InFlightStep:
+    """A launched step's results, on the host once `results()` returns."""
 
-    logits: torch.Tensor
-    sample_rows: list[int]
-    prompt_rows: list[tuple[int, list[int]] | None]
+    rows: np.ndarray  # int64 [S]: batch row of each sampled token
+    seq_ids: np.ndarray  # int64 [S]: the sequence in that row at launch
+    version: int  # the batch's membership version at launch (unchanged: every row still holds it)
+    ascending: bool  # rows ascending (a decode-only step)
+    packed: torch.Tensor  # int64 [S] on the host (once ready): token id | stop hit << 32
+    ready: torch.cuda.Event | None
+    logprobs: tuple[np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor] | None  # (indices, values, ids, sampled)
+    prompt: list[tuple[PromptScores, torch.Tensor]]  # prompt logprobs per scored chunk, on the host
+    tokens: np.ndarray | None = None  # int64 [S], set at once when the host computed them
+    hits: np.ndarray | None = None  # bool [S]: the token is a stop token of its row
+
+    def results(self) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids, stop hits), waiting for the device's copy if needed."""
+        if self.tokens is None:
+            if self.ready is not None:
+                self.ready.synchronize()
+            packed = self.packed.numpy()
+            self.tokens, self.hits = packed & 0xFFFFFFFF, (packed >> 32) != 0
+        return self.tokens, self.hits  # type: ignore[return-value]
+
+
+_NO_TOKENS = torch.zeros(0, dtype=torch.int64)  # InFlightStep.packed when the host has the tokens already
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    if t.device.type == "cpu":
+        return t
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return out.copy_(t, non_blocking=True)
 
 
 class ModelRunner:
@@ -40,96 +71,100 @@ class ModelRunner:
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(cfg.num_layers)
         ]
+        self.sampler = Sampler()
+        self.rows: DeviceRows | None = None
+        self.graphs: DecodeGraphs | None = None
 
     @staticmethod
     def kv_bytes_per_block(model: CausalLM, block_size: int, dtype: torch.dtype) -> int:
         cfg = model.cfg
         return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
 
-    def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(data, dtype=dtype).to(self.device, non_blocking=True)
+    def bind(self, batch: PersistentBatch, mirror: bool, static_decode: bool) -> None:
+        """Attach the engine's persistent batch: device copies of its rows (mirror: separate tensors,
+        else views of the host arrays) and, with static_decode, the padded decode buffers."""
+        self.batch = batch
+        self.rows = DeviceRows(batch, self.device, copy=mirror)
+        if static_decode:
+            self.graphs = DecodeGraphs(self.model, self.kv_caches, batch.max_rows, batch.block_table.shape[1],
+                                       self.device)  # fmt: skip
 
     @torch.inference_mode()
-    def execute(self, chunks: list[ScheduledChunk]) -> StepLogits:
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        cu = [0]
-        pre_lens, pre_tables, dec_lens, dec_tables = [], [], [], []
-        sample_rows: list[int] = []
-        prompt_rows: list[tuple[int, list[int]] | None] = []
-        logit_rows: list[int] = []
-        logit_tables: list[list[int]] = []  # the block table of each logit row's sequence
-        for c in chunks:
-            seq, lo, hi = c.seq, c.start, c.start + c.num_tokens
-            row0 = len(input_ids)
-            input_ids.extend(seq.token_ids[lo:hi])
-            positions.extend(range(lo, hi))
-            table = seq.block_table
-            for p in range(lo, hi):
-                slots.append(-1 if p < seq.protected_len else table[p // bs] * bs + p % bs)
-            if c.num_tokens > 1:
-                cu.append(cu[-1] + c.num_tokens)
-                pre_lens.append(hi)
-                pre_tables.append(table[: -(-hi // bs)])
-            else:
-                dec_lens.append(hi)
-                dec_tables.append(table[: -(-hi // bs)])
-            # Prompt logprobs: position p's logits score token p+1, for p in [lo, hi) and p+1 < prompt.
-            if seq.prompt_logprobs is not None and len(seq.prompt_logprobs) < seq.num_prompt_tokens:
-                first = len(seq.prompt_logprobs) - 1  # position whose logits score the next missing token
-                end = min(hi, seq.num_prompt_tokens - 1)
-                if lo <= first < end:
-                    prompt_rows.append((first, list(range(len(logit_rows), len(logit_rows) + end - first))))
-                    logit_rows.extend(range(row0 + first - lo, row0 + end - lo))
-                    logit_tables.extend([table] * (end - first))
-                else:
-                    prompt_rows.append(None)
-            else:
-                prompt_rows.append(None)
-            if c.samples:
-                sample_rows.append(len(logit_rows))
-                logit_rows.append(row0 + c.num_tokens - 1)
-                logit_tables.append(table)
-            else:
-                sample_rows.append(-1)
+    def execute(self, sched: SchedulerOutput) -> InFlightStep:
+        rows = self.rows
+        rows.sync()
+        inputs = build_step(sched, self.batch, rows)
+        logits = self._logits(inputs)
+        sample_rows = inputs.sample_rows
+        num_sampled = sample_rows.size
+        sampled = logits[logits.shape[0] - num_sampled :]
+        prompt = [(p, _to_host(self.sampler.prompt_logprobs(
+            logits[p.offset : p.offset + p.count],
+            to_device(np.asarray(p.seq.token_ids[p.first + 1 : p.first + 1 + p.count], np.int64), self.device))))
+            for p in inputs.prompt]  # fmt: skip
+        b = self.batch
+        if not num_sampled:
+            none = np.zeros(0, np.int64)
+            return InFlightStep(sample_rows, none, b.version, True, _NO_TOKENS, None, None, prompt, none,
+                                np.zeros(0, np.bool_))  # fmt: skip
+        drawing = b.num_drawing and b.temperature[sample_rows].any()
+        if not rows.copy and not drawing:  # the CPU, greedy: numpy, no torch ops
+            return self._greedy_on_host(sampled, sample_rows, inputs.sample_rows_ascending, prompt)
+        else:
+            temperature = b.temperature[sample_rows]
+            srows_dev = to_device(sample_rows, self.device)
+            counter = b.num_tokens[sample_rows] + b.num_pending[sample_rows] - 1 - b.num_prompt[sample_rows]
+            params = SamplingRows(
+                temperature, b.top_k[sample_rows], b.top_p[sample_rows], rows.fparams.index_select(0, srows_dev),
+                rows.iparams.index_select(0, srows_dev), to_device(counter, self.device),
+            )  # fmt: skip
+            tokens = self.sampler.sample(sampled, params)
+            rows.last_token.index_copy_(0, srows_dev, tokens)  # the next decode step's inputs
+            hits = stop_hits(tokens, rows.stop_ids.index_select(0, srows_dev))
+            packed = _to_host(tokens | (hits.to(torch.int64) << 32))
+        ready = None
+        if self.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()
+        return InFlightStep(sample_rows, b.seq_id[sample_rows], b.version, inputs.sample_rows_ascending, packed, ready,
+                            self._logprobs(sampled, tokens, sample_rows), prompt)  # fmt: skip
 
-        rows_only = len(logit_rows) < len(input_ids)  # a prefill chunk: most rows need no logits
-        meta = AttentionMetadata(
-            slot_mapping=self._tensor(slots, torch.int64),
-            num_prefill_tokens=cu[-1],
-            prefill_cu_seqlens_q=self._tensor(cu, torch.int32) if pre_lens else None,
-            prefill_context_lens=self._tensor(pre_lens, torch.int32) if pre_lens else None,
-            prefill_block_tables=self._tensor(_pad(pre_tables), torch.int32) if pre_lens else None,
-            decode_context_lens=self._tensor(dec_lens, torch.int32) if dec_lens else None,
-            decode_block_tables=self._tensor(_pad(dec_tables), torch.int32) if dec_lens else None,
-            **(self._output_rows(logit_rows, positions, logit_tables) if rows_only else {}),
-        )
-        hidden = self.model(
-            self._tensor(input_ids, torch.int64), self._tensor(positions, torch.int64), meta, self.kv_caches
-        )
-        if not rows_only:  # every row came back: pick the logit rows
-            hidden = hidden.index_select(0, self._tensor(logit_rows, torch.int64))
-        logits = self.model.compute_logits(hidden) if logit_rows else hidden.new_empty(0)
-        return StepLogits(logits, sample_rows, prompt_rows)
+    def _logprobs(self, sampled: torch.Tensor, tokens: torch.Tensor, sample_rows: np.ndarray) -> tuple | None:
+        """InFlightStep.logprobs for the sampled rows whose requests asked for them (None: no row)."""
+        b = self.batch
+        if not b.num_special:
+            return None
+        ks = b.logprobs_k[sample_rows]
+        want = np.flatnonzero(ks >= 0)
+        if not want.size:
+            return None
+        idx = to_device(want, self.device)
+        values, ids, chosen = self.sampler.logprobs(sampled.index_select(0, idx), tokens.index_select(0, idx),
+                                                    int(ks[want].max()))  # fmt: skip
+        return want, _to_host(values), _to_host(ids), _to_host(chosen)
 
-    def _output_rows(self, rows: list[int], positions: list[int], tables: list[list[int]]) -> dict:
-        """AttentionMetadata's output_* fields: each kept row attends its sequence up to itself."""
-        if not rows:
-            return {"output_rows": self._tensor([], torch.int64)}
-        bs = self.block_size
-        lens = [positions[r] + 1 for r in rows]
-        return {
-            "output_rows": self._tensor(rows, torch.int64),
-            "output_context_lens": self._tensor(lens, torch.int32),
-            "output_block_tables": self._tensor(
-                _pad([t[: -(-n // bs)] for t, n in zip(tables, lens, strict=True)]), torch.int32
-            ),
-        }
+    def _greedy_on_host(self, logits: torch.Tensor, sample_rows: np.ndarray, ascending: bool,
+                        prompt: list) -> InFlightStep:  # fmt: skip
+        """What the device path does for greedy rows when the device is this CPU and the mirrored
+        arrays are the host's, with numpy (a few us) instead of ~10 small torch ops."""
+        b = self.batch
+        ids = logits.numpy().argmax(-1)
+        at = b.span(sample_rows, ascending)
+        b.last_token[at] = ids  # the next decode step's inputs
+        hits = (b.stop_ids[at] == ids[:, None]).any(-1)
+        logprobs = self._logprobs(logits, torch.from_numpy(ids), sample_rows)
+        seq_ids = b.seq_id[at].copy()  # a slice is a view: the rows' owners may change before apply
+        return InFlightStep(sample_rows, seq_ids, b.version, ascending, _NO_TOKENS, None, logprobs, prompt, ids, hits)
 
-
-def _pad(tables: list[list[int]]) -> list[list[int]]:
-    """Right-pad block tables with 0 (a valid block id; reads past context_lens are masked)."""
-    width = max(len(t) for t in tables)
-    return [t + [0] * (width - len(t)) for t in tables]
+    def _logits(self, inputs: StepInputs) -> torch.Tensor:
+        """fp32 logits of the step's logits rows (see step_inputs)."""
+        meta = inputs.meta
+        if self.graphs is not None and not inputs.num_prefill_tokens:
+            return self.graphs.run(inputs.input_ids, inputs.positions, meta.slot_mapping, meta.decode_context_lens,
+                                   meta.decode_block_tables)  # fmt: skip
+        hidden = self.model(inputs.input_ids, inputs.positions, meta, self.kv_caches)
+        if inputs.logit_rows is not None:
+            hidden = hidden.index_select(0, inputs.logit_rows)
+        if not hidden.shape[0]:
+            return hidden.new_empty((0, self.model.cfg.vocab_size), dtype=torch.float32)
+        return self.model.compute_logits(hidden)

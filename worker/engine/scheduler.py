@@ -1,11 +1,18 @@
 """Scheduler: continuous batching under a token budget, chunked prefill, preemption by recompute.
 
-Each step: (1) running sequences in decode (one uncomputed token) are scheduled first, so decode
-never starves (max_num_batched_tokens >= max_num_seqs); (2) running sequences in the middle of a
-prefill get the remaining budget as chunks; (3) waiting sequences are admitted in order while
-budget, sequence slots and KV blocks last. When a running sequence needs a block and none is free,
-others are preempted (those mid-prefill first, then decodes, newest first): their blocks are freed
-and they go back to the head of the queue to be recomputed (their full blocks usually survive in the prefix cache).
+Each step: (1) every running sequence with one uncomputed token decodes: the rows are found with numpy
+over the PersistentBatch, and only rows that cross into a new KV block run Python (to get a block),
+so a steady decode step costs O(rows that changed), not O(batch); (2) running sequences in the middle
+of a prefill get the remaining budget as chunks; (3) waiting sequences are admitted in order while
+budget, rows and KV blocks last. Decode never starves (max_num_batched_tokens >= max_num_seqs). When
+a running sequence needs a block and none is free, others are preempted (those mid-prefill first,
+then decodes, newest first): their blocks are freed and they go back to the head of the queue to be
+recomputed (their full blocks usually survive in the prefix cache).
+
+A sequence scheduled to sample counts the token it will get at once (num_pending), so the next step
+can be scheduled before this one's tokens reach the host (overlapped steps): its decode input is then
+the sampled id the device already holds. A sequence that leaves the batch with tokens still in flight
+is kept in `departed` until they arrive.
 """
 
 from __future__ import annotations
@@ -13,39 +20,60 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from worker.engine.batch_state import PersistentBatch
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
 from worker.engine.sequence import Sequence, SequenceStatus
 
+_NO_ROWS = np.zeros(0, np.int64)
+
 
 @dataclass(frozen=True)
 class ScheduledChunk:
-    """seq computes positions [start, start + num_tokens) this step."""
+    """seq computes positions [start, start + num_tokens) this step; `samples`: the chunk reaches the
+    sequence's last token, so its logits yield the next one. Positions [prompt_first, prompt_end)
+    have their logits scored for prompt_logprobs (each scores the prompt token after it)."""
 
     seq: Sequence
     start: int
     num_tokens: int
-
-    @property
-    def samples(self) -> bool:
-        """The chunk reaches the last token, so its logits yield the next token."""
-        return self.start + self.num_tokens == self.seq.num_tokens
+    samples: bool
+    prompt_first: int = 0
+    prompt_end: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class SchedulerOutput:
-    chunks: list[ScheduledChunk] = field(default_factory=list)  # multi-token chunks first
+    chunks: list[ScheduledChunk] = field(default_factory=list)  # prefill part: admitted / prefilling
+    decode_rows: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # batch rows decoding, ascending
+    decode_positions: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # the position each computes
     errored: list[Sequence] = field(default_factory=list)  # finished with "error" while scheduling
     admitted: list[Sequence] = field(default_factory=list)  # admitted for the first time this step
     num_preempted: int = 0
 
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Prompt (or recomputed) tokens this step: the chunks, except single-token chunks of
+        sequences that already generated (those are decodes resumed after a preemption)."""
+        return sum(c.num_tokens for c in self.chunks if c.num_tokens > 1 or c.seq.num_output_tokens == 0)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks) + len(self.decode_rows)
+
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, batch: PersistentBatch,
+                 max_model_len: int) -> None:  # fmt: skip
         self.config = config
         self.bm = block_manager
+        self.batch = batch
+        self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # admission order: later = lower priority
+        self.prefilling: list[Sequence] = []  # running with > 1 uncomputed token, admission order
+        self.departed: dict[int, Sequence] = {}  # seq_id -> left the batch with sampled tokens in flight
         # Blocks kept free at admission so running sequences can grow without instant preemption.
         self.watermark = block_manager.num_blocks // 100
 
@@ -53,46 +81,111 @@ class Scheduler:
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting) or self.batch.num_active > 0
 
+    @property
+    def running(self) -> list[Sequence]:
+        """The running sequences in admission order (tests, debugging; not on the hot path)."""
+        b = self.batch
+        rows = np.flatnonzero(b.active)
+        return b.sequences(rows[np.argsort(b.admitted_at[rows], kind="stable")])
+
+    # ---- one step ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+        out = SchedulerOutput([], _NO_ROWS, _NO_ROWS, [], [])
+        b = self.batch
         budget = self.config.max_num_batched_tokens
-        decodes = [s for s in self.running if s.num_uncomputed_tokens == 1]
-        prefills = [s for s in self.running if s.num_uncomputed_tokens > 1]
-        queue = decodes + prefills
-        scheduled: list[ScheduledChunk] = []
-        i = 0
-        while i < len(queue) and budget > 0:
-            seq = queue[i]
+        rows = b.decode_rows()
+        if rows.size:
+            bs = self.bm.block_size
+            at = b.span(rows)
+            positions = b.num_computed[at]
+            grow = positions >= b.num_blocks[at] * bs
+            if grow.any():
+                self._grow(rows[grow], rows, out)
+                rows = rows[b.active[rows]]  # preempted and dropped rows left the batch
+                at = b.span(rows)
+                positions = b.num_computed[at]
+            if isinstance(at, slice):
+                positions = positions.copy()  # a view would follow the increment below
+            b.num_computed[at] += 1
+            b.num_pending[at] += 1
+            out.decode_rows, out.decode_positions = rows, positions
+            budget -= rows.size
+            if self.bm.enable_prefix_caching:  # blocks this step fills, where the host has their tokens
+                full = rows[(positions + 1) % bs == 0]
+                if full.size:
+                    self.commit_rows(full)
+        for seq in list(self.prefilling) if self.prefilling else ():
+            if budget <= 0:
+                break
+            if seq.batch is None:  # preempted above
+                continue
             n = min(seq.num_uncomputed_tokens, budget)
             while not self.bm.append_slots(seq, seq.num_computed_tokens + n):
-                if len(queue) > i + 1:
-                    self._preempt(queue.pop())
+                newest = self.prefilling[-1]
+                if newest is not seq:
+                    self._preempt(newest)
                     out.num_preempted += 1
-                elif scheduled:
-                    self._preempt(queue.pop())  # seq itself waits for blocks held by the others
+                elif out.chunks or out.decode_rows.size:
+                    self._preempt(seq)  # seq waits for blocks held by the others
                     out.num_preempted += 1
                     break
                 else:
-                    self._drop(
-                        seq, "the KV cache is too small for this sequence to grow; raise kv_cache_bytes"
-                    )
-                    out.errored.append(queue.pop(i))
+                    self._drop(seq, "the KV cache is too small for this sequence to grow; raise kv_cache_bytes")
+                    out.errored.append(seq)
                     break
             else:
-                scheduled.append(self._take(seq, n))
+                b.sync_blocks(seq)
+                out.chunks.append(self._take(seq, n))
                 budget -= n
-                i += 1
-        if not out.num_preempted:
-            budget = self._admit(scheduled, budget, out)
-        # Multi-token chunks first (prefill attention), then single tokens (decode attention).
-        out.chunks = [c for c in scheduled if c.num_tokens > 1] + [c for c in scheduled if c.num_tokens == 1]
+        if self.waiting and not out.num_preempted:
+            self._admit(budget, out)
         return out
 
-    def _admit(self, scheduled: list[ScheduledChunk], budget: int, out: SchedulerOutput) -> int:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+    def _grow(self, grow: np.ndarray, rows: np.ndarray, out: SchedulerOutput) -> None:
+        """Give each row of `grow` (decode rows whose next position needs a new block) its block, in
+        admission order, preempting newer sequences (prefilling first) when none is free."""
+        b = self.batch
+        for r in grow[np.argsort(b.admitted_at[grow], kind="stable")].tolist():
+            if not b.active[r]:  # preempted for an older row's block
+                continue
+            seq = b.seqs[r]
+            while not self.bm.append_slots(seq, int(b.num_computed[r]) + 1):
+                victim = self._newest_after(rows, int(b.admitted_at[r]))
+                if victim is not None:
+                    self._preempt(victim)
+                    out.num_preempted += 1
+                elif (b.active[rows] & (b.admitted_at[rows] < b.admitted_at[r])).any():
+                    self._preempt(seq)  # older decodes are scheduled: seq waits for their blocks
+                    out.num_preempted += 1
+                    break
+                else:
+                    self._drop(seq, "the KV cache is too small for this sequence to grow; raise kv_cache_bytes")
+                    out.errored.append(seq)
+                    break
+            else:
+                b.sync_blocks(seq)
+
+    def _newest_after(self, rows: np.ndarray, admitted_at: int) -> Sequence | None:
+        """The preemption victim for a decode row admitted at `admitted_at`: the newest prefilling
+        sequence, else the newest decode row admitted after it, else None."""
+        if self.prefilling:
+            return self.prefilling[-1]
+        b = self.batch
+        live = rows[b.active[rows]]
+        if live.size:
+            newest = live[np.argmax(b.admitted_at[live])]
+            if b.admitted_at[newest] > admitted_at:
+                return b.seqs[newest]
+        return None
+
+    def _admit(self, budget: int, out: SchedulerOutput) -> None:
+        b = self.batch
+        while self.waiting and budget > 0 and b.num_active < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if seq.in_flight:  # preempted with a token on its way: admit once it has arrived
+                break
             if self.bm.blocks_for(seq.num_tokens + 1) > self.bm.num_blocks:
                 self.waiting.popleft()
                 self._drop(seq, f"needs {self.bm.blocks_for(seq.num_tokens + 1)} KV blocks; the cache holds "
@@ -102,7 +195,7 @@ class Scheduler:
             matched, hashes = self.bm.match_prefix(seq)
             if self.bm.next_block_pending(matched, hashes):
                 break  # its prefix is being computed now: admit next step and reuse it
-            if not self.bm.can_allocate(seq, matched, self.watermark if self.running else 0):
+            if not self.bm.can_allocate(seq, matched, self.watermark if b.num_active else 0):
                 break
             self.waiting.popleft()
             self.bm.allocate(seq, matched, hashes)
@@ -110,42 +203,79 @@ class Scheduler:
                 seq.num_cached_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
                 out.admitted.append(seq)
             seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            b.add(seq, min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len))
+            self.prefilling.append(seq)  # until the chunk that reaches its last token
             n = min(seq.num_uncomputed_tokens, budget)
-            scheduled.append(self._take(seq, n))
+            out.chunks.append(self._take(seq, n))
             budget -= n
-        return budget
 
     def _take(self, seq: Sequence, n: int) -> ScheduledChunk:
-        chunk = ScheduledChunk(seq, seq.num_computed_tokens, n)
-        seq.num_computed_tokens += n
-        self.bm.commit_computed(seq)
-        return chunk
+        start = seq.num_computed_tokens
+        end = start + n
+        seq.num_computed_tokens = end
+        samples = end == len(seq.token_ids) + seq.num_pending
+        if samples:
+            self.batch.num_pending[seq.row] += 1
+            self.batch.prefill_done(seq.row)
+            self.prefilling.remove(seq)
+        first = last = 0
+        if seq.prompt_logprobs is not None:
+            first, last = max(start, seq.prompt_scored), min(end, seq.num_prompt_tokens - 1)
+            if first < last:
+                seq.prompt_scored = last
+            else:
+                first = last = 0
+        self._commit(seq)
+        return ScheduledChunk(seq, start, n, samples, first, last)
+
+    # ---- prefix cache --------------------------------------------------------------------
+    def commit_rows(self, rows: np.ndarray) -> None:
+        """Hash and cache the newly full blocks of these rows, where the host has their tokens."""
+        b = self.batch
+        upto = np.minimum(b.num_computed[rows], b.num_tokens[rows])
+        for r in rows[upto // self.bm.block_size > b.num_hashed[rows]].tolist():
+            self._commit(b.seqs[r])
+
+    def _commit(self, seq: Sequence) -> None:
+        self.bm.commit_computed(seq, min(seq.num_computed_tokens, len(seq.token_ids)))
+        self.batch.num_hashed[seq.row] = len(seq.block_hashes)
+
+    # ---- leaving the batch ---------------------------------------------------------------
+    def _leave(self, seq: Sequence) -> None:
+        self.bm.free(seq)
+        self.batch.remove(seq)
+        if seq in self.prefilling:
+            self.prefilling.remove(seq)
+        if seq.in_flight:
+            self.departed[seq.seq_id] = seq
 
     def _preempt(self, seq: Sequence) -> None:
-        self.bm.free(seq)
+        self._leave(seq)
         seq.reset_for_recompute()
-        self.running.remove(seq)
         self.waiting.appendleft(seq)
 
     def _drop(self, seq: Sequence, message: str) -> None:
-        if seq in self.running:
-            self.bm.free(seq)
-            self.running.remove(seq)
+        if seq.batch is not None:
+            self._leave(seq)
         seq.finish("error", message)
 
     def finish(self, seq: Sequence) -> None:
-        """Release a sequence that the engine has marked finished."""
-        self.bm.free(seq)
-        self.running.remove(seq)
+        """Release a sequence the engine has marked finished: running, or preempted while its last
+        token was in flight (then it waits in the queue)."""
+        if seq.batch is not None:
+            self._leave(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
 
     def abort_all(self) -> list[Sequence]:
         """Drop every unfinished sequence (blocks freed); returns them."""
-        dropped = list(self.running) + list(self.waiting)
+        dropped = self.running + list(self.waiting)
         for seq in self.running:
-            self.bm.free(seq)
+            self._leave(seq)
         for seq in dropped:
+            seq.in_flight = 0
             seq.finish("cancelled")
-        self.running.clear()
+        self.prefilling.clear()
         self.waiting.clear()
+        self.departed.clear()
         return dropped

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import enum
-
-import torch
+from typing import TYPE_CHECKING
 
 from worker.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from worker.engine.batch_state import PersistentBatch
 
 
 class SequenceStatus(enum.Enum):
@@ -16,14 +18,25 @@ class SequenceStatus(enum.Enum):
 
 
 class Sequence:
-    """token_ids = prompt + generated so far. Invariants:
+    """token_ids = prompt + the generated tokens the host has received so far. Invariants:
 
-    - tokens [0, num_computed_tokens) have K/V in the cache (or are scheduled in the current step);
+    - tokens [0, num_computed_tokens) have K/V in the cache (or are scheduled in a step in flight);
     - block_table covers at least num_computed_tokens tokens (block i holds positions i*B..i*B+B-1);
     - block_hashes[i] is the chained hash of full block i, for the computed full blocks;
     - planned_hashes: hashes of the full blocks this sequence will compute (from its tokens at
       admission); those past len(block_hashes) are "pending" in the block manager.
+
+    While the sequence runs it owns a row of the engine's PersistentBatch (`row`), which then holds
+    its step counters (num_computed_tokens reads through to it) and the tokens it has been scheduled
+    to sample but whose ids have not reached the host yet (`num_pending`).
     """
+
+    __slots__ = (
+        "seq_id", "index", "params", "token_ids", "num_prompt_tokens", "status", "_num_computed",
+        "block_table", "block_hashes", "planned_hashes", "protected_len", "num_cached_tokens", "seed",
+        "finish_reason", "error", "logprobs", "prompt_logprobs", "prompt_scored", "text", "batch", "row",
+        "in_flight",
+    )  # fmt: skip
 
     def __init__(
         self, seq_id: int, index: int, prompt_token_ids: list[int], params: SamplingParams, seed: int
@@ -34,27 +47,42 @@ class Sequence:
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.status = SequenceStatus.WAITING
-        self.num_computed_tokens = 0
+        self._num_computed = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
         self.planned_hashes: list[int] = []
         self.protected_len = 0  # positions < this are in shared cached blocks: never written
         self.num_cached_tokens: int | None = None  # prefix-cache hit at first admission
         self.seed = seed % 2**63  # any int seed, folded into [0, 2**63)
-        self._generator: torch.Generator | None = None
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list[float | None] | None = [None] if params.prompt_logprobs else None
+        # prompt positions whose logits were scheduled for prompt_logprobs (they score position + 1)
+        self.prompt_scored = 0
         self.text: str | None = None  # set when the request finishes (or for stop-string checks)
+        self.batch: PersistentBatch | None = None  # set while running
+        self.row = -1
+        # sampled tokens of steps in flight after the sequence left the batch (preempted or finished)
+        self.in_flight = 0
 
     @property
-    def generator(self) -> torch.Generator:
-        """This request's CPU generator, made at its first draw (greedy requests never draw, so a
-        bulk greedy job makes none); every later draw continues the same stream."""
-        if self._generator is None:
-            self._generator = torch.Generator().manual_seed(self.seed)
-        return self._generator
+    def num_computed_tokens(self) -> int:
+        if self.batch is None:
+            return self._num_computed
+        return int(self.batch.num_computed[self.row])
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, n: int) -> None:
+        if self.batch is None:
+            self._num_computed = n
+        else:
+            self.batch.num_computed[self.row] = n
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens scheduled to be sampled whose ids have not reached the host yet."""
+        return self.in_flight if self.batch is None else int(self.batch.num_pending[self.row])
 
     @property
     def num_tokens(self) -> int:
@@ -70,7 +98,8 @@ class Sequence:
 
     @property
     def num_uncomputed_tokens(self) -> int:
-        return len(self.token_ids) - self.num_computed_tokens
+        """Tokens (known or pending) whose K/V is not computed or scheduled yet."""
+        return len(self.token_ids) + self.num_pending - self.num_computed_tokens
 
     @property
     def is_finished(self) -> bool:
@@ -84,7 +113,7 @@ class Sequence:
     def reset_for_recompute(self) -> None:
         """After preemption: the KV is gone; every token (prompt + generated) is prefilled again."""
         self.status = SequenceStatus.WAITING
-        self.num_computed_tokens = 0
+        self._num_computed = 0
         self.block_table = []
         self.block_hashes = []
         self.planned_hashes = []

@@ -6,24 +6,27 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 
 @dataclass(frozen=True)
 class AttentionMetadata:
     """Where one step's tokens go in the paged KV cache and what they attend to.
 
-    The step's T tokens are laid out prefill-first: rows [0, num_prefill_tokens) belong to
-    sequences computing a chunk of >= 2 tokens (prefill_attention), the remaining rows are one
-    token per sequence (paged_decode_attention). Tensors live on the model's device.
+    The step's T tokens are laid out prefill-first: rows [0, num_prefill_tokens) are chunks of
+    sequences that are prefilling or were just admitted, any length (prefill_attention); the
+    remaining rows are one token per decoding sequence (paged_decode_attention). Tensors live on
+    the model's device; block tables may be row-strided views (last dim dense).
     """
 
     slot_mapping: torch.Tensor  # int64 [T]; -1: do not store (the slot already holds this K/V)
     num_prefill_tokens: int
-    prefill_cu_seqlens_q: torch.Tensor | None  # int32 [Bp + 1]
-    prefill_context_lens: torch.Tensor | None  # int32 [Bp], tokens in cache after this step
-    prefill_block_tables: torch.Tensor | None  # int32 [Bp, max_blocks]
-    decode_context_lens: torch.Tensor | None  # int32 [Bd]
-    decode_block_tables: torch.Tensor | None  # int32 [Bd, max_blocks]
+    prefill_cu_seqlens_q: torch.Tensor | None = None  # int32 [Bp + 1]
+    prefill_context_lens: torch.Tensor | None = None  # int32 [Bp], tokens in cache after this step
+    prefill_block_tables: torch.Tensor | None = None  # int32 [Bp, max_blocks]
+    decode_context_lens: torch.Tensor | None = None  # int32 [Bd]
+    decode_block_tables: torch.Tensor | None = None  # int32 [Bd, max_blocks]
     # Rows whose final hidden state the step needs (logits), when fewer than all T: the last layer
     # then stores every row's K/V but attends and runs its MLP for these rows only. None: all rows.
     output_rows: torch.Tensor | None = None  # int64 [N]
@@ -52,6 +55,24 @@ class Backend:
     def supports(cls, device: torch.device) -> bool:
         raise NotImplementedError
 
+    def project(self, linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """linear(x) for a projection module. A plain nn.Linear without hooks of its own is applied
+        directly (F.linear: nn.Module.__call__ costs ~4 us a call on the CPU, ~30 calls a step);
+        anything else (quantized replacements, modules with hooks) is called as a module. Global
+        module hooks (torch.nn.modules.module.register_module_forward_hook) do not see the former."""
+        if type(linear) is nn.Linear and not (linear._forward_hooks or linear._forward_pre_hooks):
+            return F.linear(x, linear.weight, linear.bias)
+        return linear(x)
+
+    def rotary_store(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+    ) -> None:  # fmt: skip
+        """apply_rotary on q and k in place, then store_kv_cache of k and v at meta.slot_mapping: what
+        every layer does before attending. A backend may fuse the two (one pass, one launch)."""
+        self.apply_rotary(q, k, positions, cos_sin)
+        self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+
     def attention(
         self,
         q: torch.Tensor,
@@ -67,6 +88,12 @@ class Backend:
         Stores k/v at meta.slot_mapping first, so each token sees itself and the step's earlier tokens.
         """
         self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        return self.attend(q, k_cache, v_cache, meta, scale)
+
+    def attend(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        """`attention` once the step's K/V are in the cache (see rotary_store)."""
         out = torch.empty_like(q)
         p = meta.num_prefill_tokens
         if p:
@@ -92,8 +119,14 @@ class Backend:
     ) -> torch.Tensor:
         """Like `attention`, but returns [N, Hq, D] for meta.output_rows only; every row's k/v is
         stored. Each kept row is one query over its sequence's cache up to its own position."""
-        assert meta.output_rows is not None  # invariant: only called when the step keeps a subset
         self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        return self.attend_rows(q, k_cache, v_cache, meta, scale)
+
+    def attend_rows(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        """`attention_rows` once the step's K/V are in the cache."""
+        assert meta.output_rows is not None  # invariant: only called when the step keeps a subset
         rows = meta.output_rows
         if rows.numel() == 0:
             return q.new_empty((0, *q.shape[1:]))

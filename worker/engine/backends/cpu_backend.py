@@ -13,6 +13,8 @@ reference's chains of torch ops; any tensor the kernels don't take falls back to
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from kernels.cpu.elementwise import NativeElementwise
@@ -36,6 +38,17 @@ class CpuBackend(TorchBackend):
         self.native = NativeDecodeAttention()  # compiles on first use; raises KernelBuildError
         self.prefill = NativePrefillAttention()
         self.elementwise = NativeElementwise()
+        # whether the C kernel takes tensors of a (shapes, strides, dtypes) signature: checked once
+        # per batch shape, not at each of the ~5 calls per layer
+        self._fits: dict[tuple, bool] = {}
+
+    def _fit(self, key: tuple, check: Callable[[], bool]) -> bool:
+        fits = self._fits.get(key)
+        if fits is None:
+            if len(self._fits) > 4096:  # one entry per batch shape and op; bounded anyway
+                self._fits.clear()
+            fits = self._fits[key] = check()
+        return fits
 
     @classmethod
     def supports(cls, device: torch.device) -> bool:
@@ -44,18 +57,39 @@ class CpuBackend(TorchBackend):
     def rms_norm(  # type: ignore[override]
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        result = self.elementwise.rms_norm(x, weight, eps, residual)
-        return result if result is not None else super().rms_norm(x, weight, eps, residual)
+        key = (x.shape, x.stride(), x.dtype, weight.shape, weight.stride(), weight.dtype,
+               None if residual is None else (residual.shape, residual.stride(), residual.dtype))  # fmt: skip
+        if self._fit(key, lambda: self.elementwise.supports_rms_norm(x, weight, residual)):
+            return self.elementwise.rms_norm(x, weight, eps, residual, checked=True)  # type: ignore[return-value]
+        return super().rms_norm(x, weight, eps, residual)
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        result = self.elementwise.silu_mul(gate_up)
-        return result if result is not None else super().silu_mul(gate_up)
+        if self._fit(("silu", gate_up.shape, gate_up.stride(), gate_up.dtype),
+                     lambda: self.elementwise.supports_silu_mul(gate_up)):  # fmt: skip
+            return self.elementwise.silu_mul(gate_up, checked=True)  # type: ignore[return-value]
+        return super().silu_mul(gate_up)
 
     def apply_rotary(  # type: ignore[override]
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
     ) -> None:
         if not self.elementwise.apply_rotary(q, k, positions, cos_sin):
             super().apply_rotary(q, k, positions, cos_sin)
+
+    def rotary_store(  # type: ignore[override]
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+    ) -> None:  # fmt: skip
+        """Rotary and the K/V store in one C pass. Every layer of a step passes tensors of the same
+        shapes, strides and dtypes, so the first layer's check holds for the step (meta.scratch)."""
+        fits = meta.scratch.get("rotary_store")
+        if fits is None:
+            fits = self.elementwise.supports_rotary_store(q, k, v, positions, cos_sin, k_cache, v_cache,
+                                                          meta.slot_mapping)  # fmt: skip
+            meta.scratch["rotary_store"] = fits
+        if not fits:
+            super().rotary_store(q, k, v, positions, cos_sin, k_cache, v_cache, meta)
+            return
+        self.elementwise.rotary_store(q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping, checked=True)
 
     def prefill_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
@@ -82,15 +116,29 @@ class CpuBackend(TorchBackend):
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
         out: torch.Tensor,
     ) -> None:  # fmt: skip
-        if not self.native.supports(q, k_cache):
+        plan = meta.scratch.get("native_decode")
+        if plan is None:  # once per step: every layer passes tensors of the same shapes and dtypes
+            plan = self._plan_decode(q, k_cache, v_cache, meta, out)
+            meta.scratch["native_decode"] = plan
+        if not plan:
             super().decode_rows(q, k_cache, v_cache, meta, scale, out)
             return
-        shared = meta.scratch.get("decode_shared")
-        if shared is None:
-            lens = meta.decode_context_lens.tolist()
-            shared = decode_shared_blocks(meta.decode_block_tables, lens, k_cache.shape[1])
-            meta.scratch["decode_shared"] = shared
-        self._decode(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, out, shared)
+        tables, lens, shared = plan
+        self._decode(q, k_cache, v_cache, tables, lens, scale, out, shared, checked=True)
+
+    def _plan_decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, int] | None:  # fmt: skip
+        """(int32 tables with dense rows, int32 lens, shared leading blocks) for the C kernel, or None
+        where it does not apply (the torch path then runs)."""
+        if not (self.native.supports(q, k_cache) and v_cache.is_contiguous() and out.is_contiguous()
+                and out.dtype == torch.float32):  # fmt: skip
+            return None
+        tables = meta.decode_block_tables.to(torch.int32)
+        if tables.stride(1) != 1:
+            tables = tables.contiguous()
+        lens = meta.decode_context_lens.to(torch.int32).contiguous()
+        return tables, lens, decode_shared_blocks(tables, lens.tolist(), k_cache.shape[1])
 
     def paged_decode_attention(  # type: ignore[override]
         self,
@@ -114,16 +162,17 @@ class CpuBackend(TorchBackend):
 
     def _decode(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-        context_lens: torch.Tensor, scale: float, out: torch.Tensor, shared: int,
+        context_lens: torch.Tensor, scale: float, out: torch.Tensor, shared: int, checked: bool = False,
     ) -> None:  # fmt: skip
         """out [B, Hq, D] (contiguous) <- the kernel over blocks >= shared, merged with the cascade."""
         if not shared:
-            self.native(q, k_cache, v_cache, block_tables, context_lens, scale, out)
+            self.native(q, k_cache, v_cache, block_tables, context_lens, scale, out, checked=checked)
             return
         batch, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[2]
         lse = torch.empty(batch, num_heads, dtype=torch.float32)
-        self.native(q, k_cache, v_cache, block_tables, context_lens, scale, out, start_block=shared, lse=lse)
+        self.native(q, k_cache, v_cache, block_tables, context_lens, scale, out, start_block=shared, lse=lse,
+                    checked=checked)  # fmt: skip
         qf = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
         _merge_shared(out, lse, *attend_shared_blocks(qf, k_cache, v_cache, block_tables[0, :shared].long(), scale))
 

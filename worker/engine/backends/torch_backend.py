@@ -22,18 +22,10 @@ class TorchBackend(Backend):
     def supports(cls, device: torch.device) -> bool:
         return True
 
-    def attention(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
+    def attend(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
     ) -> torch.Tensor:
-        """Backend.attention, with the gather plans built once per step and reused by every layer."""
-        self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        """Backend.attend, with the gather plans built once per step and reused by every layer."""
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         p = meta.num_prefill_tokens
         if p:

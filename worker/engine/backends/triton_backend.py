@@ -3,6 +3,9 @@ TRITON_INTERPRET=1, which is how the tests run it)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from kernels import reference
@@ -17,16 +20,23 @@ from kernels.triton.store_kv_cache import store_kv_cache
 from worker.engine.backends.base import Backend
 
 
+def _signature(arg: object) -> object:
+    """What a kernel wrapper's argument checks depend on: a tensor's shape, strides, dtype and device."""
+    if isinstance(arg, torch.Tensor):
+        return arg.shape, arg.stride(), arg.dtype, arg.device
+    return arg
+
+
 class TritonBackend(Backend):
     name = "triton"
-    store_kv_cache = staticmethod(store_kv_cache)
-    paged_decode_attention = staticmethod(paged_decode_attention)
-    prefill_attention = staticmethod(prefill_attention)
-    rms_norm = staticmethod(rms_norm)
-    apply_rotary = staticmethod(apply_rotary)
     silu_mul = staticmethod(reference.silu_mul)  # torch ops on CUDA: no Triton kernel yet
     int8_matmul = staticmethod(int8_matmul)
     int4_matmul = staticmethod(int4_matmul)
+
+    def __init__(self) -> None:
+        # argument signatures whose checks passed: each wrapper checks once per batch shape, not at
+        # every layer (the checks cost more host time than a small kernel's launch)
+        self._checked: set[tuple] = set()
 
     @classmethod
     def supports(cls, device: torch.device) -> bool:
@@ -34,3 +44,29 @@ class TritonBackend(Backend):
         if is_interpreted(_prefill_module._prefill_kernel):
             return device.type == "cpu"
         return device.type == "cuda"
+
+    def _launch(self, wrapper: Callable[..., Any], *args: object) -> Any:
+        key = (wrapper, *map(_signature, args))
+        if key in self._checked:
+            return wrapper(*args, checked=True)
+        result = wrapper(*args)  # checks; raises ValueError on a bad argument
+        if len(self._checked) > 4096:  # one entry per wrapper and batch shape; bounded anyway
+            self._checked.clear()
+        self._checked.add(key)
+        return result
+
+    def store_kv_cache(self, k, v, k_cache, v_cache, slot_mapping) -> None:  # type: ignore[override]
+        self._launch(store_kv_cache, k, v, k_cache, v_cache, slot_mapping)
+
+    def paged_decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, scale, out=None):  # type: ignore[override]
+        return self._launch(paged_decode_attention, q, k_cache, v_cache, block_tables, context_lens, scale, out)
+
+    def prefill_attention(self, q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, out=None):  # type: ignore[override]
+        return self._launch(prefill_attention, q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale,
+                            out)  # fmt: skip
+
+    def rms_norm(self, x, weight, eps, residual=None):  # type: ignore[override]
+        return self._launch(rms_norm, x, weight, eps, residual)
+
+    def apply_rotary(self, q, k, positions, cos_sin) -> None:  # type: ignore[override]
+        self._launch(apply_rotary, q, k, positions, cos_sin)

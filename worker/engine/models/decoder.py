@@ -4,6 +4,13 @@ Module and parameter names follow Hugging Face's, except that q/k/v and gate/up 
 fused into one nn.Linear each (`qkv_proj`, `gate_up_proj`; see loader.internal_name). All
 projections stay nn.Linear modules so worker.engine.quant can swap them. Inputs are flat (varlen):
 T tokens of many sequences in one [T, ...] tensor; no padding.
+
+The layer loop is the engine's hot path (a decode step runs it once per layer for the whole batch):
+the layers, norms, attention and MLP modules are entered through `.forward` directly, not through
+nn.Module.__call__ (whose hook bookkeeping costs ~1-2 us a call, ~10 calls a layer); hooks on them
+do not fire. The projections (nn.Linear or its quantized replacements) go through
+Backend.project, which calls any module that has hooks of its own (quantization calibration hooks
+them) and applies a plain nn.Linear directly.
 """
 
 from __future__ import annotations
@@ -53,17 +60,17 @@ class Attention(nn.Module):
         """[T, hidden] -> [T, hidden], or [N, hidden] for meta.output_rows with `rows_only`."""
         cfg = self.cfg
         tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q, k, v = self.backend.project(self.qkv_proj, x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         q = q.reshape(tokens, cfg.num_heads, cfg.head_dim)  # strided views of the qkv output; rotary writes in place
         k = k.reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
         v = v.reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
-            q = self.q_norm(q.reshape(-1, cfg.head_dim))[0].view(tokens, cfg.num_heads, cfg.head_dim)
-            k = self.k_norm(k.reshape(-1, cfg.head_dim))[0].view(tokens, cfg.num_kv_heads, cfg.head_dim)
-        self.backend.apply_rotary(q, k, positions, cos_sin)
-        attend = self.backend.attention_rows if rows_only else self.backend.attention
-        out = attend(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        return self.o_proj(out.reshape(-1, cfg.q_size))
+            q = self.q_norm.forward(q.reshape(-1, cfg.head_dim))[0].view(tokens, cfg.num_heads, cfg.head_dim)
+            k = self.k_norm.forward(k.reshape(-1, cfg.head_dim))[0].view(tokens, cfg.num_kv_heads, cfg.head_dim)
+        self.backend.rotary_store(q, k, v, positions, cos_sin, kv_cache[0], kv_cache[1], meta)
+        attend = self.backend.attend_rows if rows_only else self.backend.attend
+        out = attend(q, kv_cache[0], kv_cache[1], meta, self.scale)
+        return self.backend.project(self.o_proj, out.reshape(-1, cfg.q_size))
 
 
 class MLP(nn.Module):
@@ -74,7 +81,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.backend.silu_mul(self.gate_up_proj(x)))
+        backend = self.backend
+        return backend.project(self.down_proj, backend.silu_mul(backend.project(self.gate_up_proj, x)))
 
 
 class DecoderLayer(nn.Module):
@@ -96,12 +104,12 @@ class DecoderLayer(nn.Module):
         rows_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """rows_only: every row's K/V goes to the cache; the output holds meta.output_rows only."""
-        h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, positions, meta, kv_cache, cos_sin, rows_only)
+        h, residual = self.input_layernorm.forward(x, residual)
+        h = self.self_attn.forward(h, positions, meta, kv_cache, cos_sin, rows_only)
         if rows_only:
             residual = residual.index_select(0, meta.output_rows)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+        h, residual = self.post_attention_layernorm.forward(h, residual)
+        return self.mlp.forward(h), residual
 
 
 class DecoderBody(nn.Module):
@@ -118,6 +126,7 @@ class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, backend: Backend, max_positions: int) -> None:
         super().__init__()
         self.cfg = cfg
+        self.backend = backend
         self.model = DecoderBody(cfg, backend)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.max_positions = max_positions
@@ -143,14 +152,16 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """Final hidden states (normed): [T, hidden], or [N, hidden] for meta.output_rows when set
         (the last layer then skips the other rows: only their K/V are needed, by later tokens)."""
-        x = self.model.embed_tokens(input_ids)
+        body = self.model
+        x = body.embed_tokens(input_ids)
         residual = None
-        last = len(self.model.layers) - 1
-        for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
+        cos_sin = self.cos_sin
+        last = len(body.layers) - 1
+        for i, (layer, kv_cache) in enumerate(zip(body.layers, kv_caches, strict=True)):
             rows_only = i == last and meta.output_rows is not None
-            x, residual = layer(x, residual, positions, meta, kv_cache, self.cos_sin, rows_only)
-        return self.model.norm(x, residual)[0]
+            x, residual = layer.forward(x, residual, positions, meta, kv_cache, cos_sin, rows_only)
+        return body.norm.forward(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> fp32 logits [N, vocab]."""
-        return self.lm_head(hidden).float()
+        return self.backend.project(self.lm_head, hidden).float()

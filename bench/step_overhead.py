@@ -1,0 +1,232 @@
+"""The engine's host cost per decode step, on a model whose compute is negligible.
+
+    .venv/bin/python bench/step_overhead.py                         # this tree
+    .venv/bin/python bench/step_overhead.py --baseline-rev main     # + the same measurement of main
+    .venv/bin/python bench/step_overhead.py --batches 1 256 --repeats 5
+
+Model: a random Llama with 2 layers, hidden 64, vocab 512 (the demo tokenizer's ids below 512);
+prompts of 16 random tokens, greedy, EOS ignored, one torch thread. A decode step's cost is measured
+as a difference, so prefill, ordering and output building cancel out: the CPU time of `generate` with
+max_tokens = SHORT + STEPS minus that with max_tokens = SHORT, divided by STEPS (best of --repeats
+each, alternating). CPU seconds (time.process_time), so other load on the machine costs little.
+
+--baseline-rev REV exports that git revision with `git archive` into a temporary folder and runs the
+same measurement there in a subprocess (PYTHONPATH at the export, so its `worker` package is used);
+the table then shows both side by side, and the ratio.
+--batch1-medium adds batch-1 decode on bench/engine_vs_hf.py's model (demo size "medium", fp32): ms
+per generated token, by the same difference, and that model's projections alone.
+--host-only replaces the model's forward and logits by stubs returning fixed tensors of the right
+shapes (tokens are then garbage but the counts are right): the engine's host work alone, steadier
+than the difference of two noisy numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+SHORT = 4  # max_tokens of the reference run
+STEPS = 64  # extra decode steps of the measured run
+VOCAB = 512
+
+
+def negligible_model(out: Path) -> Path:
+    """The demo "tiny" Llama (2 layers, hidden 64) cut to a 512-token vocabulary."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from worker.demo_model import make_demo_model
+
+    path = make_demo_model(out, "llama", size="tiny")
+    weights = load_file(path / "model.safetensors")
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        weights[name] = weights[name][:VOCAB].contiguous()
+    save_file({k: v.to(torch.float32) for k, v in weights.items()}, str(path / "model.safetensors"),
+              {"format": "pt"})  # fmt: skip
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(vocab_size=VOCAB, eos_token_id=2, bos_token_id=0)
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+class ModelClock:
+    """CPU seconds spent inside the model (forward + logits), to split a step into model and host."""
+
+    def __init__(self, model) -> None:
+        self.seconds = 0.0
+        for name in ("forward", "compute_logits"):
+            inner = getattr(model, name)
+            setattr(model, name, self._timed(inner))
+
+    def _timed(self, fn):
+        def timed(*args, **kwargs):
+            t0 = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.process_time() - t0
+
+        return timed
+
+
+def stub_model(model) -> None:
+    """The model's forward and logits replaced by slices of fixed tensors (works on any revision:
+    the engine calls model(input_ids, positions, meta, kv_caches) and model.compute_logits(hidden))."""
+    import torch
+
+    cfg = model.cfg
+    hidden, logits = torch.zeros(8192, cfg.hidden_size), torch.randn(8192, cfg.vocab_size)
+
+    def forward(input_ids, positions, meta, kv_caches):
+        rows = getattr(meta, "output_rows", None)
+        return hidden[: input_ids.shape[0] if rows is None else rows.shape[0]]
+
+    model.forward = forward
+    model.compute_logits = lambda h: logits[: h.shape[0]]
+
+
+def decode_cost(engine, prompts: list[list[int]], repeats: int, steps: int = STEPS) -> tuple[float, float]:
+    """(CPU seconds per decode step, of which inside the model) of `engine` on `prompts` (see the
+    module docstring)."""
+    from worker.engine import SamplingParams
+
+    clock = ModelClock(engine.runner.model)
+    short = SamplingParams(max_tokens=SHORT, ignore_eos=True)
+    long = SamplingParams(max_tokens=SHORT + steps, ignore_eos=True)
+    engine.generate(prompts, long)  # warm-up: kernels built, caches touched
+    best = {short: (float("inf"), 0.0), long: (float("inf"), 0.0)}
+    for _ in range(repeats):
+        for params in (short, long):
+            model0, t0 = clock.seconds, time.process_time()
+            outs = engine.generate(prompts, params)
+            spent = time.process_time() - t0
+            if any(len(o.token_ids) != params.max_tokens for o in outs):
+                raise RuntimeError("the engine generated the wrong number of tokens")
+            best[params] = min(best[params], (spent, clock.seconds - model0))
+    return (best[long][0] - best[short][0]) / steps, (best[long][1] - best[short][1]) / steps
+
+
+def projections_alone(model, repeats: int) -> tuple[float, float]:
+    """(ms, MB): one token's projections and lm_head alone, torch's M=1 matmuls over the model's own
+    weights in layer order (best of `repeats`), and the bytes they read: the floor a batch-1 decode
+    step sits on when the weights stream from memory."""
+    import torch
+
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights}
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats):
+            t0 = time.process_time()
+            for _ in range(10):
+                for w in weights:
+                    torch.nn.functional.linear(inputs[w.shape[1]], w)
+            best = min(best, (time.process_time() - t0) / 10)
+    return 1e3 * best, sum(w.numel() * w.element_size() for w in weights) / 1e6
+
+
+def measure(batches: list[int], repeats: int, batch1_medium: bool, host_only: bool = False) -> dict:
+    """{"steps": {batch: ms per step}, "batch1_medium_ms": ms per token or None, "where": path}."""
+    import torch
+
+    import worker
+    from worker.engine import Engine, EngineConfig
+
+    torch.set_num_threads(1)
+    result: dict = {"steps": {}, "model": {}, "batch1_medium_ms": None,
+                    "where": str(Path(worker.__file__).parent.parent)}  # fmt: skip
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = negligible_model(Path(tmp) / "tiny")
+        for batch in batches:
+            engine = Engine.from_pretrained(
+                path, EngineConfig(kv_cache_bytes=256 << 20, max_num_seqs=max(batch, 1), num_threads=1)
+            )
+            prompts = [[rng.randrange(3, VOCAB) for _ in range(16)] for _ in range(batch)]
+            if host_only:
+                stub_model(engine.runner.model)
+            step, model = decode_cost(engine, prompts, repeats)
+            result["steps"][batch], result["model"][batch] = 1e3 * step, 1e3 * model
+        if batch1_medium:
+            from worker.demo_model import make_demo_model
+
+            medium = make_demo_model(Path(tmp) / "medium", "llama", size="medium")
+            engine = Engine.from_pretrained(medium, EngineConfig(kv_cache_bytes=1 << 28, num_threads=1))
+            prompt = [[rng.randrange(3, 4000) for _ in range(16)]]
+            result["batch1_medium_ms"] = 1e3 * decode_cost(engine, prompt, repeats, steps=48)[0]
+            result["gemv_ms"], result["weight_mb"] = projections_alone(engine.runner.model, repeats)
+    return result
+
+
+def measure_revision(rev: str, args: argparse.Namespace) -> dict:
+    """The same measurement on `git archive rev`, in a subprocess whose `worker` is that export."""
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "-C", str(root), "archive", rev], check=True, capture_output=True).stdout
+        tar_path = Path(tmp) / "rev.tar"
+        tar_path.write_bytes(archive)
+        export = Path(tmp) / "src"
+        with tarfile.open(tar_path) as tar:
+            tar.extractall(export, filter="data")
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--json", "--repeats", str(args.repeats),
+               "--batches", *map(str, args.batches)] + (["--batch1-medium"] if args.batch1_medium else []) + (
+               ["--host-only"] if args.host_only else [])  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(export)}
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=export).stdout
+        result = json.loads(out.strip().splitlines()[-1])
+        if not result["where"].startswith(str(export)):
+            raise RuntimeError(f"the baseline run imported worker from {result['where']}, not the export")
+        return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
+    ap.add_argument("--repeats", type=int, default=3, help="runs per point; the fastest is kept")
+    ap.add_argument("--baseline-rev", default=None, help="a git revision to measure the same way, side by side")
+    ap.add_argument("--batch1-medium", action="store_true", help="add batch-1 ms/token on the 29M bench model")
+    ap.add_argument("--host-only", action="store_true", help="stub the model: the engine's host work alone")
+    ap.add_argument("--json", action="store_true", help="print one JSON line (used for the baseline run)")
+    args = ap.parse_args()
+    if args.host_only and args.batch1_medium:
+        ap.error("--host-only stubs the model; run --batch1-medium separately")
+    if args.json:
+        print(json.dumps(measure(args.batches, args.repeats, args.batch1_medium, args.host_only)))
+        return
+    base = measure_revision(args.baseline_rev, args) if args.baseline_rev else None
+    now = measure(args.batches, args.repeats, args.batch1_medium, args.host_only)
+    print(f"CPU per decode step, negligible model (Llama 2 layers, hidden 64, vocab {VOCAB}), 16-token prompts, "
+          f"greedy, 1 thread; best of {args.repeats}" + ("; MODEL STUBBED (host work only)" if args.host_only else ""))  # fmt: skip
+    print("(model = CPU ms inside the model's forward and logits; host = the rest of the step)")
+    head = f"{'batch':>5} {'ms/step':>8} {'us/seq/step':>11} {'model':>6} {'host':>6}"
+    if base:
+        head += f" | {'base ms/step':>12} {'base us/seq':>11} {'model':>6} {'host':>6} {'speed-up':>8} {'host x':>7}"
+    print(head + (f"   (base = {args.baseline_rev})" if base else ""))
+    for batch in args.batches:
+        ms, model = now["steps"][batch], now["model"][batch]
+        line = f"{batch:>5} {ms:>8.2f} {1e3 * ms / batch:>11.1f} {model:>6.2f} {ms - model:>6.2f}"
+        if base:
+            b, bm = base["steps"][str(batch)], base["model"][str(batch)]
+            line += (f" | {b:>12.2f} {1e3 * b / batch:>11.1f} {bm:>6.2f} {b - bm:>6.2f} {b / ms:>7.1f}x "
+                     f"{(b - bm) / max(ms - model, 1e-9):>6.1f}x")  # fmt: skip
+        print(line)
+    if args.batch1_medium:
+        line = f"\nbatch-1 decode, demo 'medium' Llama (fp32, 1 thread): {now['batch1_medium_ms']:.2f} ms/token"
+        if base:
+            line += f"; base {base['batch1_medium_ms']:.2f} ms/token"
+        print(line)
+        print(f"  its projections + lm_head alone (torch M=1 matmuls, {now['weight_mb']:.0f} MB of weights): "
+              f"{now['gemv_ms']:.2f} ms ({now['weight_mb'] / now['gemv_ms']:.1f} GB/s); the rest of a step: "
+              f"{now['batch1_medium_ms'] - now['gemv_ms']:.2f} ms")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

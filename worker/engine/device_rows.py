@@ -1,0 +1,66 @@
+"""DeviceRows: the PersistentBatch arrays a step reads on the device, kept current row by row.
+
+Mirrored: block_table int32 [R, W], last_token int64 [R] (the row's newest token: written by the host
+when a row joins, by the step itself on the device after sampling, so a decode input never waits for
+the host), fparams float32 [R, 2], iparams int64 [R, 3] and stop_ids int64 [R, S].
+
+With copy=False (the CPU) the device tensors are the host arrays themselves (torch.from_numpy views):
+nothing is copied, ever. With copy=True (CUDA; also on the CPU in tests, to check the bookkeeping)
+they are separate tensors and sync() sends only the rows that changed: every mirrored array of the
+rows that joined, the block table of rows that got blocks, each as one pinned asynchronous copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from worker.engine.batch_state import PersistentBatch
+from worker.engine.sampler import to_device
+
+MIRRORED = ("block_table", "last_token", "fparams", "iparams", "stop_ids")
+
+
+class DeviceRows:
+    def __init__(self, batch: PersistentBatch, device: torch.device, copy: bool) -> None:
+        self.batch = batch
+        self.device = device
+        self.copy = copy
+        self.tensors: dict[str, torch.Tensor] = {name: self._full(name) for name in MIRRORED}
+        batch.joined.clear()
+        batch.grew.clear()
+        batch.stop_ids_resized = False
+
+    def _full(self, name: str) -> torch.Tensor:
+        host = torch.from_numpy(getattr(self.batch, name))
+        return host.to(self.device, copy=True) if self.copy else host
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        try:
+            return self.__dict__["tensors"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def sync(self) -> None:
+        """Bring the device copies up to date with the host for the rows that changed."""
+        b = self.batch
+        if b.stop_ids_resized:  # a request with more stop ids than any before: a wider array
+            self.tensors["stop_ids"] = self._full("stop_ids")
+            b.stop_ids_resized = False
+        if not self.copy:
+            b.joined.clear()
+            b.grew.clear()
+            return
+        if b.joined:
+            rows = np.fromiter(sorted(b.joined), np.int64, len(b.joined))
+            self._copy_rows(rows, MIRRORED)
+        grew = b.grew - b.joined
+        if grew:
+            self._copy_rows(np.fromiter(sorted(grew), np.int64, len(grew)), ("block_table",))
+        b.joined.clear()
+        b.grew.clear()
+
+    def _copy_rows(self, rows: np.ndarray, names: tuple[str, ...]) -> None:
+        idx = to_device(rows, self.device)
+        for name in names:
+            self.tensors[name].index_copy_(0, idx, to_device(getattr(self.batch, name)[rows], self.device))

@@ -1,0 +1,169 @@
+"""StepInputs: one step's flat (varlen) model inputs, attention metadata and logits plan.
+
+Layout of the step's T tokens: the chunks of prefilling (or just admitted) sequences first, any
+length, through prefill attention; then one token per decode row, through decode attention. The
+prefill part is built in Python from the chunks (its work is proportional to its tokens); the decode
+part with a few numpy operations over the PersistentBatch rows, whatever the batch size.
+
+Logits rows: prompt-logprob rows of the chunks first, then the sampling rows (chunks that reach their
+sequence's last token, then every decode row), so the sampled logits are one contiguous slice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from worker.engine.backends.base import AttentionMetadata
+from worker.engine.batch_state import PersistentBatch
+from worker.engine.device_rows import DeviceRows
+from worker.engine.sampler import to_device
+from worker.engine.scheduler import SchedulerOutput, Sequence
+
+
+@dataclass(frozen=True)
+class PromptScores:
+    """Logits rows [offset, offset + count) score seq's prompt tokens first+1 .. first+count."""
+
+    seq: Sequence
+    first: int
+    offset: int
+    count: int
+
+
+@dataclass(slots=True)
+class StepInputs:
+    input_ids: torch.Tensor  # int64 [T] on the device
+    positions: torch.Tensor  # int64 [T]
+    meta: AttentionMetadata
+    logit_rows: torch.Tensor | None  # int64 [N]: hidden rows that need logits; None: every row
+    sample_rows: np.ndarray  # int64 [S]: batch row of each sampled logits row (the last S rows)
+    sample_rows_ascending: bool  # only decode rows sample (they come ascending)
+    prompt: list[PromptScores]
+    num_prefill_tokens: int  # T - decode rows
+    decode_rows: np.ndarray  # int64 [D]
+    decode_positions: np.ndarray  # int64 [D]
+
+
+def _pad(tables: list[list[int]], width: int) -> np.ndarray:
+    """Right-pad block tables with 0 (a valid block id; reads past a row's context are masked)."""
+    out = np.zeros((len(tables), width), np.int32)
+    for i, t in enumerate(tables):
+        out[i, : len(t)] = t
+    return out
+
+
+def decode_tables(dev: DeviceRows, rows: np.ndarray, rows_dev: torch.Tensor, width: int) -> torch.Tensor:
+    """The decode rows' block tables [D, width] on the device: a view of the mirrored table when the
+    rows are consecutive (a packed batch: no copy), else a gathered copy."""
+    first = int(rows[0])
+    if int(rows[-1]) - first + 1 == rows.size:
+        return dev.block_table[first : first + rows.size, :width]
+    return dev.block_table.index_select(0, rows_dev)[:, :width]
+
+
+def decode_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) -> StepInputs:
+    """build_step for a step of decode rows only (the steady state): a handful of numpy operations,
+    views instead of gathers when the rows are the first n."""
+    bs = batch.block_size
+    rows, pos = sched.decode_rows, sched.decode_positions
+    at = batch.span(rows)
+    slots = batch.block_table[rows, pos // bs].astype(np.int64) * bs + pos % bs
+    below = pos < batch.protected[at]  # a fully cached prompt recomputes its last token: no store
+    if below.any():
+        slots[below] = -1
+    if isinstance(at, slice):
+        ids = dev.last_token[at]
+        tables = dev.block_table[at, : int(pos.max()) // bs + 1]
+    else:
+        rows_dev = to_device(rows, dev.device)
+        ids = dev.last_token.index_select(0, rows_dev)
+        tables = decode_tables(dev, rows, rows_dev, int(pos.max()) // bs + 1)
+    meta = AttentionMetadata(
+        slot_mapping=to_device(slots, dev.device), num_prefill_tokens=0,
+        decode_context_lens=to_device((pos + 1).astype(np.int32), dev.device), decode_block_tables=tables,
+    )  # fmt: skip
+    return StepInputs(ids, to_device(pos, dev.device), meta, None, rows, True, [], 0, rows, pos)
+
+
+def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) -> StepInputs:
+    if not sched.chunks:
+        return decode_step(sched, batch, dev)
+    device, bs = dev.device, batch.block_size
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    cu, lens, tables = [0], [], []
+    prompt_hidden: list[int] = []  # hidden rows of prompt-logprob positions
+    prompt: list[PromptScores] = []
+    sample_hidden: list[int] = []
+    sample_rows: list[int] = []
+    prompt_chunks: list[int] = []  # the chunk (index into tables) of each prompt / sample hidden row
+    sample_chunks: list[int] = []
+    for c in sched.chunks:
+        seq, lo, hi = c.seq, c.start, c.start + c.num_tokens
+        row0 = len(ids)
+        ids.extend(seq.token_ids[lo:hi])
+        positions.extend(range(lo, hi))
+        table, protected = seq.block_table, seq.protected_len
+        slots.extend(-1 if p < protected else table[p // bs] * bs + p % bs for p in range(lo, hi))
+        cu.append(cu[-1] + c.num_tokens)
+        lens.append(hi)
+        tables.append(table[: -(-hi // bs)])
+        if c.prompt_end > c.prompt_first:
+            count = c.prompt_end - c.prompt_first
+            prompt.append(PromptScores(seq, c.prompt_first, len(prompt_hidden), count))
+            prompt_hidden.extend(range(row0 + c.prompt_first - lo, row0 + c.prompt_end - lo))
+            prompt_chunks.extend([len(tables) - 1] * count)
+        if c.samples:
+            sample_hidden.append(row0 + c.num_tokens - 1)
+            sample_chunks.append(len(tables) - 1)
+            sample_rows.append(seq.row)
+    num_prefill = len(ids)
+    rows, pos = sched.decode_rows, sched.decode_positions
+    num_decode = rows.size
+    all_sample_rows = np.concatenate([np.asarray(sample_rows, np.int64), rows])
+    meta_args: dict = {
+        "num_prefill_tokens": num_prefill,  # > 0: there are chunks
+        "prefill_cu_seqlens_q": to_device(np.asarray(cu, np.int32), device),
+        "prefill_context_lens": to_device(np.asarray(lens, np.int32), device),
+        "prefill_block_tables": to_device(_pad(tables, max(len(t) for t in tables)), device),
+    }
+    all_pos = np.concatenate([np.asarray(positions, np.int64), pos])
+    all_slots = np.asarray(slots, np.int64)
+    input_ids = to_device(np.asarray(ids, np.int64), device)
+    if num_decode:
+        dslots = batch.block_table[rows, pos // bs].astype(np.int64) * bs + pos % bs
+        dslots[pos < batch.protected[rows]] = -1
+        rows_dev = to_device(rows, device)
+        meta_args.update(
+            decode_context_lens=to_device((pos + 1).astype(np.int32), device),
+            decode_block_tables=decode_tables(dev, rows, rows_dev, int(pos.max()) // bs + 1),
+        )
+        all_slots = np.concatenate([all_slots, dslots])
+        input_ids = torch.cat([input_ids, dev.last_token.index_select(0, rows_dev)])
+    logit_hidden = prompt_hidden + sample_hidden  # then the decode rows
+    total = num_prefill + num_decode
+    logit_rows = None
+    if len(logit_hidden) < num_prefill:  # some rows need no logits: the last layer skips them
+        keep = np.concatenate([np.asarray(logit_hidden, np.int64), np.arange(num_prefill, total)])
+        meta_args.update(output_rows=to_device(keep, device))
+        if keep.size:
+            chunk_tables = [tables[i] for i in prompt_chunks + sample_chunks]
+            width = max([len(t) for t in chunk_tables] + [int(pos.max()) // bs + 1 if num_decode else 0])
+            keep_tables = _pad(chunk_tables, width)
+            if num_decode:
+                keep_tables = np.concatenate([keep_tables, batch.block_table[rows, :width]])
+            meta_args.update(
+                output_context_lens=to_device((all_pos[keep] + 1).astype(np.int32), device),
+                output_block_tables=to_device(keep_tables, device),
+            )
+    elif prompt_hidden or len(logit_hidden) + num_decode < total:
+        logit_rows = to_device(np.concatenate([np.asarray(logit_hidden, np.int64), np.arange(num_prefill, total)]),
+                               device)  # fmt: skip
+    meta = AttentionMetadata(slot_mapping=to_device(all_slots, device), **meta_args)
+    return StepInputs(input_ids, to_device(all_pos, device), meta, logit_rows, all_sample_rows, not sample_rows,
+                      prompt, num_prefill, rows, pos)  # fmt: skip
+
