@@ -32,18 +32,29 @@ class ModelCache(Generic[EngineT]):
         self.loads = 0
         self.load_seconds = 0.0
 
+    @property
+    def loaded_key(self) -> Hashable | None:
+        """The key of the engine held now (None while none is loaded)."""
+        return self._key
+
     def get(self, key: Hashable, load: Callable[[], EngineT]) -> EngineT:
+        return self.get_timed(key, load)[0]
+
+    def get_timed(self, key: Hashable, load: Callable[[], EngineT]) -> tuple[EngineT, float]:
+        """(engine, seconds this call spent loading it): 0.0 when it was loaded already, also when
+        this call waited for another thread's load of the same key (a preload is billed to no shard)."""
         with self._lock:
             if self._engine is not None and self._key == key:
-                return self._engine
+                return self._engine, 0.0
             self._drop()
             start = time.perf_counter()
             engine = load()
-            self.load_seconds += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            self.load_seconds += seconds
             self._key, self._engine = key, engine
             self.loads += 1
-            log.info("model_loaded", key=str(key), seconds=round(time.perf_counter() - start, 3))
-            return engine
+            log.info("model_loaded", key=str(key), seconds=round(seconds, 3))
+            return engine, seconds
 
     def _drop(self) -> None:
         if self._engine is None:

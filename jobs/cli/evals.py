@@ -14,6 +14,7 @@ import typer
 
 from jobs.errors import FreightError
 from jobs.evals.plan import JobExecutor
+from jobs.redact import redact_url
 from jobs.settings import Settings, get_settings
 from jobs.spec import JobSpec
 
@@ -151,7 +152,7 @@ def beat_command(suites: Annotated[Path, typer.Argument(help="the suite file (TO
     except (FreightError, LockHeldError) as exc:
         raise _fail(exc) from exc
     except redis.RedisError as exc:
-        raise _fail(f"cannot reach Redis at {settings.redis_url} ({exc}): start it or set FREIGHT_REDIS_URL") from None
+        raise _fail(f"cannot reach Redis at {redact_url(settings.redis_url)} ({exc}): start it or set FREIGHT_REDIS_URL") from None
 
 
 def register(app: typer.Typer) -> None:
