@@ -29,8 +29,14 @@ class ModelCache(Generic[EngineT]):
         self._key: Hashable | None = None
         self._engine: EngineT | None = None
         self._lock = threading.Lock()
+        self._preload: Hashable | None = None  # a key the worker loads on its own at start
         self.loads = 0
         self.load_seconds = 0.0
+
+    def expect(self, key: Hashable) -> None:
+        """`key` is preloaded at start (`freight worker --model`): its first load, by whichever
+        caller gets there first, is billed to no shard."""
+        self._preload = key
 
     @property
     def loaded_key(self) -> Hashable | None:
@@ -41,8 +47,9 @@ class ModelCache(Generic[EngineT]):
         return self.get_timed(key, load)[0]
 
     def get_timed(self, key: Hashable, load: Callable[[], EngineT]) -> tuple[EngineT, float]:
-        """(engine, seconds this call spent loading it): 0.0 when it was loaded already, also when
-        this call waited for another thread's load of the same key (a preload is billed to no shard)."""
+        """(engine, seconds of loading to bill the caller): 0.0 when it was loaded already (also when
+        this call waited for another thread's load of the same key), and for the preloaded key's
+        first load."""
         with self._lock:
             if self._engine is not None and self._key == key:
                 return self._engine, 0.0
@@ -53,8 +60,10 @@ class ModelCache(Generic[EngineT]):
             self.load_seconds += seconds
             self._key, self._engine = key, engine
             self.loads += 1
-            log.info("model_loaded", key=str(key), seconds=round(seconds, 3))
-            return engine, seconds
+            preloaded = key == self._preload
+            self._preload = None if preloaded else self._preload
+            log.info("model_loaded", key=str(key), seconds=round(seconds, 3), preload=preloaded)
+            return engine, 0.0 if preloaded else seconds
 
     def _drop(self) -> None:
         if self._engine is None:

@@ -92,6 +92,7 @@ class ProcessRuntime:
         self._watcher.start()
         threading.Thread(target=self._heartbeat_loop, name="freight-heartbeat", daemon=True).start()
         if self.node is not None and self.node.preload:
+            self.models.expect((self.node.preload, None))
             threading.Thread(target=self._preload, args=(self.node.preload,), name="freight-preload",
                              daemon=True).start()  # fmt: skip
         log.info("worker_process_ready", worker_id=self.worker_id, queues=list(self.queues),
