@@ -90,6 +90,9 @@ class ProcessRuntime:
             except OSError as exc:
                 log.warning("metrics_port_busy", port=port, error=str(exc))
         self._watcher.start()
+        # at once: a process that replaces a killed one (same worker id) must not look like it still
+        # runs the killed attempt (worker/attempts.py)
+        self._beat_now()
         threading.Thread(target=self._heartbeat_loop, name="freight-heartbeat", daemon=True).start()
         if self.node is not None and self.node.preload:
             self.models.expect((self.node.preload, None))

@@ -80,6 +80,10 @@ def test_model_preload_and_status_lines(fleet: Fleet, tmp_path: Path) -> None:
     submit(fleet.env(), make_input(tmp_path / "input2.parquet", 4, max_tokens=(1000,)), fleet.model, out2, 4,
            max_tokens=1000)  # fmt: skip
     wait_for(lambda: fleet.busy("pre@test#0"), 60, "the second job running")
+    # the heartbeat names the running attempt and carries the time of its last engine step
+    beat = wait_for(lambda: (b := WorkerBeat.from_json("pre@test#0", fleet.live.client.hget(
+        "freight:workers", "pre@test#0"))).last_step and b, 30, "a beat with the last engine step")  # fmt: skip
+    assert beat.job_id is not None and beat.shard == 0 and time.time() - beat.last_step < 15
     status = freight(["status", str(out2)], fleet.env())
     assert status.returncode == 0, status.stderr
     assert f"workers: 1 live, 1 consuming {fleet.queue}, 1 with the model loaded" in status.stdout
