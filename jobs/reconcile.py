@@ -194,7 +194,10 @@ class Reconciler:
         self.live.client.hdel(aux_key("orphans", job_id), *[str(s) for s in due])
         finalize = False
         total = len(manifest.shards)
-        if not store.exists(SUCCESS_KEY) and len(committed) == total:
+        if store.exists(SUCCESS_KEY):
+            self.live.set_job_state(job_id, "succeeded")
+            return Repair(job_id, tuple(todo), marked, False, "succeeded")
+        if len(committed) == total:
             self.client.send_finalize(job_id=job_id, output=output, queue=meta["queue"])
             log.warning("finalize_requeued", job_id=job_id)
             finalize = True
