@@ -2,8 +2,8 @@
 
 A shard's message can be delivered again while its first attempt still runs: the reaper judged its
 node gone (a Redis outage longer than a minute, a frozen main process), or kombu's visibility
-timeout passed without a renewal. That first attempt is alive when a heartbeat younger than
-WORKER_GONE_AFTER_S says its process runs exactly that attempt (job, shard, attempt number). The
+timeout passed without a renewal. That first attempt is alive when a fresh heartbeat (three
+beats at most) says its process runs exactly that attempt (job, shard, attempt number). The
 new attempt then neither bills it as lost nor computes the shard a second time: it waits until the
 first one commits (then this one ends as already_committed) or is gone (then this one runs).
 
@@ -20,7 +20,7 @@ import redis
 
 from jobs.log import get_logger
 from jobs.manifest import Manifest, shard_result_key
-from jobs.progress import RATES_KEY, WORKERS_KEY, WorkerBeat, aux_key
+from jobs.progress import RATES_KEY, WORKER_GONE_AFTER_S, WORKERS_KEY, WorkerBeat, aux_key
 from jobs.storage import ObjectStore
 from worker.runtime import ProcessRuntime
 
@@ -30,8 +30,14 @@ WAIT_POLL_S = 2.0
 RATE_WEIGHT = 0.3  # weight of the newest shard in the model's rate (exponential moving average)
 
 
+def alive_within_s(rt: ProcessRuntime) -> float:
+    """How fresh a heartbeat must be to show a running attempt: three beats missed is gone (30 s
+    with the default 10 s beats), never longer than WORKER_GONE_AFTER_S."""
+    return min(WORKER_GONE_AFTER_S, max(3 * rt.settings.heartbeat_s, 5.0))
+
+
 def attempt_alive(rt: ProcessRuntime, job_id: str, shard: int, previous: dict[str, Any], now: float) -> bool:
-    """True when a live heartbeat says `previous` (a `freight:started` entry) is still running."""
+    """True when a fresh heartbeat says `previous` (a `freight:started` entry) is still running."""
     raw = rt.live.client.hget(WORKERS_KEY, str(previous.get("worker", "")))
     if not raw:
         return False
@@ -39,7 +45,7 @@ def attempt_alive(rt: ProcessRuntime, job_id: str, shard: int, previous: dict[st
         beat = WorkerBeat.from_json(str(previous.get("worker")), raw)
     except ValueError:
         return False
-    return beat.is_live(now) and beat.runs(job_id, shard, int(previous.get("attempt", -1)))
+    return beat.is_live(now, alive_within_s(rt)) and beat.runs(job_id, shard, int(previous.get("attempt", -1)))
 
 
 def wait_for_previous(

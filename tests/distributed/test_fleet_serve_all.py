@@ -77,8 +77,8 @@ def test_model_preload_and_status_lines(fleet: Fleet, tmp_path: Path) -> None:
     assert len(records) == 2 and all(r["load_seconds"] == 0 for r in records)  # billed to no shard
     # a second job of the same model: status shows the worker consuming its queue, model loaded
     out2 = tmp_path / "out2"
-    submit(fleet.env(), make_input(tmp_path / "input2.parquet", 4, max_tokens=(1000,)), fleet.model, out2, 4,
-           max_tokens=1000)  # fmt: skip
+    submit(fleet.env(), make_input(tmp_path / "input2.parquet", 8, max_tokens=(2000,)), fleet.model, out2, 8,
+           max_tokens=2000)  # fmt: skip  (long: it still runs at the next 10 s beat; stopped at teardown)
     wait_for(lambda: fleet.busy("pre@test#0"), 60, "the second job running")
     # the heartbeat names the running attempt and carries the time of its last engine step
     beat = wait_for(lambda: (b := WorkerBeat.from_json("pre@test#0", fleet.live.client.hget(
