@@ -31,13 +31,13 @@ from jobs.live_state import LiveState
 from jobs.log import get_logger
 from jobs.manifest import SUCCESS_KEY, read_manifest
 from jobs.markers import FAILURES_KEY, failed_shards, is_cancelled, write_failures_manifest
-from jobs.progress import FINISHED_JOB_STATES, JOBS_KEY, QUEUES_KEY, aux_key, job_key
+from jobs.progress import FINISHED_JOB_STATES, JOBS_KEY, QUEUES_KEY, WORKER_GONE_AFTER_S, aux_key, job_key
 from jobs.settings import Settings
 from jobs.storage import open_store
 
 log = get_logger(__name__)
 
-ORPHAN_GRACE_S = 15.0
+ORPHAN_GRACE_S = 10.0
 PRIORITY_SEPARATOR = "\x06\x16"
 PRIORITIES = range(10)
 TASK_FINALIZE = "freight.finalize"
@@ -82,6 +82,10 @@ class Reconciler:
                 active.append(job_id)
         if not active:
             return []
+        if self._all_accounted(active):
+            for job_id in active:  # nothing missing now: forget earlier sightings (the grace restarts)
+                r.delete(aux_key("orphans", job_id))
+            return []
         seen = self._seen(now)
         repairs = []
         for job_id in active:
@@ -91,6 +95,20 @@ class Reconciler:
         return repairs
 
     # ----- what exists --------------------------------------------------------------------------
+    def _all_accounted(self, active: list[str]) -> bool:
+        """Cheap first check: at least as many messages (queued + unacked) as open shards (queued or
+        running). Only when fewer does a pass read the messages themselves."""
+        r = self.live.client
+        pipe = r.pipeline(transaction=False)
+        for job_id in active:
+            pipe.hvals(aux_key("shards", job_id))
+        open_shards = sum(sum(1 for st in states if st in ("queued", "running")) for states in pipe.execute())
+        for queue in r.smembers(QUEUES_KEY):
+            for p in PRIORITIES:
+                pipe.llen(queue if p == 0 else f"{queue}{PRIORITY_SEPARATOR}{p}")
+        pipe.hlen(UNACKED_KEY)
+        return sum(pipe.execute()) >= open_shards
+
     def _seen(self, now: float) -> _Seen:
         r = self.live.client
         seen = _Seen()
@@ -108,7 +126,10 @@ class Reconciler:
                 continue
             if isinstance(entry, list) and entry:
                 self._note(seen, entry[0])
-        for beat in self.live.workers():
+        # a running attempt shows in its heartbeat; three missed beats and it is gone (as in
+        # worker/attempts.py), so a killed attempt's shard is not taken for running for a whole minute
+        alive_within = min(WORKER_GONE_AFTER_S, max(3 * self.settings.heartbeat_s, 5.0))
+        for beat in self.live.workers(alive_within=alive_within):
             if beat.job_id is not None and beat.shard is not None:
                 seen.shards.add((beat.job_id, beat.shard))
         return seen

@@ -32,7 +32,7 @@ from worker.deadline import AttemptSlots
 
 log = get_logger(__name__)
 
-RECONCILE_S = 30.0  # how often some node of the fleet checks Redis against storage
+RECONCILE_S = 15.0  # how often some node of the fleet checks Redis against storage
 RECONCILE_LOCK = "freight:lock:reconcile"
 
 
