@@ -55,6 +55,7 @@ class Event:
     worker: str | None = None
     shard: int | None = None
     attempt: int | None = None
+    requeued_after_s: float | None = None  # to the shard's message back on its queue
     restarted_after_s: float | None = None  # to the start of the shard's next attempt
 
 
@@ -169,6 +170,26 @@ def _attempt_starts(logs: list[Path], job_id: str) -> dict[int, list[tuple[int, 
     return starts
 
 
+def _requeues(logs: list[Path], job_id: str) -> dict[int, list[float]]:
+    """shard -> log times its message went back on the queue: the reaper's `lease.restored`, the
+    reconciler's `shards_requeued`, a hand-back's `shard_stopped`."""
+    back: dict[int, list[float]] = {}
+    for log in logs:
+        for line in log.read_text(errors="replace").splitlines():
+            if not line.startswith("{") or job_id not in line:
+                continue
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                e = json.loads(line)
+                if e.get("job_id") != job_id:
+                    continue
+                if e["event"] in ("lease.restored", "shard_stopped"):
+                    back.setdefault(int(e["shard"]), []).append(_ts(e["timestamp"]))
+                elif e["event"] == "shards_requeued":
+                    for shard in e["shards"]:
+                        back.setdefault(int(shard), []).append(_ts(e["timestamp"]))
+    return back
+
+
 def run_job(root: Path, redis: RedisServer, model: Path, inp: Path, args: argparse.Namespace, *,
             chaos: bool) -> tuple[float, Path, list[Event], list[Path], str]:  # fmt: skip
     from jobs.client import queue_for_model
@@ -252,11 +273,13 @@ def run(args: argparse.Namespace) -> ChaosReport:
             args.gap = max(3.0, 0.6 * calm_s / (args.kills + args.notices + 2))
         print(f"undisturbed: {calm_s:.1f} s; chaos events every {args.gap:.1f} s", flush=True)
         chaos_s, chaos_out, events, logs, job_id = run_job(root, redis, model, inp, args, chaos=True)
-        starts = _attempt_starts(logs, job_id)
+        starts, back = _attempt_starts(logs, job_id), _requeues(logs, job_id)
         for e in events:
             if e.shard is not None:
                 later = [at for attempt, at in starts.get(e.shard, []) if attempt > (e.attempt or 0)]
                 e.restarted_after_s = (min(later) - e.at) if later else None
+                requeued = [at for at in back.get(e.shard, []) if at >= e.at]
+                e.requeued_after_s = (min(requeued) - e.at) if requeued else None
         calm, rows = _rows(calm_out), _rows(chaos_out)
         ids = [r["id"] for r in rows]
         client = redis.client()
@@ -283,16 +306,18 @@ def run(args: argparse.Namespace) -> ChaosReport:
 def print_report(r: ChaosReport) -> None:
     print(f"\nfleet recovery under chaos: {r.rows} rows, {r.shards} shards, 3 workers, default settings, "
           f"tiny demo model on the CPU ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f})")  # fmt: skip
-    print(f"{'event':<14} {'worker':<7} {'shard':>5} {'attempt':>7} {'to next attempt':>16}")
+    print(f"{'event':<14} {'worker':<7} {'shard':>5} {'attempt':>7} {'back on queue':>14} {'next attempt':>13}")
     for e in r.events:
+        back = "-" if e.requeued_after_s is None else f"{e.requeued_after_s:.1f} s"
         after = "-" if e.restarted_after_s is None else f"{e.restarted_after_s:.1f} s"
         shard = "" if e.shard is None else str(e.shard)
-        print(f"{e.kind:<14} {e.worker or '':<7} {shard:>5} {e.attempt or '':>7} {after:>16}")
+        print(f"{e.kind:<14} {e.worker or '':<7} {shard:>5} {e.attempt or '':>7} {back:>14} {after:>13}")
     for kind in ("kill", "notice"):
-        times = [e.restarted_after_s for e in r.events if e.kind == kind and e.restarted_after_s is not None]
-        if times:
-            print(f"{kind}: {len(times)} shards restarted, median {statistics.median(times):.1f} s, "
-                  f"max {max(times):.1f} s after the {kind}")  # fmt: skip
+        for label, attr in (("back on the queue", "requeued_after_s"), ("restarted", "restarted_after_s")):
+            times = [getattr(e, attr) for e in r.events if e.kind == kind and getattr(e, attr) is not None]
+            if times:
+                print(f"{kind}: {len(times)} shards {label}, median {statistics.median(times):.1f} s, "
+                      f"max {max(times):.1f} s after the {kind}")  # fmt: skip
     print(f"undisturbed {r.undisturbed_s:.1f} s, under chaos {r.chaos_s:.1f} s: overhead {r.overhead:+.0%}")
     print(f"every row exactly once: {r.rows_exactly_once}; equal to the undisturbed run: {r.equal_to_undisturbed}; "
           f"{r.attempts} attempts for {r.shards} shards, {r.lost_attempts_billed} billed as lost")  # fmt: skip
