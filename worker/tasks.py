@@ -56,9 +56,10 @@ class ShardStop:
     in Redis (asked at most every CANCEL_CHECK_S). Remembers why it stopped and, for a cancel, how
     many engine steps ran after the cancel was requested (`steps_after_cancel`)."""
 
-    def __init__(self, rt: ProcessRuntime, job_id: str) -> None:
+    def __init__(self, rt: ProcessRuntime, job_id: str, *, engine_steps: bool = True) -> None:
         self.rt = rt
         self.job_id = job_id
+        self.engine_steps = engine_steps  # False: not called before engine steps (a wait loop)
         self.reason: str | None = None
         self.checks = 0
         self.steps_after_cancel: int | None = None
@@ -71,7 +72,8 @@ class ShardStop:
             return True
         now_s = time.time()
         self._recent.append(now_s)
-        self.rt.note_step(now_s)  # the heartbeat's last engine step
+        if self.engine_steps:
+            self.rt.note_step(now_s)  # the heartbeat's last engine step
         if self.rt.stopping():
             self.reason = "interrupted"
             return True
@@ -166,7 +168,7 @@ def _run(
     if strikes > 1 and previous is not None and not committed:
         waited = "gone"
         if attempt_alive(rt, job_id, shard, previous, time.time()):  # a duplicate delivery
-            stop = ShardStop(rt, job_id)
+            stop = ShardStop(rt, job_id, engine_steps=False)
             waited = wait_for_previous(rt, store, job_id, shard, previous, stop)
             if waited == "stopped" and stop.reason != "cancelled":
                 rt.live.end_attempt_clean(job_id, shard)

@@ -14,7 +14,6 @@ import typer
 
 from jobs.errors import FreightError
 from jobs.evals.plan import JobExecutor
-from jobs.redact import redact_url
 from jobs.settings import Settings, get_settings
 from jobs.spec import JobSpec
 
@@ -152,6 +151,8 @@ def beat_command(suites: Annotated[Path, typer.Argument(help="the suite file (TO
     except (FreightError, LockHeldError) as exc:
         raise _fail(exc) from exc
     except redis.RedisError as exc:
+        from jobs.redact import redact_url
+
         raise _fail(f"cannot reach Redis at {redact_url(settings.redis_url)} ({exc}): start it or set FREIGHT_REDIS_URL") from None
 
 

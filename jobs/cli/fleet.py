@@ -41,8 +41,6 @@ from jobs.cli.job_options import (
 )
 from jobs.cli.run import fail
 from jobs.errors import FreightError
-from jobs.manifest import read_manifest
-from jobs.redact import redact_url
 from jobs.settings import get_settings
 from jobs.storage import ObjectStore
 
@@ -125,6 +123,8 @@ def submit(
     try:
         sub = submit_job(prepared, settings, priority=priority, deadline=deadline_s)
     except (redis.RedisError, OperationalError) as exc:
+        from jobs.redact import redact_url
+
         raise fail(f"cannot queue the job on {redact_url(settings.redis_url)} ({exc}): start Redis or set "
                    "FREIGHT_REDIS_URL, then submit again (the manifest in OUT is kept)") from None  # fmt: skip
     except ValueError as exc:  # e.g. a priority out of range
@@ -245,6 +245,7 @@ def print_fleet_status(store: ObjectStore) -> None:
     cancel. Prints nothing for an embedded job; never waits on an absent Redis (1 s timeout)."""
     from jobs.fleet_status import fleet_status, worker_lines
     from jobs.live_state import LiveState
+    from jobs.manifest import read_manifest
 
     live = LiveState(get_settings().redis_url, socket_timeout=1.0, retry_for_s=0)
     try:
