@@ -157,11 +157,11 @@ class LeaseReaper:
         """One pass over `unacked`; returns the messages this call put back on their queues."""
         entries = {_text(t): _text(raw) for t, raw in self.client.hgetall(UNACKED_KEY).items()}
         holders = {_text(t): _text(n) for t, n in self.client.hgetall(LEASES_KEY).items()}
-        self._forget(holders, entries, now)
+        nodes = _nodes(self.client)
+        self._forget(holders, entries, nodes, now)
         if not entries:
             return []
         delivered = {_text(t): float(s) for t, s in self.client.zrange(UNACKED_INDEX_KEY, 0, -1, withscores=True)}
-        nodes = _nodes(self.client)
         restored = []
         for tag, raw in entries.items():
             holder = holders.get(tag)
@@ -214,11 +214,12 @@ class LeaseReaper:
                     return parts[2]
         return routing_key
 
-    def _forget(self, holders: dict[str, str], entries: dict[str, str], now: float) -> None:
+    def _forget(self, holders: dict[str, str], entries: dict[str, str], nodes: dict[str, NodeBeat],
+                now: float) -> None:  # fmt: skip
         """Drop leases of messages no longer unacked (acked or restored), and long-dead node entries."""
         gone = [tag for tag in holders if tag not in entries]
         if gone:
             self.client.hdel(LEASES_KEY, *gone)
-        old = [n.node_id for n in _nodes(self.client).values() if now - n.heartbeat > NODE_FORGET_S]
+        old = [n.node_id for n in nodes.values() if now - n.heartbeat > NODE_FORGET_S]
         if old:
             self.client.hdel(NODES_KEY, *old)

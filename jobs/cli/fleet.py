@@ -265,7 +265,7 @@ def print_fleet_status(store: ObjectStore) -> None:
     for f in st.failures:
         console.print(f"  shard {f['shard']} failed after {f['attempts']} attempts: {f['reason']}")
     for extra in worker_lines(st, read_manifest(store).spec.model):  # who serves it; none: say so
-        console.print(extra)
+        console.print(extra, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
