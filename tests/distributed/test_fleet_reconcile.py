@@ -68,11 +68,11 @@ def test_a_job_whose_queue_redis_lost_finishes_on_its_own(fleet: Fleet, tmp_path
     """A worker runs; after the first commit every queue key is flushed (the running shard's unacked
     entry included). `freight wait` (and the workers' own checks) notice the shards that nothing will
     run, queue them again, and the job ends equal to an uninterrupted run."""
-    inp = make_input(tmp_path / "input.parquet", 8, max_tokens=(2, 30, 100))
-    reference = embedded_run(inp, fleet.model, tmp_path / "embedded", 2, max_tokens=100)
+    inp = make_input(tmp_path / "input.parquet", 12, max_tokens=(2, 30, 300))
+    reference = embedded_run(inp, fleet.model, tmp_path / "embedded", 2, max_tokens=300)
     out = tmp_path / "out"
     w = fleet.start("r")
-    sub = submit(fleet.env(), inp, fleet.model, out, 2, max_tokens=100)  # 4 shards
+    sub = submit(fleet.env(), inp, fleet.model, out, 2, max_tokens=300)  # 6 shards, each with a long row
     wait_for(lambda: any(p.suffix == ".parquet" for p in (out / "shards").glob("*")), 120, "one commit")
     assert _flush_queue_keys(fleet) >= 1
     done = fleet.wait_done(out, timeout=300)
