@@ -2,9 +2,11 @@
 settings, while the bench SIGKILLs workers, sends spot notices, restarts Redis and flushes its queue.
 
     .venv/bin/python bench/chaos.py                       # 20 kills, 5 notices, 1 restart, 1 flush
-    .venv/bin/python bench/chaos.py --rows 240 --kills 6 --notices 2 --seed 3
+    .venv/bin/python bench/chaos.py --rows 240 --kills 6 --notices 2 --seed 3 --min-undisturbed-s 0
 
-First the same job runs undisturbed on 3 workers (its wall time and its rows are the reference).
+First the same job runs undisturbed on 3 workers (its wall time and its rows are the reference);
+if it takes under --min-undisturbed-s (90 s) the rows grow in proportion and it runs again, so the
+chaos plan fits inside the job on a fast machine too.
 Then the chaos run: the events, in a random order (seeded), one every --gap seconds (default: spread
 over the first 60% of the undisturbed wall time, at least 3 s apart), while the job has work left:
 - kill: SIGKILL of a busy worker's main and pool process (a vanished machine), a new worker started
@@ -196,7 +198,7 @@ def run_job(root: Path, redis: RedisServer, model: Path, inp: Path, args: argpar
 
     out = root / ("out-chaos" if chaos else "out-calm")
     fleet = Fleet(root / ("chaos" if chaos else "calm"), redis, queue_for_model(str(model)))
-    fleet.root.mkdir()
+    fleet.root.mkdir(exist_ok=True)
     for _ in range(3):
         fleet.start()
     events: list[Event] = []
@@ -269,6 +271,14 @@ def run(args: argparse.Namespace) -> ChaosReport:
         model = Path(make_demo_model(root / "model")).resolve()
         inp = make_input(root / "input.parquet", args.rows, max_tokens=(16, 48, 96, args.max_tokens))
         calm_s, calm_out, _, _, _ = run_job(root, redis, model, inp, args, chaos=False)
+        if calm_s < args.min_undisturbed_s:  # a fast machine: a longer job, so the chaos plan fits in it
+            scale = args.min_undisturbed_s / calm_s
+            args.rows = int(args.rows * scale) // args.shard_rows * args.shard_rows + args.shard_rows
+            print(f"undisturbed: {calm_s:.1f} s, under {args.min_undisturbed_s:.0f} s: {args.rows} rows instead",
+                  flush=True)  # fmt: skip
+            shutil.rmtree(calm_out)
+            inp = make_input(root / "input.parquet", args.rows, max_tokens=(16, 48, 96, args.max_tokens))
+            calm_s, calm_out, _, _, _ = run_job(root, redis, model, inp, args, chaos=False)
         if args.gap is None:
             args.gap = max(3.0, 0.6 * calm_s / (args.kills + args.notices + 2))
         print(f"undisturbed: {calm_s:.1f} s; chaos events every {args.gap:.1f} s", flush=True)
@@ -325,7 +335,9 @@ def print_report(r: ChaosReport) -> None:
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=480)
+    ap.add_argument("--rows", type=int, default=480, help="rows of the job (more when it runs too fast)")
+    ap.add_argument("--min-undisturbed-s", type=float, default=90.0,
+                    help="if the undisturbed job is faster, the rows grow to take this long (0: never)")
     ap.add_argument("--shard-rows", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--kills", type=int, default=20)
