@@ -10,8 +10,8 @@ chaos plan fits inside the job on a fast machine too.
 Then the chaos run: the events, in a random order (seeded), one every --gap seconds (default: spread
 over the first 60% of the undisturbed wall time, at least 3 s apart), while the job has work left:
 - kill: SIGKILL of a busy worker's main and pool process (a vanished machine), a new worker started
-  at once (3 workers stay); the killed shard comes back through the lease reaper (60 s without its
-  node's beat);
+  at once (3 workers stay); the killed shard (the worker's latest start in `freight:started` without
+  a result) comes back through the lease reaper (60 s without its node's beat);
 - notice: a spot interruption notice from that worker's fake IMDS (tests/distributed/fleet_servers.py):
   it hands its shard back and stops; a new worker is started;
 - redis restart: SIGTERM (append-only file kept), 2 s down, back on the same port;
@@ -209,14 +209,16 @@ def run_job(root: Path, redis: RedisServer, model: Path, inp: Path, args: argpar
         start = time.time()
         job_id = _submit(redis.url, inp, model, out, args.shard_rows, args.max_tokens)
         if chaos:
-            events = _make_chaos(fleet, redis, out, args)
+            events = _make_chaos(fleet, redis, out, job_id, args)
         end = _wait_success(out, args.timeout)
         return end - start, out, events, sorted(fleet.root.glob("worker-*.log")), job_id
     finally:
         fleet.stop()
 
 
-def _make_chaos(fleet: Fleet, redis: RedisServer, out: Path, args: argparse.Namespace) -> list[Event]:
+def _make_chaos(
+    fleet: Fleet, redis: RedisServer, out: Path, job_id: str, args: argparse.Namespace
+) -> list[Event]:
     rng = random.Random(args.seed)
     plan = ["kill"] * args.kills + ["notice"] * args.notices + ["redis_restart", "flush"]
     rng.shuffle(plan)
@@ -228,19 +230,20 @@ def _make_chaos(fleet: Fleet, redis: RedisServer, out: Path, args: argparse.Name
             print(f"  the job finished before the chaos plan did ({len(events)} of {len(plan)} events)")
             break
         if kind in ("kill", "notice"):
-            busy = []
+            busy: list[tuple[str, dict]] = []
             deadline = time.monotonic() + 60
             while not busy and time.monotonic() < deadline and not (out / "_SUCCESS").exists():
                 busy = fleet.busy()
                 time.sleep(0.2)
-            if not busy:
-                continue
-            name, beat = rng.choice(busy)
+            # a busy worker; none for a minute (all starting, or every shard left waits on the reaper): any
+            names = [n for n, _ in busy] or [n for n in fleet.workers if n not in fleet.noticed]
+            name = rng.choice(names)
             proc, imds = fleet.workers[name]
-            event = Event(kind, time.time(), name, int(beat["shard"]), int(beat["attempt"]))
+            event = Event(kind, time.time(), name)
             if kind == "kill":
                 proc.kill_all()
                 fleet.retire(name)
+                event.shard, event.attempt = _killed_attempt(fleet, out, job_id, name)
             else:
                 imds.announce("terminate")  # it hands its shard back and stops within a poll or two
                 fleet.noticed.add(name)
@@ -258,6 +261,33 @@ def _make_chaos(fleet: Fleet, redis: RedisServer, out: Path, args: argparse.Name
         print(f"  {datetime.now():%H:%M:%S} {event.kind} {event.worker or ''} "
               f"{'' if event.shard is None else f'shard {event.shard} attempt {event.attempt}'}", flush=True)  # fmt: skip
     return events
+
+
+def _killed_attempt(fleet: Fleet, out: Path, job_id: str, name: str) -> tuple[int | None, int | None]:
+    """The attempt a killed worker ran: its latest start in `freight:started` whose shard has no
+    result (a shard committed just before the kill was not lost)."""
+    started = fleet.live.hgetall(f"freight:started:{job_id}")
+    mine = []
+    for shard, raw in started.items():
+        info = json.loads(raw)
+        if info.get("worker") == f"{name}@test#0" and not (out / "shards" / f"{int(shard):05d}.parquet").exists():
+            mine.append((float(info["at"]), int(shard), int(info["attempt"])))
+    if not mine:
+        return None, None
+    _, shard, attempt = max(mine)
+    return shard, attempt
+
+
+def _handed_back(log: Path, job_id: str) -> tuple[int | None, int | None]:
+    """The shard a noticed worker handed back (its `shard_stopped` line), if any."""
+    if log.exists():
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("{") and '"shard_stopped"' in line:
+                with contextlib.suppress(ValueError, KeyError):
+                    e = json.loads(line)
+                    if e.get("job_id") == job_id:
+                        return int(e["shard"]), int(e["attempt"])
+    return None, None
 
 
 def run(args: argparse.Namespace) -> ChaosReport:
@@ -285,6 +315,8 @@ def run(args: argparse.Namespace) -> ChaosReport:
         chaos_s, chaos_out, events, logs, job_id = run_job(root, redis, model, inp, args, chaos=True)
         starts, back = _attempt_starts(logs, job_id), _requeues(logs, job_id)
         for e in events:
+            if e.kind == "notice":
+                e.shard, e.attempt = _handed_back(root / "chaos" / f"worker-{e.worker}.log", job_id)
             if e.shard is not None:
                 later = [at for attempt, at in starts.get(e.shard, []) if attempt > (e.attempt or 0)]
                 e.restarted_after_s = (min(later) - e.at) if later else None
