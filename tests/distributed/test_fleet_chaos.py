@@ -25,5 +25,8 @@ def test_one_job_survives_kills_notices_a_redis_restart_and_a_flush() -> None:
     hit = [e for e in report.events if e.kind in ("kill", "notice") and e.shard is not None]
     assert sum(e.kind == "kill" for e in hit) >= 10  # most kills caught a shard mid-way
     for e in hit:  # (a kill between two shards, a notice after the last row, lose nothing)
-        assert e.requeued_after_s is not None and e.requeued_after_s < 120, e
-        assert e.restarted_after_s is not None, e  # and it ran again
+        assert e.restarted_after_s is not None, e  # it ran again
+        # back on its queue within 2 minutes (a restart proves it too: a duplicate message already
+        # queued, e.g. by the reconciler after the flush, leaves no requeue line of its own)
+        back = min(t for t in (e.requeued_after_s, e.restarted_after_s) if t is not None)
+        assert back < 120, e
