@@ -22,7 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "infra" / "build" / "autoscaler"
 # the modules of this repository the handler imports, and nothing more (jobs/ stays light)
-SOURCES = ["jobs/__init__.py", "jobs/log.py", "jobs/progress.py", "jobs/autoscale"]
+SOURCES = ["jobs/__init__.py", "jobs/log.py", "jobs/redact.py", "jobs/progress.py", "jobs/live_state.py",
+           "jobs/leases.py", "jobs/autoscale"]
 DEPENDENCIES = ["redis", "structlog"]
 COMPILED = (".so", ".pyd", ".dylib")
 

@@ -36,7 +36,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_connection_max_retries": None,  # a restarted Redis is waited for, forever
         "broker_transport_options": {
             # An unacked shard message becomes visible again after this many seconds; running shards
-            # renew it (worker/tasks.py), so it bounds only how long a vanished worker's shard waits.
+            # renew it (worker/node.py). A backstop: the lease reaper (jobs/leases.py) puts a vanished
+            # worker's shard back once its beat is 60 s old.
             "visibility_timeout": settings.visibility_timeout_s,
             "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 4)),
             "unacked_restore_throttle": 1,
@@ -118,10 +119,16 @@ class FleetClient:
             committed=committed,
             failed=failed,
             deadline=deadline,
+            priority=priority,
         )
         todo = sorted(i for i in shard_tokens if i not in done)
+        self.requeue(job_id=job_id, output=output, queue=queue, shards=todo, priority=priority)
+        return Submission(job_id, queue, len(shard_tokens), len(todo), time.perf_counter() - start)
+
+    def requeue(self, *, job_id: str, output: str, queue: str, shards: Iterable[int], priority: int = 0) -> None:
+        """Publish one freight.run_shard message per shard (the job's live state is the caller's)."""
         with self.app.producer_or_acquire() as producer:
-            for shard in todo:
+            for shard in shards:
                 self.app.send_task(
                     TASK_RUN_SHARD,
                     kwargs={"job_id": job_id, "output": output, "shard": shard},
@@ -130,7 +137,6 @@ class FleetClient:
                     producer=producer,
                     headers={"enqueued_at": time.time()},
                 )
-        return Submission(job_id, queue, len(shard_tokens), len(todo), time.perf_counter() - start)
 
     def send_finalize(self, *, job_id: str, output: str, queue: str) -> None:
         send_finalize(self.app, job_id=job_id, output=output, queue=queue)

@@ -12,7 +12,9 @@ from typing import Any
 
 import redis
 
+from jobs.client import queue_for_model
 from jobs.finalize import committed_shards
+from jobs.leases import live_nodes
 from jobs.live_state import LiveState
 from jobs.manifest import SUCCESS_KEY, Manifest, read_manifest
 from jobs.markers import FAILURES_KEY, is_cancelled, read_failures
@@ -36,6 +38,11 @@ class FleetStatus:
     eta_seconds: float | None
     failures: list[dict[str, Any]] = field(default_factory=list)
     live: bool = True  # False when Redis did not answer or does not know the job
+    queue: str = ""  # the job's Celery queue
+    workers_live: int = 0  # worker main processes with a beat younger than 60 s
+    workers_consuming: int = 0  # of those, the ones consuming the job's queue now
+    workers_ready: int = 0  # pool processes with the job's model loaded (ready to serve it)
+    workers_serving_all: int = 0  # live workers that add any queue with work (no --model/--queues)
 
     @property
     def done(self) -> bool:
@@ -77,6 +84,7 @@ def fleet_status(store: ObjectStore, live: LiveState | None, manifest: Manifest 
         rate = rows_done / max(time.time() - submitted, 1e-9)
         eta = (manifest.input.rows - rows_done) / rate
     running = int(counts.get("shards_running", 0))
+    workers = _workers(live, manifest, meta.get("queue") or queue_for_model(manifest.spec.model))
     return FleetStatus(
         job_id=job_id,
         output=store.url,
@@ -92,4 +100,40 @@ def fleet_status(store: ObjectStore, live: LiveState | None, manifest: Manifest 
         eta_seconds=eta,
         failures=failures,
         live=bool(counts),
+        **workers,
     )
+
+
+def _workers(live: LiveState | None, manifest: Manifest, queue: str) -> dict[str, Any]:
+    """Who can serve the job now: live nodes, those consuming its queue, processes with its model."""
+    out: dict[str, Any] = {"queue": queue}
+    if live is None:
+        return out
+    now = time.time()
+    try:
+        nodes = live_nodes(live.client, now)
+        beats = live.workers()
+    except redis.RedisError:
+        return out
+    out["workers_live"] = len(nodes)
+    out["workers_consuming"] = sum(1 for n in nodes if queue in n.queues)
+    out["workers_serving_all"] = sum(1 for n in nodes if n.serve_all)
+    out["workers_ready"] = sum(1 for b in beats if b.model == manifest.spec.model)
+    return out
+
+
+def worker_lines(st: FleetStatus, model: str) -> list[str]:
+    """The status lines about workers for an unfinished job, warnings first."""
+    if st.done or not st.live:
+        return []
+    lines = []
+    if st.workers_consuming == 0:
+        if st.workers_serving_all:
+            lines.append(f"no live worker consumes {st.queue} now: {st.workers_serving_all} serve every queue "
+                         "and take it once their own model's queue is empty (or the autoscaler adds one)")  # fmt: skip
+        else:
+            lines.append(f"no live worker consumes {st.queue} (model {model}): start `freight worker` "
+                         f"(serves every queue) or `freight worker --model {model}`")  # fmt: skip
+    lines.append(f"workers: {st.workers_live} live, {st.workers_consuming} consuming {st.queue}, "
+                 f"{st.workers_ready} with the model loaded")  # fmt: skip
+    return lines

@@ -88,6 +88,17 @@ class LiveState:
             retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), retries),
             retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         )
+        self._register()
+
+    @classmethod
+    def from_client(cls, client: redis.Redis) -> LiveState:
+        """A LiveState over an existing client (the autoscaler's; decode_responses=True)."""
+        live = cls.__new__(cls)
+        live.redis_url, live.client = "", client
+        live._register()
+        return live
+
+    def _register(self) -> None:
         self._transition = self.client.register_script(_TRANSITION)
         self._end_start = self.client.register_script(_END_START)
 
@@ -103,6 +114,7 @@ class LiveState:
         committed: Iterable[int] = (),
         failed: Iterable[int] = (),
         deadline: float | None = None,
+        priority: int = 0,
     ) -> None:
         """Record a submitted job: `est_tokens` covers every shard; committed/failed ones are done;
         `deadline` (unix seconds, None: none) is the autoscaler's, replaced by each submit."""
@@ -110,7 +122,7 @@ class LiveState:
         states = {i: done.get(i, "queued") for i in est_tokens}
         queued = [i for i, s in states.items() if s == "queued"]
         pipe = self.client.pipeline()
-        for kind in ("shards", "est", "cancel"):
+        for kind in ("shards", "est", "cancel", "orphans"):
             pipe.delete(aux_key(kind, job_id))
         pipe.delete(job_key(job_id))
         pipe.hset(
@@ -134,7 +146,8 @@ class LiveState:
             pipe.hset(aux_key("est", job_id), mapping={str(i): int(v) for i, v in est_tokens.items()})
         pipe.hset(
             aux_key("meta", job_id),
-            mapping={"output": output, "queue": queue, "model": model, "submitted_at": time.time()},
+            mapping={"output": output, "queue": queue, "model": model, "submitted_at": time.time(),
+                     "priority": priority},
         )
         for kind in ("attempts", "strikes", "started", "meta"):
             pipe.persist(aux_key(kind, job_id))  # a resubmitted job is live again

@@ -7,6 +7,8 @@ import sys
 
 import structlog
 
+from jobs.redact import redact_processor
+
 
 class _CurrentStderr:
     """Writes to sys.stderr as it is at each write, not as it was when logging was configured: a
@@ -31,6 +33,7 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,
+            redact_processor,  # no password or token of a URL reaches a log line
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),

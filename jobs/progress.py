@@ -21,7 +21,18 @@ failed|cancelled), `freight:est:<job>` (HASH shard -> estimated tokens), `freigh
 `freight:strikes:<job>` (HASH shard -> count), `freight:started:<job>` (HASH shard -> JSON of the
 last attempt's start; dropped when that attempt raised and was billed as an error, so only a start
 whose attempt vanished is left for the next attempt to bill as lost), `freight:cancel:<job>` (flag),
-`freight:meta:<job>` (HASH output, queue, model, submitted_at).
+`freight:meta:<job>` (HASH output, queue, model, submitted_at, priority).
+
+Keys of the fleet's own upkeep (jobs.leases, worker/node.py, jobs.reconcile):
+- `freight:nodes`    HASH node id -> JSON NodeBeat {hostname, heartbeat, queues, serve_all}: one entry
+                     per running worker main process (node id = `<celery hostname>/<pid>-<token>`, new
+                     each start), written every few seconds; the queues it consumes right now
+- `freight:leases`   HASH kombu delivery tag -> node id: which worker main process holds each unacked
+                     message (written with each lease renewal); a message whose node's beat is older
+                     than WORKER_GONE_AFTER_S is put back on its queue (jobs.leases.reap_stale_leases)
+- `freight:rates`    HASH model -> completion tokens per engine-second measured on that model (the
+                     per-attempt deadline's rate)
+- `freight:orphans:<job>`  HASH shard -> unix time it was first seen with no message and no attempt
 """
 
 from __future__ import annotations
@@ -33,11 +44,14 @@ QUEUES_KEY = "freight:queues"
 WORKERS_KEY = "freight:workers"
 JOB_KEY_PREFIX = "freight:job:"
 JOBS_KEY = "freight:jobs"
+NODES_KEY = "freight:nodes"
+LEASES_KEY = "freight:leases"
+RATES_KEY = "freight:rates"
 WORKER_GONE_AFTER_S = 60.0  # a worker whose heartbeat is older than this counts as gone
 SHARD_STATES = ("queued", "running", "committed", "failed", "cancelled")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINISHED_JOB_STATES = frozenset({"succeeded", "failed", "cancelled"})
-AUX_KINDS = ("shards", "est", "attempts", "strikes", "started", "cancel", "meta")
+AUX_KINDS = ("shards", "est", "attempts", "strikes", "started", "cancel", "meta", "orphans")
 JOB_TTL_S = 7 * 24 * 3600  # finished jobs' keys expire after a week
 
 
@@ -52,7 +66,12 @@ def aux_key(kind: str, job_id: str) -> str:
 
 @dataclass(frozen=True)
 class WorkerBeat:
-    """One worker's heartbeat, as stored in `freight:workers`."""
+    """One worker's heartbeat, as stored in `freight:workers` (one per pool process).
+
+    The fields after `heartbeat` are optional in the JSON (older workers, the autoscaler's tests):
+    the attempt the process runs now (`job_id`, `shard`, `attempt`; None when idle), the unix time
+    of its last engine step, the model it has loaded and is ready to serve, and its node id.
+    """
 
     worker_id: str
     busy: bool
@@ -60,6 +79,12 @@ class WorkerBeat:
     queue: str
     tokens_per_second: float  # completion tokens per second over the last minute
     heartbeat: float  # unix seconds
+    job_id: str | None = None
+    shard: int | None = None
+    attempt: int | None = None
+    last_step: float | None = None  # unix seconds of the last engine step of the running attempt
+    model: str | None = None  # the model loaded in this process (ready to serve), None while none
+    node: str | None = None  # the node id of its main process (see NodeBeat)
 
     @classmethod
     def from_json(cls, worker_id: str, raw: str | bytes) -> WorkerBeat:
@@ -74,12 +99,26 @@ class WorkerBeat:
                 queue=str(data.get("queue", "")),
                 tokens_per_second=max(float(data.get("tokens_per_second") or 0.0), 0.0),
                 heartbeat=float(data["heartbeat"]),
+                job_id=_opt(data.get("job_id"), str),
+                shard=_opt(data.get("shard"), int),
+                attempt=_opt(data.get("attempt"), int),
+                last_step=_opt(data.get("last_step"), float),
+                model=_opt(data.get("model"), str),
+                node=_opt(data.get("node"), str),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"worker {worker_id}: malformed heartbeat {raw!r} ({exc!r})") from exc
 
     def is_live(self, now: float, alive_within: float = WORKER_GONE_AFTER_S) -> bool:
         return now - self.heartbeat <= alive_within
+
+    def runs(self, job_id: str, shard: int, attempt: int | None = None) -> bool:
+        """True when this beat says the process is running `shard` of `job_id` (that attempt)."""
+        return (
+            self.job_id == job_id
+            and self.shard == shard
+            and (attempt is None or self.attempt == attempt)
+        )
 
     def to_json(self) -> str:
         return json.dumps(
@@ -89,5 +128,52 @@ class WorkerBeat:
                 "queue": self.queue,
                 "tokens_per_second": self.tokens_per_second,
                 "heartbeat": self.heartbeat,
+                "job_id": self.job_id,
+                "shard": self.shard,
+                "attempt": self.attempt,
+                "last_step": self.last_step,
+                "model": self.model,
+                "node": self.node,
             }
         )
+
+
+@dataclass(frozen=True)
+class NodeBeat:
+    """One worker main process, as stored in `freight:nodes`: the queues it consumes right now.
+
+    `serve_all`: started without --model/--queues, so it adds and drops queues as jobs come and go.
+    """
+
+    node_id: str
+    hostname: str
+    heartbeat: float  # unix seconds
+    queues: tuple[str, ...] = ()
+    serve_all: bool = False
+
+    @classmethod
+    def from_json(cls, node_id: str, raw: str | bytes) -> NodeBeat:
+        try:
+            data = json.loads(raw)
+            return cls(
+                node_id=node_id,
+                hostname=str(data.get("hostname", "")),
+                heartbeat=float(data["heartbeat"]),
+                queues=tuple(str(q) for q in data.get("queues") or ()),
+                serve_all=bool(data.get("serve_all", False)),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"node {node_id}: malformed beat {raw!r} ({exc!r})") from exc
+
+    def is_live(self, now: float, alive_within: float = WORKER_GONE_AFTER_S) -> bool:
+        return now - self.heartbeat <= alive_within
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"hostname": self.hostname, "heartbeat": self.heartbeat, "queues": list(self.queues),
+             "serve_all": self.serve_all}
+        )  # fmt: skip
+
+
+def _opt(value: object, kind: type) -> object:
+    return None if value is None else kind(value)

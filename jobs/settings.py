@@ -26,12 +26,23 @@ class Settings(BaseSettings):
     log_level: str = Field("info", pattern="^(debug|info|warning|error)$")
     # distributed mode (docs/ARCHITECTURE.md, "Distributed mode")
     visibility_timeout_s: int = Field(
-        3600, ge=2, description="broker redelivers an unacked shard after this; running shards renew it"
+        300, ge=2, description="broker redelivers an unacked shard after this (a backstop: a vanished "
+        "worker's shards come back after 60 s without its beat); running shards renew it"
     )
     max_shard_attempts: int = Field(3, ge=1, le=100, description="attempts that crash before a shard fails")
     spot_poll_s: float = Field(5.0, gt=0, description="seconds between instance-metadata polls")
     metrics_port: int = Field(9450, ge=0, le=65535, description="Prometheus port of a worker; 0 = off")
     heartbeat_s: float = Field(10.0, gt=0, description="seconds between worker heartbeats in Redis")
+    # per-attempt deadline (worker/deadline.py): the worker's main process kills an attempt past it
+    shard_deadline_margin: float = Field(
+        5.0, ge=0, description="an attempt may take this many times the time its token estimate needs "
+        "at the model's measured rate; 0 = no deadline"
+    )
+    shard_deadline_floor_s: float = Field(600.0, gt=0, description="no attempt is killed sooner than this")
+    shard_deadline_unmeasured_s: float = Field(
+        3600.0, gt=0, description="the deadline while the model has no measured rate yet, and for the "
+        "model load before the first engine step"
+    )
 
 
 @lru_cache(maxsize=1)

@@ -2,18 +2,17 @@
 
 Exactly-once comes from storage commits (put_if_absent), never from the queue: Celery on Redis may
 deliver a shard twice, and every task is idempotent. The settings below make a lost worker's shard
-come back (acks_late + reject on worker lost + a visibility timeout), make a worker hold one shard at a
-time (prefetch 1), and hand a running shard back when the worker stops (see worker/tasks.py).
+come back (acks_late + reject on worker lost + a visibility timeout; the lease reaper of worker/node.py
+within about a minute), make a worker hold one shard at a time (prefetch 1), and hand a running shard
+back when the worker stops (see worker/tasks.py).
 
 `celery -A worker.celery_app worker` and `freight worker` both use `app` below.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
-import redis
 from celery import Celery, signals
 from celery.worker import state as worker_state
 
@@ -21,11 +20,12 @@ from jobs.client import celery_config
 from jobs.log import configure_logging, get_logger
 from jobs.settings import Settings, get_settings
 from worker import runtime as rt
+from worker.deadline import DeadlineWatch
+from worker.node import NodeKeeper, NodeState
+from worker.queue_sync import QueueSync
 
 log = get_logger(__name__)
 
-# kombu's Redis transport indexes unacked messages here: ZSET delivery_tag -> delivered-at (unix s).
-UNACKED_INDEX_KEY = "unacked_index"
 SOFT_SHUTDOWN_S = 60.0
 
 
@@ -61,60 +61,46 @@ def make_app(settings: Settings) -> Celery:
 
 
 app = make_app(get_settings())
+app.steps["consumer"].add(QueueSync)  # serve-all workers follow the jobs' queues (worker/queue_sync.py)
 
 
-class LeaseRenewer:
-    """Main-process thread: keeps the unacked entries of this worker's shards fresh.
-
-    kombu restores an unacked message once its delivered-at score is older than the visibility
-    timeout. Refreshing the score of messages this worker still holds means a long shard is never
-    redelivered while its worker lives, and a vanished worker's shard comes back after one timeout.
-    """
-
-    def __init__(self, redis_url: str, interval_s: float) -> None:
-        self.client = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=10)
-        self.interval_s = interval_s
-
-    def held_tags(self) -> list[str]:
-        held = tuple(worker_state.active_requests) + tuple(worker_state.reserved_requests)
-        return [r.message.delivery_tag for r in held if getattr(r, "message", None) is not None]
-
-    def renew(self, now: float) -> int:
-        tags = self.held_tags()
-        if not tags:
-            return 0
-        # XX: only refresh entries that still exist (acked or restored ones stay gone).
-        return int(self.client.zadd(UNACKED_INDEX_KEY, dict.fromkeys(tags, now), xx=True, ch=True) or 0)
-
-    def run(self) -> None:
-        import time
-
-        while True:
-            time.sleep(self.interval_s)
-            try:
-                self.renew(time.time())
-            except (redis.RedisError, RuntimeError) as exc:  # RuntimeError: set changed size mid-copy
-                log.warning("lease_renew_failed", error=str(exc))
-
-    def start(self) -> LeaseRenewer:
-        threading.Thread(target=self.run, name="freight-lease-renewer", daemon=True).start()
-        return self
+def held_tags() -> list[str]:
+    """Delivery tags of the messages this worker holds (running and reserved): main process only."""
+    held = tuple(worker_state.active_requests) + tuple(worker_state.reserved_requests)
+    return [r.message.delivery_tag for r in held if getattr(r, "message", None) is not None]
 
 
 @signals.worker_init.connect
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
-    """Main process, before the pool forks: logging, the queues this worker consumes."""
+    """Main process, before the pool forks: logging, the node's state (its id, the attempt slots the
+    deadline watch reads, serve-all or fixed queues, the model to preload)."""
     settings = get_settings()
     configure_logging(settings.log_format, settings.log_level)
+    app_conf = sender.app.conf if sender is not None else app.conf
     queues = tuple(sorted(sender.app.amqp.queues.consume_from or {})) if sender is not None else ()
-    rt.configure(getattr(sender, "hostname", None) or rt.socket.gethostname(), queues)
+    node = NodeState(
+        hostname=getattr(sender, "hostname", None) or rt.socket.gethostname(),
+        serve_all=bool(app_conf.get("freight_serve_all", False)),
+        preload=app_conf.get("freight_preload_model") or None,
+    )
+    node.queues = () if node.serve_all else queues
+    rt.configure(node, queues)
 
 
 @signals.worker_ready.connect
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
-    settings = get_settings()
-    interval = max(1.0, min(60.0, settings.visibility_timeout_s / 4))
-    LeaseRenewer(settings.redis_url, interval).start()
+    """Main process: start the node keeper (beat, leases, reaper, reconcile) and the deadline watch."""
+    node = rt.node_state()
+    if node is None:
+        return
+    keeper = NodeKeeper(node, get_settings(), held_tags).start()
+    watch = DeadlineWatch(node.slots).start()
+
+    def _stop(**_: Any) -> None:
+        watch.stop()
+        keeper.stop()
+
+    signals.worker_shutdown.connect(_stop, weak=False)
 
 
 @signals.worker_shutting_down.connect

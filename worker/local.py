@@ -40,21 +40,26 @@ def load_engine(
     manifest: Manifest, settings: Settings | None = None, device: str | None = None
 ) -> tuple[Any, float]:
     """(engine, seconds it took to load) for the manifest's model (S3 models via the local cache)."""
+    return load_model_engine(manifest.spec.model, manifest.spec.quantization, settings, device)
+
+
+def load_model_engine(
+    model: str, quantization: str | None, settings: Settings | None = None, device: str | None = None
+) -> tuple[Any, float]:
+    """(engine, seconds it took to load) for `model` (a folder or s3:// prefix, as a job spec names it)."""
     import torch
     from safetensors import SafetensorError
 
     from worker.engine import Engine, EngineConfig
 
     t0 = time.perf_counter()
-    model_dir = resolve_model(manifest.spec.model, settings)
+    model_dir = resolve_model(model, settings)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        engine = Engine.from_pretrained(
-            str(model_dir), EngineConfig(device=device, quantization=manifest.spec.quantization)
-        )
+        engine = Engine.from_pretrained(str(model_dir), EngineConfig(device=device, quantization=quantization))
     # a checkpoint the engine cannot use (jobs.model_check refused most before the manifest)
     except (ValueError, KeyError, OSError, SafetensorError) as exc:
-        raise ModelNotFoundError(f"model {manifest.spec.model} cannot be loaded: {exc}") from exc
+        raise ModelNotFoundError(f"model {model} cannot be loaded: {exc}") from exc
     return engine, time.perf_counter() - t0
 
 

@@ -29,21 +29,41 @@ class ModelCache(Generic[EngineT]):
         self._key: Hashable | None = None
         self._engine: EngineT | None = None
         self._lock = threading.Lock()
+        self._preload: Hashable | None = None  # a key the worker loads on its own at start
         self.loads = 0
         self.load_seconds = 0.0
 
+    def expect(self, key: Hashable) -> None:
+        """`key` is preloaded at start (`freight worker --model`): its first load, by whichever
+        caller gets there first, is billed to no shard."""
+        self._preload = key
+
+    @property
+    def loaded_key(self) -> Hashable | None:
+        """The key of the engine held now (None while none is loaded)."""
+        return self._key
+
     def get(self, key: Hashable, load: Callable[[], EngineT]) -> EngineT:
+        return self.get_timed(key, load)[0]
+
+    def get_timed(self, key: Hashable, load: Callable[[], EngineT]) -> tuple[EngineT, float]:
+        """(engine, seconds of loading to bill the caller): 0.0 when it was loaded already (also when
+        this call waited for another thread's load of the same key), and for the preloaded key's
+        first load."""
         with self._lock:
             if self._engine is not None and self._key == key:
-                return self._engine
+                return self._engine, 0.0
             self._drop()
             start = time.perf_counter()
             engine = load()
-            self.load_seconds += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            self.load_seconds += seconds
             self._key, self._engine = key, engine
             self.loads += 1
-            log.info("model_loaded", key=str(key), seconds=round(time.perf_counter() - start, 3))
-            return engine
+            preloaded = key == self._preload
+            self._preload = None if preloaded else self._preload
+            log.info("model_loaded", key=str(key), seconds=round(seconds, 3), preload=preloaded)
+            return engine, 0.0 if preloaded else seconds
 
     def _drop(self) -> None:
         if self._engine is None:

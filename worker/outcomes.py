@@ -99,7 +99,8 @@ def _unsaved_attempt(
 def record_lost_attempt(
     rt: ProcessRuntime, store: ObjectStore, manifest: Manifest, shard: int, previous: dict, now: float
 ) -> AttemptRecord | None:
-    """Waste record for an attempt that died without a word (SIGKILL, OOM, a spot loss without notice).
+    """Waste record for an attempt that died without a word (SIGKILL, OOM, a spot loss without notice,
+    killed past its deadline). The caller checked that no live heartbeat runs it (worker/attempts.py).
 
     Its work is billed from its start to its worker's last heartbeat (+ one interval), at most until
     now: the time a vanished machine was still running. Nothing of it was saved. None when the attempt
@@ -112,7 +113,8 @@ def record_lost_attempt(
     end = min(now, beat + rt.settings.heartbeat_s) if beat is not None else now
     billed = max(0.0, end - float(previous.get("at", now)))
     record = _unsaved_attempt(manifest, shard, attempt, "interrupted", billed, worker, now)
-    store.put(waste_key(shard, attempt, "lost"), record.model_dump_json().encode())
+    if not store.put_if_absent(waste_key(shard, attempt, "lost"), record.model_dump_json().encode()):
+        return None  # another attempt billed it already
     rt.metrics.wasted_seconds.inc(billed)
     log.warning("attempt_lost", lost_attempt=attempt, lost_worker=worker, billed_s=round(billed, 3))
     return record

@@ -27,11 +27,13 @@ from celery.exceptions import Reject
 from jobs.client import TASK_FINALIZE, TASK_RUN_SHARD
 from jobs.finalize import finalize
 from jobs.log import get_logger
-from jobs.manifest import Manifest, read_manifest, shard_result_key
+from jobs.manifest import Manifest, read_manifest, shard_result_key, waste_key
 from jobs.markers import is_cancelled as is_cancelled_in_store
 from jobs.markers import is_failed
 from jobs.storage import ObjectStore, open_store
+from worker.attempts import attempt_alive, model_rate, record_rate, unfinished_strikes, wait_for_previous
 from worker.celery_app import app
+from worker.deadline import attempt_deadline
 from worker.local import load_engine
 from worker.outcomes import (
     finish_if_done,
@@ -54,9 +56,10 @@ class ShardStop:
     in Redis (asked at most every CANCEL_CHECK_S). Remembers why it stopped and, for a cancel, how
     many engine steps ran after the cancel was requested (`steps_after_cancel`)."""
 
-    def __init__(self, rt: ProcessRuntime, job_id: str) -> None:
+    def __init__(self, rt: ProcessRuntime, job_id: str, *, engine_steps: bool = True) -> None:
         self.rt = rt
         self.job_id = job_id
+        self.engine_steps = engine_steps  # False: not called before engine steps (a wait loop)
         self.reason: str | None = None
         self.checks = 0
         self.steps_after_cancel: int | None = None
@@ -67,7 +70,10 @@ class ShardStop:
         self.checks += 1
         if self.reason is not None:
             return True
-        self._recent.append(time.time())
+        now_s = time.time()
+        self._recent.append(now_s)
+        if self.engine_steps:
+            self.rt.note_step(now_s)  # the heartbeat's last engine step
         if self.rt.stopping():
             self.reason = "interrupted"
             return True
@@ -91,10 +97,7 @@ def _engine_for(rt: ProcessRuntime, manifest: Manifest) -> tuple[Any, float]:
     """The cached engine for this job's model; (engine, load seconds charged to this shard)."""
     spec = manifest.spec
     key = (spec.model, spec.quantization)
-    loads = rt.models.loads
-    before = rt.models.load_seconds
-    engine = rt.models.get(key, lambda: load_engine(manifest, rt.settings)[0])
-    return engine, (rt.models.load_seconds - before) if rt.models.loads != loads else 0.0
+    return rt.models.get_timed(key, lambda: load_engine(manifest, rt.settings)[0])
 
 
 @app.task(name=TASK_RUN_SHARD, bind=True)
@@ -162,8 +165,17 @@ def _run(
     previous = rt.live.swap_attempt_start(
         job_id, shard, {"attempt": attempt, "worker": rt.worker_id, "at": entered}
     )
-    if strikes > 1 and previous is not None and not committed:  # the last attempt died mid-shard
-        record_lost_attempt(rt, store, manifest, shard, previous, entered)
+    if strikes > 1 and previous is not None and not committed:
+        waited = "gone"
+        if attempt_alive(rt, job_id, shard, previous, time.time()):  # a duplicate delivery
+            stop = ShardStop(rt, job_id, engine_steps=False)
+            waited = wait_for_previous(rt, store, job_id, shard, previous, stop)
+            if waited == "stopped" and stop.reason != "cancelled":
+                rt.live.end_attempt_clean(job_id, shard)
+                raise Reject(f"shard handed back: {rt.stop_reason()}", requeue=True)
+            committed = waited == "committed"
+        if waited == "gone" and unfinished_strikes(rt, job_id, shard) > 1:  # the last attempt died mid-shard
+            record_lost_attempt(rt, store, manifest, shard, previous, entered)
     skip = None
     if committed:
         rt.live.transition(job_id, shard, "committed")  # e.g. a redelivery after a commit
@@ -210,15 +222,22 @@ def _attempt(
     start = time.perf_counter()
     rt.busy = True
     rt.metrics.busy.set(1)
+    # until the engine is ready (model load included) the attempt gets the unmeasured allowance
+    rt.begin_attempt(job_id, shard, attempt, attempt_deadline(rt.settings, time.time(), None, None))
     try:
         engine, load_s = _engine_for(rt, manifest)
+        est = manifest.shards[shard].rows * manifest.spec.sampling.max_tokens
+        rt.set_deadline(attempt_deadline(rt.settings, time.time(), est, model_rate(rt, manifest)))
         outcome = run_shard(engine, store, manifest, shard, attempt=attempt, should_stop=stop,
                             load_seconds=load_s, on_row=rt.record_row, settings=rt.settings)  # fmt: skip
     finally:
         rt.busy = False
         rt.metrics.busy.set(0)
+        rt.end_attempt()
     seconds = time.perf_counter() - start
     rt.live.end_attempt_clean(job_id, shard)
+    # alive after all: a duplicate delivery that judged this attempt gone must not have it billed twice
+    store.delete(waste_key(shard, attempt, "lost"))
     rt.metrics.shard_seconds.labels(outcome.status).observe(seconds)
     rt.metrics.outcomes.labels(outcome.status).inc()
     if outcome.attempt_record is not None:
@@ -234,6 +253,8 @@ def _attempt(
         raise Reject(f"shard handed back: {rt.stop_reason()}", requeue=True)
     record = outcome.record
     tokens = (record.prompt_tokens + record.completion_tokens) if record else 0
+    if record is not None:
+        record_rate(rt, manifest, record.completion_tokens, record.busy_seconds)
     rt.live.transition(job_id, shard, "committed", rows=outcome.rows, tokens=tokens)
     log.info("shard_done", status=outcome.status, rows=outcome.rows, seconds=round(seconds, 3))
     finish_if_done(rt, store, manifest, app)

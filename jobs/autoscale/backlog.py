@@ -6,6 +6,7 @@ Read exactly as documented, and nothing else:
 - `freight:job:<job_id>`: HASH; the fields read are state, shards_queued, shards_running,
   est_tokens_queued, updated_at and the optional `deadline` (unix seconds, absent when none).
 - `freight:workers`: HASH worker_id -> JSON {busy, instance_id, queue, tokens_per_second, heartbeat}.
+- kombu's `unacked` HASH: its length, the messages delivered to workers and not yet acked.
 Malformed entries are logged and skipped: a bad heartbeat must not stop the fleet from scaling.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 import redis
 
 from jobs.autoscale.policy import Backlog, JobBacklog
+from jobs.leases import UNACKED_KEY
 from jobs.log import get_logger
 from jobs.progress import JOB_KEY_PREFIX, QUEUES_KEY, WORKERS_KEY, WorkerBeat
 
@@ -114,5 +116,11 @@ class RedisBacklogReader:
                 beats.append(beat)
         return tuple(beats)
 
+    def unacked_shards(self) -> int:
+        """Messages delivered and not yet acked (kombu's `unacked` hash): running shards, or those of a
+        vanished worker until the reaper restores them."""
+        return int(self._redis.hlen(UNACKED_KEY))
+
     def read(self) -> Backlog:
-        return Backlog(queued_shards=self.queued_shards(), jobs=self.jobs(), workers=self.workers())
+        return Backlog(queued_shards=self.queued_shards(), jobs=self.jobs(), workers=self.workers(),
+                       unacked_shards=self.unacked_shards())  # fmt: skip

@@ -1,4 +1,5 @@
-"""One autoscaler tick: read the backlog, decide, protect busy instances, set the capacity, publish.
+"""One autoscaler tick: upkeep (the lease reaper; in the CLI also the storage reconciler), read the
+backlog, decide, protect busy instances, set the capacity, publish.
 
 The same tick runs in the Lambda (every minute on an EventBridge schedule) and in
 `freight autoscale --once|--loop`.
@@ -6,6 +7,7 @@ The same tick runs in the Lambda (every minute on an EventBridge schedule) and i
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -16,6 +18,7 @@ from jobs.autoscale.backlog import RedisBacklogReader
 from jobs.autoscale.config import AutoscaleConfig
 from jobs.autoscale.policy import Backlog, Decision, ScalerState, ScalingLimits, decide
 from jobs.autoscale.state import RedisStateStore
+from jobs.leases import LeaseReaper
 from jobs.log import get_logger
 
 log = get_logger(__name__)
@@ -68,14 +71,25 @@ class Autoscaler:
         limits: ScalingLimits,
         *,
         dry_run: bool = False,
+        upkeep: Sequence[Callable[[float], object]] = (),
     ) -> None:
         self._source = source
         self._group = group
         self._state = state
         self.limits = limits
         self.dry_run = dry_run
+        self._upkeep = tuple(upkeep)
 
     def tick(self, now: float) -> TickResult:
+        if not self.dry_run:
+            # first, put back what vanished workers held (jobs/leases.py) and, where storage can be
+            # read, re-queue shards Redis lost (jobs/reconcile.py): the backlog below then counts them
+            for step in self._upkeep:
+                try:
+                    step(now)
+                except Exception as exc:  # upkeep must not stop the fleet from scaling
+                    log.error("autoscale.upkeep_failed", step=getattr(step, "__qualname__", str(step)),
+                              error=str(exc))  # fmt: skip
         backlog = self._source.read()
         group = self._group.describe()
         decision = decide(backlog, group.desired, self._state.load(), self.limits, now)
@@ -100,12 +114,16 @@ def build_autoscaler(
     cloudwatch: Any,
     *,
     dry_run: bool = False,
+    upkeep: Sequence[Callable[[float], object]] = (),
 ) -> Autoscaler:
-    """The autoscaler for `config`, over the given Redis client and boto3 clients."""
+    """The autoscaler for `config`, over the given Redis client and boto3 clients.
+
+    Every tick first runs the lease reaper, then `upkeep` (the CLI adds the storage reconciler)."""
     return Autoscaler(
         RedisBacklogReader(redis_client),
         AutoScalingGroupAdapter(config.group_name, autoscaling, cloudwatch, config.namespace),
         RedisStateStore(redis_client, config.group_name),
         config.limits,
         dry_run=dry_run,
+        upkeep=(LeaseReaper(redis_client).reap, *upkeep),
     )

@@ -51,10 +51,13 @@ class Backlog:
     queued_shards: int
     jobs: tuple[JobBacklog, ...] = ()
     workers: tuple[WorkerBeat, ...] = ()
+    unacked_shards: int = 0  # messages delivered to a worker and not yet acked (kombu's `unacked`)
 
     def __post_init__(self) -> None:
         if self.queued_shards < 0:
             raise ValueError(f"queued_shards must be >= 0, got {self.queued_shards}")
+        if self.unacked_shards < 0:
+            raise ValueError(f"unacked_shards must be >= 0, got {self.unacked_shards}")
 
     @property
     def est_tokens_queued(self) -> float:
@@ -67,13 +70,19 @@ class Backlog:
         return tuple(w for w in self.live_workers(now) if w.busy)
 
     def running_shards(self, now: float) -> int:
-        """Shards being worked on: the busy heartbeats, or the fresh job counters when those say more."""
+        """Shards being worked on: the busy heartbeats, the unacked messages (delivered, not done: a
+        running shard, or one of a vanished worker that the reaper puts back), or the fresh job
+        counters, whichever says more."""
         counted = sum(
             j.shards_running
             for j in self.jobs
             if j.is_active and (j.updated_at is None or now - j.updated_at <= JOB_COUNTERS_FRESH_S)
         )
-        return max(counted, len(self.busy_workers(now)))
+        return max(counted, len(self.busy_workers(now)), self.unacked_shards)
+
+    def unfinished_jobs(self) -> bool:
+        """True while some job's live state still counts queued or running shards."""
+        return any(j.is_active for j in self.jobs)
 
 
 @dataclass(frozen=True)
@@ -164,7 +173,11 @@ def demand(backlog: Backlog, limits: ScalingLimits, now: float) -> int:
             pressed += _workers_for(job.est_tokens_queued, job.shards_queued, tps, job.deadline - now)
     if pressed:
         pressed += _workers_for(rest_tokens, rest_shards, tps, limits.target_drain_s)
-    return running + min(max(extra, pressed), queued)
+    want = running + min(max(extra, pressed), queued)
+    # A job still counts shards to run while no queue, unacked message or busy worker shows them
+    # (Redis lost its queue keys, or a shard's message was dropped): one worker, whose reconciler
+    # queues them again (jobs/reconcile.py), so the fleet never scales to zero under unfinished work.
+    return max(want, 1) if backlog.unfinished_jobs() else want
 
 
 def decide(backlog: Backlog, current: int, state: ScalerState, limits: ScalingLimits, now: float) -> Decision:

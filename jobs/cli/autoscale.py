@@ -30,6 +30,15 @@ def _config(group: str | None, limits: dict[str, float | int | None]) -> Autosca
     return replace(config, limits=replace(config.limits, **chosen)) if chosen else config
 
 
+def _reconciler(redis_url: str):  # noqa: ANN202 - a tick step: now -> repairs
+    """jobs/reconcile.py over the whole fleet, with the CLI's settings (storage) and the tick's Redis."""
+    from jobs.reconcile import reconcile_once
+    from jobs.settings import get_settings
+
+    settings = get_settings().model_copy(update={"redis_url": redis_url})
+    return lambda now: reconcile_once(settings)
+
+
 def _line(summary: dict) -> str:
     return (
         f"desired {summary['desired']} (was {summary['previous']}, {summary['reason']}): "
@@ -99,14 +108,12 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         session = boto3.session.Session()
-        client = redis.Redis.from_url(
-            config.resolve_redis_url(session.client("secretsmanager")),
-            decode_responses=True,
-            socket_timeout=10,
-        )
+        redis_url = config.resolve_redis_url(session.client("secretsmanager"))
+        client = redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=10)
         scaler = build_autoscaler(
-            config, client, session.client("autoscaling"), session.client("cloudwatch"), dry_run=dry_run
-        )
+            config, client, session.client("autoscaling"), session.client("cloudwatch"), dry_run=dry_run,
+            upkeep=[_reconciler(redis_url)],  # here storage is at hand: Redis is checked against it each tick
+        )  # fmt: skip
         done = 0
         try:
             while True:

@@ -20,8 +20,10 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT; a run stopped by SIGTERM exits 128 + 15 
 
 
 def fail(message: str, code: int = EXIT_USER_ERROR) -> typer.Exit:
-    """Print one clear line on stderr; return the Exit to raise."""
-    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    """Print one clear line on stderr (URL passwords and tokens redacted); return the Exit to raise."""
+    from jobs.redact import redact
+
+    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {redact(message)}", soft_wrap=True)
     return typer.Exit(code)
 
 

@@ -151,7 +151,9 @@ def beat_command(suites: Annotated[Path, typer.Argument(help="the suite file (TO
     except (FreightError, LockHeldError) as exc:
         raise _fail(exc) from exc
     except redis.RedisError as exc:
-        raise _fail(f"cannot reach Redis at {settings.redis_url} ({exc}): start it or set FREIGHT_REDIS_URL") from None
+        from jobs.redact import redact_url
+
+        raise _fail(f"cannot reach Redis at {redact_url(settings.redis_url)} ({exc}): start it or set FREIGHT_REDIS_URL") from None
 
 
 def register(app: typer.Typer) -> None:

@@ -90,7 +90,9 @@ def submit(
     try:
         sub = submit_job(prepared, settings, priority=priority, deadline=deadline_s)
     except (redis.RedisError, OperationalError) as exc:
-        raise fail(f"cannot queue the job on {settings.redis_url} ({exc}): start Redis or set "
+        from jobs.redact import redact_url
+
+        raise fail(f"cannot queue the job on {redact_url(settings.redis_url)} ({exc}): start Redis or set "
                    "FREIGHT_REDIS_URL, then submit again (the manifest in OUT is kept)") from None  # fmt: skip
     except ValueError as exc:  # e.g. a priority out of range
         raise fail(str(exc)) from None
@@ -110,33 +112,28 @@ def worker(
     concurrency: int = typer.Option(1, help="shard processes (one engine each; 1 per GPU)"),
     queues: list[str] = typer.Option(
         [], "--queues", "-Q",
-        help="queues to consume (default: --model's; with neither, every freight queue that exists at start)",
+        help="queues to consume (default: --model's; with neither, every freight queue with work, "
+        "followed as jobs come and go)",
     ),
-    model: str | None = typer.Option(None, help="consume the queue of this model (the URI jobs use)"),
+    model: str | None = typer.Option(
+        None, help="consume the queue of this model (the URI jobs use) and load it at start"
+    ),
     hostname: str | None = typer.Option(None, help="Celery node name (default: freight@<host>)"),
     loglevel: str = typer.Option("INFO", help="Celery's own log level"),
 ) -> None:
     """A Celery worker with freight's settings: takes shards, keeps its model loaded between them."""
     from jobs.client import queue_for_model
-    from jobs.live_state import LiveState
 
     names = [q for arg in queues for q in arg.split(",") if q]
-    if model:
-        names.append(queue_for_model(absolute(model)))  # as the submitted spec names it
-    if not names:
-        url = get_settings().redis_url
-        live = LiveState(url, socket_timeout=2.0, retry_for_s=0)
-        try:
-            names = sorted(live.queues())
-        except redis.RedisError as exc:
-            raise fail(f"cannot reach Redis at {url} ({exc}): start it, or pass --model / --queues") from None
-        finally:
-            live.close()
-    if not names:
-        raise fail("no queue to consume: pass --model MODEL (as jobs name it) or --queues NAME")
+    preload = absolute(model) if model else None  # as the submitted spec names it
+    if preload:
+        names.append(queue_for_model(preload))
     from worker.celery_app import app as celery_app  # lazy: the worker side
+    from worker.queue_sync import IDLE_QUEUE
 
-    argv = ["worker", "--pool=prefork", f"--concurrency={concurrency}", f"--queues={','.join(names)}",
+    # no queue named: serve every queue with work, added and dropped as jobs come (worker/queue_sync.py)
+    celery_app.conf.update(freight_serve_all=not names, freight_preload_model=preload)
+    argv = ["worker", "--pool=prefork", f"--concurrency={concurrency}", f"--queues={','.join(names or [IDLE_QUEUE])}",
             f"--loglevel={loglevel}", "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
     if hostname:
         argv.append(f"--hostname={hostname}")
@@ -149,7 +146,7 @@ def wait(
     poll: float = typer.Option(1.0, help="seconds between checks"),
 ) -> None:
     """Progress bar until the job ends. Exit 0 only when it succeeded; 1 failed or cancelled."""
-    from jobs.fleet_status import fleet_status
+    from jobs.job_watch import JobWatch
     from jobs.live_state import LiveState
     from jobs.storage import open_store
 
@@ -158,7 +155,8 @@ def wait(
         _, out = resolve_job(job_or_out)
         store = open_store(out, settings)
         live = LiveState(settings.redis_url)
-        st = fleet_status(store, live)
+        watch = JobWatch(store, live, settings)  # re-queues lost shards; never polls an unknown job forever
+        st = watch.check()
     except FreightError as exc:
         raise fail(str(exc)) from None
     deadline = time.monotonic() + timeout if timeout else None
@@ -167,7 +165,10 @@ def wait(
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(f"job {st.job_id}", total=st.shards_total)
         while True:
-            st = fleet_status(store, live)
+            try:
+                st = watch.check()
+            except FreightError as exc:
+                raise fail(str(exc)) from None
             desc = f"job {st.job_id} {st.state}: {st.shards_running} running, {st.shards_failed} failed"
             bar.update(task, completed=st.shards_committed, description=desc)
             if st.done:
@@ -214,8 +215,9 @@ def cancel(job_or_out: str = typer.Argument(..., help="job id or OUT")) -> None:
 def print_fleet_status(store: ObjectStore) -> None:
     """Live lines under `freight status` for a distributed job: shards by state, rows/s, ETA, failures,
     cancel. Prints nothing for an embedded job; never waits on an absent Redis (1 s timeout)."""
-    from jobs.fleet_status import fleet_status
+    from jobs.fleet_status import fleet_status, worker_lines
     from jobs.live_state import LiveState
+    from jobs.manifest import read_manifest
 
     live = LiveState(get_settings().redis_url, socket_timeout=1.0, retry_for_s=0)
     try:
@@ -234,6 +236,8 @@ def print_fleet_status(store: ObjectStore) -> None:
     console.print(line)
     for f in st.failures:
         console.print(f"  shard {f['shard']} failed after {f['attempts']} attempts: {f['reason']}")
+    for extra in worker_lines(st, read_manifest(store).spec.model):  # who serves it; none: say so
+        console.print(extra, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

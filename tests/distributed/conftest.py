@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fleet_servers import FakeImds, RedisServer
@@ -29,3 +30,11 @@ def imds() -> Iterator[FakeImds]:
     server = FakeImds().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny demo checkpoint (llama), absolute: the model every fleet test's jobs name."""
+    from worker.demo_model import make_demo_model
+
+    return Path(make_demo_model(tmp_path_factory.mktemp("demo") / "model")).resolve()

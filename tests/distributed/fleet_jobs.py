@@ -71,26 +71,43 @@ def result_rows(out: Path) -> list[dict]:
 
 
 class Fleet:
-    """Workers of one test; all stopped at teardown."""
+    """Workers of one test; all stopped at teardown.
 
-    def __init__(self, redis_url: str, tmp: Path, model: Path) -> None:
+    defaults=False shortens the visibility timeout (4 s), heartbeats (0.5 s) and spot polls (0.2 s)
+    for the older tests; defaults=True runs workers with freight's default settings (only Redis,
+    the log format, a metrics port and an IMDS address that refuses connections are set)."""
+
+    def __init__(self, redis_url: str, tmp: Path, model: Path, *, defaults: bool = False) -> None:
         self.redis_url, self.tmp, self.queue = redis_url, tmp, queue_for_model(str(model))
+        self.model, self.defaults = model, defaults
         self.workers: list[WorkerProcess] = []
         self.ports: dict[str, int] = {}
         self.live = LiveState(redis_url)
 
     def env(self, **extra: str) -> dict[str, str]:
-        base = {"FREIGHT_REDIS_URL": self.redis_url, "FREIGHT_VISIBILITY_TIMEOUT_S": "4",
-                "FREIGHT_HEARTBEAT_S": "0.5", "FREIGHT_SPOT_POLL_S": "0.2", "FREIGHT_LOG_FORMAT": "json",
-                "FREIGHT_IMDS_URL": f"http://127.0.0.1:{free_port()}", "FREIGHT_MAX_SHARD_ATTEMPTS": "3"}  # fmt: skip
+        base = {"FREIGHT_REDIS_URL": self.redis_url, "FREIGHT_LOG_FORMAT": "json",
+                "FREIGHT_IMDS_URL": f"http://127.0.0.1:{free_port()}"}  # fmt: skip
+        if not self.defaults:
+            base |= {"FREIGHT_VISIBILITY_TIMEOUT_S": "4", "FREIGHT_HEARTBEAT_S": "0.5",
+                     "FREIGHT_SPOT_POLL_S": "0.2", "FREIGHT_MAX_SHARD_ATTEMPTS": "3"}  # fmt: skip
         return {**base, **extra}
 
     def start(
-        self, name: str, poison_shard: int | None = None, poison_kind: str = "kill", **extra: str
+        self,
+        name: str,
+        poison_shard: int | None = None,
+        poison_kind: str = "kill",
+        *,
+        serve_all: bool = False,
+        model: str | None = None,
+        **extra: str,
     ) -> WorkerProcess:
+        """serve_all: no --queues (every queue with work); model: `--model MODEL` (preloaded)."""
         self.ports[name] = free_port()
         env = self.env(FREIGHT_METRICS_PORT=str(self.ports[name]), **extra)
-        w = WorkerProcess(name, env, self.queue, self.tmp, poison_shard=poison_shard, poison_kind=poison_kind)
+        queue = None if serve_all or model else self.queue
+        w = WorkerProcess(name, env, queue, self.tmp, poison_shard=poison_shard, poison_kind=poison_kind,
+                          model=model)  # fmt: skip
         self.workers.append(w)
         return w
 

@@ -145,20 +145,22 @@ class WorkerProcess:
         self,
         name: str,
         env: dict[str, str],
-        queue: str,
+        queue: str | None,
         logdir: Path,
         poison_shard: int | None = None,
         poison_kind: str = "kill",
+        model: str | None = None,
     ) -> None:
+        """queue None: `freight worker` with neither --queues nor --model serves every queue (or, with
+        `model`, `--model MODEL`: its queue, preloaded)."""
         self.name = name
         self.log_path = logdir / f"worker-{name}.log"
         exe = Path(sys.executable).with_name("freight")
-        args = [str(exe), "worker", "--queues", queue, "--hostname", f"{name}@test", "--loglevel", "WARNING"]
+        chosen = ["--queues", queue] if queue else ["--model", model] if model else []
+        args = [str(exe), "worker", *chosen, "--hostname", f"{name}@test", "--loglevel", "WARNING"]
         if poison_shard is not None:  # the test-only worker of tests/distributed/fleet_poison_worker.py
             script = Path(__file__).with_name("fleet_poison_worker.py")
-            args = [sys.executable, str(script), str(poison_shard), poison_kind, "worker", "--pool=prefork",
-                    "--concurrency=1", f"--queues={queue}", f"--hostname={name}@test", "--loglevel=WARNING",
-                    "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
+            args = [sys.executable, str(script), str(poison_shard), poison_kind, *args[1:]]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(args, env={**os.environ, **env}, stdout=self._log, stderr=subprocess.STDOUT,
                                      cwd=Path(__file__).resolve().parents[2])  # fmt: skip

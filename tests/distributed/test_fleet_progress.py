@@ -90,8 +90,17 @@ def test_worker_heartbeats_and_staleness(redis_url: str) -> None:
     now = time.time()
     live.heartbeat(WorkerBeat("w1", True, "i-1", "freight-q", 12.5, now))
     live.heartbeat(WorkerBeat("w2", False, None, "freight-q", 0.0, now - 120))
+    live.heartbeat(WorkerBeat("w3", True, None, "freight-q", 1.0, now, job_id="j", shard=4, attempt=2,
+                              last_step=now - 1, model="/m", node="h/1-ab"))  # fmt: skip
     assert json.loads(live.client.hget(WORKERS_KEY, "w1")) == {
-        "busy": True, "instance_id": "i-1", "queue": "freight-q", "tokens_per_second": 12.5, "heartbeat": now}  # fmt: skip
+        "busy": True, "instance_id": "i-1", "queue": "freight-q", "tokens_per_second": 12.5, "heartbeat": now,
+        "job_id": None, "shard": None, "attempt": None, "last_step": None, "model": None, "node": None}  # fmt: skip
+    # the optional fields round-trip, and an older worker's beat without them still reads
+    w3 = WorkerBeat.from_json("w3", live.client.hget(WORKERS_KEY, "w3"))
+    assert w3.runs("j", 4, 2) and not w3.runs("j", 4, 1) and (w3.model, w3.node) == ("/m", "h/1-ab")
+    old = WorkerBeat.from_json("w0", json.dumps({"busy": False, "heartbeat": now}))
+    assert old.job_id is None and old.last_step is None
+    live.remove_worker("w3")
     assert [w.worker_id for w in live.workers()] == ["w1"]
     live.remove_worker("w1")
     assert live.workers() == []

@@ -225,13 +225,34 @@ CASES = [
         "scale_out",
     ),
     (
-        "stale_running_counter_lets_the_fleet_idle",
+        # the job still counts 2 running shards that no queue, unacked message or busy worker shows
+        # (Redis lost them): one worker stays for the reconciler that queues them again
+        "unaccounted_shards_keep_one_worker_for_the_reconciler",
         Backlog(0, (job(0, 2, updated_at=NOW - 121),), workers(idle=2)),
         2,
         ScalerState(idle_since=NOW - 600),
         LIMITS,
+        2,
+        "hold_cooldown",
+    ),
+    (
+        "unaccounted_shards_bring_a_worker_back_from_zero",
+        Backlog(0, (job(1, updated_at=NOW - 3600),)),
         0,
-        "idle_to_min",
+        ScalerState(idle_since=NOW - 6000),
+        LIMITS,
+        1,
+        "scale_out",
+    ),
+    (
+        # a vanished worker's delivered shard (unacked, no busy heartbeat) is work: never zero under it
+        "unacked_shard_of_a_vanished_worker_is_demand",
+        Backlog(0, (job(0, 1, updated_at=NOW - 600),), unacked_shards=1),
+        1,
+        ScalerState(),
+        LIMITS,
+        1,
+        "steady",
     ),
     # limits
     (
