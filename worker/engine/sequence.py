@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
+from typing import Protocol
+
+import numpy as np
 
 from worker.engine.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
-    from worker.engine.batch_state import PersistentBatch
+
+class BatchRows(Protocol):
+    """What a running sequence reads of the engine's PersistentBatch (batch_state.py, which imports
+    this module): its row's counters. Int arrays [max_num_seqs]."""
+
+    num_computed: np.ndarray
+    num_pending: np.ndarray
 
 
 class SequenceStatus(enum.Enum):
@@ -61,7 +68,7 @@ class Sequence:
         # prompt positions whose logits were scheduled for prompt_logprobs (they score position + 1)
         self.prompt_scored = 0
         self.text: str | None = None  # set when the request finishes (or for stop-string checks)
-        self.batch: PersistentBatch | None = None  # set while running
+        self.batch: BatchRows | None = None  # set while running
         self.row = -1
         # sampled tokens of steps in flight after the sequence left the batch (preempted or finished)
         self.in_flight = 0
