@@ -131,6 +131,7 @@ def report_command(
 
 def beat_command(suites: Annotated[Path, typer.Argument(help="the suite file (TOML)")]) -> None:
     """Celery beat: submit each suite of the file on its cron schedule (UTC) and report finished runs.
+
     Only one beat may run per suite file: a second one is refused (a lock in Redis)."""
     import redis
 

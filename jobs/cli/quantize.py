@@ -25,8 +25,9 @@ def quantize(
     act_order: bool = typer.Option(False, "--act-order", help="GPTQ: columns by decreasing Hessian diagonal"),
     damp: float = typer.Option(0.01, "--damp", help="GPTQ dampening: fraction of mean(diag H)"),
 ) -> None:
-    """Quantize MODEL's decoder Linear weights into a checkpoint Engine.from_pretrained and `freight run
-    --model` load. int8: per output channel; int4: group-wise; both symmetric. GPTQ needs
+    """Write a quantized copy of MODEL (int8, int4 RTN or GPTQ, fp8) that `freight run --model` loads.
+
+    Quantizes the decoder Linear weights. int8: per output channel; int4: group-wise; both symmetric. GPTQ needs
     --calibration (e.g. a sample of the job's own dataset). fp8: e4m3 weights with one fp32 scale
     per output channel, activations quantized per token at run time (GPUs of compute capability
     8.9+: L4, L40S, H100, H200; the CPU runs it exactly but at fp32 speed)."""

@@ -129,7 +129,9 @@ def results(
         False, "--partial", help="with --to: export the committed shards of a job that is not complete"
     ),
 ) -> None:
-    """Show the first results, or export them all. --to refuses a job with shards still missing (it
+    """Show the first results, or export them all.
+
+    --to refuses a job with shards still missing (it
     says how many) unless --partial is given, which exports what is committed and warns."""
     from jobs import datasets
     from jobs.finalize import committed_shards
