@@ -3,26 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from engine_oracle import hf_greedy, hf_prompt_logprobs, mixed_prompts
+from engine_oracle import MAX_NEW, hf_prompt_logprobs, mixed_prompts
 
 from worker.engine import Engine, EngineConfig, SamplingParams
 
-MAX_NEW = 8
 GREEDY = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def expected(make_checkpoint):
-    cache: dict = {}
-
-    def get(arch: str, **overrides: object) -> list[list[int]]:
-        key = (arch, repr(sorted(overrides.items())))
-        if key not in cache:
-            model = make_checkpoint(arch, **overrides).model
-            cache[key] = [hf_greedy(model, p, MAX_NEW) for p in mixed_prompts()]
-        return cache[key]
-
-    return get
 
 
 def _run(path, **config: object) -> tuple[list[list[int]], Engine]:
