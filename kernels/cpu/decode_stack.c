@@ -9,7 +9,10 @@
  * (layer_rows.h, decode_attention.h, gemv.h), so each layer computes what the op-by-op path computes,
  * except for the matmuls' summation order (gemv.h against torch's GEMM).
  *
- * Threads: a team of num_threads pthreads for the whole call. Each GEMV's output rows are split
+ * Matmuls: GEMVs (gemv.h) up to STACK_GEMV_ROWS rows; beyond, the caller's sgemm (torch's BLAS: the
+ * same GEMM as F.linear) on one thread, the elementwise layers and attention still in this call.
+ *
+ * Threads: a team of num_threads pthreads for the whole call (GEMV rows only). Each GEMV's output rows are split
  * between them (gate_up by intermediate columns, so each thread also applies SiLU * up to its own);
  * the norms' inputs are small, so every thread computes them into private buffers (the residual too:
  * every thread holds the same copy) instead of waiting for one; attention rows go round-robin. Five
@@ -44,8 +47,21 @@ typedef struct {
     const float *final_norm, *cos_sin;
 } StackModel;
 
+/* The Fortran BLAS sgemm (column-major, arguments by pointer), passed in by the caller (kernels.cpu.blas
+ * finds torch's), or 0. Integers are passed as pointers to int64 values below 2^31: an LP64 BLAS reads
+ * their low half (little-endian), an ILP64 one all of it, both the same number. */
+typedef void (*Sgemm)(const char *transa, const char *transb, const int64_t *m, const int64_t *n, const int64_t *k,
+                      const float *alpha, const float *a, const int64_t *lda, const float *b, const int64_t *ldb,
+                      const float *beta, float *c, const int64_t *ldc);
+
+/* Up to this many rows the matmuls are GEMVs (in passes of at most GEMV_MAX_ROWS rows, re-reading
+ * the weights: at 9-15 rows still faster than a GEMM here); from 16 rows sgemm, when there is one. */
+#define STACK_GEMV_ROWS 15
+#define STACK_MAX_ROWS 4096
+
 /* One call's state, shared by the team. */
 typedef struct {
+    Sgemm sgemm;
     const StackModel *model;
     const float *x;
     const int64_t *positions, *slots;
@@ -64,6 +80,27 @@ typedef struct {
     Step *step;
     int64_t tid;
 } Member;
+
+/* y[:, lo:hi] <- x [rows, K] (row stride xs) . w[lo:hi]^T (+ bias[lo:hi]), y's row stride ys. */
+static void linear(const Step *s, const float *w, const float *bias, int64_t K, const float *x, int64_t xs, float *y,
+                   int64_t ys, int64_t lo, int64_t hi) {
+    const int64_t M = s->rows;
+    if (hi <= lo) return;
+    if (M > STACK_GEMV_ROWS && s->sgemm) {
+        /* column-major: y^T [hi - lo, M] = W[lo:hi] (a [K, hi - lo] matrix, transposed) . x^T [K, M]; a
+         * bias is the initial y with beta = 1, as torch's addmm does (the same floats as F.linear) */
+        const int64_t n = hi - lo, m = M, k = K, lda = K, ldb = xs, ldc = ys;
+        const float one = 1.0f, beta = bias ? 1.0f : 0.0f;
+        if (bias)
+            for (int64_t r = 0; r < M; r++) memcpy(y + r * ys + lo, bias + lo, (hi - lo) * sizeof(float));
+        s->sgemm("T", "N", &n, &m, &k, &one, w + lo * K, &lda, x, &ldb, &beta, y + lo, &ldc);
+        return;
+    }
+    for (int64_t r = 0; r < M; r += GEMV_MAX_ROWS) {
+        const int64_t rows = M - r < GEMV_MAX_ROWS ? M - r : GEMV_MAX_ROWS;
+        gemv_rows(w, bias, K, x + r * xs, xs, rows, y + r * ys, ys, lo, hi);
+    }
+}
 
 static void sync_team(Step *s) {
     if (s->num_threads > 1) pthread_barrier_wait(&s->barrier);
@@ -92,7 +129,7 @@ static void *run_member(void *arg) {
                 rms_norm_row(s->down + m * H, res + m * H, L->input_norm, H, eps, h + m * H, res + m * H);
             }
         }
-        gemv_rows(L->qkv, L->qkv_bias, H, h, H, M, s->qkv, nqkv, SLICE_LO(nqkv, s, tid), SLICE_HI(nqkv, s, tid));
+        linear(s, L->qkv, L->qkv_bias, H, h, H, s->qkv, nqkv, SLICE_LO(nqkv, s, tid), SLICE_HI(nqkv, s, tid));
         sync_team(s);
         const int64_t kv_row = hkv * D;
         for (int64_t m = tid; m < M; m += n) { /* this thread's rows: q/k norm, rotary, K/V store */
@@ -111,7 +148,7 @@ static void *run_member(void *arg) {
                                mdl->block_size, s->bt_stride, 0, mdl->scale, s->attn, 0, tid, n};
         decode_job_run((void *)&job); /* rows tid, tid + n, ...: each row reads only its own sequence */
         sync_team(s);
-        gemv_rows(L->o_proj, 0, qd, s->attn, qd, M, s->o, H, SLICE_LO(H, s, tid), SLICE_HI(H, s, tid));
+        linear(s, L->o_proj, 0, qd, s->attn, qd, s->o, H, SLICE_LO(H, s, tid), SLICE_HI(H, s, tid));
         sync_team(s);
         for (int64_t m = 0; m < M; m++)
             rms_norm_row(s->o + m * H, res + m * H, L->post_norm, H, eps, h + m * H, res + m * H);
@@ -119,11 +156,11 @@ static void *run_member(void *arg) {
         const int64_t a = SLICE_LO(I, s, tid), b = SLICE_HI(I, s, tid), w = b - a;
         float *gu = s->act + M * I; /* scratch after act: [rows, 2 * (b - a)] for this thread's slice */
         gu += M * 2 * a;
-        gemv_rows(L->gate_up + a * H, 0, H, h, H, M, gu, 2 * w, 0, w);
-        gemv_rows(L->gate_up + (I + a) * H, 0, H, h, H, M, gu + w, 2 * w, 0, w);
+        linear(s, L->gate_up + a * H, 0, H, h, H, gu, 2 * w, 0, w);
+        linear(s, L->gate_up + (I + a) * H, 0, H, h, H, gu + w, 2 * w, 0, w);
         for (int64_t m = 0; m < M; m++) silu_mul_row(gu + m * 2 * w, gu + m * 2 * w + w, w, s->act + m * I + a);
         sync_team(s);
-        gemv_rows(L->down, 0, I, s->act, I, M, s->down, H, SLICE_LO(H, s, tid), SLICE_HI(H, s, tid));
+        linear(s, L->down, 0, I, s->act, I, s->down, H, SLICE_LO(H, s, tid), SLICE_HI(H, s, tid));
         sync_team(s);
     }
     if (tid == 0)
@@ -177,17 +214,19 @@ int decode_stack_supports(int64_t num_heads, int64_t num_kv_heads, int64_t head_
     return decode_attention_fits(num_heads, num_kv_heads, head_dim, block_size) && head_dim % 2 == 0;
 }
 
-int decode_stack_max_rows(void) { return GEMV_MAX_ROWS; }
+/* Rows a call takes: STACK_GEMV_ROWS on GEMVs alone, more with an sgemm (on one thread). */
+int decode_stack_max_rows(int with_sgemm) { return with_sgemm ? STACK_MAX_ROWS : STACK_GEMV_ROWS; }
 
 /* out [rows, hidden] <- the final-normed hidden states of the decoder stack over x [rows, hidden];
- * each layer's K/V of the rows stored at slots (-1: not stored). Returns 0; -1 (nothing done) when
- * rows is outside 1..GEMV_MAX_ROWS, the sizes do not fit or a position or slot is out of range;
- * -2 when out of memory. */
-int decode_stack_f32(const StackModel *model, const float *x, int64_t rows, const int64_t *positions,
+ * each layer's K/V of the rows stored at slots (-1: not stored). With more than STACK_GEMV_ROWS rows
+ * the matmuls are sgemm's (required then) and the call runs on one thread (sgemm may thread itself).
+ * Returns 0; -1 (nothing done) when rows is outside 1..decode_stack_max_rows, the sizes do not fit
+ * or a position or slot is out of range; -2 when out of memory. */
+int decode_stack_f32(const StackModel *model, Sgemm sgemm, const float *x, int64_t rows, const int64_t *positions,
                      const int64_t *slots, const int32_t *block_tables, int64_t bt_stride, const int32_t *context_lens,
                      float *out, int64_t num_threads) {
     const StackModel *m = model;
-    if (rows < 1 || rows > GEMV_MAX_ROWS ||
+    if (rows < 1 || rows > decode_stack_max_rows(sgemm != 0) ||
         !decode_stack_supports(m->num_heads, m->num_kv_heads, m->head_dim, m->block_size))
         return -1;
     for (int64_t r = 0; r < rows; r++)
@@ -196,13 +235,13 @@ int decode_stack_f32(const StackModel *model, const float *x, int64_t rows, cons
             return -1;
     /* a thread per ~1 MB of the largest weight, at most */
     const int64_t biggest = 2 * m->intermediate * m->hidden;
-    num_threads = threads_for(biggest, 1 << 18, num_threads);
+    num_threads = rows > STACK_GEMV_ROWS ? 1 : threads_for(biggest, 1 << 18, num_threads);
     const int64_t H = m->hidden, I = m->intermediate, qd = m->num_heads * m->head_dim;
     const int64_t nqkv = qd + 2 * m->num_kv_heads * m->head_dim;
     const int64_t floats = rows * (nqkv + qd + H + I + 2 * I + H) + num_threads * 2 * rows * H;
     float *buf = (float *)malloc(floats * sizeof(float));
     if (!buf) return -2;
-    Step s = {m, x, positions, slots, block_tables, context_lens, rows, bt_stride, num_threads, out};
+    Step s = {sgemm, m, x, positions, slots, block_tables, context_lens, rows, bt_stride, num_threads, out};
     s.qkv = buf;
     s.attn = s.qkv + rows * nqkv;
     s.o = s.attn + rows * qd;

@@ -1,9 +1,11 @@
-"""A decode step's whole decoder stack in one C call for a few rows (decode_stack.c).
+"""A decode step's whole decoder stack in one C call (decode_stack.c).
 
 `NativeDecodeStack.bind(...)` takes a model's tensors once (pointers into them, kept alive by the
 returned `BoundDecodeStack`); each decode step then is one call with the step's embeddings,
 positions, slots, block tables and context lengths. Same result as running the layers op by op
-with the CPU kernels (kernels.cpu) and F.linear, to fp32 rounding (the matmuls sum in another order).
+with the CPU kernels (kernels.cpu) and F.linear, to fp32 rounding: up to `gemv_rows` (15) rows the
+matmuls are C GEMVs (another summation order); beyond, torch's own sgemm (kernels.cpu.blas: the
+same floats as F.linear), on one thread, up to `max_rows`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from kernels.cpu.blas import torch_sgemm
 from kernels.cpu.build import load_library
 
 SOURCE = Path(__file__).with_suffix(".c")
@@ -64,15 +67,19 @@ class StackShape:
 class NativeDecodeStack:
     """The compiled kernel, loaded once per instance (the build is cached on disk)."""
 
-    def __init__(self) -> None:
+    def __init__(self, use_sgemm: bool = True) -> None:
+        """use_sgemm: steps of more than gemv_rows rows through torch's sgemm where it is found."""
         lib = load_library(SOURCE)
         self._fn = lib.decode_stack_f32
-        self._fn.argtypes = [_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64]
+        self._fn.argtypes = [_ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64]
         self._fn.restype = ctypes.c_int
         self._fits = lib.decode_stack_supports
         self._fits.argtypes = [_i64, _i64, _i64, _i64]
         self._fits.restype = ctypes.c_int
-        self.max_rows: int = lib.decode_stack_max_rows()
+        lib.decode_stack_max_rows.argtypes = [ctypes.c_int]
+        self.sgemm: int | None = torch_sgemm() if use_sgemm else None
+        self.gemv_rows: int = lib.decode_stack_max_rows(0)  # on any number of threads
+        self.max_rows: int = lib.decode_stack_max_rows(int(self.sgemm is not None))  # past gemv_rows: one thread
 
     def supports(self, shape: StackShape, block_size: int) -> bool:
         """Whether the kernel was compiled for these head sizes (else run the layers op by op)."""
@@ -108,28 +115,31 @@ class NativeDecodeStack:
                        cache[0] * cache[1] if cache else 0, cos_sin.shape[0], shape.eps, shape.scale,
                        ctypes.cast(structs, _ptr), final_norm.data_ptr(), cos_sin.data_ptr())  # fmt: skip
         keep = (layers, final_norm, cos_sin, structs)
-        return BoundDecodeStack(self._fn, model, keep, h, self.max_rows)
+        return BoundDecodeStack(self._fn, model, keep, h, self.sgemm, self.gemv_rows, self.max_rows)
 
 
 class BoundDecodeStack:
     """A model's tensors bound to the kernel; call it once per decode step."""
 
-    def __init__(self, fn, model: _Model, keep: tuple, hidden: int, max_rows: int) -> None:
+    def __init__(self, fn, model: _Model, keep: tuple, hidden: int, sgemm: int | None, gemv_rows: int,
+                 max_rows: int) -> None:  # fmt: skip
         self._fn, self._model, self._keep = fn, model, keep  # keep: the tensors the pointers point into
         self._model_ptr = ctypes.addressof(model)
-        self.hidden, self.max_rows = hidden, max_rows
+        self._sgemm = sgemm
+        self.hidden, self.gemv_rows, self.max_rows = hidden, gemv_rows, max_rows
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor) -> torch.Tensor:  # fmt: skip
         """x [rows, hidden] fp32 contiguous (the embeddings; 1 <= rows <= max_rows), positions and slots
         int64 [rows] contiguous, block_tables int32 [rows, W] with dense rows, context_lens int32 [rows]
         contiguous -> the final-normed hidden states [rows, hidden]. The caller guarantees the layouts
-        (the engine checks them once per step); values are range-checked in C (IndexError)."""
+        (the engine checks them once per step); values are range-checked in C (IndexError). Past
+        gemv_rows rows the call runs on one thread whatever torch.get_num_threads() says."""
         rows = x.shape[0]
         if not 0 < rows <= self.max_rows:
             raise ValueError(f"the decode stack takes 1 to {self.max_rows} rows, not {rows}; run the layers op by op")
         out = torch.empty(rows, self.hidden, dtype=torch.float32)
-        status = self._fn(self._model_ptr, x.data_ptr(), rows, positions.data_ptr(), slots.data_ptr(),
+        status = self._fn(self._model_ptr, self._sgemm, x.data_ptr(), rows, positions.data_ptr(), slots.data_ptr(),
                           block_tables.data_ptr(), block_tables.stride(0), context_lens.data_ptr(), out.data_ptr(),
                           torch.get_num_threads())  # fmt: skip
         if status == -2:

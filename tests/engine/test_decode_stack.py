@@ -67,9 +67,10 @@ def test_on_and_off_give_the_same_tokens(make_checkpoint, monkeypatch, modes: di
     assert rows
 
 
-def test_wide_steps_and_hooks_run_op_by_op(make_checkpoint, expected, monkeypatch) -> None:
-    """Steps of more than 8 rows, and any step while a projection has a forward hook, take the layers.
-    Requests stop after 1..8 tokens, so the decode batch narrows from 17 rows to 1."""
+def test_hooks_threads_and_shared_prefixes_run_op_by_op(make_checkpoint, expected, monkeypatch) -> None:
+    """Requests stop after 1..8 tokens, so the decode batch narrows from 17 rows to 2. A forward hook
+    on a projection sends every step op by op (the hook fires); past 15 rows the stack runs only on
+    one torch thread; rows that all share their leading blocks go op by op (the cascade)."""
     engine = _engine(make_checkpoint("llama").path, max_num_seqs=32)
     rows = _count_stack_calls(engine, monkeypatch)
     prompts = mixed_prompts() * 2
@@ -81,10 +82,22 @@ def test_wide_steps_and_hooks_run_op_by_op(make_checkpoint, expected, monkeypatc
     )
     assert [o.token_ids for o in engine.generate(prompts, params)] == want
     handle.remove()
-    assert not rows  # the hook saw every step instead
-    assert seen[1:] == [17, 14, 11, 8, 6, 4, 2]  # every decode step, wide and narrow
+    assert not rows and seen[1:] == [17, 14, 11, 8, 6, 4, 2]  # every decode step, through the hook
     assert [o.token_ids for o in engine.generate(prompts, params)] == want
-    assert rows == [8, 6, 4, 2]  # without the hook: the narrow steps
+    assert rows == [17, 14, 11, 8, 6, 4]  # the last 2 rows share 64 tokens (base[:64]): op by op
+    rows.clear()
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert [o.token_ids for o in engine.generate(prompts, params)] == want
+    finally:
+        torch.set_num_threads(before)
+    assert rows == [14, 11, 8, 6, 4]  # 17 rows on two threads: op by op
+    rows.clear()
+    shared = [list(range(3, 83)) + p for p in mixed_prompts()[:4]]  # 80 common tokens: 5 blocks
+    outs = engine.generate(shared, SamplingParams(max_tokens=4, ignore_eos=True))
+    assert all(len(o.token_ids) == 4 for o in outs)
+    assert not rows
 
 
 def test_quantized_models_run_op_by_op(make_checkpoint) -> None:

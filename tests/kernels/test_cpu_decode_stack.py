@@ -97,6 +97,21 @@ def test_matches_the_layers_op_by_op(native, hidden, heads, kv_heads, head_dim, 
         assert_close(mine.v_cache, theirs.v_cache, atol=2e-4, rtol=1e-4)
 
 
+def test_many_rows_through_torchs_sgemm(native) -> None:
+    """Past 15 rows the matmuls are torch's sgemm (the same floats as F.linear); without it the stack
+    takes at most 15 rows."""
+    assert native.sgemm is not None and native.max_rows > 15
+    lens = [1 + (7 * i) % 50 for i in range(40)]
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(64, 4, 2, 16, 128, 16, lens, True, True)
+    want = _reference(shape, _copy_caches(layers), final_norm, cos_sin, x, positions, slots, tables, cl)
+    got = native.bind(shape, layers, final_norm, cos_sin)(x, positions, slots, tables, cl)
+    assert_close(got, want, atol=2e-4, rtol=1e-4)
+    gemv_only = NativeDecodeStack(use_sgemm=False)
+    assert gemv_only.max_rows == gemv_only.gemv_rows == 15
+    with pytest.raises(ValueError, match="rows"):
+        gemv_only.bind(shape, layers, final_norm, cos_sin)(x, positions, slots, tables, cl)
+
+
 def test_threads_give_the_same_floats(native) -> None:
     case = _case(512, 8, 4, 64, 1536, 16, [37, 5, 90], bias=True, layers=3)
     shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = case

@@ -1,9 +1,13 @@
 """ModelDecodeStack: a CausalLM's decoder layers bound to the C decode stack (kernels/cpu/decode_stack).
 
-A decode step of at most `max_rows` (8) rows then runs its whole layer stack in one C call: the
-step's ~12 ops a layer (norms, qkv, rotary + K/V store, attention, o_proj, gate_up, SiLU * up, down)
-without Python between them, the matmuls as GEMVs streaming the weights once. Everything else (a
-prefill chunk in the step, more rows, hooks on a projection) runs the layers op by op as before.
+A pure decode step then runs its whole layer stack in one C call: the step's ~12 ops a layer
+(norms, qkv, rotary + K/V store, attention, o_proj, gate_up, SiLU * up, down) without Python or
+torch's dispatch between them. Up to 15 rows the matmuls are GEMVs streaming the weights once (on
+torch's thread count); more rows take torch's own sgemm and run on one thread, so they go through
+the stack only when torch runs one thread (with more, the op-by-op path threads attention too).
+Everything else runs the layers op by op as before: a prefill chunk in the step, hooks on a
+projection, or rows that all share leading blocks (the op-by-op attention reads a shared prefix
+once for the whole batch, the stack once per row).
 
 Which models take it (checked once, when the engine binds it; `ineligible` says why not): every
 projection a plain fp32 nn.Linear (quantized or replaced modules run op by op), no bias but the
@@ -19,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.cpu.decode_stack import BoundDecodeStack, NativeDecodeStack, StackLayer, StackShape
+from kernels.reference.attention import decode_shared_blocks
 from worker.engine.backends.base import AttentionMetadata
 
 
@@ -74,21 +79,31 @@ class ModelDecodeStack:
         self._kv_caches = kv_caches
         # the modules the op-by-op path would call through Backend.project (hooks there must fire)
         self._projections = [m for m in model.modules() if isinstance(m, nn.Linear)]
-        self.max_rows = self._stack.max_rows
+        self._block_size = kv_caches[0][0].shape[1]
+        self.gemv_rows, self.max_rows = self._stack.gemv_rows, self._stack.max_rows
 
     def takes(self, input_ids: torch.Tensor, meta: AttentionMetadata,
               kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:  # fmt: skip
-        """A pure decode step of 1..max_rows rows over the bound caches, with inputs laid out as the
-        kernel reads them and no forward hook on any projection."""
+        """A pure decode step over the bound caches (1..gemv_rows rows, or up to max_rows on one
+        thread), with inputs laid out as the kernel reads them, no forward hook on any projection and
+        no prefix shared by every row (see the module docstring)."""
         rows = input_ids.shape[0]
         if not (0 < rows <= self.max_rows and meta.num_prefill_tokens == 0 and meta.output_rows is None
                 and kv_caches is self._kv_caches):  # fmt: skip
+            return False
+        if rows > self.gemv_rows and torch.get_num_threads() != 1:
             return False
         tables, lens, slots = meta.decode_block_tables, meta.decode_context_lens, meta.slot_mapping
         if not (tables.dtype == lens.dtype == torch.int32 and tables.stride(1) == 1 and lens.is_contiguous()
                 and slots.dtype == torch.int64 and slots.is_contiguous()):  # fmt: skip
             return False
-        return not any(m._forward_hooks or m._forward_pre_hooks for m in self._projections)
+        if any(m._forward_hooks or m._forward_pre_hooks for m in self._projections):
+            return False
+        if rows > 1 and tables.device.type == "cpu":
+            first = tables[:, 0].numpy()
+            if (first == first[0]).all() and decode_shared_blocks(tables, lens.tolist(), self._block_size):
+                return False  # a shared prefix: the op-by-op cascade reads it once
+        return True
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The final-normed hidden states [rows, hidden] (what the layer loop and the final norm give)."""
