@@ -38,3 +38,20 @@ int gemv_f32(const float *w, const float *bias, int64_t N, int64_t K, const floa
     run_tasks(gemv_task, tasks, sizeof(GemvTask), n);
     return 0;
 }
+
+/* The sum of n floats, read once in order with 4 vector accumulators: the rate a single core streams
+ * memory at, the bound gemv_f32 is measured against (bench/step_overhead.py --batch1-medium). */
+float stream_read_f32(const float *a, int64_t n) {
+    vf s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    const int64_t nv = n - n % (4 * LANES);
+    int64_t i = 0;
+    for (; i < nv; i += 4 * LANES) {
+        s0 += load(a + i);
+        s1 += load(a + i + LANES);
+        s2 += load(a + i + 2 * LANES);
+        s3 += load(a + i + 3 * LANES);
+    }
+    float tail = 0.0f;
+    for (; i < n; i++) tail += a[i];
+    return hsum(s0 + s1 + s2 + s3) + tail;
+}

@@ -28,6 +28,8 @@ class NativeGemv:
         self._fn.argtypes = [_ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64, _i64]
         self._fn.restype = ctypes.c_int
         self.max_rows: int = lib.gemv_max_rows()
+        self._read = lib.stream_read_f32
+        self._read.argtypes, self._read.restype = [_ptr, _i64], ctypes.c_float
 
     def supports(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
         """x [M, K] fp32 CPU rows (last dim dense) with 1 <= M <= max_rows, a contiguous fp32 weight
@@ -53,3 +55,9 @@ class NativeGemv:
         self._fn(weight.data_ptr(), None if bias is None else bias.data_ptr(), n, k, x.data_ptr(), x.stride(0), rows,
                  out.data_ptr(), n, torch.get_num_threads())  # fmt: skip
         return out
+
+    def stream_read(self, t: torch.Tensor) -> float:
+        """Reads a contiguous fp32 CPU tensor once in order (its sum): what a GEMV over it cannot beat."""
+        if not (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()):
+            raise ValueError("stream_read takes a contiguous fp32 CPU tensor")
+        return float(self._read(t.data_ptr(), t.numel()))
