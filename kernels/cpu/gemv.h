@@ -5,9 +5,9 @@
  * of several rows are several streams, which the hardware prefetcher follows less well: measured
  * ~20% slower), each vector of a row multiplied with the same K slice of all M rows of x into
  * partial sums summed across lanes once per output. A software prefetch runs GEMV_PREFETCH bytes
- * ahead, one per cache line (without it, or one per 4 lines, the stream is ~25% slower). On the
- * bench model's 109 MB of weights this reads at ~85-90% of a plain vectorized sum over the same
- * bytes. Included by gemv.c and decode_stack.c; kernels/cpu/build.py keys its cache on it.
+ * ahead, one per cache line (one per 4 lines was ~25% slower on a loaded machine; on a quiet one
+ * the hardware prefetcher alone keeps up). On the bench model's 109 MB of weights this reads at
+ * ~85-90% of a plain vectorized sum over the same bytes. Included by gemv.c and decode_stack.c; kernels/cpu/build.py keys its cache on it.
  */
 #ifndef FREIGHT_GEMV_H
 #define FREIGHT_GEMV_H
