@@ -1,4 +1,4 @@
-/* A decode step's whole stack of decoder layers in one call, for a few rows (decode at small batches).
+/* A decode step's whole stack of decoder layers in one call.
  *
  * At batch 1 a layer is ~10 small ops between its four matrix-vector products; run one by one from
  * Python each costs a few microseconds of dispatch and an activation-sized temporary, ~2 ms a token on
@@ -12,8 +12,9 @@
  * Matmuls: GEMVs (gemv.h) up to STACK_GEMV_ROWS rows; beyond, the caller's sgemm (torch's BLAS: the
  * same GEMM as F.linear) on one thread, the elementwise layers and attention still in this call.
  *
- * Threads: a team of num_threads pthreads for the whole call (GEMV rows only). Each GEMV's output rows are split
- * between them (gate_up by intermediate columns, so each thread also applies SiLU * up to its own);
+ * Threads (up to STACK_GEMV_ROWS rows): a team of num_threads pthreads for the whole call. Each
+ * GEMV's output rows are split between them (gate_up by intermediate columns, so each thread also
+ * applies SiLU * up to its own);
  * the norms' inputs are small, so every thread computes them into private buffers (the residual too:
  * every thread holds the same copy) instead of waiting for one; attention rows go round-robin. Five
  * barriers a layer. Results are the same floats whatever the number of threads.

@@ -4,8 +4,9 @@ A batch-1 decode step streams every weight once (109 MB on the bench model) and 
 KV blocks scattered over the cache. On 4 KB pages that is a TLB miss every 4 KB and hardware
 prefetchers that stop at each page edge; on 2 MB pages the same reads run ~40% faster on the
 development machine (one core streaming 109 MB: ~23 GB/s for a vectorized sum and ~20 GB/s for the
-GEMVs of kernels/cpu/gemv.h, against ~16 and ~15 GB/s on 4 KB pages). torch's CPU allocator only asks for huge pages when THP_MEM_ALLOC_ENABLE is set in the
-environment (process-wide), so the engine maps its own: anonymous memory, 2 MB aligned, advised
+GEMVs of kernels/cpu/gemv.h, against ~16 and ~15 GB/s on 4 KB pages). torch's CPU allocator only
+asks for huge pages when THP_MEM_ALLOC_ENABLE is set in the environment (process-wide), so the
+engine maps its own: anonymous memory, 2 MB aligned, advised
 MADV_HUGEPAGE (Linux honours it when /sys/kernel/mm/transparent_hugepage/enabled is "always" or
 "madvise"; elsewhere these are ordinary pages, with the same results).
 """
@@ -26,8 +27,7 @@ _ALIGN = 64  # bytes: each tensor packed into an arena starts on a cache line
 
 def huge_page_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised 1-D CPU tensor whose memory starts 2 MB aligned, advised to use huge pages
-    (plain torch.empty where the platform has no MADV_HUGEPAGE). Anonymous pages read as zeros until
-    written."""
+    (plain torch.empty below 2 MB or where the platform has no MADV_HUGEPAGE)."""
     size = numel * dtype.itemsize
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is None or size < HUGE_PAGE:

@@ -10,8 +10,8 @@ once for the whole batch by the torch cascade and merged with the kernels' resul
 RMSNorm (with its residual add), SiLU * up and rotary run one C pass each instead of the
 reference's chains of torch ops; any tensor the kernels don't take falls back to the reference.
 Projections of at most 8 rows (decode at small batches, the logits of a few rows) are C GEMVs that
-stream the weight once (torch's GEMM is ~1.3x slower at 1 row and ~2x at 4-8 there), and decode
-steps of at most 8 rows run the whole decoder stack in one C call (cpu_decode_stack).
+stream the weight once (torch's GEMM is 1.6-2x slower at 4-8 rows here), and pure decode steps run
+the whole decoder stack in one C call (cpu_decode_stack: GEMVs up to 15 rows, torch's sgemm beyond).
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ class CpuBackend(TorchBackend):
         return linear(x)
 
     def decode_stack(self, model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> ModelDecodeStack | None:
-        """The whole-stack C decode for steps of at most 8 rows (cpu_decode_stack), or None (logged)
-        when this model's layers cannot take it."""
+        """The whole-stack C decode for pure decode steps (cpu_decode_stack), or None (logged) when
+        this model's layers cannot take it."""
         reason = ineligible(model, kv_caches, self.stack)
         if reason is not None:
             log.info("decode_stack_off", reason=reason)

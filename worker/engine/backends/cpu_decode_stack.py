@@ -13,7 +13,8 @@ Which models take it (checked once, when the engine binds it; `ineligible` says 
 projection a plain fp32 nn.Linear (quantized or replaced modules run op by op), no bias but the
 optional qkv bias (Qwen2), fp32 norms (Qwen3's q/k norms included), fp32 contiguous KV caches, head
 sizes the C attention kernel was compiled for. The pointers are taken at bind time: the engine never
-swaps weights after loading; a caller that does must rebind (ModelRunner.bind_decode_stack).
+swaps weights after loading; a caller that does must bind again (`model.decode_stack =
+backend.decode_stack(model, kv_caches)`) or set it to None.
 """
 
 from __future__ import annotations
