@@ -107,6 +107,13 @@ def test_quantized_models_run_op_by_op(make_checkpoint) -> None:
     assert all(len(o.token_ids) == MAX_NEW for o in outs)
 
 
+def test_head_sizes_without_a_compiled_kernel_run_op_by_op(make_checkpoint, expected) -> None:
+    """head_dim 24 is no multiple of the vector width: no stack, the layers (and torch attention) run."""
+    engine = _engine(make_checkpoint("llama", head_dim=24).path, max_num_seqs=4)
+    assert engine.runner.model.decode_stack is None
+    assert [o.token_ids for o in engine.generate(mixed_prompts(), GREEDY)] == expected("llama", head_dim=24)
+
+
 def test_weights_packed_in_layer_order_and_ties_kept(make_checkpoint) -> None:
     engine = _engine(make_checkpoint("qwen2", tie_word_embeddings=True).path)
     model = engine.runner.model
