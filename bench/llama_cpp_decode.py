@@ -95,7 +95,12 @@ def run_llama(exe: Path, gguf: Path, batches: list[int], prompt: int, gen: int) 
            "-npp", str(prompt), "-ntg", str(gen), "-npl", ",".join(map(str, batches)), "--output-format", "jsonl"]  # fmt: skip
     res = subprocess.run(cmd, check=True, capture_output=True, text=True)
     rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
-    return {r["pl"]: (r["t_pp"], r["t_tg"]) for r in rows}
+    out = {r["pl"]: (r["t_pp"], r["t_tg"]) for r in rows}
+    missing = [b for b in batches if b not in out]
+    if missing:  # seen once, not reproduced: say what llama.cpp printed instead of a KeyError later
+        raise SystemExit(f"llama-batched-bench reported no result for batches {missing}; its output ends:\n"
+                         f"{res.stdout[-1500:]}\n{res.stderr[-1500:]}")  # fmt: skip
+    return out
 
 
 def run_freight(model: Path, batches: list[int], prompt: int, gen: int, backend: str) -> dict[int, tuple[float, float]]:

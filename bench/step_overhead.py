@@ -14,7 +14,8 @@ each, alternating). CPU seconds (time.process_time), so other load on the machin
 same measurement there in a subprocess (PYTHONPATH at the export, so its `worker` package is used);
 the table then shows both side by side, and the ratio.
 --batch1-medium adds batch-1 decode on bench/engine_vs_hf.py's model (demo size "medium", fp32): ms
-per generated token, by the same difference, and that model's projections alone.
+per generated token, by the same difference, and that model's projections alone: through torch's
+F.linear, through the engine's C GEMV, and a plain in-order read of the same bytes (the bound).
 --host-only replaces the model's forward and logits by stubs returning fixed tensors of the right
 shapes (tokens are then garbage but the counts are right): the engine's host work alone, steadier
 than the difference of two noisy numbers.
@@ -114,23 +115,37 @@ def decode_cost(engine, prompts: list[list[int]], repeats: int, steps: int = STE
     return (best[long][0] - best[short][0]) / steps, (best[long][1] - best[short][1]) / steps
 
 
-def projections_alone(model, repeats: int) -> tuple[float, float]:
-    """(ms, MB): one token's projections and lm_head alone, torch's M=1 matmuls over the model's own
-    weights in layer order (best of `repeats`), and the bytes they read: the floor a batch-1 decode
-    step sits on when the weights stream from memory."""
+def projections_alone(model, repeats: int) -> dict:
+    """One token's projections and lm_head alone over the model's own weights, in layer order (best of
+    `repeats`, ms): "torch_ms" through F.linear (M=1), "gemv_ms" through the CPU backend's C GEMV (None
+    on revisions without it), "read_ms" a plain in-order read of the same bytes (the streaming bound;
+    None likewise), and "weight_mb" the bytes they read."""
     import torch
 
     weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    weights = list({id(w): w for w in weights}.values())  # a tied lm_head once
     inputs = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights}
-    best = float("inf")
+    try:
+        from kernels.cpu.gemv import NativeGemv
+
+        gemv = NativeGemv()
+    except ImportError:
+        gemv = None
+    cases = {"torch_ms": lambda: [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights]}
+    if gemv is not None:
+        cases["gemv_ms"] = lambda: [gemv(inputs[w.shape[1]], w, checked=True) for w in weights]
+        cases["read_ms"] = lambda: [gemv.stream_read(w) for w in weights]
+    best = {name: float("inf") for name in cases}
     with torch.inference_mode():
         for _ in range(repeats):
-            t0 = time.process_time()
-            for _ in range(10):
-                for w in weights:
-                    torch.nn.functional.linear(inputs[w.shape[1]], w)
-            best = min(best, (time.process_time() - t0) / 10)
-    return 1e3 * best, sum(w.numel() * w.element_size() for w in weights) / 1e6
+            for name, run in cases.items():  # alternating: the same machine state for each
+                t0 = time.process_time()
+                for _ in range(10):
+                    run()
+                best[name] = min(best[name], (time.process_time() - t0) / 10)
+    out: dict = {name: 1e3 * best[name] if name in best else None for name in ("torch_ms", "gemv_ms", "read_ms")}
+    out["weight_mb"] = sum(w.numel() * w.element_size() for w in weights) / 1e6
+    return out
 
 
 def measure(batches: list[int], repeats: int, batch1_medium: bool, host_only: bool = False) -> dict:
@@ -162,7 +177,7 @@ def measure(batches: list[int], repeats: int, batch1_medium: bool, host_only: bo
             engine = Engine.from_pretrained(medium, EngineConfig(kv_cache_bytes=1 << 28, num_threads=1))
             prompt = [[rng.randrange(3, 4000) for _ in range(16)]]
             result["batch1_medium_ms"] = 1e3 * decode_cost(engine, prompt, repeats, steps=48)[0]
-            result["gemv_ms"], result["weight_mb"] = projections_alone(engine.runner.model, repeats)
+            result["projections"] = projections_alone(engine.runner.model, repeats)
     return result
 
 
@@ -223,9 +238,16 @@ def main() -> None:
         if base:
             line += f"; base {base['batch1_medium_ms']:.2f} ms/token"
         print(line)
-        print(f"  its projections + lm_head alone (torch M=1 matmuls, {now['weight_mb']:.0f} MB of weights): "
-              f"{now['gemv_ms']:.2f} ms ({now['weight_mb'] / now['gemv_ms']:.1f} GB/s); the rest of a step: "
-              f"{now['batch1_medium_ms'] - now['gemv_ms']:.2f} ms")  # fmt: skip
+        proj = now["projections"]
+        mb = proj["weight_mb"]
+        print(f"  its projections + lm_head alone ({mb:.0f} MB of weights, one token, in layer order):")
+        for key, label in (("torch_ms", "torch F.linear (M=1)"), ("gemv_ms", "the C GEMV (kernels/cpu/gemv.h)"),
+                           ("read_ms", "a plain in-order read of the same bytes")):  # fmt: skip
+            if proj.get(key) is not None:
+                print(f"    {label:40s} {proj[key]:6.2f} ms  {mb / proj[key]:5.1f} GB/s")
+        used = proj["gemv_ms"] if proj.get("gemv_ms") is not None else proj["torch_ms"]
+        print(f"  the rest of a step: {now['batch1_medium_ms'] - used:.2f} ms (the step minus the projections "
+              "as the engine runs them)")  # fmt: skip
 
 
 if __name__ == "__main__":

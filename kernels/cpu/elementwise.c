@@ -12,7 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "simd.h"
+#include "layer_rows.h"
 #include "threads.h"
 
 #define MIN_FLOATS_PER_THREAD 65536 /* below this a thread costs more than it saves */
@@ -41,33 +41,9 @@ typedef struct {
 
 static void *rms_norm_rows(void *arg) {
     const NormRows *r = (const NormRows *)arg;
-    const int64_t n = r->n, nv = n - n % LANES;
     for (int64_t row = r->lo; row < r->hi; row++) {
-        const float *x = r->x + row * r->x_stride;
-        const float *res = r->residual ? r->residual + row * r->r_stride : 0;
-        float *sum_out = r->residual_out + row * n, *o = r->out + row * n;
-        const float *h = x; /* the normed input: x, or x + residual written to residual_out */
-        vf acc = {0};
-        float tail = 0.0f;
-        int64_t i = 0;
-        if (res) {
-            for (; i < nv; i += LANES) {
-                const vf s = load(x + i) + load(res + i);
-                store(sum_out + i, s);
-                acc += s * s;
-            }
-            for (; i < n; i++) {
-                sum_out[i] = x[i] + res[i];
-                tail += sum_out[i] * sum_out[i];
-            }
-            h = sum_out;
-        } else {
-            for (; i < nv; i += LANES) acc += load(x + i) * load(x + i);
-            for (; i < n; i++) tail += x[i] * x[i];
-        }
-        const float inv = 1.0f / sqrtf((hsum(acc) + tail) / (float)n + r->eps);
-        for (i = 0; i < nv; i += LANES) store(o + i, (load(h + i) * inv) * load(r->weight + i));
-        for (; i < n; i++) o[i] = (h[i] * inv) * r->weight[i];
+        rms_norm_row(r->x + row * r->x_stride, r->residual ? r->residual + row * r->r_stride : 0, r->weight, r->n,
+                     r->eps, r->out + row * r->n, r->residual_out + row * r->n);
     }
     return 0;
 }
@@ -91,16 +67,9 @@ typedef struct {
 
 static void *silu_mul_rows(void *arg) {
     const SiluRows *r = (const SiluRows *)arg;
-    const int64_t n = r->n, nv = n - n % LANES;
     for (int64_t row = r->lo; row < r->hi; row++) {
-        const float *g = r->gate_up + row * r->stride, *u = g + n;
-        float *o = r->out + row * n;
-        int64_t i = 0;
-        for (; i < nv; i += LANES) {
-            const vf gv = load(g + i);
-            store(o + i, gv / (1.0f + exp_any((vf){0} - gv)) * load(u + i));
-        }
-        for (; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        const float *g = r->gate_up + row * r->stride;
+        silu_mul_row(g, g + r->n, r->n, r->out + row * r->n);
     }
     return 0;
 }
@@ -114,24 +83,6 @@ void silu_mul_f32(const float *gate_up, int64_t stride, int64_t rows, int64_t in
 }
 
 /* ---- rotary -------------------------------------------------------------------------------- */
-static inline void rotate_heads(float *x, int64_t heads, int64_t d, const float *cs) {
-    const int64_t half = d / 2, hv = half - half % LANES;
-    for (int64_t h = 0; h < heads; h++) {
-        float *a = x + h * d, *b = a + half;
-        int64_t i = 0;
-        for (; i < hv; i += LANES) {
-            const vf x1 = load(a + i), x2 = load(b + i), c = load(cs + i), s = load(cs + half + i);
-            store(a + i, x1 * c - x2 * s);
-            store(b + i, x2 * c + x1 * s);
-        }
-        for (; i < half; i++) {
-            const float x1 = a[i], x2 = b[i], c = cs[i], s = cs[half + i];
-            a[i] = x1 * c - x2 * s;
-            b[i] = x2 * c + x1 * s;
-        }
-    }
-}
-
 typedef struct {
     float *q, *k;
     const float *cos_sin;
@@ -172,7 +123,7 @@ typedef struct {
 
 static void *rotary_store_rows(void *arg) {
     const RotaryStoreRows *r = (const RotaryStoreRows *)arg;
-    const int64_t row = r->num_kv_heads * r->head_dim, nv = row - row % LANES;
+    const int64_t row = r->num_kv_heads * r->head_dim;
     for (int64_t t = r->lo; t < r->hi; t++) {
         const float *cs = r->cos_sin + r->positions[t] * r->head_dim;
         float *k = r->k + t * r->k_stride;
@@ -180,17 +131,7 @@ static void *rotary_store_rows(void *arg) {
         rotate_heads(k, r->num_kv_heads, r->head_dim, cs);
         const int64_t slot = r->slots[t];
         if (slot < 0) continue; /* the slot already holds this K/V (a shared cached block) */
-        const float *v = r->v + t * r->v_stride;
-        float *kc = r->k_cache + slot * row, *vc = r->v_cache + slot * row;
-        int64_t i = 0;
-        for (; i < nv; i += LANES) {
-            store(kc + i, load(k + i));
-            store(vc + i, load(v + i));
-        }
-        for (; i < row; i++) {
-            kc[i] = k[i];
-            vc[i] = v[i];
-        }
+        store_kv_row(k, r->v + t * r->v_stride, row, r->k_cache + slot * row, r->v_cache + slot * row);
     }
     return 0;
 }

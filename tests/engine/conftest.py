@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_oracle import VOCAB
+from engine_oracle import MAX_NEW, VOCAB, hf_greedy, mixed_prompts
 
 from worker.demo_model import make_demo_model
 
@@ -82,3 +82,19 @@ def make_checkpoint(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Pat
         return cache[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def expected(make_checkpoint):
+    """expected(arch, **config_overrides) -> transformers' greedy MAX_NEW tokens for each of
+    mixed_prompts() (cached per arguments)."""
+    cache: dict = {}
+
+    def get(arch: str, **overrides: object) -> list[list[int]]:
+        key = (arch, repr(sorted(overrides.items())))
+        if key not in cache:
+            model = make_checkpoint(arch, **overrides).model
+            cache[key] = [hf_greedy(model, p, MAX_NEW) for p in mixed_prompts()]
+        return cache[key]
+
+    return get

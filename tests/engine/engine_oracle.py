@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 VOCAB = 1024  # the demo tokenizer's size (tests/engine/conftest.py checkpoints use it)
+MAX_NEW = 8  # greedy tokens per prompt in the exactness tests (conftest's `expected`)
 
 
 @torch.no_grad()

@@ -3,26 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from engine_oracle import hf_greedy, hf_prompt_logprobs, mixed_prompts
+from engine_oracle import MAX_NEW, hf_prompt_logprobs, mixed_prompts
 
 from worker.engine import Engine, EngineConfig, SamplingParams
 
-MAX_NEW = 8
 GREEDY = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def expected(make_checkpoint):
-    cache: dict = {}
-
-    def get(arch: str, **overrides: object) -> list[list[int]]:
-        key = (arch, repr(sorted(overrides.items())))
-        if key not in cache:
-            model = make_checkpoint(arch, **overrides).model
-            cache[key] = [hf_greedy(model, p, MAX_NEW) for p in mixed_prompts()]
-        return cache[key]
-
-    return get
 
 
 def _run(path, **config: object) -> tuple[list[list[int]], Engine]:
@@ -49,12 +34,14 @@ def test_greedy_matches_transformers(make_checkpoint, expected, arch: str, overr
     assert stats.computed_prefill_tokens == stats.prompt_tokens - stats.cached_tokens
 
 
-@pytest.mark.parametrize("backend", ["torch", "cpu"])
-def test_greedy_per_cpu_backend(make_checkpoint, expected, backend: str) -> None:
-    """"auto" is the C decode kernel on the CPU; the torch references (its fallback where no compiler
-    is found) give the same tokens."""
-    got, _ = _run(make_checkpoint("qwen3").path, backend=backend)
+@pytest.mark.parametrize(("backend", "decode_stack"), [("torch", True), ("cpu", True), ("cpu", False)])
+def test_greedy_per_cpu_backend(make_checkpoint, expected, backend: str, decode_stack: bool) -> None:
+    """"auto" is the C decode kernels on the CPU, with every decode step's layers in one C call
+    (decode_stack) or op by op; the torch references (its fallback where no compiler is found) give
+    the same tokens."""
+    got, engine = _run(make_checkpoint("qwen3").path, backend=backend, decode_stack=decode_stack)
     assert got == expected("qwen3")
+    assert (engine.runner.model.decode_stack is not None) == (backend == "cpu" and decode_stack)
 
 
 def test_greedy_without_prefix_caching(make_checkpoint, expected) -> None:

@@ -16,7 +16,9 @@ from paged_cases import block_tables_for, random_cache
 
 from kernels import reference
 from kernels.cpu import build
+from kernels.cpu.decode_stack import NativeDecodeStack
 from kernels.cpu.elementwise import NativeElementwise
+from kernels.cpu.gemv import NativeGemv
 from kernels.cpu.paged_decode_attention import NativeDecodeAttention
 from kernels.cpu.paged_prefill_attention import NativePrefillAttention
 
@@ -36,12 +38,13 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def avx2_build(tmp_path_factory):
-    """The three kernels built without AVX-512 into their own cache; the native build's is left alone."""
+    """The kernels built without AVX-512 into their own cache; the native build's is left alone."""
     cache = tmp_path_factory.mktemp("avx2")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FREIGHT_KERNEL_CACHE", str(cache))
         mp.setattr(build, "FLAGS", (*build.FLAGS, "-mno-avx512f"))
-        yield cache, NativeDecodeAttention(), NativePrefillAttention(), NativeElementwise()
+        yield cache, NativeDecodeAttention(), NativePrefillAttention(), NativeElementwise(), NativeGemv(), \
+            NativeDecodeStack()  # fmt: skip
 
 
 def test_built_apart_from_the_native_build(avx2_build, monkeypatch) -> None:
@@ -49,8 +52,8 @@ def test_built_apart_from_the_native_build(avx2_build, monkeypatch) -> None:
     cache = avx2_build[0]
     monkeypatch.setattr(build, "FLAGS", tuple(f for f in build.FLAGS if f != "-mno-avx512f"))  # the native key
     built = sorted(p.name for p in cache.glob("*.so"))
-    assert [name.rsplit("-", 1)[0] for name in built] == ["elementwise", "paged_decode_attention",
-                                                          "paged_prefill_attention"]  # fmt: skip
+    assert [name.rsplit("-", 1)[0] for name in built] == ["decode_stack", "elementwise", "gemv",
+                                                          "paged_decode_attention", "paged_prefill_attention"]  # fmt: skip
     compiler = build._compiler()
     sources = [Path(build.__file__).with_name(f"{name.rsplit('-', 1)[0]}.c") for name in built]
     assert not {build.library_path(src, compiler).name for src in sources} & set(built)
@@ -89,3 +92,19 @@ def test_elementwise_matches_reference(avx2_build, n: int) -> None:
     assert_close(res, ref_res, atol=1e-6, rtol=1e-6)
     gate_up = randn(33, 2 * n)
     assert_close(elementwise.silu_mul(gate_up), reference.silu_mul(gate_up), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("rows", "k"), [(1, 512), (3, 72), (8, 5)])  # 4 chains, 2 chains + tail, tail only
+def test_gemv_matches_linear(avx2_build, rows: int, k: int) -> None:
+    x, w, b = randn(rows, k), randn(37, k, scale=0.1), randn(37)
+    assert_close(avx2_build[4](x, w, b), torch.nn.functional.linear(x, w, b), atol=1e-4, rtol=1e-4)
+
+
+def test_decode_stack_matches_layers(avx2_build) -> None:
+    """The 8-lane stack against the kernel tests' op-by-op reference (head_dim 8: one 8-lane vector)."""
+    from test_cpu_decode_stack import _case, _copy_caches, _reference
+
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(72, 4, 2, 8, 40, 4, [3, 19], True, True)
+    want = _reference(shape, _copy_caches(layers), final_norm, cos_sin, x, positions, slots, tables, cl)
+    got = avx2_build[5].bind(shape, layers, final_norm, cos_sin)(x, positions, slots, tables, cl)
+    assert_close(got, want, atol=2e-4, rtol=1e-4)

@@ -44,6 +44,10 @@ class EngineConfig:
     # Schedule step n+1 while the device runs step n (its tokens are applied after). None: on for
     # CUDA; on the CPU there is nothing to overlap with (the host runs the model too).
     overlap_steps: bool | None = None
+    # Pure decode steps through the backend's whole-stack decode where it has one (the CPU backend:
+    # every layer in one C call, up to 15 rows on any thread count, more on one thread; plain fp32
+    # models only, others run op by op). False: always op by op (same tokens, to fp32 rounding).
+    decode_stack: bool = True
 
     def __post_init__(self) -> None:
         if self.device.split(":")[0] not in ("cpu", "cuda"):

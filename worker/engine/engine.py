@@ -78,7 +78,8 @@ class Engine:
         num_blocks = max(0, cls._kv_budget(config) - graph_bytes) // per_block
         # More blocks than max_num_seqs full-length sequences cannot be used at once.
         num_blocks = min(num_blocks, config.max_num_seqs * -(-max_len // config.block_size) + 1)
-        runner = ModelRunner(model, num_blocks, config.block_size, config.torch_device, config.torch_dtype)
+        runner = ModelRunner(model, num_blocks, config.block_size, config.torch_device, config.torch_dtype,
+                             config.decode_stack)  # fmt: skip
         log.info("engine_ready", model_dir=str(model_dir), backend=backend.name, num_blocks=num_blocks,
                  max_model_len=max_len)  # fmt: skip
         engine = cls(model_dir, config, runner, tokenizer, max_len, num_blocks)

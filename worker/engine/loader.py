@@ -20,6 +20,7 @@ from safetensors import safe_open
 
 from worker.engine.backends.base import Backend
 from worker.engine.config import EngineConfig
+from worker.engine.host_memory import pack_parameters
 from worker.engine.models import CausalLM, ModelConfig
 
 log = structlog.get_logger(__name__)
@@ -115,6 +116,8 @@ def load_model(model_dir: Path, config: EngineConfig, backend: Backend, max_posi
 
         quantize_model(model, config.quantization)
     model.eval()
+    if config.torch_device.type == "cpu":  # weights streamed in layer order from huge pages (host_memory)
+        pack_parameters(model)
     log.info("model_loaded", model_dir=str(model_dir), architecture=cfg.architecture, files=len(files))
     return model
 

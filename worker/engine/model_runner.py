@@ -17,6 +17,7 @@ import torch
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.decode_graphs import DecodeGraphs
 from worker.engine.device_rows import DeviceRows
+from worker.engine.host_memory import huge_page_zeros
 from worker.engine.models import CausalLM
 from worker.engine.sampler import Sampler, SamplingRows, stop_hits, to_device
 from worker.engine.scheduler import SchedulerOutput
@@ -60,17 +61,21 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device,
-                 dtype: torch.dtype) -> None:  # fmt: skip
+                 dtype: torch.dtype, decode_stack: bool = True) -> None:  # fmt: skip
         cfg = model.cfg
         self.model = model
         self.device = device
         self.block_size = block_size
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+
+        def zeros() -> torch.Tensor:  # on the CPU on huge pages: attention reads scattered blocks (host_memory)
+            if device.type == "cpu":
+                return huge_page_zeros(shape, dtype)
+            return torch.zeros(shape, dtype=dtype, device=device)
+
         # zeros, not empty: padded reads of never-written slots must stay finite (masked to 0 weight).
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(cfg.num_layers)
-        ]
+        self.kv_caches = [(zeros(), zeros()) for _ in range(cfg.num_layers)]
+        model.decode_stack = model.backend.decode_stack(model, self.kv_caches) if decode_stack else None
         self.sampler = Sampler()
         self.rows: DeviceRows | None = None
         self.graphs: DecodeGraphs | None = None

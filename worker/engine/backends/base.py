@@ -64,6 +64,13 @@ class Backend:
             return F.linear(x, linear.weight, linear.bias)
         return linear(x)
 
+    def decode_stack(self, model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+        """A fused whole-stack decode path for this model over these caches, or None (the default: the
+        layers run op by op). The result has `takes(input_ids, meta, kv_caches) -> bool` and is called
+        as `stack(input_ids, positions, meta) -> final-normed hidden states`; CausalLM.forward uses it
+        for the steps it takes."""
+        return None
+
     def rotary_store(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
         k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,

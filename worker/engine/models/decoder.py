@@ -132,6 +132,8 @@ class CausalLM(nn.Module):
         self.max_positions = max_positions
         # Filled by init_rotary() once the model sits on its device (not a checkpoint tensor).
         self.register_buffer("cos_sin", torch.empty(0), persistent=False)
+        # Backend.decode_stack's fused path for the steps it takes (set by ModelRunner); None: op by op.
+        self.decode_stack = None
 
     def init_rotary(self, device: torch.device) -> None:
         cfg = self.cfg
@@ -152,6 +154,9 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """Final hidden states (normed): [T, hidden], or [N, hidden] for meta.output_rows when set
         (the last layer then skips the other rows: only their K/V are needed, by later tokens)."""
+        stack = self.decode_stack
+        if stack is not None and stack.takes(input_ids, meta, kv_caches):
+            return stack(input_ids, positions, meta)
         body = self.model
         x = body.embed_tokens(input_ids)
         residual = None

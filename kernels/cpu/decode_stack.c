@@ -1,0 +1,257 @@
+/* A decode step's whole stack of decoder layers in one call.
+ *
+ * At batch 1 a layer is ~10 small ops between its four matrix-vector products; run one by one from
+ * Python each costs a few microseconds of dispatch and an activation-sized temporary, ~2 ms a token on
+ * the bench model. Here every layer runs in C on buffers that stay in L1/L2: RMSNorm (with the
+ * residual add), the qkv GEMV (+ bias), per-head q/k RMSNorm (Qwen3), rotary, the K/V store, decode
+ * attention over the paged cache, o_proj, RMSNorm, gate_up with SiLU * up, down; then the final norm.
+ * Only the weights stream from memory. The pieces are the same code as the one-op kernels
+ * (layer_rows.h, decode_attention.h, gemv.h), so each layer computes what the op-by-op path computes,
+ * except for the matmuls' summation order (gemv.h against torch's GEMM).
+ *
+ * Matmuls: GEMVs (gemv.h) up to STACK_GEMV_ROWS rows; beyond, the caller's sgemm (torch's BLAS: the
+ * same GEMM as F.linear) on one thread, the elementwise layers and attention still in this call.
+ *
+ * Threads (up to STACK_GEMV_ROWS rows): a team of num_threads pthreads for the whole call. Each
+ * GEMV's output rows are split between them (gate_up by intermediate columns, so each thread also
+ * applies SiLU * up to its own);
+ * the norms' inputs are small, so every thread computes them into private buffers (the residual too:
+ * every thread holds the same copy) instead of waiting for one; attention rows go round-robin. Five
+ * barriers a layer. Results are the same floats whatever the number of threads.
+ *
+ * Layouts (fp32): x [rows, hidden] (the embeddings), out [rows, hidden] (the final norm's output),
+ * weights as nn.Linear [out, in] contiguous, caches [blocks, block_size, Hkv, D] contiguous,
+ * block_tables int32 [rows, bt_stride], context_lens int32 [rows], positions / slots int64 [rows].
+ * Built by kernels/cpu/build.py with -O3 -march=native.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "decode_attention.h"
+#include "gemv.h"
+#include "layer_rows.h"
+#include "threads.h"
+
+/* One decoder layer's tensors; qkv_bias, q_norm and k_norm may be 0 (no bias / no qk-norm). */
+typedef struct {
+    const float *input_norm, *qkv, *qkv_bias, *q_norm, *k_norm, *o_proj, *post_norm, *gate_up, *down;
+    float *k_cache, *v_cache;
+} StackLayer;
+
+typedef struct {
+    int64_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size, num_slots,
+        max_positions;
+    float eps, scale;
+    const StackLayer *layers;
+    const float *final_norm, *cos_sin;
+} StackModel;
+
+/* The Fortran BLAS sgemm (column-major, arguments by pointer), passed in by the caller (kernels.cpu.blas
+ * finds torch's), or 0. Integers are passed as pointers to int64 values below 2^31: an LP64 BLAS reads
+ * their low half (little-endian), an ILP64 one all of it, both the same number. */
+typedef void (*Sgemm)(const char *transa, const char *transb, const int64_t *m, const int64_t *n, const int64_t *k,
+                      const float *alpha, const float *a, const int64_t *lda, const float *b, const int64_t *ldb,
+                      const float *beta, float *c, const int64_t *ldc);
+
+/* Up to this many rows the matmuls are GEMVs (in passes of at most GEMV_MAX_ROWS rows, re-reading
+ * the weights: at 9-15 rows still faster than a GEMM here); from 16 rows sgemm, when there is one. */
+#define STACK_GEMV_ROWS 15
+#define STACK_MAX_ROWS 4096
+
+/* One call's state, shared by the team. */
+typedef struct {
+    Sgemm sgemm;
+    const StackModel *model;
+    const float *x;
+    const int64_t *positions, *slots;
+    const int32_t *tables, *lens;
+    int64_t rows, bt_stride, num_threads;
+    float *out;
+    float *qkv, *attn, *o, *act, *down; /* shared activations, written in slices */
+    float *private;                     /* per thread: h, residual [rows, hidden] each */
+    pthread_barrier_t barrier;
+    pthread_mutex_t start_lock;
+    pthread_cond_t start_cond;
+    int started;
+} Step;
+
+typedef struct {
+    Step *step;
+    int64_t tid;
+} Member;
+
+/* y[:, lo:hi] <- x [rows, K] (row stride xs) . w[lo:hi]^T (+ bias[lo:hi]), y's row stride ys. */
+static void linear(const Step *s, const float *w, const float *bias, int64_t K, const float *x, int64_t xs, float *y,
+                   int64_t ys, int64_t lo, int64_t hi) {
+    const int64_t M = s->rows;
+    if (hi <= lo) return;
+    if (M > STACK_GEMV_ROWS && s->sgemm) {
+        /* column-major: y^T [hi - lo, M] = W[lo:hi] (a [K, hi - lo] matrix, transposed) . x^T [K, M]; a
+         * bias is the initial y with beta = 1, as torch's addmm does (the same floats as F.linear) */
+        const int64_t n = hi - lo, m = M, k = K, lda = K, ldb = xs, ldc = ys;
+        const float one = 1.0f, beta = bias ? 1.0f : 0.0f;
+        if (bias)
+            for (int64_t r = 0; r < M; r++) memcpy(y + r * ys + lo, bias + lo, (hi - lo) * sizeof(float));
+        s->sgemm("T", "N", &n, &m, &k, &one, w + lo * K, &lda, x, &ldb, &beta, y + lo, &ldc);
+        return;
+    }
+    for (int64_t r = 0; r < M; r += GEMV_MAX_ROWS) {
+        const int64_t rows = M - r < GEMV_MAX_ROWS ? M - r : GEMV_MAX_ROWS;
+        gemv_rows(w, bias, K, x + r * xs, xs, rows, y + r * ys, ys, lo, hi);
+    }
+}
+
+static void sync_team(Step *s) {
+    if (s->num_threads > 1) pthread_barrier_wait(&s->barrier);
+}
+
+/* [lo, hi) of n items for thread tid. */
+#define SLICE_LO(n, s, tid) ((n) * (tid) / (s)->num_threads)
+#define SLICE_HI(n, s, tid) ((n) * ((tid) + 1) / (s)->num_threads)
+
+static void *run_member(void *arg) {
+    const Member *me = (const Member *)arg;
+    Step *s = me->step;
+    const StackModel *mdl = s->model;
+    const int64_t tid = me->tid, n = s->num_threads, M = s->rows, H = mdl->hidden, D = mdl->head_dim;
+    const int64_t hq = mdl->num_heads, hkv = mdl->num_kv_heads, I = mdl->intermediate;
+    const int64_t qd = hq * D, nqkv = qd + 2 * hkv * D;
+    const float eps = mdl->eps;
+    float *h = s->private + tid * 2 * M * H, *res = h + M * H;
+    for (int64_t l = 0; l < mdl->num_layers; l++) {
+        const StackLayer *L = mdl->layers + l;
+        for (int64_t m = 0; m < M; m++) { /* residual add + input norm (layer 0: the residual is x) */
+            if (l == 0) {
+                memcpy(res + m * H, s->x + m * H, H * sizeof(float));
+                rms_norm_row(s->x + m * H, 0, L->input_norm, H, eps, h + m * H, 0);
+            } else {
+                rms_norm_row(s->down + m * H, res + m * H, L->input_norm, H, eps, h + m * H, res + m * H);
+            }
+        }
+        linear(s, L->qkv, L->qkv_bias, H, h, H, s->qkv, nqkv, SLICE_LO(nqkv, s, tid), SLICE_HI(nqkv, s, tid));
+        sync_team(s);
+        const int64_t kv_row = hkv * D;
+        for (int64_t m = tid; m < M; m += n) { /* this thread's rows: q/k norm, rotary, K/V store */
+            float *q = s->qkv + m * nqkv, *k = q + qd;
+            if (L->q_norm)
+                for (int64_t i = 0; i < hq; i++) rms_norm_row(q + i * D, 0, L->q_norm, D, eps, q + i * D, 0);
+            if (L->k_norm)
+                for (int64_t i = 0; i < hkv; i++) rms_norm_row(k + i * D, 0, L->k_norm, D, eps, k + i * D, 0);
+            const float *cs = mdl->cos_sin + s->positions[m] * D;
+            rotate_heads(q, hq, D, cs);
+            rotate_heads(k, hkv, D, cs);
+            const int64_t slot = s->slots[m];
+            if (slot >= 0) store_kv_row(k, k + kv_row, kv_row, L->k_cache + slot * kv_row, L->v_cache + slot * kv_row);
+        }
+        const DecodeJob job = {s->qkv, L->k_cache, L->v_cache, s->tables, s->lens, M, nqkv, hq, hkv, D,
+                               mdl->block_size, s->bt_stride, 0, mdl->scale, s->attn, 0, tid, n};
+        decode_job_run((void *)&job); /* rows tid, tid + n, ...: each row reads only its own sequence */
+        sync_team(s);
+        linear(s, L->o_proj, 0, qd, s->attn, qd, s->o, H, SLICE_LO(H, s, tid), SLICE_HI(H, s, tid));
+        sync_team(s);
+        for (int64_t m = 0; m < M; m++)
+            rms_norm_row(s->o + m * H, res + m * H, L->post_norm, H, eps, h + m * H, res + m * H);
+        /* gate rows [a, b) and the matching up rows I + [a, b): SiLU * up of this thread's columns */
+        const int64_t a = SLICE_LO(I, s, tid), b = SLICE_HI(I, s, tid), w = b - a;
+        float *gu = s->act + M * I; /* scratch after act: [rows, 2 * (b - a)] for this thread's slice */
+        gu += M * 2 * a;
+        linear(s, L->gate_up + a * H, 0, H, h, H, gu, 2 * w, 0, w);
+        linear(s, L->gate_up + (I + a) * H, 0, H, h, H, gu + w, 2 * w, 0, w);
+        for (int64_t m = 0; m < M; m++) silu_mul_row(gu + m * 2 * w, gu + m * 2 * w + w, w, s->act + m * I + a);
+        sync_team(s);
+        linear(s, L->down, 0, I, s->act, I, s->down, H, SLICE_LO(H, s, tid), SLICE_HI(H, s, tid));
+        sync_team(s);
+    }
+    if (tid == 0)
+        for (int64_t m = 0; m < M; m++)
+            rms_norm_row(s->down + m * H, res + m * H, mdl->final_norm, H, eps, s->out + m * H, res + m * H);
+    return 0;
+}
+
+/* Threads 1..n-1 wait here until the team's size is known (all of them started, or fewer if a
+ * pthread_create failed), so the barrier counts exactly the members that run. */
+static void *start_member(void *arg) {
+    Member *me = (Member *)arg;
+    Step *s = me->step;
+    pthread_mutex_lock(&s->start_lock);
+    while (!s->started) pthread_cond_wait(&s->start_cond, &s->start_lock);
+    const int joins = me->tid < s->num_threads;
+    pthread_mutex_unlock(&s->start_lock);
+    return joins ? run_member(arg) : 0;
+}
+
+static void run_team(Step *s, Member *members, int64_t n) {
+    pthread_t ids[MAX_THREADS];
+    int64_t started = 1;
+    if (n > 1) {
+        pthread_mutex_init(&s->start_lock, 0);
+        pthread_cond_init(&s->start_cond, 0);
+        for (; started < n; started++)
+            if (pthread_create(&ids[started], 0, start_member, &members[started]) != 0) break;
+    }
+    s->num_threads = started;
+    const int barrier = started > 1 && pthread_barrier_init(&s->barrier, 0, (unsigned)started) == 0;
+    if (started > 1 && !barrier) s->num_threads = 1; /* no barrier: the caller's thread does it all */
+    if (n > 1) {
+        pthread_mutex_lock(&s->start_lock);
+        s->started = 1;
+        pthread_cond_broadcast(&s->start_cond);
+        pthread_mutex_unlock(&s->start_lock);
+    }
+    run_member(&members[0]);
+    for (int64_t i = 1; i < started; i++) pthread_join(ids[i], 0);
+    if (barrier) pthread_barrier_destroy(&s->barrier);
+    if (n > 1) {
+        pthread_cond_destroy(&s->start_cond);
+        pthread_mutex_destroy(&s->start_lock);
+    }
+}
+
+/* 1 when a model of these sizes fits the stack (the attention kernel's head sizes, even head_dim),
+ * else 0 (the caller then runs the layers op by op). */
+int decode_stack_supports(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size) {
+    return decode_attention_fits(num_heads, num_kv_heads, head_dim, block_size) && head_dim % 2 == 0;
+}
+
+/* Rows a call takes: STACK_GEMV_ROWS on GEMVs alone, more with an sgemm (on one thread). */
+int decode_stack_max_rows(int with_sgemm) { return with_sgemm ? STACK_MAX_ROWS : STACK_GEMV_ROWS; }
+
+/* out [rows, hidden] <- the final-normed hidden states of the decoder stack over x [rows, hidden];
+ * each layer's K/V of the rows stored at slots (-1: not stored). With more than STACK_GEMV_ROWS rows
+ * the matmuls are sgemm's (required then) and the call runs on one thread (sgemm may thread itself).
+ * Returns 0; -1 (nothing done) when rows is outside 1..decode_stack_max_rows, the sizes do not fit
+ * or a position or slot is out of range; -2 when out of memory. */
+int decode_stack_f32(const StackModel *model, Sgemm sgemm, const float *x, int64_t rows, const int64_t *positions,
+                     const int64_t *slots, const int32_t *block_tables, int64_t bt_stride, const int32_t *context_lens,
+                     float *out, int64_t num_threads) {
+    const StackModel *m = model;
+    if (rows < 1 || rows > decode_stack_max_rows(sgemm != 0) ||
+        !decode_stack_supports(m->num_heads, m->num_kv_heads, m->head_dim, m->block_size))
+        return -1;
+    for (int64_t r = 0; r < rows; r++)
+        if (positions[r] < 0 || positions[r] >= m->max_positions || slots[r] < -1 || slots[r] >= m->num_slots ||
+            context_lens[r] < 1)
+            return -1;
+    /* a thread per ~1 MB of the largest weight, at most */
+    const int64_t biggest = 2 * m->intermediate * m->hidden;
+    num_threads = rows > STACK_GEMV_ROWS ? 1 : threads_for(biggest, 1 << 18, num_threads);
+    const int64_t H = m->hidden, I = m->intermediate, qd = m->num_heads * m->head_dim;
+    const int64_t nqkv = qd + 2 * m->num_kv_heads * m->head_dim;
+    const int64_t floats = rows * (nqkv + qd + H + I + 2 * I + H) + num_threads * 2 * rows * H;
+    float *buf = (float *)malloc(floats * sizeof(float));
+    if (!buf) return -2;
+    Step s = {sgemm, m, x, positions, slots, block_tables, context_lens, rows, bt_stride, num_threads, out};
+    s.qkv = buf;
+    s.attn = s.qkv + rows * nqkv;
+    s.o = s.attn + rows * qd;
+    s.act = s.o + rows * H; /* then the gate_up scratch [rows, 2 * I] */
+    s.down = s.act + rows * 3 * I;
+    s.private = s.down + rows * H;
+    Member members[MAX_THREADS];
+    for (int64_t i = 0; i < num_threads; i++) members[i] = (Member){&s, i};
+    run_team(&s, members, num_threads);
+    free(buf);
+    return 0;
+}

@@ -1,0 +1,157 @@
+"""A decode step's whole decoder stack in one C call (decode_stack.c).
+
+`NativeDecodeStack.bind(...)` takes a model's tensors once (pointers into them, kept alive by the
+returned `BoundDecodeStack`); each decode step then is one call with the step's embeddings,
+positions, slots, block tables and context lengths. Same result as running the layers op by op
+with the CPU kernels (kernels.cpu) and F.linear, to fp32 rounding: up to `gemv_rows` (15) rows the
+matmuls are C GEMVs (another summation order); beyond, torch's own sgemm (kernels.cpu.blas: the
+same floats as F.linear), on one thread, up to `max_rows`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kernels.cpu.blas import torch_sgemm
+from kernels.cpu.build import load_library
+
+SOURCE = Path(__file__).with_suffix(".c")
+
+_ptr, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, _ptr) for name in ("input_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o_proj", "post_norm",
+                                          "gate_up", "down", "k_cache", "v_cache")]  # fmt: skip
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [(name, _i64) for name in ("num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim",
+                                          "intermediate", "block_size", "num_slots", "max_positions")]  # fmt: skip
+    _fields_ += [("eps", _f32), ("scale", _f32), ("layers", _ptr), ("final_norm", _ptr), ("cos_sin", _ptr)]
+
+
+@dataclass(frozen=True)
+class StackLayer:
+    """One decoder layer's tensors (fp32, contiguous): nn.Linear weights [out, in] with q, k, v stacked
+    in qkv and gate, up in gate_up; qkv_bias, q_norm, k_norm None where the architecture has none."""
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o_proj: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    k_cache: torch.Tensor  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor
+
+
+@dataclass(frozen=True)
+class StackShape:
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    scale: float
+
+
+class NativeDecodeStack:
+    """The compiled kernel, loaded once per instance (the build is cached on disk)."""
+
+    def __init__(self, use_sgemm: bool = True) -> None:
+        """use_sgemm: steps of more than gemv_rows rows through torch's sgemm where it is found."""
+        lib = load_library(SOURCE)
+        self._fn = lib.decode_stack_f32
+        self._fn.argtypes = [_ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64]
+        self._fn.restype = ctypes.c_int
+        self._fits = lib.decode_stack_supports
+        self._fits.argtypes = [_i64, _i64, _i64, _i64]
+        self._fits.restype = ctypes.c_int
+        lib.decode_stack_max_rows.argtypes = [ctypes.c_int]
+        self.sgemm: int | None = torch_sgemm() if use_sgemm else None
+        self.gemv_rows: int = lib.decode_stack_max_rows(0)  # on any number of threads
+        self.max_rows: int = lib.decode_stack_max_rows(int(self.sgemm is not None))  # past gemv_rows: one thread
+
+    def supports(self, shape: StackShape, block_size: int) -> bool:
+        """Whether the kernel was compiled for these head sizes (else run the layers op by op)."""
+        return bool(self._fits(shape.num_heads, shape.num_kv_heads, shape.head_dim, block_size))
+
+    def bind(self, shape: StackShape, layers: list[StackLayer], final_norm: torch.Tensor,
+             cos_sin: torch.Tensor) -> BoundDecodeStack:  # fmt: skip
+        """A callable stack over these tensors. Raises ValueError naming the first tensor that is not
+        fp32, contiguous and shaped for `shape` (callers check eligibility first; this is the guard)."""
+        h, d, inter = shape.hidden, shape.head_dim, shape.intermediate
+        q, kv = shape.num_heads * d, shape.num_kv_heads * d
+        want = {"input_norm": (h,), "qkv": (q + 2 * kv, h), "qkv_bias": (q + 2 * kv,), "q_norm": (d,), "k_norm": (d,),
+                "o_proj": (h, q), "post_norm": (h,), "gate_up": (2 * inter, h), "down": (h, inter)}  # fmt: skip
+        cache = layers[0].k_cache.shape if layers else None
+        structs = (_Layer * len(layers))()
+        for i, layer in enumerate(layers):
+            for name, size in want.items():
+                _check(f"layer {i} {name}", getattr(layer, name), size, optional=name in ("qkv_bias", "q_norm", "k_norm"))
+            for name in ("k_cache", "v_cache"):
+                t = getattr(layer, name)
+                _check(f"layer {i} {name}", t, tuple(cache))
+                if t.shape[2:] != (shape.num_kv_heads, d):
+                    raise ValueError(f"layer {i} {name}: shape {tuple(t.shape)} has not [.., .., {shape.num_kv_heads}, {d}]")
+            structs[i] = _Layer(*(None if getattr(layer, f) is None else getattr(layer, f).data_ptr()
+                                  for f, _ in _Layer._fields_))  # fmt: skip
+        _check("final_norm", final_norm, (h,))
+        if not (cos_sin.dtype == torch.float32 and cos_sin.is_contiguous() and cos_sin.dim() == 2 and cos_sin.shape[1] == d):
+            raise ValueError(f"cos_sin must be a contiguous fp32 [max_positions, {d}] tensor")
+        if cache is not None and not self.supports(shape, cache[1]):
+            raise ValueError(f"the decode stack was not compiled for {shape.num_heads} heads of {d} floats, "
+                             f"{shape.num_kv_heads} KV heads and blocks of {cache[1]}")  # fmt: skip
+        model = _Model(len(layers), h, shape.num_heads, shape.num_kv_heads, d, inter, cache[1] if cache else 1,
+                       cache[0] * cache[1] if cache else 0, cos_sin.shape[0], shape.eps, shape.scale,
+                       ctypes.cast(structs, _ptr), final_norm.data_ptr(), cos_sin.data_ptr())  # fmt: skip
+        keep = (layers, final_norm, cos_sin, structs)
+        return BoundDecodeStack(self._fn, model, keep, h, self.sgemm, self.gemv_rows, self.max_rows)
+
+
+class BoundDecodeStack:
+    """A model's tensors bound to the kernel; call it once per decode step."""
+
+    def __init__(self, fn, model: _Model, keep: tuple, hidden: int, sgemm: int | None, gemv_rows: int,
+                 max_rows: int) -> None:  # fmt: skip
+        self._fn, self._model, self._keep = fn, model, keep  # keep: the tensors the pointers point into
+        self._model_ptr = ctypes.addressof(model)
+        self._sgemm = sgemm
+        self.hidden, self.gemv_rows, self.max_rows = hidden, gemv_rows, max_rows
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
+                 context_lens: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """x [rows, hidden] fp32 contiguous (the embeddings; 1 <= rows <= max_rows), positions and slots
+        int64 [rows] contiguous, block_tables int32 [rows, W] with dense rows, context_lens int32 [rows]
+        contiguous -> the final-normed hidden states [rows, hidden]. The caller guarantees the layouts
+        (the engine checks them once per step); values are range-checked in C (IndexError). Past
+        gemv_rows rows the call runs on one thread whatever torch.get_num_threads() says."""
+        rows = x.shape[0]
+        if not 0 < rows <= self.max_rows:
+            raise ValueError(f"the decode stack takes 1 to {self.max_rows} rows, not {rows}; run the layers op by op")
+        out = torch.empty(rows, self.hidden, dtype=torch.float32)
+        status = self._fn(self._model_ptr, self._sgemm, x.data_ptr(), rows, positions.data_ptr(), slots.data_ptr(),
+                          block_tables.data_ptr(), block_tables.stride(0), context_lens.data_ptr(), out.data_ptr(),
+                          torch.get_num_threads())  # fmt: skip
+        if status == -2:
+            raise MemoryError("decode_stack_f32 could not allocate its activations")
+        if status:
+            raise IndexError("decode_stack_f32 refused the step: a position, slot or context length out of range")
+        return out
+
+
+def _check(name: str, t: torch.Tensor | None, shape: tuple, optional: bool = False) -> None:
+    if t is None and optional:
+        return
+    if t is None or t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or tuple(t.shape) != shape:
+        got = "None" if t is None else f"{t.dtype} {tuple(t.shape)} on {t.device}, contiguous={t.is_contiguous()}"
+        raise ValueError(f"{name} must be a contiguous fp32 CPU tensor of shape {shape}, got {got}")

@@ -1,0 +1,57 @@
+/* gemv_f32: an nn.Linear on a few rows of activations (y = x W^T + bias, M <= GEMV_MAX_ROWS), the
+ * weight streamed once (gemv.h); output rows split over num_threads pthreads when W is large enough
+ * to pay for them. Built by kernels/cpu/build.py with -O3 -march=native.
+ */
+#include <stdint.h>
+
+#include "gemv.h"
+#include "threads.h"
+
+#define MIN_WEIGHTS_PER_THREAD (1 << 18) /* 1 MB of fp32 weights: below this a thread costs more than it saves */
+
+typedef struct {
+    const float *w, *bias, *x;
+    float *y;
+    int64_t K, xs, M, ys, lo, hi;
+} GemvTask;
+
+static void *gemv_task(void *arg) {
+    const GemvTask *t = (const GemvTask *)arg;
+    gemv_rows(t->w, t->bias, t->K, t->x, t->xs, t->M, t->y, t->ys, t->lo, t->hi);
+    return 0;
+}
+
+int gemv_max_rows(void) { return GEMV_MAX_ROWS; }
+
+/* y [M, N] (row stride ys) = x [M, K] (row stride xs) . w [N, K]^T (+ bias [N], or 0); returns 0, or
+ * -1 (nothing done) when M is outside 1..GEMV_MAX_ROWS. */
+int gemv_f32(const float *w, const float *bias, int64_t N, int64_t K, const float *x, int64_t xs, int64_t M, float *y,
+             int64_t ys, int64_t num_threads) {
+    if (M < 1 || M > GEMV_MAX_ROWS) return -1;
+    const int64_t n = threads_for(N * K, MIN_WEIGHTS_PER_THREAD, num_threads);
+    GemvTask tasks[MAX_THREADS];
+    for (int64_t i = 0; i < n; i++) {
+        /* split on multiples of 4 rows, so every thread runs whole tiles */
+        const int64_t lo = N * i / n / 4 * 4, hi = i + 1 == n ? N : N * (i + 1) / n / 4 * 4;
+        tasks[i] = (GemvTask){w, bias, x, y, K, xs, M, ys, lo, hi};
+    }
+    run_tasks(gemv_task, tasks, sizeof(GemvTask), n);
+    return 0;
+}
+
+/* The sum of n floats, read once in order with 4 vector accumulators: the rate a single core streams
+ * memory at, the bound gemv_f32 is measured against (bench/step_overhead.py --batch1-medium). */
+float stream_read_f32(const float *a, int64_t n) {
+    vf s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    const int64_t nv = n - n % (4 * LANES);
+    int64_t i = 0;
+    for (; i < nv; i += 4 * LANES) {
+        s0 += load(a + i);
+        s1 += load(a + i + LANES);
+        s2 += load(a + i + 2 * LANES);
+        s3 += load(a + i + 3 * LANES);
+    }
+    float tail = 0.0f;
+    for (; i < n; i++) tail += a[i];
+    return hsum(s0 + s1 + s2 + s3) + tail;
+}

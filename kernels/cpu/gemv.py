@@ -1,0 +1,63 @@
+"""nn.Linear for a few rows of activations in C on the CPU (decode at small batches): y = x W^T + b.
+
+At M <= 8 rows a linear layer is a stream over its weight; the C kernel (gemv.h) reads it once with
+all M rows in registers and prefetches ahead in each weight row. Same result as F.linear to fp32
+rounding (a different summation order). Larger M belongs to torch's GEMM, which is compute-bound there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from kernels.cpu.build import load_library
+
+SOURCE = Path(__file__).with_suffix(".c")
+
+_ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
+
+
+class NativeGemv:
+    """The compiled kernel, loaded once per instance (the build is cached on disk)."""
+
+    def __init__(self) -> None:
+        lib = load_library(SOURCE)
+        self._fn = lib.gemv_f32
+        self._fn.argtypes = [_ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64, _i64]
+        self._fn.restype = ctypes.c_int
+        self.max_rows: int = lib.gemv_max_rows()
+        self._read = lib.stream_read_f32
+        self._read.argtypes, self._read.restype = [_ptr, _i64], ctypes.c_float
+
+    def supports(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+        """x [M, K] fp32 CPU rows (last dim dense) with 1 <= M <= max_rows, a contiguous fp32 weight
+        [N, K] and a contiguous fp32 bias [N] or None."""
+        return (
+            x.device.type == weight.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
+            and x.dim() == 2 and x.stride(1) == 1 and 1 <= x.shape[0] <= self.max_rows
+            and weight.dim() == 2 and weight.is_contiguous() and weight.shape[1] == x.shape[1]
+            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()
+                                  and bias.shape == (weight.shape[0],)))
+        )  # fmt: skip
+
+    def __call__(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, checked: bool = False
+    ) -> torch.Tensor | None:
+        """F.linear(x, weight, bias) -> [M, N] fp32; None (nothing done) unless supports(x, weight,
+        bias). checked=True: the caller has seen supports hold for tensors of these shapes and dtypes."""
+        if not checked and not self.supports(x, weight, bias):
+            return None
+        rows, k = x.shape
+        n = weight.shape[0]
+        out = torch.empty(rows, n, dtype=torch.float32)
+        self._fn(weight.data_ptr(), None if bias is None else bias.data_ptr(), n, k, x.data_ptr(), x.stride(0), rows,
+                 out.data_ptr(), n, torch.get_num_threads())  # fmt: skip
+        return out
+
+    def stream_read(self, t: torch.Tensor) -> float:
+        """Reads a contiguous fp32 CPU tensor once in order (its sum): what a GEMV over it cannot beat."""
+        if not (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()):
+            raise ValueError("stream_read takes a contiguous fp32 CPU tensor")
+        return float(self._read(t.data_ptr(), t.numel()))

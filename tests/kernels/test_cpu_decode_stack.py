@@ -1,0 +1,147 @@
+"""The C decode stack (kernels/cpu/decode_stack.c) against the same layers run op by op with the torch
+references: its output and the K/V it stores, over GQA groups, head sizes 16 to 128, qkv bias and
+q/k norms, widths with vector tails; the same floats with 1, 2 or 3 threads; what it refuses."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from kernel_cases import assert_close, randn
+from paged_cases import block_tables_for, random_cache
+
+from kernels import reference
+from kernels.cpu.decode_stack import NativeDecodeStack, StackLayer, StackShape
+from worker.engine.models.rotary import cos_sin_cache
+
+EPS = 1e-6
+
+
+@pytest.fixture(scope="module")
+def native() -> NativeDecodeStack:
+    return NativeDecodeStack()
+
+
+def _layers(shape: StackShape, num_layers: int, bias: bool, qk_norm: bool, caches) -> list[StackLayer]:
+    h, d, inter = shape.hidden, shape.head_dim, shape.intermediate
+    nq = (shape.num_heads + 2 * shape.num_kv_heads) * d
+    s = 0.5 / h**0.5  # weights scaled so activations stay O(1) through the layers
+    return [
+        StackLayer(1 + 0.1 * randn(h), randn(nq, h, scale=s), randn(nq, scale=0.1) if bias else None,
+                   1 + 0.1 * randn(d) if qk_norm else None, 1 + 0.1 * randn(d) if qk_norm else None,
+                   randn(h, shape.num_heads * d, scale=s), 1 + 0.1 * randn(h), randn(2 * inter, h, scale=s),
+                   randn(h, inter, scale=0.5 / inter**0.5), k, v)  # fmt: skip
+        for k, v in caches[:num_layers]
+    ]
+
+
+def _reference(shape: StackShape, layers, final_norm, cos_sin, x, positions, slots, tables, lens) -> torch.Tensor:
+    """The op-by-op path (models/decoder.py) over the torch references."""
+    rows, d = x.shape[0], shape.head_dim
+    q_size, kv_size = shape.num_heads * d, shape.num_kv_heads * d
+    h, residual = x, None
+    for layer in layers:
+        normed, residual = reference.rms_norm(h, layer.input_norm, EPS, residual)
+        q, k, v = F.linear(normed, layer.qkv, layer.qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
+        q, k, v = (t.reshape(rows, -1, d) for t in (q, k, v))
+        if layer.q_norm is not None:
+            q = reference.rms_norm(q.reshape(-1, d), layer.q_norm, EPS)[0].view(rows, -1, d)
+            k = reference.rms_norm(k.reshape(-1, d), layer.k_norm, EPS)[0].view(rows, -1, d)
+        q, k = q.contiguous(), k.contiguous()
+        reference.apply_rotary(q, k, positions, cos_sin)
+        reference.store_kv_cache(k, v, layer.k_cache, layer.v_cache, slots)
+        out = reference.paged_decode_attention(q, layer.k_cache, layer.v_cache, tables, lens, shape.scale)
+        normed, residual = reference.rms_norm(F.linear(out.reshape(rows, -1), layer.o_proj), layer.post_norm, EPS,
+                                              residual)  # fmt: skip
+        h = F.linear(reference.silu_mul(F.linear(normed, layer.gate_up)), layer.down)
+    return reference.rms_norm(h, final_norm, EPS, residual)[0]
+
+
+def _case(hidden, heads, kv_heads, head_dim, inter, block_size, lens, bias=False, qk_norm=False, layers=2):
+    shape = StackShape(hidden, heads, kv_heads, head_dim, inter, EPS, head_dim**-0.5)
+    num_blocks = sum(-(-n // block_size) for n in lens) + 4
+    caches = [random_cache(num_blocks, block_size, kv_heads, head_dim, torch.float32) for _ in range(layers)]
+    stack_layers = _layers(shape, layers, bias, qk_norm, caches)
+    tables = block_tables_for(lens, block_size, num_blocks)
+    cl = torch.tensor(lens, dtype=torch.int32)
+    positions = cl.long() - 1
+    slots = tables[torch.arange(len(lens)), positions // block_size].long() * block_size + positions % block_size
+    return shape, stack_layers, 1 + 0.1 * randn(hidden), cos_sin_cache(head_dim, 512, 10000.0, None), \
+        randn(len(lens), hidden), positions, slots, tables, cl  # fmt: skip
+
+
+def _copy_caches(layers: list[StackLayer]) -> list[StackLayer]:
+    return [StackLayer(*[t.clone() if name.endswith("cache") else t for name, t in vars(layer).items()])
+            for layer in layers]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("hidden", "heads", "kv_heads", "head_dim", "inter", "block_size", "lens", "bias", "qk_norm"),
+    [
+        (64, 4, 2, 16, 128, 16, [1, 17, 40], False, False),  # the engine tests' shape
+        (256, 4, 1, 64, 200, 16, [90], True, False),  # one row, a GQA group of 4, qkv bias
+        (256, 2, 2, 128, 96, 8, [5, 9, 1, 12, 30, 64, 2, 33], False, True),  # 8 rows, head_dim 128, q/k norms
+        (72, 4, 2, 16, 40, 4, [3, 19], True, True),  # widths with vector tails (72, 40)
+    ],
+)
+def test_matches_the_layers_op_by_op(native, hidden, heads, kv_heads, head_dim, inter, block_size, lens, bias,
+                                     qk_norm) -> None:  # fmt: skip
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(
+        hidden, heads, kv_heads, head_dim, inter, block_size, lens, bias, qk_norm
+    )
+    slots[0] = -1  # a row whose K/V is already cached (a recomputed prompt token): not stored
+    ref_layers = _copy_caches(layers)
+    want = _reference(shape, ref_layers, final_norm, cos_sin, x, positions, slots, tables, cl)
+    got = native.bind(shape, layers, final_norm, cos_sin)(x, positions, slots, tables, cl)
+    assert_close(got, want, atol=2e-4, rtol=1e-4)
+    for mine, theirs in zip(layers, ref_layers, strict=True):
+        assert_close(mine.k_cache, theirs.k_cache, atol=2e-4, rtol=1e-4)  # the stored (rotated) keys
+        assert_close(mine.v_cache, theirs.v_cache, atol=2e-4, rtol=1e-4)
+
+
+def test_many_rows_through_torchs_sgemm(native) -> None:
+    """Past 15 rows the matmuls are torch's sgemm (the same floats as F.linear); without it the stack
+    takes at most 15 rows."""
+    assert native.sgemm is not None and native.max_rows > 15
+    lens = [1 + (7 * i) % 50 for i in range(40)]
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(64, 4, 2, 16, 128, 16, lens, True, True)
+    want = _reference(shape, _copy_caches(layers), final_norm, cos_sin, x, positions, slots, tables, cl)
+    got = native.bind(shape, layers, final_norm, cos_sin)(x, positions, slots, tables, cl)
+    assert_close(got, want, atol=2e-4, rtol=1e-4)
+    gemv_only = NativeDecodeStack(use_sgemm=False)
+    assert gemv_only.max_rows == gemv_only.gemv_rows == 15
+    with pytest.raises(ValueError, match="rows"):
+        gemv_only.bind(shape, layers, final_norm, cos_sin)(x, positions, slots, tables, cl)
+
+
+def test_threads_give_the_same_floats(native) -> None:
+    case = _case(512, 8, 4, 64, 1536, 16, [37, 5, 90], bias=True, layers=3)
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = case
+    before = torch.get_num_threads()
+    outs, caches = [], []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            mine = _copy_caches(layers)
+            outs.append(native.bind(shape, mine, final_norm, cos_sin)(x, positions, slots, tables, cl))
+            caches.append(torch.cat([torch.stack([layer.k_cache, layer.v_cache]) for layer in mine]))
+    finally:
+        torch.set_num_threads(before)
+    want = _reference(shape, _copy_caches(layers), final_norm, cos_sin, x, positions, slots, tables, cl)
+    assert_close(outs[0], want, atol=2e-4, rtol=1e-4)
+    for out, cache in zip(outs[1:], caches[1:], strict=True):
+        assert torch.equal(out, outs[0]) and torch.equal(cache, caches[0])
+
+
+def test_refuses_what_it_does_not_fit(native) -> None:
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(64, 4, 2, 16, 128, 16, [3, 4])
+    stack = native.bind(shape, layers, final_norm, cos_sin)
+    with pytest.raises(IndexError):  # a position past the rotary table
+        stack(x, positions + 600, slots, tables, cl)
+    with pytest.raises(IndexError):  # a slot past the cache
+        stack(x, positions, slots + 10_000, tables, cl)
+    with pytest.raises(ValueError, match="rows"):
+        stack(randn(native.max_rows + 1, 64), positions.repeat(5)[:9], slots.repeat(5)[:9], tables, cl)
+    for head_dim in (20, 24):  # no compiled attention for these head sizes: the layers run op by op
+        assert not native.supports(StackShape(64, 4, 2, head_dim, 128, EPS, 1.0), 16)
+    bad = StackLayer(*[t.double() if name == "down" else t for name, t in vars(layers[0]).items()])
+    with pytest.raises(ValueError, match="layer 0 down"):
+        native.bind(shape, [bad], final_norm, cos_sin)

@@ -1,0 +1,117 @@
+"""ModelDecodeStack: a CausalLM's decoder layers bound to the C decode stack (kernels/cpu/decode_stack).
+
+A pure decode step then runs its whole layer stack in one C call: the step's ~12 ops a layer
+(norms, qkv, rotary + K/V store, attention, o_proj, gate_up, SiLU * up, down) without Python or
+torch's dispatch between them. Up to 15 rows the matmuls are GEMVs streaming the weights once (on
+torch's thread count); more rows take torch's own sgemm and run on one thread, so they go through
+the stack only when torch runs one thread (with more, the op-by-op path threads attention too).
+Everything else runs the layers op by op as before: a prefill chunk in the step, hooks on a
+projection, or rows that all share leading blocks (the op-by-op attention reads a shared prefix
+once for the whole batch, the stack once per row).
+
+Which models take it (checked once, when the engine binds it; `ineligible` says why not): every
+projection a plain fp32 nn.Linear (quantized or replaced modules run op by op), no bias but the
+optional qkv bias (Qwen2), fp32 norms (Qwen3's q/k norms included), fp32 contiguous KV caches, head
+sizes the C attention kernel was compiled for. The pointers are taken at bind time: the engine never
+swaps weights after loading; a caller that does must bind again (`model.decode_stack =
+backend.decode_stack(model, kv_caches)`) or set it to None.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.cpu.decode_stack import BoundDecodeStack, NativeDecodeStack, StackLayer, StackShape
+from kernels.reference.attention import decode_shared_blocks
+from worker.engine.backends.base import AttentionMetadata
+
+
+def ineligible(model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+               native: NativeDecodeStack) -> str | None:  # fmt: skip
+    """Why this model cannot run through the decode stack, or None when it can."""
+    cfg = model.cfg
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) or name.endswith(("_proj", "lm_head")):
+            if type(module) is not nn.Linear:
+                return f"{name} is a {type(module).__name__}, not a plain nn.Linear (quantized?)"
+            if module.weight.dtype != torch.float32:
+                return f"{name} holds {module.weight.dtype} weights (the stack is fp32)"
+            if module.bias is not None and not name.endswith("qkv_proj"):
+                return f"{name} has a bias"
+    for param in model.parameters():
+        if param.dtype != torch.float32 or param.device.type != "cpu":
+            return f"a parameter is {param.dtype} on {param.device} (the stack is fp32 on the CPU)"
+    for k, v in kv_caches:
+        if k.dtype != torch.float32 or not (k.is_contiguous() and v.is_contiguous()):
+            return "the KV cache is not contiguous fp32"
+    shape = _shape(model)
+    if not native.supports(shape, kv_caches[0][0].shape[1]):
+        return f"no compiled attention for {cfg.num_heads} heads of {cfg.head_dim} over {cfg.num_kv_heads} KV heads"
+    return None
+
+
+def _shape(model: nn.Module) -> StackShape:
+    cfg = model.cfg
+    return StackShape(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
+                      cfg.rms_norm_eps, cfg.head_dim**-0.5)  # fmt: skip
+
+
+class ModelDecodeStack:
+    """Call `takes` then the instance (CausalLM.forward does, for every step)."""
+
+    def __init__(self, model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                 native: NativeDecodeStack) -> None:  # fmt: skip
+        """Binds the model's tensors (see the module docstring; check `ineligible` first)."""
+        body = model.model
+        layers = []
+        for layer, (k_cache, v_cache) in zip(body.layers, kv_caches, strict=True):
+            attn, mlp = layer.self_attn, layer.mlp
+            qk_norm = model.cfg.qk_norm
+            layers.append(StackLayer(
+                layer.input_layernorm.weight.detach(), attn.qkv_proj.weight.detach(), _detach(attn.qkv_proj.bias),
+                attn.q_norm.weight.detach() if qk_norm else None, attn.k_norm.weight.detach() if qk_norm else None,
+                attn.o_proj.weight.detach(), layer.post_attention_layernorm.weight.detach(),
+                mlp.gate_up_proj.weight.detach(), mlp.down_proj.weight.detach(), k_cache, v_cache,
+            ))  # fmt: skip
+        self._stack: BoundDecodeStack = native.bind(_shape(model), layers, body.norm.weight.detach(), model.cos_sin)
+        self._embed = body.embed_tokens.weight
+        self._kv_caches = kv_caches
+        # the modules the op-by-op path would call through Backend.project (hooks there must fire)
+        self._projections = [m for m in model.modules() if isinstance(m, nn.Linear)]
+        self._block_size = kv_caches[0][0].shape[1]
+        self.gemv_rows, self.max_rows = self._stack.gemv_rows, self._stack.max_rows
+
+    def takes(self, input_ids: torch.Tensor, meta: AttentionMetadata,
+              kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:  # fmt: skip
+        """A pure decode step over the bound caches (1..gemv_rows rows, or up to max_rows on one
+        thread), with inputs laid out as the kernel reads them, no forward hook on any projection and
+        no prefix shared by every row (see the module docstring)."""
+        rows = input_ids.shape[0]
+        if not (0 < rows <= self.max_rows and meta.num_prefill_tokens == 0 and meta.output_rows is None
+                and kv_caches is self._kv_caches):  # fmt: skip
+            return False
+        if rows > self.gemv_rows and torch.get_num_threads() != 1:
+            return False
+        tables, lens, slots = meta.decode_block_tables, meta.decode_context_lens, meta.slot_mapping
+        if not (tables.dtype == lens.dtype == torch.int32 and tables.stride(1) == 1 and lens.is_contiguous()
+                and slots.dtype == torch.int64 and slots.is_contiguous()):  # fmt: skip
+            return False
+        if any(m._forward_hooks or m._forward_pre_hooks for m in self._projections):
+            return False
+        if rows > 1 and tables.device.type == "cpu":
+            first = tables[:, 0].numpy()
+            if (first == first[0]).all() and decode_shared_blocks(tables, lens.tolist(), self._block_size):
+                return False  # a shared prefix: the op-by-op cascade reads it once
+        return True
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The final-normed hidden states [rows, hidden] (what the layer loop and the final norm give)."""
+        x = F.embedding(input_ids, self._embed)
+        return self._stack(x, positions.to(torch.int64).contiguous(), meta.slot_mapping, meta.decode_block_tables,
+                           meta.decode_context_lens)  # fmt: skip
+
+
+def _detach(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach()
