@@ -136,6 +136,8 @@ def _submit(redis_url: str, inp: Path, model: Path, out: Path, shard_rows: int, 
 def _wait_success(out: Path, timeout: float) -> float:
     deadline = time.monotonic() + timeout
     while not (out / "_SUCCESS").exists():
+        if (out / "failures.json").exists():  # a shard failed for good: the job will never succeed
+            raise SystemExit(f"the job in {out} failed: {(out / 'failures.json').read_text()}")
         if time.monotonic() > deadline:
             raise SystemExit(f"the job in {out} did not finish within {timeout:.0f} s")
         time.sleep(0.5)

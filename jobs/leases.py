@@ -195,6 +195,9 @@ class LeaseReaper:
         if job_shard is not None:
             try:
                 self._live.transition(job_shard[0], job_shard[1], "queued")
+                # its attempt died with its worker (a lost machine), not because of the shard: the
+                # next attempt counts it against the node-loss budget, not as a crash (worker/outcomes)
+                self._live.count_node_loss(job_shard[0], job_shard[1])
             except redis.RedisError as exc:  # the message is back; the count catches up on its next start
                 log.warning("lease.state_not_updated", error=str(exc))
         restored = RestoredMessage(

@@ -149,7 +149,7 @@ class LiveState:
             mapping={"output": output, "queue": queue, "model": model, "submitted_at": time.time(),
                      "priority": priority},
         )
-        for kind in ("attempts", "strikes", "started", "meta"):
+        for kind in ("attempts", "strikes", "nodelost", "started", "meta"):
             pipe.persist(aux_key(kind, job_id))  # a resubmitted job is live again
         pipe.sadd(JOBS_KEY, job_id)
         pipe.sadd(QUEUES_KEY, queue)
@@ -238,7 +238,15 @@ class LiveState:
 
     def reset_strikes(self, job_id: str) -> None:
         """A resubmit gives failed shards a fresh budget (attempt numbers keep counting up)."""
-        self.client.delete(aux_key("strikes", job_id))
+        self.client.delete(aux_key("strikes", job_id), aux_key("nodelost", job_id))
+
+    def count_node_loss(self, job_id: str, shard: int) -> None:
+        """An attempt of `shard` was lost with its whole worker (the lease reaper restored it)."""
+        self.client.hincrby(aux_key("nodelost", job_id), str(shard), 1)
+
+    def node_losses(self, job_id: str, shard: int) -> int:
+        """Attempts of `shard` lost with their whole worker (count_node_loss)."""
+        return int(self.client.hget(aux_key("nodelost", job_id), str(shard)) or 0)
 
     def attempts(self, job_id: str) -> dict[int, int]:
         return {int(k): int(v) for k, v in self.client.hgetall(aux_key("attempts", job_id)).items()}

@@ -18,7 +18,9 @@ minute, per second: both count completion tokens, so the autoscaler can divide o
 Keys of LiveState only (other prefixes, so a SCAN of `freight:job:*` meets only job hashes):
 `freight:jobs` (SET of job ids), `freight:shards:<job>` (HASH shard -> queued|running|committed|
 failed|cancelled), `freight:est:<job>` (HASH shard -> estimated tokens), `freight:attempts:<job>` and
-`freight:strikes:<job>` (HASH shard -> count), `freight:started:<job>` (HASH shard -> JSON of the
+`freight:strikes:<job>` (HASH shard -> count), `freight:nodelost:<job>` (HASH shard -> attempts lost
+with their whole worker: the lease reaper restored their message because the worker's main process
+stopped beating; a machine loss, not evidence against the shard), `freight:started:<job>` (HASH shard -> JSON of the
 last attempt's start; dropped when that attempt raised and was billed as an error, so only a start
 whose attempt vanished is left for the next attempt to bill as lost), `freight:cancel:<job>` (flag),
 `freight:meta:<job>` (HASH output, queue, model, submitted_at, priority).
@@ -51,7 +53,7 @@ WORKER_GONE_AFTER_S = 60.0  # a worker whose heartbeat is older than this counts
 SHARD_STATES = ("queued", "running", "committed", "failed", "cancelled")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINISHED_JOB_STATES = frozenset({"succeeded", "failed", "cancelled"})
-AUX_KINDS = ("shards", "est", "attempts", "strikes", "started", "cancel", "meta", "orphans")
+AUX_KINDS = ("shards", "est", "attempts", "strikes", "nodelost", "started", "cancel", "meta", "orphans")
 JOB_TTL_S = 7 * 24 * 3600  # finished jobs' keys expire after a week
 
 

@@ -30,6 +30,10 @@ class Settings(BaseSettings):
         "worker's shards come back after 60 s without its beat); running shards renew it"
     )
     max_shard_attempts: int = Field(3, ge=1, le=100, description="attempts that crash before a shard fails")
+    max_shard_node_losses: int = Field(
+        10, ge=1, le=1000, description="attempts lost with their whole worker (machine gone, no notice) "
+        "before a shard fails; a shard that takes its machine down every time is poison too"
+    )
     spot_poll_s: float = Field(5.0, gt=0, description="seconds between instance-metadata polls")
     metrics_port: int = Field(9450, ge=0, le=65535, description="Prometheus port of a worker; 0 = off")
     heartbeat_s: float = Field(10.0, gt=0, description="seconds between worker heartbeats in Redis")

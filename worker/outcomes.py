@@ -24,11 +24,29 @@ from worker.shard import default_pricing
 log = get_logger(__name__)
 
 
-def poison_reason(died: int) -> str:
-    return (
-        f"{died} attempts ended without a result or an error: the worker process died on this shard "
-        "each time (killed, out of memory, or crashed). Inspect its rows, then resubmit to retry it."
-    )
+def poison_verdict(strikes: int, node_losses: int, max_crashes: int, max_node_losses: int) -> str | None:
+    """Why a shard fails for good before this attempt runs, or None to run it.
+
+    strikes: the shard's attempts that have not ended cleanly, this one included
+    (LiveState.begin_attempt); node_losses: how many attempts the lease reaper restored because
+    their whole worker stopped beating (a lost machine: spot loss without notice, a host crash).
+    The other unclean attempts died in a worker that lived on (its deadline killed them, out of
+    memory, a crash): evidence against the shard, so `max_crashes` of them make it poison. A lost
+    machine says little about the shard, so those count against the larger `max_node_losses`
+    (a shard that takes its machine down every time must still end).
+    """
+    crashed = max(0, strikes - 1 - node_losses)  # earlier attempts only
+    if crashed >= max_crashes:
+        return (
+            f"{crashed} attempts ended without a result or an error: the worker process died on this "
+            "shard each time (killed, out of memory, or crashed). Inspect its rows, then resubmit to retry it."
+        )
+    if node_losses >= max_node_losses:
+        return (
+            f"{node_losses} attempts were lost with their worker (the machine stopped without a notice "
+            "each time). Check the fleet's instances and this shard's rows, then resubmit to retry it."
+        )
+    return None
 
 
 def mark_failed(rt: ProcessRuntime, store: ObjectStore, manifest: Manifest, shard: int, attempt: int,

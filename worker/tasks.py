@@ -38,7 +38,7 @@ from worker.local import load_engine
 from worker.outcomes import (
     finish_if_done,
     mark_failed,
-    poison_reason,
+    poison_verdict,
     record_failed_attempt,
     record_lost_attempt,
 )
@@ -137,7 +137,7 @@ def _after_error(
         store = open_store(output, rt.settings)
         manifest = read_manifest(store)
         record_failed_attempt(rt, store, manifest, shard, attempt, entered)
-        if strikes >= rt.settings.max_shard_attempts:
+        if strikes - rt.live.node_losses(job_id, shard) >= rt.settings.max_shard_attempts:
             mark_failed(rt, store, manifest, shard, attempt, f"{type(exc).__name__}: {exc}")
             finish_if_done(rt, store, manifest, app)
             return {"status": "failed"}
@@ -147,6 +147,12 @@ def _after_error(
         rt.live.transition(job_id, shard, "queued")
     time.sleep(min(ERROR_BACKOFF_CAP_S, 2.0**strikes))  # a transient cause may pass
     raise Reject(f"attempt {attempt} failed: {exc}", requeue=True) from exc
+
+
+def _poison(rt: ProcessRuntime, job_id: str, shard: int, strikes: int) -> str | None:
+    """worker.outcomes.poison_verdict with this job's node-loss count and the settings' limits."""
+    s = rt.settings
+    return poison_verdict(strikes, rt.live.node_losses(job_id, shard), s.max_shard_attempts, s.max_shard_node_losses)
 
 
 def _run(
@@ -185,8 +191,8 @@ def _run(
     elif rt.live.is_cancelled(job_id) or is_cancelled_in_store(store):
         rt.live.transition(job_id, shard, "cancelled")
         skip = "cancelled"
-    elif strikes > rt.settings.max_shard_attempts:
-        mark_failed(rt, store, manifest, shard, attempt, poison_reason(strikes - 1))
+    elif strikes > 1 and (poison := _poison(rt, job_id, shard, strikes)) is not None:
+        mark_failed(rt, store, manifest, shard, attempt, poison)
         skip = "failed"
     if skip is not None:
         rt.live.end_attempt_clean(job_id, shard)

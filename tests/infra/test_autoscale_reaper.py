@@ -57,4 +57,6 @@ def test_tick_restores_a_vanished_workers_shard_and_counts_unacked_as_demand(red
         restored = json.loads(rdb.lindex(queue, 0))
         assert restored["headers"]["redelivered"] is True and restored["headers"]["id"] == message.headers["id"]
         assert rdb.hget("freight:shards:00000000000000aa", "0") == "queued"
+        # the attempt was lost with its worker: counted as a node loss, not as a crash of the shard
+        assert rdb.hget("freight:nodelost:00000000000000aa", "0") == "1"
     assert _group()["DesiredCapacity"] == 1
