@@ -100,7 +100,12 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
         watch.stop()
         keeper.stop()
 
+    def _received(request: Any = None, **_: Any) -> None:  # main process, as the consumer takes a message
+        message = getattr(request, "message", None)
+        keeper.poke(getattr(message, "delivery_tag", None))
+
     signals.worker_shutdown.connect(_stop, weak=False)
+    signals.task_received.connect(_received, weak=False)
 
 
 @signals.worker_shutting_down.connect

@@ -5,7 +5,9 @@ each start: `<celery hostname>/<pid>-<token>`, so a restarted worker never inher
 the one before), whether it serves every queue, the model to preload, the attempt slots the
 deadline watch reads, and the queues it consumes right now (kept by worker/queue_sync.py).
 
-`NodeKeeper`, a main-process thread, every `interval_s` (min(FREIGHT_HEARTBEAT_S, visibility / 4)):
+`NodeKeeper`, a main-process thread, every `interval_s` (min(FREIGHT_HEARTBEAT_S, visibility / 4)),
+and at once when the worker receives a message (`poke`, from Celery's task_received), so a delivered
+shard names its holder within milliseconds rather than up to a beat later:
 1. beats `freight:nodes` (the node's queues, for `freight status` and the reaper);
 2. renews the leases of the messages this node holds: kombu's `unacked_index` score and the
    `freight:leases` holder, so a running shard is never restored while its node lives;
@@ -72,11 +74,20 @@ class NodeKeeper:
         self.interval_s = max(0.2, min(settings.heartbeat_s, settings.visibility_timeout_s / 4))
         self._next_reconcile = time.monotonic() + RECONCILE_S / 2
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._delivered: set[str] = set()  # tags poked since the last tick (maybe not yet "reserved")
         self._fleet = None
+
+    def poke(self, tag: str | None) -> None:
+        """Run the next tick now: the message `tag` was just delivered, record its lease."""
+        if tag is not None:
+            self._delivered.add(tag)
+        self._wake.set()
 
     def tick(self, now: float) -> None:
         beat_node(self.client, self.node.beat(now))
-        renew_leases(self.client, self.node.node_id, self.held_tags(), now)
+        delivered, self._delivered = self._delivered, set()
+        renew_leases(self.client, self.node.node_id, set(self.held_tags()) | delivered, now)
         self.reaper.reap(now)
         if time.monotonic() >= self._next_reconcile:
             self._next_reconcile = time.monotonic() + RECONCILE_S
@@ -101,7 +112,9 @@ class NodeKeeper:
                 log.warning("node_upkeep_failed", error=str(exc))
             except Exception:  # storage away during a reconcile, or a bug: the next tick tries again
                 log.exception("node_upkeep_error")
-            if self._stop.wait(self.interval_s):
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
                 return
 
     def start(self) -> NodeKeeper:
@@ -111,6 +124,7 @@ class NodeKeeper:
     def stop(self) -> None:
         """A clean exit: the node's entry goes (its unacked messages are restored by kombu)."""
         self._stop.set()
+        self._wake.set()
         try:
             forget_node(self.client, self.node.node_id)
         except redis.RedisError as exc:

@@ -38,3 +38,12 @@ def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from worker.demo_model import make_demo_model
 
     return Path(make_demo_model(tmp_path_factory.mktemp("demo") / "model")).resolve()
+
+
+@pytest.fixture(scope="session")
+def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The "small" demo checkpoint (~4M parameters), for tests that need a shard to run for seconds:
+    the engine runs the tiny one at well under a millisecond a step (2 x 1,000 tokens in ~0.2 s)."""
+    from worker.demo_model import make_demo_model
+
+    return Path(make_demo_model(tmp_path_factory.mktemp("small") / "model", size="small")).resolve()

@@ -1,6 +1,6 @@
 """Lost shards come back and live attempts are never billed as lost: real `freight worker` processes
 with freight's DEFAULT settings (heartbeats every 10 s, visibility timeout 300 s) on a private
-redis-server, the tiny demo model."""
+redis-server, the "small" demo model (shards of 3,000-token rows last seconds on any machine)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from jobs.storage import open_store
 
 
 @pytest.fixture()
-def fleet(redis_url: str, tmp_path: Path, demo_model: Path) -> Iterator[Fleet]:
-    f = Fleet(redis_url, tmp_path, demo_model, defaults=True)
+def fleet(redis_url: str, tmp_path: Path, small_model: Path) -> Iterator[Fleet]:
+    f = Fleet(redis_url, tmp_path, small_model, defaults=True)
     yield f
     f.stop()
 
@@ -40,10 +40,11 @@ def _running(fleet: Fleet, worker_id: str) -> WorkerBeat | None:
 
 
 def _long_job(fleet: Fleet, tmp_path: Path, rows: int, shard_rows: int) -> tuple[dict, Path]:
-    """Rows of 1,000 tokens each: a shard runs long enough to be caught mid-way on any machine."""
-    inp = make_input(tmp_path / "input.parquet", rows, max_tokens=(1000,))
+    """Rows of 3,000 tokens each on the small model: a shard runs for seconds, long enough to be
+    caught mid-way on any machine (a delivered message is leased at once: worker/node.py's poke)."""
+    inp = make_input(tmp_path / "input.parquet", rows, max_tokens=(3000,))
     out = tmp_path / "out"
-    return submit(fleet.env(), inp, fleet.model, out, shard_rows, max_tokens=1000), out
+    return submit(fleet.env(), inp, fleet.model, out, shard_rows, max_tokens=3000), out
 
 
 def _caught(fleet: Fleet, hostname: str) -> tuple[str, int] | None:
@@ -58,9 +59,7 @@ def _caught(fleet: Fleet, hostname: str) -> tuple[str, int] | None:
 
 
 def _kill_mid_shard(fleet: Fleet, tmp_path: Path) -> tuple[dict, Path, int, str, float]:
-    """Submit 8 long shards, let the victim lease one and run it, SIGKILL it (main + pool process).
-    Leases are recorded every 10 s (the default beat): with 8 shards in a row one is caught leased
-    however fast the machine runs them."""
+    """Submit 8 long shards, let the victim lease one and run it, SIGKILL it (main + pool process)."""
     victim = fleet.start("victim")
     sub, out = _long_job(fleet, tmp_path, 16, 2)
     tag, shard = wait_for(lambda: _caught(fleet, "victim@test"), 120, "the victim's lease on its shard")
