@@ -187,3 +187,21 @@ def test_parquet_sampling_columns_override_job_flags(tokenizer: Any, demo_model_
     assert reqs[2].error == "n 40: a row may ask for at most 16 choices (FREIGHT_MAX_N)"
     assert reqs[3].error == "top_logprobs 2: needs logprobs true (or null), not false"
     assert reqs[4].error == "presence_penalty 9.0: must be <= 2.0"
+
+
+def test_jobs_planned_before_bodies_were_kept_still_build_and_resume(tokenizer: Any, demo_model_dir: Path) -> None:
+    """An older JSONL manifest (prompt_kind messages, override columns) reads its file into the new
+    columns; an older partial row (no endpoint column) reads back with the plan's endpoint."""
+    from worker.shard_rows import ROW_COLUMN, default_endpoint, result_row
+
+    old = JSONL_PLAN.model_copy(
+        update={"prompt_column": "messages", "prompt_kind": "messages", "override_columns": ("max_tokens",)}
+    )
+    line = {"custom_id": "a", "body": {"messages": USER, "max_tokens": 3}}
+    table = read_batch("in.jsonl", (json.dumps(line) + "\n").encode()).table
+    (req,) = build_requests(table, [0], _spec(demo_model_dir), old, tokenizer, max_n=16)
+    assert req.error is None and req.endpoint == "chat" and sampling_params(req).max_tokens == 3
+    row = {ROW_COLUMN: 7, "id": "a", "completion": "x", "finish_reason": "stop", "prompt_tokens": 3,
+           "cached_tokens": 0, "completion_tokens": 1, "error": None}  # fmt: skip
+    res = result_row(row, default_endpoint(old))
+    assert res.row == 7 and res.endpoint == "/v1/chat/completions" and res.completions is None
