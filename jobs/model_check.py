@@ -32,11 +32,12 @@ DTYPE_BYTES = {
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-def check_model(model: str, settings: Settings | None = None) -> None:
+def check_model(model: str, settings: Settings | None = None) -> dict[str, Any]:
     """Raise ModelNotFoundError, one line naming what is missing or wrong, unless `model` (a folder
     or s3:// prefix) holds a checkpoint the engine can load: config.json of a supported architecture
     with its required keys, tokenizer.json, and safetensors weights whose headers are whole and agree
-    with the config. Reads config.json, the tokenizer files and each weight file's header."""
+    with the config. Reads config.json, the tokenizer files and each weight file's header. Returns
+    config.json's contents."""
     from worker.engine.models.architectures import config_problem  # torch-free: see its docstring
 
     store = open_store(model, settings)
@@ -48,6 +49,7 @@ def check_model(model: str, settings: Settings | None = None) -> None:
     _check_tokenizer(store, model)
     headers = {name: _header(store, model, name) for name in files}
     _check_against_config(model, config, headers)
+    return config
 
 
 def _config(store: ObjectStore, model: str) -> Any:

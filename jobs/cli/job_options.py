@@ -59,6 +59,34 @@ TemperatureOpt = Annotated[float, typer.Option(metavar="T", help="sampling tempe
 TopPOpt = Annotated[float, typer.Option(metavar="P", help="nucleus sampling mass in (0, 1]; 1 = off")]
 TopKOpt = Annotated[int, typer.Option(metavar="K", help="sample from the K likeliest tokens; 0 = off")]
 SeedOpt = Annotated[int, typer.Option(metavar="SEED", help="job seed; each row's seed is hash(seed, row id)")]
+# Sampling flags with vLLM's names and meanings; a row's column or JSONL body field of the same name
+# overrides each (README "Sampling").
+StopOpt = Annotated[
+    list[str] | None,
+    typer.Option(metavar="TEXT", help="stop string, cut from the text with what follows (repeat for more)"),
+]
+NOpt = Annotated[int, typer.Option("--n", metavar="N", help="choices per row (FREIGHT_MAX_N caps it)")]
+LogprobsOpt = Annotated[
+    int | None,
+    typer.Option(metavar="K", help="log-probabilities of each generated token and its K likeliest (0-20)"),
+]
+PresencePenaltyOpt = Annotated[
+    float, typer.Option(metavar="P", help="in [-2, 2]: lowers tokens already generated, once each")
+]
+FrequencyPenaltyOpt = Annotated[
+    float, typer.Option(metavar="P", help="in [-2, 2]: lowers tokens by how often they were generated")
+]
+RepetitionPenaltyOpt = Annotated[
+    float, typer.Option(metavar="P", help="> 0: divides the logits of prompt and generated tokens; 1 = off")
+]
+MinPOpt = Annotated[
+    float, typer.Option(metavar="P", help="drop tokens below P x the likeliest's probability; 0 = off")
+]
+MinTokensOpt = Annotated[int, typer.Option(metavar="N", help="tokens to generate before EOS may end a row")]
+LogitBiasOpt = Annotated[
+    str | None,
+    typer.Option(metavar="JSON", help='bias added to token logits, e.g. \'{"50256": -100}\' (token id: [-100, 100])'),
+]
 ShardRowsOpt = Annotated[int, typer.Option(metavar="N", help="rows per shard, about")]
 InstanceTypeOpt = Annotated[
     str,
@@ -174,6 +202,15 @@ def prepare_from_options(
     top_p: float,
     top_k: int,
     seed: int,
+    stop: list[str] | None = None,
+    n: int = 1,
+    logprobs: int | None = None,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    repetition_penalty: float = 1.0,
+    min_p: float = 0.0,
+    min_tokens: int = 0,
+    logit_bias: str | None = None,
     shard_rows: int,
     instance_type: str,
     market: str,
@@ -198,7 +235,20 @@ def prepare_from_options(
             id_column=id_column,
             continuation_column=continuation_column,
             sampling=SamplingSpec(
-                max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                seed=seed,
+                stop=tuple(stop or ()),
+                n=n,
+                logprobs=logprobs,
+                presence_penalty=presence_penalty,
+                frequency_penalty=frequency_penalty,
+                repetition_penalty=repetition_penalty,
+                min_p=min_p,
+                min_tokens=min_tokens,
+                logit_bias=logit_bias or (),
             ),
             shard_rows=shard_rows,
             instance_type=instance_type,
