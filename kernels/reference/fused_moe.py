@@ -46,15 +46,15 @@ def expert_order(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor
 
 def grouped_moe(
     x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
-    silu_mul: Callable[[torch.Tensor], torch.Tensor] = _silu_mul,
+    num_experts: int,
+    expert_mlp: Callable[[int, torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
-    """fused_moe with the activation passed in (a backend's fused SiLU * up kernel)."""
+    """fused_moe with each expert's MLP given as expert_mlp(e, rows [n, H]) -> [n, H] (called once per
+    expert that got tokens, on all of its rows): a backend's fused SiLU * up kernel, or quantized
+    expert projections, plug in here."""
     tokens, hidden = x.shape
-    num_experts, two_i, _ = w13.shape
     top_k = topk_ids.shape[1]
     out = torch.zeros_like(x)
     if tokens == 0:
@@ -66,16 +66,25 @@ def grouped_moe(
     start = 0
     for e, n in enumerate(counts):
         if n:
-            rows = slice(start, start + n)
-            act = silu_mul(torch.mm(xs[rows], w13[e].t()))  # [n, I]
-            torch.mm(act, w2[e].t(), out=ys[rows])
+            ys[start : start + n] = expert_mlp(e, xs[start : start + n])
             start += n
     ys.mul_(topk_weights.reshape(-1).index_select(0, order).unsqueeze(1).to(ys.dtype))
     return out.index_add_(0, token_of, ys)
+
+
+def swiglu_experts(
+    w13: torch.Tensor, w2: torch.Tensor, silu_mul: Callable[[torch.Tensor], torch.Tensor] = _silu_mul
+) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    """expert_mlp for stacked weights: rows -> w2[e] @ silu_mul(w13[e] @ rows), two matmuls."""
+
+    def mlp(e: int, rows: torch.Tensor) -> torch.Tensor:
+        return torch.mm(silu_mul(torch.mm(rows, w13[e].t())), w2[e].t())
+
+    return mlp
 
 
 def fused_moe(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
 ) -> torch.Tensor:
     """x [T, H] -> [T, H] (see the module docstring)."""
-    return grouped_moe(x, w13, w2, topk_weights, topk_ids)
+    return grouped_moe(x, topk_weights, topk_ids, w13.shape[0], swiglu_experts(w13, w2))

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from engine_oracle import VOCAB
 
-from worker.engine import Engine, EngineConfig
+from worker.engine import Engine, EngineConfig, SamplingParams
 from worker.engine.backends.cpu_decode_stack import ineligible
 from worker.engine.models import ModelConfig
 
@@ -121,3 +121,27 @@ def test_stacked_checkpoint_layout_loads(make_checkpoint, tmp_path) -> None:
     x = torch.randn(5, 64)
     torch.testing.assert_close(F.linear(x, engine.runner.model.model.layers[1].mlp.gate.weight),
                                ckpt.model.model.layers[1].mlp.gate(x)[0])  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["int8", "int4", "fp8"])
+@torch.no_grad()
+def test_on_the_fly_quantization_covers_experts(make_checkpoint, method: str) -> None:
+    """Every expert projection becomes the quantized module a dense projection gets; the quantized
+    block stays close to the fp32 one (the router stays fp32: same experts for clear-cut tokens)."""
+    from worker.engine.quant.fp8 import Fp8Linear
+    from worker.engine.quant.linear import Int4Linear, Int8Linear
+
+    kinds = {"int8": Int8Linear, "int4": Int4Linear, "fp8": Fp8Linear}
+    ckpt = make_checkpoint("mixtral")
+    engine = Engine.from_pretrained(ckpt.path, EngineConfig(kv_cache_bytes=1 << 20, quantization=method))
+    block = engine.runner.model.model.layers[0].mlp
+    assert block.experts.gate_up_proj is None and len(block.experts.quantized) == 16
+    assert all(type(m) is kinds[method] for m in block.experts.quantized)
+    assert block.gate.weight.dtype == torch.float32
+    hf_block = ckpt.model.model.layers[0].mlp
+    x = torch.randn(64, 64)
+    want = hf_block(x[None])[0]
+    err = (block.forward(x) - want).norm() / want.norm()
+    assert err < {"int8": 0.03, "int4": 0.3, "fp8": 0.1}[method]  # round-to-nearest of random weights
+    outs = engine.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(outs[0].token_ids) == 4

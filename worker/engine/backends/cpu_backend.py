@@ -35,7 +35,7 @@ from kernels.reference.attention import (
     merge_partials,
     prefill_shared_blocks,
 )
-from kernels.reference.fused_moe import grouped_moe
+from kernels.reference.fused_moe import grouped_moe, swiglu_experts
 from worker.engine.backends.base import AttentionMetadata
 from worker.engine.backends.cpu_decode_stack import ModelDecodeStack, ineligible
 from worker.engine.backends.torch_backend import TorchBackend
@@ -107,7 +107,7 @@ class CpuBackend(TorchBackend):
         self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
         """The reference's grouped experts, with SiLU * up in one C pass per expert."""
-        return grouped_moe(x, w13, w2, topk_weights, topk_ids, silu_mul=self.silu_mul)
+        return grouped_moe(x, topk_weights, topk_ids, w13.shape[0], swiglu_experts(w13, w2, self.silu_mul))
 
     def apply_rotary(  # type: ignore[override]
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
