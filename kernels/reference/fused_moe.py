@@ -72,13 +72,21 @@ def grouped_moe(
     return out.index_add_(0, token_of, ys)
 
 
+def _linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.mm(rows, weight.t())
+
+
 def swiglu_experts(
-    w13: torch.Tensor, w2: torch.Tensor, silu_mul: Callable[[torch.Tensor], torch.Tensor] = _silu_mul
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    silu_mul: Callable[[torch.Tensor], torch.Tensor] = _silu_mul,
+    linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _linear,
 ) -> Callable[[int, torch.Tensor], torch.Tensor]:
-    """expert_mlp for stacked weights: rows -> w2[e] @ silu_mul(w13[e] @ rows), two matmuls."""
+    """expert_mlp for stacked weights: rows -> w2[e] @ silu_mul(w13[e] @ rows), two matmuls
+    (`linear(rows [n, K], weight [N, K]) -> [n, N]`: a backend's GEMV for a few rows plugs in here)."""
 
     def mlp(e: int, rows: torch.Tensor) -> torch.Tensor:
-        return torch.mm(silu_mul(torch.mm(rows, w13[e].t())), w2[e].t())
+        return linear(silu_mul(linear(rows, w13[e])), w2[e])
 
     return mlp
 

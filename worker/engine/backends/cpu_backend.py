@@ -106,8 +106,16 @@ class CpuBackend(TorchBackend):
     def fused_moe(  # type: ignore[override]
         self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
-        """The reference's grouped experts, with SiLU * up in one C pass per expert."""
-        return grouped_moe(x, topk_weights, topk_ids, w13.shape[0], swiglu_experts(w13, w2, self.silu_mul))
+        """The reference's grouped experts, with SiLU * up in one C pass per expert, and an expert's
+        matmuls as C GEMVs when it got at most gemv.max_rows rows (decode: the expert's weights
+        streamed once)."""
+        return grouped_moe(x, topk_weights, topk_ids, w13.shape[0],
+                           swiglu_experts(w13, w2, self.silu_mul, self._expert_linear))  # fmt: skip
+
+    def _expert_linear(self, rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if rows.shape[0] <= self.gemv.max_rows and self.gemv.supports(rows, weight, None):
+            return self.gemv(rows, weight, None, checked=True)  # type: ignore[return-value]
+        return torch.mm(rows, weight.t())
 
     def apply_rotary(  # type: ignore[override]
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
