@@ -34,12 +34,16 @@ LIKELIHOOD_FIELDS = [
     pa.field("continuation_logprob", pa.float64()),
     pa.field("continuation_tokens", pa.int32()),
 ]
+# Columns of every job after those (null where they do not apply).
+REQUEST_FIELDS = [
+    pa.field("embedding", pa.list_(pa.float32())),  # embeddings rows: the vector
+]
 OVERRIDE_COLUMNS = ("max_tokens", "temperature", "top_p", "seed")
 
 
 def result_schema(likelihood: bool, id_type: str = "string") -> pa.Schema:
     """The result columns; `id` is int64 when the input's ids are integers (InputPlan.id_type)."""
-    fields = list(RESULT_SCHEMA) + (LIKELIHOOD_FIELDS if likelihood else [])
+    fields = list(RESULT_SCHEMA) + (LIKELIHOOD_FIELDS if likelihood else []) + REQUEST_FIELDS
     if id_type == "int64":
         fields[0] = pa.field("id", pa.int64(), nullable=False)
     return pa.schema(fields)

@@ -24,6 +24,10 @@ class SamplingSpec(BaseModel):
     stop: tuple[str, ...] = Field((), description="stop strings")
 
 
+# JobSpec fields added after jobs were written: left out of job_id while at these values
+_ADDED_DEFAULTS: dict[str, Any] = {"task": "generate", "dimensions": None}
+
+
 class JobSpec(BaseModel):
     """One job: which rows, which model, which sampling, where results go, how it is priced.
 
@@ -40,6 +44,12 @@ class JobSpec(BaseModel):
     id_column: str | None = Field(None, description="ids for the result; default: the row index")
     continuation_column: str | None = Field(
         None, description="likelihood scoring: score this column's text after the prompt"
+    )
+    task: Literal["generate", "embed"] = Field(
+        "generate", description="generate completions, or embed the prompts (as /v1/embeddings)"
+    )
+    dimensions: int | None = Field(
+        None, ge=1, description="embed: keep the first N dimensions of each embedding (Matryoshka)"
     )
     sampling: SamplingSpec = SamplingSpec()
     shard_rows: int = Field(256, ge=1, le=10_000_000, description="rows per shard, about")
@@ -61,6 +71,10 @@ class JobSpec(BaseModel):
     def _check(self) -> JobSpec:
         if self.continuation_column is not None and self.continuation_column == self.prompt_column:
             raise ValueError("the continuation column must differ from the prompt column")
+        if self.task == "embed" and self.continuation_column is not None:
+            raise ValueError("--task embed embeds the prompts; likelihood scoring (--continuation-column) generates")
+        if self.task != "embed" and self.dimensions is not None:
+            raise ValueError("--dimensions truncates embeddings: it needs --task embed")
         if self.output == self.input:
             raise ValueError("the output must differ from the input: results would overwrite the dataset")
         return self
@@ -68,7 +82,11 @@ class JobSpec(BaseModel):
     @property
     def job_id(self) -> str:
         """Stable id: a hash of the canonical JSON of every field (16 hex digits)."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        fields = self.model_dump(mode="json")
+        for key, default in _ADDED_DEFAULTS.items():  # fields added later: at their default, ids stay as they were
+            if fields.get(key) == default:
+                del fields[key]
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         digest = hashlib.sha256(f"freight-job-v{MANIFEST_SPEC_VERSION}:{canonical}".encode()).hexdigest()
         return digest[:16]
 

@@ -39,6 +39,9 @@ class RowRequest:
     sampling: RowSampling | None
     continuation_tokens: int = 0  # likelihood mode: the last n prompt tokens are the continuation
     error: str | None = None
+    endpoint: str = "completions"  # "chat", "completions" or "embeddings" (OpenAI Batch's url)
+    dimensions: int | None = None  # embeddings: keep the first n dimensions
+    encoding_format: str = "float"  # embeddings: "float" or "base64" (how an OpenAI output file writes it)
 
 
 def build_requests(

@@ -26,6 +26,7 @@ class RowResult:
     error: str | None
     continuation_logprob: float | None = None
     continuation_tokens: int | None = None
+    embedding: list[float] | None = None  # embeddings rows (worker/embed_rows.py)
 
 
 def error_row(req: RowRequest) -> RowResult:

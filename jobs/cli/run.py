@@ -13,6 +13,7 @@ from rich.console import Console
 from jobs.cli.common import fail, plural, resolve_out
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
+    DimensionsOpt,
     IdColumnOpt,
     InputArg,
     InstanceTypeOpt,
@@ -26,6 +27,7 @@ from jobs.cli.job_options import (
     QuantizationOpt,
     SeedOpt,
     ShardRowsOpt,
+    TaskOpt,
     TemperatureOpt,
     TopKOpt,
     TopPOpt,
@@ -42,6 +44,8 @@ def run(
     prompt_column: PromptColumnOpt = "prompt",
     id_column: IdColumnOpt = None,
     continuation_column: ContinuationColumnOpt = None,
+    task: TaskOpt = "generate",
+    dimensions: DimensionsOpt = None,
     max_tokens: MaxTokensOpt = 128,
     temperature: TemperatureOpt = 0.0,
     top_p: TopPOpt = 1.0,

@@ -12,16 +12,20 @@ sentence-transformers' `encode(truncate_dim=d, normalize_embeddings=normalize)` 
 `dimensions` do: truncate to the first d dimensions (Matryoshka), then L2-normalize when the
 checkpoint has a Normalize module (normalizing before truncating too would change nothing: the
 result is scale-free).
+
+Torch-free at import (jobs/model_check.py reads the config at submit without torch).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 MODES = ("lasttoken", "mean", "cls")
 # 1_Pooling/config.json's boolean per mode (sentence-transformers' Pooling.config_keys)
@@ -51,48 +55,59 @@ class PoolingConfig:
 
     @classmethod
     def from_checkpoint(cls, model_dir: Path, hidden_size: int) -> PoolingConfig:
-        """Read modules.json and its Pooling module's config.json; PoolingConfigError when absent or
-        when they ask for something freight does not run (other modules, other modes)."""
-        modules_path = model_dir / "modules.json"
-        if not modules_path.is_file():
+        """`parse` of a local checkpoint folder's files."""
+
+        def read(name: str) -> bytes | None:
+            path = model_dir / name
+            return path.read_bytes() if path.is_file() else None
+
+        return cls.parse(read, str(model_dir), hidden_size)
+
+    @classmethod
+    def parse(cls, read: Callable[[str], bytes | None], model: str, hidden_size: int) -> PoolingConfig:
+        """Read modules.json and its Pooling module's config.json through `read` (a path relative to
+        the checkpoint -> its bytes, None if absent; jobs/model_check.py passes an object store's).
+        PoolingConfigError, naming `model`, when absent or when they ask for something freight does
+        not run (other modules, other modes)."""
+        modules = _json(read, "modules.json", model)
+        if modules is None:
             raise PoolingConfigError(
-                f"model {model_dir} has no pooling config (sentence-transformers modules.json / "
+                f"model {model} has no pooling config (sentence-transformers modules.json / "
                 "1_Pooling/config.json), so it cannot make embeddings: use an embedding checkpoint "
                 "(e.g. Qwen3-Embedding, e5-mistral) or add those files to the model folder"
             )
-        modules = _read_json(modules_path)
         if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
-            raise PoolingConfigError(f"{modules_path} is not a list of modules")
+            raise PoolingConfigError(f"model {model}: modules.json is not a list of modules")
         # "sentence_transformers.models.Pooling" (v2-v5) or "...sentence_transformer.modules.pooling.Pooling" (v6)
         kinds = [_kind(m.get("type")) for m in modules]
         if kinds[:2] != ["Transformer", "Pooling"] or any(k != "Normalize" for k in kinds[2:]):
             raise PoolingConfigError(
-                f"{modules_path} lists modules {kinds}; freight runs Transformer, Pooling and an optional "
-                "Normalize only (a Dense or other module would change the embeddings)"
+                f"model {model}: modules.json lists modules {kinds}; freight runs Transformer, Pooling and "
+                "an optional Normalize only (a Dense or other module would change the embeddings)"
             )
-        pooling_dir = model_dir / str(modules[1].get("path") or "1_Pooling")
-        raw = _read_json(pooling_dir / "config.json")
+        name = f"{str(modules[1].get('path') or '1_Pooling').strip('/')}/config.json"
+        raw = _json(read, name, model)
         if not isinstance(raw, dict):
-            raise PoolingConfigError(f"{pooling_dir / 'config.json'} is not a JSON object")
-        mode = _mode(raw, pooling_dir)
+            raise PoolingConfigError(f"model {model}: {name} is {'missing' if raw is None else 'not a JSON object'}")
+        mode = _mode(raw, f"model {model}: {name}")
         if raw.get("include_prompt", True) is not True:
             raise PoolingConfigError(
-                f"{pooling_dir / 'config.json'} sets include_prompt=false (instruction tokens left out of "
-                "the pooling), which freight does not support"
+                f"model {model}: {name} sets include_prompt=false (instruction tokens left out of the "
+                "pooling), which freight does not support"
             )
         dim = raw.get("embedding_dimension", raw.get("word_embedding_dimension", hidden_size))
         if dim != hidden_size:
             raise PoolingConfigError(
-                f"{pooling_dir / 'config.json'} says word_embedding_dimension={dim} but the model's "
-                f"hidden size is {hidden_size}"
+                f"model {model}: {name} says the embedding dimension is {dim} but the model's hidden "
+                f"size is {hidden_size}"
             )
         return cls(mode=mode, normalize="Normalize" in kinds, dimension=hidden_size)
 
     def finish(self, pooled: torch.Tensor, dimensions: int | None) -> torch.Tensor:
         """Truncate to `dimensions` (None: all), then normalize if the checkpoint says so. [H] -> [d]."""
         out = pooled[:dimensions] if dimensions is not None else pooled
-        if self.normalize:
-            out = torch.nn.functional.normalize(out, p=2, dim=0)
+        if self.normalize:  # torch.nn.functional.normalize(out, dim=0): x / max(||x||, 1e-12)
+            out = out / out.norm(p=2).clamp_min(1e-12)
         return out
 
     def check_dimensions(self, dimensions: Any) -> str | None:
@@ -104,13 +119,15 @@ class PoolingConfig:
         return None
 
 
-def _read_json(path: Path) -> Any:
-    if not path.is_file():
-        raise PoolingConfigError(f"{path} is missing (the sentence-transformers pooling config)")
+def _json(read: Callable[[str], bytes | None], name: str, model: str) -> Any:
+    """`name` parsed, or None when absent."""
+    data = read(name)
+    if data is None:
+        return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PoolingConfigError(f"{path} is not readable JSON: {exc}") from None
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PoolingConfigError(f"model {model}: {name} is not valid JSON ({exc})") from None
 
 
 def _kind(type_name: Any) -> str:
@@ -119,7 +136,7 @@ def _kind(type_name: Any) -> str:
     return text.rsplit(".", 1)[-1] if text.startswith("sentence_transformers.") else text
 
 
-def _mode(raw: dict[str, Any], pooling_dir: Path) -> str:
+def _mode(raw: dict[str, Any], where: str) -> str:
     """The one pooling mode the config turns on: "pooling_mode" (a name or a list of names,
     sentence-transformers v6), else the legacy pooling_mode_* booleans (their default: mean)."""
     named = raw.get("pooling_mode")
@@ -130,7 +147,7 @@ def _mode(raw: dict[str, Any], pooling_dir: Path) -> str:
     supported = [m for m in on if m in MODES]
     if len(on) != 1 or len(supported) != 1:
         raise PoolingConfigError(
-            f"{pooling_dir / 'config.json'} turns on pooling modes {on or 'none'}; freight supports exactly "
+            f"{where} turns on pooling modes {on or 'none'}; freight supports exactly "
             f"one of {list(MODES)}"
         )
     return supported[0]
