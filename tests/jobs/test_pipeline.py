@@ -43,6 +43,7 @@ RESULT_COLUMNS = [
     "cached_tokens",
     "completion_tokens",
     "error",
+    "embedding",
 ]
 
 
