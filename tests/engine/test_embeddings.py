@@ -209,3 +209,18 @@ def test_sentence_transformers_v6_config_is_read(make_checkpoint, tmp_path):
     out = engine.embed([TEXTS[1]])[0]
     ids = engine.tokenizer.encode(TEXTS[1])
     np.testing.assert_allclose(out.embedding, hf_embedding(model, ids, "lasttoken", True), atol=1e-5)
+
+
+def test_tokenizer_json_decides_special_tokens_as_in_transformers(make_checkpoint, tmp_path):
+    """tokenizer.json's post-processor is the truth: transformers (5.x) drops tokenizer_config.json's
+    add_bos_token / add_eos_token when tokenizer.json exists, and so does the engine; its ids equal
+    AutoTokenizer's (no EOS appended here, one appended in test_text_prompts_keep_the_tokenizers_eos)."""
+    path, model = embedding_checkpoint(make_checkpoint, tmp_path, "mistral", "lasttoken", True)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    _write(path / "tokenizer_config.json", {**config, "add_bos_token": True, "add_eos_token": True})
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    engine = Engine.from_pretrained(path, EngineConfig(**SMALL))
+    for text, out in zip(TEXTS, engine.embed(TEXTS), strict=True):
+        ids = tok(text)["input_ids"]
+        assert engine.tokenizer.encode(text) == ids and out.prompt_tokens == len(ids)
+        np.testing.assert_allclose(out.embedding, hf_embedding(model, ids, "lasttoken", True), atol=1e-5)
