@@ -122,8 +122,8 @@ class Embedder:
         device, bs = self.runner.device, self.bm.block_size
         mode = self.pooling.mode
         ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
+        positions: list[np.ndarray] = []
+        slots: list[np.ndarray] = []
         cu, lens, tables = [0], [], []
         keep: list[int] = []  # lasttoken / cls: the hidden row each sequence needs in this forward
         keep_chunks: list[int] = []
@@ -133,8 +133,9 @@ class Embedder:
                 keep.append(len(ids) + (hi - lo - 1 if mode == "lasttoken" else 0))
                 keep_chunks.append(c)
             ids.extend(p.seq.token_ids[lo:hi])
-            positions.extend(range(lo, hi))
-            slots.extend(table[q // bs] * bs + q % bs for q in range(lo, hi))
+            pos = np.arange(lo, hi, dtype=np.int64)
+            positions.append(pos)
+            slots.append(np.asarray(table, np.int64)[pos // bs] * bs + pos % bs)
             cu.append(len(ids))
             lens.append(hi)
             tables.append(table[: -(-hi // bs)])
@@ -147,12 +148,14 @@ class Embedder:
         if mode != "mean":  # the last layer attends and runs its MLP for the kept rows only
             args.update(
                 output_rows=to_device(np.asarray(keep, np.int64), device),
-                output_context_lens=to_device(np.asarray([positions[r] + 1 for r in keep], np.int32), device),
+                # the kept row's position + 1: the whole chunk (last token) or 1 (cls, first chunk)
+                output_context_lens=to_device(np.asarray([lens[c] if mode == "lasttoken" else 1 for c in keep_chunks],
+                                                         np.int32), device),  # fmt: skip
                 output_block_tables=to_device(_pad([tables[c] for c in keep_chunks] or [[0]]), device),
             )
-        meta = AttentionMetadata(slot_mapping=to_device(np.asarray(slots, np.int64), device), **args)
+        meta = AttentionMetadata(slot_mapping=to_device(np.concatenate(slots), device), **args)
         hidden = self.runner.hidden_states(  # [T or len(keep), H]
-            to_device(np.asarray(ids, np.int64), device), to_device(np.asarray(positions, np.int64), device), meta
+            to_device(np.asarray(ids, np.int64), device), to_device(np.concatenate(positions), device), meta
         )
         if mode == "mean":
             seg = torch.repeat_interleave(torch.arange(len(chunks), device=device),
