@@ -27,17 +27,30 @@ def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[Inpu
     """Check the input's files and columns; return its plan and the prompt column (for grouping)."""
     fmt, urls = datasets.list_input_files(spec.input, settings)
     if fmt == "jsonl":
+        if spec.task == "embed":
+            raise InputError(
+                "OpenAI-Batch JSONL input chooses each line's endpoint by its url (/v1/embeddings for "
+                "embeddings): drop --task embed"
+            )
         return _inspect_batch(spec, urls, settings)
     id_column = spec.id_column
     files, schema, prompt_column, parts = _inspect_parquet(spec, urls, settings)
     names = schema.names
     kind = _prompt_kind(schema.field(prompt_column))
+    if spec.task == "embed" and kind == "messages":
+        raise InputError(
+            f"--task embed embeds text, but prompt column '{prompt_column}' holds chat messages: give "
+            "a column of strings (--prompt-column)"
+        )
     if spec.continuation_column and not is_string(schema.field(spec.continuation_column).type):
         raise InputError(
             f"continuation column '{spec.continuation_column}' has type "
             f"{schema.field(spec.continuation_column).type}; expected string"
         )
-    overrides = tuple(c for c in datasets.OVERRIDE_COLUMNS if c in names and c != id_column)
+    # an embed job samples nothing: columns named like sampling options are plain data there
+    overrides = tuple(
+        c for c in datasets.OVERRIDE_COLUMNS if c in names and c != id_column and spec.task != "embed"
+    )
     check_override_types(schema, overrides)
     total = sum(f.rows for f in files)
     if total == 0:

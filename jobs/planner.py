@@ -63,7 +63,7 @@ def prepare_job(
 def plan(spec: JobSpec, settings: Settings | None = None, prices: PriceTable | None = None) -> Manifest:
     """The manifest for `spec`: input checked, prices resolved, rows cut into prefix-grouped shards."""
     pricing = (prices or PriceTable.load()).pricing(spec.instance_type, spec.market, spec.price_per_hour)
-    config = check_model(spec.model, settings)
+    config = check_model(spec.model, settings, embed=spec.task == "embed")
     check_sampling(spec.sampling, settings or get_settings(), int(config["vocab_size"]))
     input_plan, prompts = inspect_input(spec, settings)
     shards = cut_shards(prompts, spec.shard_rows)

@@ -108,6 +108,10 @@ def _token_id(key: Any) -> int | None:
     return None
 
 
+# JobSpec fields added after jobs were written: left out of job_id while at these values
+_ADDED_DEFAULTS: dict[str, Any] = {"task": "generate", "dimensions": None}
+
+
 class JobSpec(BaseModel):
     """One job: which rows, which model, which sampling, where results go, how it is priced.
 
@@ -124,6 +128,12 @@ class JobSpec(BaseModel):
     id_column: str | None = Field(None, description="ids for the result; default: the row index")
     continuation_column: str | None = Field(
         None, description="likelihood scoring: score this column's text after the prompt"
+    )
+    task: Literal["generate", "embed"] = Field(
+        "generate", description="generate completions, or embed the prompts (as /v1/embeddings)"
+    )
+    dimensions: int | None = Field(
+        None, ge=1, description="embed: keep the first N dimensions of each embedding (Matryoshka)"
     )
     sampling: SamplingSpec = SamplingSpec()
     shard_rows: int = Field(256, ge=1, le=10_000_000, description="rows per shard, about")
@@ -145,6 +155,10 @@ class JobSpec(BaseModel):
     def _check(self) -> JobSpec:
         if self.continuation_column is not None and self.continuation_column == self.prompt_column:
             raise ValueError("the continuation column must differ from the prompt column")
+        if self.task == "embed" and self.continuation_column is not None:
+            raise ValueError("--task embed embeds the prompts; likelihood scoring (--continuation-column) generates")
+        if self.task != "embed" and self.dimensions is not None:
+            raise ValueError("--dimensions truncates embeddings: it needs --task embed")
         if self.output == self.input:
             raise ValueError("the output must differ from the input: results would overwrite the dataset")
         return self
@@ -157,6 +171,9 @@ class JobSpec(BaseModel):
         for name, default in _LATER_SAMPLING.items():
             if sampling[name] == default:
                 del sampling[name]
+        for key, default in _ADDED_DEFAULTS.items():  # fields added later: at their default, ids stay as they were
+            if fields.get(key) == default:
+                del fields[key]
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         digest = hashlib.sha256(f"freight-job-v{MANIFEST_SPEC_VERSION}:{canonical}".encode()).hexdigest()
         return digest[:16]

@@ -7,9 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from worker.row_requests import RowRequest
-from worker.shard_rows import RowResult, error_row, from_output
-
-EMBEDDINGS_PENDING = "embeddings are not supported by this worker yet"  # until the embed path lands
+from worker.shard_rows import RowResult, from_output
 
 
 def sampling_params(req: RowRequest, cache: dict[Any, Any] | None = None) -> Any:
@@ -62,13 +60,6 @@ def collect_rows(
         return False
     if should_stop is not None and should_stop():
         return True
-    for req in pending:  # the embeddings path is not in this worker yet: each such row says so
-        if req.endpoint == "embeddings":
-            results[req.row] = error_row(dataclasses.replace(req, error=EMBEDDINGS_PENDING))
-            on_result(results[req.row])
-    pending = [req for req in pending if req.endpoint != "embeddings"]
-    if not pending:
-        return False
     prompts = [req.prompt for req in pending]
     cache: dict[Any, Any] = {}
     params = [sampling_params(req, cache) for req in pending]

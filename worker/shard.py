@@ -7,6 +7,7 @@ the next shard's compute; Celery commits before it acks. A committed shard is ne
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
@@ -20,6 +21,7 @@ from jobs.cost import ShardPricing, ShardRecord, usd
 from jobs.manifest import Manifest, partial_key, partial_prefix, shard_result_key, waste_key
 from jobs.settings import Settings, get_settings
 from jobs.storage import ObjectStore
+from worker.embed_rows import as_embeddings, collect_embeddings, split_embeddings
 from worker.row_engine import collect_rows
 from worker.row_requests import RowRequest, build_requests
 from worker.shard_commit import ComputedShard, ShardOutcome, attempt_record, commit_shard
@@ -110,6 +112,8 @@ def compute_shard(
     requests = build_requests(
         table, [rows[i] for i in todo], manifest.spec, manifest.input, engine.tokenizer, max_n
     )
+    if manifest.spec.task == "embed":
+        requests = as_embeddings(requests, manifest.spec.dimensions)
     pending: list[RowRequest] = []
     for req in requests:
         if req.error is not None:
@@ -119,8 +123,10 @@ def compute_shard(
             pending.append(req)
 
     before = engine.stats.snapshot()
-    stopped = collect_rows(
-        engine, pending, results, should_stop, lambda res: _report(on_row, shard_index, res)
+    report = functools.partial(_report, on_row, shard_index)
+    embed, generate = split_embeddings(pending)
+    stopped = collect_embeddings(engine, embed, results, should_stop, report) or collect_rows(
+        engine, generate, results, should_stop, report
     )
     engine_time = engine.stats.snapshot() - before  # busy, prefill and decode seconds of this attempt
     busy = engine_time.busy_seconds

@@ -54,6 +54,18 @@ IdColumnOpt = Annotated[
 ContinuationColumnOpt = Annotated[
     str | None, typer.Option(metavar="COLUMN", help="score this column's text after the prompt")
 ]
+TaskOpt = Annotated[
+    Literal["generate", "embed"],
+    typer.Option(
+        help="generate: completions; embed: one embedding per prompt (as /v1/embeddings), pooled as the "
+        "checkpoint's sentence-transformers files say (Qwen3-Embedding, e5-mistral); a Parquet input's "
+        "prompt column must hold text"
+    ),
+]
+DimensionsOpt = Annotated[
+    int | None,
+    typer.Option(metavar="N", help="--task embed: keep the first N dimensions (Matryoshka), then normalize"),
+]
 MaxTokensOpt = Annotated[int, typer.Option(metavar="N", help="tokens to generate per row, at most")]
 TemperatureOpt = Annotated[float, typer.Option(metavar="T", help="sampling temperature; 0 = greedy")]
 TopPOpt = Annotated[float, typer.Option(metavar="P", help="nucleus sampling mass in (0, 1]; 1 = off")]
@@ -197,6 +209,8 @@ def prepare_from_options(
     prompt_column: str,
     id_column: str | None,
     continuation_column: str | None,
+    task: str,
+    dimensions: int | None,
     max_tokens: int,
     temperature: float,
     top_p: float,
@@ -234,6 +248,8 @@ def prepare_from_options(
             prompt_column=prompt_column,
             id_column=id_column,
             continuation_column=continuation_column,
+            task=task,
+            dimensions=dimensions,
             sampling=SamplingSpec(
                 max_tokens=max_tokens,
                 temperature=temperature,

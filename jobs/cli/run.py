@@ -13,6 +13,7 @@ from rich.console import Console
 from jobs.cli.common import fail, plural, resolve_out
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
+    DimensionsOpt,
     FrequencyPenaltyOpt,
     IdColumnOpt,
     InputArg,
@@ -35,6 +36,7 @@ from jobs.cli.job_options import (
     SeedOpt,
     ShardRowsOpt,
     StopOpt,
+    TaskOpt,
     TemperatureOpt,
     TopKOpt,
     TopPOpt,
@@ -51,6 +53,8 @@ def run(
     prompt_column: PromptColumnOpt = "prompt",
     id_column: IdColumnOpt = None,
     continuation_column: ContinuationColumnOpt = None,
+    task: TaskOpt = "generate",
+    dimensions: DimensionsOpt = None,
     max_tokens: MaxTokensOpt = 128,
     temperature: TemperatureOpt = 0.0,
     top_p: TopPOpt = 1.0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,6 @@ from jobs.manifest import partial_key, shard_result_key
 from jobs.planner import prepare_job
 from jobs.spec import JobSpec, SamplingSpec
 from worker.engine import SamplingParams
-from worker.row_engine import EMBEDDINGS_PENDING
 from worker.shard import run_shard
 
 CHAT = "/v1/chat/completions"
@@ -28,10 +28,20 @@ MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "
 
 
 @pytest.fixture(scope="module")
-def engine(demo_model_dir: Path) -> Any:
+def model_dir(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny demo checkpoint (same folder name) with a pooling config, so embeddings lines run too."""
+    from worker.demo_model import add_pooling_config
+
+    out = tmp_path_factory.mktemp("pooled") / demo_model_dir.name
+    shutil.copytree(demo_model_dir, out)
+    return add_pooling_config(out)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path) -> Any:
     from worker.engine import Engine, EngineConfig
 
-    return Engine.from_pretrained(demo_model_dir, EngineConfig(device="cpu", kv_cache_bytes=64 << 20))
+    return Engine.from_pretrained(model_dir, EngineConfig(device="cpu", kv_cache_bytes=64 << 20))
 
 
 def _run(args: list[str]) -> tuple[int, str]:
@@ -61,7 +71,7 @@ def _stop_in(text: str) -> tuple[str, int]:
 
 
 def test_a_mixed_batch_file_runs_with_each_bad_line_its_own_error(
-    tmp_path: Path, demo_model_dir: Path, engine: Any
+    tmp_path: Path, model_dir: Path, engine: Any
 ) -> None:
     ref = _greedy(engine, engine.tokenizer.apply_chat_template(MESSAGES), 12)
     stop, cut = _stop_in(ref)
@@ -92,7 +102,7 @@ def test_a_mixed_batch_file_runs_with_each_bad_line_its_own_error(
     path = tmp_path / "batch.jsonl"
     path.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
-    code, output = _run(["run", str(path), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "8"])
+    code, output = _run(["run", str(path), "--model", str(model_dir), "--output", str(out), "--max-tokens", "8"])
     assert code == 0, output
     rows = _results(out)
     assert len(rows) == len(good) + len(bad) + 2
@@ -118,11 +128,13 @@ def test_a_mixed_batch_file_runs_with_each_bad_line_its_own_error(
     assert rows["line-4"]["error"].startswith("line 4: not JSON")
     emb = rows["emb"]
     assert emb["endpoint"] == "/v1/embeddings" and emb["completion"] is None
-    assert emb["embedding"] is not None or emb["error"] == EMBEDDINGS_PENDING
+    (want,) = engine.embed(["some text"])
+    assert emb["error"] is None and emb["prompt_tokens"] == want.prompt_tokens
+    assert emb["embedding"] == pytest.approx(want.embedding.tolist(), abs=1e-6)
     assert all(r["endpoint"] == CHAT for cid, r in rows.items() if cid.startswith("chat"))
 
 
-def test_parquet_columns_and_job_flags_reach_the_engine(tmp_path: Path, demo_model_dir: Path, engine: Any) -> None:
+def test_parquet_columns_and_job_flags_reach_the_engine(tmp_path: Path, model_dir: Path, engine: Any) -> None:
     prompts = ["def f(x):", "class A:", "import os"]
     refs = [_greedy(engine, p, 10) for p in prompts]
     (flag_stop, flag_cut), (col_stop, col_cut) = _stop_in(refs[0]), _stop_in(refs[1])
@@ -137,7 +149,7 @@ def test_parquet_columns_and_job_flags_reach_the_engine(tmp_path: Path, demo_mod
     data = write_parquet(table, tmp_path / "in.parquet")
     out = tmp_path / "out"
     flags = ["--stop", flag_stop, "--stop", "\u2603", "--logprobs", "1", "--min-tokens", "2", "--max-tokens", "10"]
-    code, output = _run(["run", str(data), "--model", str(demo_model_dir), "--output", str(out), *flags])
+    code, output = _run(["run", str(data), "--model", str(model_dir), "--output", str(out), *flags])
     assert code == 0, output
     spec = json.loads((out / "manifest.json").read_text())["spec"]["sampling"]
     assert spec["stop"] == [flag_stop, "\u2603"] and spec["logprobs"] == 1 and spec["min_tokens"] == 2
@@ -153,12 +165,12 @@ def test_parquet_columns_and_job_flags_reach_the_engine(tmp_path: Path, demo_mod
         (["--min-tokens", "9", "--max-tokens", "4"], "min_tokens (9) must not exceed max_tokens (4)"),
         (["--presence-penalty", "3"], "--presence-penalty 3.0: input should be less than or equal to 2"),
     ]:
-        code, output = _run(["run", str(data), "--model", str(demo_model_dir), "--output", str(tmp_path / "x"), *bad_flags])
+        code, output = _run(["run", str(data), "--model", str(model_dir), "--output", str(tmp_path / "x"), *bad_flags])
         assert code == 2 and expected in output, output
         assert not (tmp_path / "x").exists()
 
 
-def test_resume_round_trips_the_new_columns(tmp_path: Path, demo_model_dir: Path, engine: Any) -> None:
+def test_resume_round_trips_the_new_columns(tmp_path: Path, model_dir: Path, engine: Any) -> None:
     lines = [
         {"custom_id": f"c{i}", "url": CHAT, "body": {"messages": [{"role": "user", "content": f"q{i}"}],
          "n": 2, "temperature": 1.0, "logprobs": True, "top_logprobs": 2, "max_tokens": 2 + i}}
@@ -170,7 +182,7 @@ def test_resume_round_trips_the_new_columns(tmp_path: Path, demo_model_dir: Path
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
 
     def job(name: str) -> tuple[Any, Any]:
-        spec = JobSpec(input=str(path), model=str(demo_model_dir), output=str(tmp_path / name),
+        spec = JobSpec(input=str(path), model=str(model_dir), output=str(tmp_path / name),
                        sampling=SamplingSpec(seed=5), shard_rows=20)  # fmt: skip
         prepared = prepare_job(spec)
         return prepared.store, prepared.manifest
