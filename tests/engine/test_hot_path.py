@@ -100,7 +100,7 @@ def _check_step(engine: Engine, sched, inputs: StepInputs) -> None:
         seq = b.seqs[r]
         b.check_row(seq)
         assert dev.block_table[r, : len(seq.block_table)].tolist() == seq.block_table
-        assert dev.fparams[r].tolist() == pytest.approx([seq.params.temperature, seq.params.top_p])
+        assert dev.fparams[r].tolist() == pytest.approx([seq.params.temperature, seq.params.top_p, seq.params.min_p])
         assert dev.iparams[r, 0] == seq.params.top_k
     decoding = set(sched.decode_rows.tolist())
     for r in active.tolist():  # the decode set: every row past its prefill that has a token to compute

@@ -42,6 +42,7 @@ class ScheduledChunk:
     samples: bool
     prompt_first: int = 0
     prompt_end: int = 0
+    forks: tuple[Sequence, ...] = ()  # choices forked now: they sample from this chunk's last logits too
 
 
 @dataclass(slots=True)
@@ -52,6 +53,7 @@ class SchedulerOutput:
     errored: list[Sequence] = field(default_factory=list)  # finished with "error" while scheduling
     admitted: list[Sequence] = field(default_factory=list)  # admitted for the first time this step
     num_preempted: int = 0
+    copies: list[tuple[int, int]] = field(default_factory=list)  # KV blocks to copy (src, dst) first
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -92,7 +94,7 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput([], _NO_ROWS, _NO_ROWS, [], [])
+        out = SchedulerOutput([], _NO_ROWS, _NO_ROWS, [], [], 0, [])
         b = self.batch
         budget = self.config.max_num_batched_tokens
         rows = b.decode_rows()
@@ -101,6 +103,8 @@ class Scheduler:
             at = b.span(rows)
             positions = b.num_computed[at]
             grow = positions >= b.num_blocks[at] * bs
+            if b.num_cow:  # forked rows whose next write goes into a shared block
+                grow |= b.cow[at]
             if grow.any():
                 self._grow(rows[grow], rows, out)
                 rows = rows[b.active[rows]]  # preempted and dropped rows left the batch
@@ -144,14 +148,15 @@ class Scheduler:
         return out
 
     def _grow(self, grow: np.ndarray, rows: np.ndarray, out: SchedulerOutput) -> None:
-        """Give each row of `grow` (decode rows whose next position needs a new block) its block, in
-        admission order, preempting newer sequences (prefilling first) when none is free."""
+        """Give each row of `grow` (decode rows whose next position needs a new block, or their own copy
+        of a shared one) its block, in admission order, preempting newer sequences (prefilling first)
+        when none is free."""
         b = self.batch
         for r in grow[np.argsort(b.admitted_at[grow], kind="stable")].tolist():
             if not b.active[r]:  # preempted for an older row's block
                 continue
             seq = b.seqs[r]
-            while not self.bm.append_slots(seq, int(b.num_computed[r]) + 1):
+            while not self._room(seq, r, out):
                 victim = self._newest_after(rows, int(b.admitted_at[r]))
                 if victim is not None:
                     self._preempt(victim)
@@ -166,6 +171,22 @@ class Scheduler:
                     break
             else:
                 b.sync_blocks(seq)
+
+    def _room(self, seq: Sequence, r: int, out: SchedulerOutput) -> bool:
+        """A block for row r's next position: a new one, or its own copy of one shared with its forks
+        (copy-on-write; the sharer that writes last keeps the original). False: no block is free."""
+        pos = int(self.batch.num_computed[r])
+        if not self.bm.append_slots(seq, pos + 1):
+            return False
+        if self.batch.cow[r]:
+            copy = self.bm.copy_on_write(seq, pos // self.bm.block_size)
+            if copy is False:
+                return False
+            if copy is not None:
+                out.copies.append(copy)
+                self.batch.set_block(r, pos // self.bm.block_size, copy[1])
+            self.batch.mark_cow(r, False)
+        return True
 
     def _newest_after(self, rows: np.ndarray, admitted_at: int) -> Sequence | None:
         """The preemption victim for a decode row admitted at `admitted_at`: the newest prefilling
@@ -186,6 +207,8 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.in_flight:  # preempted with a token on its way: admit once it has arrived
                 break
+            if seq.forks and b.num_active and b.num_active + 1 + len(seq.forks) > self.config.max_num_seqs:
+                break  # rows for every choice (an empty batch forks what fits: _fork)
             if self.bm.blocks_for(seq.num_tokens + 1) > self.bm.num_blocks:
                 self.waiting.popleft()
                 self._drop(seq, f"needs {self.bm.blocks_for(seq.num_tokens + 1)} KV blocks; the cache holds "
@@ -226,7 +249,35 @@ class Scheduler:
             else:
                 first = last = 0
         self._commit(seq)
-        return ScheduledChunk(seq, start, n, samples, first, last)
+        forks = self._fork(seq) if samples and seq.forks else ()
+        return ScheduledChunk(seq, start, n, samples, first, last, forks)
+
+    def _fork(self, parent: Sequence) -> tuple[Sequence, ...]:
+        """parent's prompt is computed (its last chunk is being scheduled): its other choices take rows
+        sharing its blocks, with the same tokens computed and their first token to sample from the
+        parent's logits. A choice that finds no free row waits in the queue as a sequence of its own
+        (its prompt then computed again, from the prefix cache where it can)."""
+        b = self.batch
+        forked, left = [], []
+        for child in parent.forks:
+            if b.num_active >= self.config.max_num_seqs:
+                child.num_cached_tokens = 0  # counted with the parent's prompt: never "admitted"
+                left.append(child)
+                continue
+            self.bm.fork(parent, child)
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.num_cached_tokens = parent.num_cached_tokens
+            child.status = SequenceStatus.RUNNING
+            row = b.add(child, min(child.num_prompt_tokens + child.params.max_tokens, self.max_model_len))
+            b.num_pending[row] += 1
+            b.prefill_done(row)
+            forked.append(child)
+        parent.forks = []
+        self.waiting.extendleft(reversed(left))
+        if forked and parent.num_computed_tokens % self.bm.block_size:  # a partial last block is shared
+            for seq in (parent, *forked):
+                b.mark_cow(seq.row, True)
+        return tuple(forked)
 
     # ---- prefix cache --------------------------------------------------------------------
     def commit_rows(self, rows: np.ndarray) -> None:
@@ -258,6 +309,9 @@ class Scheduler:
         if seq.batch is not None:
             self._leave(seq)
         seq.finish("error", message)
+        for child in seq.forks:  # choices not forked yet share the parent's fate
+            child.finish("error", message)
+        seq.forks = []
 
     def finish(self, seq: Sequence) -> None:
         """Release a sequence the engine has marked finished: running, or preempted while its last
