@@ -12,7 +12,8 @@ recomputed (their full blocks usually survive in the prefix cache).
 A sequence scheduled to sample counts the token it will get at once (num_pending), so the next step
 can be scheduled before this one's tokens reach the host (overlapped steps): its decode input is then
 the sampled id the device already holds. A sequence that leaves the batch with tokens still in flight
-is kept in `departed` until they arrive.
+is kept in `departed` until they arrive. A request's n > 1 choices fork from its prefill (fork.py):
+a forked row's first write into a shared block takes its own copy first (`_room`, `out.copies`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
+from worker.engine.fork import fork
 from worker.engine.sequence import Sequence, SequenceStatus
 
 _NO_ROWS = np.zeros(0, np.int64)
@@ -253,31 +255,10 @@ class Scheduler:
         return ScheduledChunk(seq, start, n, samples, first, last, forks)
 
     def _fork(self, parent: Sequence) -> tuple[Sequence, ...]:
-        """parent's prompt is computed (its last chunk is being scheduled): its other choices take rows
-        sharing its blocks, with the same tokens computed and their first token to sample from the
-        parent's logits. A choice that finds no free row waits in the queue as a sequence of its own
-        (its prompt then computed again, from the prefix cache where it can)."""
-        b = self.batch
-        forked, left = [], []
-        for child in parent.forks:
-            if b.num_active >= self.config.max_num_seqs:
-                child.num_cached_tokens = 0  # counted with the parent's prompt: never "admitted"
-                left.append(child)
-                continue
-            self.bm.fork(parent, child)
-            child.num_computed_tokens = parent.num_computed_tokens
-            child.num_cached_tokens = parent.num_cached_tokens
-            child.status = SequenceStatus.RUNNING
-            row = b.add(child, min(child.num_prompt_tokens + child.params.max_tokens, self.max_model_len))
-            b.num_pending[row] += 1
-            b.prefill_done(row)
-            forked.append(child)
-        parent.forks = []
+        """parent's other choices take rows sharing its blocks (fork.py); those without a row wait."""
+        forked, left = fork(parent, self.bm, self.batch, self.config.max_num_seqs, self.max_model_len)
         self.waiting.extendleft(reversed(left))
-        if forked and parent.num_computed_tokens % self.bm.block_size:  # a partial last block is shared
-            for seq in (parent, *forked):
-                b.mark_cow(seq.row, True)
-        return tuple(forked)
+        return forked
 
     # ---- prefix cache --------------------------------------------------------------------
     def commit_rows(self, rows: np.ndarray) -> None:
