@@ -90,13 +90,21 @@ def test_more_choices_than_rows_run_on_their_own(ckpt) -> None:
     engine.block_manager.check_invariants([])
 
 
+LOGPROB_CASES = [
+    SamplingParams(max_tokens=6, logprobs=4, ignore_eos=True),  # greedy: the CPU's numpy path
+    SamplingParams(max_tokens=6, temperature=1.0, seed=1, n=3, logprobs=4, ignore_eos=True, repetition_penalty=1.5,
+                   logit_bias={5: 2.0}),  # fmt: skip
+]
+
+
 @torch.no_grad()
-def test_logprobs_of_every_choice_match_log_softmax(ckpt) -> None:
+@pytest.mark.parametrize("params", LOGPROB_CASES)
+def test_logprobs_of_every_choice_match_log_softmax(ckpt, params: SamplingParams) -> None:
     engine = _engine(ckpt)
     prompt = _prompt(23, 7)
-    params = SamplingParams(max_tokens=6, temperature=1.0, seed=1, n=3, logprobs=4, ignore_eos=True,
-                            repetition_penalty=1.5, logit_bias={5: 2.0})  # fmt: skip
-    out = engine.generate([prompt], params)[0]
+    others = [_prompt(9, 8), _prompt(30, 9)]  # in a batch with other rows (the persistent batch's rows)
+    out = engine.generate([others[0], prompt, others[1]], [SamplingParams(max_tokens=8), params, params])[1]
+    assert len(out.outputs) == params.n
     for choice in out.outputs:
         logp = torch.log_softmax(ckpt.model(torch.tensor([prompt + choice.token_ids])).logits[0].float(), -1)
         assert len(choice.logprobs) == 6
