@@ -46,6 +46,7 @@ def test_repetition_penalty_matches_transformers() -> None:
         pparams = torch.tensor([[0.0, 0.0, penalty]] * 3)
         want = RepetitionPenaltyLogitsProcessor(penalty)(ids, logits.clone())
         assert torch.allclose(penalize(logits, prompt, output, pparams), want)
+        assert torch.allclose(penalize(logits, prompt, output, pparams, additive=False), want)
 
 
 def test_presence_and_frequency_penalties_count_generated_tokens_only() -> None:
@@ -60,6 +61,7 @@ def test_presence_and_frequency_penalties_count_generated_tokens_only() -> None:
         want = _presence_frequency(logits[i], o, *pparams[i, :2].tolist())
         assert torch.allclose(got[i], want)
     assert torch.equal(got[:, 30], logits[:, 30])
+    assert torch.allclose(penalize(logits, None, output, pparams), got)  # no repetition penalty: no prompt
 
 
 @pytest.mark.parametrize("min_p", [0.05, 0.3, 1.0])

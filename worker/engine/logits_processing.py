@@ -38,13 +38,21 @@ def add_bias(logits: torch.Tensor, ids: torch.Tensor, values: torch.Tensor) -> t
     return logits.scatter_add(1, ids, values)
 
 
-def penalize(logits: torch.Tensor, prompt: torch.Tensor, output: torch.Tensor, pparams: torch.Tensor) -> torch.Tensor:
+def penalize(logits: torch.Tensor, prompt: torch.Tensor | None, output: torch.Tensor, pparams: torch.Tensor,
+             additive: bool = True) -> torch.Tensor:  # fmt: skip
     """logits [P, V]; prompt bool [P, V] (token in the prompt); output float32 [P, V] (times generated);
-    pparams float32 [P, 3] = (presence, frequency, repetition) -> the penalized logits."""
+    pparams float32 [P, 3] = (presence, frequency, repetition) -> the penalized logits. prompt None: no
+    row has a repetition penalty; additive False: no row has a presence or frequency penalty."""
     generated = output > 0
-    rep = pparams[:, 2:3]
-    logits = torch.where(prompt | generated, torch.where(logits > 0, logits / rep, logits * rep), logits)
-    return logits - pparams[:, 1:2] * output - pparams[:, 0:1] * generated
+    if prompt is not None:
+        rep = pparams[:, 2:3]
+        scale = torch.where(logits > 0, rep.reciprocal(), rep)  # divide a positive logit, multiply others
+        logits = logits * scale.masked_fill_(~(prompt | generated), 1.0)
+    else:
+        logits = logits.clone()
+    if additive:
+        logits.addcmul_(output, pparams[:, 1:2], value=-1.0).addcmul_(generated, pparams[:, 0:1], value=-1.0)
+    return logits
 
 
 class LogitsProcessing:
@@ -72,9 +80,13 @@ class LogitsProcessing:
             return logits, None
         idx = None if penalized.all() else to_device(np.flatnonzero(penalized), device)
         slots = self.counts.slots(sample_rows[penalized])
+        pp = b.pparams[sample_rows[penalized]]  # which of the penalties any of these rows uses
+        repetition, additive = bool((pp[:, 2] != 1.0).any()), bool((pp[:, :2] != 0.0).any())
 
         def apply_penalties(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-            return penalize(x, *self.counts.gather(slots), dev.pparams.index_select(0, r))
+            prompt = self.counts.prompt.index_select(0, slots) if repetition else None
+            return penalize(x, prompt, self.counts.output.index_select(0, slots), dev.pparams.index_select(0, r),
+                            additive)  # fmt: skip
 
         self._rows(logits, penalized, sample_rows, apply_penalties)
         return logits, (idx, slots)

@@ -64,10 +64,6 @@ class PenaltyCounts:
         """The slots of penalized batch rows, int64 on the device."""
         return to_device(self.slot_of_row[rows], self.device)
 
-    def gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(prompt bool [P, V], output counts float32 [P, V]) of these slots."""
-        return self.prompt.index_select(0, slots), self.output.index_select(0, slots)
-
     def count(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
         """Count one sampled token per slot (tokens int64 [P] on the device)."""
         self.output.index_put_((slots, tokens), torch.ones(tokens.shape, dtype=torch.float32, device=self.device),
