@@ -223,3 +223,11 @@ def test_min_tokens_holds_back_eos_and_stop_strings(engine: Engine) -> None:
     kept = engine.generate([PROMPTS[2]], SamplingParams(max_tokens=12, ignore_eos=True, stop=[stop], min_tokens=12))[0]
     assert cut.finish_reason == "stop" and len(cut.text) < len(base.text)
     assert kept.finish_reason == "length" and kept.text == base.text
+
+
+def test_skip_special_tokens_false_keeps_them_in_the_text(engine: Engine) -> None:
+    eos = min(engine.eos_token_ids)
+    params = SamplingParams(max_tokens=2, ignore_eos=True, logit_bias={eos: 100.0})
+    assert engine.generate([PROMPTS[0]], params)[0].text == ""
+    kept = engine.generate([PROMPTS[0]], dataclasses.replace(params, skip_special_tokens=False))[0]
+    assert kept.token_ids == [eos, eos] and kept.text == engine.tokenizer.decode([eos, eos], skip_special_tokens=False) != ""
