@@ -96,8 +96,7 @@ def from_output(out: Any, req: RowRequest, token_text: Callable[[int], str] | No
             cont_lp = _continuation_logprob(out, req)
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             failed, out_error = True, f"no prompt logprobs for the continuation: {exc}"
-    # one choice per `outputs` entry (n > 1); an engine without them returns choice 0 as the output
-    choices = list(getattr(out, "outputs", None) or [out])
+    choices = out.outputs  # one per choice, index order (choice 0 is also `out`'s own fields)
     texts = [(req.echo_text or "") + c.text for c in choices]
     s = req.sampling
     several = s is not None and s.n > 1 and not failed

@@ -182,3 +182,52 @@ def test_engine_config_validation() -> None:
     with pytest.raises(ValueError, match="backend"):
         EngineConfig(backend="cuda-graphs")
     assert EngineConfig(max_num_batched_tokens=64).max_num_seqs == 64
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("n", 0, "n must be an integer >= 1"),
+        ("presence_penalty", 2.5, r"presence_penalty must be in \[-2, 2\]"),
+        ("frequency_penalty", -3.0, r"frequency_penalty must be in \[-2, 2\]"),
+        ("repetition_penalty", 0.0, "repetition_penalty must be > 0"),
+        ("min_p", 1.5, r"min_p must be in \[0, 1\]"),
+        ("min_tokens", 17, r"min_tokens must be an integer in \[0, max_tokens=16\]"),
+        ("logit_bias", {5: 101}, r"logit_bias values must be in \[-100, 100\]"),
+        ("logit_bias", {-1: 1}, "logit_bias token ids must be >= 0"),
+        ("logit_bias", {"x": 1}, "logit_bias must map token ids to numbers"),
+    ],
+)
+def test_sampling_params_refuse_out_of_range_values(field: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**{field: value})
+
+
+def test_logit_bias_is_normalised_and_checked_against_the_vocabulary(engine: Engine) -> None:
+    assert SamplingParams(logit_bias={"9": 1, 3: -2.5}).logit_bias == ((3, -2.5), (9, 1.0))
+    good = SamplingParams(max_tokens=3, ignore_eos=True)
+    outs = engine.generate([PROMPTS[0], PROMPTS[0]], [SamplingParams(max_tokens=3, logit_bias={10**6: 1.0}), good])
+    assert outs[0].finish_reason == "error" and "logit_bias token id 1000000 is outside the vocabulary" in outs[0].error
+    assert outs[1].finish_reason == "length" and len(outs[1].outputs) == 1
+
+
+def test_min_tokens_holds_back_eos_and_stop_strings(engine: Engine) -> None:
+    eos = min(engine.eos_token_ids)
+    early = SamplingParams(max_tokens=8, logit_bias={eos: 100.0})
+    assert engine.generate([PROMPTS[0]], early)[0].token_ids == [eos]
+    held = engine.generate([PROMPTS[0]], dataclasses.replace(early, min_tokens=5))[0]
+    assert len(held.token_ids) == 6 and held.token_ids[-1] == eos and held.finish_reason == "stop"
+    base = engine.generate([PROMPTS[2]], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    stop = base.text[1:3]
+    cut = engine.generate([PROMPTS[2]], SamplingParams(max_tokens=12, ignore_eos=True, stop=[stop]))[0]
+    kept = engine.generate([PROMPTS[2]], SamplingParams(max_tokens=12, ignore_eos=True, stop=[stop], min_tokens=12))[0]
+    assert cut.finish_reason == "stop" and len(cut.text) < len(base.text)
+    assert kept.finish_reason == "length" and kept.text == base.text
+
+
+def test_skip_special_tokens_false_keeps_them_in_the_text(engine: Engine) -> None:
+    eos = min(engine.eos_token_ids)
+    params = SamplingParams(max_tokens=2, ignore_eos=True, logit_bias={eos: 100.0})
+    assert engine.generate([PROMPTS[0]], params)[0].text == ""
+    kept = engine.generate([PROMPTS[0]], dataclasses.replace(params, skip_special_tokens=False))[0]
+    assert kept.token_ids == [eos, eos] and kept.text == engine.tokenizer.decode([eos, eos], skip_special_tokens=False) != ""

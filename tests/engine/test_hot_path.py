@@ -32,15 +32,23 @@ def _engine(path, mirror: bool = False, **config: object) -> Engine:
 
 
 def _workload(seed: int) -> tuple[list[list[int]], list[SamplingParams]]:
-    """Prompts sharing prefixes, greedy and sampled requests, stop ids that fire, logprobs, stop strings."""
+    """Prompts sharing prefixes, greedy and sampled requests, stop ids that fire, logprobs, stop strings,
+    n > 1 choices, penalties, min_p, min_tokens and logit_bias."""
     rng = random.Random(seed)
     shared = [rng.randrange(3, VOCAB) for _ in range(70)]
     prompts, params = [], []
     for i in range(24):
         head = shared[: rng.choice([0, 16, 33, 70])]
         prompts.append(head + [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 60))])
+        max_tokens = rng.randrange(1, 40)
         params.append(SamplingParams(
-            max_tokens=rng.randrange(1, 40),
+            max_tokens=max_tokens,
+            n=rng.choice([1, 1, 1, 2, 3]),
+            repetition_penalty=rng.choice([1.0, 1.0, 1.3]),
+            frequency_penalty=rng.choice([0.0, 0.0, 0.7]),
+            min_p=rng.choice([0.0, 0.1]),
+            min_tokens=rng.choice([0, 0, min(3, max_tokens)]),
+            logit_bias={rng.randrange(3, VOCAB): 5.0} if i % 5 == 2 else {},
             temperature=rng.choice([0.0, 0.0, 0.8, 1.3]),
             top_k=rng.choice([0, 0, 5]),
             top_p=rng.choice([1.0, 0.9]),
@@ -100,14 +108,14 @@ def _check_step(engine: Engine, sched, inputs: StepInputs) -> None:
         seq = b.seqs[r]
         b.check_row(seq)
         assert dev.block_table[r, : len(seq.block_table)].tolist() == seq.block_table
-        assert dev.fparams[r].tolist() == pytest.approx([seq.params.temperature, seq.params.top_p])
+        assert dev.fparams[r].tolist() == pytest.approx([seq.params.temperature, seq.params.top_p, seq.params.min_p])
         assert dev.iparams[r, 0] == seq.params.top_k
     decoding = set(sched.decode_rows.tolist())
     for r in active.tolist():  # the decode set: every row past its prefill that has a token to compute
         total = int(b.num_tokens[r] + b.num_pending[r])
         if b.prefilling[r] or r in decoding:
             continue
-        assert total == b.limit[r] or any(c.seq is b.seqs[r] for c in sched.chunks), f"row {r} skipped"
+        assert total == b.limit[r] or any(b.seqs[r] in (c.seq, *c.forks) for c in sched.chunks), f"row {r} skipped"
 
 
 def _checked_generate(engine: Engine, prompts, params, monkeypatch) -> list:
@@ -144,10 +152,11 @@ def test_persistent_batch_matches_a_rebuild_under_joins_finishes_and_preemption(
         assert {o.finish_reason for o in outs} == {"stop", "length"}
     for outs in results[1:]:  # the same tokens; logprobs to rounding (steps batch rows differently)
         for a, b in zip(results[0], outs, strict=True):
-            assert (a.token_ids, a.finish_reason, a.text) == (b.token_ids, b.finish_reason, b.text)
-            for x, y in zip(a.logprobs or [], b.logprobs or [], strict=True):
-                assert x.keys() == y.keys() and all(abs(x[t] - y[t]) < 1e-4 for t in x)
             assert a.prompt_logprobs == pytest.approx(b.prompt_logprobs, abs=1e-4)
+            for x, y in zip(a.outputs, b.outputs, strict=True):
+                assert (x.token_ids, x.finish_reason, x.text) == (y.token_ids, y.finish_reason, y.text)
+                for u, w in zip(x.logprobs or [], y.logprobs or [], strict=True):
+                    assert u.keys() == w.keys() and all(abs(u[t] - w[t]) < 1e-4 for t in u)
 
 
 def test_overlapped_steps_drop_tokens_sampled_past_a_stop(make_checkpoint) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from worker.engine.config import EngineConfig
     from worker.engine.engine import Engine
-    from worker.engine.outputs import RequestOutput
+    from worker.engine.outputs import CompletionOutput, RequestOutput
     from worker.engine.sampling_params import SamplingParams
     from worker.engine.stats import EngineStats, StatsSnapshot
 
@@ -20,11 +20,12 @@ _EXPORTS = {
     "EngineConfig": "worker.engine.config",
     "Engine": "worker.engine.engine",
     "RequestOutput": "worker.engine.outputs",
+    "CompletionOutput": "worker.engine.outputs",
     "SamplingParams": "worker.engine.sampling_params",
     "EngineStats": "worker.engine.stats",
     "StatsSnapshot": "worker.engine.stats",
 }
-__all__ = ["Engine", "EngineConfig", "EngineStats", "RequestOutput", "SamplingParams", "StatsSnapshot"]
+__all__ = ["CompletionOutput", "Engine", "EngineConfig", "EngineStats", "RequestOutput", "SamplingParams", "StatsSnapshot"]
 
 
 def __getattr__(name: str) -> Any:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import operator
 from collections import deque
+from collections.abc import Sequence as Seq
 
 import numpy as np
 
@@ -61,13 +62,27 @@ class PersistentBatch:
         self.num_hashed = np.zeros(r, np.int64)  # len(seq.block_hashes)
         self.block_table = np.zeros((r, max_blocks), np.int32)
         self.last_token = np.zeros(r, np.int64)  # the row's newest token (device copy: newest sampled)
-        # sampling, as the sampler's two matrices: fparams = (temperature (0 = greedy), top_p), iparams =
-        # (top_k, key0, key1) with key0/key1 = seed_keys(seed); the named arrays are column views
-        self.fparams = np.zeros((r, 2), np.float32)
+        # sampling, as the sampler's two matrices: fparams = (temperature (0 = greedy), top_p, min_p),
+        # iparams = (top_k, key0, key1) with key0/key1 = seed_keys(seed); the named arrays are column views
+        self.fparams = np.zeros((r, 3), np.float32)
         self.iparams = np.zeros((r, 3), np.int64)
-        self.temperature, self.top_p = self.fparams[:, 0], self.fparams[:, 1]
+        self.temperature, self.top_p, self.min_p = self.fparams[:, 0], self.fparams[:, 1], self.fparams[:, 2]
         self.top_k, self.key0, self.key1 = self.iparams[:, 0], self.iparams[:, 1], self.iparams[:, 2]
         self.stop_ids = np.full((r, max(1, len(self.eos))), -1, np.int64)  # EOS (unless ignored) + stop ids
+        # logits processing (logits_processing.py): pparams = (presence, frequency, repetition penalty);
+        # logit_bias as (token id, bias) pairs padded with (0, 0.0): adding 0 to token 0 changes nothing
+        self.pparams = np.zeros((r, 3), np.float32)
+        self.bias_ids = np.zeros((r, 1), np.int64)
+        self.bias_values = np.zeros((r, 1), np.float32)
+        self.min_tokens = np.zeros(r, np.int64)
+        self.processed = np.zeros(r, np.bool_)  # penalties, logit_bias or min_tokens: logits change
+        self.penalized = np.zeros(r, np.bool_)  # penalties: the row has token counts (PenaltyCounts)
+        self.biased = np.zeros(r, np.bool_)
+        self.num_processed = 0
+        self.penalty_events: list[tuple[int, Sequence | None]] = []  # (row, seq joined) / (row, None: left)
+        # the row's newest block is shared with forked choices (n > 1): copy it before writing into it
+        self.cow = np.zeros(r, np.bool_)
+        self.num_cow = 0
         # host-only per-row work after sampling
         self.has_stop_strings = np.zeros(r, np.bool_)
         self.logprobs_k = np.full(r, -1, np.int64)  # -1: no logprobs
@@ -84,7 +99,7 @@ class PersistentBatch:
         # rows whose device copies are stale: joined (every mirrored array) / got blocks (block table)
         self.joined: set[int] = set()
         self.grew: set[int] = set()
-        self.stop_ids_resized = False  # stop_ids grew wider: the device copy must be rebuilt
+        self.resized: set[str] = set()  # mirrored matrices that grew wider: device copies rebuilt
 
     # ---- membership ----------------------------------------------------------------------
     @property
@@ -112,18 +127,19 @@ class PersistentBatch:
         self.protected[row] = seq.protected_len
         self.num_hashed[row] = len(seq.block_hashes)
         self.last_token[row] = seq.token_ids[-1]
-        self.temperature[row] = p.temperature
+        self.fparams[row] = (p.temperature, p.top_p, p.min_p)
         self.top_k[row] = p.top_k
-        self.top_p[row] = p.top_p
         self.key0[row], self.key1[row] = seed_keys(seq.seed)
-        stops = tuple(p.stop_token_ids) + (() if p.ignore_eos else self.eos)
-        if len(stops) > self.stop_ids.shape[1]:
-            wider = np.full((self.max_rows, len(stops)), -1, np.int64)
-            wider[:, : self.stop_ids.shape[1]] = self.stop_ids
-            self.stop_ids = wider
-            self.stop_ids_resized = True
-        self.stop_ids[row] = -1
-        self.stop_ids[row, : len(stops)] = stops
+        self._put("stop_ids", row, tuple(p.stop_token_ids) + (() if p.ignore_eos else self.eos), -1)
+        self.pparams[row] = (p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
+        self._put("bias_ids", row, [t for t, _ in p.logit_bias], 0)
+        self._put("bias_values", row, [v for _, v in p.logit_bias], 0.0)
+        self.min_tokens[row] = p.min_tokens
+        self.processed[row], self.penalized[row], self.biased[row] = p.processed, p.penalized, bool(p.logit_bias)
+        self.num_processed += p.processed
+        if p.penalized:
+            self.penalty_events.append((row, seq))
+        self.cow[row] = False
         self.has_stop_strings[row] = bool(p.stop)
         self.logprobs_k[row] = -1 if p.logprobs is None else p.logprobs
         self.num_special += bool(p.stop) or p.logprobs is not None
@@ -147,6 +163,11 @@ class PersistentBatch:
         self.seq_id[row] = -1
         self.num_special -= bool(self.has_stop_strings[row]) or self.logprobs_k[row] >= 0
         self.num_drawing -= self.temperature[row] > 0
+        self.num_processed -= bool(self.processed[row])
+        if self.penalized[row]:
+            self.penalty_events.append((row, None))
+        self.num_cow -= bool(self.cow[row])
+        self.cow[row] = False
         heapq.heappush(self._free, row)
         self.version += 1
 
@@ -164,6 +185,28 @@ class PersistentBatch:
             self.block_table[row, have : len(table)] = table[have:]
             self.num_blocks[row] = len(table)
             self.grew.add(row)
+
+    def set_block(self, row: int, index: int, block: int) -> None:
+        """Block `index` of the row was replaced (its own copy of a shared block)."""
+        self.block_table[row, index] = block
+        self.grew.add(row)
+
+    def mark_cow(self, row: int, on: bool) -> None:
+        """on: the row's newest block is shared with its forks; copy it before the next write."""
+        self.num_cow += int(on) - int(self.cow[row])
+        self.cow[row] = on
+
+    def _put(self, name: str, row: int, values: Seq[float], fill: float) -> None:
+        """Write a row of a padded matrix, widening the matrix (for every row) when values do not fit."""
+        have = getattr(self, name)
+        if len(values) > have.shape[1]:
+            wider = np.full((self.max_rows, len(values)), fill, have.dtype)
+            wider[:, : have.shape[1]] = have
+            setattr(self, name, wider)
+            self.resized.add(name)
+            have = wider
+        have[row] = fill
+        have[row, : len(values)] = values
 
     def append_tokens(self, rows: np.ndarray, ids: list[int], ascending: bool = False) -> None:
         """The host received ids[i] for rows[i] (all active): appended to their sequences' token lists
@@ -210,7 +253,8 @@ class PersistentBatch:
             "seq_id": seq.seq_id, "num_tokens": len(seq.token_ids), "num_prompt": seq.num_prompt_tokens,
             "protected": seq.protected_len, "num_blocks": len(seq.block_table),
             "num_hashed": len(seq.block_hashes), "temperature": np.float32(seq.params.temperature),
-            "top_k": seq.params.top_k, "top_p": np.float32(seq.params.top_p),
+            "top_k": seq.params.top_k, "top_p": np.float32(seq.params.top_p), "min_p": np.float32(seq.params.min_p),
+            "min_tokens": seq.params.min_tokens, "processed": seq.params.processed,
         }  # fmt: skip
         for name, value in want.items():
             if getattr(self, name)[r] != value:

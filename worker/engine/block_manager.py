@@ -106,6 +106,31 @@ class BlockManager:
         seq.block_table.extend(self._take() for _ in range(need))
         return True
 
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """child shares all of parent's blocks (n > 1 choices after one prefill): counts go up, and the
+        child inherits the parent's committed hashes. The shared last block, if partial, must be copied
+        by whichever sequence writes into it first (copy_on_write)."""
+        for b in parent.block_table:
+            self.ref_counts[b] += 1
+        child.block_table = list(parent.block_table)
+        child.block_hashes = list(parent.block_hashes)
+        child.planned_hashes = list(parent.block_hashes)  # nothing pending: it computes no prompt block
+        child.protected_len = parent.protected_len
+
+    def copy_on_write(self, seq: Sequence, index: int) -> tuple[int, int] | None | bool:
+        """Before seq writes into its block `index`: if other sequences share it, seq gets a fresh block
+        and (old, new) is returned for the KV copy; None if seq holds it alone (write in place); False
+        if no block is free (nothing changed)."""
+        old = seq.block_table[index]
+        if self.ref_counts[old] == 1:
+            return None
+        if not self.num_free_blocks:
+            return False
+        new = self._take()
+        self.ref_counts[old] -= 1
+        seq.block_table[index] = new
+        return old, new
+
     def commit_computed(self, seq: Sequence, upto: int) -> None:
         """Hash and cache seq's full blocks below position `upto`: at most its computed (or scheduled)
         tokens, and only tokens the host has (a token still being sampled cannot be hashed yet)."""

@@ -2,7 +2,8 @@
 
 Mirrored: block_table int32 [R, W], last_token int64 [R] (the row's newest token: written by the host
 when a row joins, by the step itself on the device after sampling, so a decode input never waits for
-the host), fparams float32 [R, 2], iparams int64 [R, 3] and stop_ids int64 [R, S].
+the host), fparams float32 [R, 3], iparams int64 [R, 3], stop_ids int64 [R, S], and for the logits
+processing pparams float32 [R, 3], bias_ids int64 [R, B] and bias_values float32 [R, B].
 
 With copy=False (the CPU) the device tensors are the host arrays themselves (torch.from_numpy views):
 nothing is copied, ever. With copy=True (CUDA; also on the CPU in tests, to check the bookkeeping)
@@ -18,7 +19,7 @@ import torch
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.sampler import to_device
 
-MIRRORED = ("block_table", "last_token", "fparams", "iparams", "stop_ids")
+MIRRORED = ("block_table", "last_token", "fparams", "iparams", "stop_ids", "pparams", "bias_ids", "bias_values")
 
 
 class DeviceRows:
@@ -29,7 +30,7 @@ class DeviceRows:
         self.tensors: dict[str, torch.Tensor] = {name: self._full(name) for name in MIRRORED}
         batch.joined.clear()
         batch.grew.clear()
-        batch.stop_ids_resized = False
+        batch.resized.clear()
 
     def _full(self, name: str) -> torch.Tensor:
         host = torch.from_numpy(getattr(self.batch, name))
@@ -44,9 +45,9 @@ class DeviceRows:
     def sync(self) -> None:
         """Bring the device copies up to date with the host for the rows that changed."""
         b = self.batch
-        if b.stop_ids_resized:  # a request with more stop ids than any before: a wider array
-            self.tensors["stop_ids"] = self._full("stop_ids")
-            b.stop_ids_resized = False
+        for name in b.resized:  # a request with more stop ids (or biases) than any before: a wider array
+            self.tensors[name] = self._full(name)
+        b.resized.clear()
         if not self.copy:
             b.joined.clear()
             b.grew.clear()

@@ -23,7 +23,7 @@ from worker.engine.loader import load_model, read_config
 from worker.engine.model_runner import InFlightStep, ModelRunner
 from worker.engine.models import ModelConfig
 from worker.engine.ordering import batch_order
-from worker.engine.outputs import RequestOutput
+from worker.engine.outputs import CompletionOutput, RequestOutput
 from worker.engine.pooling import PoolingConfig, PoolingConfigError
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler
@@ -144,12 +144,15 @@ class Engine:
         encoded = iter(self.tokenizer.encode_batch(texts) if texts else [])
         for i, (prompt, p) in enumerate(zip(prompts, params_list, strict=True)):
             ids, error = self._prompt_ids(prompt, next(encoded) if isinstance(prompt, str) else None)
+            if error is None and p.logit_bias and p.logit_bias[-1][0] >= self.vocab_size:
+                error = (f"logit_bias token id {p.logit_bias[-1][0]} is outside the vocabulary "
+                         f"[0, {self.vocab_size}); use ids the model's tokenizer produces")  # fmt: skip
             if error is not None:
                 yield RequestOutput(i, ids, [], "", "error", len(ids), 0, error=error)
                 continue
             seed = p.seed if p.seed is not None else hash((self.config.seed, i)) & 0x7FFF_FFFF_FFFF_FFFF
-            seqs.append(Sequence(self._next_seq_id, i, ids, p, seed))
-            self._next_seq_id += 1
+            seqs.append(self._request(i, ids, p, seed))
+        emitted: set[int] = set()  # requests with n > 1 whose output was yielded
         order = batch_order([s.token_ids for s in seqs], [s.params.max_tokens for s in seqs], self.config.block_size)
         for j in order:
             self.scheduler.add(seqs[j])
@@ -160,7 +163,12 @@ class Engine:
                     self._in_flight = None
                     log.info("engine_stopped", aborted=len(dropped))
                     return
-                yield from (self._output(s) for s in self.step())
+                for seq in self.step():
+                    if seq.group is None:
+                        yield self._output([seq])
+                    elif seq.index not in emitted and all(c.is_finished for c in seq.group):
+                        emitted.add(seq.index)
+                        yield self._output(seq.group)
         finally:
             if self.scheduler.has_unfinished() or self._in_flight is not None:  # the caller closed early
                 self.scheduler.abort_all()
@@ -239,6 +247,21 @@ class Engine:
         return finished
 
     # ---- helpers ---------------------------------------------------------------------------
+    def _request(self, index: int, ids: list[int], params: SamplingParams, seed: int) -> Sequence:
+        """The sequence of choice 0; with n > 1 the other choices wait in its `forks` (choice i draws
+        with seed + i, vLLM's rule, so choice 0 is the n = 1 request)."""
+        group = []
+        for choice in range(params.n):
+            seq = Sequence(self._next_seq_id, index, ids, params, seed + choice)
+            self._next_seq_id += 1
+            seq.choice = choice
+            group.append(seq)
+        if params.n > 1:
+            group[0].forks = group[1:]
+            for seq in group:
+                seq.group = group
+        return group[0]
+
     @staticmethod
     def _params_for(
         prompts: Seq, params: SamplingParams | Seq[SamplingParams] | None
@@ -281,29 +304,39 @@ class Engine:
         tail long enough to hold any stop string (a character is at most 4 bytes, a token at least
         one), and the whole completion only on a hit. Keeps a long completion's checks linear.
         """
-        stops = seq.params.stop
-        window = 4 * max(len(s) for s in stops) + 2
-        if not any(s in self.tokenizer.decode(seq.output_token_ids[-window:]) for s in stops):
+        p = seq.params
+        if seq.num_output_tokens < p.min_tokens:  # as vLLM: no stop before min_tokens tokens
             return False
-        text = self.tokenizer.decode(seq.output_token_ids)
-        hits = [i for i in (text.find(s) for s in seq.params.stop) if i >= 0]
+        stops, skip = p.stop, p.skip_special_tokens
+        window = 4 * max(len(s) for s in stops) + 2
+        if not any(s in self.tokenizer.decode(seq.output_token_ids[-window:], skip) for s in stops):
+            return False
+        text = self.tokenizer.decode(seq.output_token_ids, skip)
+        floor = len(self.tokenizer.decode(seq.output_token_ids[: p.min_tokens], skip)) if p.min_tokens else 0
+        hits = [i for i in (text.find(s, max(0, floor - len(s) + 1)) for s in stops) if i >= 0]
         if not hits:
             return False
         seq.text = text[: min(hits)]
         return True
 
-    def _output(self, seq: Sequence) -> RequestOutput:
-        out_ids = seq.output_token_ids
-        text = seq.text if seq.text is not None else self.tokenizer.decode(out_ids)
+    def _output(self, choices: list[Sequence]) -> RequestOutput:
+        """The request's output from its finished choices (index order)."""
+        outs = []
+        for seq in choices:
+            ids = seq.output_token_ids
+            text = seq.text if seq.text is not None else self.tokenizer.decode(ids, seq.params.skip_special_tokens)
+            outs.append(CompletionOutput(seq.choice, text, ids, seq.finish_reason or "error", seq.logprobs))
+        first = choices[0]
         return RequestOutput(
-            index=seq.index,
-            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
-            token_ids=out_ids,
-            text=text,
-            finish_reason=seq.finish_reason or "error",
-            prompt_tokens=seq.num_prompt_tokens,
-            cached_tokens=seq.num_cached_tokens or 0,
-            error=seq.error,
-            logprobs=seq.logprobs,
-            prompt_logprobs=seq.prompt_logprobs,
+            index=first.index,
+            prompt_token_ids=first.token_ids[: first.num_prompt_tokens],
+            token_ids=outs[0].token_ids,
+            text=outs[0].text,
+            finish_reason=outs[0].finish_reason,
+            prompt_tokens=first.num_prompt_tokens,
+            cached_tokens=first.num_cached_tokens or 0,
+            error=next((s.error for s in choices if s.error is not None), None),
+            logprobs=first.logprobs,
+            prompt_logprobs=first.prompt_logprobs,
+            outputs=outs,
         )

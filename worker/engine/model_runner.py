@@ -19,6 +19,7 @@ from worker.engine.batch_state import PersistentBatch
 from worker.engine.decode_graphs import DecodeGraphs
 from worker.engine.device_rows import DeviceRows
 from worker.engine.host_memory import huge_page_zeros
+from worker.engine.logits_processing import LogitsProcessing
 from worker.engine.models import CausalLM
 from worker.engine.sampler import Sampler, SamplingRows, stop_hits, to_device
 from worker.engine.scheduler import SchedulerOutput
@@ -91,6 +92,7 @@ class ModelRunner:
         else views of the host arrays) and, with static_decode, the padded decode buffers."""
         self.batch = batch
         self.rows = DeviceRows(batch, self.device, copy=mirror)
+        self.processing = LogitsProcessing(batch, self.rows, self.model.cfg.vocab_size)
         if static_decode:
             self.graphs = DecodeGraphs(self.model, self.kv_caches, batch.max_rows, batch.block_table.shape[1],
                                        self.device)  # fmt: skip
@@ -99,6 +101,10 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput) -> InFlightStep:
         rows = self.rows
         rows.sync()
+        if sched.copies:
+            self._copy_blocks(sched.copies)
+        if self.batch.penalty_events:  # penalized rows joined or left: their count slots
+            self.processing.counts.sync(self.batch)
         inputs = build_step(sched, self.batch, rows)
         logits = self._logits(inputs)
         sample_rows = inputs.sample_rows
@@ -114,7 +120,8 @@ class ModelRunner:
             return InFlightStep(sample_rows, none, b.version, True, _NO_TOKENS, None, None, prompt, none,
                                 np.zeros(0, np.bool_))  # fmt: skip
         drawing = b.num_drawing and b.temperature[sample_rows].any()
-        if not rows.copy and not drawing:  # the CPU, greedy: numpy, no torch ops
+        processing = b.num_processed and b.processed[sample_rows].any()
+        if not rows.copy and not drawing and not processing:  # the CPU, greedy: numpy, no torch ops
             return self._greedy_on_host(sampled, sample_rows, inputs.sample_rows_ascending, prompt)
         else:
             temperature = b.temperature[sample_rows]
@@ -122,9 +129,16 @@ class ModelRunner:
             counter = b.num_tokens[sample_rows] + b.num_pending[sample_rows] - 1 - b.num_prompt[sample_rows]
             params = SamplingRows(
                 temperature, b.top_k[sample_rows], b.top_p[sample_rows], rows.fparams.index_select(0, srows_dev),
-                rows.iparams.index_select(0, srows_dev), to_device(counter, self.device),
+                rows.iparams.index_select(0, srows_dev), to_device(counter, self.device), b.min_p[sample_rows],
             )  # fmt: skip
-            tokens = self.sampler.sample(sampled, params)
+            penalized = None
+            if processing:
+                processed, penalized = self.processing.apply(sampled, sample_rows, counter)
+                tokens = self.sampler.sample(processed, params)
+            else:
+                tokens = self.sampler.sample(sampled, params)
+            if penalized is not None:
+                self.processing.count(penalized, tokens)
             rows.last_token.index_copy_(0, srows_dev, tokens)  # the next decode step's inputs
             hits = stop_hits(tokens, rows.stop_ids.index_select(0, srows_dev))
             packed = _to_host(tokens | (hits.to(torch.int64) << 32))
@@ -167,6 +181,14 @@ class ModelRunner:
         """Final normed hidden states of a prefill-only step, no logits ([T, H], or [N, H] for
         meta.output_rows): the embedder's forward, over the same KV cache and backend."""
         return self.model(input_ids, positions, meta, self.kv_caches)
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write of shared KV blocks (forked choices): block dst := block src, every layer."""
+        src = to_device(np.asarray([c[0] for c in copies], np.int64), self.device)
+        dst = to_device(np.asarray([c[1] for c in copies], np.int64), self.device)
+        for k, v in self.kv_caches:
+            k.index_copy_(0, dst, k.index_select(0, src))
+            v.index_copy_(0, dst, v.index_select(0, src))
 
     def _logits(self, inputs: StepInputs) -> torch.Tensor:
         """fp32 logits of the step's logits rows (see step_inputs)."""

@@ -1,4 +1,5 @@
-"""Sampler: next tokens from logits, on the logits' device; greedy, temperature, top-k, top-p; logprobs.
+"""Sampler: next tokens from logits, on the logits' device; greedy, temperature, min_p, top-k, top-p
+(in that order, as vLLM's v1 sampler; the logits come processed: logits_processing.py); logprobs.
 
 A sampled (temperature > 0) row draws by inverting its distribution's CDF at one uniform number. The
 uniform is a counter-based hash of the request's two seed keys and the index of the token being
@@ -31,24 +32,26 @@ def to_device(x: np.ndarray, device: torch.device) -> torch.Tensor:
 @dataclass(frozen=True)
 class SamplingRows:
     """Per logits row: host copies of the parameters (which rows need which work) and device tensors
-    for the math. temperature 0 = greedy; top_k 0 = off; counter = index of the token being drawn
-    (0 for a request's first generated token)."""
+    for the math. temperature 0 = greedy; top_k 0 = off; min_p 0 = off; counter = index of the token
+    being drawn (0 for a request's first generated token)."""
 
     temperature: np.ndarray  # float32 [N]
     top_k: np.ndarray  # int64 [N]
     top_p: np.ndarray  # float32 [N]
-    fparams: torch.Tensor  # float32 [N, 2]: temperature, top_p
+    fparams: torch.Tensor  # float32 [N, 3]: temperature, top_p, min_p
     iparams: torch.Tensor  # int64 [N, 3]: top_k, key0, key1 (32-bit seed keys)
     counter: torch.Tensor  # int64 [N]
+    min_p: np.ndarray  # float32 [N]
 
     @classmethod
     def from_host(cls, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, keys: np.ndarray,
-                  counter: np.ndarray, device: torch.device) -> SamplingRows:  # fmt: skip
+                  counter: np.ndarray, device: torch.device, min_p: np.ndarray | None = None) -> SamplingRows:  # fmt: skip
         """From host arrays (keys int64 [N, 2]); the engine gathers its device copies instead."""
-        f = np.stack([temperature, top_p], axis=1).astype(np.float32)
+        min_p = np.zeros_like(temperature, np.float32) if min_p is None else min_p.astype(np.float32)
+        f = np.stack([temperature, top_p, min_p], axis=1).astype(np.float32)
         i = np.concatenate([top_k[:, None], keys], axis=1).astype(np.int64)
         return cls(temperature.astype(np.float32), top_k.astype(np.int64), top_p.astype(np.float32),
-                   to_device(f, device), to_device(i, device), to_device(counter.astype(np.int64), device))  # fmt: skip
+                   to_device(f, device), to_device(i, device), to_device(counter.astype(np.int64), device), min_p)  # fmt: skip
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -83,11 +86,20 @@ def _top_p(sorted_logits: torch.Tensor, top_p: torch.Tensor, cut: bool) -> torch
     return sorted_logits.masked_fill((probs.cumsum(-1) - probs) >= limit[:, None], float("-inf"))
 
 
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """logits [N, V] (temperature-scaled), min_p [N] -> tokens whose probability is below min_p times
+    the row's top probability at -inf (min_p 0 keeps every token)."""
+    probs = logits.softmax(-1)
+    return logits.masked_fill(probs < min_p[:, None] * probs.amax(-1, keepdim=True), float("-inf"))
+
+
 def _filter(logits: torch.Tensor, rows: SamplingRows, drawn: np.ndarray) -> torch.Tensor:
     """logits [N, V] (temperature-scaled; row i is rows[drawn[i]]) with each row's tokens outside its
     top-k / top-p at -inf. Rows with a top-k cut apply top-p to their k best only (no full sort)."""
     vocab = logits.shape[-1]
     device = logits.device
+    if (rows.min_p[drawn] > 0).any():
+        logits = apply_min_p(logits, rows.fparams[:, 2].index_select(0, to_device(drawn, device)))
     top_k, top_p = rows.top_k[drawn], rows.top_p[drawn]
     k_rows = np.flatnonzero((top_k > 0) & (top_k < vocab))
     if k_rows.size:

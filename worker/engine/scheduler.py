@@ -12,7 +12,8 @@ recomputed (their full blocks usually survive in the prefix cache).
 A sequence scheduled to sample counts the token it will get at once (num_pending), so the next step
 can be scheduled before this one's tokens reach the host (overlapped steps): its decode input is then
 the sampled id the device already holds. A sequence that leaves the batch with tokens still in flight
-is kept in `departed` until they arrive.
+is kept in `departed` until they arrive. A request's n > 1 choices fork from its prefill (fork.py):
+a forked row's first write into a shared block takes its own copy first (`_room`, `out.copies`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
+from worker.engine.fork import fork
 from worker.engine.sequence import Sequence, SequenceStatus
 
 _NO_ROWS = np.zeros(0, np.int64)
@@ -42,6 +44,7 @@ class ScheduledChunk:
     samples: bool
     prompt_first: int = 0
     prompt_end: int = 0
+    forks: tuple[Sequence, ...] = ()  # choices forked now: they sample from this chunk's last logits too
 
 
 @dataclass(slots=True)
@@ -52,6 +55,7 @@ class SchedulerOutput:
     errored: list[Sequence] = field(default_factory=list)  # finished with "error" while scheduling
     admitted: list[Sequence] = field(default_factory=list)  # admitted for the first time this step
     num_preempted: int = 0
+    copies: list[tuple[int, int]] = field(default_factory=list)  # KV blocks to copy (src, dst) first
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -92,7 +96,7 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput([], _NO_ROWS, _NO_ROWS, [], [])
+        out = SchedulerOutput([], _NO_ROWS, _NO_ROWS, [], [], 0, [])
         b = self.batch
         budget = self.config.max_num_batched_tokens
         rows = b.decode_rows()
@@ -101,6 +105,8 @@ class Scheduler:
             at = b.span(rows)
             positions = b.num_computed[at]
             grow = positions >= b.num_blocks[at] * bs
+            if b.num_cow:  # forked rows whose next write goes into a shared block
+                grow |= b.cow[at]
             if grow.any():
                 self._grow(rows[grow], rows, out)
                 rows = rows[b.active[rows]]  # preempted and dropped rows left the batch
@@ -144,14 +150,15 @@ class Scheduler:
         return out
 
     def _grow(self, grow: np.ndarray, rows: np.ndarray, out: SchedulerOutput) -> None:
-        """Give each row of `grow` (decode rows whose next position needs a new block) its block, in
-        admission order, preempting newer sequences (prefilling first) when none is free."""
+        """Give each row of `grow` (decode rows whose next position needs a new block, or their own copy
+        of a shared one) its block, in admission order, preempting newer sequences (prefilling first)
+        when none is free."""
         b = self.batch
         for r in grow[np.argsort(b.admitted_at[grow], kind="stable")].tolist():
             if not b.active[r]:  # preempted for an older row's block
                 continue
             seq = b.seqs[r]
-            while not self.bm.append_slots(seq, int(b.num_computed[r]) + 1):
+            while not self._room(seq, r, out):
                 victim = self._newest_after(rows, int(b.admitted_at[r]))
                 if victim is not None:
                     self._preempt(victim)
@@ -166,6 +173,22 @@ class Scheduler:
                     break
             else:
                 b.sync_blocks(seq)
+
+    def _room(self, seq: Sequence, r: int, out: SchedulerOutput) -> bool:
+        """A block for row r's next position: a new one, or its own copy of one shared with its forks
+        (copy-on-write; the sharer that writes last keeps the original). False: no block is free."""
+        pos = int(self.batch.num_computed[r])
+        if not self.bm.append_slots(seq, pos + 1):
+            return False
+        if self.batch.cow[r]:
+            copy = self.bm.copy_on_write(seq, pos // self.bm.block_size)
+            if copy is False:
+                return False
+            if copy is not None:
+                out.copies.append(copy)
+                self.batch.set_block(r, pos // self.bm.block_size, copy[1])
+            self.batch.mark_cow(r, False)
+        return True
 
     def _newest_after(self, rows: np.ndarray, admitted_at: int) -> Sequence | None:
         """The preemption victim for a decode row admitted at `admitted_at`: the newest prefilling
@@ -186,6 +209,8 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.in_flight:  # preempted with a token on its way: admit once it has arrived
                 break
+            if seq.forks and b.num_active and b.num_active + 1 + len(seq.forks) > self.config.max_num_seqs:
+                break  # rows for every choice (an empty batch forks what fits: _fork)
             if self.bm.blocks_for(seq.num_tokens + 1) > self.bm.num_blocks:
                 self.waiting.popleft()
                 self._drop(seq, f"needs {self.bm.blocks_for(seq.num_tokens + 1)} KV blocks; the cache holds "
@@ -226,7 +251,14 @@ class Scheduler:
             else:
                 first = last = 0
         self._commit(seq)
-        return ScheduledChunk(seq, start, n, samples, first, last)
+        forks = self._fork(seq) if samples and seq.forks else ()
+        return ScheduledChunk(seq, start, n, samples, first, last, forks)
+
+    def _fork(self, parent: Sequence) -> tuple[Sequence, ...]:
+        """parent's other choices take rows sharing its blocks (fork.py); those without a row wait."""
+        forked, left = fork(parent, self.bm, self.batch, self.config.max_num_seqs, self.max_model_len)
+        self.waiting.extendleft(reversed(left))
+        return forked
 
     # ---- prefix cache --------------------------------------------------------------------
     def commit_rows(self, rows: np.ndarray) -> None:
@@ -258,6 +290,9 @@ class Scheduler:
         if seq.batch is not None:
             self._leave(seq)
         seq.finish("error", message)
+        for child in seq.forks:  # choices not forked yet share the parent's fate
+            child.finish("error", message)
+        seq.forks = []
 
     def finish(self, seq: Sequence) -> None:
         """Release a sequence the engine has marked finished: running, or preempted while its last

@@ -42,7 +42,7 @@ class Sequence:
         "seq_id", "index", "params", "token_ids", "num_prompt_tokens", "status", "_num_computed",
         "block_table", "block_hashes", "planned_hashes", "protected_len", "num_cached_tokens", "seed",
         "finish_reason", "error", "logprobs", "prompt_logprobs", "prompt_scored", "text", "batch", "row",
-        "in_flight",
+        "in_flight", "choice", "forks", "group",
     )  # fmt: skip
 
     def __init__(
@@ -72,6 +72,12 @@ class Sequence:
         self.row = -1
         # sampled tokens of steps in flight after the sequence left the batch (preempted or finished)
         self.in_flight = 0
+        # n > 1: every choice of a request is a Sequence of one `group` (index order); choice 0 prefills
+        # and, when its last prompt chunk is scheduled, the others (`forks`, until then) take rows that
+        # share its KV blocks and sample from the same logits (scheduler._fork)
+        self.choice = 0
+        self.forks: list[Sequence] = []
+        self.group: list[Sequence] | None = None
 
     @property
     def num_computed_tokens(self) -> int:

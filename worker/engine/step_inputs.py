@@ -6,7 +6,8 @@ prefill part is built in Python from the chunks (its work is proportional to its
 part with a few numpy operations over the PersistentBatch rows, whatever the batch size.
 
 Logits rows: prompt-logprob rows of the chunks first, then the sampling rows (chunks that reach their
-sequence's last token, then every decode row), so the sampled logits are one contiguous slice.
+sequence's last token, then every decode row), so the sampled logits are one contiguous slice. A chunk
+that forks choices (n > 1) has its last row repeated once per forked choice.
 """
 
 from __future__ import annotations
@@ -117,11 +118,13 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
             prompt.append(PromptScores(seq, c.prompt_first, len(prompt_hidden), count))
             prompt_hidden.extend(range(row0 + c.prompt_first - lo, row0 + c.prompt_end - lo))
             prompt_chunks.extend([len(tables) - 1] * count)
-        if c.samples:
-            sample_hidden.append(row0 + c.num_tokens - 1)
-            sample_chunks.append(len(tables) - 1)
-            sample_rows.append(seq.row)
+        if c.samples:  # the chunk's last logits, once per choice sampled from them (forks: n > 1)
+            for s in (seq, *c.forks):
+                sample_hidden.append(row0 + c.num_tokens - 1)
+                sample_chunks.append(len(tables) - 1)
+                sample_rows.append(s.row)
     num_prefill = len(ids)
+    forked = any(c.forks for c in sched.chunks)
     rows, pos = sched.decode_rows, sched.decode_positions
     num_decode = rows.size
     all_sample_rows = np.concatenate([np.asarray(sample_rows, np.int64), rows])
@@ -160,7 +163,7 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
                 output_context_lens=to_device((all_pos[keep] + 1).astype(np.int32), device),
                 output_block_tables=to_device(keep_tables, device),
             )
-    elif prompt_hidden or len(logit_hidden) + num_decode < total:
+    elif prompt_hidden or forked or len(logit_hidden) + num_decode < total:  # a subset, or rows repeated
         logit_rows = to_device(np.concatenate([np.asarray(logit_hidden, np.int64), np.arange(num_prefill, total)]),
                                device)  # fmt: skip
     meta = AttentionMetadata(slot_mapping=to_device(all_slots, device), **meta_args)
