@@ -16,6 +16,7 @@ import torch
 from worker.engine.backends import select_backend
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.block_manager import BlockManager
+from worker.engine.completion_texts import CompletionTexts
 from worker.engine.config import EngineConfig
 from worker.engine.decode_graphs import activation_bytes
 from worker.engine.embedder import Embedder, EmbeddingOutput, dimensions_per_prompt
@@ -23,7 +24,7 @@ from worker.engine.loader import load_model, read_config
 from worker.engine.model_runner import InFlightStep, ModelRunner
 from worker.engine.models import ModelConfig
 from worker.engine.ordering import batch_order
-from worker.engine.outputs import CompletionOutput, RequestOutput
+from worker.engine.outputs import RequestOutput
 from worker.engine.pooling import PoolingConfig, PoolingConfigError
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler
@@ -56,7 +57,8 @@ class Engine:
         runner.bind(self.batch, mirror=config.torch_device.type != "cpu", static_decode=bool(config.static_decode))
         self.scheduler = Scheduler(config, self.block_manager, self.batch, max_model_len)
         self.stats = EngineStats()
-        self.outputs = StepOutputs(self.scheduler, self.stats, self._stop_string)
+        self.texts = CompletionTexts(tokenizer)
+        self.outputs = StepOutputs(self.scheduler, self.stats, self.texts.stop_hit)
         self._in_flight: InFlightStep | None = None  # the launched step whose tokens are not applied yet
         self._next_seq_id = 0
         try:  # embeddings need the checkpoint's sentence-transformers pooling config; generation does not
@@ -165,10 +167,10 @@ class Engine:
                     return
                 for seq in self.step():
                     if seq.group is None:
-                        yield self._output([seq])
+                        yield self.texts.output([seq])
                     elif seq.index not in emitted and all(c.is_finished for c in seq.group):
                         emitted.add(seq.index)
-                        yield self._output(seq.group)
+                        yield self.texts.output(seq.group)
         finally:
             if self.scheduler.has_unfinished() or self._in_flight is not None:  # the caller closed early
                 self.scheduler.abort_all()
@@ -296,47 +298,3 @@ class Engine:
             need = " (prompt + at least one generated token)" if room else ""
             return ids, f"prompt has {len(ids)} tokens but the context holds {self.max_model_len}{need}; shorten it"
         return ids, None
-
-    def _stop_string(self, seq: Sequence) -> bool:
-        """Cut seq.text before the earliest stop string, if the completion now contains one.
-
-        Earlier tokens were checked already, so a new match ends in the latest token: decode only a
-        tail long enough to hold any stop string (a character is at most 4 bytes, a token at least
-        one), and the whole completion only on a hit. Keeps a long completion's checks linear.
-        """
-        p = seq.params
-        if seq.num_output_tokens < p.min_tokens:  # as vLLM: no stop before min_tokens tokens
-            return False
-        stops, skip = p.stop, p.skip_special_tokens
-        window = 4 * max(len(s) for s in stops) + 2
-        if not any(s in self.tokenizer.decode(seq.output_token_ids[-window:], skip) for s in stops):
-            return False
-        text = self.tokenizer.decode(seq.output_token_ids, skip)
-        floor = len(self.tokenizer.decode(seq.output_token_ids[: p.min_tokens], skip)) if p.min_tokens else 0
-        hits = [i for i in (text.find(s, max(0, floor - len(s) + 1)) for s in stops) if i >= 0]
-        if not hits:
-            return False
-        seq.text = text[: min(hits)]
-        return True
-
-    def _output(self, choices: list[Sequence]) -> RequestOutput:
-        """The request's output from its finished choices (index order)."""
-        outs = []
-        for seq in choices:
-            ids = seq.output_token_ids
-            text = seq.text if seq.text is not None else self.tokenizer.decode(ids, seq.params.skip_special_tokens)
-            outs.append(CompletionOutput(seq.choice, text, ids, seq.finish_reason or "error", seq.logprobs))
-        first = choices[0]
-        return RequestOutput(
-            index=first.index,
-            prompt_token_ids=first.token_ids[: first.num_prompt_tokens],
-            token_ids=outs[0].token_ids,
-            text=outs[0].text,
-            finish_reason=outs[0].finish_reason,
-            prompt_tokens=first.num_prompt_tokens,
-            cached_tokens=first.num_cached_tokens or 0,
-            error=next((s.error for s in choices if s.error is not None), None),
-            logprobs=first.logprobs,
-            prompt_logprobs=first.prompt_logprobs,
-            outputs=outs,
-        )
