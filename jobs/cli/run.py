@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,6 +41,12 @@ from jobs.cli.job_options import (
     TopPOpt,
     prepare_from_options,
 )
+from jobs.cli.lifecycle_options import (
+    CompletionWindowOpt,
+    NotifyOpt,
+    RunDeadlineOpt,
+    lifecycle_from_options,
+)
 from jobs.errors import FreightError
 from jobs.settings import get_settings
 
@@ -71,17 +78,23 @@ def run(
     price_per_hour: PricePerHourOpt = None,
     prices: PricesOpt = None,
     quantization: QuantizationOpt = None,
+    completion_window: CompletionWindowOpt = None,
+    deadline: RunDeadlineOpt = None,
+    notify: NotifyOpt = None,
 ) -> None:
     """Run a job in this process: plan, shards, cost report. Rerun the same command to resume."""
     options = dict(locals())  # exactly the flags above
+    for name in ("completion_window", "deadline", "notify"):
+        options.pop(name)
     settings = get_settings()
     try:
+        lifecycle = lifecycle_from_options(completion_window, deadline, notify, time.time())
         prepared = prepare_from_options(settings, **options)
     except FreightError as exc:
         raise fail(str(exc)) from None
     from jobs.cli.run_progress import run_with_progress
 
-    code = run_with_progress(prepared, settings)
+    code = run_with_progress(prepared, settings, lifecycle)
     if code:
         raise typer.Exit(code)
 
