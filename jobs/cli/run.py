@@ -118,7 +118,7 @@ def status(
 
 
 def cost(
-    out: str = typer.Argument(..., metavar="OUT", help="the job's OUT: local folder or s3://bucket/prefix"),
+    out: str = typer.Argument(..., metavar="OUT", help="the job's OUT (or a distributed job's id)"),
     as_json: bool = typer.Option(False, "--json", help="print cost.json as it is"),
 ) -> None:
     """The job's cost report (a provisional one, marked so, while shards are still running)."""
@@ -126,7 +126,7 @@ def cost(
     from jobs.tables import cost_table
 
     try:
-        report, provisional = _report(open_store(out, get_settings()))
+        report, provisional = _report(open_store(resolve_out(out), get_settings()))
     except (FreightError, ValueError) as exc:  # ValueError: a malformed URL or option
         raise fail(str(exc)) from None
     if as_json:
@@ -149,7 +149,7 @@ def _report(store: Any) -> tuple[dict[str, Any], bool]:
 
 
 def results(
-    out: str = typer.Argument(..., metavar="OUT", help="the job's OUT: local folder or s3://bucket/prefix"),
+    out: str = typer.Argument(..., metavar="OUT", help="the job's OUT (or a distributed job's id)"),
     head: int = typer.Option(10, metavar="N", help="rows to show"),
     to: Path | None = typer.Option(
         None,
@@ -172,7 +172,7 @@ def results(
 
     err = Console(stderr=True, highlight=False)
     try:
-        store = open_store(out, get_settings())
+        store = open_store(resolve_out(out), get_settings())
         manifest = read_manifest(store)
         done = committed_shards(store)
         missing = [s for s in manifest.shards if s.index not in done]

@@ -81,6 +81,13 @@ def test_expired_run_keeps_committed_rows_and_a_rerun_runs_only_the_rest(
     assert report["cost_usd"] > 0
     status = CliRunner().invoke(app, ["status", str(out)])
     assert status.exit_code == 0 and "expired" in status.output, status.output
+    cost = CliRunner().invoke(app, ["cost", str(out)])
+    assert cost.exit_code == 0 and "expired" in cost.output, cost.output
+    listed = CliRunner().invoke(app, ["jobs", "--prefix", str(tmp_path), "--json"])
+    assert listed.exit_code == 0, listed.output
+    (row,) = json.loads(listed.output)
+    assert row["state"] == "expired" and row["rows_done"] == report["rows"] and row["mode"] == "embedded"
+    assert row["cost_usd"] == pytest.approx(report["cost_usd"]) and row["shards_committed"] == len(committed)
 
     rerun = CliRunner().invoke(app, _args(data, demo_model_dir, out))
     assert rerun.exit_code == 0, rerun.output
@@ -90,6 +97,16 @@ def test_expired_run_keeps_committed_rows_and_a_rerun_runs_only_the_rest(
     assert sorted(_ids(out)) == [f"row-{i:04d}" for i in range(ROWS)]
     final = json.loads((out / "cost.json").read_text())
     assert final["state"] == "succeeded" and final["rows"] == ROWS
+    # a second job under the same prefix, newer: listed first; --state filters
+    other = CliRunner().invoke(app, _args(data, demo_model_dir, tmp_path / "b" / "out2", "--max-tokens", "2"))
+    assert other.exit_code == 0, other.output
+    listed = json.loads(CliRunner().invoke(app, ["jobs", "--prefix", str(tmp_path), "--json"]).output)
+    assert [r["output"] for r in listed] == [str(tmp_path / "b" / "out2"), str(out)]
+    assert [r["state"] for r in listed] == ["succeeded", "succeeded"] and listed[1]["rows_done"] == ROWS
+    none = CliRunner().invoke(app, ["jobs", "--prefix", str(tmp_path), "--json", "--state", "expired"])
+    assert json.loads(none.output) == []
+    table = CliRunner().invoke(app, ["jobs", "--prefix", str(tmp_path)], env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and final["job_id"] in table.output
 
 
 def test_a_deadline_passing_stops_the_run_by_the_clock(tmp_path: Path, demo_model_dir: Path) -> None:
