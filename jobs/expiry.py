@@ -22,6 +22,7 @@ from jobs.lifecycle import read_lifecycle
 from jobs.log import get_logger
 from jobs.manifest import COST_KEY, SUCCESS_KEY, Manifest
 from jobs.notify import clear_claims, notify_final
+from jobs.profile_store import record_report
 from jobs.settings import Settings
 from jobs.storage import ObjectStore
 
@@ -73,6 +74,7 @@ def finalize_and_notify(store: ObjectStore, manifest: Manifest, settings: Settin
             store.delete(EXPIRED_KEY)
     report = finalize(store, manifest)
     notify_final(store, manifest, "succeeded", report, settings)
+    record_report(report, manifest, settings)  # every finished job refines its model's profile
     return report
 
 

@@ -51,6 +51,9 @@ class Settings(BaseSettings):
         3600.0, gt=0, description="the deadline while the model has no measured rate yet, and for the "
         "model load before the first engine step"
     )
+    profiles_path: Path | None = Field(
+        None, description="the throughput profile store of `freight estimate` (default: cache_dir/profiles.json)"
+    )
     # notifications (jobs/notify.py)
     webhook_secret: SecretStr | None = Field(
         None, description="key of the HMAC-SHA256 signature (X-Freight-Signature) of webhook bodies"

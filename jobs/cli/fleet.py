@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from jobs.cli.common import EXIT_JOB_EXPIRED, EXIT_JOB_FAILED, fail, resolve_job
+from jobs.cli.estimate import MaxCostOpt, max_cost_check
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
     DeadlineOpt,
@@ -87,13 +88,14 @@ def submit(
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary before the job id"),
     completion_window: CompletionWindowOpt = None,
     notify: NotifyOpt = None,
+    max_cost: MaxCostOpt = None,
 ) -> None:
     """Plan the job, write its manifest, queue its shards. Prints the job id as the last line.
 
     Submitting the same job again re-queues only shards not yet committed (a resume after a cancel,
     a lost Redis, or failed shards, which get a fresh attempt budget)."""
     options = dict(locals())
-    for name in ("priority", "deadline", "as_json", "completion_window", "notify"):
+    for name in ("priority", "deadline", "as_json", "completion_window", "notify", "max_cost"):
         del options[name]
     from jobs.submission import submit_job
 
@@ -105,7 +107,7 @@ def submit(
     if not model.startswith("s3://") and not Path(model).exists():
         raise fail(f"model {model} does not exist: give a checkpoint folder or s3://bucket/prefix")
     try:
-        prepared = prepare_from_options(settings, **options)
+        prepared = prepare_from_options(settings, **options, check=max_cost_check(max_cost, settings, prices))
     except FreightError as exc:
         raise fail(str(exc)) from None
     spec = prepared.manifest.spec

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from jobs.cli.common import fail, plural, resolve_out
+from jobs.cli.estimate import MaxCostOpt, max_cost_check
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
     FrequencyPenaltyOpt,
@@ -81,15 +82,17 @@ def run(
     completion_window: CompletionWindowOpt = None,
     deadline: RunDeadlineOpt = None,
     notify: NotifyOpt = None,
+    max_cost: MaxCostOpt = None,
 ) -> None:
     """Run a job in this process: plan, shards, cost report. Rerun the same command to resume."""
     options = dict(locals())  # exactly the flags above
-    for name in ("completion_window", "deadline", "notify"):
+    for name in ("completion_window", "deadline", "notify", "max_cost"):
         options.pop(name)
     settings = get_settings()
     try:
         lifecycle = lifecycle_from_options(completion_window, deadline, notify, time.time())
-        prepared = prepare_from_options(settings, **options)
+        check = max_cost_check(max_cost, settings, prices)
+        prepared = prepare_from_options(settings, **options, check=check)
     except FreightError as exc:
         raise fail(str(exc)) from None
     from jobs.cli.run_progress import run_with_progress

@@ -1,0 +1,69 @@
+"""The token counts of a job before it runs, read the way the shards will read it: every shard's rows
+through `build_requests` (overrides, chat templates, likelihood), tokenized with the model's
+tokenizer, and the prefill the prefix cache leaves to compute.
+
+Prefix cache model (the engine's block manager): a prompt's leading full blocks (block_size tokens,
+hashed with their parents) already computed by an earlier prompt of the job are reused; the rest is
+computed. One engine runs the job's shards in plan order (the embedded runner; on a fleet each worker
+has its own cache, so the figure is a lower bound there). A fully cached prompt still computes its
+last token (the engine needs its logits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from jobs.datasets import InputReader
+from jobs.manifest import Manifest
+from jobs.settings import Settings
+from worker.row_requests import build_requests
+
+BLOCK_SIZE = 16  # EngineConfig's default block size
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    """What the job's prompts hold and ask for. Rows with bad input count in `rows_bad` only."""
+
+    rows: int
+    rows_bad: int
+    prompt_tokens: int
+    computed_prompt_tokens: int
+    max_completion_tokens: int  # sum over the good rows of their max_tokens
+    shards: int
+
+
+def count_tokens(manifest: Manifest, tokenizer: Any, settings: Settings | None = None,
+                 max_model_len: int | None = None, block_size: int = BLOCK_SIZE) -> TokenCounts:  # fmt: skip
+    """Read every shard's rows and count (see the module docstring). A prompt of `max_model_len`
+    tokens or more is a bad row, as the engine refuses it."""
+    reader = InputReader(manifest.input, settings)
+    seen: set[int] = set()  # hashes of full prefix blocks computed so far (chained with the parent)
+    rows = bad = prompt = computed = max_out = 0
+    for shard in manifest.shards:
+        indices = shard.row_indices()
+        table = reader.read(shard.ranges)
+        requests = build_requests(table, indices, manifest.spec, manifest.input, tokenizer)
+        texts = [r.prompt for r in requests if isinstance(r.prompt, str)]
+        encoded = iter(tokenizer.encode_batch(texts)) if texts else iter(())
+        for req in requests:
+            rows += 1
+            if req.error is not None or req.sampling is None:
+                bad += 1
+                continue
+            ids = next(encoded) if isinstance(req.prompt, str) else list(req.prompt or [])
+            if not ids or (max_model_len is not None and len(ids) >= max_model_len):
+                bad += 1
+                continue
+            prompt += len(ids)
+            max_out += req.sampling.max_tokens
+            cached, parent = 0, 0
+            for start in range(0, len(ids) - len(ids) % block_size, block_size):
+                parent = hash((parent, tuple(ids[start : start + block_size])))
+                if parent in seen and cached == start:
+                    cached = start + block_size
+                seen.add(parent)
+            computed += len(ids) - min(cached, len(ids) - 1)
+    return TokenCounts(rows=rows, rows_bad=bad, prompt_tokens=prompt, computed_prompt_tokens=computed,
+                       max_completion_tokens=max_out, shards=len(manifest.shards))  # fmt: skip
