@@ -2,7 +2,8 @@
 
     engine_seconds = computed_prompt_tokens / prefill_tokens_per_s
                    + completion_tokens / decode_tokens_per_s
-    completion_tokens (expected) = max_completion_tokens x stop_fraction
+                   + decode_context_tokens / decode_context_tokens_per_s   (when the profile has it)
+    completion_tokens (expected) = sum over rows of expected_tokens(max_tokens, stop_hazard)
     billed_seconds = load_seconds + shards x shard_overhead_s + engine_seconds
     cost_usd = billed_seconds / 3600 x price per hour (on-demand and spot both given)
 
@@ -47,8 +48,11 @@ class Estimate:
 def estimate(counts: Any, profile: Profile, prices: PriceTable, instance_type: str, market: str,
              price_per_hour: float | None = None) -> Estimate:  # fmt: skip
     """`counts`: worker.estimate_tokens.TokenCounts (any object with its fields)."""
-    completion = round(counts.max_completion_tokens * profile.stop_fraction)
-    engine = counts.computed_prompt_tokens / profile.prefill_tokens_per_s + completion / profile.decode_tokens_per_s
+    completion = round(counts.expected_completion_tokens)
+    decode = completion / profile.decode_tokens_per_s
+    if profile.decode_context_tokens_per_s is not None:
+        decode += counts.decode_context_tokens / profile.decode_context_tokens_per_s
+    engine = counts.computed_prompt_tokens / profile.prefill_tokens_per_s + decode
     billed = profile.load_seconds + counts.shards * profile.shard_overhead_s + engine
     chosen = prices.pricing(instance_type, market, price_per_hour)  # type: ignore[arg-type]
     try:

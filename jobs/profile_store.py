@@ -4,8 +4,12 @@ A profile is fitted from a finished job's cost.json (every finalize feeds the st
 profile MODEL` runs a short synthetic job to make one):
 
     prefill_tokens_per_s   computed prompt tokens (prompt - cached) / prefill_seconds
-    decode_tokens_per_s    completion tokens / decode_seconds
+    decode_tokens_per_s    completion tokens / decode_seconds; with decode_context_tokens_per_s
+                           (fitted by `freight profile` over shards of different prompt lengths):
+                           decode_seconds = tokens / decode_tokens_per_s + context / that
     stop_fraction          completion tokens / the rows' max_tokens (rows stop early at EOS / stop)
+    stop_hazard            the per-token chance of stopping that gives that mean length, so a job
+                           with another max_tokens gets its own expected length
     shard_overhead_s       (billed - load - engine busy) seconds per shard: reading, writing, committing
     load_seconds           the model load a run pays once
 
@@ -41,6 +45,14 @@ class Profile(BaseModel):
     stop_fraction: float = Field(ge=0, le=1)
     shard_overhead_s: float = Field(ge=0)
     load_seconds: float = Field(ge=0)
+    stop_hazard: float = Field(
+        0.0, ge=0, lt=1, description="the chance a row stops (EOS, stop string) at each generated "
+        "token, fitted from the run's mean length: a row of max_tokens M generates (1-(1-h)^M)/h"
+    )
+    decode_context_tokens_per_s: float | None = Field(
+        None, gt=0, description="attention's share of decode: context tokens attended per second "
+        "(`freight profile` fits it; None: decode time is tokens / decode_tokens_per_s alone)"
+    )
     source: Literal["measured", "default"] = "measured"
     job_id: str | None = None
     measured_at: float = 0.0
@@ -50,6 +62,27 @@ class Profile(BaseModel):
 # was measured. The estimate says "default" beside them.
 DEFAULT_PROFILE = Profile(prefill_tokens_per_s=8000.0, decode_tokens_per_s=1500.0, stop_fraction=1.0,
                           shard_overhead_s=1.0, load_seconds=60.0, source="default")  # fmt: skip
+
+
+def expected_tokens(max_tokens: int, hazard: float) -> float:
+    """Mean generated tokens of a row allowed `max_tokens` when it stops with chance `hazard` per token."""
+    if hazard <= 0.0:
+        return float(max_tokens)
+    return (1.0 - (1.0 - hazard) ** max_tokens) / hazard
+
+
+def fit_hazard(mean_tokens: float, max_tokens: int) -> float:
+    """The hazard whose expected_tokens(max_tokens) is `mean_tokens` (bisection; 0 when rows never stop)."""
+    if mean_tokens >= max_tokens - 1e-9:
+        return 0.0
+    lo, hi = 0.0, 1.0 - 1e-12
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if expected_tokens(max_tokens, mid) > mean_tokens:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 def profile_key(model: str, instance_type: str, quantization: str | None) -> str:
@@ -69,12 +102,14 @@ def fit_profile(report: dict[str, Any], manifest: Manifest) -> Profile | None:
     rows_ok = report.get("rows", 0) - report.get("rows_failed", 0)
     per_row = manifest.spec.sampling.max_tokens
     # per-row max_tokens overrides are not in the report: the job-wide value then is a guess
-    stop = min(1.0, completion / max(1, rows_ok * per_row)) if "max_tokens" not in manifest.input.override_columns else 1.0
+    uniform = "max_tokens" not in manifest.input.override_columns
+    stop = min(1.0, completion / max(1, rows_ok * per_row)) if uniform else 1.0
+    hazard = fit_hazard(completion / max(1, rows_ok), per_row) if uniform else 0.0
     shards = max(1, len(report.get("shards", [])))
     load = float(report.get("load_seconds", 0.0))
     overhead = max(0.0, report.get("billed_seconds", 0.0) - load - report.get("busy_seconds", 0.0)) / shards
     return Profile(prefill_tokens_per_s=computed / prefill_s, decode_tokens_per_s=completion / decode_s,
-                   stop_fraction=stop, shard_overhead_s=overhead, load_seconds=load,
+                   stop_fraction=stop, stop_hazard=hazard, shard_overhead_s=overhead, load_seconds=load,
                    job_id=report.get("job_id"), measured_at=time.time())  # fmt: skip
 
 
@@ -118,9 +153,14 @@ def record_report(report: dict[str, Any], manifest: Manifest, settings: Settings
         profile = fit_profile(report, manifest)
         if profile is not None:
             spec = manifest.spec
-            ProfileStore.for_settings(settings).put(
-                profile_key(spec.model, spec.instance_type, spec.quantization), profile
-            )
+            store = ProfileStore.for_settings(settings)
+            key = profile_key(spec.model, spec.instance_type, spec.quantization)
+            old = store.get(key)
+            if old is not None and old.decode_context_tokens_per_s is not None:
+                # a job's totals cannot separate decode's two terms: keep `freight profile`'s fit
+                profile = profile.model_copy(update={"decode_tokens_per_s": old.decode_tokens_per_s,
+                                                     "decode_context_tokens_per_s": old.decode_context_tokens_per_s})  # fmt: skip
+            store.put(key, profile)
         return profile
     except (OSError, ValueError) as exc:
         log.warning("profile_not_recorded", job_id=manifest.job_id, error=str(exc))

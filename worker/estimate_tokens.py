@@ -16,6 +16,7 @@ from typing import Any
 
 from jobs.datasets import InputReader
 from jobs.manifest import Manifest
+from jobs.profile_store import expected_tokens
 from jobs.settings import Settings
 from worker.row_requests import build_requests
 
@@ -24,7 +25,12 @@ BLOCK_SIZE = 16  # EngineConfig's default block size
 
 @dataclass(frozen=True)
 class TokenCounts:
-    """What the job's prompts hold and ask for. Rows with bad input count in `rows_bad` only."""
+    """What the job's prompts hold and ask for. Rows with bad input count in `rows_bad` only.
+
+    `decode_context_tokens`: the attention work of decoding, the sum over every generated token of
+    the context it attends (a row of P prompt tokens generating G: G*P + G*(G-1)/2), with G =
+    the row's expected length (jobs.profile_store.expected_tokens at the profile's stop hazard);
+    `expected_completion_tokens` their sum; `shard_decode` holds (generated tokens, context tokens) per shard."""
 
     rows: int
     rows_bad: int
@@ -32,16 +38,23 @@ class TokenCounts:
     computed_prompt_tokens: int
     max_completion_tokens: int  # sum over the good rows of their max_tokens
     shards: int
+    expected_completion_tokens: float = 0.0
+    decode_context_tokens: float = 0.0
+    shard_decode: tuple[tuple[float, float], ...] = ()
 
 
 def count_tokens(manifest: Manifest, tokenizer: Any, settings: Settings | None = None,
-                 max_model_len: int | None = None, block_size: int = BLOCK_SIZE) -> TokenCounts:  # fmt: skip
+                 max_model_len: int | None = None, block_size: int = BLOCK_SIZE,
+                 stop_hazard: float = 0.0) -> TokenCounts:  # fmt: skip
     """Read every shard's rows and count (see the module docstring). A prompt of `max_model_len`
     tokens or more is a bad row, as the engine refuses it."""
     reader = InputReader(manifest.input, settings)
     seen: set[int] = set()  # hashes of full prefix blocks computed so far (chained with the parent)
     rows = bad = prompt = computed = max_out = 0
+    expected = 0.0
+    per_shard: list[tuple[float, float]] = []
     for shard in manifest.shards:
+        generated = context = 0.0
         indices = shard.row_indices()
         table = reader.read(shard.ranges)
         requests = build_requests(table, indices, manifest.spec, manifest.input, tokenizer)
@@ -58,6 +71,10 @@ def count_tokens(manifest: Manifest, tokenizer: Any, settings: Settings | None =
                 continue
             prompt += len(ids)
             max_out += req.sampling.max_tokens
+            g = expected_tokens(req.sampling.max_tokens, stop_hazard)
+            generated += g
+            expected += g
+            context += g * len(ids) + g * max(g - 1.0, 0.0) / 2.0
             cached, parent = 0, 0
             for start in range(0, len(ids) - len(ids) % block_size, block_size):
                 parent = hash((parent, tuple(ids[start : start + block_size])))
@@ -65,5 +82,7 @@ def count_tokens(manifest: Manifest, tokenizer: Any, settings: Settings | None =
                     cached = start + block_size
                 seen.add(parent)
             computed += len(ids) - min(cached, len(ids) - 1)
+        per_shard.append((generated, context))
     return TokenCounts(rows=rows, rows_bad=bad, prompt_tokens=prompt, computed_prompt_tokens=computed,
-                       max_completion_tokens=max_out, shards=len(manifest.shards))  # fmt: skip
+                       max_completion_tokens=max_out, shards=len(manifest.shards), expected_completion_tokens=expected,
+                       decode_context_tokens=sum(c for _, c in per_shard), shard_decode=tuple(per_shard))  # fmt: skip

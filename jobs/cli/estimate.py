@@ -64,9 +64,10 @@ def estimate_manifest(manifest: Manifest, settings: Settings, prices: Path | Non
     spec = manifest.spec
     model_dir = resolve_model(spec.model, settings)
     config = json.loads((Path(model_dir) / "config.json").read_text())
-    counts = count_tokens(manifest, Tokenizer(Path(model_dir)), settings, config.get("max_position_embeddings"))
     key = profile_key(spec.model, spec.instance_type, spec.quantization)
     profile = ProfileStore.for_settings(settings).get(key) or DEFAULT_PROFILE
+    counts = count_tokens(manifest, Tokenizer(Path(model_dir)), settings, config.get("max_position_embeddings"),
+                          stop_hazard=profile.stop_hazard)  # fmt: skip
     table = PriceTable.load(prices) if prices else PriceTable.load()
     return estimate(counts, profile, table, spec.instance_type, spec.market, spec.price_per_hour)
 
@@ -154,7 +155,7 @@ def profile_cmd(
     instance_type: InstanceTypeOpt = "cpu-local",
     quantization: QuantizationOpt = None,
     rows: int = typer.Option(64, min=4, max=100_000, metavar="N", help="synthetic rows to run"),
-    max_tokens: int = typer.Option(32, min=1, max=4096, metavar="N", help="tokens to generate per row"),
+    max_tokens: int = typer.Option(64, min=1, max=4096, metavar="N", help="tokens to generate per row"),
     price_per_hour: PricePerHourOpt = None,
 ) -> None:
     """Measure MODEL's prefill and decode rates on this machine with a short synthetic job; stored
