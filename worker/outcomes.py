@@ -15,6 +15,7 @@ from jobs.client import queue_for_model, send_finalize
 from jobs.cost import AttemptRecord, usd
 from jobs.expiry import expire_job
 from jobs.finalize import committed_shards, report_now
+from jobs.lifecycle import read_lifecycle
 from jobs.log import get_logger
 from jobs.manifest import SUCCESS_KEY, Manifest, waste_key
 from jobs.markers import failed_shards, is_cancelled, write_failure, write_failures_manifest
@@ -91,8 +92,9 @@ def finish_if_done(rt: ProcessRuntime, store: ObjectStore, manifest: Manifest, a
         failures = write_failures_manifest(store, job_id)
         rt.live.set_job_state(job_id, "failed")
         log.error("job_failed", shards_failed=[f["shard"] for f in failures])
-        report = report_now(store, manifest, sorted(committed))
-        notify_final(store, manifest, "failed", report, rt.settings)
+        if read_lifecycle(store).notify:  # the report only for a notification
+            report = report_now(store, manifest, sorted(committed))
+            notify_final(store, manifest, "failed", report, rt.settings)
         return "failed"
     return "running"
 

@@ -246,9 +246,12 @@ def cancel(job_or_out: str = typer.Argument(..., help="job id or OUT")) -> None:
 def _notify_cancelled(store: ObjectStore, settings: Any) -> None:
     """The "cancelled" notification (once), with the cost so far; waits FREIGHT_NOTIFY_DRAIN_S at most."""
     from jobs.finalize import committed_shards, report_now
+    from jobs.lifecycle import read_lifecycle
     from jobs.manifest import read_manifest
     from jobs.notify import notifier, notify_final
 
+    if not read_lifecycle(store).notify:
+        return
     manifest = read_manifest(store)
     report = report_now(store, manifest, sorted(committed_shards(store)))
     if notify_final(store, manifest, "cancelled", report, settings):
