@@ -25,6 +25,7 @@ from jobs.progress import WorkerBeat
 from jobs.storage import open_store
 
 SECRET = "fleet-secret"
+ROWS, SHARDS = 24, 12
 
 
 @pytest.fixture
@@ -60,9 +61,9 @@ class _Hook:
 
 
 def _input(path: Path) -> Path:
-    """Shards 0-1 (2 rows each) finish at once; shards 2-5 generate 1,200 tokens a row on the small
-    model: seconds each, so a deadline a few seconds after the start falls inside them."""
-    rows = 12
+    """Shards 0-1 (2 rows each) finish at once; shards 2-11 generate 1,200 tokens a row on the small
+    model: about a second each on a quiet machine, so a deadline 4 s after the start falls inside them."""
+    rows = ROWS
     table = pa.table({
         "id": [f"r{i:02d}" for i in range(rows)],
         "prompt": [f"{i:02d} prompt number {i}" for i in range(rows)],
@@ -100,8 +101,8 @@ def test_a_fleet_job_expires_mid_run_and_a_resubmit_finishes_it(fleet: Fleet, tm
     assert (out / "_EXPIRED").exists() and not (out / "_SUCCESS").exists()
     report = json.loads((out / "cost.json").read_text())
     committed = {p.name: p.read_bytes() for p in (out / "shards").glob("*.parquet")}
-    assert report["state"] == "expired" and 2 <= len(committed) < 6
-    assert report["shards_missing"] == 6 - len(committed) and report["rows"] == 2 * len(committed)
+    assert report["state"] == "expired" and 2 <= len(committed) < SHARDS
+    assert report["shards_missing"] == SHARDS - len(committed) and report["rows"] == 2 * len(committed)
     stopped = [e for line in w.log_text().splitlines() if line.startswith("{")
                and (e := json.loads(line)).get("event") == "shard_stopped"]  # fmt: skip
     assert [e["reason"] for e in stopped] == ["expired"]  # the running attempt stopped at a step
@@ -120,21 +121,21 @@ def test_a_fleet_job_expires_mid_run_and_a_resubmit_finishes_it(fleet: Fleet, tm
     again = freight(["submit", str(inp), "--model", str(fleet.model), "--output", str(out), "--id-column", "id",
                      "--shard-rows", "2", "--max-tokens", "1200", "--notify", hook.url], env)  # fmt: skip
     assert again.returncode == 0, again.stderr
-    assert f"queued {6 - len(committed)} of 6 shards" in again.stderr
+    assert f"queued {SHARDS - len(committed)} of {SHARDS} shards" in again.stderr
     done = fleet.wait_done(out, timeout=300)
     assert done.returncode == 0, done.stderr[-1200:]
     for name, data in committed.items():  # the resubmit ran only the missing shards
         assert (out / "shards" / name).read_bytes() == data
     final = json.loads((out / "cost.json").read_text())
-    assert final["state"] == "succeeded" and final["rows"] == 12
+    assert final["state"] == "succeeded" and final["rows"] == ROWS
     ids = sorted(datasets.read_results(open_store(str(out))).column("id").to_pylist())
-    assert ids == [f"r{i:02d}" for i in range(12)]
+    assert ids == [f"r{i:02d}" for i in range(ROWS)]
     wait_for(lambda: len(hook.posts) == 2, 15, "the succeeded webhook")
     time.sleep(0.5)
     assert hook.states() == ["expired", "succeeded"]
     listed = json.loads(freight(["jobs", "--json", "--state", "succeeded"], env).stdout)
     assert [r["job_id"] for r in listed] == [sub.job_id]
     cost = freight(["cost", sub.job_id, "--json"], env)
-    assert cost.returncode == 0 and json.loads(cost.stdout)["rows"] == 12, cost.stderr
+    assert cost.returncode == 0 and json.loads(cost.stdout)["rows"] == ROWS, cost.stderr
     assert w.alive()
     hook.server.shutdown()
