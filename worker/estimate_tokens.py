@@ -62,7 +62,8 @@ def count_tokens(manifest: Manifest, tokenizer: Any, settings: Settings | None =
         encoded = iter(tokenizer.encode_batch(texts)) if texts else iter(())
         for req in requests:
             rows += 1
-            if req.error is not None or req.sampling is None:
+            embedding = req.endpoint == "embeddings"  # prefill only: no completion tokens
+            if req.error is not None or (req.sampling is None and not embedding):
                 bad += 1
                 continue
             ids = next(encoded) if isinstance(req.prompt, str) else list(req.prompt or [])
@@ -70,11 +71,15 @@ def count_tokens(manifest: Manifest, tokenizer: Any, settings: Settings | None =
                 bad += 1
                 continue
             prompt += len(ids)
-            max_out += req.sampling.max_tokens
-            g = expected_tokens(req.sampling.max_tokens, stop_hazard)
-            generated += g
-            expected += g
-            context += g * len(ids) + g * max(g - 1.0, 0.0) / 2.0
+            if req.sampling is None:
+                computed += len(ids)  # embeddings: no prefix cache (nothing is kept)
+                continue
+            n = int(getattr(req.sampling, "n", 1) or 1)  # n choices share the prompt, each generates
+            max_out += req.sampling.max_tokens * n
+            per = expected_tokens(req.sampling.max_tokens, stop_hazard)  # one choice's expected length
+            generated += per * n
+            expected += per * n
+            context += n * (per * len(ids) + per * max(per - 1.0, 0.0) / 2.0)
             cached, parent = 0, 0
             for start in range(0, len(ids) - len(ids) % block_size, block_size):
                 parent = hash((parent, tuple(ids[start : start + block_size])))
