@@ -75,6 +75,7 @@ def finalize(store: ObjectStore, manifest: Manifest | None = None) -> dict[str, 
             f"{len(missing)} of {len(manifest.shards)} shards not committed yet ({head})"
         )
     report = report_now(store, manifest, [s.index for s in manifest.shards])
+    report["state"] = "succeeded"
     data = json.dumps(report, indent=1).encode()
     if not store.put_if_absent(COST_KEY, data):
         report = json.loads(store.get(COST_KEY))  # another finalizer won; its report stands

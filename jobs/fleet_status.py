@@ -1,7 +1,7 @@
 """State of a distributed job: storage markers decide the end state, Redis adds live progress.
 
 end states from storage: succeeded (_SUCCESS), failed (failures.json: every shard ended, some failed),
-cancelled (_CANCELLED). Otherwise Redis says queued / running with per-state shard counts.
+expired (_EXPIRED: past its completion window), cancelled (_CANCELLED). Otherwise Redis says queued / running with per-state shard counts.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import redis
 
 from jobs.client import queue_for_model
+from jobs.expiry import EXPIRED_KEY
 from jobs.finalize import committed_shards
 from jobs.leases import live_nodes
 from jobs.live_state import LiveState
@@ -69,6 +70,8 @@ def fleet_status(store: ObjectStore, live: LiveState | None, manifest: Manifest 
         state = "succeeded"
     elif store.exists(FAILURES_KEY) and len(committed) + len(failed) >= total:
         state = "failed"
+    elif store.exists(EXPIRED_KEY):
+        state = "expired"
     elif is_cancelled(store):
         state = "cancelled"
     elif len(committed) == total:

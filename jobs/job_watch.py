@@ -58,7 +58,24 @@ class JobWatch:
         if time.monotonic() >= self._next_reconcile:
             self._next_reconcile = time.monotonic() + RECONCILE_EVERY_S
             self._reconcile(st.job_id)
+            if self._expire_if_over(st):
+                return fleet_status(self.store, self.live, self.manifest)
         return st
+
+    def _expire_if_over(self, st: FleetStatus) -> bool:
+        """Past its deadline with nothing queued or running, but not marked expired (the worker whose
+        shard ended last could not write it): expire it here. True if it did."""
+        from jobs.expiry import expire_job
+        from jobs.lifecycle import read_lifecycle
+
+        if st.shards_running or not read_lifecycle(self.store).past_due():
+            return False
+        states = self.live.shard_states(st.job_id)
+        if any(s in ("queued", "running") for s in states.values()):
+            return False
+        report = expire_job(self.store, self.manifest, self.settings)
+        self.live.set_job_state(st.job_id, "expired" if report is not None else "succeeded")
+        return True
 
     def _reconcile(self, job_id: str) -> None:
         from jobs.client import FleetClient

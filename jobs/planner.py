@@ -6,6 +6,7 @@ Every check a user can fail runs here, before anything is written under OUT.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -44,9 +45,15 @@ class PreparedJob:
 
 
 def prepare_job(
-    spec: JobSpec, settings: Settings | None = None, prices: PriceTable | None = None
+    spec: JobSpec,
+    settings: Settings | None = None,
+    prices: PriceTable | None = None,
+    check: Callable[[Manifest], None] | None = None,
 ) -> PreparedJob:
-    """Validate, plan, and write OUT/manifest.json (or match the one there). Nothing is written on error."""
+    """Validate, plan, and write OUT/manifest.json (or match the one there). Nothing is written on error.
+
+    `check(manifest)` runs after planning, before anything is written (e.g. `--max-cost`); it raises
+    FreightError to refuse the job."""
     store = open_store(spec.output, settings)
     root = store.local_path("manifest.json")
     if root is not None and root.parent.exists() and not root.parent.is_dir():
@@ -56,6 +63,8 @@ def prepare_job(
     elif store.exists(SUCCESS_KEY) or store.exists(COST_KEY) or store.list("shards/"):
         raise SpecMismatchError(f"{store.url} holds job output without a manifest: use a new --output")
     manifest = plan(spec, settings, prices)
+    if check is not None:
+        check(manifest)
     manifest, resumed = write_or_match(store, manifest)
     return PreparedJob(store=store, manifest=manifest, resumed=resumed)
 

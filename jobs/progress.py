@@ -50,9 +50,9 @@ NODES_KEY = "freight:nodes"
 LEASES_KEY = "freight:leases"
 RATES_KEY = "freight:rates"
 WORKER_GONE_AFTER_S = 60.0  # a worker whose heartbeat is older than this counts as gone
-SHARD_STATES = ("queued", "running", "committed", "failed", "cancelled")
-JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
-FINISHED_JOB_STATES = frozenset({"succeeded", "failed", "cancelled"})
+SHARD_STATES = ("queued", "running", "committed", "failed", "cancelled", "expired")
+JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled", "expired")
+FINISHED_JOB_STATES = frozenset({"succeeded", "failed", "cancelled", "expired"})
 AUX_KINDS = ("shards", "est", "attempts", "strikes", "nodelost", "started", "cancel", "meta", "orphans")
 JOB_TTL_S = 7 * 24 * 3600  # finished jobs' keys expire after a week
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -50,6 +50,20 @@ class Settings(BaseSettings):
     shard_deadline_unmeasured_s: float = Field(
         3600.0, gt=0, description="the deadline while the model has no measured rate yet, and for the "
         "model load before the first engine step"
+    )
+    profiles_path: Path | None = Field(
+        None, description="the throughput profile store of `freight estimate` (default: cache_dir/profiles.json)"
+    )
+    # notifications (jobs/notify.py)
+    webhook_secret: SecretStr | None = Field(
+        None, description="key of the HMAC-SHA256 signature (X-Freight-Signature) of webhook bodies"
+    )
+    sns_endpoint_url: str | None = Field(None, description="SNS endpoint (moto, LocalStack); None: AWS")
+    notify_attempts: int = Field(6, ge=1, le=100, description="tries per notification before it is dropped")
+    notify_backoff_s: float = Field(1.0, gt=0, description="first retry delay; doubles each try, 60 s at most")
+    notify_timeout_s: float = Field(5.0, gt=0, description="seconds one webhook POST may take")
+    notify_drain_s: float = Field(
+        5.0, ge=0, description="how long `freight run` / `freight cancel` wait for pending notifications at exit"
     )
 
 

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.expiry import EXPIRED_KEY
 from jobs.finalize import committed_shards, load_attempt_records, load_shard_record
 from jobs.manifest import COST_KEY, SUCCESS_KEY, Manifest, read_manifest
 from jobs.markers import FAILURES_KEY, failed_shards, is_cancelled
@@ -16,7 +17,7 @@ from jobs.storage import ObjectStore
 class JobStatus:
     """state, from storage markers in the precedence jobs.fleet_status uses, so `freight status` and its
     fleet line agree: "complete" (_SUCCESS), "failed" (failures.json and every shard ended),
-    "cancelled" (_CANCELLED), "finalizing" (all shards in), "incomplete"."""
+    "expired" (_EXPIRED), "cancelled" (_CANCELLED), "finalizing" (all shards in), "incomplete"."""
 
     job_id: str
     state: str
@@ -40,6 +41,8 @@ def job_status(store: ObjectStore, manifest: Manifest | None = None) -> JobStatu
         state = "complete"
     elif store.exists(FAILURES_KEY) and len(done | failed_shards(store)) >= len(manifest.shards):
         state = "failed"
+    elif store.exists(EXPIRED_KEY):
+        state = "expired"
     elif is_cancelled(store):
         state = "cancelled"
     elif len(done) >= len(manifest.shards):

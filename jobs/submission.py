@@ -6,7 +6,9 @@ Never imports worker/ or torch: shards are sent by task name through jobs.client
 from __future__ import annotations
 
 from jobs.client import FleetClient, Submission
+from jobs.expiry import reopen
 from jobs.finalize import committed_shards
+from jobs.lifecycle import Lifecycle, write_lifecycle
 from jobs.manifest import SUCCESS_KEY
 from jobs.markers import CANCEL_KEY, FAILURES_KEY, FAILURES_PREFIX
 from jobs.planner import PreparedJob
@@ -19,11 +21,14 @@ def submit_job(
     priority: int = 0,
     retry_for_s: float = 5.0,
     deadline: float | None = None,
+    lifecycle: Lifecycle | None = None,
 ) -> Submission:
     """Queue every shard of `prepared` not yet committed; returns what was queued.
 
-    `deadline` (unix seconds) is when the job should be done: the autoscaler sizes the fleet for it.
-    It belongs to this submission, not to the job: a resubmit without one clears it.
+    `deadline` (unix seconds) is when the job should be done: the autoscaler sizes the fleet for it,
+    and past it the job stops and expires (jobs/expiry.py). It belongs to this submission, not to the
+    job: a resubmit without one clears it. `lifecycle` (its deadline should equal `deadline`) also
+    names the notification targets; it is written to OUT/lifecycle.json.
 
     Submitting the same job again resumes it: a cancel marker is lifted, failed shards get a fresh
     attempt budget, committed shards are skipped, and a job whose shards are all committed but
@@ -32,6 +37,8 @@ def submit_job(
     """
     store, manifest = prepared.store, prepared.manifest
     spec = manifest.spec
+    reopen(store)  # an expired job runs its missing shards; this submission's end notifies again
+    write_lifecycle(store, lifecycle or Lifecycle(deadline=deadline))
     store.delete(CANCEL_KEY)
     for key in [*store.list(FAILURES_PREFIX), FAILURES_KEY]:
         store.delete(key)

@@ -52,6 +52,11 @@ def cost_table(report: dict[str, Any], provisional: bool = False) -> Table:
         ("wasted (interruptions)", _usd(report["wasted_cost_usd"])),
         ("shards", f"{len(report['shards']):,}"),
     ]
+    if "state" in report:  # cost.json from before the key: no line
+        state = report["state"]
+        if report.get("shards_missing"):
+            state += f" ({report['shards_missing']:,} shards never ran)"
+        rows.insert(0, ("state", state))
     for what, value in rows:
         t.add_row(what, value)
     return t

@@ -11,7 +11,8 @@ from typing import Any
 
 from jobs.datasets import InputReader
 from jobs.errors import ModelNotFoundError
-from jobs.finalize import committed_shards, finalize
+from jobs.expiry import finalize_and_notify
+from jobs.finalize import committed_shards
 from jobs.log import get_logger
 from jobs.manifest import PARTIAL_ROOT, Manifest
 from jobs.model_cache import resolve_model
@@ -148,5 +149,7 @@ def run_local(
                 return LocalRun(outcomes=tuple(outcomes), report=None, load_seconds=load_seconds)
         if committing is not None:
             settled(committing.result())
-    report = finalize(store, manifest)
+    from jobs.settings import get_settings
+
+    report = finalize_and_notify(store, manifest, settings or get_settings())
     return LocalRun(outcomes=tuple(outcomes), report=report, load_seconds=load_seconds)

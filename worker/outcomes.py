@@ -13,10 +13,13 @@ from celery import Celery
 
 from jobs.client import queue_for_model, send_finalize
 from jobs.cost import AttemptRecord, usd
-from jobs.finalize import committed_shards
+from jobs.expiry import expire_job
+from jobs.finalize import committed_shards, report_now
+from jobs.lifecycle import read_lifecycle
 from jobs.log import get_logger
 from jobs.manifest import SUCCESS_KEY, Manifest, waste_key
 from jobs.markers import failed_shards, is_cancelled, write_failure, write_failures_manifest
+from jobs.notify import notify_final
 from jobs.storage import ObjectStore
 from worker.runtime import ProcessRuntime
 from worker.shard import default_pricing
@@ -89,8 +92,27 @@ def finish_if_done(rt: ProcessRuntime, store: ObjectStore, manifest: Manifest, a
         failures = write_failures_manifest(store, job_id)
         rt.live.set_job_state(job_id, "failed")
         log.error("job_failed", shards_failed=[f["shard"] for f in failures])
+        if read_lifecycle(store).notify:  # the report only for a notification
+            report = report_now(store, manifest, sorted(committed))
+            notify_final(store, manifest, "failed", report, rt.settings)
         return "failed"
     return "running"
+
+
+def expire_if_over(rt: ProcessRuntime, store: ObjectStore, manifest: Manifest) -> str:
+    """After a shard stopped or was skipped past the job's deadline: once no shard is queued or
+    running (Redis counts), write the expired report and _EXPIRED and notify (jobs.expiry.expire_job,
+    once). Returns "expired", "succeeded" (every shard was in after all) or "running"."""
+    try:
+        live = rt.live.job(manifest.job_id)
+    except redis.RedisError:
+        return "running"  # the next shard to end asks again
+    if live and live.get("shards_queued", 0) + live.get("shards_running", 0) > 0:
+        return "running"
+    report = expire_job(store, manifest, rt.settings)
+    state = "expired" if report is not None else "succeeded"
+    rt.live.set_job_state(manifest.job_id, state)
+    return state
 
 
 def _unsaved_attempt(

@@ -25,7 +25,8 @@ import structlog
 from celery.exceptions import Reject
 
 from jobs.client import TASK_FINALIZE, TASK_RUN_SHARD
-from jobs.finalize import finalize
+from jobs.expiry import finalize_and_notify
+from jobs.lifecycle import read_lifecycle
 from jobs.log import get_logger
 from jobs.manifest import Manifest, read_manifest, shard_result_key, waste_key
 from jobs.markers import is_cancelled as is_cancelled_in_store
@@ -36,6 +37,7 @@ from worker.celery_app import app
 from worker.deadline import attempt_deadline
 from worker.local import load_engine
 from worker.outcomes import (
+    expire_if_over,
     finish_if_done,
     mark_failed,
     poison_verdict,
@@ -52,13 +54,16 @@ ERROR_BACKOFF_CAP_S = 30.0  # sleep before requeueing a failed attempt: 2, 4, 8 
 
 
 class ShardStop:
-    """`should_stop` for one shard attempt: a spot notice or shutdown (local, free) or a cancel flag
-    in Redis (asked at most every CANCEL_CHECK_S). Remembers why it stopped and, for a cancel, how
+    """`should_stop` for one shard attempt: a spot notice or shutdown (local, free), the job's
+    deadline passed (reason "expired"), or a cancel flag in Redis (asked at most every CANCEL_CHECK_S). Remembers why it stopped and, for a cancel, how
     many engine steps ran after the cancel was requested (`steps_after_cancel`)."""
 
-    def __init__(self, rt: ProcessRuntime, job_id: str, *, engine_steps: bool = True) -> None:
+    def __init__(
+        self, rt: ProcessRuntime, job_id: str, *, engine_steps: bool = True, due: float | None = None
+    ) -> None:
         self.rt = rt
         self.job_id = job_id
+        self.due = due  # the job's deadline (unix s, OUT/lifecycle.json): past it the attempt stops
         self.engine_steps = engine_steps  # False: not called before engine steps (a wait loop)
         self.reason: str | None = None
         self.checks = 0
@@ -76,6 +81,9 @@ class ShardStop:
             self.rt.note_step(now_s)  # the heartbeat's last engine step
         if self.rt.stopping():
             self.reason = "interrupted"
+            return True
+        if self.due is not None and now_s >= self.due:
+            self.reason = "expired"
             return True
         now = time.monotonic()
         if now >= self._next_redis:
@@ -191,13 +199,19 @@ def _run(
     elif rt.live.is_cancelled(job_id) or is_cancelled_in_store(store):
         rt.live.transition(job_id, shard, "cancelled")
         skip = "cancelled"
+    elif read_lifecycle(store).past_due():
+        rt.live.transition(job_id, shard, "expired")
+        skip = "expired"
     elif strikes > 1 and (poison := _poison(rt, job_id, shard, strikes)) is not None:
         mark_failed(rt, store, manifest, shard, attempt, poison)
         skip = "failed"
     if skip is not None:
         rt.live.end_attempt_clean(job_id, shard)
         log.info("shard_skipped", status=skip)
-        finish_if_done(rt, store, manifest, app)
+        if skip == "expired":
+            expire_if_over(rt, store, manifest)
+        else:
+            finish_if_done(rt, store, manifest, app)
         return {"status": skip}
     return _attempt(task, rt, store, manifest, shard, attempt, entered)
 
@@ -224,7 +238,7 @@ def _attempt(
         redelivered=bool((task.request.delivery_info or {}).get("redelivered")),
     )
     rt.live.transition(job_id, shard, "running")
-    stop = ShardStop(rt, job_id)
+    stop = ShardStop(rt, job_id, due=read_lifecycle(store).deadline)
     start = time.perf_counter()
     rt.busy = True
     rt.metrics.busy.set(1)
@@ -250,11 +264,15 @@ def _attempt(
         rt.metrics.wasted_seconds.inc(outcome.attempt_record.billed_seconds)
     if outcome.status == "interrupted":
         log.warning("shard_stopped", reason=stop.reason, why=rt.stop_reason() if stop.reason == "interrupted"
-                    else "job cancelled", rows_saved=outcome.rows, engine_checks=stop.checks,
+                    else f"job {stop.reason}", rows_saved=outcome.rows, engine_checks=stop.checks,
                     steps_after_cancel=stop.steps_after_cancel)  # fmt: skip
         if stop.reason == "cancelled":
             rt.live.transition(job_id, shard, "cancelled")
             return {"status": "cancelled", "rows_saved": outcome.rows}
+        if stop.reason == "expired":  # its finished rows are in OUT/partial/, billed; a resubmit reads them
+            rt.live.transition(job_id, shard, "expired")
+            expire_if_over(rt, store, manifest)
+            return {"status": "expired", "rows_saved": outcome.rows}
         rt.live.transition(job_id, shard, "queued")
         raise Reject(f"shard handed back: {rt.stop_reason()}", requeue=True)
     record = outcome.record
@@ -275,7 +293,8 @@ def finalize_task(self: Any, job_id: str, output: str) -> dict[str, Any]:
     with structlog.contextvars.bound_contextvars(job_id=job_id):
         _, strikes = rt.live.begin_attempt(job_id, FINALIZE_SLOT)
         try:
-            report = finalize(open_store(output, rt.settings))
+            store = open_store(output, rt.settings)
+            report = finalize_and_notify(store, read_manifest(store), rt.settings)
         except Exception as exc:
             log.exception("finalize_error", error=str(exc))
             if strikes >= rt.settings.max_shard_attempts:

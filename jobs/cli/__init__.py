@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from jobs.cli import autoscale, evals, fleet, quantize, run
+from jobs.cli import autoscale, estimate, evals, fleet, jobs_list, quantize, run
 from jobs.cli.style import FreightGroup, restyle_commands
 from jobs.log import configure_logging
 from jobs.settings import get_settings
@@ -28,7 +28,7 @@ def _setup() -> None:
     configure_logging(settings.log_format, settings.log_level)
 
 
-for _module in (run, fleet, quantize, evals, autoscale):
+for _module in (run, fleet, jobs_list, estimate, quantize, evals, autoscale):
     _module.register(app)
 restyle_commands(app)  # capital metavars, no <bool>, one-line errors (jobs/cli/style.py)
 

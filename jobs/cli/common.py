@@ -16,6 +16,7 @@ from jobs.settings import get_settings
 
 EXIT_JOB_FAILED = 1
 EXIT_USER_ERROR = 2
+EXIT_JOB_EXPIRED = 4  # `freight run` / `freight wait`: the job ended past its deadline (3: wait timed out)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT; a run stopped by SIGTERM exits 128 + 15 = 143
 
 

@@ -9,6 +9,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 import typer
@@ -16,7 +17,8 @@ from kombu.exceptions import OperationalError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from jobs.cli.common import EXIT_JOB_FAILED, fail, resolve_job
+from jobs.cli.common import EXIT_JOB_EXPIRED, EXIT_JOB_FAILED, fail, resolve_job
+from jobs.cli.estimate import MaxCostOpt, max_cost_check
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
     DeadlineOpt,
@@ -48,9 +50,9 @@ from jobs.cli.job_options import (
     TopKOpt,
     TopPOpt,
     absolute,
-    parse_deadline,
     prepare_from_options,
 )
+from jobs.cli.lifecycle_options import CompletionWindowOpt, NotifyOpt, lifecycle_from_options
 from jobs.errors import FreightError
 from jobs.settings import get_settings
 from jobs.storage import ObjectStore
@@ -88,29 +90,33 @@ def submit(
     priority: int = typer.Option(0, help="0 (taken first) .. 9 (last)"),
     deadline: DeadlineOpt = None,
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary before the job id"),
+    completion_window: CompletionWindowOpt = None,
+    notify: NotifyOpt = None,
+    max_cost: MaxCostOpt = None,
 ) -> None:
     """Plan the job, write its manifest, queue its shards. Prints the job id as the last line.
 
     Submitting the same job again re-queues only shards not yet committed (a resume after a cancel,
     a lost Redis, or failed shards, which get a fresh attempt budget)."""
     options = dict(locals())
-    del options["priority"], options["deadline"], options["as_json"]
+    for name in ("priority", "deadline", "as_json", "completion_window", "notify", "max_cost"):
+        del options[name]
     from jobs.submission import submit_job
 
     try:
-        deadline_s = parse_deadline(deadline, time.time()) if deadline is not None else None
-    except ValueError as exc:
+        lifecycle = lifecycle_from_options(completion_window, deadline, notify, time.time())
+    except FreightError as exc:
         raise fail(str(exc)) from None
     settings = get_settings()
     if not model.startswith("s3://") and not Path(model).exists():
         raise fail(f"model {model} does not exist: give a checkpoint folder or s3://bucket/prefix")
     try:
-        prepared = prepare_from_options(settings, **options)
+        prepared = prepare_from_options(settings, **options, check=max_cost_check(max_cost, settings, prices))
     except FreightError as exc:
         raise fail(str(exc)) from None
     spec = prepared.manifest.spec
     try:
-        sub = submit_job(prepared, settings, priority=priority, deadline=deadline_s)
+        sub = submit_job(prepared, settings, priority=priority, deadline=lifecycle.deadline, lifecycle=lifecycle)
     except (redis.RedisError, OperationalError) as exc:
         from jobs.redact import redact_url
 
@@ -167,7 +173,7 @@ def wait(
     timeout: float | None = typer.Option(None, help="give up after this many seconds (exit 3)"),
     poll: float = typer.Option(1.0, help="seconds between checks"),
 ) -> None:
-    """Progress bar until the job ends. Exit 0 only when it succeeded; 1 failed or cancelled."""
+    """Progress bar until the job ends. Exit 0 only when it succeeded; 1 failed or cancelled; 4 expired."""
     from jobs.job_watch import JobWatch
     from jobs.live_state import LiveState
     from jobs.storage import open_store
@@ -202,6 +208,8 @@ def wait(
     for f in st.failures:
         console.print(f"shard {f['shard']} failed after {f['attempts']} attempts: {f['reason']}")
     console.print(f"job {st.job_id}: {st.state}")
+    if st.state == "expired":
+        raise typer.Exit(EXIT_JOB_EXPIRED)
     if st.state != "succeeded":
         raise typer.Exit(EXIT_JOB_FAILED)
 
@@ -209,6 +217,7 @@ def wait(
 def cancel(job_or_out: str = typer.Argument(..., help="job id or OUT")) -> None:
     """Cancel: running shards stop at their next engine step, queued ones are skipped, committed stay."""
     from jobs.client import FleetClient
+    from jobs.expiry import is_expired
     from jobs.markers import write_cancel
     from jobs.status import finished_state
     from jobs.storage import open_store
@@ -222,7 +231,9 @@ def cancel(job_or_out: str = typer.Argument(..., help="job id or OUT")) -> None:
         raise fail(str(exc)) from None
     if ended is not None:  # _CANCELLED beside _SUCCESS or failures.json would contradict them
         raise fail(f"job {job_id} already {ended}: there is nothing to cancel ({out})")
-    write_cancel(store, job_id)  # durable: outlives Redis
+    if is_expired(store):
+        raise fail(f"job {job_id} already expired: there is nothing to cancel ({out})")
+    first = write_cancel(store, job_id)  # durable: outlives Redis
     client = FleetClient(settings, retry_for_s=5.0)
     try:
         client.cancel(job_id=job_id)
@@ -231,7 +242,24 @@ def cancel(job_or_out: str = typer.Argument(..., help="job id or OUT")) -> None:
                    "when they next start or when Redis is back") from None  # fmt: skip
     finally:
         client.close()
+    if first:
+        _notify_cancelled(store, settings)
     Console(stderr=True).print(f"job {job_id} cancelled; committed shards stay in {out}")
+
+
+def _notify_cancelled(store: ObjectStore, settings: Any) -> None:
+    """The "cancelled" notification (once), with the cost so far; waits FREIGHT_NOTIFY_DRAIN_S at most."""
+    from jobs.finalize import committed_shards, report_now
+    from jobs.lifecycle import read_lifecycle
+    from jobs.manifest import read_manifest
+    from jobs.notify import notifier, notify_final
+
+    if not read_lifecycle(store).notify:
+        return
+    manifest = read_manifest(store)
+    report = report_now(store, manifest, sorted(committed_shards(store)))
+    if notify_final(store, manifest, "cancelled", report, settings):
+        notifier(settings).drain(settings.notify_drain_s)
 
 
 def print_fleet_status(store: ObjectStore) -> None:

@@ -6,6 +6,7 @@ Declared once as Annotated types so both commands take the same flags with the s
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Literal
@@ -14,6 +15,7 @@ import typer
 from pydantic import ValidationError
 
 from jobs.errors import FreightError, SpecMismatchError
+from jobs.manifest import Manifest
 from jobs.planner import PreparedJob
 from jobs.settings import Settings
 
@@ -231,6 +233,7 @@ def prepare_from_options(
     price_per_hour: float | None,
     prices: Path | None,
     quantization: str | None,
+    check: Callable[[Manifest], None] | None = None,
 ) -> PreparedJob:
     """Validate the options into a JobSpec and write (or match) OUT's manifest.
 
@@ -272,7 +275,7 @@ def prepare_from_options(
             price_per_hour=price_per_hour,
             quantization=quantization,
         )
-        return prepare_job(spec, settings, PriceTable.load(prices) if prices else None)
+        return prepare_job(spec, settings, PriceTable.load(prices) if prices else None, check)
     except SpecMismatchError as exc:
         raise SpecMismatchError(mismatch_line(exc, output), exc.differences) from None
     except ValidationError as exc:

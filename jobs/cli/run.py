@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -11,6 +12,7 @@ import typer
 from rich.console import Console
 
 from jobs.cli.common import fail, plural, resolve_out
+from jobs.cli.estimate import MaxCostOpt, max_cost_check
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
     DimensionsOpt,
@@ -41,6 +43,12 @@ from jobs.cli.job_options import (
     TopKOpt,
     TopPOpt,
     prepare_from_options,
+)
+from jobs.cli.lifecycle_options import (
+    CompletionWindowOpt,
+    NotifyOpt,
+    RunDeadlineOpt,
+    lifecycle_from_options,
 )
 from jobs.errors import FreightError
 from jobs.settings import get_settings
@@ -75,17 +83,25 @@ def run(
     price_per_hour: PricePerHourOpt = None,
     prices: PricesOpt = None,
     quantization: QuantizationOpt = None,
+    completion_window: CompletionWindowOpt = None,
+    deadline: RunDeadlineOpt = None,
+    notify: NotifyOpt = None,
+    max_cost: MaxCostOpt = None,
 ) -> None:
     """Run a job in this process: plan, shards, cost report. Rerun the same command to resume."""
     options = dict(locals())  # exactly the flags above
+    for name in ("completion_window", "deadline", "notify", "max_cost"):
+        options.pop(name)
     settings = get_settings()
     try:
-        prepared = prepare_from_options(settings, **options)
+        lifecycle = lifecycle_from_options(completion_window, deadline, notify, time.time())
+        check = max_cost_check(max_cost, settings, prices)
+        prepared = prepare_from_options(settings, **options, check=check)
     except FreightError as exc:
         raise fail(str(exc)) from None
     from jobs.cli.run_progress import run_with_progress
 
-    code = run_with_progress(prepared, settings)
+    code = run_with_progress(prepared, settings, lifecycle)
     if code:
         raise typer.Exit(code)
 
@@ -109,7 +125,7 @@ def status(
 
 
 def cost(
-    out: str = typer.Argument(..., metavar="OUT", help="the job's OUT: local folder or s3://bucket/prefix"),
+    out: str = typer.Argument(..., metavar="OUT", help="the job's OUT (or a distributed job's id)"),
     as_json: bool = typer.Option(False, "--json", help="print cost.json as it is"),
 ) -> None:
     """The job's cost report (a provisional one, marked so, while shards are still running)."""
@@ -117,7 +133,7 @@ def cost(
     from jobs.tables import cost_table
 
     try:
-        report, provisional = _report(open_store(out, get_settings()))
+        report, provisional = _report(open_store(resolve_out(out), get_settings()))
     except (FreightError, ValueError) as exc:  # ValueError: a malformed URL or option
         raise fail(str(exc)) from None
     if as_json:
@@ -140,7 +156,7 @@ def _report(store: Any) -> tuple[dict[str, Any], bool]:
 
 
 def results(
-    out: str = typer.Argument(..., metavar="OUT", help="the job's OUT: local folder or s3://bucket/prefix"),
+    out: str = typer.Argument(..., metavar="OUT", help="the job's OUT (or a distributed job's id)"),
     head: int = typer.Option(10, metavar="N", help="rows to show"),
     to: Path | None = typer.Option(
         None,
@@ -163,7 +179,7 @@ def results(
 
     err = Console(stderr=True, highlight=False)
     try:
-        store = open_store(out, get_settings())
+        store = open_store(resolve_out(out), get_settings())
         manifest = read_manifest(store)
         done = committed_shards(store)
         missing = [s for s in manifest.shards if s.index not in done]

@@ -13,8 +13,9 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from jobs.cli.common import EXIT_INTERRUPTED, fail, plural
+from jobs.cli.common import EXIT_INTERRUPTED, EXIT_JOB_EXPIRED, fail, plural
 from jobs.errors import FreightError
+from jobs.lifecycle import Lifecycle, write_lifecycle
 from jobs.log import get_logger
 from jobs.manifest import SUCCESS_KEY
 from jobs.planner import PreparedJob
@@ -76,9 +77,9 @@ class _Counters:
         }
 
 
-def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
-    """Run the job; return the exit status (0 done, 130 after SIGINT, 143 after SIGTERM, 2 user error).
-    The summary goes to stdout; progress and logs to stderr."""
+def run_with_progress(prepared: PreparedJob, settings: Settings, lifecycle: Lifecycle | None = None) -> int:
+    """Run the job; return the exit status (0 done, 130 after SIGINT, 143 after SIGTERM, 2 user error,
+    4 expired: past `lifecycle.deadline`). The summary goes to stdout; progress and logs to stderr."""
     from jobs.status import job_status
     from jobs.tables import cost_table
     from worker.local import run_local
@@ -92,6 +93,13 @@ def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
 
         summary.print(cost_table(read_cost(store) or {}))
         return 0
+    from jobs.expiry import reopen
+
+    lifecycle = lifecycle or Lifecycle()
+    reopen(store)  # a rerun lifts an earlier expiry: the missing shards run now
+    write_lifecycle(store, lifecycle)
+    if lifecycle.past_due():  # due before the model would even load
+        return _expired(prepared, settings, summary)
     before = job_status(store, manifest)
     log.info(
         "job_start",
@@ -141,10 +149,15 @@ def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
                         **{k: round(v, 3) for k, v in counters.fields().items()},
                     )
 
+            def should_stop() -> bool:  # before every engine step
+                return stop.is_set() or lifecycle.past_due()
+
             try:
-                result = run_local(store, manifest, settings=settings, should_stop=stop.is_set, on_row=on_row)
+                result = run_local(store, manifest, settings=settings, should_stop=should_stop, on_row=on_row)
             except FreightError as exc:
                 raise fail(str(exc)) from None
+    if result.interrupted and not stop.is_set() and lifecycle.past_due():
+        return _expired(prepared, settings, summary)
     if result.interrupted:
         st = job_status(store, manifest)
         console.print(
@@ -171,4 +184,36 @@ def run_with_progress(prepared: PreparedJob, settings: Settings) -> int:
         soft_wrap=True,
         highlight=False,
     )
+    _drain_notifications(settings, console)
     return 0
+
+
+def _expired(prepared: PreparedJob, settings: Settings, summary: Console) -> int:
+    """The run stopped at its deadline: cost.json (state expired), _EXPIRED, the notification."""
+    from jobs.expiry import expire_job
+
+    store, manifest = prepared.store, prepared.manifest
+    report = expire_job(store, manifest, settings)
+    if report is None:  # every shard was in after all: finalized
+        summary.print(f"job {manifest.job_id} completed at its deadline in {store.url}", soft_wrap=True)
+        _drain_notifications(settings, Console(stderr=True))
+        return 0
+    missing = report.get("shards_missing", 0)
+    summary.print(
+        f"expired: past its deadline with {missing} of {len(manifest.shards)} "
+        f"{plural(len(manifest.shards), 'shard')} missing; kept {report['rows']:,} rows "
+        f"({report['rows_failed']:,} failed), billed ${report['cost_usd']:.6f}\nresults: "
+        f"{store.url_of('shards/')}\nrerun the same command (with a new window) to run the missing shards",
+        soft_wrap=True,
+        highlight=False,
+    )
+    _drain_notifications(settings, Console(stderr=True))
+    return EXIT_JOB_EXPIRED
+
+
+def _drain_notifications(settings: Settings, console: Console) -> None:
+    """Give pending notifications up to FREIGHT_NOTIFY_DRAIN_S before the process exits."""
+    from jobs.notify import notifier
+
+    if not notifier(settings).drain(settings.notify_drain_s):
+        console.print("warning: a job notification was not delivered before exit", soft_wrap=True)

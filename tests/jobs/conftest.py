@@ -69,3 +69,15 @@ def _fresh_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
     get_settings.cache_clear()
     yield
     get_settings.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder of built CPU kernels for the tests that opt in (each test's own FREIGHT_CACHE_DIR
+    would rebuild them: seconds per test)."""
+    return tmp_path_factory.mktemp("kernels")
+
+
+@pytest.fixture
+def shared_kernels(kernel_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FREIGHT_KERNEL_CACHE", str(kernel_cache))

@@ -1,0 +1,189 @@
+"""`freight estimate INPUT --model MODEL ...` and `freight profile MODEL`; `--max-cost`'s check.
+
+The estimate reads the dataset as `run` would (worker.estimate_tokens, imported lazily: it needs the
+model's tokenizer) and prices it with the model's throughput profile (jobs.profile_store).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from jobs.cli.common import fail
+from jobs.cli.job_options import (
+    ContinuationColumnOpt,
+    IdColumnOpt,
+    InputArg,
+    InstanceTypeOpt,
+    MarketOpt,
+    MaxTokensOpt,
+    ModelOpt,
+    PricePerHourOpt,
+    PricesOpt,
+    PromptColumnOpt,
+    QuantizationOpt,
+    SeedOpt,
+    ShardRowsOpt,
+    TemperatureOpt,
+    TopKOpt,
+    TopPOpt,
+    absolute,
+    validation_line,
+)
+from jobs.errors import FreightError
+from jobs.manifest import Manifest
+from jobs.settings import Settings, get_settings
+
+MaxCostOpt = Annotated[
+    float | None,
+    typer.Option(
+        metavar="USD", min=0.0,
+        help="refuse the job, writing nothing, when `freight estimate` predicts it costs more than USD",
+    ),
+]  # fmt: skip
+
+
+def estimate_manifest(manifest: Manifest, settings: Settings, prices: Path | None = None) -> Any:
+    """The jobs.estimate.Estimate of a planned job (tokenizes every row: seconds per million)."""
+    from jobs.cost import PriceTable
+    from jobs.estimate import estimate
+    from jobs.model_cache import resolve_model
+    from jobs.profile_store import DEFAULT_PROFILE, ProfileStore, profile_key
+    from worker.engine.tokenizer import Tokenizer
+    from worker.estimate_tokens import count_tokens
+
+    spec = manifest.spec
+    model_dir = resolve_model(spec.model, settings)
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    key = profile_key(spec.model, spec.instance_type, spec.quantization)
+    profile = ProfileStore.for_settings(settings).get(key) or DEFAULT_PROFILE
+    counts = count_tokens(manifest, Tokenizer(Path(model_dir)), settings, config.get("max_position_embeddings"),
+                          stop_hazard=profile.stop_hazard)  # fmt: skip
+    table = PriceTable.load(prices) if prices else PriceTable.load()
+    return estimate(counts, profile, table, spec.instance_type, spec.market, spec.price_per_hour)
+
+
+def max_cost_check(max_cost: float | None, settings: Settings, prices: Path | None) -> Any:
+    """prepare_job's `check` for --max-cost: refuses a job whose estimate is above it (None: no check)."""
+    if max_cost is None:
+        return None
+
+    def check(manifest: Manifest) -> None:
+        est = estimate_manifest(manifest, settings, prices)
+        if est.cost_usd > max_cost:
+            raise FreightError(
+                f"--max-cost {max_cost:g}: the job is estimated at ${est.cost_usd:.6f} ({est.confidence} "
+                f"profile; {est.rows:,} rows, {est.hours:.3f} h on {est.instance_type}): raise the limit, "
+                "or shrink the job"
+            )
+
+    return check
+
+
+def estimate_cmd(
+    input: InputArg,
+    model: ModelOpt,
+    prompt_column: PromptColumnOpt = "prompt",
+    id_column: IdColumnOpt = None,
+    continuation_column: ContinuationColumnOpt = None,
+    max_tokens: MaxTokensOpt = 128,
+    temperature: TemperatureOpt = 0.0,
+    top_p: TopPOpt = 1.0,
+    top_k: TopKOpt = 0,
+    seed: SeedOpt = 0,
+    shard_rows: ShardRowsOpt = 256,
+    instance_type: InstanceTypeOpt = "cpu-local",
+    market: MarketOpt = "on-demand",
+    price_per_hour: PricePerHourOpt = None,
+    prices: PricesOpt = None,
+    quantization: QuantizationOpt = None,
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Predict a job's tokens, engine hours and dollars before running it (writes nothing)."""
+    from jobs.planner import plan
+    from jobs.spec import JobSpec, SamplingSpec
+
+    settings = get_settings()
+    try:
+        spec = JobSpec(input=absolute(input), model=absolute(model), output=absolute(input) + ".estimate",
+                       prompt_column=prompt_column, id_column=id_column, continuation_column=continuation_column,
+                       sampling=SamplingSpec(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                             top_k=top_k, seed=seed),
+                       shard_rows=shard_rows, instance_type=instance_type, market=market,
+                       price_per_hour=price_per_hour, quantization=quantization)  # fmt: skip
+        from jobs.cost import PriceTable
+
+        manifest = plan(spec, settings, PriceTable.load(prices) if prices else None)
+        est = estimate_manifest(manifest, settings, prices)
+    except ValidationError as exc:
+        raise fail(validation_line(exc)) from None
+    except (FreightError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        sys.stdout.write(json.dumps(est.as_dict()) + "\n")
+        return
+    t = Table(title=f"estimate: {input} on {model}", show_header=False, title_justify="left")
+    t.add_column("what", style="bold")
+    t.add_column("value", justify="right")
+    spot = f"${est.spot_cost_usd:.6f}" if est.spot_cost_usd is not None else "-"
+    for what, value in (
+        ("rows (bad: error rows, no tokens)", f"{est.rows:,} ({est.rows_bad:,})"),
+        ("shards", f"{est.shards:,}"),
+        ("prompt tokens (to compute after prefix reuse)", f"{est.prompt_tokens:,} ({est.computed_prompt_tokens:,})"),
+        ("completion tokens (expected / at most)", f"{est.completion_tokens:,} / {est.max_completion_tokens:,}"),
+        ("engine seconds", f"{est.engine_seconds:,.1f}"),
+        ("billed hours", f"{est.hours:,.4f}"),
+        (f"cost ({est.market})", f"${est.cost_usd:.6f}"),
+        ("on-demand / spot", f"${est.on_demand_cost_usd:.6f} / {spot}"),
+        ("confidence", f"{est.confidence} profile"),
+    ):  # fmt: skip
+        t.add_row(what, value)
+    Console(highlight=False).print(t)
+
+
+def profile_cmd(
+    model: str = typer.Argument(..., metavar="MODEL", help="checkpoint folder or s3://bucket/prefix"),
+    instance_type: InstanceTypeOpt = "cpu-local",
+    quantization: QuantizationOpt = None,
+    rows: int = typer.Option(64, min=4, max=100_000, metavar="N", help="synthetic rows to run"),
+    max_tokens: int = typer.Option(64, min=1, max=4096, metavar="N", help="tokens to generate per row"),
+    price_per_hour: PricePerHourOpt = None,
+) -> None:
+    """Measure MODEL's prefill and decode rates on this machine with a short synthetic job; stored
+    for `freight estimate` (the profile of MODEL on INSTANCE_TYPE with QUANTIZATION)."""
+    from jobs.profile_store import ProfileStore, profile_key
+    from worker.profile_run import run_profile
+
+    settings = get_settings()
+    try:
+        with tempfile.TemporaryDirectory(prefix="freight-profile-") as tmp:
+            t0 = time.perf_counter()
+            profile = run_profile(absolute(model), Path(tmp), settings, instance_type=instance_type,
+                                  quantization=quantization, rows=rows, max_tokens=max_tokens,
+                                  price_per_hour=price_per_hour)  # fmt: skip
+            took = time.perf_counter() - t0
+    except (FreightError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    ProfileStore.for_settings(settings).put(profile_key(absolute(model), instance_type, quantization), profile)
+    Console(highlight=False).print(
+        f"profile of {model} on {instance_type} ({quantization or 'no quantization'}), measured in {took:.1f} s: "
+        f"prefill {profile.prefill_tokens_per_s:,.0f} tok/s, decode {profile.decode_tokens_per_s:,.0f} tok/s, "
+        f"stop fraction {profile.stop_fraction:.2f}, load {profile.load_seconds:.1f} s, "
+        f"{profile.shard_overhead_s:.2f} s per shard\nstored in {ProfileStore.for_settings(settings).path}",
+        soft_wrap=True,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to `app`."""
+    app.command("estimate")(estimate_cmd)
+    app.command("profile")(profile_cmd)

@@ -1,0 +1,70 @@
+"""A job's predicted engine time and cost, from its token counts and a throughput profile.
+
+    engine_seconds = computed_prompt_tokens / prefill_tokens_per_s
+                   + completion_tokens / decode_tokens_per_s
+                   + decode_context_tokens / decode_context_tokens_per_s   (when the profile has it)
+    completion_tokens (expected) = sum over rows of expected_tokens(max_tokens, stop_hazard)
+    billed_seconds = load_seconds + shards x shard_overhead_s + engine_seconds
+    cost_usd = billed_seconds / 3600 x price per hour (on-demand and spot both given)
+
+as cost.json bills a run (each shard's wall time plus the model load). No torch: the counts come
+from worker/estimate_tokens.py, which the CLI imports lazily.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from jobs.cost import PriceTable
+from jobs.errors import FreightError
+from jobs.profile_store import Profile
+
+
+@dataclass(frozen=True)
+class Estimate:
+    rows: int
+    rows_bad: int
+    shards: int
+    prompt_tokens: int
+    computed_prompt_tokens: int
+    completion_tokens: int
+    max_completion_tokens: int
+    engine_seconds: float
+    billed_seconds: float
+    hours: float
+    instance_type: str
+    market: str
+    price_per_hour: float
+    cost_usd: float
+    on_demand_cost_usd: float
+    spot_cost_usd: float | None
+    confidence: str  # "measured" (a profile from a run of this model here) or "default"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def estimate(counts: Any, profile: Profile, prices: PriceTable, instance_type: str, market: str,
+             price_per_hour: float | None = None) -> Estimate:  # fmt: skip
+    """`counts`: worker.estimate_tokens.TokenCounts (any object with its fields)."""
+    completion = round(counts.expected_completion_tokens)
+    decode = completion / profile.decode_tokens_per_s
+    if profile.decode_context_tokens_per_s is not None:
+        decode += counts.decode_context_tokens / profile.decode_context_tokens_per_s
+    engine = counts.computed_prompt_tokens / profile.prefill_tokens_per_s + decode
+    billed = profile.load_seconds + counts.shards * profile.shard_overhead_s + engine
+    chosen = prices.pricing(instance_type, market, price_per_hour)  # type: ignore[arg-type]
+    try:
+        spot = prices.pricing(instance_type, "spot", price_per_hour).price_per_hour if price_per_hour is None else None
+    except FreightError:  # an instance type known only through --price-per-hour
+        spot = None
+    return Estimate(
+        rows=counts.rows, rows_bad=counts.rows_bad, shards=counts.shards, prompt_tokens=counts.prompt_tokens,
+        computed_prompt_tokens=counts.computed_prompt_tokens, completion_tokens=completion,
+        max_completion_tokens=counts.max_completion_tokens, engine_seconds=engine, billed_seconds=billed,
+        hours=billed / 3600.0, instance_type=instance_type, market=market,
+        price_per_hour=chosen.price_per_hour, cost_usd=billed / 3600.0 * chosen.price_per_hour,
+        on_demand_cost_usd=billed / 3600.0 * chosen.on_demand_price_per_hour,
+        spot_cost_usd=billed / 3600.0 * spot if spot is not None else None, confidence=profile.source,
+    )  # fmt: skip

@@ -1,0 +1,190 @@
+"""Notifications when a job reaches a final state: webhooks (signed JSON POST) and SNS topics.
+
+Once per final state: whoever ends the job (finalize, the failures manifest, `freight cancel`, the
+expiry) calls `notify_final`, which claims `OUT/notify/<state>.json` with put_if_absent before it
+sends; a second finalizer (a redelivered finalize after a worker crash, two workers racing) finds
+the claim and sends nothing. Delivery runs on a daemon thread with retries and backoff, so neither
+a slow nor a dead receiver delays the job; `drain(timeout)` lets a short-lived process (`freight
+run`, `freight cancel`) give pending deliveries a bounded time before it exits.
+
+Webhook body (JSON, UTF-8): job_id, state, rows, rows_total, rows_failed, cost_usd, output, results,
+finished_at. Header `X-Freight-Signature: sha256=<hex HMAC-SHA256 of the body bytes>` keyed with
+FREIGHT_WEBHOOK_SECRET (absent secret: sent unsigned, with a warning in the log). SNS: the same JSON
+as the message, subject "freight job <id> <state>".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import queue
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobs.lifecycle import read_lifecycle
+from jobs.log import get_logger
+from jobs.manifest import Manifest
+from jobs.settings import Settings
+from jobs.storage import ObjectStore
+
+log = get_logger(__name__)
+
+NOTIFY_PREFIX = "notify/"
+FINAL_STATES = ("succeeded", "failed", "cancelled", "expired")
+SIGNATURE_HEADER = "X-Freight-Signature"
+
+
+def notify_key(state: str) -> str:
+    return f"{NOTIFY_PREFIX}{state}.json"
+
+
+def sign(body: bytes, secret: str) -> str:
+    """The signature header's value: "sha256=" + hex HMAC-SHA256 of `body` keyed with `secret`."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def payload(manifest: Manifest, state: str, report: dict[str, Any] | None, output: str) -> dict[str, Any]:
+    """The notification's JSON: what ended, how many rows, what it cost, where the results are."""
+    report = report or {}
+    return {
+        "job_id": manifest.job_id,
+        "state": state,
+        "rows": int(report.get("rows", 0)),
+        "rows_total": manifest.input.rows,
+        "rows_failed": int(report.get("rows_failed", 0)),
+        "cost_usd": float(report.get("cost_usd", 0.0)),
+        "output": output,
+        "results": output.rstrip("/") + "/shards/",
+        "finished_at": time.time(),
+    }
+
+
+@dataclass
+class _Delivery:
+    target: str
+    body: bytes
+    subject: str
+    tries: int = 0
+    not_before: float = field(default_factory=time.monotonic)
+
+
+class Notifier:
+    """A background sender: deliveries retried with exponential backoff, never on the caller's thread."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._queue: queue.Queue[_Delivery] = queue.Queue()
+        self._pending = 0
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def send(self, target: str, body: bytes, subject: str) -> None:
+        with self._lock:
+            self._pending += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="freight-notify", daemon=True)
+                self._thread.start()
+        self._queue.put(_Delivery(target, body, subject))
+
+    def drain(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for pending deliveries (delivered or given up); True if none is left."""
+        end = time.monotonic() + timeout
+        with self._lock:
+            while self._pending:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+        return True
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            wait = item.not_before - time.monotonic()
+            if wait > 0:
+                time.sleep(min(wait, 1.0))
+                self._queue.put(item)  # others due sooner go first
+                continue
+            item.tries += 1
+            try:
+                self._deliver(item)
+                log.info("notify_sent", target=_shown(item.target), tries=item.tries)
+            except Exception as exc:  # any failure of a receiver is retried, then logged and dropped
+                if item.tries < self.settings.notify_attempts:
+                    item.not_before = time.monotonic() + min(60.0, self.settings.notify_backoff_s * 2 ** (item.tries - 1))
+                    self._queue.put(item)
+                    continue
+                log.error("notify_failed", target=_shown(item.target), tries=item.tries, error=str(exc))
+            with self._lock:
+                self._pending -= 1
+                self._lock.notify_all()
+
+    def _deliver(self, item: _Delivery) -> None:
+        if item.target.startswith("sns:"):
+            import boto3
+
+            arn = item.target[4:]
+            region = arn.split(":")[3]
+            client = boto3.client("sns", region_name=region, endpoint_url=self.settings.sns_endpoint_url)
+            client.publish(TopicArn=arn, Message=item.body.decode(), Subject=item.subject[:100])
+            return
+        headers = {"Content-Type": "application/json", "User-Agent": "freight-notify/1"}
+        secret = self.settings.webhook_secret
+        if secret:
+            headers[SIGNATURE_HEADER] = sign(item.body, secret.get_secret_value())
+        request = urllib.request.Request(item.target, data=item.body, headers=headers, method="POST")
+        with urllib.request.urlopen(request, timeout=self.settings.notify_timeout_s) as response:
+            if response.status >= 300:
+                raise urllib.error.HTTPError(item.target, response.status, "not 2xx", response.headers, None)
+
+
+def _shown(target: str) -> str:
+    from jobs.redact import redact
+
+    return redact(target)
+
+
+_NOTIFIERS: dict[int, Notifier] = {}
+_NOTIFIERS_LOCK = threading.Lock()
+
+
+def notifier(settings: Settings) -> Notifier:
+    """This process's sender for `settings` (one background thread per process and settings)."""
+    with _NOTIFIERS_LOCK:
+        return _NOTIFIERS.setdefault(id(settings), Notifier(settings))
+
+
+def notify_final(
+    store: ObjectStore,
+    manifest: Manifest,
+    state: str,
+    report: dict[str, Any] | None,
+    settings: Settings,
+) -> bool:
+    """Send the job's notifications for final `state` once (claim first); True if this call sent them."""
+    if state not in FINAL_STATES:
+        raise ValueError(f"unknown final state {state!r}; one of {FINAL_STATES}")
+    lifecycle = read_lifecycle(store)
+    if not lifecycle.notify:
+        return False
+    body = json.dumps(payload(manifest, state, report, manifest.spec.output), sort_keys=True).encode()
+    if not store.put_if_absent(notify_key(state), body):
+        return False  # another finalizer claimed it
+    if not settings.webhook_secret and any(not t.startswith("sns:") for t in lifecycle.notify):
+        log.warning("webhook_unsigned", job_id=manifest.job_id, why="FREIGHT_WEBHOOK_SECRET is not set")
+    sender = notifier(settings)
+    for target in lifecycle.notify:
+        sender.send(target, body, f"freight job {manifest.job_id} {state}")
+    return True
+
+
+def clear_claims(store: ObjectStore) -> None:
+    """A resubmit starts a new submission: its end (failed, cancelled, expired) gets a notification of
+    its own. "succeeded" stays claimed: a job that succeeded never runs again."""
+    for state in ("failed", "cancelled", "expired"):
+        store.delete(notify_key(state))

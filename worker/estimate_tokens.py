@@ -1,0 +1,93 @@
+"""The token counts of a job before it runs, read the way the shards will read it: every shard's rows
+through `build_requests` (overrides, chat templates, likelihood), tokenized with the model's
+tokenizer, and the prefill the prefix cache leaves to compute.
+
+Prefix cache model (the engine's block manager): a prompt's leading full blocks (block_size tokens,
+hashed with their parents) already computed by an earlier prompt of the job are reused; the rest is
+computed. One engine runs the job's shards in plan order (the embedded runner; on a fleet each worker
+has its own cache, so the figure is a lower bound there). A fully cached prompt still computes its
+last token (the engine needs its logits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from jobs.datasets import InputReader
+from jobs.manifest import Manifest
+from jobs.profile_store import expected_tokens
+from jobs.settings import Settings
+from worker.row_requests import build_requests
+
+BLOCK_SIZE = 16  # EngineConfig's default block size
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    """What the job's prompts hold and ask for. Rows with bad input count in `rows_bad` only.
+
+    `decode_context_tokens`: the attention work of decoding, the sum over every generated token of
+    the context it attends (a row of P prompt tokens generating G: G*P + G*(G-1)/2), with G =
+    the row's expected length (jobs.profile_store.expected_tokens at the profile's stop hazard);
+    `expected_completion_tokens` their sum; `shard_decode` holds (generated tokens, context tokens) per shard."""
+
+    rows: int
+    rows_bad: int
+    prompt_tokens: int
+    computed_prompt_tokens: int
+    max_completion_tokens: int  # sum over the good rows of their max_tokens
+    shards: int
+    expected_completion_tokens: float = 0.0
+    decode_context_tokens: float = 0.0
+    shard_decode: tuple[tuple[float, float], ...] = ()
+
+
+def count_tokens(manifest: Manifest, tokenizer: Any, settings: Settings | None = None,
+                 max_model_len: int | None = None, block_size: int = BLOCK_SIZE,
+                 stop_hazard: float = 0.0) -> TokenCounts:  # fmt: skip
+    """Read every shard's rows and count (see the module docstring). A prompt of `max_model_len`
+    tokens or more is a bad row, as the engine refuses it."""
+    reader = InputReader(manifest.input, settings)
+    seen: set[int] = set()  # hashes of full prefix blocks computed so far (chained with the parent)
+    rows = bad = prompt = computed = max_out = 0
+    expected = 0.0
+    per_shard: list[tuple[float, float]] = []
+    for shard in manifest.shards:
+        generated = context = 0.0
+        indices = shard.row_indices()
+        table = reader.read(shard.ranges)
+        requests = build_requests(table, indices, manifest.spec, manifest.input, tokenizer)
+        texts = [r.prompt for r in requests if isinstance(r.prompt, str)]
+        encoded = iter(tokenizer.encode_batch(texts)) if texts else iter(())
+        for req in requests:
+            rows += 1
+            embedding = req.endpoint == "embeddings"  # prefill only: no completion tokens
+            if req.error is not None or (req.sampling is None and not embedding):
+                bad += 1
+                continue
+            ids = next(encoded) if isinstance(req.prompt, str) else list(req.prompt or [])
+            if not ids or (max_model_len is not None and len(ids) >= max_model_len):
+                bad += 1
+                continue
+            prompt += len(ids)
+            if req.sampling is None:
+                computed += len(ids)  # embeddings: no prefix cache (nothing is kept)
+                continue
+            n = int(getattr(req.sampling, "n", 1) or 1)  # n choices share the prompt, each generates
+            max_out += req.sampling.max_tokens * n
+            per = expected_tokens(req.sampling.max_tokens, stop_hazard)  # one choice's expected length
+            generated += per * n
+            expected += per * n
+            context += n * (per * len(ids) + per * max(per - 1.0, 0.0) / 2.0)
+            cached, parent = 0, 0
+            for start in range(0, len(ids) - len(ids) % block_size, block_size):
+                parent = hash((parent, tuple(ids[start : start + block_size])))
+                if parent in seen and cached == start:
+                    cached = start + block_size
+                seen.add(parent)
+            computed += len(ids) - min(cached, len(ids) - 1)
+        per_shard.append((generated, context))
+    return TokenCounts(rows=rows, rows_bad=bad, prompt_tokens=prompt, computed_prompt_tokens=computed,
+                       max_completion_tokens=max_out, shards=len(manifest.shards), expected_completion_tokens=expected,
+                       decode_context_tokens=sum(c for _, c in per_shard), shard_decode=tuple(per_shard))  # fmt: skip
