@@ -14,30 +14,40 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from jobs.cli.common import fail
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
+    DimensionsOpt,
+    FrequencyPenaltyOpt,
     IdColumnOpt,
     InputArg,
     InstanceTypeOpt,
+    LogitBiasOpt,
+    LogprobsOpt,
     MarketOpt,
     MaxTokensOpt,
+    MinPOpt,
+    MinTokensOpt,
     ModelOpt,
+    NOpt,
+    PresencePenaltyOpt,
     PricePerHourOpt,
     PricesOpt,
     PromptColumnOpt,
     QuantizationOpt,
+    RepetitionPenaltyOpt,
     SeedOpt,
     ShardRowsOpt,
+    StopOpt,
+    TaskOpt,
     TemperatureOpt,
     TopKOpt,
     TopPOpt,
     absolute,
-    validation_line,
+    spec_from_options,
 )
 from jobs.errors import FreightError
 from jobs.manifest import Manifest
@@ -95,11 +105,22 @@ def estimate_cmd(
     prompt_column: PromptColumnOpt = "prompt",
     id_column: IdColumnOpt = None,
     continuation_column: ContinuationColumnOpt = None,
+    task: TaskOpt = "generate",
+    dimensions: DimensionsOpt = None,
     max_tokens: MaxTokensOpt = 128,
     temperature: TemperatureOpt = 0.0,
     top_p: TopPOpt = 1.0,
     top_k: TopKOpt = 0,
     seed: SeedOpt = 0,
+    stop: StopOpt = None,
+    n: NOpt = 1,
+    logprobs: LogprobsOpt = None,
+    presence_penalty: PresencePenaltyOpt = 0.0,
+    frequency_penalty: FrequencyPenaltyOpt = 0.0,
+    repetition_penalty: RepetitionPenaltyOpt = 1.0,
+    min_p: MinPOpt = 0.0,
+    min_tokens: MinTokensOpt = 0,
+    logit_bias: LogitBiasOpt = None,
     shard_rows: ShardRowsOpt = 256,
     instance_type: InstanceTypeOpt = "cpu-local",
     market: MarketOpt = "on-demand",
@@ -108,24 +129,17 @@ def estimate_cmd(
     quantization: QuantizationOpt = None,
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    """Predict a job's tokens, engine hours and dollars before running it (writes nothing)."""
+    """Predict a job's tokens, engine hours and dollars before running it (writes nothing); it takes
+    the options of `run`."""
+    options = {k: v for k, v in locals().items() if k not in ("as_json", "prices")}  # the flags of run
+    from jobs.cost import PriceTable
     from jobs.planner import plan
-    from jobs.spec import JobSpec, SamplingSpec
 
     settings = get_settings()
     try:
-        spec = JobSpec(input=absolute(input), model=absolute(model), output=absolute(input) + ".estimate",
-                       prompt_column=prompt_column, id_column=id_column, continuation_column=continuation_column,
-                       sampling=SamplingSpec(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                             top_k=top_k, seed=seed),
-                       shard_rows=shard_rows, instance_type=instance_type, market=market,
-                       price_per_hour=price_per_hour, quantization=quantization)  # fmt: skip
-        from jobs.cost import PriceTable
-
+        spec = spec_from_options(output=absolute(input) + ".estimate", **options)
         manifest = plan(spec, settings, PriceTable.load(prices) if prices else None)
         est = estimate_manifest(manifest, settings, prices)
-    except ValidationError as exc:
-        raise fail(validation_line(exc)) from None
     except (FreightError, ValueError) as exc:
         raise fail(str(exc)) from None
     if as_json:

@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from pydantic import ValidationError
@@ -18,6 +18,9 @@ from jobs.errors import FreightError, SpecMismatchError
 from jobs.manifest import Manifest
 from jobs.planner import PreparedJob
 from jobs.settings import Settings
+
+if TYPE_CHECKING:
+    from jobs.spec import JobSpec
 
 
 def _shipped_instance_types() -> str:
@@ -205,6 +208,32 @@ def mismatch_line(exc: SpecMismatchError, out: str) -> str:
 def prepare_from_options(
     settings: Settings,
     *,
+    output: str,
+    prices: Path | None,
+    check: Callable[[Manifest], None] | None = None,
+    **options: Any,
+) -> PreparedJob:
+    """Validate the options (those of `spec_from_options`) into a JobSpec and write (or match) OUT's
+    manifest.
+
+    Raises FreightError with one clear line for anything the user can fix; nothing is written then.
+    """
+    from jobs.cost import PriceTable
+    from jobs.planner import prepare_job
+
+    spec = spec_from_options(output=output, **options)
+    try:
+        return prepare_job(spec, settings, PriceTable.load(prices) if prices else None, check)
+    except SpecMismatchError as exc:
+        raise SpecMismatchError(mismatch_line(exc, output), exc.differences) from None
+    except ValidationError as exc:
+        raise FreightError(validation_line(exc)) from None
+    except ValueError as exc:  # a malformed URL or option
+        raise FreightError(str(exc)) from None
+
+
+def spec_from_options(
+    *,
     input: str,
     model: str,
     output: str,
@@ -231,20 +260,13 @@ def prepare_from_options(
     instance_type: str,
     market: str,
     price_per_hour: float | None,
-    prices: Path | None,
     quantization: str | None,
-    check: Callable[[Manifest], None] | None = None,
-) -> PreparedJob:
-    """Validate the options into a JobSpec and write (or match) OUT's manifest.
-
-    Raises FreightError with one clear line for anything the user can fix; nothing is written then.
-    """
-    from jobs.cost import PriceTable
-    from jobs.planner import prepare_job
+) -> JobSpec:
+    """The JobSpec of `run` / `submit` / `estimate`'s flags; FreightError with one line if invalid."""
     from jobs.spec import JobSpec, SamplingSpec
 
     try:
-        spec = JobSpec(
+        return JobSpec(
             input=absolute(input),
             model=absolute(model),
             output=absolute(output),
@@ -275,9 +297,6 @@ def prepare_from_options(
             price_per_hour=price_per_hour,
             quantization=quantization,
         )
-        return prepare_job(spec, settings, PriceTable.load(prices) if prices else None, check)
-    except SpecMismatchError as exc:
-        raise SpecMismatchError(mismatch_line(exc, output), exc.differences) from None
     except ValidationError as exc:
         raise FreightError(validation_line(exc)) from None
     except ValueError as exc:  # a malformed URL or option

@@ -95,3 +95,21 @@ def test_estimate_table_and_max_cost(tmp_path: Path, demo_model_dir: Path) -> No
     assert not out.exists()
     ok = CliRunner().invoke(app, ["run", *_job(data, demo_model_dir), "--output", str(out), "--max-cost", "100"])
     assert ok.exit_code == 0, ok.output
+
+
+def test_estimate_takes_runs_sampling_and_task_flags(tmp_path: Path, demo_model_dir: Path) -> None:
+    """`estimate` reads the job as `run` would with the same flags: --n 3 expects three choices per
+    row, and a bad flag is refused naming it."""
+    data = write_parquet(prompts_table(8), tmp_path / "in.parquet")
+    one = _estimate(data, demo_model_dir)
+    three = json.loads(_invoke("estimate", *_job(data, demo_model_dir), "--n", "3", "--json").splitlines()[-1])
+    assert three["prompt_tokens"] == one["prompt_tokens"]
+    assert three["max_completion_tokens"] == 3 * one["max_completion_tokens"]
+    bad = CliRunner().invoke(app, ["estimate", *_job(data, demo_model_dir), "--presence-penalty", "3"])
+    assert bad.exit_code == 2 and "--presence-penalty" in bad.output, bad.output
+
+
+def _invoke(*args: str) -> str:
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
