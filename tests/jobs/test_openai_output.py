@@ -74,6 +74,16 @@ def _rows() -> list[dict[str, Any]]:
     ]
 
 
+def _result_schema() -> pa.Schema:
+    """The worker's result schema plus the contract's issue-15 columns it does not write yet; those it
+    writes must have the contract's types."""
+    base = datasets.result_schema(False)
+    for field in NEW_FIELDS:
+        if field.name in base.names:
+            assert base.field(field.name).type == field.type, f"{field.name}: {base.field(field.name).type}"
+    return pa.schema([*base, *(f for f in NEW_FIELDS if f.name not in base.names)])
+
+
 def _job(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
     """OUT of a finished two-shard JSONL job whose results are `rows`."""
     out = tmp_path / "out"
@@ -88,7 +98,7 @@ def _job(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
                         price_per_hour=1.0, on_demand_price_per_hour=1.0)  # fmt: skip
     store = open_store(str(out))
     store.put("manifest.json", manifest.to_json())
-    schema = pa.schema([*datasets.result_schema(False), *NEW_FIELDS])
+    schema = _result_schema()
     for shard, part in ((0, rows[:cut]), (1, rows[cut:])):
         store.put(shard_result_key(shard), datasets.write_result(pa.Table.from_pylist(part, schema)))
         ran = [r for r in part if r["error"] is None]
