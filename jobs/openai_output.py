@@ -59,8 +59,8 @@ class RequestIds:
 
 
 def default_endpoint(manifest: Manifest) -> str:
-    """The endpoint of rows in shards written before the `endpoint` column: chat for a messages
-    prompt column, else completions (no such job ran embeddings)."""
+    """The endpoint of rows in shards written without the `endpoint` column (a row with an
+    `embedding` is an embeddings request): chat for a messages prompt column, else completions."""
     return ENDPOINT_CHAT if manifest.input.prompt_kind == "messages" else ENDPOINT_COMPLETIONS
 
 
@@ -78,7 +78,9 @@ def request_line(
 ) -> tuple[dict[str, Any], bool]:
     """(the row's line, failed)."""
     ids = RequestIds.of(manifest.job_id, row_number)
-    endpoint = row.get("endpoint") or default_endpoint(manifest)
+    endpoint = row.get("endpoint") or (
+        ENDPOINT_EMBEDDINGS if row.get("embedding") is not None else default_endpoint(manifest)
+    )
     if endpoint not in ENDPOINTS:
         raise ValueError(f"row {row['id']!r}: endpoint {endpoint!r} is none of {', '.join(ENDPOINTS)}")
     line: dict[str, Any] = {"id": ids.line, "custom_id": str(row["id"])}

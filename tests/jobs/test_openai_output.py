@@ -84,21 +84,22 @@ def _result_schema() -> pa.Schema:
     return pa.schema([*base, *(f for f in NEW_FIELDS if f.name not in base.names)])
 
 
-def _job(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
-    """OUT of a finished two-shard JSONL job whose results are `rows`."""
+def _job(tmp_path: Path, rows: list[dict[str, Any]], schema: pa.Schema | None = None) -> Path:
+    """OUT of a finished two-shard JSONL job whose results are `rows` (in `schema`, default: all
+    the result columns)."""
     out = tmp_path / "out"
     spec = JobSpec(input=str(tmp_path / "batch.jsonl"), model="models/tiny", output=str(out),
                    id_column="custom_id", prompt_column="messages")  # fmt: skip
     plan = InputPlan(format="jsonl", files=(InputFile(url=spec.input, rows=len(rows), size=1),), rows=len(rows),
                      prompt_column="messages", prompt_kind="messages", id_column="custom_id")  # fmt: skip
-    cut = 4
+    cut = 4 if len(rows) > 4 else len(rows) // 2
     shards = (ShardPlan(index=0, rows=cut, ranges=((0, cut),)),
               ShardPlan(index=1, rows=len(rows) - cut, ranges=((cut, len(rows)),)))  # fmt: skip
     manifest = Manifest(job_id=spec.job_id, spec=spec, input=plan, shards=shards, created_at=time.time(),
                         price_per_hour=1.0, on_demand_price_per_hour=1.0)  # fmt: skip
     store = open_store(str(out))
     store.put("manifest.json", manifest.to_json())
-    schema = _result_schema()
+    schema = schema or _result_schema()
     for shard, part in ((0, rows[:cut]), (1, rows[cut:])):
         store.put(shard_result_key(shard), datasets.write_result(pa.Table.from_pylist(part, schema)))
         ran = [r for r in part if r["error"] is None]
@@ -197,6 +198,21 @@ def test_error_file_defaults_beside_the_output_and_is_empty_when_nothing_failed(
     assert len(parse_output(tmp_path / "batch_out.jsonl")) == 6
     assert (tmp_path / "batch_out.errors.jsonl").read_bytes() == b""
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["batch_out.errors.jsonl", "batch_out.jsonl"]
+
+
+def test_shards_without_the_endpoint_column_answer_by_prompt_kind_or_embedding(tmp_path: Path) -> None:
+    """Shards of a worker that wrote no endpoint column (jobs before it; an embed-only worker): a
+    row with an embedding is an embeddings request, the others follow the prompt column's kind."""
+    base = datasets.result_schema(False)
+    schema = pa.schema([*(f for f in base if f.name not in ("endpoint", "completions", "finish_reasons",
+                                                            "logprobs")), NEW_FIELDS[-1]])  # fmt: skip
+    keep = [r for r in _rows() if not r["completions"] and not r["logprobs"]]
+    rows = [{k: v for k, v in r.items() if k in schema.names} for r in keep]
+    out = _job(tmp_path, rows, schema)
+    assert _export(out, "--to", str(tmp_path / "o.jsonl"))[0] == 0
+    kinds = {raw["custom_id"]: body.object for raw, body in parse_output(tmp_path / "o.jsonl")}
+    assert kinds == {"chat-1": "chat.completion", "emb": "list", "chat-uni": "chat.completion"}
+    assert [line["custom_id"] for line in parse_errors(tmp_path / "o.errors.jsonl")] == ["bad"]
 
 
 def test_unfinished_job_exports_only_with_partial(tmp_path: Path) -> None:
