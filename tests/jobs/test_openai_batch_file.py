@@ -1,8 +1,10 @@
 """An OpenAI Batch file mixing chat, completions, embeddings, n > 1, both logprobs shapes and bad lines
 runs end to end on the tiny demo model; `freight results --format openai` turns its results into
 output and error files that parse with the `openai` package's types, usage summing to the cost report.
+So does a Parquet `--task embed` job.
 
-Needs the worker's issue-15 result columns (branch `rows`): skipped on a tree without them."""
+Each test needs another branch's part of issue 15 (the worker's result columns: `rows`; embedding
+jobs: `embed`) and is skipped on a tree without it."""
 
 from __future__ import annotations
 
@@ -10,18 +12,22 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 from openai_check import parse_errors, parse_output
 from typer.testing import CliRunner
 
 from jobs import datasets
 from jobs.cli import app
+from jobs.spec import JobSpec
 
-pytestmark = pytest.mark.skipif(
+needs_rows = pytest.mark.skipif(
     "endpoint" not in datasets.result_schema(False).names,
     reason="the worker does not write the endpoint / completions / logprobs columns yet (branch rows)",
 )
+needs_embed = pytest.mark.skipif("task" not in JobSpec.model_fields, reason="no --task embed yet (branch embed)")
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "sort a list"}]
 
@@ -34,6 +40,7 @@ def _invoke(args: list[str]) -> str:
     return result.output
 
 
+@needs_rows
 def test_mixed_batch_file_exports_as_openai_would(tmp_path: Path, demo_model_dir: Path) -> None:
     lines = {
         "chat": (CHAT, {"messages": MESSAGES, "max_tokens": 5}),
@@ -82,3 +89,27 @@ def test_mixed_batch_file_exports_as_openai_would(tmp_path: Path, demo_model_dir
     assert report["prompt_tokens"] == sum(u.prompt_tokens for u in usages)
     assert report["completion_tokens"] == sum(getattr(u, "completion_tokens", 0) for u in usages)
     assert report["rows_failed"] == len(failed)
+
+
+@needs_embed
+def test_embed_job_exports_embedding_lists(tmp_path: Path) -> None:
+    from worker.demo_model import add_pooling_config, make_demo_model
+
+    model = add_pooling_config(make_demo_model(tmp_path / "m", arch="qwen3"), "lasttoken", normalize=True,
+                               append_eos=True)  # fmt: skip
+    data = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["hello world", "", "def f(x): pass"]}), data)
+    out = tmp_path / "out"
+    _invoke(["run", str(data), "--model", str(model), "--output", str(out), "--id-column", "id",
+             "--prompt-column", "text", "--task", "embed", "--dimensions", "8"])  # fmt: skip
+    _invoke(["results", str(out), "--format", "openai", "--to", str(tmp_path / "o.jsonl")])
+    rows = {r["id"]: r for r in ds.dataset(out / "shards").to_table().to_pylist()}
+    parsed = {raw["custom_id"]: body for raw, body in parse_output(tmp_path / "o.jsonl")}
+    assert sorted(parsed) == ["a", "c"]
+    for cid, body in parsed.items():
+        assert body.object == "list" and body.data[0].index == 0 and len(body.data[0].embedding) == 8
+        assert np.array_equal(np.float32(body.data[0].embedding), np.float32(rows[cid]["embedding"]))
+    assert [line["custom_id"] for line in parse_errors(tmp_path / "o.errors.jsonl")] == ["b"]  # empty text
+    report = json.loads((out / "cost.json").read_text())
+    assert report["prompt_tokens"] == sum(b.usage.prompt_tokens for b in parsed.values())
+    assert all(b.usage.total_tokens == b.usage.prompt_tokens for b in parsed.values())
