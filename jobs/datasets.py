@@ -5,7 +5,6 @@ Global row numbers count rows across the input files in the order the manifest l
 
 from __future__ import annotations
 
-import io
 import json
 from collections import OrderedDict
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from jobs.batch_input import read_batch
 from jobs.errors import InputError
 from jobs.manifest import InputFile, InputPlan
 from jobs.settings import Settings
@@ -34,12 +34,44 @@ LIKELIHOOD_FIELDS = [
     pa.field("continuation_logprob", pa.float64()),
     pa.field("continuation_tokens", pa.int32()),
 ]
-OVERRIDE_COLUMNS = ("max_tokens", "temperature", "top_p", "seed")
+TOKEN_LOGPROB = pa.struct(
+    [pa.field("token", pa.string()), pa.field("token_id", pa.int32()), pa.field("logprob", pa.float32())]
+)
+# Then, in every result: the request's endpoint and what n > 1, logprobs and embeddings add (null
+# where the row did not ask for them). README "Result schema" documents each.
+REQUEST_FIELDS = [
+    pa.field("endpoint", pa.string(), nullable=False),  # /v1/chat/completions | /v1/completions | /v1/embeddings
+    pa.field("completions", pa.list_(pa.string())),  # n > 1: every choice's text, in index order
+    pa.field("finish_reasons", pa.list_(pa.string())),  # n > 1: every choice's finish reason
+    pa.field(  # logprobs asked: per choice, per generated token
+        "logprobs",
+        pa.list_(pa.list_(pa.struct([*TOKEN_LOGPROB, pa.field("top_logprobs", pa.list_(TOKEN_LOGPROB))]))),
+    ),
+    pa.field("embedding", pa.list_(pa.float32())),  # embeddings rows
+]
+# Per-row sampling columns of a Parquet input (same names and rules as a JSONL body's fields).
+OVERRIDE_COLUMNS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_p",
+    "min_tokens",
+    "logit_bias",
+)
 
 
 def result_schema(likelihood: bool, id_type: str = "string") -> pa.Schema:
     """The result columns; `id` is int64 when the input's ids are integers (InputPlan.id_type)."""
-    fields = list(RESULT_SCHEMA) + (LIKELIHOOD_FIELDS if likelihood else [])
+    fields = list(RESULT_SCHEMA) + (LIKELIHOOD_FIELDS if likelihood else []) + REQUEST_FIELDS
     if id_type == "int64":
         fields[0] = pa.field("id", pa.int64(), nullable=False)
     return pa.schema(fields)
@@ -112,56 +144,6 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def jsonl_to_table(url: str, data: bytes) -> pa.Table:
-    """OpenAI-Batch JSONL -> columns custom_id, prompt | messages (JSON text), max_tokens, ...
-
-    A line that is not JSON is a bad file (InputError); a line without a prompt is that row's error.
-    """
-    if url.endswith(".gz"):
-        import gzip
-
-        data = gzip.decompress(data)
-    ids: list[str | None] = []
-    prompts: list[str | None] = []
-    messages: list[str | None] = []
-    overrides: dict[str, list[Any]] = {name: [] for name in OVERRIDE_COLUMNS}
-    for lineno, line in enumerate(io.BytesIO(data), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(
-                f"{url} line {lineno} is not JSON ({exc.msg}): expected OpenAI-Batch JSONL"
-            ) from exc
-        if not isinstance(obj, dict):
-            raise InputError(f"{url} line {lineno}: expected a JSON object with custom_id and body")
-        body = obj.get("body") if isinstance(obj.get("body"), dict) else {}
-        ids.append(None if obj.get("custom_id") is None else str(obj["custom_id"]))
-        prompt = body.get("prompt")
-        prompts.append(prompt if isinstance(prompt, str) else None)
-        msgs = body.get("messages")
-        messages.append(json.dumps(msgs) if msgs is not None else None)
-        for name in OVERRIDE_COLUMNS:
-            value = body.get(name, body.get("max_completion_tokens") if name == "max_tokens" else None)
-            overrides[name].append(json.dumps(value) if value is not None else None)
-    if not ids:
-        raise InputError(f"input {url} is empty: no JSONL lines")
-    if any(i is None for i in ids):
-        missing = ids.index(None) + 1
-        raise InputError(f"{url}: request {missing} has no custom_id; every OpenAI-Batch line needs one")
-    columns: dict[str, pa.Array] = {"custom_id": pa.array(ids, pa.string())}
-    if any(m is not None for m in messages):
-        columns["messages"] = pa.array(messages, pa.string())
-    else:
-        columns["prompt"] = pa.array(prompts, pa.string())
-    for name, values in overrides.items():
-        if any(v is not None for v in values):
-            # kept as JSON text: a bad per-row value is that row's error, not the file's
-            columns[name] = pa.array(values, pa.string())
-    return pa.table(columns)
-
-
 class InputReader:
     """Reads a shard's rows. Keeps up to `cache_files` decoded input files per process."""
 
@@ -177,7 +159,7 @@ class InputReader:
         if table is None:
             if self.plan.format == "jsonl":
                 store, name = _open_input(f.url, self.settings)
-                table = jsonl_to_table(f.url, store.get(name))
+                table = read_batch(f.url, store.get(name)).table
             else:
                 table = read_parquet(f.url, fetch_input(f.url, self.settings), columns=self.columns)
             if table.num_rows != f.rows:
@@ -245,7 +227,7 @@ def read_results(store: ObjectStore, head: int | None = None) -> pa.Table:
         if head is not None and count >= head:
             break
     if not tables:
-        return RESULT_SCHEMA.empty_table()
+        return result_schema(likelihood=False).empty_table()
     table = pa.concat_tables(tables, promote_options="default")
     return table.slice(0, head) if head is not None else table
 

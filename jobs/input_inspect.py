@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs import datasets
+from jobs.batch_input import read_batch
 from jobs.errors import InputError
 from jobs.manifest import InputFile, InputPlan
 from jobs.settings import Settings
@@ -26,34 +27,31 @@ def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[Inpu
     """Check the input's files and columns; return its plan and the prompt column (for grouping)."""
     fmt, urls = datasets.list_input_files(spec.input, settings)
     if fmt == "jsonl":
-        if spec.id_column is not None or spec.prompt_column != "prompt":
+        if spec.task == "embed":
             raise InputError(
-                "OpenAI-Batch JSONL input takes its ids from custom_id and its prompts from "
-                "body.prompt / body.messages: drop --id-column / --prompt-column"
+                "OpenAI-Batch JSONL input chooses each line's endpoint by its url (/v1/embeddings for "
+                "embeddings): drop --task embed"
             )
-        (url,) = urls
-        data = datasets.fetch_input(url, settings)
-        if data is None:
-            data = Path(url).read_bytes()
-        table = datasets.jsonl_to_table(url, data)
-        files = [InputFile(url=url, rows=table.num_rows, size=len(data))]
-        schema = table.schema
-        id_column: str | None = "custom_id"
-        prompt_column = "messages" if "messages" in schema.names else "prompt"
-        parts = [table]
-    else:
-        id_column = spec.id_column
-        files, schema, prompt_column, parts = _inspect_parquet(spec, urls, settings)
+        return _inspect_batch(spec, urls, settings)
+    id_column = spec.id_column
+    files, schema, prompt_column, parts = _inspect_parquet(spec, urls, settings)
     names = schema.names
-    kind = _prompt_kind(schema.field(prompt_column), fmt)
+    kind = _prompt_kind(schema.field(prompt_column))
+    if spec.task == "embed" and kind == "messages":
+        raise InputError(
+            f"--task embed embeds text, but prompt column '{prompt_column}' holds chat messages: give "
+            "a column of strings (--prompt-column)"
+        )
     if spec.continuation_column and not is_string(schema.field(spec.continuation_column).type):
         raise InputError(
             f"continuation column '{spec.continuation_column}' has type "
             f"{schema.field(spec.continuation_column).type}; expected string"
         )
-    overrides = tuple(c for c in datasets.OVERRIDE_COLUMNS if c in names and c != id_column)
-    if fmt == "parquet":
-        _check_override_types(schema, overrides)
+    # an embed job samples nothing: columns named like sampling options are plain data there
+    overrides = tuple(
+        c for c in datasets.OVERRIDE_COLUMNS if c in names and c != id_column and spec.task != "embed"
+    )
+    check_override_types(schema, overrides)
     total = sum(f.rows for f in files)
     if total == 0:
         raise InputError(f"input {spec.input} is empty: 0 rows")
@@ -64,7 +62,7 @@ def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[Inpu
         )
         id_type = _check_ids(ids, id_column, spec.input)
     input_plan = InputPlan(
-        format=fmt,
+        format="parquet",
         files=tuple(files),
         rows=total,
         prompt_column=prompt_column,
@@ -80,6 +78,32 @@ def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[Inpu
     if kind == "messages" and not is_string(prompts.type):
         prompts = pa.chunked_array([pa.array([str(v) for v in prompts.to_pylist()], pa.string())])
     return input_plan, prompts
+
+
+def _inspect_batch(
+    spec: JobSpec, urls: list[str], settings: Settings | None
+) -> tuple[InputPlan, pa.ChunkedArray]:
+    """An OpenAI-Batch file: whole-file checks (jobs/batch_input.py); its rows grouped by prompt text."""
+    if spec.id_column is not None or spec.prompt_column != "prompt" or spec.continuation_column:
+        raise InputError(
+            "OpenAI-Batch JSONL input takes its ids from custom_id and its requests from each line's "
+            "body: drop --id-column / --prompt-column / --continuation-column"
+        )
+    (url,) = urls
+    data = datasets.fetch_input(url, settings)
+    if data is None:
+        data = Path(url).read_bytes()
+    batch = read_batch(url, data)
+    plan = InputPlan(
+        format="jsonl",
+        files=(InputFile(url=url, rows=batch.table.num_rows, size=len(data)),),
+        rows=batch.table.num_rows,
+        prompt_column="body",
+        prompt_kind="request",
+        id_column="custom_id",
+        id_type="string",
+    )
+    return plan, pa.chunked_array([pa.array(batch.prompt_texts, pa.string())])
 
 
 def _inspect_parquet(
@@ -145,19 +169,41 @@ def _unified_type(column: str, urls: list[str], schemas: list[pa.Schema]) -> pa.
     return merged.field(column).type
 
 
-def _check_override_types(schema: pa.Schema, overrides: tuple[str, ...]) -> None:
+# Parquet types each per-row sampling column may have (values are then checked per row, as a JSONL
+# body's fields are: a bad value is that row's error).
+_INTEGER_COLUMNS = ("max_tokens", "seed", "top_k", "n", "top_logprobs", "min_tokens")
+
+
+def check_override_types(schema: pa.Schema, overrides: tuple[str, ...]) -> None:
+    """InputError naming the column and the types it may have, for a per-row sampling column whose
+    type can never hold a valid value (e.g. temperature as text)."""
     for column in overrides:
         t = schema.field(column).type
-        ok = (
-            pa.types.is_integer(t)
-            if column in ("max_tokens", "seed")
-            else (pa.types.is_integer(t) or pa.types.is_floating(t))
-        )
+        if column in _INTEGER_COLUMNS:
+            ok, expected = pa.types.is_integer(t), "integers"
+        elif column == "stop":
+            ok = is_string(t) or (_is_list(t) and is_string(t.value_type))
+            expected = "a string or a list of strings"
+        elif column == "logprobs":
+            ok, expected = pa.types.is_boolean(t) or pa.types.is_integer(t), "true/false or an integer (top count)"
+        elif column == "logit_bias":
+            ok = is_string(t) or (
+                pa.types.is_map(t)
+                and (is_string(t.key_type) or pa.types.is_integer(t.key_type))
+                and (pa.types.is_integer(t.item_type) or pa.types.is_floating(t.item_type))
+            )
+            expected = 'JSON text ({"token id": bias}) or a map of token id to number'
+        else:
+            ok, expected = pa.types.is_integer(t) or pa.types.is_floating(t), "numbers"
         if not ok:
             raise InputError(
-                f"column '{column}' overrides sampling per row but has type {t}; "
-                "expected a number (or rename the column)"
+                f"column '{column}' sets {column} per row but has type {t}; expected {expected} "
+                "(or rename the column to keep it out of sampling)"
             )
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
 
 
 def _check_ids(ids: pa.ChunkedArray, column: str, where: str) -> str:
@@ -198,13 +244,11 @@ def is_string(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
 
 
-def _prompt_kind(field: pa.Field, fmt: str) -> str:
+def _prompt_kind(field: pa.Field) -> str:
     t = field.type
-    if fmt == "jsonl":
-        return "messages" if field.name == "messages" else "text"
     if is_string(t):
         return "messages" if field.name == "messages" else "text"
-    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_struct(t.value_type):
+    if _is_list(t) and pa.types.is_struct(t.value_type):
         members = {t.value_type.field(i).name for i in range(t.value_type.num_fields)}
         if {"role", "content"} <= members:
             return "messages"

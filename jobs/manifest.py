@@ -76,8 +76,10 @@ class InputPlan(BaseModel):
     format: Literal["parquet", "jsonl"]
     files: tuple[InputFile, ...]
     rows: int = Field(ge=1)
-    prompt_column: str = Field(description="resolved column: the spec's, or 'messages' / JSONL's")
-    prompt_kind: Literal["text", "messages"]
+    prompt_column: str = Field(description="resolved column: the spec's, or 'messages'; JSONL: 'body'")
+    prompt_kind: Literal["text", "messages", "request"] = Field(
+        description="request: an OpenAI-Batch line's body, parsed per row (older JSONL jobs: text / messages)"
+    )
     id_column: str | None
     id_type: Literal["string", "int64"] = Field("string", description="type of the results' id column")
     continuation_column: str | None = None

@@ -32,11 +32,13 @@ DTYPE_BYTES = {
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-def check_model(model: str, settings: Settings | None = None) -> None:
+def check_model(model: str, settings: Settings | None = None, embed: bool = False) -> dict[str, Any]:
     """Raise ModelNotFoundError, one line naming what is missing or wrong, unless `model` (a folder
     or s3:// prefix) holds a checkpoint the engine can load: config.json of a supported architecture
     with its required keys, tokenizer.json, and safetensors weights whose headers are whole and agree
-    with the config. Reads config.json, the tokenizer files and each weight file's header."""
+    with the config; with `embed`, also a sentence-transformers pooling config the engine follows.
+    Reads config.json, the tokenizer files, the pooling files and each weight file's header. Returns
+    config.json's contents."""
     from worker.engine.models.architectures import config_problem  # torch-free: see its docstring
 
     store = open_store(model, settings)
@@ -46,8 +48,11 @@ def check_model(model: str, settings: Settings | None = None) -> None:
     if problem is not None:
         raise ModelNotFoundError(f"model {model}: {problem}")
     _check_tokenizer(store, model)
+    if embed:
+        _check_pooling(store, model, config)
     headers = {name: _header(store, model, name) for name in files}
     _check_against_config(model, config, headers)
+    return config
 
 
 def _config(store: ObjectStore, model: str) -> Any:
@@ -79,6 +84,16 @@ def _check_tokenizer(store: ObjectStore, model: str) -> None:
             raise ModelNotFoundError(f"model {model}: {name} is not valid JSON ({exc})") from None
         if not isinstance(parsed, dict) or (name == "tokenizer.json" and "model" not in parsed):
             raise ModelNotFoundError(f"model {model}: {name} is not a `tokenizers` tokenizer file")
+
+
+def _check_pooling(store: ObjectStore, model: str, config: dict[str, Any]) -> None:
+    from worker.engine.pooling import PoolingConfig, PoolingConfigError  # torch-free: see its docstring
+
+    try:
+        PoolingConfig.parse(lambda name: store.get(name) if store.exists(name) else None, model,
+                            int(config["hidden_size"]))  # fmt: skip
+    except PoolingConfigError as exc:
+        raise ModelNotFoundError(f"--task embed: {exc}") from None
 
 
 def _weight_files(store: ObjectStore, model: str) -> list[str]:

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.cost import PriceTable
-from jobs.errors import InputError, SpecMismatchError
+from jobs.errors import FreightError, InputError, SpecMismatchError
 from jobs.input_inspect import inspect_input, is_string
 from jobs.manifest import (
     COST_KEY,
@@ -25,8 +25,8 @@ from jobs.manifest import (
     write_or_match,
 )
 from jobs.model_check import check_model
-from jobs.settings import Settings
-from jobs.spec import JobSpec
+from jobs.settings import Settings, get_settings
+from jobs.spec import JobSpec, SamplingSpec
 from jobs.storage import ObjectStore, open_store
 
 # Rows whose prompts agree on their first PREFIX_CHARS characters form a prefix group (~16+ tokens:
@@ -63,7 +63,8 @@ def prepare_job(
 def plan(spec: JobSpec, settings: Settings | None = None, prices: PriceTable | None = None) -> Manifest:
     """The manifest for `spec`: input checked, prices resolved, rows cut into prefix-grouped shards."""
     pricing = (prices or PriceTable.load()).pricing(spec.instance_type, spec.market, spec.price_per_hour)
-    check_model(spec.model, settings)
+    config = check_model(spec.model, settings, embed=spec.task == "embed")
+    check_sampling(spec.sampling, settings or get_settings(), int(config["vocab_size"]))
     input_plan, prompts = inspect_input(spec, settings)
     shards = cut_shards(prompts, spec.shard_rows)
     return Manifest(
@@ -75,6 +76,20 @@ def plan(spec: JobSpec, settings: Settings | None = None, prices: PriceTable | N
         price_per_hour=pricing.price_per_hour,
         on_demand_price_per_hour=pricing.on_demand_price_per_hour,
     )
+
+
+def check_sampling(sampling: SamplingSpec, settings: Settings, vocab_size: int) -> None:
+    """The job-wide sampling rules that need the settings or the model (SamplingSpec checks the rest)."""
+    if sampling.n > settings.max_n:
+        raise FreightError(
+            f"--n {sampling.n}: a row may ask for at most {settings.max_n} choices (FREIGHT_MAX_N); "
+            "ask for fewer, or raise FREIGHT_MAX_N"
+        )
+    outside = [token for token, _ in sampling.logit_bias if token >= vocab_size]
+    if outside:
+        raise FreightError(
+            f"--logit-bias: token id {outside[0]} is outside the model's vocabulary (ids 0..{vocab_size - 1})"
+        )
 
 
 def cut_shards(prompts: pa.ChunkedArray | pa.Array, shard_rows: int) -> list[ShardPlan]:

@@ -22,6 +22,10 @@ class Settings(BaseSettings):
         0, ge=0, description="most bytes of downloaded models kept (least recently used go first); 0 = "
         "as many as the disk holds (models go only when a new one would not fit)"
     )
+    max_n: int = Field(
+        16, ge=1, le=1024, description="choices one row may ask for (n), at most; a row over it is that "
+        "row's error, a job-wide --n over it is refused at submit"
+    )
     log_format: str = Field("auto", pattern="^(auto|json|console)$", description="auto: console on a TTY")
     log_level: str = Field("info", pattern="^(debug|info|warning|error)$")
     # distributed mode (docs/ARCHITECTURE.md, "Distributed mode")

@@ -11,8 +11,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 MANIFEST_SPEC_VERSION = 1
 
 
+MAX_STOP = 16  # stop strings per request (OpenAI takes 4, vLLM any number)
+MAX_LOGPROBS = 20  # top log-probabilities per token (OpenAI's top_logprobs limit, vLLM's default)
+LOGIT_BIAS_LIMIT = 100.0  # |bias| at most, as OpenAI
+
+
 class SamplingSpec(BaseModel):
-    """Job-wide sampling defaults; per-row columns (max_tokens, temperature, top_p, seed) override them."""
+    """Job-wide sampling defaults (vLLM's names and meanings); per-row columns and JSONL bodies
+    override them field by field. `n` is capped at submit by Settings.max_n (the planner)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -21,7 +27,89 @@ class SamplingSpec(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 = off")
     seed: int = Field(0, ge=0, lt=2**63, description="job seed; a row's seed is hash(seed, row id)")
-    stop: tuple[str, ...] = Field((), description="stop strings")
+    stop: tuple[str, ...] = Field((), max_length=MAX_STOP, description="stop strings, cut from the text")
+    n: int = Field(1, ge=1, description="choices per row")
+    logprobs: int | None = Field(
+        None, ge=0, le=MAX_LOGPROBS, description="top log-probabilities per generated token; None = off"
+    )
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0, description="1 = off")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="0 = off")
+    min_tokens: int = Field(0, ge=0, description="tokens generated before EOS / stop ids may end a row")
+    logit_bias: tuple[tuple[int, float], ...] = Field(
+        (), description="(token id, bias) pairs sorted by id; a {id: bias} map or its JSON text is accepted"
+    )
+
+    @field_validator("stop")
+    @classmethod
+    def _stops_not_empty(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not s for s in v):
+            raise ValueError("stop strings must not be empty")
+        return v
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _bias_pairs(cls, v: Any) -> Any:
+        return logit_bias_pairs(v)
+
+    @model_validator(mode="after")
+    def _min_tokens_fit(self) -> SamplingSpec:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        return self
+
+
+# Sampling fields added after spec version 1 enter the job id only when set, so the ids of jobs
+# planned before them (and their OUT folders) stay the same.
+_LATER_SAMPLING = {
+    "n": 1,
+    "logprobs": None,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+    "min_tokens": 0,
+    "logit_bias": [],
+}
+
+
+def logit_bias_pairs(v: Any) -> Any:
+    """A logit_bias given as {token id (int or its string): bias}, its JSON text, or pairs -> sorted
+    (id, bias) pairs. ValueError (naming the rule) for a key that is not a token id or a bias beyond
+    +-100; anything else is handed on for the caller's type check."""
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"logit_bias is not JSON ({exc.msg}): expected {{\"token id\": bias}}") from None
+    items = list(v.items()) if isinstance(v, dict) else v
+    if not isinstance(items, list | tuple):
+        raise ValueError('logit_bias must be a map of token id to bias, e.g. {"50256": -100}')
+    pairs: dict[int, float] = {}
+    for item in items:
+        if not isinstance(item, list | tuple) or len(item) != 2:
+            raise ValueError('logit_bias must be a map of token id to bias, e.g. {"50256": -100}')
+        key, bias = item
+        token = _token_id(key)
+        if token is None:
+            raise ValueError(f"logit_bias key {key!r} is not a token id (a non-negative integer)")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not abs(bias) <= LOGIT_BIAS_LIMIT:
+            raise ValueError(f"logit_bias[{key!r}] = {bias!r}: a bias must be a number in [-100, 100]")
+        pairs[token] = float(bias)
+    return tuple(sorted(pairs.items()))
+
+
+def _token_id(key: Any) -> int | None:
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key if key >= 0 else None
+    if isinstance(key, str) and key.strip().isdigit():
+        return int(key)
+    return None
+
+
+# JobSpec fields added after jobs were written: left out of job_id while at these values
+_ADDED_DEFAULTS: dict[str, Any] = {"task": "generate", "dimensions": None}
 
 
 class JobSpec(BaseModel):
@@ -40,6 +128,12 @@ class JobSpec(BaseModel):
     id_column: str | None = Field(None, description="ids for the result; default: the row index")
     continuation_column: str | None = Field(
         None, description="likelihood scoring: score this column's text after the prompt"
+    )
+    task: Literal["generate", "embed"] = Field(
+        "generate", description="generate completions, or embed the prompts (as /v1/embeddings)"
+    )
+    dimensions: int | None = Field(
+        None, ge=1, description="embed: keep the first N dimensions of each embedding (Matryoshka)"
     )
     sampling: SamplingSpec = SamplingSpec()
     shard_rows: int = Field(256, ge=1, le=10_000_000, description="rows per shard, about")
@@ -61,6 +155,10 @@ class JobSpec(BaseModel):
     def _check(self) -> JobSpec:
         if self.continuation_column is not None and self.continuation_column == self.prompt_column:
             raise ValueError("the continuation column must differ from the prompt column")
+        if self.task == "embed" and self.continuation_column is not None:
+            raise ValueError("--task embed embeds the prompts; likelihood scoring (--continuation-column) generates")
+        if self.task != "embed" and self.dimensions is not None:
+            raise ValueError("--dimensions truncates embeddings: it needs --task embed")
         if self.output == self.input:
             raise ValueError("the output must differ from the input: results would overwrite the dataset")
         return self
@@ -68,7 +166,15 @@ class JobSpec(BaseModel):
     @property
     def job_id(self) -> str:
         """Stable id: a hash of the canonical JSON of every field (16 hex digits)."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        fields = self.model_dump(mode="json")
+        sampling = fields["sampling"]
+        for name, default in _LATER_SAMPLING.items():
+            if sampling[name] == default:
+                del sampling[name]
+        for key, default in _ADDED_DEFAULTS.items():  # fields added later: at their default, ids stay as they were
+            if fields.get(key) == default:
+                del fields[key]
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         digest = hashlib.sha256(f"freight-job-v{MANIFEST_SPEC_VERSION}:{canonical}".encode()).hexdigest()
         return digest[:16]
 

@@ -83,14 +83,17 @@ HEADERS = {
 def results_table(table: pa.Table, width: int = 60) -> Table:
     """One line per row; the completion (newlines shown as \\n) last, cut to fit the terminal."""
     rows = table.to_pylist()
-    names = [c for c in table.column_names if c != "completion"]
-    names = [c for c in names if c != "error" or any(r["error"] for r in rows)]  # no all-empty error column
-    names += ["completion"] if "completion" in table.column_names else []
+    # no all-empty column (error, embedding, ...); the completion stays unless rows are embeddings
+    shown = [c for c in table.column_names if table.column(c).null_count < table.num_rows]
+    embeddings = "embedding" in shown
+    last = "embedding" if embeddings else "completion"  # the long column, last, cut to fit
+    names = [c for c in shown if c not in ("completion", "embedding")]
+    names += [last] if last in table.column_names else []
     cells = [[_cell(r[c], width) for c in names] for r in rows]
     t = Table(title=f"first {table.num_rows} results", title_justify="left")
     for k, name in enumerate(names):
         header = HEADERS.get(name, name)
-        if name == "completion":
+        if name == last:
             t.add_column(header, no_wrap=True, overflow="ellipsis", min_width=12, ratio=1)
             continue
         fit = min(max([len(header)] + [len(c[k]) for c in cells]), 24)
@@ -109,5 +112,7 @@ def results_table(table: pa.Table, width: int = 60) -> Table:
 def _cell(v: Any, width: int) -> str:
     if v is None:
         return "-"
+    if isinstance(v, list) and v and isinstance(v[0], float):  # an embedding: its first values and size
+        return f"({len(v)}) [" + ", ".join(f"{x:.4f}" for x in v[:8]) + (", ...]" if len(v) > 8 else "]")
     s = repr(v)[1:-1] if isinstance(v, str) else (f"{v:.3f}" if isinstance(v, float) else str(v))
     return s if len(s) <= width else s[: width - 1] + "…"

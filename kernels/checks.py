@@ -101,6 +101,20 @@ def check_kv_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, i
     return num_blocks, block_size, num_kv_heads, head_dim
 
 
+def check_paged_operands(**tensors: torch.Tensor | None) -> torch.device:
+    """The operands of a paged-attention launch: each dense in its last dimension, k_cache and
+    v_cache with one stride layout (they are allocated together), all on one device (returned)."""
+    for name, t in tensors.items():
+        check_last_dim_contiguous(name, t)
+    k_cache, v_cache = tensors["k_cache"], tensors["v_cache"]
+    assert k_cache is not None and v_cache is not None  # invariant: the wrappers always pass both
+    if k_cache.stride() != v_cache.stride():
+        raise ValueError(
+            f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}"
+        )
+    return check_same_device(**{n: t for n, t in tensors.items() if t is not None and n != "out"})
+
+
 def check_gqa(num_heads: int, num_kv_heads: int) -> int:
     """Query heads split evenly over KV heads; returns the group size (query heads per KV head)."""
     if num_kv_heads < 1 or num_heads % num_kv_heads:
@@ -127,7 +141,9 @@ FP8_MIN_CAPABILITY = (8, 9)  # torch._scaled_mm's e4m3 kernels: Ada (8.9), Hoppe
 def check_fp8_capability(device: torch.device) -> None:
     """`device` is a CUDA GPU whose tensor cores multiply float8 (compute capability >= 8.9)."""
     if device.type != "cuda":
-        raise ValueError(f"fp8 matmuls (torch._scaled_mm) need a CUDA GPU, got {device}; use the torch reference")
+        raise ValueError(
+            f"fp8 matmuls (torch._scaled_mm) need a CUDA GPU, got {device}; use the torch reference"
+        )
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < FP8_MIN_CAPABILITY:
         raise ValueError(

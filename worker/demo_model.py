@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -186,6 +186,39 @@ def make_demo_model(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return out
+
+
+def add_pooling_config(model_dir: str | Path, pooling: str = "lasttoken", *, normalize: bool = True,
+                       append_eos: bool = False) -> Path:  # fmt: skip
+    """Make a checkpoint folder an embedding checkpoint, as Qwen3-Embedding / e5-mistral ship theirs:
+    sentence-transformers' modules.json (Transformer, Pooling, + Normalize when `normalize`) and
+    1_Pooling/config.json turning on `pooling` ("lasttoken", "mean" or "cls"). `append_eos`: the
+    tokenizer's post-processor appends <|endoftext|> to every text, as Qwen3-Embedding's does."""
+    out = Path(model_dir)
+    hidden = json.loads((out / "config.json").read_text(encoding="utf-8"))["hidden_size"]
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        (out / "2_Normalize").mkdir(exist_ok=True)
+    (out / "modules.json").write_text(json.dumps(modules, indent=2) + "\n", encoding="utf-8")
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    keys = {"lasttoken": "pooling_mode_lasttoken", "mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token"}
+    if pooling not in keys:
+        raise ValueError(f"pooling must be one of {sorted(keys)}, got {pooling!r}")
+    config = {"word_embedding_dimension": hidden, "include_prompt": True, "pooling_mode_max_tokens": False,
+              **{key: mode == pooling for mode, key in keys.items()}}  # fmt: skip
+    _write_json(out / "1_Pooling" / "config.json", config)
+    if append_eos:
+        tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+        eos = SPECIAL_TOKENS[0]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"$A {eos}", pair=f"$A {eos} $B {eos}", special_tokens=[(eos, tok.token_to_id(eos))]
+        )
+        tok.save(str(out / "tokenizer.json"))
     return out
 
 

@@ -1,37 +1,41 @@
 """A shard's input rows -> engine requests (prompt + per-row sampling), or a row error.
 
-Per-row problems (null/empty prompt, bad override value, unrenderable messages) never fail the shard.
+Parquet rows: the prompt column (text or chat messages) and the per-row sampling columns
+(jobs/datasets.py OVERRIDE_COLUMNS). OpenAI-Batch rows: each line's body, checked field by field for
+its url's endpoint (worker/request_body.py). Either way a value wins over the job's flag, and a bad
+row (null prompt, bad value, unknown field, unrenderable messages) is that row's error, never the
+shard's.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
 import pyarrow as pa
 
 from jobs.errors import InputError
 from jobs.manifest import InputPlan
-from jobs.spec import JobSpec, row_seed
-
-
-@dataclass(frozen=True)
-class RowSampling:
-    """Resolved sampling of one row (job defaults, then the row's override columns)."""
-
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int
-    top_k: int = 0
-    stop: tuple[str, ...] = ()
+from jobs.settings import get_settings
+from jobs.spec import JobSpec
+from worker.chat_messages import chat_messages
+from worker.request_body import (
+    ENDPOINT_OF_URL,
+    ChatBody,
+    CompletionBody,
+    EmbeddingBody,
+    parse_body,
+    parse_columns,
+)
+from worker.row_sampling import RowSampling, column_logprobs, resolve_sampling
 
 
 @dataclass(frozen=True)
 class RowRequest:
-    """One input row. Exactly one of `prompt` / `error` is set (token ids when scoring likelihood)."""
+    """One input row. Exactly one of `prompt` / `error` is set (token ids: a completions request given
+    ids, or likelihood scoring); `sampling` is None for embeddings and errors."""
 
     row: int  # global row number
     id: str | int  # the input's id (its type kept: InputPlan.id_type), or the row number as a string
@@ -39,25 +43,40 @@ class RowRequest:
     sampling: RowSampling | None
     continuation_tokens: int = 0  # likelihood mode: the last n prompt tokens are the continuation
     error: str | None = None
+    endpoint: str = "completions"  # chat | completions | embeddings
+    dimensions: int | None = None  # embeddings: keep the first `dimensions` values
+    encoding_format: str = "float"  # embeddings: float | base64 (the output's encoding)
+    echo_text: str | None = None  # completions with echo: the prompt's text, put before each choice
 
 
 def build_requests(
-    table: pa.Table, rows: list[int], spec: JobSpec, plan: InputPlan, tokenizer: Any
+    table: pa.Table,
+    rows: list[int],
+    spec: JobSpec,
+    plan: InputPlan,
+    tokenizer: Any,
+    max_n: int | None = None,
 ) -> list[RowRequest]:
-    """`table` holds the shard's rows in order (row i of the table is global row `rows[i]`)."""
+    """`table` holds the shard's rows in order (row i of the table is global row `rows[i]`).
+    `max_n`: choices a row may ask for (default: Settings.max_n)."""
+    limit = get_settings().max_n if max_n is None else max_n
+    if plan.format == "jsonl":
+        return _batch_requests(table, rows, spec, tokenizer, limit)
     prompts = table.column(plan.prompt_column).to_pylist()
     ids = table.column(plan.id_column).to_pylist() if plan.id_column else [str(r) for r in rows]
     conts = table.column(plan.continuation_column).to_pylist() if plan.continuation_column else None
     overrides = {c: table.column(c).to_pylist() for c in plan.override_columns}
+    endpoint = "chat" if plan.prompt_kind == "messages" else "completions"
     out: list[RowRequest] = []
     for i, row in enumerate(rows):
         row_id = _row_id(ids[i], row)
         try:
-            values = {c: v[i] for c, v in overrides.items()} if overrides else None
-            sampling = _sampling(spec, row_id, values, json_text=plan.format == "jsonl")
+            columns = parse_columns({c: v[i] for c, v in overrides.items() if v[i] is not None})
+            logprobs = column_logprobs(columns.logprobs, columns.top_logprobs, spec.sampling.logprobs)
+            sampling = resolve_sampling(spec, row_id, columns, columns.max_tokens, logprobs, tokenizer, limit)
             text = _prompt_text(prompts[i], plan.prompt_kind, tokenizer)
             if conts is None:
-                out.append(RowRequest(row=row, id=row_id, prompt=text, sampling=sampling))
+                out.append(RowRequest(row=row, id=row_id, prompt=text, sampling=sampling, endpoint=endpoint))
                 continue
             cont = conts[i]
             if not isinstance(cont, str) or not cont:
@@ -67,12 +86,100 @@ def build_requests(
             greedy = RowSampling(max_tokens=1, temperature=0.0, top_p=1.0, seed=sampling.seed)
             out.append(
                 RowRequest(
-                    row=row, id=row_id, prompt=ids_all, sampling=greedy, continuation_tokens=len(cont_ids)
+                    row=row,
+                    id=row_id,
+                    prompt=ids_all,
+                    sampling=greedy,
+                    continuation_tokens=len(cont_ids),
+                    endpoint=endpoint,
                 )
             )
         except ValueError as exc:
-            out.append(RowRequest(row=row, id=row_id, prompt=None, sampling=None, error=str(exc)))
+            out.append(_error(row, row_id, str(exc), endpoint))
     return out
+
+
+def _batch_requests(
+    table: pa.Table, rows: list[int], spec: JobSpec, tokenizer: Any, max_n: int
+) -> list[RowRequest]:
+    """OpenAI-Batch rows (jobs/batch_input.py's columns; a JSONL job planned before bodies were kept
+    reads its file into the same columns, so it resumes here too)."""
+    ids = table.column("custom_id").to_pylist()
+    urls = table.column("url").to_pylist()
+    bodies = table.column("body").to_pylist()
+    line_errors = table.column("line_error").to_pylist()
+    out: list[RowRequest] = []
+    for i, row in enumerate(rows):
+        row_id = _row_id(ids[i], row)
+        endpoint = ENDPOINT_OF_URL[urls[i]]
+        try:
+            if line_errors[i] is not None:
+                raise ValueError(line_errors[i])
+            out.append(_batch_request(row, row_id, endpoint, bodies[i], spec, tokenizer, max_n))
+        except ValueError as exc:
+            out.append(_error(row, row_id, str(exc), endpoint))
+    return out
+
+
+def _batch_request(
+    row: int, row_id: str | int, endpoint: Any, body_text: str, spec: JobSpec, tokenizer: Any, max_n: int
+) -> RowRequest:
+    body = parse_body(endpoint, body_text).body
+    _check_model(body.model, spec.model)
+    if isinstance(body, EmbeddingBody):
+        prompt = list(body.input) if isinstance(body.input, tuple) else body.input
+        return RowRequest(
+            row=row,
+            id=row_id,
+            prompt=prompt,
+            sampling=None,
+            endpoint="embeddings",
+            dimensions=body.dimensions,
+            encoding_format=body.encoding_format or "float",
+        )
+    if body.stream:
+        raise ValueError("stream true: batch requests do not stream (drop the field)")
+    if body.response_format is not None and body.response_format != {"type": "text"}:
+        raise ValueError(
+            f"response_format {json.dumps(body.response_format)}: structured output is not supported yet "
+            '(drop the field, or give {"type": "text"})'
+        )
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    echo_text = None
+    if isinstance(body, ChatBody):
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ValueError(f"top_logprobs {body.top_logprobs}: needs logprobs: true")
+        if body.logprobs is None:
+            logprobs = spec.sampling.logprobs
+        else:
+            logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        prompt: str | list[int] = _render(body.messages, tokenizer)
+    else:
+        assert isinstance(body, CompletionBody)
+        logprobs = spec.sampling.logprobs if body.logprobs is None else body.logprobs
+        prompt = list(body.prompt) if isinstance(body.prompt, tuple) else body.prompt
+        if body.echo:
+            if body.logprobs is not None:
+                raise ValueError("echo with logprobs: prompt log-probabilities are not supported (drop one)")
+            echo_text = body.prompt if isinstance(body.prompt, str) else tokenizer.decode(list(body.prompt))
+    sampling = resolve_sampling(spec, row_id, body, max_tokens, logprobs, tokenizer, max_n)
+    return RowRequest(
+        row=row, id=row_id, prompt=prompt, sampling=sampling, endpoint=endpoint, echo_text=echo_text
+    )
+
+
+def _check_model(asked: str | None, job_model: str) -> None:
+    """A body's `model` must name the job's model: its path or URL, or the same last path component
+    ("Qwen/Qwen3-0.6B" names /models/Qwen3-0.6B), compared without case. Absent: the job's model."""
+    if asked is None or asked == job_model:
+        return
+    mine = PurePosixPath(job_model.rstrip("/")).name
+    if PurePosixPath(asked.rstrip("/")).name.lower() != mine.lower():
+        raise ValueError(f"model {asked!r}: this job runs {mine!r} (name it, or leave model out)")
+
+
+def _error(row: int, row_id: str | int, error: str, endpoint: str) -> RowRequest:
+    return RowRequest(row=row, id=row_id, prompt=None, sampling=None, error=error, endpoint=endpoint)
 
 
 def _row_id(value: Any, row: int) -> str | int:
@@ -93,72 +200,15 @@ def _prompt_text(value: Any, kind: str, tokenizer: Any) -> str:
         if not value.strip():
             raise ValueError("empty prompt")
         return value
-    messages = json.loads(value) if isinstance(value, str) else value
-    if not messages or not isinstance(messages, list):
-        raise ValueError("no messages: expected a list of {role, content}")
-    for m in messages:
-        if (
-            not isinstance(m, dict)
-            or not isinstance(m.get("role"), str)
-            or not isinstance(m.get("content"), str)
-        ):
-            raise ValueError("bad message: each needs a string role and string content")
     try:
-        return tokenizer.apply_chat_template(
-            [{"role": m["role"], "content": m["content"]} for m in messages], add_generation_prompt=True
-        )
+        messages = json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"messages: not JSON ({exc.msg}); expected a list of {{role, content}}") from None
+    return _render(chat_messages(messages), tokenizer)
+
+
+def _render(messages: list[dict[str, Any]], tokenizer: Any) -> str:
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     except Exception as exc:  # a template error is this row's problem, not the shard's
         raise ValueError(f"chat template failed: {exc}") from exc
-
-
-def _override(name: str, raw: Any, json_text: bool) -> Any:
-    if raw is None:
-        return None
-    if json_text and isinstance(raw, str):
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"bad {name} {raw!r}") from exc
-    return raw
-
-
-def _sampling(
-    spec: JobSpec, row_id: str | int, values: dict[str, Any] | None, json_text: bool
-) -> RowSampling:
-    """The job's sampling with this row's override columns (`values`, None when the input has none)."""
-    s = spec.sampling
-    if values is None:
-        return RowSampling(
-            max_tokens=s.max_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            seed=row_seed(s.seed, str(row_id)),
-            top_k=s.top_k,
-            stop=s.stop,
-        )
-    max_tokens = _override("max_tokens", values.get("max_tokens"), json_text)
-    temperature = _override("temperature", values.get("temperature"), json_text)
-    top_p = _override("top_p", values.get("top_p"), json_text)
-    seed = _override("seed", values.get("seed"), json_text)
-    if max_tokens is not None and (
-        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
-    ):
-        raise ValueError(f"bad max_tokens {max_tokens!r}: expected an integer >= 1")
-    if temperature is not None and (not _is_number(temperature) or not 0 <= temperature <= 100):
-        raise ValueError(f"bad temperature {temperature!r}: expected a number in [0, 100]")
-    if top_p is not None and (not _is_number(top_p) or not 0 < top_p <= 1):
-        raise ValueError(f"bad top_p {top_p!r}: expected a number in (0, 1]")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63):
-        raise ValueError(f"bad seed {seed!r}: expected an integer >= 0")
-    return RowSampling(
-        max_tokens=s.max_tokens if max_tokens is None else max_tokens,
-        temperature=s.temperature if temperature is None else float(temperature),
-        top_p=s.top_p if top_p is None else float(top_p),
-        seed=row_seed(s.seed, str(row_id)) if seed is None else seed,
-        top_k=s.top_k,
-        stop=s.stop,
-    )
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)

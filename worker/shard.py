@@ -7,6 +7,7 @@ the next shard's compute; Celery commits before it acks. A committed shard is ne
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
@@ -18,11 +19,13 @@ from typing import Any
 from jobs import datasets
 from jobs.cost import ShardPricing, ShardRecord, usd
 from jobs.manifest import Manifest, partial_key, partial_prefix, shard_result_key, waste_key
-from jobs.settings import Settings
+from jobs.settings import Settings, get_settings
 from jobs.storage import ObjectStore
+from worker.embed_rows import as_embeddings, collect_embeddings, split_embeddings
+from worker.row_engine import collect_rows
 from worker.row_requests import RowRequest, build_requests
 from worker.shard_commit import ComputedShard, ShardOutcome, attempt_record, commit_shard
-from worker.shard_rows import RowResult, collect_rows, error_row, result_row, rows_table
+from worker.shard_rows import RowResult, default_endpoint, error_row, result_row, rows_table
 
 
 @dataclass(frozen=True)
@@ -98,14 +101,19 @@ def compute_shard(
 
     rows = shard.row_indices()
     keys = store.list(partial_prefix(shard_index)) if partial_keys is None else sorted(partial_keys)
-    done = _read_partial(store, keys)
+    done = _read_partial(store, keys, default_endpoint(manifest.input))
     reader = reader or datasets.InputReader(manifest.input, settings)
     table = reader.read(shard.ranges)
     results: dict[int, RowResult] = {r: done[r] for r in rows if r in done}
     todo = [i for i, r in enumerate(rows) if r not in results]  # positions in `table`
     if len(todo) < len(rows):  # rows from partial files are neither tokenized nor rendered again
         table = table.take(todo)
-    requests = build_requests(table, [rows[i] for i in todo], manifest.spec, manifest.input, engine.tokenizer)
+    max_n = (settings or get_settings()).max_n
+    requests = build_requests(
+        table, [rows[i] for i in todo], manifest.spec, manifest.input, engine.tokenizer, max_n
+    )
+    if manifest.spec.task == "embed":
+        requests = as_embeddings(requests, manifest.spec.dimensions)
     pending: list[RowRequest] = []
     for req in requests:
         if req.error is not None:
@@ -115,8 +123,10 @@ def compute_shard(
             pending.append(req)
 
     before = engine.stats.snapshot()
-    stopped = collect_rows(
-        engine, pending, results, should_stop, lambda res: _report(on_row, shard_index, res)
+    report = functools.partial(_report, on_row, shard_index)
+    embed, generate = split_embeddings(pending)
+    stopped = collect_embeddings(engine, embed, results, should_stop, report) or collect_rows(
+        engine, generate, results, should_stop, report
     )
     engine_time = engine.stats.snapshot() - before  # busy, prefill and decode seconds of this attempt
     busy = engine_time.busy_seconds
@@ -196,16 +206,16 @@ def _report(on_row: Callable[[RowProgress], None] | None, shard: int, res: RowRe
         )
 
 
-def _read_partial(store: ObjectStore, keys: list[str]) -> dict[int, RowResult]:
+def _read_partial(store: ObjectStore, keys: list[str], endpoint: str) -> dict[int, RowResult]:
     """Rows finished by earlier interrupted attempts, from the shard's partial files `keys` (later
-    attempts win; all agree, seeds are per row)."""
+    attempts win; all agree, seeds are per row). `endpoint`: for rows of files older than that column."""
     done: dict[int, RowResult] = {}
     for key in keys:
         if not key.endswith(".parquet"):
             continue
         table = datasets.read_result(store.get(key))
         for row in table.to_pylist():
-            res = result_row(row)
+            res = result_row(row, endpoint)
             done[res.row] = res
     return done
 

@@ -1,4 +1,11 @@
-"""Result rows of a shard: engine outputs -> RowResult -> Arrow table in the design's result schema."""
+"""Result rows of a shard: engine outputs -> RowResult -> Arrow table in the design's result schema.
+
+One row per input row. With n > 1 choices: `completion` / `finish_reason` are choice 0's,
+`completions` / `finish_reasons` list every choice, `completion_tokens` sums them (OpenAI's usage).
+`logprobs` (when asked): per choice, per generated token, the token's text (decoded alone, special
+tokens kept), id and log-probability, and its `top_logprobs` (the asked count, likeliest first).
+Running the rows through the engine: worker/row_engine.py.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,8 @@ from typing import Any
 import pyarrow as pa
 
 from jobs import datasets
+from jobs.manifest import InputPlan
+from worker.request_body import URL_OF_ENDPOINT
 from worker.row_requests import RowRequest
 
 ROW_COLUMN = "_row"  # global row number; only in partial files, never in committed results
@@ -26,6 +35,17 @@ class RowResult:
     error: str | None
     continuation_logprob: float | None = None
     continuation_tokens: int | None = None
+    endpoint: str = URL_OF_ENDPOINT["completions"]  # the request's url
+    completions: list[str] | None = None  # n > 1
+    finish_reasons: list[str] | None = None  # n > 1
+    logprobs: list[list[dict[str, Any]]] | None = None  # [choice][token] {token, token_id, logprob, top_logprobs}
+    embedding: list[float] | None = None  # embeddings rows
+
+
+def default_endpoint(plan: InputPlan) -> str:
+    """The endpoint of rows whose partial file predates the endpoint column (a job planned before it):
+    chat for chat messages, else completions (such JSONL jobs held one prompt kind per file)."""
+    return URL_OF_ENDPOINT["chat" if plan.prompt_kind == "messages" else "completions"]
 
 
 def error_row(req: RowRequest) -> RowResult:
@@ -38,14 +58,16 @@ def error_row(req: RowRequest) -> RowResult:
         cached_tokens=0,
         completion_tokens=0,
         error=req.error,
+        endpoint=URL_OF_ENDPOINT[req.endpoint],
     )
 
 
-def result_row(d: dict[str, Any]) -> RowResult:
-    """A partial file's row (with its _row column) back to a RowResult."""
-    return RowResult(
-        row=int(d[ROW_COLUMN]), **{k: d.get(k) for k in RowResult.__dataclass_fields__ if k != "row"}
-    )
+def result_row(d: dict[str, Any], endpoint: str) -> RowResult:
+    """A partial file's row (with its _row column) back to a RowResult; `endpoint` for files older
+    than the endpoint column (default_endpoint)."""
+    values = {k: d.get(k) for k in RowResult.__dataclass_fields__ if k != "row"}
+    values["endpoint"] = values["endpoint"] or endpoint
+    return RowResult(row=int(d[ROW_COLUMN]), **values)
 
 
 def _continuation_logprob(out: Any, req: RowRequest) -> float | None:
@@ -63,86 +85,62 @@ def _continuation_logprob(out: Any, req: RowRequest) -> float | None:
     return total
 
 
-def from_output(out: Any, req: RowRequest) -> RowResult:
+def from_output(out: Any, req: RowRequest, token_text: Callable[[int], str] | None = None) -> RowResult:
+    """A RowResult from the engine's RequestOutput; `token_text` decodes one token id (logprobs)."""
     failed = out.finish_reason == "error"
-    likelihood = isinstance(req.prompt, list)
+    likelihood = req.continuation_tokens > 0
     cont_lp = None
+    out_error = None
     if likelihood and not failed:
         try:
             cont_lp = _continuation_logprob(out, req)
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             failed, out_error = True, f"no prompt logprobs for the continuation: {exc}"
-        else:
-            out_error = None
-    else:
-        out_error = None
+    # one choice per `outputs` entry (n > 1); an engine without them returns choice 0 as the output
+    choices = list(getattr(out, "outputs", None) or [out])
+    texts = [(req.echo_text or "") + c.text for c in choices]
+    s = req.sampling
+    several = s is not None and s.n > 1 and not failed
+    logprobs = None
+    if s is not None and s.logprobs is not None and not likelihood and not failed:
+        if token_text is None:
+            raise ValueError("logprobs asked without a token_text decoder")
+        logprobs = [_token_logprobs(c.token_ids, c.logprobs or [], s.logprobs, token_text) for c in choices]
     return RowResult(
         row=req.row,
         id=req.id,
-        completion=None if failed else out.text,
+        completion=None if failed else texts[0],
         finish_reason="error" if failed else out.finish_reason,
         prompt_tokens=int(out.prompt_tokens),
         cached_tokens=int(out.cached_tokens),
-        completion_tokens=len(out.token_ids),
+        completion_tokens=sum(len(c.token_ids) for c in choices),
         error=(out.error or "engine error") if out.finish_reason == "error" else out_error,
         continuation_logprob=cont_lp,
         continuation_tokens=req.continuation_tokens if likelihood else None,
+        endpoint=URL_OF_ENDPOINT[req.endpoint],
+        completions=texts if several else None,
+        finish_reasons=[c.finish_reason for c in choices] if several else None,
+        logprobs=logprobs,
     )
 
 
-def sampling_params(req: RowRequest, cache: dict[tuple[Any, ...], Any] | None = None) -> Any:
-    """The engine's SamplingParams for a row. With `cache`, rows that decode alike share one object:
-    greedy rows ignore their seed (nothing is drawn), so a greedy job builds a single one."""
-    from worker.engine.sampling_params import SamplingParams
-
-    s = req.sampling
-    assert s is not None  # invariant: only rows without an error reach the engine
-    likelihood = isinstance(req.prompt, list)
-    seed = None if s.temperature == 0 else s.seed
-    key = (s.max_tokens, s.temperature, s.top_p, s.top_k, s.stop, seed, likelihood)
-    if cache is not None and (hit := cache.get(key)) is not None:
-        return hit
-    params = SamplingParams(
-        max_tokens=s.max_tokens,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        stop=s.stop,
-        seed=seed,
-        prompt_logprobs=likelihood,
-    )
-    if cache is not None:
-        cache[key] = params
-    return params
-
-
-def collect_rows(
-    engine: Any,
-    pending: list[RowRequest],
-    results: dict[int, RowResult],
-    should_stop: Callable[[], bool] | None,
-    on_result: Callable[[RowResult], None],
-) -> bool:
-    """Run `pending` through the engine, filling `results`; True if stopped before all finished."""
-    if not pending:
-        return False
-    if should_stop is not None and should_stop():
-        return True
-    prompts = [req.prompt for req in pending]
-    cache: dict[tuple[Any, ...], Any] = {}
-    params = [sampling_params(req, cache) for req in pending]
-    finished = 0
-    for out in engine.stream(prompts, params, should_stop=should_stop):
-        req = pending[out.index]
-        res = from_output(out, req)
-        results[req.row] = res
-        finished += 1
-        on_result(res)
-    if finished < len(pending):
-        if should_stop is None or not should_stop():
-            raise RuntimeError(f"engine returned {finished} of {len(pending)} rows without being stopped")
-        return True
-    return False
+def _token_logprobs(
+    token_ids: list[int], per_token: list[dict[int, float]], top: int, token_text: Callable[[int], str]
+) -> list[dict[str, Any]]:
+    """One choice's logprobs: per generated token the sampled token and the `top` likeliest of the
+    step's dict (the engine's top-k plus the sampled token), likeliest first."""
+    out: list[dict[str, Any]] = []
+    for tid, lps in zip(token_ids, per_token, strict=False):
+        best = sorted(lps.items(), key=lambda kv: -kv[1])[:top]
+        out.append(
+            {
+                "token": token_text(tid),
+                "token_id": tid,
+                "logprob": lps.get(tid),
+                "top_logprobs": [{"token": token_text(t), "token_id": t, "logprob": lp} for t, lp in best],
+            }
+        )
+    return out
 
 
 def rows_table(rows: list[RowResult], likelihood: bool, with_row: bool, id_type: str = "string") -> pa.Table:

@@ -54,11 +54,51 @@ IdColumnOpt = Annotated[
 ContinuationColumnOpt = Annotated[
     str | None, typer.Option(metavar="COLUMN", help="score this column's text after the prompt")
 ]
+TaskOpt = Annotated[
+    Literal["generate", "embed"],
+    typer.Option(
+        help="generate: completions; embed: one embedding per prompt (as /v1/embeddings), pooled as the "
+        "checkpoint's sentence-transformers files say (Qwen3-Embedding, e5-mistral); a Parquet input's "
+        "prompt column must hold text"
+    ),
+]
+DimensionsOpt = Annotated[
+    int | None,
+    typer.Option(metavar="N", help="--task embed: keep the first N dimensions (Matryoshka), then normalize"),
+]
 MaxTokensOpt = Annotated[int, typer.Option(metavar="N", help="tokens to generate per row, at most")]
 TemperatureOpt = Annotated[float, typer.Option(metavar="T", help="sampling temperature; 0 = greedy")]
 TopPOpt = Annotated[float, typer.Option(metavar="P", help="nucleus sampling mass in (0, 1]; 1 = off")]
 TopKOpt = Annotated[int, typer.Option(metavar="K", help="sample from the K likeliest tokens; 0 = off")]
 SeedOpt = Annotated[int, typer.Option(metavar="SEED", help="job seed; each row's seed is hash(seed, row id)")]
+# Sampling flags with vLLM's names and meanings; a row's column or JSONL body field of the same name
+# overrides each (README "Sampling").
+StopOpt = Annotated[
+    list[str] | None,
+    typer.Option(metavar="TEXT", help="stop string, cut from the text with what follows (repeat for more)"),
+]
+NOpt = Annotated[int, typer.Option("--n", metavar="N", help="choices per row (FREIGHT_MAX_N caps it)")]
+LogprobsOpt = Annotated[
+    int | None,
+    typer.Option(metavar="K", help="log-probabilities of each generated token and its K likeliest (0-20)"),
+]
+PresencePenaltyOpt = Annotated[
+    float, typer.Option(metavar="P", help="in [-2, 2]: lowers tokens already generated, once each")
+]
+FrequencyPenaltyOpt = Annotated[
+    float, typer.Option(metavar="P", help="in [-2, 2]: lowers tokens by how often they were generated")
+]
+RepetitionPenaltyOpt = Annotated[
+    float, typer.Option(metavar="P", help="> 0: divides the logits of prompt and generated tokens; 1 = off")
+]
+MinPOpt = Annotated[
+    float, typer.Option(metavar="P", help="drop tokens below P x the likeliest's probability; 0 = off")
+]
+MinTokensOpt = Annotated[int, typer.Option(metavar="N", help="tokens to generate before EOS may end a row")]
+LogitBiasOpt = Annotated[
+    str | None,
+    typer.Option(metavar="JSON", help='bias added to token logits, e.g. \'{"50256": -100}\' (token id: [-100, 100])'),
+]
 ShardRowsOpt = Annotated[int, typer.Option(metavar="N", help="rows per shard, about")]
 InstanceTypeOpt = Annotated[
     str,
@@ -169,11 +209,22 @@ def prepare_from_options(
     prompt_column: str,
     id_column: str | None,
     continuation_column: str | None,
+    task: str,
+    dimensions: int | None,
     max_tokens: int,
     temperature: float,
     top_p: float,
     top_k: int,
     seed: int,
+    stop: list[str] | None = None,
+    n: int = 1,
+    logprobs: int | None = None,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    repetition_penalty: float = 1.0,
+    min_p: float = 0.0,
+    min_tokens: int = 0,
+    logit_bias: str | None = None,
     shard_rows: int,
     instance_type: str,
     market: str,
@@ -197,8 +248,23 @@ def prepare_from_options(
             prompt_column=prompt_column,
             id_column=id_column,
             continuation_column=continuation_column,
+            task=task,
+            dimensions=dimensions,
             sampling=SamplingSpec(
-                max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                seed=seed,
+                stop=tuple(stop or ()),
+                n=n,
+                logprobs=logprobs,
+                presence_penalty=presence_penalty,
+                frequency_penalty=frequency_penalty,
+                repetition_penalty=repetition_penalty,
+                min_p=min_p,
+                min_tokens=min_tokens,
+                logit_bias=logit_bias or (),
             ),
             shard_rows=shard_rows,
             instance_type=instance_type,

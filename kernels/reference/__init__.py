@@ -3,15 +3,18 @@ engine's fast path on the CPU. Signatures follow docs/ARCHITECTURE.md ("Kernel c
 
 from kernels.reference.activation import silu_mul
 from kernels.reference.attention import paged_decode_attention, prefill_attention
+from kernels.reference.fused_moe import fused_moe, select_experts
 from kernels.reference.kv_cache import store_kv_cache
 from kernels.reference.norm import rms_norm
 from kernels.reference.rotary import apply_rotary
 
 __all__ = [
     "apply_rotary",
+    "fused_moe",
     "paged_decode_attention",
     "prefill_attention",
     "rms_norm",
+    "select_experts",
     "silu_mul",
     "store_kv_cache",
 ]

@@ -15,10 +15,9 @@ from kernels.checks import (
     FLOAT_DTYPES,
     check_gqa,
     check_kv_cache,
-    check_last_dim_contiguous,
     check_out,
+    check_paged_operands,
     check_positive,
-    check_same_device,
     check_same_dtype,
     check_shape,
     check_tensor,
@@ -222,21 +221,13 @@ def paged_decode_attention(
         check_shape("context_lens", context_lens, (batch,))
         check_positive("scale", scale)
         check_out("out", out, (batch, num_heads, head_dim), q)
-        for name, t in (
-            ("q", q),
-            ("k_cache", k_cache),
-            ("v_cache", v_cache),
-            ("block_tables", block_tables),
-            ("context_lens", context_lens),
-            ("out", out),
-        ):
-            check_last_dim_contiguous(name, t)
-        if k_cache.stride() != v_cache.stride():
-            raise ValueError(
-                f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}"
-            )
-        device = check_same_device(
-            q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, context_lens=context_lens
+        device = check_paged_operands(
+            q=q,
+            k_cache=k_cache,
+            v_cache=v_cache,
+            block_tables=block_tables,
+            context_lens=context_lens,
+            out=out,
         )
         check_launchable(_decode_split_kernel, device)
     if out is None:

@@ -17,10 +17,9 @@ from kernels.checks import (
     FLOAT_DTYPES,
     check_gqa,
     check_kv_cache,
-    check_last_dim_contiguous,
     check_out,
+    check_paged_operands,
     check_positive,
-    check_same_device,
     check_same_dtype,
     check_shape,
     check_tensor,
@@ -270,27 +269,14 @@ def prefill_attention(
         check_shape("block_tables", block_tables, (batch, None))
         check_positive("scale", scale)
         check_out("out", out, (tokens, num_heads, head_dim), q)
-        for name, t in (
-            ("q", q),
-            ("k_cache", k_cache),
-            ("v_cache", v_cache),
-            ("block_tables", block_tables),
-            ("cu_seqlens_q", cu_seqlens_q),
-            ("context_lens", context_lens),
-            ("out", out),
-        ):
-            check_last_dim_contiguous(name, t)
-        if k_cache.stride() != v_cache.stride():
-            raise ValueError(
-                f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}"
-            )
-        device = check_same_device(
+        device = check_paged_operands(
             q=q,
             k_cache=k_cache,
             v_cache=v_cache,
             cu_seqlens_q=cu_seqlens_q,
             context_lens=context_lens,
             block_tables=block_tables,
+            out=out,
         )
         check_launchable(_prefill_kernel, device)
     if out is None:

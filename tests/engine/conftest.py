@@ -24,6 +24,22 @@ class Checkpoint:
     model: torch.nn.Module  # the transformers model saved at path (fp32, eval)
 
 
+# Mixture-of-experts shapes: 8 experts (top-2 / top-3), small experts; Qwen2-MoE with its shared
+# expert and one dense layer (mlp_only_layers), Qwen3-MoE renormalizing its top-k (norm_topk_prob).
+MOE_DEFAULTS: dict[str, dict[str, object]] = {
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 64},
+    "qwen2_moe": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+        "intermediate_size": 96,
+        "mlp_only_layers": [1],
+    },
+    "qwen3_moe": {"num_experts": 8, "num_experts_per_tok": 3, "moe_intermediate_size": 32, "norm_topk_prob": True},
+}
+
+
 def _config(arch: str, **overrides: object) -> object:
     common = dict(
         vocab_size=VOCAB,
@@ -39,12 +55,16 @@ def _config(arch: str, **overrides: object) -> object:
         eos_token_id=2,
         tie_word_embeddings=False,
     )
+    common.update(MOE_DEFAULTS.get(arch, {}))
     common.update(overrides)
     classes = {
         "llama": transformers.LlamaConfig,
         "mistral": transformers.MistralConfig,
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
+        "mixtral": transformers.MixtralConfig,
+        "qwen2_moe": transformers.Qwen2MoeConfig,
+        "qwen3_moe": transformers.Qwen3MoeConfig,
     }
     return classes[arch](**common)
 

@@ -78,10 +78,10 @@ def _case(tmp_path: Path, demo_model_dir: Path, dataset: Path, case: str) -> tup
         ], "--price-per-hour"
     if case == "unsupported url":
         return [str(dataset), "--model", model, "--output", "gs://bucket/out"], "only local paths and s3://"
-    if case == "bad jsonl":
+    if case == "not jsonl":  # one bad line is that row's error; no good line refuses the file
         p = tmp_path / "batch.jsonl"
-        p.write_text('{"custom_id": "a", "body": {"prompt": "hi"}}\nnot json\n')
-        return [str(p), "--model", model, "--output", out], "line 2 is not JSON"
+        p.write_text("id,prompt\nnot json\n")
+        return [str(p), "--model", model, "--output", out], "is an OpenAI-Batch request; line 1: not JSON"
     if case == "jsonl with column flags":
         p = tmp_path / "batch.jsonl"
         p.write_text('{"custom_id": "a", "body": {"prompt": "hi"}}\n')
@@ -101,7 +101,7 @@ CASES = [
     "broken config.json",
     "bad option",
     "unknown instance type",
-    "bad jsonl",
+    "not jsonl",
     "jsonl with column flags",
     "unsupported url",
 ]

@@ -120,5 +120,5 @@ def test_duplicate_custom_ids_in_a_batch_file(tmp_path: Path, demo_model_dir: Pa
     lines = [{"custom_id": cid, "body": {"prompt": "hi"}} for cid in ("r1", "r2", "r1")]
     data = tmp_path / "batch.jsonl"
     data.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    _one_error_line(*_job(data, demo_model_dir, tmp_path / "out"), "custom_id", "'r1' x2")
+    _one_error_line(*_job(data, demo_model_dir, tmp_path / "out"), "custom_id repeats", "'r1' on lines 1, 3")
     assert not (tmp_path / "out").exists()

@@ -43,6 +43,11 @@ RESULT_COLUMNS = [
     "cached_tokens",
     "completion_tokens",
     "error",
+    "endpoint",
+    "completions",
+    "finish_reasons",
+    "logprobs",
+    "embedding",
 ]
 
 

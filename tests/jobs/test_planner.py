@@ -78,10 +78,10 @@ def test_openai_batch_jsonl_with_text_prompts(tmp_path: Path, demo_model_dir: Pa
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
     spec = JobSpec(input=str(path), model=str(demo_model_dir), output=str(tmp_path / "out"))
     m = plan(spec)
-    assert m.input.format == "jsonl" and m.input.prompt_kind == "text" and m.input.id_column == "custom_id"
-    assert m.input.override_columns == ("max_tokens", "temperature", "seed") and m.input.rows == 2
-    path.write_text(json.dumps({"body": {"prompt": "no id"}}) + "\n")
-    with pytest.raises(InputError, match="custom_id"):
+    assert m.input.format == "jsonl" and m.input.prompt_kind == "request" and m.input.id_column == "custom_id"
+    assert m.input.prompt_column == "body" and m.input.override_columns == () and m.input.rows == 2
+    path.write_text(json.dumps({"body": {"prompt": "no id"}}) + "\n")  # no line is a usable request
+    with pytest.raises(InputError, match="line 1: custom_id None: every line needs a custom_id"):
         plan(spec)
 
 

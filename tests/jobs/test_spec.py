@@ -59,3 +59,30 @@ def test_row_seed_depends_on_job_seed_and_row_id_only() -> None:
     assert row_seed(0, "a") == row_seed(0, "a")
     assert len({row_seed(0, "a"), row_seed(1, "a"), row_seed(0, "b")}) == 3
     assert 0 <= row_seed(7, "x") < 2**63
+
+
+def test_sampling_fields_added_later_keep_older_job_ids() -> None:
+    """Fields added after spec version 1 enter the id only when set: an OUT planned before them resumes."""
+    old = JobSpec(input="a.parquet", model="m", output="o")
+    assert old.job_id == "6a08540ca883a1fc"  # the id this spec had before n, penalties, logit_bias, ...
+    ids = {old.job_id}
+    for kw in ({"n": 2}, {"logprobs": 0}, {"presence_penalty": 0.5}, {"min_tokens": 1}, {"logit_bias": {"3": 1}}):
+        ids.add(JobSpec(input="a.parquet", model="m", output="o", sampling=SamplingSpec(**kw)).job_id)
+    assert len(ids) == 6
+
+
+@pytest.mark.parametrize(
+    ("kw", "expected"),
+    [
+        ({"logit_bias": '{"x": 1}'}, "logit_bias key 'x' is not a token id"),
+        ({"logit_bias": "{"}, "logit_bias is not JSON"),
+        ({"logit_bias": {"3": 101}}, "a bias must be a number in [-100, 100]"),
+        ({"stop": ("",)}, "stop strings must not be empty"),
+        ({"min_tokens": 9, "max_tokens": 4}, "min_tokens (9) must not exceed max_tokens (4)"),
+        ({"logprobs": 21}, "less than or equal to 20"),
+    ],
+)
+def test_bad_sampling_flags_say_why(kw: dict[str, object], expected: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        SamplingSpec(**kw)  # type: ignore[arg-type]
+    assert expected in str(err.value)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
@@ -17,11 +18,13 @@ from worker.engine.batch_state import PersistentBatch
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
 from worker.engine.decode_graphs import activation_bytes
+from worker.engine.embedder import Embedder, EmbeddingOutput, dimensions_per_prompt
 from worker.engine.loader import load_model, read_config
 from worker.engine.model_runner import InFlightStep, ModelRunner
 from worker.engine.models import ModelConfig
 from worker.engine.ordering import batch_order
 from worker.engine.outputs import RequestOutput
+from worker.engine.pooling import PoolingConfig, PoolingConfigError
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence
@@ -56,6 +59,11 @@ class Engine:
         self.outputs = StepOutputs(self.scheduler, self.stats, self._stop_string)
         self._in_flight: InFlightStep | None = None  # the launched step whose tokens are not applied yet
         self._next_seq_id = 0
+        try:  # embeddings need the checkpoint's sentence-transformers pooling config; generation does not
+            self.pooling: PoolingConfig | None = PoolingConfig.from_checkpoint(model_dir, runner.model.cfg.hidden_size)
+            self.pooling_error: str | None = None
+        except PoolingConfigError as exc:
+            self.pooling, self.pooling_error = None, str(exc)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, config: EngineConfig | None = None) -> Engine:
@@ -158,6 +166,48 @@ class Engine:
                 self.scheduler.abort_all()
                 self._in_flight = None
 
+    def embed(
+        self, prompts: Seq[str] | Seq[Seq[int]], dimensions: int | Seq[int | None] | None = None
+    ) -> list[EmbeddingOutput]:
+        """One EmbeddingOutput per prompt, in the order of `prompts` (see embed_stream)."""
+        return sorted(self.embed_stream(prompts, dimensions), key=lambda o: o.index)
+
+    def embed_stream(
+        self,
+        prompts: Seq[str] | Seq[Seq[int]],
+        dimensions: int | Seq[int | None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> Iterator[EmbeddingOutput]:
+        """Embeddings by the checkpoint's pooling config (worker/engine/pooling.py): batched prefill,
+        pooled final hidden states, truncated to `dimensions` (one for all prompts or one each; None:
+        the hidden size), then normalized if the config has a Normalize module. Text prompts are
+        tokenized as the tokenizer does (its post-processor may append an EOS). Bad prompts come
+        first, as errors; then each forward's outputs. No KV outlives its forward (embedder.py).
+
+        Raises ValueError when the checkpoint has no pooling config, RuntimeError during a stream.
+        """
+        if self.pooling is None:
+            raise ValueError(self.pooling_error)
+        self._params_for(prompts, None)  # refuses a single string
+        if self.scheduler.has_unfinished():
+            raise RuntimeError("this engine is running a generate stream; finish or close it first")
+        dims = dimensions_per_prompt(dimensions, len(prompts))
+        texts = [p for p in prompts if isinstance(p, str)]
+        encoded = iter(self.tokenizer.encode_batch(texts) if texts else [])
+        errors: list[EmbeddingOutput] = []
+        requests: list[tuple[int, list[int], int | None]] = []
+        for i, (prompt, d) in enumerate(zip(prompts, dims, strict=True)):
+            ids, error = self._prompt_ids(prompt, next(encoded) if isinstance(prompt, str) else None, room=0)
+            error = error or self.pooling.check_dimensions(d)
+            if error is not None:
+                errors.append(EmbeddingOutput(i, None, len(ids), error))
+            else:
+                requests.append((i, ids, d))
+        c = self.config
+        embedder = Embedder(self.runner, self.block_manager, self.pooling, c.max_num_batched_tokens,
+                            c.max_num_seqs, self.stats)  # fmt: skip
+        return itertools.chain(errors, embedder.run(requests, should_stop))
+
     # ---- one step --------------------------------------------------------------------------
     def step(self) -> list[Sequence]:
         """Schedule and launch a step; apply the tokens of the previous step (overlapped) or of this
@@ -204,9 +254,10 @@ class Engine:
             )
         return params
 
-    def _prompt_ids(self, prompt: object, encoded: list[int] | None) -> tuple[list[int], str | None]:
+    def _prompt_ids(self, prompt: object, encoded: list[int] | None, room: int = 1) -> tuple[list[int], str | None]:
         """(token ids, None) or (whatever ids there are, why this prompt cannot run). A text prompt
-        comes with `encoded`, its ids from the batch encode in `stream`."""
+        comes with `encoded`, its ids from the batch encode in `stream`; `room`: context positions
+        needed after the prompt (1 to generate, 0 to embed)."""
         if encoded is not None:
             ids = encoded
         elif isinstance(prompt, Seq) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -218,11 +269,9 @@ class Engine:
             return [], f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}"
         if not ids:
             return ids, "empty prompt: there is no token to condition on"
-        if len(ids) >= self.max_model_len:
-            return ids, (
-                f"prompt has {len(ids)} tokens but the context holds {self.max_model_len} "
-                "(prompt + at least one generated token); shorten it"
-            )
+        if len(ids) + room > self.max_model_len:
+            need = " (prompt + at least one generated token)" if room else ""
+            return ids, f"prompt has {len(ids)} tokens but the context holds {self.max_model_len}{need}; shorten it"
         return ids, None
 
     def _stop_string(self, seq: Sequence) -> bool:

@@ -22,6 +22,7 @@ from worker.engine.backends.base import Backend
 from worker.engine.config import EngineConfig
 from worker.engine.host_memory import pack_parameters
 from worker.engine.models import CausalLM, ModelConfig
+from worker.engine.models.expert_weights import expert_pieces, expert_tensor, moe_name
 
 log = structlog.get_logger(__name__)
 
@@ -43,7 +44,9 @@ def internal_name(hf_name: str) -> tuple[str, int | None]:
     """Checkpoint tensor name -> (our state-dict name, shard index in a fused module or None).
 
     "model.layers.3.self_attn.k_proj.qweight" -> ("model.layers.3.self_attn.qkv_proj.qweight", 1)
+    Per-expert tensors of a MoE model are not handled here (expert_weights.expert_tensor).
     """
+    hf_name = moe_name(hf_name)
     m = _FUSED_RE.match(hf_name)
     if m is None:
         return hf_name, None
@@ -56,7 +59,8 @@ def fused_shard_rows(cfg: ModelConfig, internal: str) -> list[int]:
     if ".qkv_proj." in internal:
         return [cfg.q_size, cfg.kv_size, cfg.kv_size]
     if ".gate_up_proj." in internal:
-        return [cfg.intermediate_size, cfg.intermediate_size]
+        size = cfg.moe.shared_expert_size if cfg.moe is not None and ".shared_expert." in internal else None
+        return [size or cfg.intermediate_size] * 2
     raise ValueError(f"{internal} is not part of a fused module")
 
 
@@ -139,7 +143,9 @@ def _load_tensors(model: CausalLM, cfg: ModelConfig, files: list[Path]) -> None:
     for name in targets:
         if ".qkv_proj." in name or ".gate_up_proj." in name:
             needed[name] = len(fused_shard_rows(cfg, name))
-    seen: dict[str, set[int | None]] = {}
+        elif cfg.moe is not None:
+            needed[name] = expert_pieces(name, cfg.moe.num_experts) or 1
+    seen: dict[str, set[object]] = {}
     with torch.no_grad():
         for file in files:
             with safe_open(str(file), framework="pt", device="cpu") as f:
@@ -148,11 +154,17 @@ def _load_tensors(model: CausalLM, cfg: ModelConfig, files: list[Path]) -> None:
                         cfg.tie_word_embeddings and hf_name == "lm_head.weight"
                     ):
                         continue
-                    name, shard = internal_name(hf_name)
+                    expert = expert_tensor(hf_name) if cfg.moe is not None else None
+                    name, shard = (expert[0], expert[1:]) if expert else internal_name(hf_name)
                     if name not in targets:
                         raise ValueError(f"{file.name}: unexpected tensor {hf_name!r} for {cfg.architecture}")
                     dst, src = targets[name], f.get_tensor(hf_name)
-                    if shard is not None:
+                    if expert is not None:  # one expert's slice of a stacked [E, ...] tensor
+                        e, half = expert[1], expert[2]
+                        if e >= dst.shape[0]:
+                            raise ValueError(f"{hf_name}: expert {e} of {dst.shape[0]} (config.json's expert count)")
+                        dst = dst[e] if half is None else dst[e].narrow(0, half * (dst.shape[1] // 2), dst.shape[1] // 2)
+                    elif shard is not None:
                         rows = fused_shard_rows(cfg, name)
                         dim, per = _shard_dim(model, name)
                         if dim is not None:  # None: every shard carries the same tensor (GPTQ g_idx)
@@ -163,7 +175,8 @@ def _load_tensors(model: CausalLM, cfg: ModelConfig, files: list[Path]) -> None:
                         )
                     dst.copy_(src)
                     seen.setdefault(name, set()).add(shard)
-    missing = sorted(n for n, k in needed.items() if len(seen.get(n, ())) < k)
+    # None in seen: the whole tensor loaded at once (an unfused or already stacked checkpoint tensor)
+    missing = sorted(n for n, k in needed.items() if None not in seen.get(n, ()) and len(seen.get(n, ())) < k)
     if missing:
         raise ValueError(
             f"checkpoint is missing tensors for {missing[:5]}{' ...' if len(missing) > 5 else ''}"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from worker.engine.backends.base import AttentionMetadata
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.decode_graphs import DecodeGraphs
 from worker.engine.device_rows import DeviceRows
@@ -160,6 +161,12 @@ class ModelRunner:
         logprobs = self._logprobs(logits, torch.from_numpy(ids), sample_rows)
         seq_ids = b.seq_id[at].copy()  # a slice is a view: the rows' owners may change before apply
         return InFlightStep(sample_rows, seq_ids, b.version, ascending, _NO_TOKENS, None, logprobs, prompt, ids, hits)
+
+    @torch.inference_mode()
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Final normed hidden states of a prefill-only step, no logits ([T, H], or [N, H] for
+        meta.output_rows): the embedder's forward, over the same KV cache and backend."""
+        return self.model(input_ids, positions, meta, self.kv_caches)
 
     def _logits(self, inputs: StepInputs) -> torch.Tensor:
         """fp32 logits of the step's logits rows (see step_inputs)."""

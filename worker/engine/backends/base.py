@@ -50,6 +50,9 @@ class Backend:
     rms_norm = None
     apply_rotary = None
     silu_mul = None
+    # mixture of experts (kernels/reference/fused_moe.py's signatures)
+    select_experts = None
+    fused_moe = None
 
     @classmethod
     def supports(cls, device: torch.device) -> bool:

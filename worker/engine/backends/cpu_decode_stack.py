@@ -9,7 +9,8 @@ Everything else runs the layers op by op as before: a prefill chunk in the step,
 projection, or rows that all share leading blocks (the op-by-op attention reads a shared prefix
 once for the whole batch, the stack once per row).
 
-Which models take it (checked once, when the engine binds it; `ineligible` says why not): every
+Which models take it (checked once, when the engine binds it; `ineligible` says why not): dense
+models only (a mixture-of-experts config runs op by op: the stack has no router), every
 projection a plain fp32 nn.Linear (quantized or replaced modules run op by op), no bias but the
 optional qkv bias (Qwen2), fp32 norms (Qwen3's q/k norms included), fp32 contiguous KV caches, head
 sizes the C attention kernel was compiled for. The pointers are taken at bind time: the engine never
@@ -32,6 +33,8 @@ def ineligible(model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tenso
                native: NativeDecodeStack) -> str | None:  # fmt: skip
     """Why this model cannot run through the decode stack, or None when it can."""
     cfg = model.cfg
+    if cfg.moe is not None:  # the C stack runs one dense SwiGLU MLP per layer, no routing
+        return f"{cfg.architecture} has mixture-of-experts layers (the C decode stack runs dense MLPs only)"
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear) or name.endswith(("_proj", "lm_head")):
             if type(module) is not nn.Linear:

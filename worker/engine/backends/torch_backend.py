@@ -17,6 +17,8 @@ class TorchBackend(Backend):
     rms_norm = staticmethod(reference.rms_norm)
     apply_rotary = staticmethod(reference.apply_rotary)
     silu_mul = staticmethod(reference.silu_mul)
+    select_experts = staticmethod(reference.select_experts)
+    fused_moe = staticmethod(reference.fused_moe)
 
     @classmethod
     def supports(cls, device: torch.device) -> bool:

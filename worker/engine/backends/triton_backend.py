@@ -10,6 +10,7 @@ import torch
 
 from kernels import reference
 from kernels.triton import prefill_attention as _prefill_module
+from kernels.triton.fused_moe import fused_moe
 from kernels.triton.launch import is_interpreted
 from kernels.triton.paged_decode_attention import paged_decode_attention
 from kernels.triton.prefill_attention import prefill_attention
@@ -32,6 +33,7 @@ class TritonBackend(Backend):
     silu_mul = staticmethod(reference.silu_mul)  # torch ops on CUDA: no Triton kernel yet
     int8_matmul = staticmethod(int8_matmul)
     int4_matmul = staticmethod(int4_matmul)
+    select_experts = staticmethod(reference.select_experts)  # softmax + top-k: torch ops on CUDA
 
     def __init__(self) -> None:
         # argument signatures whose checks passed: each wrapper checks once per batch shape, not at
@@ -70,3 +72,6 @@ class TritonBackend(Backend):
 
     def apply_rotary(self, q, k, positions, cos_sin) -> None:  # type: ignore[override]
         self._launch(apply_rotary, q, k, positions, cos_sin)
+
+    def fused_moe(self, x, w13, w2, topk_weights, topk_ids):  # type: ignore[override]
+        return self._launch(fused_moe, x, w13, w2, topk_weights, topk_ids, None)

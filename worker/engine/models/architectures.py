@@ -9,13 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
-# Hugging Face architecture name -> the flags our one decoder implementation needs.
+# Hugging Face architecture name -> the flags our one decoder implementation needs. `moe`: sparse
+# mixture-of-experts MLPs (their keys: models/moe_config.py); `bias_key`: the config key that turns
+# on the q/k/v bias (Qwen2-MoE names it qkv_bias).
 SUPPORTED_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "LlamaForCausalLM": {"qk_norm": False, "default_bias": False},
     "MistralForCausalLM": {"qk_norm": False, "default_bias": False},
     "Qwen2ForCausalLM": {"qk_norm": False, "default_bias": True},
     "Qwen3ForCausalLM": {"qk_norm": True, "default_bias": False},
+    "MixtralForCausalLM": {"qk_norm": False, "default_bias": False, "moe": True},
+    "Qwen2MoeForCausalLM": {"qk_norm": False, "default_bias": True, "moe": True},
+    "Qwen3MoeForCausalLM": {"qk_norm": True, "default_bias": False, "moe": True},
 }
+# The config key holding the q/k/v bias switch, where it is not `attention_bias`.
+BIAS_KEYS = {"Qwen2MoeForCausalLM": "qkv_bias"}
 ROPE_TYPES = ("default", "llama3", "linear")
 # Keys without a default: a config.json lacking one cannot describe the model's shapes.
 REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -78,4 +85,53 @@ def config_problem(cfg: Any) -> str | None:
         return "config.json: mlp_bias=true is not supported"
     if rope_type(cfg) not in ROPE_TYPES:
         return f"config.json: rope type {rope_type(cfg)!r} is not supported; freight supports {', '.join(ROPE_TYPES)}"
+    if SUPPORTED_ARCHITECTURES[supported_architecture(cfg)].get("moe"):
+        return moe_problem(cfg)
+    return None
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def moe_keys(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The mixture-of-experts keys of a MoE config.json, under one set of names whichever model wrote
+    them (Mixtral: num_local_experts, every layer sparse, no moe_intermediate_size)."""
+    mixtral = supported_architecture(cfg) == "MixtralForCausalLM"
+    # the expert count's key: Mixtral's num_local_experts, the Qwen MoEs' num_experts (the hub's
+    # Qwen3-MoE configs); transformers 5 writes Qwen3-MoE's as num_local_experts
+    names = ("num_local_experts", "num_experts") if mixtral else ("num_experts", "num_local_experts")
+    return {
+        "num_experts": next((cfg[k] for k in names if cfg.get(k) is not None), None),
+        "top_k": cfg.get("num_experts_per_tok"),
+        "expert_size": cfg.get("intermediate_size") if mixtral else cfg.get("moe_intermediate_size"),
+        # Mixtral renormalizes the top-k probabilities always; the Qwen MoEs when norm_topk_prob
+        "norm_topk_prob": True if mixtral else bool(cfg.get("norm_topk_prob", False)),
+        "shared_expert_size": cfg.get("shared_expert_intermediate_size") or 0,
+        "sparse_step": 1 if mixtral else cfg.get("decoder_sparse_step", 1),
+        "dense_layers": [] if mixtral else list(cfg.get("mlp_only_layers") or []),
+    }
+
+
+def moe_problem(cfg: dict[str, Any]) -> str | None:
+    """Why a mixture-of-experts config.json cannot be built, or None."""
+    keys = moe_keys(cfg)
+    experts_key = "num_local_experts" if supported_architecture(cfg) == "MixtralForCausalLM" else "num_experts"
+    if keys["num_experts"] is None:
+        return f"config.json has no {experts_key}"
+    if not _positive_int(keys["num_experts"]):
+        return f"config.json: {experts_key} must be a positive integer, not {keys['num_experts']!r}"
+    if not _positive_int(keys["top_k"]) or keys["top_k"] > keys["num_experts"]:
+        return (
+            f"config.json: num_experts_per_tok must be an integer in 1..{experts_key} ({keys['num_experts']}), "
+            f"not {keys['top_k']!r}"
+        )
+    if not _positive_int(keys["expert_size"]):
+        return f"config.json: moe_intermediate_size must be a positive integer, not {keys['expert_size']!r}"
+    if not _positive_int(keys["sparse_step"]):
+        return f"config.json: decoder_sparse_step must be a positive integer, not {keys['sparse_step']!r}"
+    if keys["shared_expert_size"] and not _positive_int(keys["shared_expert_size"]):
+        return "config.json: shared_expert_intermediate_size must be a positive integer"
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in keys["dense_layers"]):
+        return "config.json: mlp_only_layers must list layer indices"
     return None

@@ -1,4 +1,6 @@
-"""One decoder-only transformer for Llama, Mistral, Qwen2 and Qwen3 over a paged KV cache.
+"""One decoder-only transformer for Llama, Mistral, Qwen2, Qwen3 and their mixture-of-experts kin
+(Mixtral, Qwen2-MoE, Qwen3-MoE: the MLP of a sparse layer is models/moe.py's block) over a paged KV
+cache.
 
 Module and parameter names follow Hugging Face's, except that q/k/v and gate/up projections are
 fused into one nn.Linear each (`qkv_proj`, `gate_up_proj`; see loader.internal_name). All
@@ -20,6 +22,7 @@ from torch import nn
 
 from worker.engine.backends.base import AttentionMetadata, Backend
 from worker.engine.models.model_config import ModelConfig
+from worker.engine.models.moe import SparseMoeBlock
 from worker.engine.models.rotary import cos_sin_cache
 
 
@@ -74,22 +77,32 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: Backend) -> None:
+    def __init__(self, cfg: ModelConfig, backend: Backend, intermediate_size: int | None = None) -> None:
+        """intermediate_size: cfg.intermediate_size unless given (a MoE model's shared expert)."""
         super().__init__()
         self.backend = backend
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        size = intermediate_size or cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * size, bias=False)
+        self.down_proj = nn.Linear(size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         backend = self.backend
         return backend.project(self.down_proj, backend.silu_mul(backend.project(self.gate_up_proj, x)))
 
 
+def _mlp(cfg: ModelConfig, backend: Backend, layer: int) -> nn.Module:
+    """Layer `layer`'s MLP: dense, or a sparse mixture of experts (models/moe.py) where cfg.moe says."""
+    if cfg.moe is None or not cfg.moe.is_sparse(layer):
+        return MLP(cfg, backend)
+    shared = MLP(cfg, backend, cfg.moe.shared_expert_size) if cfg.moe.shared_expert_size else None
+    return SparseMoeBlock(cfg, backend, shared)
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: Backend) -> None:
+    def __init__(self, cfg: ModelConfig, backend: Backend, layer: int = 0) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, backend)
-        self.mlp = MLP(cfg, backend)
+        self.mlp = _mlp(cfg, backend, layer)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend)
 
@@ -118,7 +131,7 @@ class DecoderBody(nn.Module):
     def __init__(self, cfg: ModelConfig, backend: Backend) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, backend) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, backend, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend)
 
 

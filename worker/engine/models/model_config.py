@@ -6,12 +6,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.engine.models.architectures import (
+    BIAS_KEYS,
     SUPPORTED_ARCHITECTURES,
     config_problem,
     rope_settings,
     rope_type,
     supported_architecture,
 )
+from worker.engine.models.moe_config import MoeConfig
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class ModelConfig:
     tie_word_embeddings: bool
     sliding_window: int | None
     eos_token_ids: tuple[int, ...]
+    moe: MoeConfig | None = None  # mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE); None: dense
 
     @property
     def q_size(self) -> int:
@@ -70,9 +73,10 @@ class ModelConfig:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             rope_theta=rope_theta,
             rope_scaling=None if kind == "default" else {**rope, "rope_type": kind},
-            attention_bias=bool(cfg.get("attention_bias", flags["default_bias"])),
+            attention_bias=bool(cfg.get(BIAS_KEYS.get(arch, "attention_bias"), flags["default_bias"])),
             qk_norm=flags["qk_norm"],
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             sliding_window=int(window) if window else None,
             eos_token_ids=eos_ids,
+            moe=MoeConfig.from_dict(cfg) if flags.get("moe") else None,
         )

@@ -38,6 +38,17 @@ def decoder_linears(model: nn.Module, skip: tuple[str, ...] = ()) -> list[tuple[
     ]
 
 
+def expert_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
+    """(qualified name, nn.Linear view) of every mixture-of-experts expert projection: the modules
+    with `expert_linears()` (models/moe.Experts), which quantize_model hands to their `quantize`."""
+    return [
+        (f"{name}.{sub}", linear)
+        for name, mod in model.named_modules()
+        if callable(getattr(mod, "expert_linears", None))
+        for sub, linear in mod.expert_linears()
+    ]
+
+
 def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
@@ -108,22 +119,28 @@ def quantize_model(model: nn.Module, method: str, group_size: int | None = None)
     device = targets[0][1].weight.device if targets else torch.device("cpu")
     check_quantization(model, method, device, group_size)
     if method == "int4" and group_size is None:
-        group_size = _largest_group(targets)
+        group_size = _largest_group(targets + expert_linears(model))
     if method == "fp8" and device.type == "cpu":
         _warn_fp8_on_cpu()
-    for name, linear in targets:
+
+    def make(linear: nn.Linear) -> nn.Module:
         if method == "int8":
-            new = Int8Linear.from_linear(linear)
-        elif method == "int4":
-            new = Int4Linear.from_linear(linear, group_size)
-        else:
-            new = Fp8Linear.from_linear(linear)
-        replace_module(model, name, new)
+            return Int8Linear.from_linear(linear)
+        if method == "int4":
+            return Int4Linear.from_linear(linear, group_size)
+        return Fp8Linear.from_linear(linear)
+
+    for name, linear in targets:
+        replace_module(model, name, make(linear))
+    expert_modules = [m for m in model.modules() if callable(getattr(m, "expert_linears", None))]
+    for mod in expert_modules:
+        mod.quantize(make)  # mixture-of-experts experts: one quantized module per expert projection
     log.info(
         "model quantized on the fly",
         method=method,
         group_size=group_size if method == "int4" else None,
         modules=len(targets),
+        expert_modules=sum(len(m.quantized) for m in expert_modules),
     )
 
 
@@ -133,7 +150,7 @@ def check_quantization(model: nn.Module, method: str, device: torch.device, grou
     before the weights load. Raises ValueError."""
     if method not in ON_THE_FLY_METHODS:
         raise ValueError(f"unknown quantization {method!r}; use one of {ON_THE_FLY_METHODS}")
-    targets = decoder_linears(model)
+    targets = decoder_linears(model) + expert_linears(model)
     if method == "int4":
         group = group_size if group_size is not None else _largest_group(targets)
         for name, linear in targets:

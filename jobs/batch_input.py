@@ -1,0 +1,190 @@
+"""OpenAI-Batch JSONL input: one request per line -> a table of custom_id, url, body, line_error.
+
+Each line keeps its `url` (the endpoint) and its raw `body` (JSON text); the worker validates the body
+field by field per row (worker/request_body.py). Problems are sorted by reach:
+
+- The whole file (refused at plan time, nothing written): empty, no line is a usable request (not
+  JSONL at all), or a custom_id that repeats (OpenAI refuses such a file too).
+- One line (that row's error, the job goes on): not JSON, not an object, no custom_id, an unknown
+  line field, a method other than POST, an unsupported url, a body that is not an object. A line
+  without a usable custom_id gets the id "line-N" (N: its line number in the file, from 1); a real
+  custom_id equal to such a placeholder is refused with the file.
+
+A line without `url` (OpenAI requires one) takes it from its body: `messages` -> chat completions,
+`prompt` -> completions, `input` -> embeddings. The `url` column always holds one of ENDPOINT_URLS:
+a row whose endpoint cannot be told (a line that is not JSON) is marked chat completions.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from jobs.errors import InputError
+
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+EMBEDDINGS_URL = "/v1/embeddings"
+ENDPOINT_URLS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL)
+LINE_FIELDS = ("custom_id", "method", "url", "body")
+LINE_SHAPE = "each line must be one JSON object {custom_id, method, url, body}"
+BATCH_COLUMNS = ("custom_id", "url", "body", "line_error")
+SHOW = 5  # repeated ids named in a message, at most
+
+
+@dataclass(frozen=True)
+class BatchFile:
+    """A parsed batch file: `table` (BATCH_COLUMNS, one row per non-blank line) and, per row, the
+    text its prompt starts with (system and user messages, the prompt or the input), which the
+    planner groups rows by."""
+
+    table: pa.Table
+    prompt_texts: list[str]
+
+
+@dataclass
+class _Line:
+    custom_id: str | None
+    url: str
+    body: str | None
+    error: str | None
+    text: str
+
+
+def read_batch(url: str, data: bytes) -> BatchFile:
+    """Parse a batch file's bytes (gzipped when `url` ends in .gz). InputError for a whole-file problem."""
+    if url.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise InputError(f"{url} is not a gzip file ({exc}): name it .jsonl, or gzip it") from None
+    lines: list[_Line] = []
+    numbers: list[int] = []
+    for lineno, raw in enumerate(io.BytesIO(data), start=1):
+        if raw.strip():
+            lines.append(_parse_line(lineno, raw))
+            numbers.append(lineno)
+    if not lines:
+        raise InputError(f"input {url} is empty: no JSONL lines")
+    if all(line.error is not None for line in lines):
+        raise InputError(f"no line of {url} is an OpenAI-Batch request; {lines[0].error}")
+    ids = _ids(url, lines, numbers)
+    table = pa.table(
+        {
+            "custom_id": pa.array(ids, pa.string()),
+            "url": pa.array([line.url for line in lines], pa.string()),
+            "body": pa.array([line.body for line in lines], pa.string()),
+            "line_error": pa.array([line.error for line in lines], pa.string()),
+        }
+    )
+    return BatchFile(table=table, prompt_texts=[line.text for line in lines])
+
+
+def _ids(url: str, lines: list[_Line], numbers: list[int]) -> list[str]:
+    """custom_ids, with placeholders for lines without one; InputError for a repeated id."""
+    seen: dict[str, list[int]] = {}
+    for line, lineno in zip(lines, numbers, strict=True):
+        if line.custom_id is not None:
+            seen.setdefault(line.custom_id, []).append(lineno)
+    repeated = [(cid, nos) for cid, nos in seen.items() if len(nos) > 1]
+    if repeated:
+        shown = "; ".join(f"{cid!r} on lines {', '.join(map(str, nos))}" for cid, nos in repeated[:SHOW])
+        more = f" and {len(repeated) - SHOW} more" if len(repeated) > SHOW else ""
+        raise InputError(
+            f"{url}: custom_id repeats ({shown}{more}): every request of a batch file needs its own "
+            "custom_id, as OpenAI requires"
+        )
+    ids: list[str] = []
+    for line, lineno in zip(lines, numbers, strict=True):
+        if line.custom_id is None:
+            placeholder = f"line-{lineno}"
+            if placeholder in seen:
+                raise InputError(
+                    f"{url}: line {lineno} has no usable custom_id and would be reported as "
+                    f"{placeholder!r}, which line {seen[placeholder][0]} uses as its custom_id: rename that id"
+                )
+            ids.append(placeholder)
+        else:
+            ids.append(line.custom_id)
+    return ids
+
+
+def _parse_line(lineno: int, raw: bytes) -> _Line:
+    try:
+        obj = json.loads(raw)
+    except ValueError as exc:  # JSONDecodeError, or bytes that are no Unicode text
+        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
+        return _Line(None, CHAT_URL, None, f"line {lineno}: not JSON ({msg}): {LINE_SHAPE}", "")
+    if not isinstance(obj, dict):
+        return _Line(None, CHAT_URL, None, f"line {lineno}: a JSON {type(obj).__name__}: {LINE_SHAPE}", "")
+    custom_id = obj.get("custom_id")
+    if isinstance(custom_id, int) and not isinstance(custom_id, bool):
+        custom_id = str(custom_id)
+    if not isinstance(custom_id, str) or not custom_id:
+        custom_id = None
+    body = obj.get("body")
+    url = obj.get("url")
+    endpoint = url if url in ENDPOINT_URLS else _endpoint_of(body)
+    error = _line_error(obj, custom_id, url, body)
+    error = None if error is None else f"line {lineno}: {error}"
+    if not isinstance(body, dict):
+        return _Line(custom_id, endpoint, None, error, "")
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    return _Line(custom_id, endpoint, text, error, prompt_text(body))
+
+
+def _line_error(obj: dict[str, Any], custom_id: str | None, url: Any, body: Any) -> str | None:
+    unknown = [k for k in obj if k not in LINE_FIELDS]
+    if unknown:
+        return f"unknown line field {unknown[0]!r}: {LINE_SHAPE}"
+    if custom_id is None:
+        return f"custom_id {obj.get('custom_id')!r}: every line needs a custom_id (a non-empty string)"
+    method = obj.get("method", "POST")
+    if method != "POST":
+        return f"method {method!r}: batch requests are POST"
+    if url is not None and url not in ENDPOINT_URLS:
+        return f"url {url!r} is not supported: use one of {', '.join(ENDPOINT_URLS)}"
+    if not isinstance(body, dict):
+        return f"body must be a JSON object (the request), not {type(body).__name__ if body is not None else 'missing'}"
+    return None
+
+
+def _endpoint_of(body: Any) -> str:
+    if isinstance(body, dict):
+        if "messages" not in body and "prompt" in body:
+            return COMPLETIONS_URL
+        if "messages" not in body and "input" in body:
+            return EMBEDDINGS_URL
+    return CHAT_URL
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """The text a request's prompt starts with, for grouping rows that share a prefix: the messages'
+    roles and text in order, the prompt, or the input (anything else: "")."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        parts: list[str] = []
+        for m in messages:
+            if isinstance(m, dict):
+                parts.append(f"{m.get('role')}\n{_content_text(m.get('content'))}\n")
+        return "".join(parts)
+    for key in ("prompt", "input"):
+        value = body.get(key)
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        if isinstance(value, str):
+            return value
+    return ""
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""

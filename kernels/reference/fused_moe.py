@@ -1,0 +1,98 @@
+"""Mixture-of-experts MLP: top-k routing and the experts' SwiGLU over tokens grouped by expert.
+
+Layouts (docs/ARCHITECTURE.md, "Kernel contract"):
+- w13 [E, 2 * I, H]: expert e's gate rows [0, I) then up rows [I, 2I) (transformers' stacked
+  `gate_up_proj`); w2 [E, H, I] (`down_proj`).
+- topk_weights fp32 [T, K], topk_ids int [T, K]: token t goes to experts topk_ids[t] with those
+  weights (select_experts).
+fused_moe(x, w13, w2, topk_weights, topk_ids) = sum_j topk_weights[t, j] *
+    w2[e] @ (silu(gate_e(x[t])) * up_e(x[t])), e = topk_ids[t, j].
+
+The reference is also the CPU fast path: the T * K (token, expert) pairs are sorted by expert
+(stable), each expert runs one matmul over its gathered rows, its SwiGLU, and one down matmul;
+a weighted index_add folds the rows back into tokens. Python loops over experts (E iterations,
+empty experts skipped), never over tokens. The sum over a token's experts runs in ascending expert
+order, as transformers' MoE blocks add them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from kernels.reference.activation import silu_mul as _silu_mul
+
+
+def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits [T, E] -> (topk_weights fp32 [T, K], topk_ids int64 [T, K]): softmax over the
+    experts in fp32, the K largest probabilities (descending), divided by their sum if `renormalize`
+    (Mixtral; Qwen MoEs with norm_topk_prob)."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def expert_order(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, list[int]]:
+    """(order int64 [T * K]: the flat (token, slot) pair indices sorted by expert, stable; rows per
+    expert [E]). Pair p is token p // K."""
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    return order, counts
+
+
+def grouped_moe(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    expert_mlp: Callable[[int, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """fused_moe with each expert's MLP given as expert_mlp(e, rows [n, H]) -> [n, H] (called once per
+    expert that got tokens, on all of its rows): a backend's fused SiLU * up kernel, or quantized
+    expert projections, plug in here."""
+    tokens, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    out = torch.zeros_like(x)
+    if tokens == 0:
+        return out
+    order, counts = expert_order(topk_ids, num_experts)
+    token_of = order // top_k  # [T * K] token row of each sorted pair
+    xs = x.index_select(0, token_of)  # [T * K, H] tokens gathered in expert order
+    ys = x.new_empty((tokens * top_k, hidden))
+    start = 0
+    for e, n in enumerate(counts):
+        if n:
+            ys[start : start + n] = expert_mlp(e, xs[start : start + n])
+            start += n
+    ys.mul_(topk_weights.reshape(-1).index_select(0, order).unsqueeze(1).to(ys.dtype))
+    return out.index_add_(0, token_of, ys)
+
+
+def _linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.mm(rows, weight.t())
+
+
+def swiglu_experts(
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    silu_mul: Callable[[torch.Tensor], torch.Tensor] = _silu_mul,
+    linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _linear,
+) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    """expert_mlp for stacked weights: rows -> w2[e] @ silu_mul(w13[e] @ rows), two matmuls
+    (`linear(rows [n, K], weight [N, K]) -> [n, N]`: a backend's GEMV for a few rows plugs in here)."""
+
+    def mlp(e: int, rows: torch.Tensor) -> torch.Tensor:
+        return linear(silu_mul(linear(rows, w13[e])), w2[e])
+
+    return mlp
+
+
+def fused_moe(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """x [T, H] -> [T, H] (see the module docstring)."""
+    return grouped_moe(x, topk_weights, topk_ids, w13.shape[0], swiglu_experts(w13, w2))

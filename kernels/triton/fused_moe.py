@@ -1,0 +1,175 @@
+"""Fused mixture-of-experts MLP in Triton over sorted token blocks (same signature as
+kernels/reference/fused_moe.py's fused_moe).
+
+The T * K (token, expert) pairs are sorted by expert into blocks of BLOCK_M rows, each block padded
+to one expert (align_blocks, torch ops on the device, no host sync: the block count is the bound
+T * K + E * (BLOCK_M - 1) rounded up, trailing blocks marked -1 and skipped). Two launches then run
+the experts as grouped GEMMs:
+1. gate_up: each program takes one block's rows of x (gathered by token index, never copied) times
+   its expert's gate and up tiles, and writes silu(gate) * up: the activation fused, [T * K, I].
+2. down: the activations times the expert's down tile, scaled by the pair's routing weight, [T * K, H].
+A sum over each token's K rows finishes. Empty experts get no block; no program ever loops over tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.checks import FLOAT_DTYPES, check_same_device, check_same_dtype, check_shape, check_tensor
+from kernels.triton.launch import check_launchable, dot, dot_upcast
+
+
+def align_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """topk_ids [T, K] -> (sorted_pairs int32 [B * block_m], block_experts int32 [B]).
+
+    sorted_pairs lists the flat pair indices (token * K + slot) grouped by expert, each expert's run
+    padded to a multiple of block_m with the sentinel T * K; block_experts[b] is the expert of block
+    b, -1 for the unused blocks at the end. B = cdiv(T * K + E * (block_m - 1), block_m)."""
+    flat = topk_ids.reshape(-1).long()
+    pairs = flat.numel()
+    num_blocks = triton.cdiv(pairs + num_experts * (block_m - 1), block_m)
+    counts = torch.bincount(flat, minlength=num_experts)  # [E]
+    padded = (counts + block_m - 1) // block_m * block_m
+    run_start = torch.cumsum(padded, 0) - padded  # [E] first slot of each expert's run
+    order = torch.argsort(flat, stable=True)
+    first_of = torch.cumsum(counts, 0) - counts  # [E] rank of each expert's first pair in `order`
+    experts = flat[order]
+    dest = run_start[experts] + torch.arange(pairs, device=flat.device) - first_of[experts]
+    sorted_pairs = torch.full((num_blocks * block_m,), pairs, dtype=torch.int32, device=flat.device)
+    sorted_pairs[dest] = order.to(torch.int32)
+    block_experts = torch.full((num_blocks,), -1, dtype=torch.int32, device=flat.device)
+    used = torch.repeat_interleave(torch.arange(num_experts, device=flat.device), padded // block_m)
+    block_experts[: used.numel()] = used.to(torch.int32)
+    return sorted_pairs, block_experts
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr,  # x [T, H]; w [E, 2I, H]; out [T*K, I]
+    num_pairs, hidden, inter,
+    stride_xt, stride_xh, stride_we, stride_wn, stride_wh, stride_op, stride_on,
+    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(experts_ptr + pid_m)
+    if expert < 0:
+        return
+    pair = tl.load(pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))  # [BM]
+    valid = pair < num_pairs
+    token = pair // TOP_K
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < inter
+    w_base = w_ptr + expert.to(tl.int64) * stride_we
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < hidden
+        a = tl.load(x_ptr + token[:, None] * stride_xt + offs_k[None, :] * stride_xh,
+                    mask=valid[:, None] & k_mask[None, :], other=0.0)  # fmt: skip
+        wk = offs_k[:, None] * stride_wh
+        mask = k_mask[:, None] & n_mask[None, :]
+        w_gate = tl.load(w_base + offs_n[None, :] * stride_wn + wk, mask=mask, other=0.0)  # [BK, BN]
+        w_up = tl.load(w_base + (inter + offs_n[None, :]) * stride_wn + wk, mask=mask, other=0.0)
+        acc_gate = dot(a, w_gate, acc_gate, UPCAST)
+        acc_up = dot(a, w_up, acc_up, UPCAST)
+    act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up  # silu(gate) * up, in fp32
+    out_ptrs = out_ptr + pair[:, None].to(tl.int64) * stride_op + offs_n[None, :] * stride_on
+    tl.store(out_ptrs, act.to(out_ptr.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    a_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, weights_ptr,  # a [T*K, I]; w [E, H, I]; out [T*K, H]
+    num_pairs, hidden, inter,
+    stride_ap, stride_ai, stride_we, stride_wn, stride_wi, stride_op, stride_on,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(experts_ptr + pid_m)
+    if expert < 0:
+        return
+    pair = tl.load(pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pair < num_pairs
+    rows = pair.to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < hidden
+    w_base = w_ptr + expert.to(tl.int64) * stride_we
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, inter, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < inter
+        a = tl.load(a_ptr + rows[:, None] * stride_ap + offs_k[None, :] * stride_ai,
+                    mask=valid[:, None] & k_mask[None, :], other=0.0)  # fmt: skip
+        w = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wi,
+                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # fmt: skip
+        acc = dot(a, w, acc, UPCAST)
+    scale = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32)  # routing weight per row
+    acc = acc * scale[:, None]
+    out_ptrs = out_ptr + rows[:, None] * stride_op + offs_n[None, :] * stride_on
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
+
+
+def _block_m(pairs: int, num_experts: int) -> int:
+    """Rows per block: ~the rows an expert gets, 16..64 (decode: small blocks waste little padding)."""
+    per_expert = pairs // max(num_experts, 1)
+    return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    block_m: int | None = None,
+    checked: bool = False,
+) -> torch.Tensor:
+    """x [T, H] -> [T, H]; see kernels/reference/fused_moe.py. block_m: rows per sorted block (16, 32
+    or 64; chosen from the load when None). checked: the arguments' checks already passed."""
+    if not checked:
+        check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
+        check_tensor("w13", w13, ndim=3, dtypes=FLOAT_DTYPES)
+        check_tensor("w2", w2, ndim=3, dtypes=FLOAT_DTYPES)
+        check_tensor("topk_weights", topk_weights, ndim=2, dtypes=(torch.float32,))
+        check_tensor("topk_ids", topk_ids, ndim=2, dtypes=(torch.int32, torch.int64))
+        check_same_dtype(x=x, w13=w13, w2=w2)
+        tokens, hidden = x.shape
+        num_experts, two_i = w13.shape[0], w13.shape[1]
+        if two_i % 2:
+            raise ValueError(f"w13 must hold gate and up rows (2 * I), got {two_i} rows")
+        check_shape("w13", w13, (num_experts, two_i, hidden))
+        check_shape("w2", w2, (num_experts, hidden, two_i // 2))
+        check_shape("topk_ids", topk_ids, (tokens, None))
+        check_shape("topk_weights", topk_weights, topk_ids.shape)
+        check_launchable(_gate_up_kernel, check_same_device(x=x, w13=w13, w2=w2, topk_ids=topk_ids))
+    tokens, hidden = x.shape
+    num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    top_k = topk_ids.shape[1]
+    pairs = tokens * top_k
+    if pairs == 0:
+        return torch.zeros_like(x)
+    bm = block_m or _block_m(pairs, num_experts)
+    sorted_pairs, block_experts = align_blocks(topk_ids, num_experts, bm)
+    num_blocks = block_experts.numel()
+    act = torch.empty((pairs, inter), device=x.device, dtype=x.dtype)
+    bn, bk = 64, 32
+    upcast = dot_upcast(_gate_up_kernel, x.dtype)
+    _gate_up_kernel[(num_blocks, triton.cdiv(inter, bn))](
+        x, w13, act, sorted_pairs, block_experts, pairs, hidden, inter,
+        x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2), act.stride(0), act.stride(1),
+        TOP_K=top_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UPCAST=upcast,
+    )  # fmt: skip
+    rows = torch.empty((pairs, hidden), device=x.device, dtype=x.dtype)
+    weights = topk_weights.reshape(-1).contiguous()
+    _down_kernel[(num_blocks, triton.cdiv(hidden, bn))](
+        act, w2, rows, sorted_pairs, block_experts, weights, pairs, hidden, inter,
+        act.stride(0), act.stride(1), w2.stride(0), w2.stride(1), w2.stride(2), rows.stride(0), rows.stride(1),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UPCAST=upcast,
+    )  # fmt: skip
+    return rows.view(tokens, top_k, hidden).sum(1)

@@ -1,0 +1,207 @@
+"""Request bodies and Parquet sampling columns -> RowRequests and the engine's SamplingParams: every
+field honoured, or that row's error naming the field and the rule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from jobs.batch_input import read_batch
+from jobs.manifest import InputFile, InputPlan
+from jobs.spec import JobSpec, SamplingSpec
+from worker.row_engine import sampling_params
+from worker.row_requests import RowRequest, build_requests
+
+USER = [{"role": "user", "content": "hi"}]
+JSONL_PLAN = InputPlan(
+    format="jsonl", files=(InputFile(url="in.jsonl", rows=1, size=1),), rows=1, prompt_column="body",
+    prompt_kind="request", id_column="custom_id",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tokenizer(demo_model_dir: Path) -> Any:
+    from worker.engine.tokenizer import Tokenizer
+
+    return Tokenizer(demo_model_dir)
+
+
+def _spec(demo_model_dir: Path, **sampling: Any) -> JobSpec:
+    return JobSpec(input="in.jsonl", model=str(demo_model_dir), output="out", sampling=SamplingSpec(**sampling))
+
+
+def _one(tokenizer: Any, spec: JobSpec, body: dict[str, Any], url: str = "/v1/chat/completions") -> RowRequest:
+    line = {"custom_id": "r", "method": "POST", "url": url, "body": body}
+    table = read_batch("in.jsonl", (json.dumps(line) + "\n").encode()).table
+    (req,) = build_requests(table, [0], spec, JSONL_PLAN, tokenizer, max_n=16)
+    return req
+
+
+BAD_BODIES = [
+    ({"messages": USER, "n": "two"}, "n 'two': must be an integer"),
+    ({"messages": USER, "temperature": -1}, "temperature -1: must be >= 0"),
+    ({"messages": USER, "top_p": 0}, "top_p 0: must be > 0"),
+    ({"messages": USER, "n": 17}, "n 17: a row may ask for at most 16 choices (FREIGHT_MAX_N)"),
+    ({"messages": USER, "logit_bias": {"5000": 3}}, "logit_bias: token id 5000 is outside the vocabulary"),
+    ({"messages": USER, "logit_bias": {"abc": 3}}, "logit_bias key 'abc' is not a token id"),
+    ({"messages": USER, "logit_bias": {"5": 300}}, "a bias must be a number in [-100, 100]"),
+    ({"messages": USER, "stop_token_ids": [99999]}, "stop_token_ids: token id 99999 is outside the vocabulary"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role 'robot': must be one of system, developer"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role 'tool': tool messages need tool calling"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content[0].type 'image_url': only text parts"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0]: unknown field 'tool_calls'"),
+    ({"messages": []}, "messages: must be a non-empty list"),
+    ({}, "messages: is required"),
+    ({"messages": USER, "model": "gpt-4o-mini"}, "model 'gpt-4o-mini': this job runs 'tiny'"),
+    ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format {\"type\": \"json_object\"}: "
+     "structured output is not supported yet"),
+    ({"messages": USER, "frobnicate": 1}, "unknown field 'frobnicate': /v1/chat/completions takes no such field"),
+    ({"messages": USER, "tools": []}, "unknown field 'tools': tool calling is not supported"),
+    ({"messages": USER, "stop": ["a"] * 17}, "stop: takes up to 16 non-empty strings"),
+    ({"messages": USER, "stop": 5}, "stop 5: must be a string or a list"),
+    ({"messages": USER, "top_logprobs": 3}, "top_logprobs 3: needs logprobs: true"),
+    ({"messages": USER, "logprobs": True, "top_logprobs": 21}, "top_logprobs 21: must be <= 20"),
+    ({"messages": USER, "max_tokens": 4, "min_tokens": 9}, "min_tokens 9: must not exceed max_tokens (4)"),
+    ({"messages": USER, "presence_penalty": 2.5}, "presence_penalty 2.5: must be <= 2.0"),
+    ({"messages": USER, "seed": True}, "seed True: must be an integer"),
+    ({"messages": USER, "stream": True}, "stream true: batch requests do not stream"),
+    ({"messages": USER, "echo": True}, "unknown field 'echo'"),  # a completions field
+]
+
+
+@pytest.mark.parametrize(("body", "expected"), BAD_BODIES, ids=[e[:30] for _, e in BAD_BODIES])
+def test_bad_chat_fields_are_row_errors_naming_field_and_rule(
+    tokenizer: Any, demo_model_dir: Path, body: dict[str, Any], expected: str
+) -> None:
+    req = _one(tokenizer, _spec(demo_model_dir), body)
+    assert req.prompt is None and req.sampling is None and req.error is not None
+    assert expected in req.error, req.error
+    assert req.endpoint == "chat"
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"prompt": ["a", "b"]}, "prompt: holds 2 inputs: freight runs one per request"),
+        ({"prompt": 5}, "prompt 5: must be a string or a list of token ids"),
+        ({"prompt": "x", "echo": True, "logprobs": 2}, "echo with logprobs"),
+        ({"prompt": "x", "logprobs": True}, "logprobs True: must be an integer"),
+        ({"prompt": "x", "messages": USER}, "unknown field 'messages'"),
+        ({"prompt": "x", "suffix": "y"}, "unknown field 'suffix': insertion (suffix) is not supported"),
+    ],
+)
+def test_bad_completions_fields(tokenizer: Any, demo_model_dir: Path, body: dict[str, Any], expected: str) -> None:
+    req = _one(tokenizer, _spec(demo_model_dir), body, "/v1/completions")
+    assert req.error is not None and expected in req.error, req.error
+
+
+def test_chat_fields_reach_sampling_params(tokenizer: Any, demo_model_dir: Path) -> None:
+    spec = _spec(demo_model_dir, max_tokens=50, temperature=0.3, stop=("job",), logprobs=1)
+    body = {
+        "model": "org/tiny",  # the job's model by its last path component
+        "messages": [
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        ],
+        "max_tokens": 30, "max_completion_tokens": 12, "temperature": 1, "top_p": 0.9, "top_k": -1,
+        "n": 3, "stop": "\n", "seed": 5, "logprobs": True, "top_logprobs": 4, "presence_penalty": 0.5,
+        "frequency_penalty": -0.5, "repetition_penalty": 1.2, "min_p": 0.1, "min_tokens": 2,
+        "logit_bias": {"7": -100, "3": 2.5}, "stop_token_ids": [4], "ignore_eos": True,
+        "skip_special_tokens": False, "response_format": {"type": "text"}, "user": "u-1", "stream": False,
+    }  # fmt: skip
+    req = _one(tokenizer, spec, body)
+    assert req.error is None and req.endpoint == "chat"
+    # developer is rendered as system; text parts joined with a newline
+    assert req.prompt == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n"
+    p = sampling_params(req)
+    assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.n, p.stop, p.seed) == (12, 1.0, 0.9, 0, 3, ("\n",), 5)
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty, p.min_p, p.min_tokens) == (
+        0.5, -0.5, 1.2, 0.1, 2
+    )  # fmt: skip
+    assert p.logit_bias == ((3, 2.5), (7, -100.0)) and p.logprobs == 4 and p.stop_token_ids == (4,)
+    assert p.ignore_eos and not p.skip_special_tokens and not p.prompt_logprobs
+    # absent fields take the job's flags; logprobs false turns the job's off
+    q = sampling_params(_one(tokenizer, spec, {"messages": USER, "logprobs": False}))
+    assert (q.max_tokens, q.temperature, q.stop, q.logprobs, q.n) == (50, 0.3, ("job",), None, 1)
+    assert sampling_params(_one(tokenizer, spec, {"messages": USER})).logprobs == 1
+
+
+def test_completions_and_embeddings_requests(tokenizer: Any, demo_model_dir: Path) -> None:
+    spec = _spec(demo_model_dir)
+    req = _one(tokenizer, spec, {"model": "tiny", "prompt": ["def f():"], "echo": True, "logprobs": 3},
+               "/v1/completions")  # fmt: skip
+    assert req.error is not None  # echo + logprobs
+    req = _one(tokenizer, spec, {"prompt": [5, 6, 7], "echo": True}, "/v1/completions")
+    assert req.error is None and req.prompt == [5, 6, 7] and req.echo_text == tokenizer.decode([5, 6, 7])
+    req = _one(tokenizer, spec, {"prompt": "def f():", "logprobs": 0}, "/v1/completions")
+    assert req.endpoint == "completions" and req.prompt == "def f():" and sampling_params(req).logprobs == 0
+
+    emb = _one(tokenizer, spec, {"model": "tiny", "input": ["some text"], "dimensions": 8,
+                                 "encoding_format": "base64", "user": "u"}, "/v1/embeddings")  # fmt: skip
+    assert emb == RowRequest(
+        row=0, id="r", prompt="some text", sampling=None, endpoint="embeddings", dimensions=8,
+        encoding_format="base64",
+    )  # fmt: skip
+    assert _one(tokenizer, spec, {"input": [1, 2, 3]}, "/v1/embeddings").prompt == [1, 2, 3]
+    for body, expected in [
+        ({"input": ["a", "b"]}, "input: holds 2 inputs"),
+        ({"input": "a", "encoding_format": "int8"}, "encoding_format 'int8': input should be 'float' or 'base64'"),
+        ({"input": "a", "dimensions": 0}, "dimensions 0: must be >= 1"),
+        ({"input": "a", "temperature": 1}, "unknown field 'temperature'"),
+        ({"input": "a", "model": "other"}, "model 'other'"),
+    ]:
+        bad = _one(tokenizer, spec, body, "/v1/embeddings")
+        assert bad.endpoint == "embeddings" and bad.error is not None and expected in bad.error, bad.error
+
+
+def test_parquet_sampling_columns_override_job_flags(tokenizer: Any, demo_model_dir: Path) -> None:
+    table = pa.table(
+        {
+            "prompt": ["a", "b", "c", "d", "e"],
+            "stop": [["x", "y"], None, None, None, None],
+            "n": pa.array([2, None, 40, None, None], pa.int64()),
+            "logprobs": [True, None, None, False, None],
+            "top_logprobs": pa.array([3, None, None, 2, None], pa.int64()),
+            "presence_penalty": [1.0, None, None, None, 9.0],
+            "repetition_penalty": [1.3, None, None, None, None],
+            "min_p": [0.2, None, None, None, None],
+            "min_tokens": pa.array([1, None, None, None, None], pa.int64()),
+            "logit_bias": pa.array([[(5, -1.0)], None, None, None, None], pa.map_(pa.int64(), pa.float64())),
+        }
+    )
+    columns = tuple(c for c in table.column_names if c != "prompt")
+    plan = InputPlan(format="parquet", files=(InputFile(url="in.parquet", rows=5, size=1),), rows=5,
+                     prompt_column="prompt", prompt_kind="text", id_column=None, override_columns=columns)  # fmt: skip
+    spec = _spec(demo_model_dir, stop=("job",), n=2, logprobs=1, presence_penalty=-1.0, logit_bias={"9": 1})
+    reqs = build_requests(table, list(range(5)), spec, plan, tokenizer, max_n=16)
+    first, second = sampling_params(reqs[0]), sampling_params(reqs[1])
+    assert (first.stop, first.n, first.logprobs, first.presence_penalty) == (("x", "y"), 2, 3, 1.0)
+    assert (first.repetition_penalty, first.min_p, first.min_tokens, first.logit_bias) == (1.3, 0.2, 1, ((5, -1.0),))
+    assert (second.stop, second.n, second.logprobs, second.presence_penalty) == (("job",), 2, 1, -1.0)
+    assert second.logit_bias == ((9, 1.0),) and reqs[1].endpoint == "completions"
+    assert reqs[2].error == "n 40: a row may ask for at most 16 choices (FREIGHT_MAX_N)"
+    assert reqs[3].error == "top_logprobs 2: needs logprobs true (or null), not false"
+    assert reqs[4].error == "presence_penalty 9.0: must be <= 2.0"
+
+
+def test_jobs_planned_before_bodies_were_kept_still_build_and_resume(tokenizer: Any, demo_model_dir: Path) -> None:
+    """An older JSONL manifest (prompt_kind messages, override columns) reads its file into the new
+    columns; an older partial row (no endpoint column) reads back with the plan's endpoint."""
+    from worker.shard_rows import ROW_COLUMN, default_endpoint, result_row
+
+    old = JSONL_PLAN.model_copy(
+        update={"prompt_column": "messages", "prompt_kind": "messages", "override_columns": ("max_tokens",)}
+    )
+    line = {"custom_id": "a", "body": {"messages": USER, "max_tokens": 3}}
+    table = read_batch("in.jsonl", (json.dumps(line) + "\n").encode()).table
+    (req,) = build_requests(table, [0], _spec(demo_model_dir), old, tokenizer, max_n=16)
+    assert req.error is None and req.endpoint == "chat" and sampling_params(req).max_tokens == 3
+    row = {ROW_COLUMN: 7, "id": "a", "completion": "x", "finish_reason": "stop", "prompt_tokens": 3,
+           "cached_tokens": 0, "completion_tokens": 1, "error": None}  # fmt: skip
+    res = result_row(row, default_endpoint(old))
+    assert res.row == 7 and res.endpoint == "/v1/chat/completions" and res.completions is None

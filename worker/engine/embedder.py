@@ -1,0 +1,205 @@
+"""Embedder: embedding requests through the engine's ModelRunner and attention backends, prefill only.
+
+A forward takes whole sequences, in request order, while the step's token budget
+(max_num_batched_tokens), its row limit (max_num_seqs) and the free KV blocks allow; a sequence longer
+than the budget runs alone, chunk by chunk (its earlier chunks' K/V stay in its blocks until the
+last chunk). Inputs are flat (varlen, no padding): a sequence's last token is simply its final row.
+
+KV: each sequence gets fresh blocks from the engine's BlockManager, with no hash. Nothing enters the
+prefix cache and nothing is read from it; the blocks are freed once the sequence is pooled, so no KV
+outlives its batch. (Taking a block may evict an unreferenced cached block, as any allocation can.)
+
+Pooling (worker/engine/pooling.py) reads the final hidden states after the model's norm, never the
+lm_head: for `lasttoken` / `cls` the last layer runs only the one row per sequence it needs
+(AttentionMetadata.output_rows, as generation does for its logits rows); for `mean` every row,
+summed per sequence on the device. Truncation and normalization follow.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from worker.engine.backends.base import AttentionMetadata
+from worker.engine.block_manager import BlockManager
+from worker.engine.model_runner import ModelRunner
+from worker.engine.pooling import PoolingConfig
+from worker.engine.sampler import to_device
+from worker.engine.sampling_params import SamplingParams
+from worker.engine.sequence import Sequence
+from worker.engine.stats import EngineStats
+
+_PARAMS = SamplingParams(max_tokens=1)  # a Sequence needs one; nothing is sampled
+
+
+@dataclass(frozen=True)
+class EmbeddingOutput:
+    """One prompt's embedding (float32 [dimensions or hidden size]), or why it has none."""
+
+    index: int  # position in the caller's prompt list
+    embedding: np.ndarray | None
+    prompt_tokens: int
+    error: str | None = None
+
+
+@dataclass
+class _Pending:
+    index: int
+    seq: Sequence
+    dimensions: int | None
+    computed: int = 0  # tokens run so far
+    acc: torch.Tensor | None = None  # fp32 [H]: the running sum (mean) or the pooled row
+
+    @property
+    def num_tokens(self) -> int:
+        return self.seq.num_tokens
+
+
+class Embedder:
+    def __init__(self, runner: ModelRunner, block_manager: BlockManager, pooling: PoolingConfig,
+                 max_tokens: int, max_seqs: int, stats: EngineStats) -> None:  # fmt: skip
+        self.runner = runner
+        self.bm = block_manager
+        self.pooling = pooling
+        self.max_tokens = max_tokens  # token budget of one forward
+        self.max_seqs = max_seqs
+        self.stats = stats
+
+    def run(self, requests: list[tuple[int, list[int], int | None]],
+            should_stop: Callable[[], bool] | None = None) -> Iterator[EmbeddingOutput]:  # fmt: skip
+        """(index, token ids, dimensions) of valid requests -> their outputs, a forward's worth at a
+        time. should_stop() is checked before each forward; once True the generator returns."""
+        queue = deque(_Pending(i, Sequence(i, i, ids, _PARAMS, 0), d) for i, ids, d in requests)
+        while queue:
+            if should_stop is not None and should_stop():
+                return
+            head = queue[0]
+            if not self.bm.can_allocate(head.seq, []):  # every block is free now: it never fits
+                queue.popleft()
+                yield EmbeddingOutput(head.index, None, head.num_tokens, (
+                    f"prompt has {head.num_tokens} tokens, more than the KV cache holds "
+                    f"({self.bm.num_blocks * self.bm.block_size}); shorten it or give the engine more KV memory"))  # fmt: skip
+                continue
+            batch = self._admit(queue)
+            try:
+                if len(batch) == 1 and head.num_tokens > self.max_tokens:
+                    while head.computed < head.num_tokens:
+                        if should_stop is not None and should_stop():
+                            return
+                        self._forward([(head, head.computed, min(head.num_tokens, head.computed + self.max_tokens))])
+                else:
+                    self._forward([(p, 0, p.num_tokens) for p in batch])
+                yield from self._finish(batch)
+            finally:
+                for p in batch:
+                    self.bm.free(p.seq)
+
+    def _admit(self, queue: deque[_Pending]) -> list[_Pending]:
+        """Pop and allocate the next forward's sequences (at least one: the head fits the cache)."""
+        batch: list[_Pending] = []
+        tokens = 0
+        while queue and len(batch) < self.max_seqs:
+            p = queue[0]
+            if batch and (tokens + p.num_tokens > self.max_tokens or not self.bm.can_allocate(p.seq, [])):
+                break
+            queue.popleft()
+            self.bm.allocate(p.seq, [], [])  # fresh blocks, no hashes: outside the prefix cache
+            self.stats.prompt_tokens += p.num_tokens
+            batch.append(p)
+            tokens += p.num_tokens
+        return batch
+
+    @torch.inference_mode()
+    def _forward(self, chunks: list[tuple[_Pending, int, int]]) -> None:
+        """Run positions [lo, hi) of each chunk's sequence in one forward; fold their rows into acc."""
+        t0 = time.perf_counter()
+        device, bs = self.runner.device, self.bm.block_size
+        mode = self.pooling.mode
+        ids: list[int] = []
+        positions: list[np.ndarray] = []
+        slots: list[np.ndarray] = []
+        cu, lens, tables = [0], [], []
+        keep: list[int] = []  # lasttoken / cls: the hidden row each sequence needs in this forward
+        keep_chunks: list[int] = []
+        for c, (p, lo, hi) in enumerate(chunks):
+            table = p.seq.block_table
+            if (mode == "lasttoken" and hi == p.num_tokens) or (mode == "cls" and lo == 0):
+                keep.append(len(ids) + (hi - lo - 1 if mode == "lasttoken" else 0))
+                keep_chunks.append(c)
+            ids.extend(p.seq.token_ids[lo:hi])
+            pos = np.arange(lo, hi, dtype=np.int64)
+            positions.append(pos)
+            slots.append(np.asarray(table, np.int64)[pos // bs] * bs + pos % bs)
+            cu.append(len(ids))
+            lens.append(hi)
+            tables.append(table[: -(-hi // bs)])
+        args: dict = {
+            "num_prefill_tokens": len(ids),
+            "prefill_cu_seqlens_q": to_device(np.asarray(cu, np.int32), device),
+            "prefill_context_lens": to_device(np.asarray(lens, np.int32), device),
+            "prefill_block_tables": to_device(_pad(tables), device),
+        }
+        if mode != "mean":  # the last layer attends and runs its MLP for the kept rows only
+            args.update(
+                output_rows=to_device(np.asarray(keep, np.int64), device),
+                # the kept row's position + 1: the whole chunk (last token) or 1 (cls, first chunk)
+                output_context_lens=to_device(np.asarray([lens[c] if mode == "lasttoken" else 1 for c in keep_chunks],
+                                                         np.int32), device),  # fmt: skip
+                output_block_tables=to_device(_pad([tables[c] for c in keep_chunks] or [[0]]), device),
+            )
+        meta = AttentionMetadata(slot_mapping=to_device(np.concatenate(slots), device), **args)
+        hidden = self.runner.hidden_states(  # [T or len(keep), H]
+            to_device(np.asarray(ids, np.int64), device), to_device(np.concatenate(positions), device), meta
+        )
+        if mode == "mean":
+            seg = torch.repeat_interleave(torch.arange(len(chunks), device=device),
+                                          to_device(np.diff(cu), device))  # fmt: skip
+            sums = hidden.new_zeros((len(chunks), hidden.shape[1]), dtype=torch.float32)
+            sums.index_add_(0, seg, hidden.float())
+            for (p, _, _), s in zip(chunks, sums, strict=True):
+                p.acc = s if p.acc is None else p.acc + s
+        else:
+            for c, row in zip(keep_chunks, hidden.float(), strict=True):
+                chunks[c][0].acc = row
+        for p, _, hi in chunks:
+            p.computed = hi
+        self.stats.steps += 1
+        self.stats.computed_prefill_tokens += len(ids)
+        self.stats.add_busy(time.perf_counter() - t0, len(ids), 0)
+
+    def _finish(self, batch: list[_Pending]) -> list[EmbeddingOutput]:
+        """Pool, truncate and normalize the batch's sequences; one copy to the host."""
+        t0 = time.perf_counter()
+        vectors = []
+        for p in batch:
+            pooled = p.acc / p.num_tokens if self.pooling.mode == "mean" else p.acc
+            vectors.append(self.pooling.finish(pooled, p.dimensions))
+        host = [v.cpu().numpy() for v in vectors] if len(set(v.shape for v in vectors)) > 1 else list(
+            torch.stack(vectors).cpu().numpy())  # fmt: skip
+        self.stats.add_busy(time.perf_counter() - t0, 0, 0)  # waits for the device: prefill time
+        return [EmbeddingOutput(p.index, np.ascontiguousarray(v, np.float32), p.num_tokens)
+                for p, v in zip(batch, host, strict=True)]  # fmt: skip
+
+
+def dimensions_per_prompt(dimensions: int | Seq[int | None] | None, n: int) -> list[int | None]:
+    """`dimensions` for each of n prompts: one value for all, or a sequence of n."""
+    if dimensions is None or isinstance(dimensions, int):
+        return [dimensions] * n
+    dims = list(dimensions)
+    if len(dims) != n:
+        raise ValueError(f"got {len(dims)} dimensions for {n} prompts; pass one or one each")
+    return dims
+
+
+def _pad(tables: list[list[int]]) -> np.ndarray:
+    """Right-pad block tables with 0 (a valid block id; reads past a row's context are masked)."""
+    out = np.zeros((len(tables), max(len(t) for t in tables)), np.int32)
+    for i, t in enumerate(tables):
+        out[i, : len(t)] = t
+    return out
