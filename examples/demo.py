@@ -60,7 +60,7 @@ def show_in_full(out: Path, dataset: Path, ids: tuple[str, ...]) -> None:
     import pyarrow.parquet as pq
 
     prompts = {r["id"]: r["prompt"] for r in pq.read_table(dataset).to_pylist()}
-    rows = pads.dataset(out / "shards", format="parquet", exclude_invalid_files=True).to_table()
+    rows = pads.dataset(out / "shards").to_table()
     completions = {r["id"]: r["completion"] for r in rows.to_pylist()}
     bold, plain = ("\033[1m", "\033[0m") if sys.stdout.isatty() else ("", "")
     for row_id in ids:

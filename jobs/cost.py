@@ -72,7 +72,7 @@ class PriceTable:
 
 
 class ShardRecord(BaseModel):
-    """OUT/shards/<n>.json: committed together with the shard's results (same put_if_absent rule)."""
+    """OUT/costs/<n>.json: committed together with the shard's results (same put_if_absent rule)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

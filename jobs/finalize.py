@@ -12,8 +12,10 @@ from jobs.errors import JobIncompleteError, ObjectNotFoundError
 from jobs.manifest import (
     COST_KEY,
     RECORD_METADATA_KEY,
+    SHARDS_PREFIX,
     SUCCESS_KEY,
     Manifest,
+    legacy_shard_record_key,
     read_manifest,
     shard_record_key,
     shard_result_key,
@@ -24,19 +26,42 @@ from jobs.storage import ObjectStore
 def committed_shards(store: ObjectStore) -> set[int]:
     """Indices of shards whose result object exists (the definition of done)."""
     return {
-        int(k[len("shards/") : -len(".parquet")]) for k in store.list("shards/") if k.endswith(".parquet")
+        int(k[len(SHARDS_PREFIX) : -len(".parquet")])
+        for k in store.list(SHARDS_PREFIX)
+        if k.endswith(".parquet")
     }
 
 
 def load_shard_record(store: ObjectStore, index: int) -> ShardRecord:
-    """The shard's record: OUT/shards/<n>.json, or the copy in the result's Parquet metadata."""
-    try:
-        return ShardRecord.model_validate_json(store.get(shard_record_key(index)))
-    except ObjectNotFoundError:
-        meta = datasets.read_result_schema(store.get(shard_result_key(index))).metadata or {}
-        if RECORD_METADATA_KEY not in meta:
-            raise
-        return ShardRecord.model_validate(json.loads(meta[RECORD_METADATA_KEY]))
+    """The shard's record: OUT/costs/<n>.json, OUT/shards/<n>.json (a job written before the costs/
+    layout), or the copy in the result's Parquet metadata (a worker that died right after its commit)."""
+    for key in (shard_record_key(index), legacy_shard_record_key(index)):
+        try:
+            return ShardRecord.model_validate_json(store.get(key))
+        except ObjectNotFoundError:
+            continue
+    meta = datasets.read_result_schema(store.get(shard_result_key(index))).metadata or {}
+    if RECORD_METADATA_KEY not in meta:
+        raise ObjectNotFoundError(
+            f"{store.url_of(shard_result_key(index))} is committed but its cost record is missing "
+            f"({shard_record_key(index)} and the Parquet metadata {RECORD_METADATA_KEY.decode()})"
+        )
+    return ShardRecord.model_validate(json.loads(meta[RECORD_METADATA_KEY]))
+
+
+def move_legacy_records(store: ObjectStore) -> int:
+    """Move the records of a job written before the costs/ layout (OUT/shards/<n>.json) to
+    OUT/costs/<n>.json, so OUT/shards/ holds Parquet only; returns how many moved. Idempotent: a record
+    is copied (put_if_absent: a record already in costs/ stands) before its old object is deleted."""
+    moved = 0
+    for key in store.list(SHARDS_PREFIX):
+        if not key.endswith(".json"):
+            continue
+        index = int(key[len(SHARDS_PREFIX) : -len(".json")])
+        store.put_if_absent(shard_record_key(index), store.get(key))
+        store.delete(key)
+        moved += 1
+    return moved
 
 
 def load_attempt_records(store: ObjectStore) -> list[AttemptRecord]:
@@ -64,6 +89,7 @@ def finalize(store: ObjectStore, manifest: Manifest | None = None) -> dict[str, 
 
     Raises JobIncompleteError naming the uncommitted shards. Calling it again returns the same report.
     """
+    move_legacy_records(store)  # an old-layout job leaves OUT/shards/ readable as one table
     if store.exists(SUCCESS_KEY):
         return json.loads(store.get(COST_KEY))
     manifest = manifest or read_manifest(store)

@@ -20,16 +20,26 @@ MANIFEST_KEY = "manifest.json"
 COST_KEY = "cost.json"
 SUCCESS_KEY = "_SUCCESS"
 # A committed result's Parquet schema metadata carries its shard record under this key, so the record
-# commits atomically with the rows (OUT/shards/<n>.json is written right after, for people and tools).
+# commits atomically with the rows (OUT/costs/<n>.json is written right after, for people and tools).
 RECORD_METADATA_KEY = b"freight.shard_record"
+
+# OUT/shards/ holds the result Parquet files and nothing else, so pandas, pyarrow.dataset, DuckDB and
+# Spark read the folder as one table with no flags; the shard records live in OUT/costs/.
+SHARDS_PREFIX = "shards/"
+COSTS_PREFIX = "costs/"
 
 
 def shard_result_key(index: int) -> str:
-    return f"shards/{index:05d}.parquet"
+    return f"{SHARDS_PREFIX}{index:05d}.parquet"
 
 
 def shard_record_key(index: int) -> str:
-    return f"shards/{index:05d}.json"
+    return f"{COSTS_PREFIX}{index:05d}.json"
+
+
+def legacy_shard_record_key(index: int) -> str:
+    """Where jobs written before the costs/ layout keep a shard's record (read, never written)."""
+    return f"{SHARDS_PREFIX}{index:05d}.json"
 
 
 PARTIAL_ROOT = "partial/"

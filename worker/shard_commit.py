@@ -2,7 +2,8 @@
 
 The result object OUT/shards/<n>.parquet is created with put_if_absent; its Parquet metadata carries
 the shard record too (so the record commits atomically with the rows), and the winner then writes
-OUT/shards/<n>.json and drops the shard's partial files. A loser records its attempt under waste/.
+OUT/costs/<n>.json and drops the shard's partial files. A loser records its attempt under waste/.
+OUT/shards/ holds the Parquet results only (standard readers open the folder with no flags).
 """
 
 from __future__ import annotations

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import typer
 from rich.console import Console
@@ -52,6 +54,8 @@ from jobs.cli.lifecycle_options import (
 )
 from jobs.errors import FreightError
 from jobs.settings import get_settings
+
+ResultsFormat = Literal["freight", "openai"]
 
 
 def run(
@@ -166,6 +170,17 @@ def results(
     partial: bool = typer.Option(
         False, "--partial", help="with --to: export the committed shards of a job that is not complete"
     ),
+    fmt: ResultsFormat = typer.Option(
+        "freight",
+        "--format",
+        help="freight: the result columns as they are; openai: OpenAI Batch output lines (--to FILE.jsonl)",
+    ),
+    errors: Path | None = typer.Option(
+        None,
+        "--errors",
+        metavar="FILE",
+        help="with --format openai: the error file (failed rows; default: FILE.errors.jsonl beside --to)",
+    ),
 ) -> None:
     """Show the first results, or export them all.
 
@@ -187,31 +202,63 @@ def results(
             f"{len(missing)} of {len(manifest.shards)} {plural(len(manifest.shards), 'shard')} "
             f"({sum(s.rows for s in missing):,} of {manifest.input.rows:,} rows) have no results yet"
         )
+        if errors is not None and fmt != "openai":
+            raise FreightError("--errors goes with --format openai (the freight format keeps failed rows)")
         if to is None:
+            if fmt == "openai":
+                raise FreightError("--format openai writes files: give --to FILE.jsonl")
             Console().print(results_table(datasets.read_results(store, head=head)))
             if missing:
                 err.print(f"note: job {manifest.job_id} is not complete: {gap}", soft_wrap=True)
             return
-        if to.suffix not in (".parquet", ".jsonl"):
-            raise FreightError(f"--to {to}: give a .parquet or .jsonl file name")
+        suffixes = (".jsonl",) if fmt == "openai" else (".parquet", ".jsonl")
+        if to.suffix not in suffixes:
+            raise FreightError(f"--to {to}: give a {' or '.join(suffixes)} file name")
         if missing and not partial:
             raise FreightError(
                 f"job {manifest.job_id} is not complete: {gap}; wait for it (`freight status {out}`), or "
                 "pass --partial to export the committed rows only"
             )
-        table = datasets.read_results(store)
-        data = datasets.write_result(table) if to.suffix == ".parquet" else datasets.write_jsonl(table)
-        tmp = to.with_name(f".{to.name}.tmp")
-        try:
-            tmp.write_bytes(data)
-            tmp.replace(to)  # a reader never sees a half-written export
-        finally:
-            tmp.unlink(missing_ok=True)
+        if fmt == "openai":
+            written = _export_openai(store, manifest, sorted(done), to, errors)
+        else:
+            table = datasets.read_results(store)
+            data = datasets.write_result(table) if to.suffix == ".parquet" else datasets.write_jsonl(table)
+            with _replacing(to) as f:
+                f.write(data)
+            written = f"{table.num_rows:,} rows to {to}"
     except (FreightError, ValueError, OSError) as exc:  # ValueError: a malformed URL; OSError: --to
         raise fail(str(exc)) from None
     if missing:
         err.print(f"[bold yellow]warning:[/] partial export: {gap}", soft_wrap=True)
-    err.print(f"wrote {table.num_rows:,} rows to {to}", soft_wrap=True)
+    err.print(f"wrote {written}", soft_wrap=True)
+
+
+@contextmanager
+def _replacing(path: Path) -> Iterator[BinaryIO]:
+    """A file written beside `path` that replaces it on success: a reader never sees half an export."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with tmp.open("wb") as f:
+            yield f
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _export_openai(store: Any, manifest: Any, shards: list[int], to: Path, errors: Path | None) -> str:
+    """Write the OpenAI Batch output file and its error file (always, empty when no row failed, so an
+    earlier export's errors never linger beside a new output); return what was written, in words."""
+    from jobs.openai_output import check_exportable, export_openai
+
+    check_exportable(manifest)
+    err_path = errors or to.with_name(to.name.removesuffix(".jsonl") + ".errors.jsonl")
+    if err_path.resolve() == to.resolve():
+        raise FreightError(f"--errors {err_path} is the --to file: give the error file another name")
+    with _replacing(to) as output, _replacing(err_path) as failed:
+        done = export_openai(store, manifest, shards, output, failed)
+    ok = done.requests - done.failed
+    return f"{ok:,} {plural(ok, 'request')} to {to}, {done.failed:,} failed to {err_path}"
 
 
 def demo_model(

@@ -50,7 +50,7 @@ def fleet(redis_url: str, tmp_path: Path, job: Fixture) -> Iterator[Fleet]:
 def _records(out: Path) -> list[ShardRecord]:
     store = open_store(str(out))
     return [
-        ShardRecord.model_validate_json(store.get(k)) for k in store.list("shards/") if k.endswith(".json")
+        ShardRecord.model_validate_json(store.get(k)) for k in store.list("costs/") if k.endswith(".json")
     ]
 
 

@@ -137,6 +137,6 @@ def test_duplicate_delivery_waits_for_the_live_attempt_and_bills_nothing_as_lost
     assert store.list("waste/") == []  # no "lost" bill for the live attempt, no lost race for the other
     cost = json.loads(store.get("cost.json"))
     assert cost["uncommitted_attempts"] == 0 and cost["wasted_cost_usd"] == 0
-    assert json.loads(store.get("shards/00000.json"))["attempt"] == 1  # the first attempt committed
+    assert json.loads(store.get("costs/00000.json"))["attempt"] == 1  # the first attempt committed
     assert fleet.live.attempts(sub["job_id"])[0] == 2
     assert len(result_rows(out)) == 4

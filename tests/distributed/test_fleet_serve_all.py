@@ -73,7 +73,7 @@ def test_model_preload_and_status_lines(fleet: Fleet, tmp_path: Path) -> None:
     (loaded,) = [e for e in _events(w.log_text(), "model_loaded") if "key" in e]  # the cache's, once
     assert loaded["preload"] is True
     store = open_store(str(out))
-    records = [json.loads(store.get(k)) for k in store.list("shards/") if k.endswith(".json")]
+    records = [json.loads(store.get(k)) for k in store.list("costs/") if k.endswith(".json")]
     assert len(records) == 2 and all(r["load_seconds"] == 0 for r in records)  # billed to no shard
     # a second job of the same model: status shows the worker consuming its queue, model loaded
     out2 = tmp_path / "out2"

@@ -24,7 +24,7 @@ def test_rows_refused_as_too_long_count_no_tokens(tmp_path: Path, demo_model_dir
     args = ["run", str(data), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "8", "--id-column", "id"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    rows = {r["id"]: r for r in pads.dataset(out / "shards", format="parquet", exclude_invalid_files=True)
+    rows = {r["id"]: r for r in pads.dataset(out / "shards")
             .to_table().to_pylist()}  # fmt: skip
     assert rows["long"]["finish_reason"] == "error" and rows["long"]["prompt_tokens"] > 2048  # shown on the row
     report = json.loads((out / "cost.json").read_text())
@@ -33,7 +33,7 @@ def test_rows_refused_as_too_long_count_no_tokens(tmp_path: Path, demo_model_dir
     assert report["tokens_per_second"] == pytest.approx(
         (rows["ok"]["prompt_tokens"] + rows["ok"]["completion_tokens"]) / report["busy_seconds"]
     )
-    shard = json.loads((out / "shards" / "00000.json").read_text())
+    shard = json.loads((out / "costs" / "00000.json").read_text())
     assert shard["prompt_tokens"] == rows["ok"]["prompt_tokens"]
     # input + output cost = the whole cost, each side priced per its own tokens by its engine time
     assert report["prefill_seconds"] > 0 and report["decode_seconds"] > 0

@@ -38,7 +38,7 @@ class RecordingStore(LocalStore):
 
 
 def _ids(store: LocalStore) -> list[str]:
-    shards = pads.dataset(store.root / "shards", format="parquet", exclude_invalid_files=True)
+    shards = pads.dataset(store.root / "shards")
     return shards.to_table().column("id").to_pylist()
 
 

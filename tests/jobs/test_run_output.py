@@ -56,7 +56,7 @@ def test_results_to_refuses_an_unfinished_job_unless_partial(tmp_path: Path, dem
     out = tmp_path / "out"
     args = ["run", str(data), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "2"]
     assert CliRunner().invoke(app, [*args, "--shard-rows", "2"]).exit_code == 0
-    for name in ("_SUCCESS", "cost.json", "shards/00001.parquet", "shards/00001.json"):
+    for name in ("_SUCCESS", "cost.json", "shards/00001.parquet", "costs/00001.json"):
         (out / name).unlink()  # as if shard 1 were still running
     export = tmp_path / "all.jsonl"
     refused = CliRunner().invoke(app, ["results", str(out), "--to", str(export)])

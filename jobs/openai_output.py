@@ -1,0 +1,139 @@
+"""A job's results as OpenAI Batch output and error files (`freight results OUT --format openai`).
+
+One JSON line per request, as OpenAI's batch output holds them:
+`{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`. A row that ran
+goes to the output file (status 200, `error` null); a failed row goes to the error file (status 400
+with OpenAI's error body, and `error` = {code, message}); a cancelled row has `response` null. Lines
+keep the input's order. Ids are derived from the job id and the row number, so an export is the
+same every time it is made. `custom_id` is the row's id (JSONL: the line's custom_id; Parquet: the
+--id-column value, else the row index).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+from jobs import datasets
+from jobs.errors import FreightError
+from jobs.finalize import load_shard_record
+from jobs.manifest import Manifest, ShardPlan, shard_result_key
+from jobs.openai_bodies import (
+    ENDPOINT_CHAT,
+    ENDPOINT_COMPLETIONS,
+    ENDPOINT_EMBEDDINGS,
+    ENDPOINTS,
+    embedding_body,
+    error_body,
+    generation_body,
+)
+from jobs.storage import ObjectStore
+
+FAILED_REASONS = ("error", "cancelled")
+
+
+@dataclass(frozen=True)
+class OpenAIExport:
+    """What an export wrote: `requests` lines in all, `failed` of them to the error file."""
+
+    requests: int
+    failed: int
+
+
+@dataclass(frozen=True)
+class RequestIds:
+    """The ids of one request's lines: `line` (batch_req_...), `request` (req_...), `body`
+    (chatcmpl-... / cmpl-... without the prefix)."""
+
+    line: str
+    request: str
+    body: str
+
+    @classmethod
+    def of(cls, job_id: str, row: int) -> RequestIds:
+        h = hashlib.blake2b(f"freight:{job_id}:{row}".encode(), digest_size=36).hexdigest()  # 72 hex
+        return cls(line=f"batch_req_{h[:24]}", request=f"req_{h[24:48]}", body=h[48:])
+
+
+def default_endpoint(manifest: Manifest) -> str:
+    """The endpoint of rows in shards written without the `endpoint` column (a row with an
+    `embedding` is an embeddings request): chat for a messages prompt column, else completions."""
+    return ENDPOINT_CHAT if manifest.input.prompt_kind == "messages" else ENDPOINT_COMPLETIONS
+
+
+def check_exportable(manifest: Manifest) -> None:
+    """Raise FreightError for a job whose results have no OpenAI Batch shape."""
+    if manifest.spec.continuation_column is not None:
+        raise FreightError(
+            f"job {manifest.job_id} scores continuations (--continuation-column): its results have no "
+            "OpenAI Batch shape; export them with --to FILE.parquet or FILE.jsonl"
+        )
+
+
+def request_line(
+    row: dict[str, Any], row_number: int, manifest: Manifest, created: int
+) -> tuple[dict[str, Any], bool]:
+    """(the row's line, failed)."""
+    ids = RequestIds.of(manifest.job_id, row_number)
+    endpoint = row.get("endpoint") or (
+        ENDPOINT_EMBEDDINGS if row.get("embedding") is not None else default_endpoint(manifest)
+    )
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"row {row['id']!r}: endpoint {endpoint!r} is none of {', '.join(ENDPOINTS)}")
+    line: dict[str, Any] = {"id": ids.line, "custom_id": str(row["id"])}
+    model = manifest.spec.model  # as `vllm run-batch` names it: the model as the job was given it
+    if row.get("error") is not None or row["finish_reason"] in FAILED_REASONS:
+        message = row.get("error") or f"the request ended with finish_reason {row['finish_reason']!r}"
+        if row["finish_reason"] == "cancelled":
+            line["response"] = None
+            line["error"] = {"code": "batch_cancelled", "message": message}
+        else:
+            response = {"status_code": 400, "request_id": ids.request, "body": error_body(message)}
+            line["response"] = response
+            line["error"] = {"code": "invalid_request", "message": message}
+        return line, True
+    if endpoint == ENDPOINT_EMBEDDINGS:
+        body = embedding_body(row, model)
+    else:
+        prefix = "chatcmpl-" if endpoint == ENDPOINT_CHAT else "cmpl-"
+        body = generation_body(row, endpoint, prefix + ids.body, created, model)
+    line["response"] = {"status_code": 200, "request_id": ids.request, "body": body}
+    line["error"] = None
+    return line, False
+
+
+def shard_lines(
+    store: ObjectStore, manifest: Manifest, shard: ShardPlan
+) -> Iterator[tuple[dict[str, Any], bool]]:
+    """(line, failed) for each row of a committed shard, in input order."""
+    table = datasets.read_result(store.get(shard_result_key(shard.index)))
+    rows = shard.row_indices()
+    if table.num_rows != len(rows):
+        raise FreightError(
+            f"{store.url_of(shard_result_key(shard.index))} holds {table.num_rows} rows, its plan "
+            f"{len(rows)}: the job's results do not match its manifest"
+        )
+    created = int(load_shard_record(store, shard.index).finished_at)
+    for row_number, row in zip(rows, table.to_pylist(), strict=True):
+        yield request_line(row, row_number, manifest, created)
+
+
+def export_openai(
+    store: ObjectStore, manifest: Manifest, shard_indices: list[int], output: IO[bytes], errors: IO[bytes]
+) -> OpenAIExport:
+    """Write the lines of these committed shards (in shard order) to `output` and `errors`."""
+    check_exportable(manifest)
+    plans = {s.index: s for s in manifest.shards}
+    total = failed = 0
+    for index in sorted(shard_indices):
+        for line, bad in shard_lines(store, manifest, plans[index]):
+            (errors if bad else output).write((json.dumps(line, ensure_ascii=False) + "\n").encode())
+            total += 1
+            failed += bad
+    return OpenAIExport(requests=total, failed=failed)
+
+
+__all__ = ["OpenAIExport", "RequestIds", "check_exportable", "default_endpoint", "export_openai"]

@@ -1,0 +1,115 @@
+"""An OpenAI Batch file mixing chat, completions, embeddings, n > 1, both logprobs shapes and bad lines
+runs end to end on the tiny demo model; `freight results --format openai` turns its results into
+output and error files that parse with the `openai` package's types, usage summing to the cost report.
+So does a Parquet `--task embed` job.
+
+Each test needs another branch's part of issue 15 (the worker's result columns: `rows`; embedding
+jobs: `embed`) and is skipped on a tree without it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+from openai_check import parse_errors, parse_output
+from typer.testing import CliRunner
+
+from jobs import datasets
+from jobs.cli import app
+from jobs.spec import JobSpec
+
+needs_rows = pytest.mark.skipif(
+    "endpoint" not in datasets.result_schema(False).names,
+    reason="the worker does not write the endpoint / completions / logprobs columns yet (branch rows)",
+)
+needs_embed = pytest.mark.skipif("task" not in JobSpec.model_fields, reason="no --task embed yet (branch embed)")
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "sort a list"}]
+
+
+def _invoke(args: list[str]) -> str:
+    result = CliRunner().invoke(app, args)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@needs_rows
+def test_mixed_batch_file_exports_as_openai_would(tmp_path: Path, demo_model_dir: Path) -> None:
+    lines = {
+        "chat": (CHAT, {"messages": MESSAGES, "max_tokens": 5}),
+        "chat-n-lp": (CHAT, {"messages": MESSAGES, "n": 3, "temperature": 1.0, "seed": 7, "max_tokens": 4,
+                             "logprobs": True, "top_logprobs": 2}),  # fmt: skip
+        "comp-lp": (COMPLETIONS, {"prompt": "def f(x):", "max_tokens": 4, "logprobs": 2}),
+        "comp-n": (COMPLETIONS, {"prompt": "import os", "n": 2, "temperature": 0.8, "max_tokens": 3}),
+        "emb": ("/v1/embeddings", {"input": "some text"}),
+        "bad-n": (CHAT, {"messages": MESSAGES, "n": "two"}),
+        "bad-role": (CHAT, {"messages": [{"role": "narrator", "content": "x"}]}),
+    }
+    path = tmp_path / "batch.jsonl"
+    path.write_text("".join(json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body}) + "\n"
+                            for cid, (url, body) in lines.items()))  # fmt: skip
+    out = tmp_path / "out"
+    _invoke(["run", str(path), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "8"])
+    _invoke(["results", str(out), "--format", "openai", "--to", str(tmp_path / "o.jsonl"),
+             "--errors", str(tmp_path / "e.jsonl")])  # fmt: skip
+    rows = {r["id"]: r for r in ds.dataset(out / "shards").to_table().to_pylist()}
+    parsed = {raw["custom_id"]: body for raw, body in parse_output(tmp_path / "o.jsonl")}
+    failed = {line["custom_id"]: line for line in parse_errors(tmp_path / "e.jsonl")}
+    assert sorted([*parsed, *failed]) == sorted(lines) and not set(parsed) & set(failed)
+    assert {"bad-n", "bad-role"} <= set(failed)
+    for cid, line in failed.items():
+        assert line["error"]["message"] == rows[cid]["error"]
+
+    assert parsed["chat"].object == "chat.completion" and parsed["chat"].choices[0].logprobs is None
+    n3 = parsed["chat-n-lp"]
+    assert [c.message.content for c in n3.choices] == rows["chat-n-lp"]["completions"]
+    for choice, tokens in zip(n3.choices, rows["chat-n-lp"]["logprobs"], strict=True):
+        got = choice.logprobs.content
+        assert [t.token for t in got] == [t["token"] for t in tokens]
+        assert all(len(t.top_logprobs) == 2 for t in got)
+        assert [np.float32(t.logprob) for t in got] == [np.float32(t["logprob"]) for t in tokens]
+    comp = parsed["comp-lp"]
+    assert comp.object == "text_completion" and comp.choices[0].text == rows["comp-lp"]["completion"]
+    lp = comp.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == rows["comp-lp"]["completion_tokens"]
+    assert all(2 <= len(top) <= 3 for top in lp.top_logprobs)  # top 2, plus the sampled token if not in it
+    assert [c.text for c in parsed["comp-n"].choices] == rows["comp-n"]["completions"]
+    if "emb" in parsed:  # embeddings run once the engine side (branch embed) is in
+        assert parsed["emb"].object == "list" and len(parsed["emb"].data[0].embedding) > 0
+
+    report = json.loads((out / "cost.json").read_text())
+    usages = [b.usage for b in parsed.values()]
+    assert report["prompt_tokens"] == sum(u.prompt_tokens for u in usages)
+    assert report["completion_tokens"] == sum(getattr(u, "completion_tokens", 0) for u in usages)
+    assert report["rows_failed"] == len(failed)
+
+
+@needs_embed
+def test_embed_job_exports_embedding_lists(tmp_path: Path) -> None:
+    from worker.demo_model import add_pooling_config, make_demo_model
+
+    model = add_pooling_config(make_demo_model(tmp_path / "m", arch="qwen3"), "lasttoken", normalize=True,
+                               append_eos=True)  # fmt: skip
+    data = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["hello world", "", "def f(x): pass"]}), data)
+    out = tmp_path / "out"
+    _invoke(["run", str(data), "--model", str(model), "--output", str(out), "--id-column", "id",
+             "--prompt-column", "text", "--task", "embed", "--dimensions", "8"])  # fmt: skip
+    _invoke(["results", str(out), "--format", "openai", "--to", str(tmp_path / "o.jsonl")])
+    rows = {r["id"]: r for r in ds.dataset(out / "shards").to_table().to_pylist()}
+    parsed = {raw["custom_id"]: body for raw, body in parse_output(tmp_path / "o.jsonl")}
+    assert sorted(parsed) == ["a", "c"]
+    for cid, body in parsed.items():
+        assert body.object == "list" and body.data[0].index == 0 and len(body.data[0].embedding) == 8
+        assert np.array_equal(np.float32(body.data[0].embedding), np.float32(rows[cid]["embedding"]))
+    assert [line["custom_id"] for line in parse_errors(tmp_path / "o.errors.jsonl")] == ["b"]  # empty text
+    report = json.loads((out / "cost.json").read_text())
+    assert report["prompt_tokens"] == sum(b.usage.prompt_tokens for b in parsed.values())
+    assert all(b.usage.total_tokens == b.usage.prompt_tokens for b in parsed.values())
