@@ -77,9 +77,10 @@ def test_model_preload_and_status_lines(fleet: Fleet, tmp_path: Path) -> None:
     assert len(records) == 2 and all(r["load_seconds"] == 0 for r in records)  # billed to no shard
     # a second job of the same model: status shows the worker consuming its queue, model loaded
     out2 = tmp_path / "out2"
-    # 8 shards of 8 rows x 2,000 tokens (3 s each on a quiet machine, longer on a busy one): some
-    # 10 s beat lands while one runs (the rest is stopped at teardown)
-    submit(fleet.env(), make_input(tmp_path / "input2.parquet", 64, max_tokens=(2000,)), fleet.model, out2, 8,
+    # 32 shards of 8 rows x 2,000 tokens (the tiny model decodes a shard in about half a second since
+    # the decode stack: the job runs for well over one 10 s beat interval, and a beat lands while a
+    # shard runs; the rest is stopped at teardown)
+    submit(fleet.env(), make_input(tmp_path / "input2.parquet", 256, max_tokens=(2000,)), fleet.model, out2, 8,
            max_tokens=2000)  # fmt: skip
     wait_for(lambda: fleet.busy("pre@test#0"), 60, "the second job running")
     # the heartbeat names the running attempt and carries the time of its last engine step

@@ -1,10 +1,7 @@
 """An OpenAI Batch file mixing chat, completions, embeddings, n > 1, both logprobs shapes and bad lines
 runs end to end on the tiny demo model; `freight results --format openai` turns its results into
 output and error files that parse with the `openai` package's types, usage summing to the cost report.
-So does a Parquet `--task embed` job.
-
-Each test needs another branch's part of issue 15 (the worker's result columns: `rows`; embedding
-jobs: `embed`) and is skipped on a tree without it."""
+So does a Parquet `--task embed` job."""
 
 from __future__ import annotations
 
@@ -15,19 +12,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-import pytest
 from openai_check import parse_errors, parse_output
 from typer.testing import CliRunner
 
-from jobs import datasets
 from jobs.cli import app
-from jobs.spec import JobSpec
 
-needs_rows = pytest.mark.skipif(
-    "endpoint" not in datasets.result_schema(False).names,
-    reason="the worker does not write the endpoint / completions / logprobs columns yet (branch rows)",
-)
-needs_embed = pytest.mark.skipif("task" not in JobSpec.model_fields, reason="no --task embed yet (branch embed)")
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "sort a list"}]
 
@@ -40,7 +29,6 @@ def _invoke(args: list[str]) -> str:
     return result.output
 
 
-@needs_rows
 def test_mixed_batch_file_exports_as_openai_would(tmp_path: Path, demo_model_dir: Path) -> None:
     lines = {
         "chat": (CHAT, {"messages": MESSAGES, "max_tokens": 5}),
@@ -91,7 +79,6 @@ def test_mixed_batch_file_exports_as_openai_would(tmp_path: Path, demo_model_dir
     assert report["rows_failed"] == len(failed)
 
 
-@needs_embed
 def test_embed_job_exports_embedding_lists(tmp_path: Path) -> None:
     from worker.demo_model import add_pooling_config, make_demo_model
 

@@ -44,7 +44,7 @@ def _check_new_layout(out: Path) -> None:
     n = ROWS // SHARD_ROWS
     assert sorted(p.name for p in (out / "shards").iterdir()) == [f"{i:05d}.parquet" for i in range(n)]
     assert sorted(p.name for p in (out / "costs").iterdir()) == [f"{i:05d}.json" for i in range(n)]
-    assert {p.name for p in out.iterdir()} == {"manifest.json", "shards", "costs", "cost.json", "_SUCCESS"}
+    assert {p.name for p in out.iterdir()} == {"manifest.json", "lifecycle.json", "shards", "costs", "cost.json", "_SUCCESS"}
     ids = [f"row-{i:04d}" for i in range(ROWS)]
     assert _read_with_standard_readers(out / "shards") == [ids, ids, ids]
 
