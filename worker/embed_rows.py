@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from worker.request_body import URL_OF_ENDPOINT
+from worker.row_engine import drain
 from worker.row_requests import RowRequest
 from worker.shard_rows import RowResult
 
@@ -67,13 +68,4 @@ def collect_embeddings(
     else:
         stream = engine.embed_stream([r.prompt for r in pending], [r.dimensions for r in pending], should_stop)
         outs = ((pending[o.index], _result(pending[o.index], o)) for o in stream)
-    finished = 0
-    for req, res in outs:
-        results[req.row] = res
-        finished += 1
-        on_result(res)
-    if finished < len(pending):
-        if should_stop is None or not should_stop():
-            raise RuntimeError(f"engine embedded {finished} of {len(pending)} rows without being stopped")
-        return True
-    return False
+    return drain(outs, len(pending), results, should_stop, on_result)

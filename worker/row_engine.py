@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from worker.row_requests import RowRequest
@@ -70,15 +70,27 @@ def collect_rows(
             texts[tid] = engine.tokenizer.decode([tid], skip_special_tokens=False)
         return texts[tid]
 
+    stream = engine.stream(prompts, params, should_stop=should_stop)
+    outs = ((pending[o.index], from_output(o, pending[o.index], token_text)) for o in stream)
+    return drain(outs, len(pending), results, should_stop, on_result)
+
+
+def drain(
+    outs: Iterator[tuple[RowRequest, RowResult]],
+    expected: int,
+    results: dict[int, RowResult],
+    should_stop: Callable[[], bool] | None,
+    on_result: Callable[[RowResult], None],
+) -> bool:
+    """Record each (request, result) as the engine yields it; True if the engine stopped early
+    (asked to), RuntimeError if it returned fewer than `expected` rows without being asked."""
     finished = 0
-    for out in engine.stream(prompts, params, should_stop=should_stop):
-        req = pending[out.index]
-        res = from_output(out, req, token_text)
+    for req, res in outs:
         results[req.row] = res
         finished += 1
         on_result(res)
-    if finished < len(pending):
+    if finished < expected:
         if should_stop is None or not should_stop():
-            raise RuntimeError(f"engine returned {finished} of {len(pending)} rows without being stopped")
+            raise RuntimeError(f"engine returned {finished} of {expected} rows without being stopped")
         return True
     return False
