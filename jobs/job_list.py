@@ -85,7 +85,7 @@ def fleet_jobs(live: LiveState, settings: Settings) -> list[JobRow]:
         try:
             store = open_store(meta["output"], settings)
             rows.append(job_row(store, live, "fleet", float(meta.get("submitted_at") or 0) or None))
-        except FreightError as exc:
+        except (FreightError, ValueError) as exc:  # ValueError: an unreadable manifest.json
             log.warning("job_list_skipped", job_id=job_id, error=str(exc))
     return rows
 
@@ -99,7 +99,7 @@ def stored_jobs(prefix: str, settings: Settings, live: LiveState | None = None) 
         url = root.url_of(sub) if sub else root.url
         try:
             rows.append(job_row(open_store(url, settings), live, "embedded"))
-        except FreightError as exc:
+        except (FreightError, ValueError) as exc:  # ValueError: an unreadable manifest.json
             log.warning("job_list_skipped", output=url, error=str(exc))
     return rows
 

@@ -1,6 +1,6 @@
 """A shard's embeddings rows (RowRequest.endpoint == "embeddings") through Engine.embed_stream.
 
-Rows come from `--task embed` Parquet jobs (every row: `as_embeddings`) or from JSONL `/v1/embeddings`
+Rows come from `--task embed` Parquet jobs (every row: `row_requests.build_requests`) or from JSONL `/v1/embeddings`
 lines. Result rows: the `embedding` column (list<float32>), prompt_tokens, no completion, finish
 reason "stop", completion_tokens 0 (the cost report then prices input tokens only). A checkpoint
 without a pooling config fails each embeddings row with the engine's message; the shard goes on.
@@ -8,7 +8,6 @@ without a pooling config fails each embeddings row with the engine's message; th
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -18,14 +17,6 @@ from worker.row_requests import RowRequest
 from worker.shard_rows import RowResult
 
 ENDPOINT = "embeddings"
-
-
-def as_embeddings(requests: list[RowRequest], dimensions: int | None) -> list[RowRequest]:
-    """A `--task embed` job's rows (built as completions: the same prompt checks) as embeddings rows."""
-    return [
-        dataclasses.replace(req, endpoint=ENDPOINT, dimensions=dimensions, sampling=None)
-        for req in requests
-    ]
 
 
 def split_embeddings(requests: list[RowRequest]) -> tuple[list[RowRequest], list[RowRequest]]:

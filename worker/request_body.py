@@ -138,6 +138,13 @@ class EmbeddingBody(_Fields):
     def _input(cls, v: Any) -> Any:
         return one_input(v, "input")
 
+    @field_validator("encoding_format")
+    @classmethod
+    def _encoding(cls, v: str | None) -> str | None:
+        if v == "base64":  # the results keep the vector as floats; refused rather than dropped
+            raise ValueError("base64 output is not supported yet: ask for float (or leave it out)")
+        return v
+
 
 class RowColumns(SamplingFields):
     """A Parquet row's sampling columns: `logprobs` true/false or a top count, `top_logprobs` a count."""

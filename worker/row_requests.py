@@ -9,6 +9,7 @@ shard's.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -96,6 +97,8 @@ def build_requests(
             )
         except ValueError as exc:
             out.append(_error(row, row_id, str(exc), endpoint))
+    if spec.task == "embed":  # a `--task embed` job: every row (built with the same prompt checks) embeds
+        return [dataclasses.replace(r, endpoint="embeddings", dimensions=spec.dimensions, sampling=None) for r in out]
     return out
 
 

@@ -21,7 +21,7 @@ from jobs.cost import ShardPricing, ShardRecord, usd
 from jobs.manifest import Manifest, partial_key, partial_prefix, shard_result_key, waste_key
 from jobs.settings import Settings, get_settings
 from jobs.storage import ObjectStore
-from worker.embed_rows import as_embeddings, collect_embeddings, split_embeddings
+from worker.embed_rows import collect_embeddings, split_embeddings
 from worker.row_engine import collect_rows
 from worker.row_requests import RowRequest, build_requests
 from worker.shard_commit import ComputedShard, ShardOutcome, attempt_record, commit_shard
@@ -112,8 +112,6 @@ def compute_shard(
     requests = build_requests(
         table, [rows[i] for i in todo], manifest.spec, manifest.input, engine.tokenizer, max_n
     )
-    if manifest.spec.task == "embed":
-        requests = as_embeddings(requests, manifest.spec.dimensions)
     pending: list[RowRequest] = []
     for req in requests:
         if req.error is not None:

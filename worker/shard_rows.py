@@ -87,7 +87,8 @@ def _continuation_logprob(out: Any, req: RowRequest) -> float | None:
 
 def from_output(out: Any, req: RowRequest, token_text: Callable[[int], str] | None = None) -> RowResult:
     """A RowResult from the engine's RequestOutput; `token_text` decodes one token id (logprobs)."""
-    failed = out.finish_reason == "error"
+    # a row fails when any of its choices failed (a forked choice can fail alone, e.g. no KV room)
+    failed = out.finish_reason == "error" or any(c.finish_reason == "error" for c in out.outputs)
     likelihood = req.continuation_tokens > 0
     cont_lp = None
     out_error = None
@@ -113,7 +114,7 @@ def from_output(out: Any, req: RowRequest, token_text: Callable[[int], str] | No
         prompt_tokens=int(out.prompt_tokens),
         cached_tokens=int(out.cached_tokens),
         completion_tokens=sum(len(c.token_ids) for c in choices),
-        error=(out.error or "engine error") if out.finish_reason == "error" else out_error,
+        error=(out.error or "engine error") if failed and out_error is None else out_error,
         continuation_logprob=cont_lp,
         continuation_tokens=req.continuation_tokens if likelihood else None,
         endpoint=URL_OF_ENDPOINT[req.endpoint],

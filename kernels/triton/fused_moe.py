@@ -2,7 +2,7 @@
 kernels/reference/fused_moe.py's fused_moe).
 
 The T * K (token, expert) pairs are sorted by expert into blocks of BLOCK_M rows, each block padded
-to one expert (align_blocks, torch ops on the device, no host sync: the block count is the bound
+to one expert (align_blocks, torch ops on the device with no host read: the block count is the bound
 T * K + E * (BLOCK_M - 1) rounded up, trailing blocks marked -1 and skipped). Two launches then run
 the experts as grouped GEMMs:
 1. gate_up: each program takes one block's rows of x (gathered by token index, never copied) times
@@ -30,7 +30,8 @@ def align_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tupl
     flat = topk_ids.reshape(-1).long()
     pairs = flat.numel()
     num_blocks = triton.cdiv(pairs + num_experts * (block_m - 1), block_m)
-    counts = torch.bincount(flat, minlength=num_experts)  # [E]
+    # counts by scatter_add, not bincount: bincount reads the ids' max back to the host (a sync)
+    counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     run_start = torch.cumsum(padded, 0) - padded  # [E] first slot of each expert's run
     order = torch.argsort(flat, stable=True)
@@ -39,9 +40,12 @@ def align_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tupl
     dest = run_start[experts] + torch.arange(pairs, device=flat.device) - first_of[experts]
     sorted_pairs = torch.full((num_blocks * block_m,), pairs, dtype=torch.int32, device=flat.device)
     sorted_pairs[dest] = order.to(torch.int32)
-    block_experts = torch.full((num_blocks,), -1, dtype=torch.int32, device=flat.device)
-    used = torch.repeat_interleave(torch.arange(num_experts, device=flat.device), padded // block_m)
-    block_experts[: used.numel()] = used.to(torch.int32)
+    # block b belongs to the first expert whose runs end past it (searchsorted: no host read of how
+    # many blocks are used, unlike repeat_interleave); blocks past every run get E, marked -1
+    run_ends = torch.cumsum(padded // block_m, 0)  # [E] blocks used up to and including expert e
+    blocks = torch.arange(num_blocks, device=flat.device)
+    block_experts = torch.searchsorted(run_ends, blocks, right=True)
+    block_experts = torch.where(block_experts < num_experts, block_experts, -1).to(torch.int32)
     return sorted_pairs, block_experts
 
 

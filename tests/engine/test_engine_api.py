@@ -211,6 +211,18 @@ def test_logit_bias_is_normalised_and_checked_against_the_vocabulary(engine: Eng
     assert outs[1].finish_reason == "length" and len(outs[1].outputs) == 1
 
 
+def test_stop_token_ids_outside_the_vocabulary_fail_their_request_only(engine: Engine) -> None:
+    """min_tokens masks the stop ids' logits: an id past the vocabulary would index out of range and
+    end the whole stream, so it is that request's error (a negative id: refused on construction)."""
+    good = SamplingParams(max_tokens=3, ignore_eos=True)
+    bad = SamplingParams(max_tokens=3, min_tokens=2, stop_token_ids=[10**6])
+    outs = engine.generate([PROMPTS[0], PROMPTS[1]], [bad, good])
+    assert outs[0].finish_reason == "error" and "stop_token_ids holds 1000000" in outs[0].error
+    assert outs[1].finish_reason == "length"
+    with pytest.raises(ValueError, match="stop_token_ids must be token ids >= 0"):
+        SamplingParams(min_tokens=2, stop_token_ids=[-5])
+
+
 def test_min_tokens_holds_back_eos_and_stop_strings(engine: Engine) -> None:
     eos = min(engine.eos_token_ids)
     early = SamplingParams(max_tokens=8, logit_bias={eos: 100.0})

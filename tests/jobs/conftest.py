@@ -64,6 +64,7 @@ def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settin
 @pytest.fixture(autouse=True)
 def _fresh_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("FREIGHT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FREIGHT_PROFILES_PATH", str(tmp_path / "cache" / "profiles.json"))
     monkeypatch.setenv("FREIGHT_LOG_FORMAT", "json")
     monkeypatch.setenv("FREIGHT_LOG_LEVEL", "warning")
     get_settings.cache_clear()

@@ -113,3 +113,18 @@ def _invoke(*args: str) -> str:
     result = CliRunner().invoke(app, list(args))
     assert result.exit_code == 0, result.output
     return result.output
+
+
+def test_estimate_of_an_embed_job_counts_input_tokens_only(tmp_path: Path, demo_model_dir: Path) -> None:
+    import shutil
+
+    from worker.demo_model import add_pooling_config
+
+    model = add_pooling_config(shutil.copytree(demo_model_dir, tmp_path / "model"))
+    data = write_parquet(prompts_table(8), tmp_path / "in.parquet")
+    gen = json.loads(_invoke("estimate", *_job(data, model), "--json").splitlines()[-1])
+    emb = json.loads(_invoke("estimate", *_job(data, model), "--task", "embed", "--json").splitlines()[-1])
+    assert gen["completion_tokens"] > 0 and gen["max_completion_tokens"] > 0
+    assert emb["completion_tokens"] == emb["max_completion_tokens"] == 0
+    assert emb["prompt_tokens"] == gen["prompt_tokens"] and emb["rows"] == gen["rows"]
+    assert emb["computed_prompt_tokens"] == emb["prompt_tokens"]  # embeddings keep no prefix cache

@@ -142,16 +142,17 @@ def test_completions_and_embeddings_requests(tokenizer: Any, demo_model_dir: Pat
     assert req.endpoint == "completions" and req.prompt == "def f():" and sampling_params(req).logprobs == 0
 
     emb = _one(tokenizer, spec, {"model": "tiny", "input": ["some text"], "dimensions": 8,
-                                 "encoding_format": "base64", "user": "u"}, "/v1/embeddings")  # fmt: skip
+                                 "encoding_format": "float", "user": "u"}, "/v1/embeddings")  # fmt: skip
     assert emb == RowRequest(
         row=0, id="r", prompt="some text", sampling=None, endpoint="embeddings", dimensions=8,
-        encoding_format="base64",
+        encoding_format="float",
     )  # fmt: skip
     assert _one(tokenizer, spec, {"input": [1, 2, 3]}, "/v1/embeddings").prompt == [1, 2, 3]
     for body, expected in [
         ({"input": ["a", "b"]}, "input: holds 2 inputs"),
         ({"input": "a", "encoding_format": "int8"}, "encoding_format 'int8': input should be 'float' or 'base64'"),
         ({"input": "a", "dimensions": 0}, "dimensions 0: must be >= 1"),
+        ({"input": "a", "encoding_format": "base64"}, "encoding_format 'base64': base64 output is not supported yet"),
         ({"input": "a", "temperature": 1}, "unknown field 'temperature'"),
         ({"input": "a", "model": "other"}, "model 'other'"),
     ]:

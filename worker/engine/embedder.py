@@ -158,8 +158,8 @@ class Embedder:
             to_device(np.asarray(ids, np.int64), device), to_device(np.concatenate(positions), device), meta
         )
         if mode == "mean":
-            seg = torch.repeat_interleave(torch.arange(len(chunks), device=device),
-                                          to_device(np.diff(cu), device))  # fmt: skip
+            seg = torch.repeat_interleave(torch.arange(len(chunks), device=device),  # no host read:
+                                          to_device(np.diff(cu), device), output_size=len(ids))  # fmt: skip
             sums = hidden.new_zeros((len(chunks), hidden.shape[1]), dtype=torch.float32)
             sums.index_add_(0, seg, hidden.float())
             for (p, _, _), s in zip(chunks, sums, strict=True):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import gc
 import itertools
 import time
@@ -76,6 +77,11 @@ class Engine:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         mcfg = ModelConfig.from_dict(read_config(model_dir))
+        if mcfg.moe is not None and config.cuda_graphs:
+            # MoE routing sizes its expert blocks from counts read back to the host (torch.bincount,
+            # repeat_interleave), which stream capture forbids: such models decode eagerly for now
+            log.warning("cuda_graphs_off", reason="mixture-of-experts routing syncs with the host")
+            config = dataclasses.replace(config, cuda_graphs=False, static_decode=False)
         max_len = min(
             mcfg.max_position_embeddings, mcfg.sliding_window or 1 << 62, config.max_model_len or 1 << 62
         )
@@ -148,6 +154,9 @@ class Engine:
             ids, error = self._prompt_ids(prompt, next(encoded) if isinstance(prompt, str) else None)
             if error is None and p.logit_bias and p.logit_bias[-1][0] >= self.vocab_size:
                 error = (f"logit_bias token id {p.logit_bias[-1][0]} is outside the vocabulary "
+                         f"[0, {self.vocab_size}); use ids the model's tokenizer produces")  # fmt: skip
+            if error is None and p.stop_token_ids and max(p.stop_token_ids) >= self.vocab_size:
+                error = (f"stop_token_ids holds {max(p.stop_token_ids)}, outside the vocabulary "
                          f"[0, {self.vocab_size}); use ids the model's tokenizer produces")  # fmt: skip
             if error is not None:
                 yield RequestOutput(i, ids, [], "", "error", len(ids), 0, error=error)

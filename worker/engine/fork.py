@@ -9,7 +9,7 @@ first decode of each gets its own copy of the block (Scheduler._room; the last s
 original). So the prompt is computed once, with or without the prefix cache. A choice that finds no
 free row is returned to be queued as a sequence of its own (its prompt computed again, from the
 prefix cache where it can); the scheduler admits a request with choices only when rows for all of
-them are free, so that happens only when n > max_num_seqs or rows were taken mid-prefill.
+them are free, so that happens only when n > max_num_seqs (or after a preemption).
 Preempting a forked choice is plain recompute: it rejoins as a sequence with its own tokens.
 """
 
