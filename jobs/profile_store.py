@@ -101,8 +101,12 @@ def fit_profile(report: dict[str, Any], manifest: Manifest) -> Profile | None:
         return None
     rows_ok = report.get("rows", 0) - report.get("rows_failed", 0)
     per_row = manifest.spec.sampling.max_tokens
-    # per-row max_tokens overrides are not in the report: the job-wide value then is a guess
-    uniform = "max_tokens" not in manifest.input.override_columns
+    # the stop fit needs every row to have asked the job-wide max_tokens once: per-row max_tokens or n
+    # (columns, or a JSONL body's fields), n > 1 and embeddings rows are not in the report, so such
+    # jobs fit the rates only and leave the stop estimate neutral
+    cols = manifest.input.override_columns
+    uniform = (manifest.input.format != "jsonl" and manifest.spec.sampling.n == 1
+               and "max_tokens" not in cols and "n" not in cols)  # fmt: skip
     stop = min(1.0, completion / max(1, rows_ok * per_row)) if uniform else 1.0
     hazard = fit_hazard(completion / max(1, rows_ok), per_row) if uniform else 0.0
     shards = max(1, len(report.get("shards", [])))

@@ -128,3 +128,33 @@ def test_estimate_of_an_embed_job_counts_input_tokens_only(tmp_path: Path, demo_
     assert emb["completion_tokens"] == emb["max_completion_tokens"] == 0
     assert emb["prompt_tokens"] == gen["prompt_tokens"] and emb["rows"] == gen["rows"]
     assert emb["computed_prompt_tokens"] == emb["prompt_tokens"]  # embeddings keep no prefix cache
+
+
+def test_a_profile_fits_the_stop_rate_only_from_jobs_of_one_uniform_max_tokens(
+    tmp_path: Path, demo_model_dir: Path
+) -> None:
+    """n > 1 (job-wide or a column) or JSONL bodies ask for token counts the report does not hold:
+    such a finished job refines the rates, never the stop estimate."""
+    import pyarrow as pa
+
+    from jobs.planner import prepare_job
+    from jobs.profile_store import fit_profile
+    from jobs.spec import JobSpec, SamplingSpec
+
+    plain = write_parquet(pa.table({"prompt": ["a b", "c d"]}), tmp_path / "plain.parquet")
+    with_n = write_parquet(pa.table({"prompt": ["a b", "c d"], "n": [1, 3]}), tmp_path / "n.parquet")
+    report = {"state": "succeeded", "rows": 2, "rows_failed": 0, "prompt_tokens": 40, "cached_tokens": 0,
+              "completion_tokens": 64, "prefill_seconds": 0.1, "decode_seconds": 0.4, "busy_seconds": 0.5,
+              "billed_seconds": 1.5, "load_seconds": 0.8, "shards": [{}]}  # fmt: skip
+
+    def profile(data: Path, n: int, name: str) -> object:
+        spec = JobSpec(input=str(data), model=str(demo_model_dir), output=str(tmp_path / name),
+                       sampling=SamplingSpec(max_tokens=64, n=n))  # fmt: skip
+        return fit_profile(report, prepare_job(spec).manifest)
+
+    fitted = profile(plain, 1, "a")
+    assert fitted.stop_fraction == 0.5 and fitted.decode_tokens_per_s == 160  # 64 of 2 x 64 tokens
+    for data, n, name in ((plain, 2, "b"), (with_n, 1, "c")):
+        neutral = profile(data, n, name)
+        assert neutral.stop_fraction == 1.0 and neutral.stop_hazard == 0.0
+        assert neutral.decode_tokens_per_s == fitted.decode_tokens_per_s
