@@ -121,15 +121,46 @@ def shard_lines(
         yield request_line(row, row_number, manifest, created)
 
 
+# A job that ended before some shards ran: their requests go to the error file, as OpenAI's
+ENDED = {  # error codes for a batch's unrun requests
+    "expired": ("batch_expired", "this request could not be run before the job's completion window ended"),
+    "cancelled": ("batch_cancelled", "the job was cancelled before this request ran"),
+}
+
+
+def unrun_lines(manifest: Manifest, shard: ShardPlan, ended: str, settings: Any = None) -> Iterator[dict[str, Any]]:
+    """The error lines of an ended job's unrun shard: one per request, ids from the input."""
+    code, message = ENDED[ended]
+    table = datasets.InputReader(manifest.input, settings).read(shard.ranges)
+    rows = shard.row_indices()
+    column = manifest.input.id_column
+    ids = table.column(column).to_pylist() if column else [None] * len(rows)
+    for row, value in zip(rows, ids, strict=True):
+        yield {"id": RequestIds.of(manifest.job_id, row).line, "custom_id": str(row if value is None else value),
+               "response": None, "error": {"code": code, "message": message}}  # fmt: skip
+
+
 def export_openai(
-    store: ObjectStore, manifest: Manifest, shard_indices: list[int], output: IO[bytes], errors: IO[bytes]
+    store: ObjectStore,
+    manifest: Manifest,
+    shard_indices: list[int],
+    output: IO[bytes],
+    errors: IO[bytes],
+    ended: str | None = None,
+    settings: Any = None,
 ) -> OpenAIExport:
-    """Write the lines of these committed shards (in shard order) to `output` and `errors`."""
+    """Write the lines of these committed shards (in shard order) to `output` and `errors`; with
+    `ended` ("expired" or "cancelled"), every request of the other shards to `errors` too."""
     check_exportable(manifest)
-    plans = {s.index: s for s in manifest.shards}
     total = failed = 0
-    for index in sorted(shard_indices):
-        for line, bad in shard_lines(store, manifest, plans[index]):
+    for shard in manifest.shards:
+        if shard.index in shard_indices:
+            lines: Iterator[tuple[dict[str, Any], bool]] = shard_lines(store, manifest, shard)
+        elif ended is not None:
+            lines = ((line, True) for line in unrun_lines(manifest, shard, ended, settings))
+        else:
+            continue
+        for line, bad in lines:
             (errors if bad else output).write((json.dumps(line, ensure_ascii=False) + "\n").encode())
             total += 1
             failed += bad

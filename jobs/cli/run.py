@@ -185,10 +185,14 @@ def results(
     """Show the first results, or export them all.
 
     --to refuses a job with shards still missing (it
-    says how many) unless --partial is given, which exports what is committed and warns."""
+    says how many) unless --partial is given, which exports what is committed and warns. An expired or
+    cancelled job (it will not complete) exports without --partial; with --format openai its unrun
+    requests go to the error file as batch_expired / batch_cancelled, as OpenAI's do."""
     from jobs import datasets
+    from jobs.expiry import EXPIRED_KEY
     from jobs.finalize import committed_shards
     from jobs.manifest import read_manifest
+    from jobs.markers import CANCEL_KEY
     from jobs.storage import open_store
     from jobs.tables import results_table
 
@@ -214,13 +218,17 @@ def results(
         suffixes = (".jsonl",) if fmt == "openai" else (".parquet", ".jsonl")
         if to.suffix not in suffixes:
             raise FreightError(f"--to {to}: give a {' or '.join(suffixes)} file name")
-        if missing and not partial:
+        ended = "expired" if store.exists(EXPIRED_KEY) else "cancelled" if store.exists(CANCEL_KEY) else None
+        if missing and ended is not None:  # it will not complete: its unrun requests are errors
+            gap += f" (the job {ended}: in the OpenAI error file as batch_{ended})" if fmt == "openai" else (
+                f" (the job {ended})")
+        elif missing and not partial:
             raise FreightError(
                 f"job {manifest.job_id} is not complete: {gap}; wait for it (`freight status {out}`), or "
                 "pass --partial to export the committed rows only"
             )
         if fmt == "openai":
-            written = _export_openai(store, manifest, sorted(done), to, errors)
+            written = _export_openai(store, manifest, sorted(done), to, errors, ended)
         else:
             table = datasets.read_results(store)
             data = datasets.write_result(table) if to.suffix == ".parquet" else datasets.write_jsonl(table)
@@ -246,7 +254,9 @@ def _replacing(path: Path) -> Iterator[BinaryIO]:
         tmp.unlink(missing_ok=True)
 
 
-def _export_openai(store: Any, manifest: Any, shards: list[int], to: Path, errors: Path | None) -> str:
+def _export_openai(
+    store: Any, manifest: Any, shards: list[int], to: Path, errors: Path | None, ended: str | None
+) -> str:
     """Write the OpenAI Batch output file and its error file (always, empty when no row failed, so an
     earlier export's errors never linger beside a new output); return what was written, in words."""
     from jobs.openai_output import check_exportable, export_openai
@@ -256,7 +266,7 @@ def _export_openai(store: Any, manifest: Any, shards: list[int], to: Path, error
     if err_path.resolve() == to.resolve():
         raise FreightError(f"--errors {err_path} is the --to file: give the error file another name")
     with _replacing(to) as output, _replacing(err_path) as failed:
-        done = export_openai(store, manifest, shards, output, failed)
+        done = export_openai(store, manifest, shards, output, failed, ended, get_settings())
     ok = done.requests - done.failed
     return f"{ok:,} {plural(ok, 'request')} to {to}, {done.failed:,} failed to {err_path}"
 

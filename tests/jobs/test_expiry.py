@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
+from openai_check import parse_errors, parse_output
 from pipeline_data import prompts_table, write_parquet
 from typer.testing import CliRunner
 
@@ -88,6 +89,15 @@ def test_expired_run_keeps_committed_rows_and_a_rerun_runs_only_the_rest(
     (row,) = json.loads(listed.output)
     assert row["state"] == "expired" and row["rows_done"] == report["rows"] and row["mode"] == "embedded"
     assert row["cost_usd"] == pytest.approx(report["cost_usd"]) and row["shards_committed"] == len(committed)
+    # the OpenAI export of the expired job (no --partial: it will not complete): every request once,
+    # the unrun ones in the error file as batch_expired, as OpenAI writes them
+    exported = CliRunner().invoke(app, ["results", str(out), "--format", "openai", "--to", str(tmp_path / "o.jsonl")])
+    assert exported.exit_code == 0, exported.output
+    ok = [line for line, _ in parse_output(tmp_path / "o.jsonl")]  # the openai package's types
+    bad = parse_errors(tmp_path / "o.errors.jsonl")
+    assert sorted(x["custom_id"] for x in ok + bad) == [f"row-{i:04d}" for i in range(ROWS)]
+    assert {x["custom_id"] for x in ok} == set(ids)
+    assert {x["error"]["code"] for x in bad} == {"batch_expired"} and all(x["response"] is None for x in bad)
 
     rerun = CliRunner().invoke(app, _args(data, demo_model_dir, out))
     assert rerun.exit_code == 0, rerun.output
