@@ -46,7 +46,8 @@ def _freight_run(args: list[str], model: str) -> None:
     cmd = [sys.executable, "-c", "from jobs.cli import main; main()", "run", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "FREIGHT_LOG_LEVEL": "warning"})
     if proc.returncode != 0:
-        raise FreightError(f"the profiling run of {model} failed: {proc.stderr.strip()[-500:]}")
+        said = proc.stderr.strip()[-500:].removeprefix("error: ")  # the child's own one-line error
+        raise FreightError(f"the profiling run of {model} failed: {said}")
 
 
 def fit_decode(shards: list[tuple[float, float, float]]) -> tuple[float, float] | None:
