@@ -25,12 +25,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from jobs.endpoints import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, ENDPOINT_URLS
 from jobs.errors import InputError
 
-CHAT_URL = "/v1/chat/completions"
-COMPLETIONS_URL = "/v1/completions"
-EMBEDDINGS_URL = "/v1/embeddings"
-ENDPOINT_URLS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL)
 LINE_FIELDS = ("custom_id", "method", "url", "body")
 LINE_SHAPE = "each line must be one JSON object {custom_id, method, url, body}"
 BATCH_COLUMNS = ("custom_id", "url", "body", "line_error")

@@ -7,8 +7,8 @@
     billed_seconds = load_seconds + shards x shard_overhead_s + engine_seconds
     cost_usd = billed_seconds / 3600 x price per hour (on-demand and spot both given)
 
-as cost.json bills a run (each shard's wall time plus the model load). No torch: the counts come
-from worker/estimate_tokens.py, which the CLI imports lazily.
+as cost.json bills a run (each shard's wall time plus the model load). No torch here: the counts come
+out of worker.estimate_tokens, which the CLI imports lazily.
 """
 
 from __future__ import annotations

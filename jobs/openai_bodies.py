@@ -13,10 +13,7 @@ from typing import Any
 
 import numpy as np
 
-ENDPOINT_CHAT = "/v1/chat/completions"
-ENDPOINT_COMPLETIONS = "/v1/completions"
-ENDPOINT_EMBEDDINGS = "/v1/embeddings"
-ENDPOINTS = (ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS)
+from jobs.endpoints import CHAT_URL
 
 
 def choices_of(row: dict[str, Any]) -> list[tuple[str, str]]:
@@ -97,7 +94,7 @@ def generation_body(
     row: dict[str, Any], endpoint: str, body_id: str, created: int, model: str
 ) -> dict[str, Any]:
     """A `chat.completion` or `text_completion` object for a row that did not fail."""
-    chat = endpoint == ENDPOINT_CHAT
+    chat = endpoint == CHAT_URL
     logprobs = row.get("logprobs")
     choices = choices_of(row)
     if logprobs is not None and len(logprobs) != len(choices):
@@ -148,10 +145,6 @@ def error_body(message: str) -> dict[str, Any]:
 
 
 __all__ = [
-    "ENDPOINTS",
-    "ENDPOINT_CHAT",
-    "ENDPOINT_COMPLETIONS",
-    "ENDPOINT_EMBEDDINGS",
     "embedding_body",
     "error_body",
     "generation_body",

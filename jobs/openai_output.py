@@ -18,18 +18,11 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from jobs import datasets
+from jobs.endpoints import CHAT_URL, EMBEDDINGS_URL, ENDPOINT_URLS, default_endpoint
 from jobs.errors import FreightError
 from jobs.finalize import load_shard_record
 from jobs.manifest import Manifest, ShardPlan, shard_result_key
-from jobs.openai_bodies import (
-    ENDPOINT_CHAT,
-    ENDPOINT_COMPLETIONS,
-    ENDPOINT_EMBEDDINGS,
-    ENDPOINTS,
-    embedding_body,
-    error_body,
-    generation_body,
-)
+from jobs.openai_bodies import embedding_body, error_body, generation_body
 from jobs.storage import ObjectStore
 
 FAILED_REASONS = ("error", "cancelled")
@@ -58,12 +51,6 @@ class RequestIds:
         return cls(line=f"batch_req_{h[:24]}", request=f"req_{h[24:48]}", body=h[48:])
 
 
-def default_endpoint(manifest: Manifest) -> str:
-    """The endpoint of rows in shards written without the `endpoint` column (a row with an
-    `embedding` is an embeddings request): chat for a messages prompt column, else completions."""
-    return ENDPOINT_CHAT if manifest.input.prompt_kind == "messages" else ENDPOINT_COMPLETIONS
-
-
 def check_exportable(manifest: Manifest) -> None:
     """Raise FreightError for a job whose results have no OpenAI Batch shape."""
     if manifest.spec.continuation_column is not None:
@@ -79,10 +66,10 @@ def request_line(
     """(the row's line, failed)."""
     ids = RequestIds.of(manifest.job_id, row_number)
     endpoint = row.get("endpoint") or (
-        ENDPOINT_EMBEDDINGS if row.get("embedding") is not None else default_endpoint(manifest)
+        EMBEDDINGS_URL if row.get("embedding") is not None else default_endpoint(manifest.input)
     )
-    if endpoint not in ENDPOINTS:
-        raise ValueError(f"row {row['id']!r}: endpoint {endpoint!r} is none of {', '.join(ENDPOINTS)}")
+    if endpoint not in ENDPOINT_URLS:
+        raise ValueError(f"row {row['id']!r}: endpoint {endpoint!r} is none of {', '.join(ENDPOINT_URLS)}")
     line: dict[str, Any] = {"id": ids.line, "custom_id": str(row["id"])}
     model = manifest.spec.model  # as `vllm run-batch` names it: the model as the job was given it
     if row.get("error") is not None or row["finish_reason"] in FAILED_REASONS:
@@ -95,10 +82,10 @@ def request_line(
             line["response"] = response
             line["error"] = {"code": "invalid_request", "message": message}
         return line, True
-    if endpoint == ENDPOINT_EMBEDDINGS:
+    if endpoint == EMBEDDINGS_URL:
         body = embedding_body(row, model)
     else:
-        prefix = "chatcmpl-" if endpoint == ENDPOINT_CHAT else "cmpl-"
+        prefix = "chatcmpl-" if endpoint == CHAT_URL else "cmpl-"
         body = generation_body(row, endpoint, prefix + ids.body, created, model)
     line["response"] = {"status_code": 200, "request_id": ids.request, "body": body}
     line["error"] = None
@@ -167,4 +154,4 @@ def export_openai(
     return OpenAIExport(requests=total, failed=failed)
 
 
-__all__ = ["OpenAIExport", "RequestIds", "check_exportable", "default_endpoint", "export_openai"]
+__all__ = ["OpenAIExport", "RequestIds", "check_exportable", "export_openai"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from worker.request_body import URL_OF_ENDPOINT
+from jobs.endpoints import URL_OF_ENDPOINT
 from worker.row_engine import drain
 from worker.row_requests import RowRequest
 from worker.shard_rows import RowResult

@@ -16,16 +16,9 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from jobs.endpoints import URL_OF_ENDPOINT, Endpoint
 from jobs.spec import MAX_LOGPROBS, MAX_STOP, logit_bias_pairs
 from worker.chat_messages import chat_messages
-
-Endpoint = Literal["chat", "completions", "embeddings"]
-ENDPOINT_OF_URL: dict[str, Endpoint] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",
-}
-URL_OF_ENDPOINT = {endpoint: url for url, endpoint in ENDPOINT_OF_URL.items()}
 
 # Fields OpenAI or vLLM know that freight does not run, with the reason (other unknown fields get a
 # generic message).

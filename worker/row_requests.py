@@ -17,13 +17,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from jobs.endpoints import ENDPOINT_OF_URL
 from jobs.errors import InputError
 from jobs.manifest import InputPlan
 from jobs.settings import get_settings
 from jobs.spec import JobSpec
 from worker.chat_messages import chat_messages
 from worker.request_body import (
-    ENDPOINT_OF_URL,
     ChatBody,
     CompletionBody,
     EmbeddingBody,

@@ -18,6 +18,7 @@ from typing import Any
 
 from jobs import datasets
 from jobs.cost import ShardPricing, ShardRecord, usd
+from jobs.endpoints import default_endpoint
 from jobs.manifest import Manifest, partial_key, partial_prefix, shard_result_key, waste_key
 from jobs.settings import Settings, get_settings
 from jobs.storage import ObjectStore
@@ -25,7 +26,7 @@ from worker.embed_rows import collect_embeddings, split_embeddings
 from worker.row_engine import collect_rows
 from worker.row_requests import RowRequest, build_requests
 from worker.shard_commit import ComputedShard, ShardOutcome, attempt_record, commit_shard
-from worker.shard_rows import RowResult, default_endpoint, error_row, result_row, rows_table
+from worker.shard_rows import RowResult, error_row, result_row, rows_table
 
 
 @dataclass(frozen=True)

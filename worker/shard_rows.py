@@ -16,8 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from jobs import datasets
-from jobs.manifest import InputPlan
-from worker.request_body import URL_OF_ENDPOINT
+from jobs.endpoints import URL_OF_ENDPOINT
 from worker.row_requests import RowRequest
 
 ROW_COLUMN = "_row"  # global row number; only in partial files, never in committed results
@@ -40,12 +39,6 @@ class RowResult:
     finish_reasons: list[str] | None = None  # n > 1
     logprobs: list[list[dict[str, Any]]] | None = None  # [choice][token] {token, token_id, logprob, top_logprobs}
     embedding: list[float] | None = None  # embeddings rows
-
-
-def default_endpoint(plan: InputPlan) -> str:
-    """The endpoint of rows whose partial file predates the endpoint column (a job planned before it):
-    chat for chat messages, else completions (such JSONL jobs held one prompt kind per file)."""
-    return URL_OF_ENDPOINT["chat" if plan.prompt_kind == "messages" else "completions"]
 
 
 def error_row(req: RowRequest) -> RowResult:

@@ -193,7 +193,8 @@ def test_parquet_sampling_columns_override_job_flags(tokenizer: Any, demo_model_
 def test_jobs_planned_before_bodies_were_kept_still_build_and_resume(tokenizer: Any, demo_model_dir: Path) -> None:
     """An older JSONL manifest (prompt_kind messages, override columns) reads its file into the new
     columns; an older partial row (no endpoint column) reads back with the plan's endpoint."""
-    from worker.shard_rows import ROW_COLUMN, default_endpoint, result_row
+    from jobs.endpoints import default_endpoint
+    from worker.shard_rows import ROW_COLUMN, result_row
 
     old = JSONL_PLAN.model_copy(
         update={"prompt_column": "messages", "prompt_kind": "messages", "override_columns": ("max_tokens",)}
