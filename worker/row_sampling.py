@@ -35,7 +35,6 @@ class RowSampling:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     skip_special_tokens: bool = True
-    response_format: str | None = None  # structured output (issue 16); any but text is refused today
 
 
 def resolve_sampling(

@@ -103,8 +103,6 @@ class ModelRunner:
         rows.sync()
         if sched.copies:
             self._copy_blocks(sched.copies)
-        if self.batch.penalty_events:  # penalized rows joined or left: their count slots
-            self.processing.counts.sync(self.batch)
         inputs = build_step(sched, self.batch, rows)
         logits = self._logits(inputs)
         sample_rows = inputs.sample_rows
