@@ -62,19 +62,20 @@ def count_tokens(manifest: Manifest, tokenizer: Any, settings: Settings | None =
         encoded = iter(tokenizer.encode_batch(texts)) if texts else iter(())
         for req in requests:
             rows += 1
-            embedding = req.endpoint == "embeddings"  # prefill only: no completion tokens
-            if req.error is not None or (req.sampling is None and not embedding):
+            if req.error is not None:
                 bad += 1
                 continue
             ids = next(encoded) if isinstance(req.prompt, str) else list(req.prompt or [])
-            if not ids or (max_model_len is not None and len(ids) >= max_model_len):
+            # as the engine refuses prompts: a generation needs room for one token, an embedding not
+            room = 0 if req.sampling is None else 1
+            if not ids or (max_model_len is not None and len(ids) + room > max_model_len):
                 bad += 1
                 continue
             prompt += len(ids)
-            if req.sampling is None:
-                computed += len(ids)  # embeddings: no prefix cache (nothing is kept)
+            if req.sampling is None:  # an embedding: prefill only, no prefix cache (nothing is kept)
+                computed += len(ids)
                 continue
-            n = int(getattr(req.sampling, "n", 1) or 1)  # n choices share the prompt, each generates
+            n = req.sampling.n  # n choices share the prompt, each generates
             max_out += req.sampling.max_tokens * n
             per = expected_tokens(req.sampling.max_tokens, stop_hazard)  # one choice's expected length
             generated += per * n
