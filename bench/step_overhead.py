@@ -3,6 +3,7 @@
     .venv/bin/python bench/step_overhead.py                         # this tree
     .venv/bin/python bench/step_overhead.py --baseline-rev main     # + the same measurement of main
     .venv/bin/python bench/step_overhead.py --batches 1 256 --repeats 5
+    .venv/bin/python bench/step_overhead.py --batches 256 --sampling '{"presence_penalty": 0.5}'  # rows with a setting
 
 Model: a random Llama with 2 layers, hidden 64, vocab 512 (the demo tokenizer's ids below 512);
 prompts of 16 random tokens, greedy, EOS ignored, one torch thread. A decode step's cost is measured
@@ -94,14 +95,15 @@ def stub_model(model) -> None:
     model.compute_logits = lambda h: logits[: h.shape[0]]
 
 
-def decode_cost(engine, prompts: list[list[int]], repeats: int, steps: int = STEPS) -> tuple[float, float]:
+def decode_cost(engine, prompts: list[list[int]], repeats: int, steps: int = STEPS,
+                sampling: dict | None = None) -> tuple[float, float]:  # fmt: skip
     """(CPU seconds per decode step, of which inside the model) of `engine` on `prompts` (see the
-    module docstring)."""
+    module docstring); `sampling`: more SamplingParams fields for every row (penalties, seed, ...)."""
     from worker.engine import SamplingParams
 
     clock = ModelClock(engine.runner.model)
-    short = SamplingParams(max_tokens=SHORT, ignore_eos=True)
-    long = SamplingParams(max_tokens=SHORT + steps, ignore_eos=True)
+    short = SamplingParams(max_tokens=SHORT, ignore_eos=True, **(sampling or {}))
+    long = SamplingParams(max_tokens=SHORT + steps, ignore_eos=True, **(sampling or {}))
     engine.generate(prompts, long)  # warm-up: kernels built, caches touched
     best = {short: (float("inf"), 0.0), long: (float("inf"), 0.0)}
     for _ in range(repeats):
@@ -148,7 +150,8 @@ def projections_alone(model, repeats: int) -> dict:
     return out
 
 
-def measure(batches: list[int], repeats: int, batch1_medium: bool, host_only: bool = False) -> dict:
+def measure(batches: list[int], repeats: int, batch1_medium: bool, host_only: bool = False,
+            sampling: dict | None = None) -> dict:  # fmt: skip
     """{"steps": {batch: ms per step}, "batch1_medium_ms": ms per token or None, "where": path}."""
     import torch
 
@@ -168,7 +171,7 @@ def measure(batches: list[int], repeats: int, batch1_medium: bool, host_only: bo
             prompts = [[rng.randrange(3, VOCAB) for _ in range(16)] for _ in range(batch)]
             if host_only:
                 stub_model(engine.runner.model)
-            step, model = decode_cost(engine, prompts, repeats)
+            step, model = decode_cost(engine, prompts, repeats, sampling=sampling)
             result["steps"][batch], result["model"][batch] = 1e3 * step, 1e3 * model
         if batch1_medium:
             from worker.demo_model import make_demo_model
@@ -193,7 +196,8 @@ def measure_revision(rev: str, args: argparse.Namespace) -> dict:
             tar.extractall(export, filter="data")
         cmd = [sys.executable, str(Path(__file__).resolve()), "--json", "--repeats", str(args.repeats),
                "--batches", *map(str, args.batches)] + (["--batch1-medium"] if args.batch1_medium else []) + (
-               ["--host-only"] if args.host_only else [])  # fmt: skip
+               ["--host-only"] if args.host_only else []) + (
+               ["--sampling", args.sampling] if args.sampling else [])  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(export)}
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=export).stdout
         result = json.loads(out.strip().splitlines()[-1])
@@ -210,16 +214,20 @@ def main() -> None:
     ap.add_argument("--batch1-medium", action="store_true", help="add batch-1 ms/token on the 29M bench model")
     ap.add_argument("--host-only", action="store_true", help="stub the model: the engine's host work alone")
     ap.add_argument("--json", action="store_true", help="print one JSON line (used for the baseline run)")
+    ap.add_argument("--sampling", default=None, metavar="JSON",
+                    help='more SamplingParams fields for every row, e.g. \'{"repetition_penalty": 1.1}\'')
     args = ap.parse_args()
+    sampling = json.loads(args.sampling) if args.sampling else None
     if args.host_only and args.batch1_medium:
         ap.error("--host-only stubs the model; run --batch1-medium separately")
     if args.json:
-        print(json.dumps(measure(args.batches, args.repeats, args.batch1_medium, args.host_only)))
+        print(json.dumps(measure(args.batches, args.repeats, args.batch1_medium, args.host_only, sampling)))
         return
     base = measure_revision(args.baseline_rev, args) if args.baseline_rev else None
-    now = measure(args.batches, args.repeats, args.batch1_medium, args.host_only)
+    now = measure(args.batches, args.repeats, args.batch1_medium, args.host_only, sampling)
     print(f"CPU per decode step, negligible model (Llama 2 layers, hidden 64, vocab {VOCAB}), 16-token prompts, "
-          f"greedy, 1 thread; best of {args.repeats}" + ("; MODEL STUBBED (host work only)" if args.host_only else ""))  # fmt: skip
+          f"{'sampling ' + args.sampling if args.sampling else 'greedy'}, 1 thread; best of {args.repeats}"
+          + ("; MODEL STUBBED (host work only)" if args.host_only else ""))  # fmt: skip
     print("(model = CPU ms inside the model's forward and logits; host = the rest of the step)")
     head = f"{'batch':>5} {'ms/step':>8} {'us/seq/step':>11} {'model':>6} {'host':>6}"
     if base:
