@@ -158,6 +158,8 @@ class Engine:
             if error is None and p.stop_token_ids and max(p.stop_token_ids) >= self.vocab_size:
                 error = (f"stop_token_ids holds {max(p.stop_token_ids)}, outside the vocabulary "
                          f"[0, {self.vocab_size}); use ids the model's tokenizer produces")  # fmt: skip
+            if error is None and p.constraint is not None:  # until the grammar engine lands (issue 16)
+                error = "structured output (SamplingParams.constraint) is not supported by this engine yet"
             if error is not None:
                 yield RequestOutput(i, ids, [], "", "error", len(ids), 0, error=error)
                 continue

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from worker.engine.constraint import Constraint
+
 
 def _bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
     """logit_bias as sorted (token id, bias) pairs, from a dict (JSON keys may be strings) or pairs."""
@@ -37,6 +39,10 @@ class SamplingParams:
     + presence * (count > 0)); then greedy, or temperature, min_p (tokens below min_p times the top
     probability dropped), top-k, top-p and the draw.
 
+    `constraint` restricts the text to a JSON schema, any JSON object, a regex, a choice or a grammar
+    (token by token, a mask applied before the logits processing above); the request finishes with
+    "stop" when the constraint is complete, "length" when max_tokens comes first.
+
     `logprobs=k` returns the top-k log-probabilities of the raw model distribution (before any of
     the above) per generated token, plus the sampled token's. `prompt_logprobs=True` returns each
     prompt token's log-probability given the tokens before it (the first is None); such a request
@@ -61,6 +67,7 @@ class SamplingParams:
     min_tokens: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()
     skip_special_tokens: bool = True
+    constraint: Constraint | None = None  # structured output (worker/engine/constraint.py)
 
     def __post_init__(self) -> None:
         # Accept lists and dicts for convenience; store tuples so the object stays hashable and frozen.
@@ -92,6 +99,8 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1] (0 disables it), got {self.min_p}")
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise ValueError(f"constraint must be a Constraint, got {type(self.constraint).__name__}")
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], "
                              f"got {self.min_tokens!r}")  # fmt: skip

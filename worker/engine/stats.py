@@ -25,6 +25,8 @@ class StatsSnapshot:
     preemptions: int = 0  # sequences preempted (their KV recomputed later)
     prefill_seconds: float = 0.0  # busy_seconds = prefill_seconds + decode_seconds (module docstring)
     decode_seconds: float = 0.0
+    constrained_requests: int = 0  # requests (choices) decoded under a structured-output constraint
+    mask_seconds: float = 0.0  # host time spent filling their allowed-token masks
 
     def __sub__(self, other: StatsSnapshot) -> StatsSnapshot:
         return StatsSnapshot(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
@@ -43,6 +45,8 @@ class EngineStats:
     preemptions: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    constrained_requests: int = 0
+    mask_seconds: float = 0.0
 
     def add_busy(self, seconds: float, prefill_tokens: int, decode_tokens: int) -> None:
         """Count one step's `seconds`, shared between prefill and decode by the step's token counts

@@ -1,0 +1,67 @@
+"""Constraint: the structured-output rule one request's text must follow (SamplingParams.constraint).
+
+Torch-free and hashable: the engine compiles each distinct Constraint once per process and shares
+the compiled grammar between every row that carries an equal one. What the fields hold:
+
+- kind "json_schema": `spec` is the schema as JSON text (Constraint.json_schema canonicalizes it,
+  so equal schemas written with other key orders or spacing are one cache entry);
+- kind "json_object": any JSON object; `spec` is empty;
+- kind "regex": `spec` is the pattern the whole output must match;
+- kind "choice": `choices` are the strings the output must equal one of;
+- kind "grammar": `spec` is a context-free grammar in the grammar library's syntax (Lark).
+
+Only shape is checked here (a known kind, the right field filled, a non-empty choice list): whether
+a schema, pattern or grammar compiles is found by the engine, once per distinct constraint, and is
+the error of every row that carries it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    kind: str
+    spec: str = ""
+    choices: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"constraint kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        object.__setattr__(self, "choices", tuple(self.choices))
+        if self.kind == "choice":
+            if not self.choices:
+                raise ValueError("choice: the list of choices is empty; give at least one string")
+            bad = [c for c in self.choices if not isinstance(c, str) or not c]
+            if bad:
+                raise ValueError(f"choice: every choice must be a non-empty string, got {bad[0]!r}")
+            if self.spec:
+                raise ValueError("choice: the choices go in `choices`, not `spec`")
+        elif self.choices:
+            raise ValueError(f"{self.kind}: only a choice constraint takes `choices`")
+        if self.kind in ("json_schema", "regex", "grammar") and not (isinstance(self.spec, str) and self.spec):
+            raise ValueError(f"{self.kind}: empty {'schema' if self.kind == 'json_schema' else self.kind}")
+        if self.kind == "json_object" and self.spec:
+            raise ValueError("json_object takes no spec (use json_schema for a schema)")
+
+    @classmethod
+    def json_schema(cls, schema: dict[str, Any] | str) -> Constraint:
+        """From a schema (a dict, or JSON text that must parse to an object), canonicalized."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"json_schema is not valid JSON: {exc}") from None
+        if not isinstance(schema, dict):
+            raise ValueError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+        return cls("json_schema", json.dumps(schema, sort_keys=True, separators=(",", ":")))
+
+    @property
+    def is_json(self) -> bool:
+        """The output is a JSON value (results carry it parsed)."""
+        return self.kind in ("json_schema", "json_object")
