@@ -141,10 +141,10 @@ class CpuBackend(TorchBackend):
 
     def prefill_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        out: torch.Tensor,
+        out: torch.Tensor, window: int = 0, softcap: float = 0.0,
     ) -> None:  # fmt: skip
-        if not (self.prefill.supports(q, k_cache) and out.is_contiguous()):
-            super().prefill_rows(q, k_cache, v_cache, meta, scale, out)
+        if window or softcap or not (self.prefill.supports(q, k_cache) and out.is_contiguous()):
+            super().prefill_rows(q, k_cache, v_cache, meta, scale, out, window, softcap)
             return
         shared = meta.scratch.get("prefill_shared")
         if shared is None:
@@ -162,14 +162,14 @@ class CpuBackend(TorchBackend):
 
     def decode_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        out: torch.Tensor,
+        out: torch.Tensor, window: int = 0, softcap: float = 0.0,
     ) -> None:  # fmt: skip
         plan = meta.scratch.get("native_decode")
         if plan is None:  # once per step: every layer passes tensors of the same shapes and dtypes
             plan = self._plan_decode(q, k_cache, v_cache, meta, out)
             meta.scratch["native_decode"] = plan
-        if not plan:
-            super().decode_rows(q, k_cache, v_cache, meta, scale, out)
+        if window or softcap or not plan:
+            super().decode_rows(q, k_cache, v_cache, meta, scale, out, window, softcap)
             return
         tables, lens, shared = plan
         self._decode(q, k_cache, v_cache, tables, lens, scale, out, shared, checked=True)
@@ -197,10 +197,13 @@ class CpuBackend(TorchBackend):
         context_lens: torch.Tensor,
         scale: float,
         out: torch.Tensor | None = None,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         """kernels.reference.paged_decode_attention, through the C kernel where it applies."""
-        if not self.native.supports(q, k_cache):
-            return super().paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, out)
+        if window or softcap or not self.native.supports(q, k_cache):
+            return super().paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, out,
+                                                  window=window, softcap=softcap)  # fmt: skip
         result = out if out is not None and out.is_contiguous() else torch.empty(q.shape, dtype=q.dtype)
         shared = decode_shared_blocks(block_tables, context_lens.tolist(), k_cache.shape[1]) if q.shape[0] else 0
         self._decode(q, k_cache, v_cache, block_tables, context_lens, scale, result, shared)

@@ -35,6 +35,10 @@ def ineligible(model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tenso
     cfg = model.cfg
     if cfg.moe is not None:  # the C stack runs one dense SwiGLU MLP per layer, no routing
         return f"{cfg.architecture} has mixture-of-experts layers (the C decode stack runs dense MLPs only)"
+    if cfg.gemma or cfg.hidden_act != "silu" or cfg.attn_softcap:  # the stack's layer is Llama's
+        return f"{cfg.architecture}'s layers (sandwich norms, GeGLU, soft-capping) are not the stack's"
+    if any(0 < w < model.max_positions for w in cfg.layer_windows):  # a window wider than the context masks nothing
+        return f"{cfg.architecture} has sliding-window layers (the C decode stack attends to whole contexts)"
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear) or name.endswith(("_proj", "lm_head")):
             if type(module) is not nn.Linear:

@@ -31,6 +31,7 @@ def _signature(arg: object) -> object:
 class TritonBackend(Backend):
     name = "triton"
     silu_mul = staticmethod(reference.silu_mul)  # torch ops on CUDA: no Triton kernel yet
+    gelu_tanh_mul = staticmethod(reference.gelu_tanh_mul)
     int8_matmul = staticmethod(int8_matmul)
     int4_matmul = staticmethod(int4_matmul)
     select_experts = staticmethod(reference.select_experts)  # softmax + top-k: torch ops on CUDA

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from worker.engine.models.layer_types import FULL, SLIDING, layer_types_problem, rope_for, rope_kind
+
 # Hugging Face architecture name -> the flags our one decoder implementation needs. `moe`: sparse
 # mixture-of-experts MLPs (their keys: models/moe_config.py); `bias_key`: the config key that turns
-# on the q/k/v bias (Qwen2-MoE names it qkv_bias).
+# on the q/k/v bias (Qwen2-MoE names it qkv_bias); `gemma`: the Gemma 2/3 block ((1 + w) RMSNorm
+# weights, norms after attention and after the MLP too, embeddings times sqrt(hidden), soft-capping).
 SUPPORTED_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "LlamaForCausalLM": {"qk_norm": False, "default_bias": False},
     "MistralForCausalLM": {"qk_norm": False, "default_bias": False},
@@ -20,10 +23,13 @@ SUPPORTED_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "MixtralForCausalLM": {"qk_norm": False, "default_bias": False, "moe": True},
     "Qwen2MoeForCausalLM": {"qk_norm": False, "default_bias": True, "moe": True},
     "Qwen3MoeForCausalLM": {"qk_norm": True, "default_bias": False, "moe": True},
+    "Gemma2ForCausalLM": {"qk_norm": False, "default_bias": False, "gemma": True},
+    "Gemma3ForCausalLM": {"qk_norm": True, "default_bias": False, "gemma": True},
 }
 # The config key holding the q/k/v bias switch, where it is not `attention_bias`.
 BIAS_KEYS = {"Qwen2MoeForCausalLM": "qkv_bias"}
 ROPE_TYPES = ("default", "llama3", "linear")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the MLP's gate activation (SwiGLU; GeGLU with tanh GELU)
 # Keys without a default: a config.json lacking one cannot describe the model's shapes.
 REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 # Keys that, when present, must be positive integers.
@@ -38,14 +44,9 @@ def supported_architecture(cfg: dict[str, Any]) -> str | None:
     return next((a for a in archs if isinstance(a, str) and a in SUPPORTED_ARCHITECTURES), None)
 
 
-def rope_settings(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The rope parameters, whichever key the config uses (transformers 5 `rope_parameters`, or 4's)."""
-    return dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-
-
-def rope_type(cfg: dict[str, Any]) -> str:
-    rope = rope_settings(cfg)
-    return str(rope.get("rope_type", rope.get("type", "default")))
+def hidden_act(cfg: dict[str, Any]) -> str:
+    """The MLP activation's name (Gemma's configs call the key hidden_activation)."""
+    return str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu")
 
 
 def config_problem(cfg: Any) -> str | None:
@@ -79,13 +80,22 @@ def config_problem(cfg: Any) -> str | None:
             f"config.json: hidden_size ({cfg['hidden_size']}) is not a multiple of num_attention_heads "
             f"({heads}) and there is no head_dim"
         )
-    if cfg.get("hidden_act", "silu") != "silu":
-        return f"config.json: hidden_act {cfg['hidden_act']!r} is not supported (only 'silu')"
+    if hidden_act(cfg) not in ACTIVATIONS:
+        return f"config.json: hidden_act {hidden_act(cfg)!r} is not supported; freight supports {', '.join(ACTIVATIONS)}"
     if cfg.get("mlp_bias"):
         return "config.json: mlp_bias=true is not supported"
-    if rope_type(cfg) not in ROPE_TYPES:
-        return f"config.json: rope type {rope_type(cfg)!r} is not supported; freight supports {', '.join(ROPE_TYPES)}"
-    if SUPPORTED_ARCHITECTURES[supported_architecture(cfg)].get("moe"):
+    arch = supported_architecture(cfg)
+    problem = layer_types_problem(cfg, arch)
+    if problem is not None:
+        return problem
+    for kind in {rope_kind(rope_for(cfg, t)) for t in (FULL, SLIDING)}:
+        if kind not in ROPE_TYPES:
+            return f"config.json: rope type {kind!r} is not supported; freight supports {', '.join(ROPE_TYPES)}"
+    for key in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"):
+        value = cfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+            return f"config.json: {key} must be a positive number or null, not {value!r}"
+    if SUPPORTED_ARCHITECTURES[arch].get("moe"):
         return moe_problem(cfg)
     return None
 
