@@ -44,7 +44,7 @@ class TorchBackend(Backend):
     ) -> None:  # fmt: skip
         """The step's prefill rows q [P, Hq, D] -> out, through a plan shared by every layer with the
         same window (a model mixing local and global layers builds two)."""
-        key = ("prefill", window)
+        key = ("prefill", window) if window else "prefill"
         plan = meta.scratch.get(key)
         if plan is None:
             group = q.shape[1] // k_cache.shape[2]
@@ -59,7 +59,7 @@ class TorchBackend(Backend):
     ) -> None:  # fmt: skip
         """The step's decode rows q [B, Hq, D] -> out, through a plan shared by every layer with the
         same window."""
-        key = ("decode", window)
+        key = ("decode", window) if window else "decode"
         plan = meta.scratch.get(key)
         if plan is None:
             plan = plan_decode(meta.decode_block_tables, meta.decode_context_lens, k_cache.shape[1], window=window)
