@@ -40,6 +40,18 @@ MOE_DEFAULTS: dict[str, dict[str, object]] = {
 }
 
 
+# Gemma: untied embeddings (tied, the default, makes a tiny random model repeat its input token; the
+# logprob tests tie them), a query_pre_attn_scalar unlike head_dim, a 32-token window on
+# the local layers (Gemma 2 alternates local / global; the Gemma 3 default here mixes them too), caps
+# small enough to bite on a tiny model's scores and logits.
+GEMMA_DEFAULTS: dict[str, dict[str, object]] = {
+    "gemma2": {"tie_word_embeddings": False, "query_pre_attn_scalar": 24, "sliding_window": 32,
+               "attn_logit_softcapping": 2.0, "final_logit_softcapping": 5.0},
+    "gemma3_text": {"tie_word_embeddings": False, "query_pre_attn_scalar": 24, "sliding_window": 32,
+                    "layer_types": ["sliding_attention", "full_attention"]},
+}  # fmt: skip
+
+
 def _config(arch: str, **overrides: object) -> object:
     common = dict(
         vocab_size=VOCAB,
@@ -56,6 +68,7 @@ def _config(arch: str, **overrides: object) -> object:
         tie_word_embeddings=False,
     )
     common.update(MOE_DEFAULTS.get(arch, {}))
+    common.update(GEMMA_DEFAULTS.get(arch, {}))
     common.update(overrides)
     classes = {
         "llama": transformers.LlamaConfig,
@@ -65,6 +78,8 @@ def _config(arch: str, **overrides: object) -> object:
         "mixtral": transformers.MixtralConfig,
         "qwen2_moe": transformers.Qwen2MoeConfig,
         "qwen3_moe": transformers.Qwen3MoeConfig,
+        "gemma2": transformers.Gemma2Config,
+        "gemma3_text": transformers.Gemma3TextConfig,
     }
     return classes[arch](**common)
 
@@ -94,6 +109,11 @@ def make_checkpoint(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Pat
         if key not in cache:
             torch.manual_seed(seed)
             model = transformers.AutoModelForCausalLM.from_config(_config(arch, **overrides)).float().eval()
+            if arch.startswith("gemma"):  # Gemma initializes its (1 + w) norm weights to 0: make them bite
+                with torch.no_grad():
+                    for name, param in model.named_parameters():
+                        if "norm" in name:
+                            param.normal_(0.0, 0.3)
             path = tmp_path_factory.mktemp(f"ckpt_{arch}")
             model.save_pretrained(path)
             for name in TOKENIZER_FILES:

@@ -1,7 +1,8 @@
 """Real sliding windows against transformers (fp32, tiny random checkpoints): a model whose every
-layer has a window (Mistral) serves prompts many windows long with bounded KV blocks (released as
-the window leaves them), and gives transformers' greedy tokens with prefix caching on and off,
-chunked prefill and preemption."""
+layer has a window (Mistral; Gemma 3 configured with local layers only) serves prompts many windows
+long with bounded KV blocks (released as the window leaves them), and gives transformers' greedy
+tokens with prefix caching on and off, chunked prefill and preemption. Models mixing local and
+global layers: tests/engine/test_exactness_gemma.py."""
 
 from __future__ import annotations
 
@@ -61,11 +62,15 @@ def test_mistral_window_matches_transformers(make_checkpoint, expected, config: 
         assert engine.stats.cached_tokens > 0
 
 
-def test_mistral_window_bounded_blocks_under_preemption(make_checkpoint) -> None:
+@pytest.mark.parametrize(
+    ("arch", "overrides"),
+    [("mistral", {"sliding_window": WINDOW}), ("gemma3_text", {"layer_types": ["sliding_attention"] * 2})],
+)
+def test_window_bounded_blocks_under_preemption(make_checkpoint, arch: str, overrides: dict) -> None:
     """Prompts 6-15 windows long through a cache of 10 blocks (a 300-token prompt alone needs 19
     without the window): transformers' tokens, every sequence holding at most the window's bound
-    at every step, and preemption under the pressure."""
-    ckpt = make_checkpoint("mistral", sliding_window=WINDOW)
+    at every step, and preemption under the pressure. Gemma 3 with only local layers is bounded too."""
+    ckpt = make_checkpoint(arch, **overrides)
     rng = random.Random(3)
     shared = [rng.randrange(3, VOCAB) for _ in range(120)]
     prompts = [(shared if i % 2 else []) + [rng.randrange(3, VOCAB) for _ in range(rng.randrange(80, 360))]
