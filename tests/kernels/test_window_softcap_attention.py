@@ -10,6 +10,7 @@ from kernel_cases import assert_close, poisoned, randn
 from paged_cases import block_tables_for, random_cache
 
 from kernels import reference
+from kernels.cpu.paged_decode_attention import NativeDecodeAttention
 from kernels.triton.paged_decode_attention import DecodeConfig
 from kernels.triton.paged_decode_attention import paged_decode_attention as triton_decode
 from kernels.triton.prefill_attention import PrefillConfig
@@ -69,6 +70,10 @@ def test_decode_window_softcap(window: int, softcap: float) -> None:
         out = poisoned(*q.shape)
         triton_decode(q, kc, vc, tables, ctx, 0.3, out, window, softcap, config=DecodeConfig(block_n=16, num_splits=splits))
         assert_close(out, ref, atol=2e-5, rtol=1e-4)
+    native = NativeDecodeAttention()  # the C kernel (cpu backend), when it builds here
+    out = poisoned(*q.shape)
+    native(q, kc, vc, tables.clamp_min(0), ctx, 0.3, out, window=window, softcap=softcap)
+    assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize(("window", "softcap"), OPTIONS)

@@ -168,11 +168,12 @@ class CpuBackend(TorchBackend):
         if plan is None:  # once per step: every layer passes tensors of the same shapes and dtypes
             plan = self._plan_decode(q, k_cache, v_cache, meta, out)
             meta.scratch["native_decode"] = plan
-        if window or softcap or not plan:
+        if not plan:
             super().decode_rows(q, k_cache, v_cache, meta, scale, out, window, softcap)
             return
         tables, lens, shared = plan
-        self._decode(q, k_cache, v_cache, tables, lens, scale, out, shared, checked=True)
+        self._decode(q, k_cache, v_cache, tables, lens, scale, out, 0 if window else shared, checked=True,
+                     window=window, softcap=softcap)  # fmt: skip
 
     def _plan_decode(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor
@@ -201,12 +202,15 @@ class CpuBackend(TorchBackend):
         softcap: float = 0.0,
     ) -> torch.Tensor:
         """kernels.reference.paged_decode_attention, through the C kernel where it applies."""
-        if window or softcap or not self.native.supports(q, k_cache):
+        if not self.native.supports(q, k_cache):
             return super().paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, out,
                                                   window=window, softcap=softcap)  # fmt: skip
         result = out if out is not None and out.is_contiguous() else torch.empty(q.shape, dtype=q.dtype)
-        shared = decode_shared_blocks(block_tables, context_lens.tolist(), k_cache.shape[1]) if q.shape[0] else 0
-        self._decode(q, k_cache, v_cache, block_tables, context_lens, scale, result, shared)
+        shared = 0  # no cascade inside a window: the blocks it left may be another sequence's by now
+        if q.shape[0] and not window:
+            shared = decode_shared_blocks(block_tables, context_lens.tolist(), k_cache.shape[1])
+        self._decode(q, k_cache, v_cache, block_tables, context_lens, scale, result, shared, window=window,
+                     softcap=softcap)  # fmt: skip
         if out is not None and result is not out:
             out.copy_(result)
         return result
@@ -214,18 +218,22 @@ class CpuBackend(TorchBackend):
     def _decode(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
         context_lens: torch.Tensor, scale: float, out: torch.Tensor, shared: int, checked: bool = False,
+        window: int = 0, softcap: float = 0.0,
     ) -> None:  # fmt: skip
-        """out [B, Hq, D] (contiguous) <- the kernel over blocks >= shared, merged with the cascade."""
+        """out [B, Hq, D] (contiguous) <- the kernel over blocks >= shared, merged with the cascade
+        (shared is 0 with a window)."""
         if not shared:
-            self.native(q, k_cache, v_cache, block_tables, context_lens, scale, out, checked=checked)
+            self.native(q, k_cache, v_cache, block_tables, context_lens, scale, out, window=window, softcap=softcap,
+                        checked=checked)  # fmt: skip
             return
         batch, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[2]
         lse = torch.empty(batch, num_heads, dtype=torch.float32)
         self.native(q, k_cache, v_cache, block_tables, context_lens, scale, out, start_block=shared, lse=lse,
-                    checked=checked)  # fmt: skip
+                    softcap=softcap, checked=checked)  # fmt: skip
         qf = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-        _merge_shared(out, lse, *attend_shared_blocks(qf, k_cache, v_cache, block_tables[0, :shared].long(), scale))
+        shared_ids = block_tables[0, :shared].long()
+        _merge_shared(out, lse, *attend_shared_blocks(qf, k_cache, v_cache, shared_ids, scale, softcap))
 
 
 def _merge_shared(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, s: torch.Tensor) -> None:
