@@ -30,16 +30,6 @@ typedef struct {
     float softcap;       /* 0: off */
 } DecodeJob;
 
-/* softcap * tanh(s / softcap) per lane (softcap > 0), tanh from one exp of a non-positive argument. */
-static inline vf soft_cap(vf s, float softcap) {
-    const vf x = s / softcap;
-    const vi negative = x < 0.0f;
-    const vf a = blend(negative, -x, x);
-    const vf e = exp_nonpositive(-2.0f * a);
-    const vf t = (1.0f - e) / (1.0f + e);
-    return blend(negative, -t, t) * softcap;
-}
-
 /* Up to LANES keys (rows ts floats apart from kb) for NQ query heads that share them (a GQA group,
  * heads side by side in q, pre-scaled): each key row is loaded once for all NQ heads, and a head's
  * dot products are reduced together into one vector of scores (two keys at a time as they are

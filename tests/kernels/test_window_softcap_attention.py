@@ -11,6 +11,7 @@ from paged_cases import block_tables_for, random_cache
 
 from kernels import reference
 from kernels.cpu.paged_decode_attention import NativeDecodeAttention
+from kernels.cpu.paged_prefill_attention import NativePrefillAttention
 from kernels.triton.paged_decode_attention import DecodeConfig
 from kernels.triton.paged_decode_attention import paged_decode_attention as triton_decode
 from kernels.triton.prefill_attention import PrefillConfig
@@ -97,4 +98,7 @@ def test_prefill_window_softcap(window: int, softcap: float) -> None:
     out = poisoned(*q.shape)
     cfg = PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
     triton_prefill(q, kc, vc, cu, ctx, tables, 0.25, out, window, softcap, config=cfg)
+    assert_close(out, ref, atol=2e-5, rtol=1e-4)
+    out = poisoned(*q.shape)  # the C kernel (cpu backend)
+    NativePrefillAttention()(q, kc, vc, cu, ctx, tables.clamp_min(0), 0.25, out, window=window, softcap=softcap)
     assert_close(out, ref, atol=2e-5, rtol=1e-4)

@@ -143,7 +143,7 @@ class CpuBackend(TorchBackend):
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
         out: torch.Tensor, window: int = 0, softcap: float = 0.0,
     ) -> None:  # fmt: skip
-        if window or softcap or not (self.prefill.supports(q, k_cache) and out.is_contiguous()):
+        if not (self.prefill.supports(q, k_cache) and out.is_contiguous()):
             super().prefill_rows(q, k_cache, v_cache, meta, scale, out, window, softcap)
             return
         shared = meta.scratch.get("prefill_shared")
@@ -152,13 +152,13 @@ class CpuBackend(TorchBackend):
                                            meta.prefill_block_tables, k_cache.shape[1])  # fmt: skip
             meta.scratch["prefill_shared"] = shared
         args = (q, k_cache, v_cache, meta.prefill_cu_seqlens_q, meta.prefill_context_lens, meta.prefill_block_tables)
-        if not shared:
-            self.prefill(*args, scale, out)
+        if not shared or window:  # no cascade inside a window: the blocks it left may be another sequence's
+            self.prefill(*args, scale, out, window=window, softcap=softcap)
             return
         lse = torch.empty(q.shape[:2], dtype=torch.float32)
-        self.prefill(*args, scale, out, start_block=shared, lse=lse)
+        self.prefill(*args, scale, out, start_block=shared, lse=lse, softcap=softcap)
         shared_ids = meta.prefill_block_tables[0, :shared].long()
-        _merge_shared(out, lse, *attend_shared_prefill(q, k_cache, v_cache, shared_ids, scale))
+        _merge_shared(out, lse, *attend_shared_prefill(q, k_cache, v_cache, shared_ids, scale, softcap))
 
     def decode_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
