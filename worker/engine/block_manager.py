@@ -14,7 +14,7 @@ a finished sequence's: back to the free list, or, hashed, kept evictable for the
 The block table stays position-indexed: its first `seq.num_released` entries are stale ids the
 sequence no longer holds (attention never reads outside a window). A sequence then holds at most
 `blocks_needed(...)` blocks whatever its length. Models mixing windowed and full layers keep every
-block (the full layers read them all; see docs/ARCHITECTURE.md "Sliding windows").
+block (the full layers read them all; see docs/ARCHITECTURE.md "Sliding windows and Gemma's layers").
 """
 
 from __future__ import annotations
