@@ -100,3 +100,21 @@ def test_mistral_window_prompt_logprobs(make_checkpoint) -> None:
                            strict=True):  # fmt: skip
         want = hf_prompt_logprobs(ckpt.model, prompt)
         assert max(abs(a - b) for a, b in zip(out.prompt_logprobs[1:], want, strict=True)) < 1e-4
+
+
+def test_window_forked_choices_equal_their_single_runs(make_checkpoint) -> None:
+    """n = 3 choices fork from one prefill (sharing its blocks, the partial last one copied on write)
+    and then release their windows' blocks independently: each equals the n = 1 run of its seed."""
+    import dataclasses
+
+    ckpt = make_checkpoint("mistral", sliding_window=WINDOW)
+    prompt = random.Random(7).choices(range(3, VOCAB), k=150)  # 150 = 9 blocks + 6 tokens
+    sampled = SamplingParams(max_tokens=40, temperature=1.0, seed=5, ignore_eos=True)
+    engine = Engine.from_pretrained(ckpt.path, EngineConfig(kv_cache_bytes=8 << 20))
+    peaks = _watch_blocks(engine)
+    out = engine.generate([prompt], dataclasses.replace(sampled, n=3))[0]
+    engine.block_manager.check_invariants([])
+    # the prefill step holds the prompt's 10 blocks; each decoding choice then at most 3 (blocks_needed(., 1))
+    assert peaks[0] == 10 and max(peaks[1:]) <= engine.block_manager.blocks_needed(10**6, 1) == 3
+    alone = [engine.generate([prompt], dataclasses.replace(sampled, seed=5 + i))[0].token_ids for i in range(3)]
+    assert [o.token_ids for o in out.outputs] == alone and len({tuple(t) for t in alone}) == 3
