@@ -118,3 +118,30 @@ def test_window_forked_choices_equal_their_single_runs(make_checkpoint) -> None:
     assert peaks[0] == 10 and max(peaks[1:]) <= engine.block_manager.blocks_needed(10**6, 1) == 3
     alone = [engine.generate([prompt], dataclasses.replace(sampled, seed=5 + i))[0].token_ids for i in range(3)]
     assert [o.token_ids for o in out.outputs] == alone and len({tuple(t) for t in alone}) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("arch", "overrides", "modes"),
+    [
+        ("mistral", {"sliding_window": WINDOW}, {}),
+        ("mistral", {"sliding_window": WINDOW}, {"static_decode": True, "overlap_steps": True}),
+        ("gemma2", {}, {}),
+    ],
+)
+def test_window_long_mixed_batch_under_pressure(make_checkpoint, arch: str, overrides: dict, modes: dict) -> None:
+    """40 prompts up to 600 tokens (shared prefixes), 24 new tokens, a tiny token budget and KV cache."""
+    ckpt = make_checkpoint(arch, **overrides)
+    rng = random.Random(1)
+    shared = [rng.randrange(3, VOCAB) for _ in range(300)]
+    prompts = [
+        (shared[: rng.randrange(0, 300)] if i % 2 else []) + [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 300))]
+        for i in range(40)
+    ]
+    engine = Engine.from_pretrained(
+        ckpt.path, EngineConfig(kv_cache_bytes=80 * BLOCK_BYTES, max_num_batched_tokens=96, max_num_seqs=12, **modes)
+    )
+    outs = engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [hf_greedy(ckpt.model, p, 24) for p in prompts]
+    assert engine.stats.preemptions > 0 and engine.stats.cached_tokens > 0
+    engine.block_manager.check_invariants([])
