@@ -122,14 +122,15 @@ def test_window_forked_choices_equal_their_single_runs(make_checkpoint) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("arch", "overrides", "modes"),
+    ("arch", "overrides", "modes", "blocks"),
     [
-        ("mistral", {"sliding_window": WINDOW}, {}),
-        ("mistral", {"sliding_window": WINDOW}, {"static_decode": True, "overlap_steps": True}),
-        ("gemma2", {}, {}),
+        ("mistral", {"sliding_window": WINDOW}, {}, 20),  # bounded sequences: a smaller cache for pressure
+        ("mistral", {"sliding_window": WINDOW}, {"static_decode": True, "overlap_steps": True}, 20),
+        ("gemma2", {}, {}, 80),
     ],
 )
-def test_window_long_mixed_batch_under_pressure(make_checkpoint, arch: str, overrides: dict, modes: dict) -> None:
+def test_window_long_mixed_batch_under_pressure(make_checkpoint, arch: str, overrides: dict, modes: dict,
+                                                blocks: int) -> None:  # fmt: skip
     """40 prompts up to 600 tokens (shared prefixes), 24 new tokens, a tiny token budget and KV cache."""
     ckpt = make_checkpoint(arch, **overrides)
     rng = random.Random(1)
@@ -139,7 +140,7 @@ def test_window_long_mixed_batch_under_pressure(make_checkpoint, arch: str, over
         for i in range(40)
     ]
     engine = Engine.from_pretrained(
-        ckpt.path, EngineConfig(kv_cache_bytes=80 * BLOCK_BYTES, max_num_batched_tokens=96, max_num_seqs=12, **modes)
+        ckpt.path, EngineConfig(kv_cache_bytes=blocks * BLOCK_BYTES, max_num_batched_tokens=96, max_num_seqs=12, **modes)
     )
     outs = engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
     assert [o.token_ids for o in outs] == [hf_greedy(ckpt.model, p, 24) for p in prompts]
