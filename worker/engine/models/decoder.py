@@ -190,6 +190,7 @@ class CausalLM(nn.Module):
             for module in self.modules():
                 if isinstance(module, RMSNorm):
                     module.weight.copy_(module.weight.float() + 1.0)
+
     def tie_weights(self) -> None:
         if self.cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
