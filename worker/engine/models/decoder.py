@@ -77,7 +77,7 @@ class Attention(nn.Module):
         if self.sinks is None:
             out = attend(q, kv_cache[0], kv_cache[1], meta, self.scale)
         else:
-            out = attend(q, kv_cache[0], kv_cache[1], meta, self.scale, sinks=self.sinks)
+            out = attend(q, kv_cache[0], kv_cache[1], meta, self.scale, sinks=self.sinks.float())
         return self.backend.project(self.o_proj, out.reshape(-1, cfg.q_size))
 
 
