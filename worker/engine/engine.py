@@ -50,6 +50,9 @@ class Engine:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = runner.model.cfg.vocab_size
+        # LongRoPE: a longer prompt would take the long factors at every position (models/rotary.py)
+        threshold = runner.model.cfg.longrope_threshold
+        self.longrope_threshold = threshold if threshold is not None and threshold < max_model_len else None
         eos = tokenizer.eos_token_ids or runner.model.cfg.eos_token_ids
         self.eos_token_ids = frozenset(eos)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
@@ -308,4 +311,11 @@ class Engine:
         if len(ids) + room > self.max_model_len:
             need = " (prompt + at least one generated token)" if room else ""
             return ids, f"prompt has {len(ids)} tokens but the context holds {self.max_model_len}{need}; shorten it"
+        if self.longrope_threshold is not None and len(ids) > self.longrope_threshold:
+            return ids, (
+                f"prompt has {len(ids)} tokens, more than the model's LongRoPE original_max_position_embeddings "
+                f"({self.longrope_threshold}): transformers then rotates every position with the long factors, "
+                f"which freight does not do yet; shorten the prompt to {self.longrope_threshold} tokens or fewer "
+                "(generation may run past that length)"
+            )
         return ids, None

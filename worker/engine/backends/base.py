@@ -101,19 +101,22 @@ class Backend:
         return self.attend(q, k_cache, v_cache, meta, scale)
 
     def attend(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
-    ) -> torch.Tensor:
-        """`attention` once the step's K/V are in the cache (see rotary_store)."""
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """`attention` once the step's K/V are in the cache (see rotary_store). sinks: fp32 [Hq] logits
+        that join each head's softmax denominator (gpt-oss), or None."""
         out = torch.empty_like(q)
         p = meta.num_prefill_tokens
+        extra = {} if sinks is None else {"sinks": sinks}
         if p:
             self.prefill_attention(
                 q[:p], k_cache, v_cache, meta.prefill_cu_seqlens_q, meta.prefill_context_lens,
-                meta.prefill_block_tables, scale, out[:p],
+                meta.prefill_block_tables, scale, out[:p], **extra,
             )  # fmt: skip
         if p < q.shape[0]:
             self.paged_decode_attention(
-                q[p:], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, out[p:]
+                q[p:], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, out[p:], **extra
             )
         return out
 
@@ -133,13 +136,16 @@ class Backend:
         return self.attend_rows(q, k_cache, v_cache, meta, scale)
 
     def attend_rows(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
-    ) -> torch.Tensor:
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         """`attention_rows` once the step's K/V are in the cache."""
         assert meta.output_rows is not None  # invariant: only called when the step keeps a subset
         rows = meta.output_rows
         if rows.numel() == 0:
             return q.new_empty((0, *q.shape[1:]))
+        extra = {} if sinks is None else {"sinks": sinks}
         return self.paged_decode_attention(
-            q.index_select(0, rows), k_cache, v_cache, meta.output_block_tables, meta.output_context_lens, scale
-        )
+            q.index_select(0, rows), k_cache, v_cache, meta.output_block_tables, meta.output_context_lens, scale,
+            **extra,
+        )  # fmt: skip

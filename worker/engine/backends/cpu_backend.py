@@ -29,6 +29,7 @@ from kernels.cpu.gemv import NativeGemv
 from kernels.cpu.paged_decode_attention import NativeDecodeAttention
 from kernels.cpu.paged_prefill_attention import NativePrefillAttention
 from kernels.reference.attention import (
+    apply_sinks,
     attend_shared_blocks,
     attend_shared_prefill,
     decode_shared_blocks,
@@ -141,10 +142,11 @@ class CpuBackend(TorchBackend):
 
     def prefill_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        out: torch.Tensor,
+        out: torch.Tensor, sinks: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
+        """The C prefill kernel; attention sinks (gpt-oss) scale its output by its log-sum-exp."""
         if not (self.prefill.supports(q, k_cache) and out.is_contiguous()):
-            super().prefill_rows(q, k_cache, v_cache, meta, scale, out)
+            super().prefill_rows(q, k_cache, v_cache, meta, scale, out, sinks)
             return
         shared = meta.scratch.get("prefill_shared")
         if shared is None:
@@ -152,27 +154,28 @@ class CpuBackend(TorchBackend):
                                            meta.prefill_block_tables, k_cache.shape[1])  # fmt: skip
             meta.scratch["prefill_shared"] = shared
         args = (q, k_cache, v_cache, meta.prefill_cu_seqlens_q, meta.prefill_context_lens, meta.prefill_block_tables)
-        if not shared:
+        if not shared and sinks is None:
             self.prefill(*args, scale, out)
             return
         lse = torch.empty(q.shape[:2], dtype=torch.float32)
         self.prefill(*args, scale, out, start_block=shared, lse=lse)
         shared_ids = meta.prefill_block_tables[0, :shared].long()
-        _merge_shared(out, lse, *attend_shared_prefill(q, k_cache, v_cache, shared_ids, scale))
+        _merge_shared(out, lse, attend_shared_prefill(q, k_cache, v_cache, shared_ids, scale) if shared else None,
+                      sinks)  # fmt: skip
 
     def decode_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        out: torch.Tensor,
+        out: torch.Tensor, sinks: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
         plan = meta.scratch.get("native_decode")
         if plan is None:  # once per step: every layer passes tensors of the same shapes and dtypes
             plan = self._plan_decode(q, k_cache, v_cache, meta, out)
             meta.scratch["native_decode"] = plan
         if not plan:
-            super().decode_rows(q, k_cache, v_cache, meta, scale, out)
+            super().decode_rows(q, k_cache, v_cache, meta, scale, out, sinks)
             return
         tables, lens, shared = plan
-        self._decode(q, k_cache, v_cache, tables, lens, scale, out, shared, checked=True)
+        self._decode(q, k_cache, v_cache, tables, lens, scale, out, shared, checked=True, sinks=sinks)
 
     def _plan_decode(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor
@@ -197,13 +200,14 @@ class CpuBackend(TorchBackend):
         context_lens: torch.Tensor,
         scale: float,
         out: torch.Tensor | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """kernels.reference.paged_decode_attention, through the C kernel where it applies."""
         if not self.native.supports(q, k_cache):
-            return super().paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, out)
+            return super().paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, out, sinks)
         result = out if out is not None and out.is_contiguous() else torch.empty(q.shape, dtype=q.dtype)
         shared = decode_shared_blocks(block_tables, context_lens.tolist(), k_cache.shape[1]) if q.shape[0] else 0
-        self._decode(q, k_cache, v_cache, block_tables, context_lens, scale, result, shared)
+        self._decode(q, k_cache, v_cache, block_tables, context_lens, scale, result, shared, sinks=sinks)
         if out is not None and result is not out:
             out.copy_(result)
         return result
@@ -211,9 +215,11 @@ class CpuBackend(TorchBackend):
     def _decode(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
         context_lens: torch.Tensor, scale: float, out: torch.Tensor, shared: int, checked: bool = False,
+        sinks: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
-        """out [B, Hq, D] (contiguous) <- the kernel over blocks >= shared, merged with the cascade."""
-        if not shared:
+        """out [B, Hq, D] (contiguous) <- the kernel over blocks >= shared, merged with the cascade;
+        scaled for the attention sinks, if any."""
+        if not shared and sinks is None:
             self.native(q, k_cache, v_cache, block_tables, context_lens, scale, out, checked=checked)
             return
         batch, num_heads, head_dim = q.shape
@@ -222,13 +228,25 @@ class CpuBackend(TorchBackend):
         self.native(q, k_cache, v_cache, block_tables, context_lens, scale, out, start_block=shared, lse=lse,
                     checked=checked)  # fmt: skip
         qf = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-        _merge_shared(out, lse, *attend_shared_blocks(qf, k_cache, v_cache, block_tables[0, :shared].long(), scale))
+        shared_part = attend_shared_blocks(qf, k_cache, v_cache, block_tables[0, :shared].long(), scale) if shared else None
+        _merge_shared(out, lse, shared_part, sinks)
 
 
-def _merge_shared(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, s: torch.Tensor) -> None:
+def _merge_shared(
+    out: torch.Tensor, lse: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor] | None, sinks: torch.Tensor | None
+) -> None:
     """out [N, Hq, D] over each row's own keys (log-sum-exp lse [N, Hq]) <- merged in place with the
-    shared blocks' o [N, Hkv, G, D] (log-sum-exp s [N, Hkv, G])."""
+    shared blocks' (o [N, Hkv, G, D], log-sum-exp s [N, Hkv, G]) if any, then scaled for the
+    attention sinks fp32 [Hq] if any (kernels.reference.attention.apply_sinks)."""
     rows, num_heads, head_dim = out.shape
-    num_kv_heads, group = o.shape[1], o.shape[2]
-    own = out.view(rows, num_kv_heads, group, head_dim)
-    out.copy_(merge_partials(own, lse.view(rows, num_kv_heads, group), o, s).view(rows, num_heads, head_dim))
+    if shared is not None:
+        o, s = shared
+        group = o.shape[2]
+        own, own_lse = out.view(rows, -1, group, head_dim), lse.view(rows, -1, group)
+        merged = merge_partials(own, own_lse, o, s)
+        if sinks is not None:
+            apply_sinks(merged, torch.logaddexp(own_lse, s), sinks)
+        out.copy_(merged.view(rows, num_heads, head_dim))
+        return
+    assert sinks is not None  # invariant: called with something to apply
+    apply_sinks(out.view(rows, num_heads, 1, head_dim), lse.view(rows, num_heads, 1), sinks)

@@ -25,20 +25,21 @@ class TorchBackend(Backend):
         return True
 
     def attend(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
-    ) -> torch.Tensor:
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         """Backend.attend, with the gather plans built once per step and reused by every layer."""
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         p = meta.num_prefill_tokens
         if p:
-            self.prefill_rows(q[:p], k_cache, v_cache, meta, scale, out[:p])
+            self.prefill_rows(q[:p], k_cache, v_cache, meta, scale, out[:p], sinks)
         if p < q.shape[0]:
-            self.decode_rows(q[p:], k_cache, v_cache, meta, scale, out[p:])
+            self.decode_rows(q[p:], k_cache, v_cache, meta, scale, out[p:], sinks)
         return out
 
     def prefill_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        out: torch.Tensor,
+        out: torch.Tensor, sinks: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
         """The step's prefill rows q [P, Hq, D] -> out, through a plan shared by every layer."""
         plan = meta.scratch.get("prefill")
@@ -47,15 +48,15 @@ class TorchBackend(Backend):
             plan = plan_prefill(meta.prefill_cu_seqlens_q, meta.prefill_context_lens,
                                 meta.prefill_block_tables, k_cache.shape[1], group)  # fmt: skip
             meta.scratch["prefill"] = plan
-        prefill_with_plan(q, k_cache, v_cache, plan, scale, out)
+        prefill_with_plan(q, k_cache, v_cache, plan, scale, out, sinks)
 
     def decode_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        out: torch.Tensor,
+        out: torch.Tensor, sinks: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
         """The step's decode rows q [B, Hq, D] -> out, through a plan shared by every layer."""
         plan = meta.scratch.get("decode")
         if plan is None:
             plan = plan_decode(meta.decode_block_tables, meta.decode_context_lens, k_cache.shape[1])
             meta.scratch["decode"] = plan
-        decode_with_plan(q, k_cache, v_cache, plan, scale, out)
+        decode_with_plan(q, k_cache, v_cache, plan, scale, out, sinks)

@@ -60,12 +60,14 @@ class TritonBackend(Backend):
     def store_kv_cache(self, k, v, k_cache, v_cache, slot_mapping) -> None:  # type: ignore[override]
         self._launch(store_kv_cache, k, v, k_cache, v_cache, slot_mapping)
 
-    def paged_decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, scale, out=None):  # type: ignore[override]
-        return self._launch(paged_decode_attention, q, k_cache, v_cache, block_tables, context_lens, scale, out)
+    def paged_decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, scale, out=None, sinks=None):  # type: ignore[override]
+        return self._launch(paged_decode_attention, q, k_cache, v_cache, block_tables, context_lens, scale, out,
+                            sinks)  # fmt: skip
 
-    def prefill_attention(self, q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, out=None):  # type: ignore[override]
+    def prefill_attention(self, q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, out=None,
+                          sinks=None):  # type: ignore[override]  # fmt: skip
         return self._launch(prefill_attention, q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale,
-                            out)  # fmt: skip
+                            out, sinks)  # fmt: skip
 
     def rms_norm(self, x, weight, eps, residual=None):  # type: ignore[override]
         return self._launch(rms_norm, x, weight, eps, residual)

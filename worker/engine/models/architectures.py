@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from worker.engine.models.rope_config import rope_problem
+
 # Hugging Face architecture name -> the flags our one decoder implementation needs. `moe`: sparse
-# mixture-of-experts MLPs (their keys: models/moe_config.py); `bias_key`: the config key that turns
-# on the q/k/v bias (Qwen2-MoE names it qkv_bias).
+# mixture-of-experts MLPs (their keys: models/moe_config.py); `sinks`: attention sinks and an o_proj
+# bias with the q/k/v one (gpt-oss).
 SUPPORTED_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "LlamaForCausalLM": {"qk_norm": False, "default_bias": False},
     "MistralForCausalLM": {"qk_norm": False, "default_bias": False},
@@ -20,10 +22,13 @@ SUPPORTED_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "MixtralForCausalLM": {"qk_norm": False, "default_bias": False, "moe": True},
     "Qwen2MoeForCausalLM": {"qk_norm": False, "default_bias": True, "moe": True},
     "Qwen3MoeForCausalLM": {"qk_norm": True, "default_bias": False, "moe": True},
+    # fused qkv_proj / gate_up_proj in the checkpoint (loaded by name), LongRoPE, partial rotary
+    "Phi3ForCausalLM": {"qk_norm": False, "default_bias": False},
+    # attention sinks, o_proj bias, biased router and experts with a clamped SwiGLU, top-k then softmax
+    "GptOssForCausalLM": {"qk_norm": False, "default_bias": True, "moe": True, "sinks": True},
 }
 # The config key holding the q/k/v bias switch, where it is not `attention_bias`.
 BIAS_KEYS = {"Qwen2MoeForCausalLM": "qkv_bias"}
-ROPE_TYPES = ("default", "llama3", "linear")
 # Keys without a default: a config.json lacking one cannot describe the model's shapes.
 REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 # Keys that, when present, must be positive integers.
@@ -36,16 +41,6 @@ def supported_architecture(cfg: dict[str, Any]) -> str | None:
     if not isinstance(archs, list):
         return None
     return next((a for a in archs if isinstance(a, str) and a in SUPPORTED_ARCHITECTURES), None)
-
-
-def rope_settings(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The rope parameters, whichever key the config uses (transformers 5 `rope_parameters`, or 4's)."""
-    return dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-
-
-def rope_type(cfg: dict[str, Any]) -> str:
-    rope = rope_settings(cfg)
-    return str(rope.get("rope_type", rope.get("type", "default")))
 
 
 def config_problem(cfg: Any) -> str | None:
@@ -83,8 +78,9 @@ def config_problem(cfg: Any) -> str | None:
         return f"config.json: hidden_act {cfg['hidden_act']!r} is not supported (only 'silu')"
     if cfg.get("mlp_bias"):
         return "config.json: mlp_bias=true is not supported"
-    if rope_type(cfg) not in ROPE_TYPES:
-        return f"config.json: rope type {rope_type(cfg)!r} is not supported; freight supports {', '.join(ROPE_TYPES)}"
+    problem = rope_problem(cfg)
+    if problem is not None:
+        return problem
     if SUPPORTED_ARCHITECTURES[supported_architecture(cfg)].get("moe"):
         return moe_problem(cfg)
     return None
@@ -96,8 +92,9 @@ def _positive_int(value: Any) -> bool:
 
 def moe_keys(cfg: dict[str, Any]) -> dict[str, Any]:
     """The mixture-of-experts keys of a MoE config.json, under one set of names whichever model wrote
-    them (Mixtral: num_local_experts, every layer sparse, no moe_intermediate_size)."""
-    mixtral = supported_architecture(cfg) == "MixtralForCausalLM"
+    them (Mixtral and gpt-oss: num_local_experts, every layer sparse, no moe_intermediate_size)."""
+    gpt_oss = supported_architecture(cfg) == "GptOssForCausalLM"
+    mixtral = gpt_oss or supported_architecture(cfg) == "MixtralForCausalLM"
     # the expert count's key: Mixtral's num_local_experts, the Qwen MoEs' num_experts (the hub's
     # Qwen3-MoE configs); transformers 5 writes Qwen3-MoE's as num_local_experts
     names = ("num_local_experts", "num_experts") if mixtral else ("num_experts", "num_local_experts")
@@ -110,13 +107,20 @@ def moe_keys(cfg: dict[str, Any]) -> dict[str, Any]:
         "shared_expert_size": cfg.get("shared_expert_intermediate_size") or 0,
         "sparse_step": 1 if mixtral else cfg.get("decoder_sparse_step", 1),
         "dense_layers": [] if mixtral else list(cfg.get("mlp_only_layers") or []),
+        # gpt-oss: top-k of the (biased) router logits, then softmax over the k; biased experts whose
+        # SwiGLU clamps gate and up to swiglu_limit (transformers' GptOssExperts)
+        "topk_then_softmax": gpt_oss,
+        "biases": gpt_oss,
+        "swiglu_limit": float(cfg.get("swiglu_limit", 7.0)) if gpt_oss else None,
+        "swiglu_alpha": float(cfg.get("swiglu_alpha", 1.702)) if gpt_oss else None,
     }
 
 
 def moe_problem(cfg: dict[str, Any]) -> str | None:
     """Why a mixture-of-experts config.json cannot be built, or None."""
     keys = moe_keys(cfg)
-    experts_key = "num_local_experts" if supported_architecture(cfg) == "MixtralForCausalLM" else "num_experts"
+    local = supported_architecture(cfg) in ("MixtralForCausalLM", "GptOssForCausalLM")
+    experts_key = "num_local_experts" if local else "num_experts"
     if keys["num_experts"] is None:
         return f"config.json has no {experts_key}"
     if not _positive_int(keys["num_experts"]):

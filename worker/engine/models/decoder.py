@@ -1,6 +1,6 @@
-"""One decoder-only transformer for Llama, Mistral, Qwen2, Qwen3 and their mixture-of-experts kin
-(Mixtral, Qwen2-MoE, Qwen3-MoE: the MLP of a sparse layer is models/moe.py's block) over a paged KV
-cache.
+"""One decoder-only transformer for Llama, Mistral, Qwen2, Qwen3, Phi-3 and their mixture-of-experts
+kin (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss: the MLP of a sparse layer is models/moe.py's block)
+over a paged KV cache.
 
 Module and parameter names follow Hugging Face's, except that q/k/v and gate/up projections are
 fused into one nn.Linear each (`qkv_proj`, `gate_up_proj`; see loader.internal_name). All
@@ -46,7 +46,9 @@ class Attention(nn.Module):
         self.backend = backend
         self.scale = cfg.head_dim**-0.5
         self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
+        # gpt-oss: a learned logit per query head that joins each softmax's denominator (no value)
+        self.sinks = nn.Parameter(torch.empty(cfg.num_heads)) if cfg.attention_sinks else None
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, backend)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, backend)
@@ -72,7 +74,10 @@ class Attention(nn.Module):
             k = self.k_norm.forward(k.reshape(-1, cfg.head_dim))[0].view(tokens, cfg.num_kv_heads, cfg.head_dim)
         self.backend.rotary_store(q, k, v, positions, cos_sin, kv_cache[0], kv_cache[1], meta)
         attend = self.backend.attend_rows if rows_only else self.backend.attend
-        out = attend(q, kv_cache[0], kv_cache[1], meta, self.scale)
+        if self.sinks is None:
+            out = attend(q, kv_cache[0], kv_cache[1], meta, self.scale)
+        else:
+            out = attend(q, kv_cache[0], kv_cache[1], meta, self.scale, sinks=self.sinks.float())
         return self.backend.project(self.o_proj, out.reshape(-1, cfg.q_size))
 
 
@@ -150,9 +155,9 @@ class CausalLM(nn.Module):
 
     def init_rotary(self, device: torch.device) -> None:
         cfg = self.cfg
-        self.cos_sin = cos_sin_cache(cfg.head_dim, self.max_positions, cfg.rope_theta, cfg.rope_scaling).to(
-            device
-        )
+        self.cos_sin = cos_sin_cache(
+            cfg.head_dim, self.max_positions, cfg.rope_theta, cfg.rope_scaling, cfg.rotary_dim or None
+        ).to(device)
 
     def tie_weights(self) -> None:
         if self.cfg.tie_word_embeddings:
