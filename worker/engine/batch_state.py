@@ -86,13 +86,15 @@ class PersistentBatch:
         # host-only per-row work after sampling
         self.has_stop_strings = np.zeros(r, np.bool_)
         self.logprobs_k = np.full(r, -1, np.int64)  # -1: no logprobs
+        self.constrained = np.zeros(r, np.bool_)  # a structured-output constraint: masked, checked per token
+        self.num_constrained = 0
         self._free = list(range(r))  # a heap: the lowest free row first
         self._admissions = 0
         # bumped whenever the set of rows past their prefill changes (join, leave, prefill done), so
         # a steady decode step reuses the last decode rows instead of searching the arrays again
         self.version = 0
         self._past_prefill = (-1, np.zeros(0, np.int64))  # (version, active rows not prefilling)
-        # rows whose sampled tokens need per-row host work: stop strings or logprobs (counts, so a
+        # rows whose sampled tokens need per-row host work: stop strings, logprobs or a constraint (counts, so a
         # step without any skips looking); rows that draw (temperature > 0)
         self.num_special = 0
         self.num_drawing = 0
@@ -142,7 +144,9 @@ class PersistentBatch:
         self.cow[row] = False
         self.has_stop_strings[row] = bool(p.stop)
         self.logprobs_k[row] = -1 if p.logprobs is None else p.logprobs
-        self.num_special += bool(p.stop) or p.logprobs is not None
+        self.constrained[row] = p.constraint is not None
+        self.num_constrained += p.constraint is not None
+        self.num_special += bool(p.stop) or p.logprobs is not None or p.constraint is not None
         self.num_drawing += p.temperature > 0
         self.num_blocks[row] = 0
         self.sync_blocks(seq, row)
@@ -161,7 +165,9 @@ class PersistentBatch:
         self.token_lists[row] = []
         self.active[row] = False
         self.seq_id[row] = -1
-        self.num_special -= bool(self.has_stop_strings[row]) or self.logprobs_k[row] >= 0
+        self.num_special -= bool(self.has_stop_strings[row]) or self.logprobs_k[row] >= 0 or bool(self.constrained[row])
+        self.num_constrained -= bool(self.constrained[row])
+        self.constrained[row] = False
         self.num_drawing -= self.temperature[row] > 0
         self.num_processed -= bool(self.processed[row])
         if self.penalized[row]:

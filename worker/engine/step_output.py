@@ -19,6 +19,7 @@ from worker.engine.model_runner import InFlightStep
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence
 from worker.engine.stats import EngineStats
+from worker.engine.structured_outputs import StructuredOutputs
 
 
 class StepOutputs:
@@ -42,7 +43,7 @@ class StepOutputs:
             special = None  # every row still holds its sequence, none needs per-row work
         else:
             live = b.seq_id[step.rows] == step.seq_ids
-            special = ~live | b.has_stop_strings[step.rows] | (b.logprobs_k[step.rows] >= 0)
+            special = ~live | b.has_stop_strings[step.rows] | (b.logprobs_k[step.rows] >= 0) | b.constrained[step.rows]
         if special is not None and special.any():
             logprob_of = {} if step.logprobs is None else {int(i): j for j, i in enumerate(step.logprobs[0])}
             for i in np.flatnonzero(special).tolist():
@@ -99,7 +100,10 @@ class StepOutputs:
             entry[token] = float(chosen[lp])
             seq.logprobs.append(entry)
         limit = min(seq.num_prompt_tokens + seq.params.max_tokens, self.scheduler.max_model_len)
-        if hit or (seq.params.stop and self.stop_string(seq)):
+        verdict = StructuredOutputs.check(seq, token) if seq.constraint_state is not None else None
+        if verdict is not None and verdict != "finished":
+            seq.finish("error", verdict)
+        elif hit or verdict == "finished" or (seq.params.stop and self.stop_string(seq)):
             seq.finish("stop")
         elif len(seq.token_ids) >= limit:
             seq.finish("length")
