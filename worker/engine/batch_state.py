@@ -94,7 +94,7 @@ class PersistentBatch:
         # a steady decode step reuses the last decode rows instead of searching the arrays again
         self.version = 0
         self._past_prefill = (-1, np.zeros(0, np.int64))  # (version, active rows not prefilling)
-        # rows whose sampled tokens need per-row host work: stop strings, logprobs or a constraint (counts, so a
+        # rows whose sampled tokens need per-row host work: stop strings or logprobs (counts, so a
         # step without any skips looking); rows that draw (temperature > 0)
         self.num_special = 0
         self.num_drawing = 0
@@ -146,7 +146,7 @@ class PersistentBatch:
         self.logprobs_k[row] = -1 if p.logprobs is None else p.logprobs
         self.constrained[row] = p.constraint is not None
         self.num_constrained += p.constraint is not None
-        self.num_special += bool(p.stop) or p.logprobs is not None or p.constraint is not None
+        self.num_special += bool(p.stop) or p.logprobs is not None
         self.num_drawing += p.temperature > 0
         self.num_blocks[row] = 0
         self.sync_blocks(seq, row)
@@ -165,7 +165,7 @@ class PersistentBatch:
         self.token_lists[row] = []
         self.active[row] = False
         self.seq_id[row] = -1
-        self.num_special -= bool(self.has_stop_strings[row]) or self.logprobs_k[row] >= 0 or bool(self.constrained[row])
+        self.num_special -= bool(self.has_stop_strings[row]) or self.logprobs_k[row] >= 0
         self.num_constrained -= bool(self.constrained[row])
         self.constrained[row] = False
         self.num_drawing -= self.temperature[row] > 0

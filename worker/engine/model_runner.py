@@ -124,14 +124,16 @@ class ModelRunner:
                                 np.zeros(0, np.bool_))  # fmt: skip
         drawing = b.num_drawing and b.temperature[sample_rows].any()
         processing = b.num_processed and b.processed[sample_rows].any()
-        seq_ids = b.seq_id[sample_rows]  # a copy: `constrain` may finish rows of the previous step
+        # before `constrain`, which may finish (and free) rows by applying the previous step's tokens
+        seq_ids, version = b.seq_id[sample_rows], b.version
         raw = sampled
         if constrain is not None:
             if b.num_special and (b.logprobs_k[sample_rows] >= 0).any():
                 raw = sampled.clone()  # logprobs are of the raw distribution, before the masks
             constrain(sampled, sample_rows)
         if not rows.copy and not drawing and not processing:  # the CPU, greedy: numpy, no torch ops
-            return self._greedy_on_host(sampled, sample_rows, inputs.sample_rows_ascending, prompt, seq_ids, raw)
+            return self._greedy_on_host(sampled, sample_rows, inputs.sample_rows_ascending, prompt, seq_ids, version,
+                                        raw)  # fmt: skip
         else:
             temperature = b.temperature[sample_rows]
             srows_dev = to_device(sample_rows, self.device)
@@ -155,7 +157,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             ready = torch.cuda.Event()
             ready.record()
-        return InFlightStep(sample_rows, seq_ids, b.version, inputs.sample_rows_ascending, packed, ready,
+        return InFlightStep(sample_rows, seq_ids, version, inputs.sample_rows_ascending, packed, ready,
                             self._logprobs(raw, tokens, sample_rows), prompt)  # fmt: skip
 
     def _logprobs(self, sampled: torch.Tensor, tokens: torch.Tensor, sample_rows: np.ndarray) -> tuple | None:
@@ -173,7 +175,7 @@ class ModelRunner:
         return want, _to_host(values), _to_host(ids), _to_host(chosen)
 
     def _greedy_on_host(self, logits: torch.Tensor, sample_rows: np.ndarray, ascending: bool, prompt: list,
-                        seq_ids: np.ndarray, raw: torch.Tensor) -> InFlightStep:  # fmt: skip
+                        seq_ids: np.ndarray, version: int, raw: torch.Tensor) -> InFlightStep:  # fmt: skip
         """What the device path does for greedy rows when the device is this CPU and the mirrored
         arrays are the host's, with numpy (a few us) instead of ~10 small torch ops."""
         b = self.batch
@@ -182,7 +184,7 @@ class ModelRunner:
         b.last_token[at] = ids  # the next decode step's inputs
         hits = (b.stop_ids[at] == ids[:, None]).any(-1)
         logprobs = self._logprobs(raw, torch.from_numpy(ids), sample_rows)
-        return InFlightStep(sample_rows, seq_ids, b.version, ascending, _NO_TOKENS, None, logprobs, prompt, ids, hits)
+        return InFlightStep(sample_rows, seq_ids, version, ascending, _NO_TOKENS, None, logprobs, prompt, ids, hits)
 
     @torch.inference_mode()
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
