@@ -146,3 +146,12 @@ def test_constraint_state_validates_and_rolls_back(ckpt) -> None:
     assert not state.is_finished and state.validate(engine.tokenizer.encode("negative")) >= 1
     fork = state.copy()
     assert fork.consume_many(ids) and not state.is_finished
+    # masks along a draft: one before each accepted token and one after the last; state unchanged
+    words = (engine.vocab_size + 31) // 32
+    buf = torch.zeros((len(bad) + 1, words), dtype=torch.int32)
+    accepted = state.fill_run(bad, buf.data_ptr(), words * 4)
+    assert accepted == state.validate(bad) < len(bad)
+    for i in range(accepted + 1):
+        allowed = ((buf[i][:, None] >> torch.arange(32, dtype=torch.int32)) & 1).flatten()
+        assert i == accepted or allowed[bad[i]] == 1
+    assert not buf[accepted + 1 :].any() and state.validate(ids) == len(ids)

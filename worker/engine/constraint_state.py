@@ -33,6 +33,19 @@ class ConstraintState:
         not move): a speculative run is cut at the first token outside the grammar."""
         return self.matcher.validate_tokens(tokens)
 
+    def fill_run(self, tokens: list[int], address: int, num_bytes: int) -> int:
+        """Masks along a proposed run (speculative verification): the mask before tokens[0], then
+        after each accepted token, written as consecutive rows of `num_bytes` at `address` (room
+        for len(tokens) + 1); stops at the first token the grammar refuses. Returns how many tokens
+        were accepted (a rows are written: a + 1); the state is where it was."""
+        accepted = self.validate(tokens)  # a refused token would leave the matcher in error: never consumed
+        self.fill(address, num_bytes)
+        for i, token in enumerate(tokens[:accepted], 1):
+            self.matcher.consume_token(token)
+            self.fill(address + i * num_bytes, num_bytes)
+        self.rollback(accepted)
+        return accepted
+
     def rollback(self, num_tokens: int) -> None:
         """Take back the last `num_tokens` consumed tokens."""
         if num_tokens and not self.matcher.rollback(num_tokens):
