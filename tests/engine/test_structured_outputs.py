@@ -14,6 +14,8 @@ from structured_cases import constraints, satisfies
 from worker.engine import Engine, EngineConfig, SamplingParams
 from worker.engine.constraint import Constraint
 
+STOPS = tuple(range(3, VOCAB, 6))  # a sixth of the vocabulary
+
 
 def _prompt(n: int, seed: int) -> list[int]:
     return torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
@@ -35,9 +37,11 @@ def _mixed(copies: int = 2) -> tuple[list[list[int]], list[SamplingParams]]:
         for temperature in (0.0, 1.0):
             prompts.append(_prompt(3 + (7 * i) % 40, i))
             params.append(SamplingParams(max_tokens=48, temperature=temperature, seed=i, constraint=c))
-            if i % 4 == 0:
+            if i % 4 == 0:  # some penalized and stopping on many ids: they finish (on a stop id, with the
+                # next step already scheduled) while a constrained step is launched
                 prompts.append(_prompt(5 + i % 30, 1000 + i))
-                params.append(SamplingParams(max_tokens=20, temperature=temperature, seed=i))
+                params.append(SamplingParams(max_tokens=20, temperature=temperature, seed=i, stop_token_ids=STOPS,
+                                             presence_penalty=0.5 if i % 8 == 0 else 0.0))  # fmt: skip
     return prompts, params
 
 
