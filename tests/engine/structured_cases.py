@@ -36,11 +36,18 @@ SCHEMAS: list[dict] = [
 ]  # fmt: skip
 REGEXES = [r"[a-c]{2,4}", r"(yes|no)!", r"[0-9]{3}-[0-9]{2}", r"\([a-z]\)"]
 CHOICES = [("alpha", "beta", "gamma"), ("positive", "negative"), ("1", "22", "333")]
+# Lark grammars (llguidance's syntax), each with a Python regex of the same language: the judge
+GRAMMARS = {
+    'start: "(" item ("," item)* ")"\nitem: NUM | WORD\nNUM: /[0-9]{1,2}/\nWORD: /[a-z]{1,3}/':
+        r"\((?:[0-9]{1,2}|[a-z]{1,3})(?:,(?:[0-9]{1,2}|[a-z]{1,3}))*\)",
+    'start: sum\nsum: NUM | NUM "+" sum\nNUM: /[1-9]/': r"[1-9](?:\+[1-9])*",
+}
 
 
 def constraints() -> list[Constraint]:
     return ([Constraint.json_schema(s) for s in SCHEMAS] + [Constraint("regex", r) for r in REGEXES]
-            + [Constraint("choice", choices=c) for c in CHOICES])  # fmt: skip
+            + [Constraint("choice", choices=c) for c in CHOICES]
+            + [Constraint("grammar", g) for g in GRAMMARS])  # fmt: skip
 
 
 def satisfies(text: str, constraint: Constraint) -> bool:
@@ -49,6 +56,8 @@ def satisfies(text: str, constraint: Constraint) -> bool:
         return re.fullmatch(constraint.spec, text) is not None
     if constraint.kind == "choice":
         return text in constraint.choices
+    if constraint.kind == "grammar":
+        return re.fullmatch(GRAMMARS[constraint.spec], text) is not None
     try:
         value = json.loads(text)
     except json.JSONDecodeError:

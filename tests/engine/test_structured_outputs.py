@@ -56,7 +56,7 @@ def test_finished_rows_satisfy_their_constraints(ckpt, overlap: bool) -> None:
     bad = [(c.kind, c.spec or c.choices, o.text) for o, c in stopped if not satisfies(o.text, c)]
     assert not bad
     assert len(stopped) >= 0.7 * len(constrained), f"only {len(stopped)} of {len(constrained)} finished"
-    assert {c.kind for _, c in stopped} == {"json_schema", "regex", "choice"}
+    assert {c.kind for _, c in stopped} == {"json_schema", "regex", "choice", "grammar"}
     stats = engine.stats.snapshot()
     assert stats.constrained_requests == len(constrained) and stats.mask_seconds > 0
     # one compile per distinct constraint, however many rows carry it
