@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from worker.engine.constraint import Constraint
+from worker.engine.constraint_state import ConstraintState
 from worker.engine.grammar_cache import GrammarCache
 from worker.engine.sequence import Sequence
 from worker.engine.stats import EngineStats
@@ -35,6 +36,13 @@ UNSATISFIABLE = ("no output can satisfy the constraint with this model's tokeniz
 def first_line(message: str) -> str:
     """llguidance's matcher errors end with a dump of the parser state: keep the message itself."""
     return message.strip().split("\n", 1)[0]
+
+
+def failure(state: ConstraintState) -> str:
+    """Why a row whose constraint can go no further fails, with the matcher's own word for it
+    (its stop reason, or a parser limit it hit) when it has one."""
+    error = state.error
+    return f"{UNSATISFIABLE} (llguidance: {first_line(error)})" if error else UNSATISFIABLE
 
 
 class StructuredOutputs:
@@ -87,7 +95,7 @@ class StructuredOutputs:
                 j = open_rows[k]
                 state = seqs[j].constraint_state
                 if not host[k].any() or not state.is_accepting:  # type: ignore[union-attr]
-                    state.failure = UNSATISFIABLE  # type: ignore[union-attr]
+                    state.failure = failure(state)  # type: ignore[arg-type]
                     allowed[j] = True
         words[allowed] = -1  # every token: the row's token is dropped or ends it
         self._apply_masks(logits, buf, which)
@@ -118,5 +126,5 @@ class StructuredOutputs:
         if not state.consume(token):
             return f"the generated token {token} is outside the constraint ({first_line(state.error or '')})"
         if state.is_finished:
-            return "finished" if state.is_accepting else UNSATISFIABLE
+            return "finished" if state.is_accepting else failure(state)
         return None
