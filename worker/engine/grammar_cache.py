@@ -124,7 +124,11 @@ class GrammarCache:
             text = grammar_text(constraint)
         except (ValueError, TypeError) as exc:
             return f"the {what} constraint is invalid: {exc}; fix it"
-        matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
+        try:
+            tokenizer = self.tokenizer
+        except (ValueError, RuntimeError) as exc:  # a tokenizer.json llguidance cannot read
+            return f"structured outputs are not available for this model: llguidance cannot read its tokenizer ({exc})"
+        matcher = llguidance.LLMatcher(tokenizer, text, log_level=0)
         if matcher.is_error():
             return f"the {what} constraint does not compile: {matcher.get_error()}; fix it"
         return matcher
