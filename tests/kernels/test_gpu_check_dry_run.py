@@ -11,8 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = {"paged_decode_attention", "prefill_attention", "int4_matmul", "int8_matmul", "store_kv_cache",
-           "rms_norm+residual", "apply_rotary", "int4_gemv", "int4_dot", "int8_gemv", "int8_dot", "fp8_matmul",
-           "fused_moe qwen3-30b-a3b (tiny)", "fused_moe mixtral-8x7b (tiny)"}
+           "rms_norm+residual", "apply_rotary", "token_bitmask", "int4_gemv", "int4_dot", "int8_gemv", "int8_dot",
+           "fp8_matmul", "fused_moe qwen3-30b-a3b (tiny)", "fused_moe mixtral-8x7b (tiny)"}
 
 
 def _dry_run(tmp_path: Path, *flags: str) -> dict:
@@ -52,3 +52,4 @@ def test_dry_run_everything(tmp_path: Path) -> None:
     engine = report["engine"]
     assert engine["runs"]["triton"]["errors"] == 0
     assert engine["same_greedy_outputs"] == engine["runs"]["triton"]["requests"]
+    assert engine["structured_over_unconstrained"] > 0 and engine["runs"]["triton+json_schema"]["errors"] == 0
