@@ -5,7 +5,8 @@ OpenAI checks it), vLLM's `guided_json` / `guided_regex` / `guided_choice` / `gu
 newer `structured_outputs` {json | regex | choice | grammar | json_object}. Parquet rows: the
 `response_format` (the OpenAI JSON, as text or a struct), `json_schema` (JSON text), `regex` and
 `choice` (a list of strings, or its JSON text) columns. The job's flags (SamplingSpec) apply to a
-row that gives none. A row gives at most one; two are its error naming both. Each problem raises
+row that gives none; a row's response_format {"type": "text"} (alone) asks for plain text, the job's
+flags notwithstanding. A row gives at most one; two are its error naming both. Each problem raises
 ValueError naming the field (the row's error); whether a schema, pattern or grammar compiles is the
 engine's to find, once per distinct constraint.
 """
@@ -14,10 +15,13 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Literal
 
 from jobs.spec import SamplingSpec
 from worker.engine.constraint import Constraint
+
+TEXT: Literal["text"] = "text"  # a row's explicit plain text (response_format type text): no constraint
+RowConstraint = Constraint | Literal["text"] | None  # None: the row asks nothing (the job's applies)
 
 _SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for json_schema.name
 _RESPONSE_KEYS = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
@@ -36,9 +40,9 @@ def job_constraint(sampling: SamplingSpec) -> Constraint | None:
     return None
 
 
-def body_constraint(fields: dict[str, Any]) -> Constraint | None:
+def body_constraint(fields: dict[str, Any]) -> RowConstraint:
     """A JSONL body's constraint from its given fields (name -> value, absent fields left out)."""
-    found: dict[str, Constraint | None] = {}
+    found: dict[str, RowConstraint] = {}
     if "response_format" in fields:
         found["response_format"] = response_format(fields["response_format"], "response_format")
     if "guided_json" in fields:
@@ -54,9 +58,9 @@ def body_constraint(fields: dict[str, Any]) -> Constraint | None:
     return one_of(found)
 
 
-def column_constraint(columns: dict[str, Any]) -> Constraint | None:
+def column_constraint(columns: dict[str, Any]) -> RowConstraint:
     """A Parquet row's constraint from its non-null constraint columns."""
-    found: dict[str, Constraint | None] = {}
+    found: dict[str, RowConstraint] = {}
     if "response_format" in columns:
         found["response_format"] = response_format(_column_object(columns["response_format"]), "response_format")
     if "json_schema" in columns:
@@ -68,19 +72,22 @@ def column_constraint(columns: dict[str, Any]) -> Constraint | None:
     return one_of(found)
 
 
-def one_of(found: dict[str, Constraint | None]) -> Constraint | None:
+def one_of(found: dict[str, RowConstraint]) -> RowConstraint:
     """The one constraint the fields ask for; ValueError naming them when two do. A response_format
-    of type text asks for none, so it goes with any other field."""
-    asked = {name: c for name, c in found.items() if c is not None}
+    of type text (OpenAI's default, which clients send beside vLLM's fields) yields to another field;
+    alone it is TEXT."""
+    asked = {name: c for name, c in found.items() if isinstance(c, Constraint)}
     if len(asked) > 1:
         names = list(asked)
         raise ValueError(
             f"{', '.join(names[:-1])} and {names[-1]} both constrain the output: a request takes one"
         )
-    return next(iter(asked.values()), None)
+    if asked:
+        return next(iter(asked.values()))
+    return TEXT if TEXT in found.values() else None
 
 
-def response_format(value: Any, field: str) -> Constraint | None:
+def response_format(value: Any, field: str) -> Constraint | Literal["text"]:
     """OpenAI's response_format: text (no constraint), json_object, or json_schema with its name
     (1-64 letters, digits, _ or -), optional description and strict, and its schema."""
     if not isinstance(value, dict):
@@ -95,7 +102,7 @@ def response_format(value: Any, field: str) -> Constraint | None:
     if extra:
         raise ValueError(f"unknown field '{field}.{extra[0]}': a response_format of type {kind} takes no such field")
     if kind == "text":
-        return None
+        return TEXT
     if kind == "json_object":
         return Constraint("json_object")
     spec = value.get("json_schema")

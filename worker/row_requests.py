@@ -23,6 +23,7 @@ from jobs.manifest import InputPlan
 from jobs.settings import get_settings
 from jobs.spec import JobSpec
 from worker.chat_messages import chat_messages
+from worker.engine.constraint import Constraint
 from worker.request_body import (
     ChatBody,
     CompletionBody,
@@ -83,7 +84,7 @@ def build_requests(
             if conts is None:
                 out.append(RowRequest(row=row, id=row_id, prompt=text, sampling=sampling, endpoint=endpoint))
                 continue
-            if constraint is not None:
+            if isinstance(constraint, Constraint):
                 raise ValueError(
                     f"{', '.join(columns.constraint_fields())}: likelihood scoring scores the continuation, "
                     "it generates nothing to constrain (leave the cell null)"

@@ -136,9 +136,12 @@ def test_job_flags_apply_to_rows_without_their_own(tokenizer: Any, demo_model_di
     )
     own = _one(tokenizer, spec, {"messages": USER, "guided_regex": "[a-z]+"})
     assert sampling_params(own).constraint == Constraint("regex", "[a-z]+")  # the row's wins
-    # a response_format of type text asks for none: the job's applies (as a null would)
+    # a row's response_format of type text asks for plain text: the job's constraint does not apply
     text = _one(tokenizer, spec, {"messages": USER, "response_format": {"type": "text"}})
-    assert sampling_params(text).constraint == Constraint("choice", choices=("yes", "no"))
+    assert sampling_params(text).constraint is None
+    # ... unless another field of the row asks for one (OpenAI's default type beside vLLM's fields)
+    both = _one(tokenizer, spec, {"messages": USER, "response_format": {"type": "text"}, "guided_regex": "b"})
+    assert sampling_params(both).constraint == Constraint("regex", "b")
     schema_job = _spec(demo_model_dir, json_schema=json.dumps(SCHEMA, indent=4))
     assert sampling_params(_one(tokenizer, schema_job, {"messages": USER})).constraint == AS_SCHEMA
     regex_job = _spec(demo_model_dir, regex=r"\d+")
@@ -176,7 +179,7 @@ def test_parquet_constraint_columns(tokenizer: Any, demo_model_dir: Path) -> Non
         Constraint("regex", "job"),  # all null: the job's
     ]
     assert got[6] == "json_schema: is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
-    assert got[7] == Constraint("regex", "job")  # type text asks for none: the job's
+    assert got[7] is None  # type text: plain text, the job's constraint notwithstanding
     assert got[8] == "choice: the list of choices is empty; give at least one string"
     assert sampling_params(reqs[0]).constraint == AS_SCHEMA
 
