@@ -42,7 +42,7 @@ class SamplingSpec(BaseModel):
     )
     # structured output for every row without its own (README "Structured output"); at most one
     json_schema: str | None = Field(
-        None, description="a JSON schema (a dict or its JSON text), kept as canonical JSON text"
+        None, description="a JSON schema (a dict or its JSON text), kept as compact JSON text"
     )
     regex: str | None = Field(None, min_length=1, description="a regular expression the whole text matches")
     choice: tuple[str, ...] | None = Field(None, description="the text is one of these strings")
@@ -90,9 +90,9 @@ CONSTRAINT_FIELDS = ("json_schema", "regex", "choice")  # the job-wide structure
 
 
 def canonical_schema(v: Any) -> str:
-    """A JSON schema (a dict, or JSON text of an object) as canonical JSON text: sorted keys, no
-    spaces (worker/engine/constraint.py's form, so equal schemas are one compiled grammar and one job
-    id). ValueError when it is not a JSON object."""
+    """A JSON schema (a dict, or JSON text of an object) as compact JSON text, key order kept (the
+    order of a `properties` map is the generated object's key order); the worker canonicalizes it
+    for the engine (Constraint.json_schema). ValueError when it is not a JSON object."""
     if isinstance(v, str):
         try:
             v = json.loads(v)
@@ -100,7 +100,7 @@ def canonical_schema(v: Any) -> str:
             raise ValueError(f"json_schema is not valid JSON ({exc})") from None
     if not isinstance(v, dict):
         raise ValueError(f"json_schema must be a JSON object (a schema), got {type(v).__name__}")
-    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
 
 # Sampling fields added after spec version 1 enter the job id only when set, so the ids of jobs

@@ -13,6 +13,7 @@ engine's to find, once per distinct constraint.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any, Literal
@@ -29,10 +30,12 @@ _JSON_SCHEMA_KEYS = ("name", "description", "schema", "strict")
 _STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")
 
 
+@functools.lru_cache(maxsize=16)
 def job_constraint(sampling: SamplingSpec) -> Constraint | None:
-    """The job-wide constraint of --json-schema / --regex / --choice, or None."""
+    """The job-wide constraint of --json-schema / --regex / --choice, or None (cached: every row of
+    a job asks, and a schema is parsed and canonicalized once)."""
     if sampling.json_schema is not None:
-        return Constraint("json_schema", sampling.json_schema)  # already canonical (jobs/spec.py)
+        return Constraint.json_schema(sampling.json_schema)
     if sampling.regex is not None:
         return Constraint("regex", sampling.regex)
     if sampling.choice is not None:
