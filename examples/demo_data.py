@@ -68,12 +68,13 @@ def make_demo_dataset(path: str | Path) -> Path:
 
 
 # The second job: one JSON object per code snippet, its shape fixed by a JSON schema (structured
-# output). Short strings and lists keep a small model's answers complete within the token budget.
+# output). Identifier patterns of bounded length and a short list keep a small model's answers
+# readable and complete within the token budget.
 EXTRACT_SCHEMA = {
     "type": "object",
     "properties": {
-        "function": {"type": "string", "maxLength": 24},
-        "args": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
+        "function": {"type": "string", "pattern": "^[a-z_][a-z0-9_]{0,23}$"},
+        "args": {"type": "array", "items": {"type": "string", "pattern": "^[a-z_][a-z0-9_]{0,11}$"}, "maxItems": 4},
         "returns_value": {"type": "boolean"},
     },
     "required": ["function", "args", "returns_value"],
