@@ -129,3 +129,23 @@ def test_cost_report_sums_constrained_rows_and_mask_seconds() -> None:
     old = json.loads(_record(0, 0, 0.0).model_dump_json())  # a record written before the fields
     del old["constrained_rows"], old["mask_seconds"]
     assert ShardRecord.model_validate(old).constrained_rows == 0
+
+
+def test_cost_table_shows_constrained_rows_only_when_there_are_some() -> None:
+    from rich.console import Console
+
+    from jobs.tables import cost_table
+
+    def text(constrained: int) -> str:
+        report = build_report(
+            "j", [_record(0, constrained, 0.25)], [], started_at=0.0, finished_at=2.0,
+            default_instance_type="cpu-local", default_market="on-demand", default_price_per_hour=1.0,
+        )  # fmt: skip
+        console = Console(record=True, width=100)
+        console.print(cost_table(report))
+        return console.export_text()
+
+    shown = text(3).splitlines()
+    line = next(i for i, row in enumerate(shown) if "constrained rows (mask s)" in row)
+    assert "3 (0.25)" in shown[line] and "prefill / decode" in shown[line - 1]
+    assert "constrained" not in text(0)
