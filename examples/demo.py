@@ -121,7 +121,7 @@ def main() -> None:
 
 def extract(work: Path, model: Path) -> None:
     """The structured-output job: a JSON object per snippet, printed as a table. Exits 1 naming the
-    cause when no row produced one (an engine without structured output refuses every row)."""
+    cause when no row produced one."""
     import pyarrow.dataset as pads
     from rich.console import Console
     from rich.table import Table

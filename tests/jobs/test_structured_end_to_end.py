@@ -4,10 +4,6 @@ OpenAI-Batch file with response_format / guided_* lines and a job-wide --choice,
 `freight results --format openai`. Every row that finishes "stop" under a JSON schema carries a
 `parsed` value that validates (`jsonschema` is the judge), a regex row matches, a choice row is one
 of its choices; the cost report counts the constrained rows and the mask time.
-
-Until the engine half of issue 16 lands, the engine refuses a constrained request per row; these
-tests then check that each constrained row reached the engine with its constraint (the refusal is
-that row's error) and everything else about the job, and say so in the ENGINE_PENDING branch.
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ from typing import Any
 import jsonschema
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pytest
 from openai_check import parse_output
 from pipeline_data import write_parquet
 from typer.testing import CliRunner
@@ -28,7 +23,6 @@ from typer.testing import CliRunner
 from jobs import datasets
 from jobs.cli import app
 
-PENDING = "is not supported by this engine yet"  # the engine's refusal before the grammar engine lands
 NAMED = {
     "type": "object",
     "properties": {
@@ -57,17 +51,6 @@ REGEX = "[a-z]{2,6}-[0-9]{1,3}"
 CHOICES = ["red", "green", "blue"]
 
 
-@pytest.fixture(scope="module")
-def engine_pending(demo_model_dir: Path) -> bool:
-    """True while the engine refuses constrained requests (the engine half of issue 16 not merged)."""
-    from worker.engine import Engine, EngineConfig, SamplingParams
-    from worker.engine.constraint import Constraint
-
-    engine = Engine.from_pretrained(demo_model_dir, EngineConfig(device="cpu", kv_cache_bytes=16 << 20))
-    (out,) = engine.generate(["x"], SamplingParams(max_tokens=4, constraint=Constraint("choice", choices=("a",))))
-    return out.error is not None and PENDING in out.error
-
-
 def _run(args: list[str]) -> str:
     result = CliRunner().invoke(app, args)
     if result.exception and not isinstance(result.exception, SystemExit):
@@ -82,11 +65,8 @@ def _rows(out: Path) -> dict[str, dict[str, Any]]:
     return {r["id"]: r for r in table.to_pylist()}
 
 
-def _check_constrained(row: dict[str, Any], kind: str, spec: Any, pending: bool) -> None:
-    """One constrained row: refused by a pending engine, else its text obeys the constraint."""
-    if pending:
-        assert row["finish_reason"] == "error" and PENDING in row["error"], row
-        return
+def _check_constrained(row: dict[str, Any], kind: str, spec: Any) -> None:
+    """One constrained row: its text obeys the constraint; `parsed` is its JSON where it finished."""
     assert row["error"] is None, row
     texts = row["completions"] or [row["completion"]]
     reasons = row["finish_reasons"] or [row["finish_reason"]]
@@ -105,8 +85,7 @@ def _check_constrained(row: dict[str, Any], kind: str, spec: Any, pending: bool)
                 assert re.fullmatch(spec, text) if kind == "regex" else text in spec, (text, spec)
 
 
-def test_a_parquet_job_mixes_constraints_plain_rows_and_bad_ones(tmp_path: Path, demo_model_dir: Path,
-                                                                 engine_pending: bool) -> None:  # fmt: skip
+def test_a_parquet_job_mixes_constraints_plain_rows_and_bad_ones(tmp_path: Path, demo_model_dir: Path) -> None:
     cases: list[tuple[str, dict[str, Any]]] = [
         ("plain-0", {}),
         ("named", {"json_schema": json.dumps(NAMED)}),
@@ -135,23 +114,19 @@ def test_a_parquet_job_mixes_constraints_plain_rows_and_bad_ones(tmp_path: Path,
     assert rows["bad-json"]["error"].startswith("json_schema: is not valid JSON")
     assert rows["bad-choice"]["error"] == "choice: the list of choices is empty; give at least one string"
     assert rows["two"]["error"] == "regex and choice both constrain the output: a request takes one"
-    _check_constrained(rows["named"], "json_schema", NAMED, engine_pending)
-    _check_constrained(rows["named-2"], "json_schema", NAMED, engine_pending)
-    _check_constrained(rows["nested"], "json_schema", NESTED, engine_pending)
-    _check_constrained(rows["object"], "json_object", None, engine_pending)
-    _check_constrained(rows["regex"], "regex", REGEX, engine_pending)
-    _check_constrained(rows["choice"], "choice", CHOICES, engine_pending)
+    _check_constrained(rows["named"], "json_schema", NAMED)
+    _check_constrained(rows["named-2"], "json_schema", NAMED)
+    _check_constrained(rows["nested"], "json_schema", NESTED)
+    _check_constrained(rows["object"], "json_object", None)
+    _check_constrained(rows["regex"], "regex", REGEX)
+    _check_constrained(rows["choice"], "choice", CHOICES)
     report = json.loads((out / "cost.json").read_text())
     assert report["constrained_rows"] == 6 == json.loads((out / "costs" / "00000.json").read_text())["constrained_rows"]
-    if engine_pending:
-        assert report["mask_seconds"] == 0.0
-    else:
-        assert report["mask_seconds"] > 0.0
-        assert any(rows[c]["finish_reason"] == "stop" and rows[c]["parsed"] for c in ("named", "named-2", "nested"))
+    assert report["mask_seconds"] > 0.0
+    assert any(rows[c]["finish_reason"] == "stop" and rows[c]["parsed"] for c in ("named", "named-2", "nested"))
 
 
-def test_a_batch_file_with_response_format_and_a_job_choice(tmp_path: Path, demo_model_dir: Path,
-                                                            engine_pending: bool) -> None:  # fmt: skip
+def test_a_batch_file_with_response_format_and_a_job_choice(tmp_path: Path, demo_model_dir: Path) -> None:
     messages = [{"role": "user", "content": "Give me an item as JSON."}]
     rf = {"type": "json_schema", "json_schema": {"name": "item", "strict": True, "schema": NAMED}}
     bodies = {
@@ -177,13 +152,13 @@ def test_a_batch_file_with_response_format_and_a_job_choice(tmp_path: Path, demo
           "--choice", "yes,no"])  # fmt: skip
     rows = _rows(out)
     assert rows["bad-name"]["error"] == "response_format.json_schema.name 'a b': must be 1-64 letters, digits, _ or -"
-    _check_constrained(rows["chat-schema"], "json_schema", NAMED, engine_pending)
-    _check_constrained(rows["chat-schema-n"], "json_schema", NAMED, engine_pending)
-    _check_constrained(rows["comp-schema"], "json_schema", NESTED, engine_pending)
-    _check_constrained(rows["guided-json"], "json_schema", NESTED, engine_pending)
-    _check_constrained(rows["guided-regex"], "regex", REGEX, engine_pending)
-    _check_constrained(rows["structured-choice"], "choice", CHOICES, engine_pending)
-    _check_constrained(rows["job-choice"], "choice", ["yes", "no"], engine_pending)
+    _check_constrained(rows["chat-schema"], "json_schema", NAMED)
+    _check_constrained(rows["chat-schema-n"], "json_schema", NAMED)
+    _check_constrained(rows["comp-schema"], "json_schema", NESTED)
+    _check_constrained(rows["guided-json"], "json_schema", NESTED)
+    _check_constrained(rows["guided-regex"], "regex", REGEX)
+    _check_constrained(rows["structured-choice"], "choice", CHOICES)
+    _check_constrained(rows["job-choice"], "choice", ["yes", "no"])
     assert rows["text"]["error"] is None and rows["text"]["completion_tokens"] > 0 and rows["text"]["parsed"] is None
     assert json.loads((out / "cost.json").read_text())["constrained_rows"] == 7
 
@@ -198,5 +173,4 @@ def test_a_batch_file_with_response_format_and_a_job_choice(tmp_path: Path, demo
         assert got == texts, cid
     failed = {json.loads(line)["custom_id"] for line in (tmp_path / "errors.jsonl").read_text().splitlines()}
     assert "bad-name" in failed and "text" in answered and set(answered) | failed == set(bodies)
-    if not engine_pending:
-        assert rows["chat-schema-n"]["parsed_choices"] is not None and len(rows["chat-schema-n"]["parsed_choices"]) == 2
+    assert rows["chat-schema-n"]["parsed_choices"] is not None and len(rows["chat-schema-n"]["parsed_choices"]) == 2
