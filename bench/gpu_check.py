@@ -12,6 +12,8 @@ Sections, each failing soft (an error is recorded and the next section runs):
       prefill >= 50% of matmul peak at 4k; the quantized matmuls (bench/gpu_check_matmul.py) as
       replayed CUDA graphs (kernels alone): int4 and int8 at M 1..16 >= 1.5x the bf16 torch matmul
       (GEMV and tensor-core kernels each timed, with the weight-read roofline), fp8 at M 4096 >= 1.6x;
+  (c) the fused-MoE kernel against a loop of per-expert torch matmuls at Qwen3-30B-A3B and
+      Mixtral-8x7B shapes (bench/gpu_check_moe.py);
   (c') a few launch configs around those three kernels' defaults (bench/gpu_check_sweep.py);
   (d) the engine on a random ~1B-parameter Llama (bf16), a mixed batch, tokens/s (bench/gpu_check_engine.py);
   (e) everything into the JSON file named on the command line.
@@ -183,6 +185,7 @@ def _main() -> int:
     # imported after TRITON_INTERPRET is settled
     from gpu_check_kernels import attention_kernels, small_kernels
     from gpu_check_matmul import fp8_kernels, matmul_kernels
+    from gpu_check_moe import moe_kernels
     from gpu_check_sweep import sweeps
 
     chk = Check(args.dry_run)
@@ -197,6 +200,7 @@ def _main() -> int:
     chk.section("(b, c) quantized matmuls", matmul_kernels, device)
     chk.section("(b, c) fp8 matmul", fp8_kernels, device)
     chk.section("(b, c) small kernels", small_kernels, device)
+    chk.section("(b, c) fused MoE", moe_kernels, device)
     if not args.skip_sweep:
         chk.section("(c') launch-config sweep", sweeps, device)
     if not args.skip_engine:

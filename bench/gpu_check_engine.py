@@ -12,6 +12,7 @@ Under --dry-run: the tiny demo model on the CPU, Triton interpreted, a handful o
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import random
@@ -24,6 +25,7 @@ from safetensors.torch import save_file
 
 from worker.demo_model import make_demo_model
 from worker.engine import Engine, EngineConfig, SamplingParams
+from worker.engine.constraint import Constraint
 
 LLAMA_1B = {
     "hidden_size": 2048,
@@ -112,7 +114,8 @@ def _run(model_dir: Path, label: str, device: torch.device, dry: bool, prompts, 
     wall = time.perf_counter() - t0
     out_tokens = sum(len(o.token_ids) for o in outs)
     prompt_tokens = sum(o.prompt_tokens for o in outs)
-    cached = engine.stats.cached_tokens - before.cached_tokens
+    delta = engine.stats.snapshot() - before
+    cached = delta.cached_tokens
     del engine
     gc.collect()  # free the KV cache before the next backend's engine allocates its own
     if device.type == "cuda":
@@ -128,6 +131,9 @@ def _run(model_dir: Path, label: str, device: torch.device, dry: bool, prompts, 
         "total_tokens_per_s": (prompt_tokens + out_tokens) / wall,
         "errors": sum(o.finish_reason == "error" for o in outs),
         "token_ids": [o.token_ids for o in outs],
+        "steps": delta.steps,
+        "mask_seconds": delta.mask_seconds,
+        "stopped": sum(o.finish_reason == "stop" for o in outs),
     }
 
 
@@ -147,7 +153,8 @@ def engine_end_to_end(chk, device: torch.device) -> None:
             )
             if label in runs:
                 _print_run(runs[label])
-    report: dict = {"parameters": params_count, "runs": runs}
+        report: dict = {"parameters": params_count, "runs": runs}
+        chk.case("engine structured", _structured, chk, folder, device, prompts, params, runs, report)
     chk.report["engine"] = report
     if "triton" in runs and "torch" in runs:
         pairs = zip(runs["triton"]["token_ids"], runs["torch"]["token_ids"], strict=True)
@@ -170,6 +177,26 @@ def engine_end_to_end(chk, device: torch.device) -> None:
     errors = {label: r["errors"] for label, r in runs.items() if r["errors"]}
     if errors:
         raise RuntimeError(f"requests ended in error: {errors}")
+
+
+def _structured(chk, folder: Path, device: torch.device, prompts, params, runs: dict, report: dict) -> None:
+    """The same batch with bench/nested_schema.json on every row (triton backend): throughput per
+    token against the unconstrained run (constrained rows stop when their object is complete), the
+    host's mask time per step."""
+    schema = json.loads((Path(__file__).parent / "nested_schema.json").read_text(encoding="utf-8"))
+    constraint = Constraint.json_schema(schema)
+    shaped = [dataclasses.replace(p, constraint=constraint) for p in params]
+    r = _run(folder, "triton", device, chk.dry_run, prompts, shaped)
+    r["backend"] = "triton+json_schema"
+    _print_run(r)
+    runs["triton+json_schema"] = r
+    per_step = r["mask_seconds"] / max(1, r["steps"])
+    print(f"   mask fill {per_step * 1e3:.3f} ms per step; {r['stopped']}/{r['requests']} rows completed the schema",
+          flush=True)  # fmt: skip
+    if "triton" in runs:
+        report["structured_over_unconstrained"] = r["total_tokens_per_s"] / runs["triton"]["total_tokens_per_s"]
+        print(f"   json schema / unconstrained: x{report['structured_over_unconstrained']:.2f} (tokens per second)",
+              flush=True)  # fmt: skip
 
 
 def _print_run(r: dict) -> None:

@@ -15,6 +15,7 @@ from kernels.triton.prefill_attention import prefill_attention
 from kernels.triton.rms_norm import rms_norm
 from kernels.triton.rotary import apply_rotary
 from kernels.triton.store_kv_cache import store_kv_cache
+from kernels.triton.token_bitmask import apply_token_bitmask_
 
 BF16 = torch.bfloat16
 BLOCK_SIZE = 16  # KV cache block, tokens
@@ -117,6 +118,32 @@ def small_kernels(chk, device) -> None:
     chk.case("store_kv_cache", _store_case, chk, device, tokens, hkv, d)
     chk.case("rms_norm", _rms_norm_case, chk, device, tokens, hidden)
     chk.case("apply_rotary", _rotary_case, chk, device, tokens, hq, hkv, d)
+    rows, vocab = (5, 1000) if dry else (256, 151_936)
+    chk.case("token_bitmask", _bitmask_case, chk, device, rows, vocab)
+
+
+def _bitmask_case(chk, device, rows: int, vocab: int) -> None:
+    """Structured outputs' masks: every other logits row constrained (-inf where its bit is clear);
+    read the mask words and the rows' logits, write the blocked positions (counted as all of them)."""
+    logits = torch.randn(rows, vocab, device=device)
+    which = torch.arange(0, rows, 2, device=device)
+    words = torch.randint(-(2**31), 2**31 - 1, (which.numel(), (vocab + 31) // 32), device=device,
+                          dtype=torch.int64).to(torch.int32)  # fmt: skip
+    got, want = logits.clone(), logits.clone()
+    apply_token_bitmask_(got, words, which)
+    reference.apply_token_bitmask_(want, words, which)
+    ms = chk.time_ms(lambda: apply_token_bitmask_(logits, words, which))
+    chk.kernel(
+        "token_bitmask",
+        f"rows={which.numel()}/{rows} V={vocab}",
+        got.nan_to_num(neginf=-1e4),
+        want.nan_to_num(neginf=-1e4),
+        "exact",
+        ms,
+        which.numel() * (vocab * 4 * 2 + words.shape[1] * 4),
+        "GB/s",
+        "copy_gbps",
+    )
 
 
 def _store_case(chk, device, tokens: int, hkv: int, d: int) -> None:

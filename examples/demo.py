@@ -4,6 +4,10 @@ Makes the demo dataset and (unless examples/models/pycoder-tiny exists) a random
 `freight run` through the same code path as the command line, then prints the first results, a few
 completions in full and the cost table. It says first what the model is: a few million parameters
 trained for minutes on a CPU write Python that looks right, not programs that work.
+
+A second job shows structured output: one JSON object per code snippet, shaped by a JSON schema
+(`--json-schema`), printed as a table from the results' `parsed` column. The shape is guaranteed by
+the engine; what a model this small puts in it is a guess.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # run from a checkout without installing
 
-from demo_data import make_demo_dataset  # noqa: E402
+from demo_data import EXTRACT_SCHEMA, SNIPPETS, make_demo_dataset, make_extract_dataset  # noqa: E402
 
 from jobs.cli import app  # noqa: E402
 
@@ -29,6 +33,7 @@ TRAINED_MODEL = HERE / "models" / "pycoder-tiny"
 TEMPERATURE = "0.4"
 TOP_P = "0.9"
 SHOWN_IN_FULL = ("fn-00", "fn-13", "code-01")
+EXTRACT_MAX_TOKENS = 96  # room for the longest object EXTRACT_SCHEMA allows, in this model's tokens
 
 
 def freight(*args: str) -> None:
@@ -111,6 +116,47 @@ def main() -> None:
     freight("results", str(out), "--head", "6")
     show_in_full(out, dataset, SHOWN_IN_FULL)
     freight("cost", str(out))
+    extract(work, model)
+
+
+def extract(work: Path, model: Path) -> None:
+    """The structured-output job: a JSON object per snippet, printed as a table. Exits 1 naming the
+    cause when no row produced one."""
+    import pyarrow.dataset as pads
+    from rich.console import Console
+    from rich.table import Table
+
+    dataset = make_extract_dataset(work / "snippets.parquet")
+    schema = work / "extract_schema.json"
+    schema.write_text(json.dumps(EXTRACT_SCHEMA, indent=2) + "\n")
+    out = work / "extract"
+    shutil.rmtree(out, ignore_errors=True)
+    print(
+        f"\nstructured output: one JSON object per code snippet, shaped by {schema}\n"
+        f"  {json.dumps(EXTRACT_SCHEMA)}\n",
+        flush=True,
+    )
+    freight("run", str(dataset), "--model", str(model), "--output", str(out), "--id-column", "id",
+            "--max-tokens", str(EXTRACT_MAX_TOKENS), "--json-schema", str(schema))  # fmt: skip
+    rows = {r["id"]: r for r in pads.dataset(out / "shards").to_table().to_pylist()}
+    if not any(r["parsed"] for r in rows.values()):
+        first = next(iter(rows.values()))
+        cause = first["error"] or f"finish_reason {first['finish_reason']}"
+        print(f"error: the structured-output job produced no JSON object ({cause})", file=sys.stderr)
+        sys.exit(1)
+    table = Table(title="what the model extracted (the shape is enforced, the content is a tiny model's guess)",
+                  title_justify="left")  # fmt: skip
+    for name in ("id", "function", "args", "returns_value", "finish"):
+        table.add_column(name)
+    for row_id in SNIPPETS:
+        row = rows[row_id]
+        if row["parsed"] is None:  # ran out of tokens, or failed: say which
+            table.add_row(row_id, "-", "-", "-", row["error"] or row["finish_reason"])
+            continue
+        value = json.loads(row["parsed"])
+        table.add_row(row_id, value["function"], ", ".join(value["args"]), str(value["returns_value"]).lower(),
+                      row["finish_reason"])  # fmt: skip
+    Console().print(table)
 
 
 if __name__ == "__main__":

@@ -65,3 +65,38 @@ def make_demo_dataset(path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({"id": ids, "prompt": prompts}), path)
     return path
+
+
+# The second job: one JSON object per code snippet, its shape fixed by a JSON schema (structured
+# output). Identifier patterns of bounded length and a short list keep a small model's answers
+# readable and complete within the token budget.
+EXTRACT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "function": {"type": "string", "pattern": "^[a-z_][a-z0-9_]{0,23}$"},
+        "args": {"type": "array", "items": {"type": "string", "pattern": "^[a-z_][a-z0-9_]{0,11}$"}, "maxItems": 4},
+        "returns_value": {"type": "boolean"},
+    },
+    "required": ["function", "args", "returns_value"],
+    "additionalProperties": False,
+}
+SNIPPETS = {
+    "gcd": "def gcd(a, b):\n    while b:\n        a, b = b, a % b\n    return a\n",
+    "greet": "def greet(name):\n    print(f'hello, {name}')\n",
+    "median": "def median(values):\n    s = sorted(values)\n    return s[len(s) // 2]\n",
+    "save": "def save(path, text):\n    with open(path, 'w') as f:\n        f.write(text)\n",
+    "is_even": "def is_even(n):\n    return n % 2 == 0\n",
+    "log_all": "def log_all(items, prefix):\n    for item in items:\n        print(prefix, item)\n",
+    "clamp": "def clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n",
+    "reset": "def reset(state):\n    state.clear()\n",
+}
+EXTRACT_PROMPT = "{code}\n# The function above, described as JSON (name, argument names, returns a value):\n"
+
+
+def make_extract_dataset(path: str | Path) -> Path:
+    """Write the extraction job's Parquet (columns id, prompt; one code snippet a row)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prompts = [EXTRACT_PROMPT.format(code=code) for code in SNIPPETS.values()]
+    pq.write_table(pa.table({"id": list(SNIPPETS), "prompt": prompts}), path)
+    return path

@@ -89,6 +89,8 @@ class ShardRecord(BaseModel):
     busy_seconds: float = Field(description="engine busy time in this attempt")
     prefill_seconds: float = Field(0.0, description="of busy_seconds, the prefill share (EngineStats)")
     decode_seconds: float = Field(0.0, description="of busy_seconds, the decode share")
+    constrained_rows: int = Field(0, description="rows decoded under a structured-output constraint")
+    mask_seconds: float = Field(0.0, description="engine host time filling their allowed-token masks")
     load_seconds: float = Field(description="model load time charged to this shard")
     wall_seconds: float = Field(description="shard start to commit on the worker")
     billed_seconds: float
@@ -191,6 +193,8 @@ def build_report(
         "prefill_seconds": prefill_s,
         "decode_seconds": decode_s,
         "load_seconds": sum(r.load_seconds for r in shards),
+        "constrained_rows": sum(r.constrained_rows for r in shards),
+        "mask_seconds": sum(r.mask_seconds for r in shards),
         "billed_seconds": billed,
         "wall_seconds": max(0.0, finished_at - started_at),
         "instance_type": ",".join(t for t, _ in types.most_common()),

@@ -37,8 +37,8 @@ LIKELIHOOD_FIELDS = [
 TOKEN_LOGPROB = pa.struct(
     [pa.field("token", pa.string()), pa.field("token_id", pa.int32()), pa.field("logprob", pa.float32())]
 )
-# Then, in every result: the request's endpoint and what n > 1, logprobs and embeddings add (null
-# where the row did not ask for them). README "Result schema" documents each.
+# Then, in every result: the request's endpoint and what n > 1, logprobs, embeddings and JSON
+# constraints add (null where the row did not ask for them). README "Result schema" documents each.
 REQUEST_FIELDS = [
     pa.field("endpoint", pa.string(), nullable=False),  # /v1/chat/completions | /v1/completions | /v1/embeddings
     pa.field("completions", pa.list_(pa.string())),  # n > 1: every choice's text, in index order
@@ -48,8 +48,10 @@ REQUEST_FIELDS = [
         pa.list_(pa.list_(pa.struct([*TOKEN_LOGPROB, pa.field("top_logprobs", pa.list_(TOKEN_LOGPROB))]))),
     ),
     pa.field("embedding", pa.list_(pa.float32())),  # embeddings rows
+    pa.field("parsed", pa.string()),  # JSON constraint, choice 0 finished "stop": the value, compact JSON
+    pa.field("parsed_choices", pa.list_(pa.string())),  # n > 1 with a JSON constraint: each choice's
 ]
-# Per-row sampling columns of a Parquet input (same names and rules as a JSONL body's fields).
+# Per-row sampling and structured-output columns of a Parquet input (a JSONL body's names and rules).
 OVERRIDE_COLUMNS = (
     "max_tokens",
     "temperature",
@@ -66,6 +68,11 @@ OVERRIDE_COLUMNS = (
     "min_p",
     "min_tokens",
     "logit_bias",
+    # structured output (worker/row_constraint.py): at most one per row
+    "response_format",
+    "json_schema",
+    "regex",
+    "choice",
 )
 
 

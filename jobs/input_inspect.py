@@ -186,6 +186,13 @@ def check_override_types(schema: pa.Schema, overrides: tuple[str, ...]) -> None:
             expected = "a string or a list of strings"
         elif column == "logprobs":
             ok, expected = pa.types.is_boolean(t) or pa.types.is_integer(t), "true/false or an integer (top count)"
+        elif column in ("json_schema", "regex"):
+            ok, expected = is_string(t), "strings" + (" (JSON text of a schema)" if column == "json_schema" else "")
+        elif column == "response_format":
+            ok, expected = is_string(t) or pa.types.is_struct(t), 'JSON text or a struct ({"type": ...})'
+        elif column == "choice":
+            ok = is_string(t) or (_is_list(t) and is_string(t.value_type))
+            expected = "a list of strings (or its JSON text)"
         elif column == "logit_bias":
             ok = is_string(t) or (
                 pa.types.is_map(t)

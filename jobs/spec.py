@@ -40,6 +40,12 @@ class SamplingSpec(BaseModel):
     logit_bias: tuple[tuple[int, float], ...] = Field(
         (), description="(token id, bias) pairs sorted by id; a {id: bias} map or its JSON text is accepted"
     )
+    # structured output for every row without its own (README "Structured output"); at most one
+    json_schema: str | None = Field(
+        None, description="a JSON schema (a dict or its JSON text), kept as compact JSON text"
+    )
+    regex: str | None = Field(None, min_length=1, description="a regular expression the whole text matches")
+    choice: tuple[str, ...] | None = Field(None, description="the text is one of these strings")
 
     @field_validator("stop")
     @classmethod
@@ -53,11 +59,48 @@ class SamplingSpec(BaseModel):
     def _bias_pairs(cls, v: Any) -> Any:
         return logit_bias_pairs(v)
 
+    @field_validator("json_schema", mode="before")
+    @classmethod
+    def _canonical_schema(cls, v: Any) -> Any:
+        return None if v is None else canonical_schema(v)
+
+    @field_validator("choice")
+    @classmethod
+    def _choices(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is not None and (not v or any(not c for c in v)):
+            raise ValueError("needs at least one string, and no empty one")
+        return v
+
     @model_validator(mode="after")
     def _min_tokens_fit(self) -> SamplingSpec:
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        given = [f"--{name.replace('_', '-')}" for name in CONSTRAINT_FIELDS if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} both constrain every row's output: give one")
         return self
+
+    @property
+    def constraint_kind(self) -> str | None:
+        """Which job-wide constraint is set: json_schema, regex, choice, or None."""
+        return next((name for name in CONSTRAINT_FIELDS if getattr(self, name) is not None), None)
+
+
+CONSTRAINT_FIELDS = ("json_schema", "regex", "choice")  # the job-wide structured-output flags
+
+
+def canonical_schema(v: Any) -> str:
+    """A JSON schema (a dict, or JSON text of an object) as compact JSON text, key order kept (the
+    order of a `properties` map is the generated object's key order); the worker canonicalizes it
+    for the engine (Constraint.json_schema). ValueError when it is not a JSON object."""
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"json_schema is not valid JSON ({exc})") from None
+    if not isinstance(v, dict):
+        raise ValueError(f"json_schema must be a JSON object (a schema), got {type(v).__name__}")
+    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
 
 # Sampling fields added after spec version 1 enter the job id only when set, so the ids of jobs
@@ -71,6 +114,9 @@ _LATER_SAMPLING = {
     "min_p": 0.0,
     "min_tokens": 0,
     "logit_bias": [],
+    "json_schema": None,
+    "regex": None,
+    "choice": None,
 }
 
 
@@ -159,6 +205,10 @@ class JobSpec(BaseModel):
             raise ValueError("--task embed embeds the prompts; likelihood scoring (--continuation-column) generates")
         if self.task != "embed" and self.dimensions is not None:
             raise ValueError("--dimensions truncates embeddings: it needs --task embed")
+        kind = self.sampling.constraint_kind
+        if kind is not None and (self.task == "embed" or self.continuation_column is not None):
+            what = "--task embed embeds the prompts" if self.task == "embed" else "likelihood scoring scores text"
+            raise ValueError(f"--{kind.replace('_', '-')} constrains generated text; {what}: drop one")
         if self.output == self.input:
             raise ValueError("the output must differ from the input: results would overwrite the dataset")
         return self

@@ -52,6 +52,10 @@ def cost_table(report: dict[str, Any], provisional: bool = False) -> Table:
         ("wasted (interruptions)", _usd(report["wasted_cost_usd"])),
         ("shards", f"{len(report['shards']):,}"),
     ]
+    if report.get("constrained_rows"):  # structured output: the rows and the mask filling time
+        rows.insert(
+            7, ("constrained rows (mask s)", f"{report['constrained_rows']:,} ({report.get('mask_seconds', 0.0):.2f})")
+        )
     if "state" in report:  # cost.json from before the key: no line
         state = report["state"]
         if report.get("shards_missing"):

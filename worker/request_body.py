@@ -32,7 +32,17 @@ _NOT_RUN = {
     "suffix": "insertion (suffix) is not supported",
     "audio": "audio output is not supported",
     "modalities": "only text output is supported",
+    "guided_whitespace_pattern": "not supported (JSON whitespace is the grammar engine's)",
 }
+# The fields of a body that ask for structured output (worker/row_constraint.py checks their values).
+CONSTRAINT_FIELDS = (
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+)
 
 
 class _Fields(BaseModel):
@@ -92,9 +102,20 @@ class SamplingFields(_Fields):
 class _Request(SamplingFields):
     model: str | None = None
     max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    response_format: dict[str, Any] | None = None
     user: str | None = None  # ignored, as OpenAI does for inference
     stream: bool | None = None
+    # structured output (CONSTRAINT_FIELDS): values checked by worker/row_constraint.py
+    response_format: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    guided_decoding_backend: str | None = None  # ignored: freight has one grammar engine
+
+    def constraint_fields(self) -> dict[str, Any]:
+        """The structured-output fields given (not null), by name."""
+        return {k: getattr(self, k) for k in CONSTRAINT_FIELDS if getattr(self, k) is not None}
 
 
 class ChatBody(_Request):
@@ -144,6 +165,16 @@ class RowColumns(SamplingFields):
 
     logprobs: bool | int | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    # structured output: values checked by worker/row_constraint.py (column_constraint)
+    response_format: Any = None
+    json_schema: Any = None
+    regex: Any = None
+    choice: Any = None
+
+    def constraint_fields(self) -> dict[str, Any]:
+        """The structured-output columns given (not null), by name."""
+        names = ("response_format", "json_schema", "regex", "choice")
+        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
 
 
 Body = ChatBody | CompletionBody | EmbeddingBody

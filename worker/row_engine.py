@@ -42,6 +42,7 @@ def sampling_params(req: RowRequest, cache: dict[Any, Any] | None = None) -> Any
         stop_token_ids=s.stop_token_ids,
         ignore_eos=s.ignore_eos,
         skip_special_tokens=s.skip_special_tokens,
+        constraint=s.constraint,
     )
     if cache is not None:
         cache[key] = params

@@ -1,7 +1,7 @@
 """A shard's input rows -> engine requests (prompt + per-row sampling), or a row error.
 
-Parquet rows: the prompt column (text or chat messages) and the per-row sampling columns
-(jobs/datasets.py OVERRIDE_COLUMNS). OpenAI-Batch rows: each line's body, checked field by field for
+Parquet rows: the prompt column (text or chat messages) and the per-row sampling and structured-output
+columns (jobs/datasets.py OVERRIDE_COLUMNS; constraints: worker/row_constraint.py). OpenAI-Batch rows: each line's body, checked field by field for
 its url's endpoint (worker/request_body.py). Either way a value wins over the job's flag, and a bad
 row (null prompt, bad value, unknown field, unrenderable messages) is that row's error, never the
 shard's.
@@ -23,6 +23,7 @@ from jobs.manifest import InputPlan
 from jobs.settings import get_settings
 from jobs.spec import JobSpec
 from worker.chat_messages import chat_messages
+from worker.engine.constraint import Constraint
 from worker.request_body import (
     ChatBody,
     CompletionBody,
@@ -30,6 +31,7 @@ from worker.request_body import (
     parse_body,
     parse_columns,
 )
+from worker.row_constraint import body_constraint, column_constraint
 from worker.row_sampling import RowSampling, column_logprobs, resolve_sampling
 
 
@@ -74,11 +76,19 @@ def build_requests(
         try:
             columns = parse_columns({c: v[i] for c, v in overrides.items() if v[i] is not None})
             logprobs = column_logprobs(columns.logprobs, columns.top_logprobs, spec.sampling.logprobs)
-            sampling = resolve_sampling(spec, row_id, columns, columns.max_tokens, logprobs, tokenizer, limit)
+            constraint = column_constraint(columns.constraint_fields())
+            sampling = resolve_sampling(
+                spec, row_id, columns, columns.max_tokens, logprobs, tokenizer, limit, constraint
+            )
             text = _prompt_text(prompts[i], plan.prompt_kind, tokenizer)
             if conts is None:
                 out.append(RowRequest(row=row, id=row_id, prompt=text, sampling=sampling, endpoint=endpoint))
                 continue
+            if isinstance(constraint, Constraint):
+                raise ValueError(
+                    f"{', '.join(columns.constraint_fields())}: likelihood scoring scores the continuation, "
+                    "it generates nothing to constrain (leave the cell null)"
+                )
             cont = conts[i]
             if not isinstance(cont, str) or not cont:
                 raise ValueError("empty continuation: likelihood scoring needs text to score")
@@ -142,11 +152,7 @@ def _batch_request(
         )
     if body.stream:
         raise ValueError("stream true: batch requests do not stream (drop the field)")
-    if body.response_format is not None and body.response_format != {"type": "text"}:
-        raise ValueError(
-            f"response_format {json.dumps(body.response_format)}: structured output is not supported yet "
-            '(drop the field, or give {"type": "text"})'
-        )
+    constraint = body_constraint(body.constraint_fields())
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     echo_text = None
     if isinstance(body, ChatBody):
@@ -165,7 +171,7 @@ def _batch_request(
             if body.logprobs is not None:
                 raise ValueError("echo with logprobs: prompt log-probabilities are not supported (drop one)")
             echo_text = body.prompt if isinstance(body.prompt, str) else tokenizer.decode(list(body.prompt))
-    sampling = resolve_sampling(spec, row_id, body, max_tokens, logprobs, tokenizer, max_n)
+    sampling = resolve_sampling(spec, row_id, body, max_tokens, logprobs, tokenizer, max_n, constraint)
     return RowRequest(
         row=row, id=row_id, prompt=prompt, sampling=sampling, endpoint=endpoint, echo_text=echo_text
     )

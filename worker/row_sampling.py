@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobs.spec import MAX_LOGPROBS, JobSpec, row_seed
+from worker.engine.constraint import Constraint
 from worker.request_body import SamplingFields
+from worker.row_constraint import TEXT, RowConstraint, job_constraint
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class RowSampling:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    constraint: Constraint | None = None  # structured output: the row's own, else the job's
 
 
 def resolve_sampling(
@@ -45,9 +48,11 @@ def resolve_sampling(
     logprobs: int | None,
     tokenizer: Any,
     max_n: int,
+    constraint: RowConstraint = None,
 ) -> RowSampling:
     """The job's sampling with a row's checked fields `f` (None = the job's); the rules that need the
-    job: n <= max_n, min_tokens <= max_tokens, token ids inside the vocabulary."""
+    job: n <= max_n, min_tokens <= max_tokens, token ids inside the vocabulary. `constraint`: the
+    row's structured output (worker/row_constraint.py): None takes the job's, TEXT none."""
     s = spec.sampling
     n = s.n if f.n is None else f.n
     if n > max_n:
@@ -82,6 +87,7 @@ def resolve_sampling(
         stop_token_ids=stop_token_ids,
         ignore_eos=bool(f.ignore_eos),
         skip_special_tokens=f.skip_special_tokens is not False,
+        constraint=job_constraint(s) if constraint is None else (None if constraint == TEXT else constraint),
     )
 
 

@@ -174,6 +174,8 @@ def compute_shard(
         busy_seconds=busy,
         prefill_seconds=engine_time.prefill_seconds,
         decode_seconds=engine_time.decode_seconds,
+        constrained_rows=sum(1 for r in ordered if r.constrained),
+        mask_seconds=engine_time.mask_seconds,
         load_seconds=load_seconds,
         wall_seconds=wall,
         billed_seconds=billed,

@@ -2,6 +2,8 @@
 
 One row per input row. With n > 1 choices: `completion` / `finish_reason` are choice 0's,
 `completions` / `finish_reasons` list every choice, `completion_tokens` sums them (OpenAI's usage).
+With a JSON constraint (json_schema / json_object): `parsed` is choice 0's value as compact JSON when
+it finished "stop" (null otherwise), `parsed_choices` every choice's with n > 1.
 `logprobs` (when asked): per choice, per generated token, the token's text (decoded alone, special
 tokens kept), id and log-probability, and its `top_logprobs` (the asked count, likeliest first).
 Running the rows through the engine: worker/row_engine.py.
@@ -9,6 +11,7 @@ Running the rows through the engine: worker/row_engine.py.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +23,7 @@ from jobs.endpoints import URL_OF_ENDPOINT
 from worker.row_requests import RowRequest
 
 ROW_COLUMN = "_row"  # global row number; only in partial files, never in committed results
+CONSTRAINED_COLUMN = "_constrained"  # RowResult.constrained; only in partial files
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,9 @@ class RowResult:
     finish_reasons: list[str] | None = None  # n > 1
     logprobs: list[list[dict[str, Any]]] | None = None  # [choice][token] {token, token_id, logprob, top_logprobs}
     embedding: list[float] | None = None  # embeddings rows
+    parsed: str | None = None  # JSON constraint, choice 0 finished "stop": its value as compact JSON
+    parsed_choices: list[str | None] | None = None  # n > 1 with a JSON constraint: each choice's `parsed`
+    constrained: bool = False  # ran under a constraint (the cost report's constrained_rows; not a result column)
 
 
 def error_row(req: RowRequest) -> RowResult:
@@ -58,8 +65,9 @@ def error_row(req: RowRequest) -> RowResult:
 def result_row(d: dict[str, Any], endpoint: str) -> RowResult:
     """A partial file's row (with its _row column) back to a RowResult; `endpoint` for files older
     than the endpoint column (default_endpoint)."""
-    values = {k: d.get(k) for k in RowResult.__dataclass_fields__ if k != "row"}
+    values = {k: d.get(k) for k in RowResult.__dataclass_fields__ if k not in ("row", "constrained")}
     values["endpoint"] = values["endpoint"] or endpoint
+    values["constrained"] = bool(d.get(CONSTRAINED_COLUMN))
     return RowResult(row=int(d[ROW_COLUMN]), **values)
 
 
@@ -94,6 +102,8 @@ def from_output(out: Any, req: RowRequest, token_text: Callable[[int], str] | No
     texts = [(req.echo_text or "") + c.text for c in choices]
     s = req.sampling
     several = s is not None and s.n > 1 and not failed
+    constraint = s.constraint if s is not None else None
+    parsed = [parsed_value(c.text, c.finish_reason) for c in choices] if constraint and constraint.is_json else None
     logprobs = None
     if s is not None and s.logprobs is not None and not likelihood and not failed:
         if token_text is None:
@@ -114,7 +124,27 @@ def from_output(out: Any, req: RowRequest, token_text: Callable[[int], str] | No
         completions=texts if several else None,
         finish_reasons=[c.finish_reason for c in choices] if several else None,
         logprobs=logprobs,
+        parsed=parsed[0] if parsed and not failed else None,
+        parsed_choices=parsed if parsed and several else None,
+        constrained=constraint is not None,
     )
+
+
+def parsed_value(text: str, finish_reason: str) -> str | None:
+    """A JSON-constrained choice's value, re-serialized compactly (key order kept, non-ASCII as is);
+    None unless it finished "stop" with text that parses (a length or error end, or a stop string
+    that cut the value short)."""
+    if finish_reason != "stop":
+        return None
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except ValueError:
+        return None
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _token_logprobs(
@@ -146,4 +176,5 @@ def rows_table(rows: list[RowResult], likelihood: bool, with_row: bool, id_type:
     table = pa.Table.from_pydict(cols, schema=schema)
     if with_row:
         table = table.append_column(ROW_COLUMN, pa.array([r.row for r in rows], pa.int64()))
+        table = table.append_column(CONSTRAINED_COLUMN, pa.array([r.constrained for r in rows], pa.bool_()))
     return table

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.cli.common import fail
+from jobs.cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
     DimensionsOpt,
@@ -121,6 +122,9 @@ def estimate_cmd(
     min_p: MinPOpt = 0.0,
     min_tokens: MinTokensOpt = 0,
     logit_bias: LogitBiasOpt = None,
+    json_schema: JsonSchemaOpt = None,
+    regex: RegexOpt = None,
+    choice: ChoiceOpt = None,
     shard_rows: ShardRowsOpt = 256,
     instance_type: InstanceTypeOpt = "cpu-local",
     market: MarketOpt = "on-demand",

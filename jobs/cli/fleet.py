@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from jobs.cli.common import EXIT_JOB_EXPIRED, EXIT_JOB_FAILED, fail, resolve_job
+from jobs.cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt
 from jobs.cli.estimate import MaxCostOpt, max_cost_check
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
@@ -81,6 +82,9 @@ def submit(
     min_p: MinPOpt = 0.0,
     min_tokens: MinTokensOpt = 0,
     logit_bias: LogitBiasOpt = None,
+    json_schema: JsonSchemaOpt = None,
+    regex: RegexOpt = None,
+    choice: ChoiceOpt = None,
     shard_rows: ShardRowsOpt = 256,
     instance_type: InstanceTypeOpt = "cpu-local",
     market: MarketOpt = "on-demand",

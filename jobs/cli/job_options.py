@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 from pydantic import ValidationError
 
+from jobs.cli.constraint_options import constraint_fields
 from jobs.errors import FreightError, SpecMismatchError
 from jobs.manifest import Manifest
 from jobs.planner import PreparedJob
@@ -256,6 +257,9 @@ def spec_from_options(
     min_p: float = 0.0,
     min_tokens: int = 0,
     logit_bias: str | None = None,
+    json_schema: Path | None = None,
+    regex: str | None = None,
+    choice: str | None = None,
     shard_rows: int,
     instance_type: str,
     market: str,
@@ -265,6 +269,7 @@ def spec_from_options(
     """The JobSpec of `run` / `submit` / `estimate`'s flags; FreightError with one line if invalid."""
     from jobs.spec import JobSpec, SamplingSpec
 
+    constraint = constraint_fields(json_schema, regex, choice)
     try:
         return JobSpec(
             input=absolute(input),
@@ -290,6 +295,7 @@ def spec_from_options(
                 min_p=min_p,
                 min_tokens=min_tokens,
                 logit_bias=logit_bias or (),
+                **constraint,
             ),
             shard_rows=shard_rows,
             instance_type=instance_type,

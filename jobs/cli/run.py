@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from jobs.cli.common import fail, plural, resolve_out
+from jobs.cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt
 from jobs.cli.estimate import MaxCostOpt, max_cost_check
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
@@ -81,6 +82,9 @@ def run(
     min_p: MinPOpt = 0.0,
     min_tokens: MinTokensOpt = 0,
     logit_bias: LogitBiasOpt = None,
+    json_schema: JsonSchemaOpt = None,
+    regex: RegexOpt = None,
+    choice: ChoiceOpt = None,
     shard_rows: ShardRowsOpt = 256,
     instance_type: InstanceTypeOpt = "cpu-local",
     market: MarketOpt = "on-demand",

@@ -96,6 +96,9 @@ def _job_specs(suite: Suite, model: str, out: ObjectStore) -> PlannedModel:
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 seed=sampling.seed,
+                json_schema=sampling.json_schema,
+                regex=sampling.regex,
+                choice=sampling.choice,
             ),
             **extra,
         )

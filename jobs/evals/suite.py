@@ -38,6 +38,17 @@ class Sampling(BaseModel):
     temperature: float = Field(0.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int = Field(0, ge=0)
+    # structured output for every generated answer (jobs/spec.py SamplingSpec checks them), at most one
+    json_schema: dict[str, Any] | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> Sampling:
+        given = [k for k in ("json_schema", "regex", "choice") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} both constrain the answers: give one")
+        return self
 
 
 class _SuiteFields(BaseModel):

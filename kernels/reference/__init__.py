@@ -7,8 +7,10 @@ from kernels.reference.fused_moe import fused_moe, select_experts
 from kernels.reference.kv_cache import store_kv_cache
 from kernels.reference.norm import rms_norm
 from kernels.reference.rotary import apply_rotary
+from kernels.reference.token_bitmask import apply_token_bitmask_
 
 __all__ = [
+    "apply_token_bitmask_",
     "apply_rotary",
     "fused_moe",
     "gelu_tanh_mul",

@@ -123,6 +123,13 @@ def merge_partials(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2:
     return (o1 * w1 + o2 * w2) / (w1 + w2)
 
 
+def apply_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> None:
+    """Attention sinks (gpt-oss), in place: out [N, Hkv, G, D] fp32 over its keys, whose log-sum-exp is
+    lse [N, Hkv, G], becomes the attention whose softmax denominator also holds exp(sinks[h]) for query
+    head h = kv_head * G + g (a logit with no value): out * sigmoid(lse - sink)."""
+    out.mul_(torch.sigmoid(lse - sinks.float().view(lse.shape[1:]))[..., None])
+
+
 # ---- decode -------------------------------------------------------------------------------------
 def decode_shared_blocks(block_tables: torch.Tensor, lens: list[int], block_size: int) -> int:
     """Leading blocks every decode sequence shares and is worth a cascade (leaving each sequence at
@@ -199,7 +206,7 @@ def plan_decode(
 
 def decode_with_plan(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan, scale: float,
-    out: torch.Tensor | None = None, softcap: float = 0.0,
+    out: torch.Tensor | None = None, sinks: torch.Tensor | None = None, softcap: float = 0.0,
 ) -> torch.Tensor:  # fmt: skip
     """paged_decode_attention with a prebuilt plan_decode(...)."""
     batch, num_heads, head_dim = q.shape
@@ -213,8 +220,10 @@ def decode_with_plan(
         o, s = _attend(qf.index_select(0, part.rows), k, v, part.mask, scale, softcap)
         result[part.rows], lse[part.rows] = o, s
     if plan.shared_ids is not None:
-        shared = attend_shared_blocks(qf, k_cache, v_cache, plan.shared_ids, scale, softcap)
-        result = merge_partials(result, lse, *shared)
+        o2, s2 = attend_shared_blocks(qf, k_cache, v_cache, plan.shared_ids, scale, softcap)
+        result, lse = merge_partials(result, lse, o2, s2), torch.logaddexp(lse, s2)
+    if sinks is not None:
+        apply_sinks(result, lse, sinks)
     result = result.reshape(batch, num_heads, head_dim)
     if out is None:
         return result.to(q.dtype)
@@ -230,6 +239,7 @@ def paged_decode_attention(
     context_lens: torch.Tensor,
     scale: float,
     out: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
     window: int = 0,
     softcap: float = 0.0,
 ) -> torch.Tensor:
@@ -240,9 +250,10 @@ def paged_decode_attention(
     (entries past a sequence's blocks are ignored); context_lens int32 [B], each >= 1.
     Slots past a sequence's context in its last block get weight 0 but must hold finite values
     (0 * NaN is NaN): the engine allocates its cache zeroed. The Triton kernel does not read them.
+    sinks: fp32 [Hq] logits added to each head's softmax denominator (apply_sinks), or None.
     """
     plan = plan_decode(block_tables, context_lens, k_cache.shape[1], window=window)
-    return decode_with_plan(q, k_cache, v_cache, plan, scale, out, softcap)
+    return decode_with_plan(q, k_cache, v_cache, plan, scale, out, sinks, softcap)
 
 
 # ---- prefill ------------------------------------------------------------------------------------
@@ -318,7 +329,7 @@ def _unfold_tokens(x: torch.Tensor, n: int) -> torch.Tensor:
 
 def prefill_with_plan(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan, scale: float,
-    out: torch.Tensor | None = None, softcap: float = 0.0,
+    out: torch.Tensor | None = None, sinks: torch.Tensor | None = None, softcap: float = 0.0,
 ) -> torch.Tensor:  # fmt: skip
     """prefill_attention with a prebuilt plan_prefill(...)."""
     total, num_heads, head_dim = q.shape
@@ -340,7 +351,10 @@ def prefill_with_plan(
         res[part.rows] = _unfold_tokens(o, n)
         lse[part.rows] = _unfold_tokens(s[..., None], n)[..., 0]
     if plan.shared_ids is not None:
-        res = merge_partials(res, lse, *attend_shared_prefill(q, k_cache, v_cache, plan.shared_ids, scale, softcap))
+        o2, s2 = attend_shared_prefill(q, k_cache, v_cache, plan.shared_ids, scale, softcap)
+        res, lse = merge_partials(res, lse, o2, s2), torch.logaddexp(lse, s2)
+    if sinks is not None:
+        apply_sinks(res, lse, sinks)
     out.copy_(res.view(total, num_heads, head_dim))
     return out
 
@@ -354,6 +368,7 @@ def prefill_attention(
     block_tables: torch.Tensor,
     scale: float,
     out: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
     window: int = 0,
     softcap: float = 0.0,
 ) -> torch.Tensor:
@@ -362,7 +377,8 @@ def prefill_attention(
     Sequence b owns q rows cu_seqlens_q[b]:cu_seqlens_q[b+1]; its chunk's K/V are already in the
     cache; its query i sits at position context_lens[b] - q_len_b + i and sees keys 0..position
     (position - window + 1..position when window > 0).
+    sinks: fp32 [Hq] logits added to each head's softmax denominator (apply_sinks), or None.
     """
     group = q.shape[1] // k_cache.shape[2]
     plan = plan_prefill(cu_seqlens_q, context_lens, block_tables, k_cache.shape[1], group, window)
-    return prefill_with_plan(q, k_cache, v_cache, plan, scale, out, softcap)
+    return prefill_with_plan(q, k_cache, v_cache, plan, scale, out, sinks, softcap)

@@ -35,6 +35,13 @@ def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -
     return weights, ids
 
 
+def select_experts_topk_softmax(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """gpt-oss's routing: router_logits [T, E] -> the K largest logits' ids (descending) and the
+    softmax over those K logits only, fp32 [T, K] (always summing to 1)."""
+    values, ids = torch.topk(router_logits.float(), top_k, dim=-1)
+    return torch.softmax(values, dim=-1), ids
+
+
 def expert_order(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, list[int]]:
     """(order int64 [T * K]: the flat (token, slot) pair indices sorted by expert, stable; rows per
     expert [E]). Pair p is token p // K."""
@@ -87,6 +94,23 @@ def swiglu_experts(
 
     def mlp(e: int, rows: torch.Tensor) -> torch.Tensor:
         return linear(silu_mul(linear(rows, w13[e])), w2[e])
+
+    return mlp
+
+
+def biased_experts(
+    w13: torch.Tensor,
+    b13: torch.Tensor,
+    w2: torch.Tensor,
+    b2: torch.Tensor,
+    activation: Callable[[torch.Tensor], torch.Tensor],
+    linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _linear,
+) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    """expert_mlp for stacked weights with biases (b13 [E, 2I], b2 [E, H]; gpt-oss): rows ->
+    w2[e] @ activation(w13[e] @ rows + b13[e]) + b2[e]."""
+
+    def mlp(e: int, rows: torch.Tensor) -> torch.Tensor:
+        return linear(activation(linear(rows, w13[e]) + b13[e]), w2[e]) + b2[e]
 
     return mlp
 

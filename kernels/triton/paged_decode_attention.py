@@ -2,7 +2,8 @@
 context lengths in one launch. Flash-decoding: the context is split across programs when the batch
 alone cannot fill the GPU, each split keeps an online softmax (running max, sum, weighted values)
 and a second small kernel merges the splits. Same signature as
-kernels.reference.paged_decode_attention (plus an optional launch config).
+kernels.reference.paged_decode_attention (plus an optional launch config). Attention sinks (gpt-oss)
+join the denominator once, where it is final: in the split kernel without splits, else in the merge.
 """
 
 from dataclasses import dataclass
@@ -15,9 +16,11 @@ from kernels.checks import (
     FLOAT_DTYPES,
     check_gqa,
     check_kv_cache,
+    check_last_dim_contiguous,
     check_out,
     check_paged_operands,
     check_positive,
+    check_same_device,
     check_same_dtype,
     check_shape,
     check_tensor,
@@ -62,6 +65,7 @@ def _decode_split_kernel(
     stride_pml,
     stride_pmb,
     stride_pmh,
+    sinks_ptr,  # fp32 [Hq] logits, read when HAS_SINKS
     SPLIT: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -69,6 +73,7 @@ def _decode_split_kernel(
     UPCAST: tl.constexpr,
     WINDOW: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     # Program (b, kv head, split): the `group` query heads of one KV head as the rows of a tile.
     b = tl.program_id(0)
@@ -120,6 +125,8 @@ def _decode_split_kernel(
         tl.store(pml, m_i, mask=g_mask)
         tl.store(pml + stride_pml, l_i, mask=g_mask)
     else:
+        if HAS_SINKS:  # one more term of the denominator, in the running max's units (log2)
+            l_i += tl.exp2(tl.load(sinks_ptr + heads, mask=g_mask, other=0.0) * 1.4426950408889634 - m_i)
         res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(
             out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
@@ -143,8 +150,10 @@ def _decode_merge_kernel(
     stride_pmh,
     stride_ob,
     stride_oh,
+    sinks_ptr,  # fp32 [Hq] logits, read when HAS_SINKS
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     # Program (b, query head): weight each split by exp2(its max - global max); empty splits have
     # max -1e30 and sum 0, so they weigh nothing.
@@ -158,6 +167,8 @@ def _decode_merge_kernel(
     l_s = tl.load(pml + stride_pml, mask=s_mask, other=0.0)
     w = tl.exp2(m - tl.max(m, axis=0))  # [BS]
     total = tl.sum(w * l_s, axis=0)
+    if HAS_SINKS:
+        total += tl.exp2(tl.load(sinks_ptr + h) * 1.4426950408889634 - tl.max(m, axis=0))
     po = po_ptr + b * stride_pob + h * stride_poh + offs_s[:, None] * stride_pos + offs_d[None, :]
     acc = tl.load(po, mask=s_mask[:, None] & (offs_d[None, :] < head_dim), other=0.0)  # [BS, BD]
     res = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
@@ -197,6 +208,7 @@ def paged_decode_attention(
     context_lens: torch.Tensor,
     scale: float,
     out: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
     window: int = 0,
     softcap: float = 0.0,
     *,
@@ -212,7 +224,8 @@ def paged_decode_attention(
     entries below a sequence's context are read); context_lens int32 [B], each <= max_blocks *
     block_size (not checked: that is a sync per call; a longer one is cut at the table's end, never
     read past it). The split count is sized from max_blocks * block_size, so pass block tables
-    trimmed to the batch's longest sequence.
+    trimmed to the batch's longest sequence. sinks: fp32 [Hq] logits added to each head's softmax
+    denominator, or None.
     """
     cfg = config or DecodeConfig()
     if checked:  # the caller saw the checks below pass for the same shapes, strides, dtypes
@@ -241,6 +254,11 @@ def paged_decode_attention(
             out=out,
         )
         check_launchable(_decode_split_kernel, device)
+        if sinks is not None:
+            check_tensor("sinks", sinks, ndim=1, dtypes=(torch.float32,))
+            check_shape("sinks", sinks, (num_heads,))
+            check_last_dim_contiguous("sinks", sinks)
+            check_same_device(q=q, sinks=sinks)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:
@@ -288,6 +306,7 @@ def paged_decode_attention(
         part_ml.stride(0),
         part_ml.stride(1),
         part_ml.stride(2),
+        out if sinks is None else sinks,  # any pointer when there are none: never read
         SPLIT=splits > 1,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=cfg.block_n,
@@ -295,6 +314,7 @@ def paged_decode_attention(
         UPCAST=dot_upcast(_decode_split_kernel, q.dtype),
         WINDOW=window > 0,
         SOFTCAP=softcap > 0,
+        HAS_SINKS=sinks is not None and splits == 1,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -313,7 +333,9 @@ def paged_decode_attention(
             part_ml.stride(2),
             out.stride(0),
             out.stride(1),
+            out if sinks is None else sinks,
             BLOCK_S=max(2, triton.next_power_of_2(splits)),
             BLOCK_D=block_d,
+            HAS_SINKS=sinks is not None,
         )
     return out

@@ -5,6 +5,8 @@ The keys are the cached prefix plus the new chunk, all read from the paged cache
 are stored before the call), which is what chunked prefill after a prefix-cache hit needs.
 Sequence b's query i sits at position context_lens[b] - q_len_b + i and sees keys 0..position.
 Same signature as kernels.reference.prefill_attention (plus an optional launch config).
+Attention sinks (gpt-oss): each head's sink logit joins the softmax denominator at the end,
+exp(sink - running max), as one more key with no value.
 """
 
 from dataclasses import dataclass
@@ -17,9 +19,11 @@ from kernels.checks import (
     FLOAT_DTYPES,
     check_gqa,
     check_kv_cache,
+    check_last_dim_contiguous,
     check_out,
     check_paged_operands,
     check_positive,
+    check_same_device,
     check_same_dtype,
     check_shape,
     check_tensor,
@@ -111,12 +115,14 @@ def _prefill_kernel(
     stride_bt,
     stride_ot,
     stride_oh,
+    sinks_ptr,  # fp32 [Hq] logits, read when HAS_SINKS
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
     WINDOW: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     # Program (query head, sequence, query tile). Heads vary fastest, so the heads sharing a KV head
     # run together (their keys stay in L2), and tiles run last-first: the longest causal rows start
@@ -209,6 +215,8 @@ def _prefill_kernel(
             WINDOW,
             SOFTCAP,
         )
+        if HAS_SINKS:  # the sink: one more term of the denominator, in the running max's units (log2)
+            l_i += tl.exp2(tl.load(sinks_ptr + h) * 1.4426950408889634 - m_i)
         res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(
             out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
@@ -261,6 +269,7 @@ def prefill_attention(
     block_tables: torch.Tensor,
     scale: float,
     out: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
     window: int = 0,
     softcap: float = 0.0,
     *,
@@ -275,6 +284,7 @@ def prefill_attention(
     cu_seqlens_q int32 [B+1] (rows cu[b]:cu[b+1] belong to sequence b); context_lens int32 [B]
     (cached prefix + chunk, >= the chunk); block_tables int32 [B, max_blocks]. One host sync reads
     the longest chunk to size the grid and checks the lengths against q and the block tables.
+    sinks: fp32 [Hq] logits added to each head's softmax denominator, or None.
     """
     cfg = config or PrefillConfig()
     if checked:  # the caller saw the checks below pass for the same shapes, strides, dtypes
@@ -308,6 +318,11 @@ def prefill_attention(
             out=out,
         )
         check_launchable(_prefill_kernel, device)
+        if sinks is not None:
+            check_tensor("sinks", sinks, ndim=1, dtypes=(torch.float32,))
+            check_shape("sinks", sinks, (num_heads,))
+            check_last_dim_contiguous("sinks", sinks)
+            check_same_device(q=q, sinks=sinks)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0 or tokens == 0:
@@ -338,12 +353,14 @@ def prefill_attention(
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
+        out if sinks is None else sinks,  # any pointer when there are none: never read
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_D=triton.next_power_of_2(head_dim),
         UPCAST=dot_upcast(_prefill_kernel, q.dtype),
         WINDOW=window > 0,
         SOFTCAP=softcap > 0,
+        HAS_SINKS=sinks is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -60,12 +60,14 @@ def fleet(redis_url: str, tmp_path: Path, demo_model: Path) -> Iterator[Fleet]:
 
 def test_a_hung_attempt_is_killed_retried_and_struck(fleet: Fleet, tmp_path: Path) -> None:
     """Attempt 1 of shard 0 hangs with no engine step (the test-only poison worker). The deadline
-    floor and the allowance before a measured rate default to 10 and 60 minutes; this test sets both
-    to 8 s so the hang is cut in seconds. Everything else runs with default settings."""
+    floor and the allowance before a measured rate default to 10 and 60 minutes; this test sets them
+    to 8 s and 30 s so the hang is cut in seconds. The allowance also covers the model load of each
+    fresh pool process, which took over 8 s on a loaded 2-core machine (every attempt was cut then).
+    Everything else runs with default settings."""
     out = tmp_path / "out"
     inp = make_input(tmp_path / "input.parquet", 4, max_tokens=(2,))
     w = fleet.start("h", poison_shard=0, poison_kind="hang_once", serve_all=True,
-                    FREIGHT_SHARD_DEADLINE_FLOOR_S="8", FREIGHT_SHARD_DEADLINE_UNMEASURED_S="8")  # fmt: skip
+                    FREIGHT_SHARD_DEADLINE_FLOOR_S="8", FREIGHT_SHARD_DEADLINE_UNMEASURED_S="30")  # fmt: skip
     sub = submit(fleet.env(), inp, fleet.model, out, 2, max_tokens=2)
     done = fleet.wait_done(out, timeout=300)
     assert done.returncode == 0, done.stderr

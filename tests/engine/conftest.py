@@ -37,7 +37,23 @@ MOE_DEFAULTS: dict[str, dict[str, object]] = {
         "mlp_only_layers": [1],
     },
     "qwen3_moe": {"num_experts": 8, "num_experts_per_tok": 3, "moe_intermediate_size": 32, "norm_topk_prob": True},
+    # gpt-oss: top-2 of 8 biased experts, alternating sliding / full layers (a 512-token window holds
+    # every test prompt; test_exactness_phi3_gptoss narrows it), its default YaRN rope
+    "gpt_oss": {
+        "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32, "sliding_window": 512,
+        "pad_token_id": None,
+    },  # fmt: skip
 }
+# Phi-3 with LongRoPE (short factors below original_max_position_embeddings, long from it, attention
+# factor sqrt(1 + ln 2 / ln 512)) and Phi-4-mini's partial rotary (12 of 16 dims).
+PHI3_DEFAULTS: dict[str, object] = {
+    "original_max_position_embeddings": 512,
+    "rope_parameters": {
+        "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+        "short_factor": [1.0, 1.05, 1.1, 1.3, 1.6, 2.0], "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0],
+    },
+    "pad_token_id": None,
+}  # fmt: skip
 
 
 # Gemma: untied embeddings (tied, the default, makes a tiny random model repeat its input token; the
@@ -69,6 +85,8 @@ def _config(arch: str, **overrides: object) -> object:
     )
     common.update(MOE_DEFAULTS.get(arch, {}))
     common.update(GEMMA_DEFAULTS.get(arch, {}))
+    if arch == "phi3":
+        common.update(PHI3_DEFAULTS)
     common.update(overrides)
     classes = {
         "llama": transformers.LlamaConfig,
@@ -80,8 +98,19 @@ def _config(arch: str, **overrides: object) -> object:
         "qwen3_moe": transformers.Qwen3MoeConfig,
         "gemma2": transformers.Gemma2Config,
         "gemma3_text": transformers.Gemma3TextConfig,
+        "phi3": transformers.Phi3Config,
+        "gpt_oss": transformers.GptOssConfig,
     }
     return classes[arch](**common)
+
+
+@torch.no_grad()
+def _randomize_zero_biases(model: torch.nn.Module) -> None:
+    """transformers initializes some biases to zero (gpt-oss's experts and o_proj): random ones make
+    the exactness tests see whether they are applied, and where."""
+    for name, param in model.named_parameters():
+        if name.endswith("bias") and not param.any():
+            param.normal_(0.0, 0.05)
 
 
 @pytest.fixture(autouse=True, scope="package")
@@ -114,6 +143,7 @@ def make_checkpoint(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Pat
                     for name, param in model.named_parameters():
                         if "norm" in name:
                             param.normal_(0.0, 0.3)
+            _randomize_zero_biases(model)
             path = tmp_path_factory.mktemp(f"ckpt_{arch}")
             model.save_pretrained(path)
             for name in TOKENIZER_FILES:

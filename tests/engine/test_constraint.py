@@ -37,3 +37,12 @@ def test_sampling_params_carries_a_constraint() -> None:
     assert SamplingParams(constraint=c).constraint == Constraint("choice", choices=("yes", "no"))
     with pytest.raises(ValueError, match="must be a Constraint"):
         SamplingParams(constraint="json")  # type: ignore[arg-type]
+
+
+def test_json_schema_keeps_the_order_of_properties() -> None:
+    """Key order elsewhere is canonical; a properties map keeps its order (the output's key order)."""
+    a = Constraint.json_schema({"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}})
+    b = Constraint.json_schema({"properties": {"b": {"type": "integer"}, "a": {"type": "string"}}, "type": "object"})
+    c = Constraint.json_schema({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}})
+    assert a == b and a != c
+    assert a.spec.index('"b"') < a.spec.index('"a"')

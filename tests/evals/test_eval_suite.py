@@ -229,3 +229,23 @@ def test_multiple_choice_rules(qa_dataset: Path, write_suites) -> None:
     assert (
         f"suites.toml:{_line_of(own, 'correct_index')}:" in message and "no column 'correct_index'" in message
     )
+
+
+def test_sampling_takes_one_structured_output_key(qa_dataset: Path, write_suites) -> None:
+    """A suite's answers may be held to a choice, a regex or a JSON schema: the generation job's
+    SamplingSpec carries it (the job-wide --choice / --regex / --json-schema)."""
+    from jobs.evals.plan import _job_specs
+    from jobs.storage import open_store
+
+    text = VALID.replace("max_tokens = 8", 'max_tokens = 8\nchoice = ["yes", "no"]')
+    qa = load_suite_file(write_suites(text)).suites[0]
+    assert qa.sampling.choice == ("yes", "no")
+    planned = _job_specs(qa, qa.models[0], open_store(str(qa_dataset.parent)))
+    assert planned.generate is not None and planned.generate.sampling.choice == ("yes", "no")
+    schema = VALID.replace("max_tokens = 8", 'max_tokens = 8\njson_schema = { type = "object" }')
+    qa = load_suite_file(write_suites(schema)).suites[0]
+    planned = _job_specs(qa, qa.models[0], open_store(str(qa_dataset.parent)))
+    assert planned.generate is not None and planned.generate.sampling.json_schema == '{"type":"object"}'
+    both = _error(write_suites(VALID.replace("max_tokens = 8", 'max_tokens = 8\nregex = "a"\nchoice = ["a"]')))
+    assert "regex and choice both constrain the answers: give one" in both
+    assert "choice" in _error(write_suites(VALID.replace("max_tokens = 8", "max_tokens = 8\nchoice = []")))

@@ -91,7 +91,7 @@ def test_a_mixed_batch_file_runs_with_each_bad_line_its_own_error(
         "bias": ({"messages": MESSAGES, "logit_bias": {"100000": 5}}, "logit_bias: token id 100000 is outside"),
         "role": ({"messages": [{"role": "narrator", "content": "x"}]}, "messages[0].role 'narrator'"),
         "model": ({"model": "gpt-4o", "messages": MESSAGES}, "model 'gpt-4o': this job runs 'tiny'"),
-        "json": ({"messages": MESSAGES, "response_format": {"type": "json_object"}}, "structured output"),
+        "json": ({"messages": MESSAGES, "response_format": {"type": "xml"}}, "response_format.type 'xml': must be"),
     }
     lines = [json.dumps({"custom_id": cid, "method": "POST", "url": CHAT, "body": b}) for cid, b in good.items()]
     for cid in ("comp", "comp-echo"):

@@ -1,5 +1,6 @@
 """`make demo` as a newcomer sees it: it says what the model is, and most of the trained demo model's
-completions read as Python (the first model answered 12 of 32 prompts with "\\n#\\n#\\n#")."""
+completions read as Python (the first model answered 12 of 32 prompts with "\\n#\\n#\\n#"); its
+second job extracts a JSON object per code snippet under a JSON schema."""
 
 from __future__ import annotations
 
@@ -47,7 +48,6 @@ def test_make_demo(tmp_path: Path) -> None:
         [sys.executable, str(ROOT / "examples" / "demo.py"), "--workdir", str(tmp_path)],
         capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
     assert "pycoder-tiny, a 5.2M-parameter Llama" in proc.stdout and "not programs that work" in proc.stdout
     assert "--- fn-00: the prompt, then what the model wrote after it ---" in proc.stdout
     prompts = {r["id"]: r["prompt"] for r in pq.read_table(tmp_path / "prompts.parquet").to_pylist()}
@@ -56,3 +56,24 @@ def test_make_demo(tmp_path: Path) -> None:
     assert len(completions) == len(prompts) == 32
     good = sorted(i for i in prompts if reads_as_python(prompts[i], completions[i]))
     assert len(good) >= 24, {i: completions[i] for i in prompts if i not in good}
+    _check_extraction(proc, tmp_path)
+
+
+def _check_extraction(proc: subprocess.CompletedProcess[str], work: Path) -> None:
+    """The second job: a JSON object per snippet, each `parsed` value valid against the schema, shown
+    in a table."""
+    import json
+
+    import jsonschema
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from demo_data import EXTRACT_SCHEMA, SNIPPETS
+
+    rows = {r["id"]: r for r in pads.dataset(work / "extract" / "shards").to_table().to_pylist()}
+    assert set(rows) == set(SNIPPETS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "what the model extracted" in proc.stdout
+    parsed = [r["parsed"] for r in rows.values() if r["parsed"] is not None]
+    assert len(parsed) >= len(SNIPPETS) // 2, rows
+    for value in parsed:
+        jsonschema.validate(json.loads(value), EXTRACT_SCHEMA)

@@ -48,6 +48,8 @@ RESULT_COLUMNS = [
     "finish_reasons",
     "logprobs",
     "embedding",
+    "parsed",
+    "parsed_choices",
 ]
 
 

@@ -58,8 +58,7 @@ BAD_BODIES = [
     ({"messages": []}, "messages: must be a non-empty list"),
     ({}, "messages: is required"),
     ({"messages": USER, "model": "gpt-4o-mini"}, "model 'gpt-4o-mini': this job runs 'tiny'"),
-    ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format {\"type\": \"json_object\"}: "
-     "structured output is not supported yet"),
+    ({"messages": USER, "response_format": {"type": "json_schema"}}, "response_format.json_schema: is required"),
     ({"messages": USER, "frobnicate": 1}, "unknown field 'frobnicate': /v1/chat/completions takes no such field"),
     ({"messages": USER, "tools": []}, "unknown field 'tools': tool calling is not supported"),
     ({"messages": USER, "stop": ["a"] * 17}, "stop: takes up to 16 non-empty strings"),

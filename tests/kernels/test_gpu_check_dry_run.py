@@ -11,7 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = {"paged_decode_attention", "prefill_attention", "int4_matmul", "int8_matmul", "store_kv_cache",
-           "rms_norm+residual", "apply_rotary", "int4_gemv", "int4_dot", "int8_gemv", "int8_dot", "fp8_matmul"}
+           "rms_norm+residual", "apply_rotary", "token_bitmask", "int4_gemv", "int4_dot", "int8_gemv", "int8_dot",
+           "fp8_matmul", "fused_moe qwen3-30b-a3b (tiny)", "fused_moe mixtral-8x7b (tiny)"}
 
 
 def _dry_run(tmp_path: Path, *flags: str) -> dict:
@@ -28,7 +29,10 @@ def test_dry_run_kernels(tmp_path: Path) -> None:
     assert set(report["ceilings"]) == {"copy_gbps", "matmul_tflops"}
     assert {k["name"] for k in report["kernels"]} == KERNELS
     assert all(k["ok"] and k["rel_err"] <= k["bound"] and k["median_ms"] > 0 for k in report["kernels"])
-    assert {t["name"].split(" ")[0] for t in report["targets"]} == {"paged", "prefill", "int4", "int8", "fp8"}
+    assert {t["name"].split(" ")[0] for t in report["targets"]} == {"paged", "prefill", "int4", "int8", "fp8",
+                                                                    "fused_moe"}
+    moe = [k for k in report["kernels"] if k["name"].startswith("fused_moe")]
+    assert len(moe) == 2 and all(k["loop_ms"] > 0 and k["experts_used"] > 1 for k in moe)
     # decode M: the wrappers' choice and both kernels forced, each against bf16 and the roofline
     decode = [k for k in report["kernels"] if k["name"].startswith(("int4", "int8", "fp8")) and k["unit"] == "GB/s"]
     assert {(k["name"], k["shape"].split()[0]) for k in decode} >= {
@@ -48,3 +52,4 @@ def test_dry_run_everything(tmp_path: Path) -> None:
     engine = report["engine"]
     assert engine["runs"]["triton"]["errors"] == 0
     assert engine["same_greedy_outputs"] == engine["runs"]["triton"]["requests"]
+    assert engine["structured_over_unconstrained"] > 0 and engine["runs"]["triton+json_schema"]["errors"] == 0

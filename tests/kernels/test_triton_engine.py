@@ -48,3 +48,31 @@ def test_triton_backend_generates_the_torch_backend_tokens(tiny_llama: Path) -> 
 def test_triton_backend_qwen3_qk_norm(tmp_path: Path) -> None:
     """Qwen3 also runs rms_norm per head (q/k norm) before rotary."""
     _same_tokens(make_demo_model(tmp_path / "qwen3", "qwen3", size="tiny"))
+
+
+def _hf_checkpoint(tmp_path: Path, tokenizer_dir: Path, config: object) -> Path:
+    """A tiny random transformers model saved with the demo tokenizer."""
+    import shutil
+
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(tokenizer_dir / name, tmp_path / name)
+    return tmp_path
+
+
+@pytest.mark.slow  # ~25 s interpreted; tests/kernels/test_attention_sinks.py covers the kernels fast
+def test_triton_backend_gpt_oss_attention_sinks(tmp_path: Path, tiny_llama: Path) -> None:
+    """gpt-oss: the Triton attention kernels with the sinks (prefill, decode), biases, its MoE."""
+    import transformers
+
+    config = transformers.GptOssConfig(
+        vocab_size=1024, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=256,
+        max_position_embeddings=512, initializer_range=0.2, bos_token_id=0, eos_token_id=2, pad_token_id=None,
+    )  # fmt: skip
+    _same_tokens(_hf_checkpoint(tmp_path, tiny_llama, config))

@@ -69,7 +69,7 @@ def test_decode_window_softcap(window: int, softcap: float) -> None:
     assert_close(ref, dense, atol=2e-5, rtol=1e-4)
     for splits in (1, 3):
         out = poisoned(*q.shape)
-        triton_decode(q, kc, vc, tables, ctx, 0.3, out, window, softcap, config=DecodeConfig(block_n=16, num_splits=splits))
+        triton_decode(q, kc, vc, tables, ctx, 0.3, out, window=window, softcap=softcap, config=DecodeConfig(block_n=16, num_splits=splits))
         assert_close(out, ref, atol=2e-5, rtol=1e-4)
     native = NativeDecodeAttention()  # the C kernel (cpu backend), when it builds here
     out = poisoned(*q.shape)
@@ -97,7 +97,7 @@ def test_prefill_window_softcap(window: int, softcap: float) -> None:
     assert_close(ref, dense, atol=2e-5, rtol=1e-4)
     out = poisoned(*q.shape)
     cfg = PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
-    triton_prefill(q, kc, vc, cu, ctx, tables, 0.25, out, window, softcap, config=cfg)
+    triton_prefill(q, kc, vc, cu, ctx, tables, 0.25, out, window=window, softcap=softcap, config=cfg)
     assert_close(out, ref, atol=2e-5, rtol=1e-4)
     out = poisoned(*q.shape)  # the C kernel (cpu backend)
     NativePrefillAttention()(q, kc, vc, cu, ctx, tables.clamp_min(0), 0.25, out, window=window, softcap=softcap)

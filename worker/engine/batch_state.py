@@ -87,6 +87,8 @@ class PersistentBatch:
         # host-only per-row work after sampling
         self.has_stop_strings = np.zeros(r, np.bool_)
         self.logprobs_k = np.full(r, -1, np.int64)  # -1: no logprobs
+        self.constrained = np.zeros(r, np.bool_)  # a structured-output constraint: masked, checked per token
+        self.num_constrained = 0
         self._free = list(range(r))  # a heap: the lowest free row first
         self._admissions = 0
         # bumped whenever the set of rows past their prefill changes (join, leave, prefill done), so
@@ -144,6 +146,8 @@ class PersistentBatch:
         self.cow[row] = False
         self.has_stop_strings[row] = bool(p.stop)
         self.logprobs_k[row] = -1 if p.logprobs is None else p.logprobs
+        self.constrained[row] = p.constraint is not None
+        self.num_constrained += p.constraint is not None
         self.num_special += bool(p.stop) or p.logprobs is not None
         self.num_drawing += p.temperature > 0
         self.num_blocks[row] = 0
@@ -164,6 +168,8 @@ class PersistentBatch:
         self.active[row] = False
         self.seq_id[row] = -1
         self.num_special -= bool(self.has_stop_strings[row]) or self.logprobs_k[row] >= 0
+        self.num_constrained -= bool(self.constrained[row])
+        self.constrained[row] = False
         self.num_drawing -= self.temperature[row] > 0
         self.num_processed -= bool(self.processed[row])
         if self.penalized[row]:

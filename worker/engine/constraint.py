@@ -4,7 +4,8 @@ Torch-free and hashable: the engine compiles each distinct Constraint once per p
 the compiled grammar between every row that carries an equal one. What the fields hold:
 
 - kind "json_schema": `spec` is the schema as JSON text (Constraint.json_schema canonicalizes it,
-  so equal schemas written with other key orders or spacing are one cache entry);
+  so equal schemas written with other key orders or spacing are one cache entry; the order of a
+  `properties` map is kept: it is the order the generated object's keys come in);
 - kind "json_object": any JSON object; `spec` is empty;
 - kind "regex": `spec` is the pattern the whole output must match;
 - kind "choice": `choices` are the strings the output must equal one of;
@@ -22,6 +23,17 @@ from dataclasses import dataclass
 from typing import Any
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+
+
+def _canonical(value: Any, ordered: bool = False) -> Any:
+    """JSON with every object's keys sorted, except a `properties` map's (`ordered`): their order is
+    the generated object's key order, so it is part of the schema's meaning."""
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    keys = list(value) if ordered else sorted(value)
+    return {k: _canonical(value[k], ordered=(k == "properties" and not ordered)) for k in keys}
 
 
 @dataclass(frozen=True)
@@ -59,7 +71,7 @@ class Constraint:
                 raise ValueError(f"json_schema is not valid JSON: {exc}") from None
         if not isinstance(schema, dict):
             raise ValueError(f"json_schema must be a JSON object, got {type(schema).__name__}")
-        return cls("json_schema", json.dumps(schema, sort_keys=True, separators=(",", ":")))
+        return cls("json_schema", json.dumps(_canonical(schema), separators=(",", ":")))
 
     @property
     def is_json(self) -> bool:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from pathlib import Path
 
+import numpy as np
 import structlog
 import torch
 
@@ -32,6 +33,7 @@ from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence
 from worker.engine.stats import EngineStats
 from worker.engine.step_output import StepOutputs
+from worker.engine.structured_outputs import StructuredOutputs
 from worker.engine.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
@@ -50,6 +52,9 @@ class Engine:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = runner.model.cfg.vocab_size
+        # LongRoPE: a longer prompt would take the long factors at every position (models/rotary.py)
+        threshold = runner.model.cfg.longrope_threshold
+        self.longrope_threshold = threshold if threshold is not None and threshold < max_model_len else None
         eos = tokenizer.eos_token_ids or runner.model.cfg.eos_token_ids
         self.eos_token_ids = frozenset(eos)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
@@ -62,6 +67,9 @@ class Engine:
         self.texts = CompletionTexts(tokenizer)
         self.outputs = StepOutputs(self.scheduler, self.stats, self.texts.stop_hit)
         self._in_flight: InFlightStep | None = None  # the launched step whose tokens are not applied yet
+        self._applied_early: list[Sequence] = []  # finished by applying _in_flight inside a launch (_constrain)
+        self.structured = StructuredOutputs(model_dir, self.vocab_size, tuple(eos), config.max_num_seqs,
+                                            config.torch_device, self.stats)  # fmt: skip
         self._next_seq_id = 0
         try:  # embeddings need the checkpoint's sentence-transformers pooling config; generation does not
             self.pooling: PoolingConfig | None = PoolingConfig.from_checkpoint(model_dir, runner.model.cfg.hidden_size)
@@ -159,12 +167,13 @@ class Engine:
             if error is None and p.stop_token_ids and max(p.stop_token_ids) >= self.vocab_size:
                 error = (f"stop_token_ids holds {max(p.stop_token_ids)}, outside the vocabulary "
                          f"[0, {self.vocab_size}); use ids the model's tokenizer produces")  # fmt: skip
-            if error is None and p.constraint is not None:  # until the grammar engine lands (issue 16)
-                error = "structured output (SamplingParams.constraint) is not supported by this engine yet"
+            if error is None and p.constraint is not None:  # compiled once per distinct constraint
+                error = self.structured.error(p.constraint)
             if error is not None:
                 yield RequestOutput(i, ids, [], "", "error", len(ids), 0, error=error)
                 continue
             seed = p.seed if p.seed is not None else hash((self.config.seed, i)) & 0x7FFF_FFFF_FFFF_FFFF
+            self.stats.constrained_requests += p.n if p.constraint is not None else 0
             seqs.append(self._request(i, ids, p, seed))
         emitted: set[int] = set()  # requests with n > 1 whose output was yielded
         order = batch_order([s.token_ids for s in seqs], [s.params.max_tokens for s in seqs], self.config.block_size)
@@ -248,7 +257,10 @@ class Engine:
             # counts them as they reach the host)
             self.stats.computed_prefill_tokens += sched.num_prefill_tokens
             self.stats.steps += 1
-            launched = self.runner.execute(sched)
+            launched = self.runner.execute(sched, self._constrain if self.batch.num_constrained else None)
+        if self._applied_early:
+            finished.extend(self._applied_early)
+            self._applied_early = []
         if self.config.overlap_steps:  # the previous step ran on the device while this one was scheduled
             done, self._in_flight = self._in_flight, launched
         else:
@@ -259,6 +271,21 @@ class Engine:
         prefill = sched.num_prefill_tokens
         self.stats.add_busy(time.perf_counter() - t0, prefill, sched.num_scheduled_tokens - prefill)
         return finished
+
+    def _constrain(self, logits: torch.Tensor, sample_rows: np.ndarray) -> None:
+        """Mask the constrained rows' logits of the step being launched (ModelRunner.execute calls
+        this between the forward and sampling). A row's mask needs every token before it: with
+        overlapped steps, the previous step's tokens are applied here first, while the device runs
+        this step's forward (see docs/ARCHITECTURE.md, "Structured outputs")."""
+        b = self.batch
+        which = np.flatnonzero(b.constrained[sample_rows])
+        if not which.size:
+            return
+        seqs = b.sequences(sample_rows[which])  # before applying: that may finish (and free) rows
+        if self._in_flight is not None:
+            self._applied_early.extend(self.outputs.apply(self._in_flight))
+            self._in_flight = None
+        self.structured.mask(logits, which, seqs)
 
     # ---- helpers ---------------------------------------------------------------------------
     def _request(self, index: int, ids: list[int], params: SamplingParams, seed: int) -> Sequence:
@@ -309,4 +336,11 @@ class Engine:
         if len(ids) + room > self.max_model_len:
             need = " (prompt + at least one generated token)" if room else ""
             return ids, f"prompt has {len(ids)} tokens but the context holds {self.max_model_len}{need}; shorten it"
+        if self.longrope_threshold is not None and len(ids) > self.longrope_threshold:
+            return ids, (
+                f"prompt has {len(ids)} tokens, more than the model's LongRoPE original_max_position_embeddings "
+                f"({self.longrope_threshold}): transformers then rotates every position with the long factors, "
+                f"which freight does not do yet; shorten the prompt to {self.longrope_threshold} tokens or fewer "
+                "(generation may run past that length)"
+            )
         return ids, None

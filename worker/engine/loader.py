@@ -23,6 +23,8 @@ from worker.engine.config import EngineConfig
 from worker.engine.host_memory import pack_parameters
 from worker.engine.models import CausalLM, ModelConfig
 from worker.engine.models.expert_weights import expert_pieces, expert_tensor, moe_name
+from worker.engine.models.gpt_oss_weights import GptOssTensors
+from worker.engine.models.rotary import partial_rotary_order
 
 log = structlog.get_logger(__name__)
 
@@ -100,6 +102,14 @@ def load_model(model_dir: Path, config: EngineConfig, backend: Backend, max_posi
     cfg = ModelConfig.from_dict(raw)
     files = checkpoint_files(model_dir)
     quant_config = raw.get("quantization_config")
+    if isinstance(quant_config, dict) and quant_config.get("quant_method") == "mxfp4":
+        quant_config = None  # gpt-oss's MXFP4 experts: dequantized as they load (models/gpt_oss_weights.py)
+    if quant_config is not None and cfg.rotary_dim:
+        raise ValueError(
+            f"{cfg.architecture} with partial rotary (rotary_dim {cfg.rotary_dim} of head_dim {cfg.head_dim}) "
+            "cannot load a pre-quantized checkpoint yet; load the unquantized one and pass "
+            "EngineConfig(quantization=...) to quantize it at load"
+        )
     with torch.device("meta"):
         model = CausalLM(cfg, backend, max_positions)
     if quant_config is not None:
@@ -115,6 +125,8 @@ def load_model(model_dir: Path, config: EngineConfig, backend: Backend, max_posi
     model.tie_weights()
     _load_tensors(model, cfg, files)
     model.fold_norm_offsets()
+    if cfg.rotary_dim:
+        _permute_rotary_dims(model, cfg)
     model.init_rotary(config.torch_device)
     if config.quantization is not None and quant_config is None:
         from worker.engine.quant import quantize_model
@@ -137,6 +149,28 @@ def _shard_dim(model: CausalLM, name: str) -> tuple[int | None, int]:
     return getattr(model.get_submodule(module_name), "shard_dims", {}).get(tensor, (0, 1))
 
 
+def _permute_rotary_dims(model: CausalLM, cfg: ModelConfig) -> None:
+    """Partial rotary: reorder each q and k head's dimensions (rows of qkv_proj) as
+    rotary.partial_rotary_order says, so the full-width rotary kernels rotate exactly the rotary
+    dimensions; v and o_proj are untouched, and q . k does not change."""
+    order = partial_rotary_order(cfg.head_dim, cfg.rotary_dim)
+    heads = cfg.num_heads + cfg.num_kv_heads  # q heads, then k heads, in qkv_proj's rows
+    rows = (torch.arange(heads)[:, None] * cfg.head_dim + order[None, :]).reshape(-1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            proj = layer.self_attn.qkv_proj
+            for t in (proj.weight, proj.bias):
+                if t is not None:
+                    t[: rows.numel()] = t.index_select(0, rows.to(t.device))
+
+
+def _checkpoint_tensors(f: Any, hf_name: str, gpt_oss: GptOssTensors | None) -> list[tuple[str, torch.Tensor]]:
+    """The (name, tensor) pairs one checkpoint tensor gives: itself, or gpt-oss's experts converted."""
+    if gpt_oss is None:
+        return [(hf_name, f.get_tensor(hf_name))]
+    return gpt_oss.convert(hf_name, f.get_tensor(hf_name))
+
+
 def _load_tensors(model: CausalLM, cfg: ModelConfig, files: list[Path]) -> None:
     targets = dict(model.named_parameters())
     targets.update((n, b) for n, b in model.named_buffers() if not n.startswith("cos_sin"))
@@ -147,19 +181,18 @@ def _load_tensors(model: CausalLM, cfg: ModelConfig, files: list[Path]) -> None:
         elif cfg.moe is not None:
             needed[name] = expert_pieces(name, cfg.moe.num_experts) or 1
     seen: dict[str, set[object]] = {}
+    gpt_oss = GptOssTensors() if cfg.architecture == "GptOssForCausalLM" else None
     with torch.no_grad():
         for file in files:
             with safe_open(str(file), framework="pt", device="cpu") as f:
-                for hf_name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                    if _IGNORED_RE.search(hf_name) or (
-                        cfg.tie_word_embeddings and hf_name == "lm_head.weight"
-                    ):
-                        continue
+                names = [n for n in f.keys()  # noqa: SIM118 (safe_open is not a mapping)
+                         if not (_IGNORED_RE.search(n) or (cfg.tie_word_embeddings and n == "lm_head.weight"))]  # fmt: skip
+                for hf_name, src in (pair for n in names for pair in _checkpoint_tensors(f, n, gpt_oss)):
                     expert = expert_tensor(hf_name) if cfg.moe is not None else None
                     name, shard = (expert[0], expert[1:]) if expert else internal_name(hf_name)
                     if name not in targets:
                         raise ValueError(f"{file.name}: unexpected tensor {hf_name!r} for {cfg.architecture}")
-                    dst, src = targets[name], f.get_tensor(hf_name)
+                    dst = targets[name]
                     if expert is not None:  # one expert's slice of a stacked [E, ...] tensor
                         e, half = expert[1], expert[2]
                         if e >= dst.shape[0]:
@@ -176,6 +209,8 @@ def _load_tensors(model: CausalLM, cfg: ModelConfig, files: list[Path]) -> None:
                         )
                     dst.copy_(src)
                     seen.setdefault(name, set()).add(shard)
+    if gpt_oss is not None:
+        gpt_oss.finish(next(model.parameters()).dtype)
     # None in seen: the whole tensor loaded at once (an unfused or already stacked checkpoint tensor)
     missing = sorted(n for n, k in needed.items() if None not in seen.get(n, ()) and len(seen.get(n, ())) < k)
     if missing:

@@ -75,7 +75,9 @@ class LogitsProcessing:
         self._rows(logits, masked, sample_rows, lambda x, r: mask_tokens(x, dev.stop_ids.index_select(0, r)))
         self._rows(logits, b.biased[sample_rows], sample_rows,
                    lambda x, r: add_bias(x, dev.bias_ids.index_select(0, r), dev.bias_values.index_select(0, r)))
-        penalized = b.penalized[sample_rows]
+        # a row that left the batch after this step was scheduled (finished by the previous step's
+        # tokens, applied early for structured outputs) has no counts any more: its token is dropped
+        penalized = b.penalized[sample_rows] & (self.counts.slot_of_row[sample_rows] >= 0)
         if not penalized.any():
             return logits, None
         idx = None if penalized.all() else to_device(np.flatnonzero(penalized), device)

@@ -9,6 +9,7 @@ on only when its tokens are applied, so on CUDA the host can schedule the next s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +52,7 @@ class InFlightStep:
         return self.tokens, self.hits  # type: ignore[return-value]
 
 
+Constrain = Callable[[torch.Tensor, np.ndarray], None]  # (sampled logits [S, V], their batch rows [S])
 _NO_TOKENS = torch.zeros(0, dtype=torch.int64)  # InFlightStep.packed when the host has the tokens already
 
 
@@ -98,7 +100,10 @@ class ModelRunner:
                                        self.device)  # fmt: skip
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> InFlightStep:
+    def execute(self, sched: SchedulerOutput, constrain: Constrain | None = None) -> InFlightStep:
+        """Launch the step. `constrain(logits, sample_rows)`, when given, is called once the forward
+        is launched and before sampling: it may change the sampled logits [S, V] in place (the
+        structured-output masks; on CUDA it runs on the host while the device computes the forward)."""
         rows = self.rows
         rows.sync()
         if sched.copies:
@@ -119,8 +124,16 @@ class ModelRunner:
                                 np.zeros(0, np.bool_))  # fmt: skip
         drawing = b.num_drawing and b.temperature[sample_rows].any()
         processing = b.num_processed and b.processed[sample_rows].any()
+        # before `constrain`, which may finish (and free) rows by applying the previous step's tokens
+        seq_ids, version = b.seq_id[sample_rows], b.version
+        raw = sampled
+        if constrain is not None:
+            if b.num_special and (b.logprobs_k[sample_rows] >= 0).any():
+                raw = sampled.clone()  # logprobs are of the raw distribution, before the masks
+            constrain(sampled, sample_rows)
         if not rows.copy and not drawing and not processing:  # the CPU, greedy: numpy, no torch ops
-            return self._greedy_on_host(sampled, sample_rows, inputs.sample_rows_ascending, prompt)
+            return self._greedy_on_host(sampled, sample_rows, inputs.sample_rows_ascending, prompt, seq_ids, version,
+                                        raw)  # fmt: skip
         else:
             temperature = b.temperature[sample_rows]
             srows_dev = to_device(sample_rows, self.device)
@@ -144,8 +157,8 @@ class ModelRunner:
         if self.device.type == "cuda":
             ready = torch.cuda.Event()
             ready.record()
-        return InFlightStep(sample_rows, b.seq_id[sample_rows], b.version, inputs.sample_rows_ascending, packed, ready,
-                            self._logprobs(sampled, tokens, sample_rows), prompt)  # fmt: skip
+        return InFlightStep(sample_rows, seq_ids, version, inputs.sample_rows_ascending, packed, ready,
+                            self._logprobs(raw, tokens, sample_rows), prompt)  # fmt: skip
 
     def _logprobs(self, sampled: torch.Tensor, tokens: torch.Tensor, sample_rows: np.ndarray) -> tuple | None:
         """InFlightStep.logprobs for the sampled rows whose requests asked for them (None: no row)."""
@@ -161,8 +174,8 @@ class ModelRunner:
                                                     int(ks[want].max()))  # fmt: skip
         return want, _to_host(values), _to_host(ids), _to_host(chosen)
 
-    def _greedy_on_host(self, logits: torch.Tensor, sample_rows: np.ndarray, ascending: bool,
-                        prompt: list) -> InFlightStep:  # fmt: skip
+    def _greedy_on_host(self, logits: torch.Tensor, sample_rows: np.ndarray, ascending: bool, prompt: list,
+                        seq_ids: np.ndarray, version: int, raw: torch.Tensor) -> InFlightStep:  # fmt: skip
         """What the device path does for greedy rows when the device is this CPU and the mirrored
         arrays are the host's, with numpy (a few us) instead of ~10 small torch ops."""
         b = self.batch
@@ -170,9 +183,8 @@ class ModelRunner:
         at = b.span(sample_rows, ascending)
         b.last_token[at] = ids  # the next decode step's inputs
         hits = (b.stop_ids[at] == ids[:, None]).any(-1)
-        logprobs = self._logprobs(logits, torch.from_numpy(ids), sample_rows)
-        seq_ids = b.seq_id[at].copy()  # a slice is a view: the rows' owners may change before apply
-        return InFlightStep(sample_rows, seq_ids, b.version, ascending, _NO_TOKENS, None, logprobs, prompt, ids, hits)
+        logprobs = self._logprobs(raw, torch.from_numpy(ids), sample_rows)
+        return InFlightStep(sample_rows, seq_ids, version, ascending, _NO_TOKENS, None, logprobs, prompt, ids, hits)
 
     @torch.inference_mode()
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

@@ -7,6 +7,7 @@ from typing import Protocol
 
 import numpy as np
 
+from worker.engine.constraint_state import ConstraintState
 from worker.engine.sampling_params import SamplingParams
 
 
@@ -43,7 +44,7 @@ class Sequence:
         "seq_id", "index", "params", "token_ids", "num_prompt_tokens", "status", "_num_computed",
         "block_table", "num_released", "block_hashes", "planned_hashes", "protected_len", "num_cached_tokens", "seed",
         "finish_reason", "error", "logprobs", "prompt_logprobs", "prompt_scored", "text", "batch", "row",
-        "in_flight", "choice", "forks", "group",
+        "in_flight", "choice", "forks", "group", "constraint_state",
     )  # fmt: skip
 
     def __init__(
@@ -80,6 +81,9 @@ class Sequence:
         self.choice = 0
         self.forks: list[Sequence] = []
         self.group: list[Sequence] | None = None
+        # the position in params.constraint's grammar (a ConstraintState), made on the first masked
+        # step; it holds exactly the generated tokens, which preemption keeps, so it never rewinds
+        self.constraint_state: ConstraintState | None = None
 
     @property
     def num_computed_tokens(self) -> int:

@@ -4,7 +4,8 @@ The step's one host copy holds each sampled row's token id and whether it is a s
 unless ignored, or one of the request's stop ids; checked on the device). For the plain rows (still
 in the batch, no stop strings, no logprobs) everything is array work: tokens appended to their lists
 with one C-level map, counters bumped, finished rows found with numpy; only rows that finish, cross
-into a new prefix-cache block, have stop strings or want logprobs run Python. Rows whose sequence
+into a new prefix-cache block, have stop strings or want logprobs run Python (a constrained row
+runs one grammar check: its matcher consumes the token; StructuredOutputs.check). Rows whose sequence
 left the batch after the step was launched (preempted, or finished while this step was in flight)
 go through `departed`; the extra token of a sequence that had already finished is dropped.
 """
@@ -19,6 +20,7 @@ from worker.engine.model_runner import InFlightStep
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence
 from worker.engine.stats import EngineStats
+from worker.engine.structured_outputs import StructuredOutputs
 
 
 class StepOutputs:
@@ -60,10 +62,17 @@ class StepOutputs:
         at = b.span(rows, step.ascending)
         num_tokens = b.num_tokens[at]
         stopped = hits | (num_tokens >= b.limit[at])
+        verdicts = self._constraints(rows, tokens) if b.num_constrained else {}
+        if verdicts:
+            stopped[list(verdicts)] = True
         if stopped.any():
             for j in np.flatnonzero(stopped).tolist():
                 seq = b.seqs[rows[j]]
-                seq.finish("stop" if hits[j] else "length")
+                verdict = verdicts.get(j)
+                if verdict is not None and verdict != "finished":
+                    seq.finish("error", verdict)
+                else:
+                    seq.finish("stop" if hits[j] or verdict else "length")
                 self.scheduler.finish(seq)
                 finished.append(seq)
         if self.scheduler.bm.enable_prefix_caching and self.scheduler.config.overlap_steps:
@@ -73,6 +82,17 @@ class StepOutputs:
             if full.size:
                 self.scheduler.commit_rows(full[b.active[full]])
         return finished
+
+    def _constraints(self, rows: np.ndarray, tokens: np.ndarray) -> dict[int, str]:
+        """Advance the constrained rows' grammars by their new tokens: {index in rows: verdict} for
+        those that end now (StructuredOutputs.check: "finished" or an error)."""
+        b = self.batch
+        verdicts = {}
+        for j in np.flatnonzero(b.constrained[rows]).tolist():
+            verdict = StructuredOutputs.check(b.seqs[rows[j]], int(tokens[j]))  # type: ignore[arg-type]
+            if verdict is not None:
+                verdicts[j] = verdict
+        return verdicts
 
     def _departed(self, seq_id: int) -> Sequence | None:
         """The sequence that left the batch with this token in flight (None once it was aborted)."""
@@ -99,7 +119,10 @@ class StepOutputs:
             entry[token] = float(chosen[lp])
             seq.logprobs.append(entry)
         limit = min(seq.num_prompt_tokens + seq.params.max_tokens, self.scheduler.max_model_len)
-        if hit or (seq.params.stop and self.stop_string(seq)):
+        verdict = StructuredOutputs.check(seq, token) if seq.constraint_state is not None else None
+        if verdict is not None and verdict != "finished":
+            seq.finish("error", verdict)
+        elif hit or verdict == "finished" or (seq.params.stop and self.stop_string(seq)):
             seq.finish("stop")
         elif len(seq.token_ids) >= limit:
             seq.finish("length")

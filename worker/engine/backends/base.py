@@ -108,20 +108,21 @@ class Backend:
 
     def attend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        window: int = 0, softcap: float = 0.0,
+        sinks: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0,
     ) -> torch.Tensor:  # fmt: skip
-        """`attention` once the step's K/V are in the cache (see rotary_store)."""
+        """`attention` once the step's K/V are in the cache (see rotary_store). sinks: fp32 [Hq] logits
+        that join each head's softmax denominator (gpt-oss), or None; window, softcap: `attention`'s."""
         out = torch.empty_like(q)
         p = meta.num_prefill_tokens
         if p:
             self.prefill_attention(
                 q[:p], k_cache, v_cache, meta.prefill_cu_seqlens_q, meta.prefill_context_lens,
-                meta.prefill_block_tables, scale, out[:p], window=window, softcap=softcap,
+                meta.prefill_block_tables, scale, out[:p], sinks=sinks, window=window, softcap=softcap,
             )  # fmt: skip
         if p < q.shape[0]:
             self.paged_decode_attention(
                 q[p:], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, out[p:],
-                window=window, softcap=softcap,
+                sinks=sinks, window=window, softcap=softcap,
             )  # fmt: skip
         return out
 
@@ -144,7 +145,7 @@ class Backend:
 
     def attend_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        window: int = 0, softcap: float = 0.0,
+        sinks: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0,
     ) -> torch.Tensor:  # fmt: skip
         """`attention_rows` once the step's K/V are in the cache."""
         assert meta.output_rows is not None  # invariant: only called when the step keeps a subset
@@ -153,5 +154,5 @@ class Backend:
             return q.new_empty((0, *q.shape[1:]))
         return self.paged_decode_attention(
             q.index_select(0, rows), k_cache, v_cache, meta.output_block_tables, meta.output_context_lens, scale,
-            window=window, softcap=softcap,
+            sinks=sinks, window=window, softcap=softcap,
         )  # fmt: skip

@@ -62,14 +62,14 @@ class TritonBackend(Backend):
         self._launch(store_kv_cache, k, v, k_cache, v_cache, slot_mapping)
 
     def paged_decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, scale, out=None,  # type: ignore[override]
-                               window=0, softcap=0.0):  # fmt: skip
+                               sinks=None, window=0, softcap=0.0):  # fmt: skip
         return self._launch(paged_decode_attention, q, k_cache, v_cache, block_tables, context_lens, scale, out,
-                            window, softcap)  # fmt: skip
+                            sinks, window, softcap)  # fmt: skip
 
     def prefill_attention(self, q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, out=None,  # type: ignore[override]
-                          window=0, softcap=0.0):  # fmt: skip
+                          sinks=None, window=0, softcap=0.0):  # fmt: skip
         return self._launch(prefill_attention, q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale,
-                            out, window, softcap)  # fmt: skip
+                            out, sinks, window, softcap)  # fmt: skip
 
     def rms_norm(self, x, weight, eps, residual=None):  # type: ignore[override]
         return self._launch(rms_norm, x, weight, eps, residual)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.engine.models.layer_types import FULL, SLIDING, layer_types_problem, rope_for, rope_kind
+from worker.engine.models.layer_types import SLIDING, layer_types_problem, rope_for, rope_kind
+from worker.engine.models.rope_config import ROPE_TYPES, rope_problem
 
 # Hugging Face architecture name -> the flags our one decoder implementation needs. `moe`: sparse
-# mixture-of-experts MLPs (their keys: models/moe_config.py); `bias_key`: the config key that turns
-# on the q/k/v bias (Qwen2-MoE names it qkv_bias); `gemma`: the Gemma 2/3 block ((1 + w) RMSNorm
-# weights, norms after attention and after the MLP too, embeddings times sqrt(hidden), soft-capping).
+# mixture-of-experts MLPs (their keys: models/moe_config.py); `sinks`: attention sinks and an o_proj
+# bias with the q/k/v one (gpt-oss); `gemma`: the Gemma 2/3 block ((1 + w) RMSNorm weights, norms
+# after attention and after the MLP too, embeddings times sqrt(hidden), soft-capping).
 SUPPORTED_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "LlamaForCausalLM": {"qk_norm": False, "default_bias": False},
     "MistralForCausalLM": {"qk_norm": False, "default_bias": False},
@@ -25,10 +26,13 @@ SUPPORTED_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "Qwen3MoeForCausalLM": {"qk_norm": True, "default_bias": False, "moe": True},
     "Gemma2ForCausalLM": {"qk_norm": False, "default_bias": False, "gemma": True},
     "Gemma3ForCausalLM": {"qk_norm": True, "default_bias": False, "gemma": True},
+    # fused qkv_proj / gate_up_proj in the checkpoint (loaded by name), LongRoPE, partial rotary
+    "Phi3ForCausalLM": {"qk_norm": False, "default_bias": False},
+    # attention sinks, o_proj bias, biased router and experts with a clamped SwiGLU, top-k then softmax
+    "GptOssForCausalLM": {"qk_norm": False, "default_bias": True, "moe": True, "sinks": True},
 }
 # The config key holding the q/k/v bias switch, where it is not `attention_bias`.
 BIAS_KEYS = {"Qwen2MoeForCausalLM": "qkv_bias"}
-ROPE_TYPES = ("default", "llama3", "linear")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the MLP's gate activation (SwiGLU; GeGLU with tanh GELU)
 # Keys without a default: a config.json lacking one cannot describe the model's shapes.
 REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -85,12 +89,12 @@ def config_problem(cfg: Any) -> str | None:
     if cfg.get("mlp_bias"):
         return "config.json: mlp_bias=true is not supported"
     arch = supported_architecture(cfg)
-    problem = layer_types_problem(cfg, arch)
+    problem = layer_types_problem(cfg, arch) or rope_problem(cfg)
     if problem is not None:
         return problem
-    for kind in {rope_kind(rope_for(cfg, t)) for t in (FULL, SLIDING)}:
-        if kind not in ROPE_TYPES:
-            return f"config.json: rope type {kind!r} is not supported; freight supports {', '.join(ROPE_TYPES)}"
+    local = rope_kind(rope_for(cfg, SLIDING))  # the windowed layers' own rope (Gemma 3), if any
+    if local not in ROPE_TYPES:
+        return f"config.json: rope type {local!r} is not supported; freight supports {', '.join(ROPE_TYPES)}"
     for key in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"):
         value = cfg.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
@@ -106,8 +110,9 @@ def _positive_int(value: Any) -> bool:
 
 def moe_keys(cfg: dict[str, Any]) -> dict[str, Any]:
     """The mixture-of-experts keys of a MoE config.json, under one set of names whichever model wrote
-    them (Mixtral: num_local_experts, every layer sparse, no moe_intermediate_size)."""
-    mixtral = supported_architecture(cfg) == "MixtralForCausalLM"
+    them (Mixtral and gpt-oss: num_local_experts, every layer sparse, no moe_intermediate_size)."""
+    gpt_oss = supported_architecture(cfg) == "GptOssForCausalLM"
+    mixtral = gpt_oss or supported_architecture(cfg) == "MixtralForCausalLM"
     # the expert count's key: Mixtral's num_local_experts, the Qwen MoEs' num_experts (the hub's
     # Qwen3-MoE configs); transformers 5 writes Qwen3-MoE's as num_local_experts
     names = ("num_local_experts", "num_experts") if mixtral else ("num_experts", "num_local_experts")
@@ -120,13 +125,20 @@ def moe_keys(cfg: dict[str, Any]) -> dict[str, Any]:
         "shared_expert_size": cfg.get("shared_expert_intermediate_size") or 0,
         "sparse_step": 1 if mixtral else cfg.get("decoder_sparse_step", 1),
         "dense_layers": [] if mixtral else list(cfg.get("mlp_only_layers") or []),
+        # gpt-oss: top-k of the (biased) router logits, then softmax over the k; biased experts whose
+        # SwiGLU clamps gate and up to swiglu_limit (transformers' GptOssExperts)
+        "topk_then_softmax": gpt_oss,
+        "biases": gpt_oss,
+        "swiglu_limit": float(cfg.get("swiglu_limit", 7.0)) if gpt_oss else None,
+        "swiglu_alpha": float(cfg.get("swiglu_alpha", 1.702)) if gpt_oss else None,
     }
 
 
 def moe_problem(cfg: dict[str, Any]) -> str | None:
     """Why a mixture-of-experts config.json cannot be built, or None."""
     keys = moe_keys(cfg)
-    experts_key = "num_local_experts" if supported_architecture(cfg) == "MixtralForCausalLM" else "num_experts"
+    local = supported_architecture(cfg) in ("MixtralForCausalLM", "GptOssForCausalLM")
+    experts_key = "num_local_experts" if local else "num_experts"
     if keys["num_experts"] is None:
         return f"config.json has no {experts_key}"
     if not _positive_int(keys["num_experts"]):

@@ -1,6 +1,6 @@
-"""One decoder-only transformer for Llama, Mistral, Qwen2, Qwen3, Gemma 2 and 3 and the
-mixture-of-experts kin (Mixtral, Qwen2-MoE, Qwen3-MoE: the MLP of a sparse layer is models/moe.py's
-block) over a paged KV cache. Gemma's block (cfg.gemma) adds a norm after attention and one after the
+"""One decoder-only transformer for Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 and 3 and the
+mixture-of-experts kin (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss: the MLP of a sparse layer is
+models/moe.py's block) over a paged KV cache. Gemma's block (cfg.gemma) adds a norm after attention and one after the
 MLP, scales the embeddings by sqrt(hidden) and stores its (1 + w) norm weights with the 1 folded in
 at load (fold_norm_offsets); a layer's sliding window and attention soft-cap go to the backend.
 
@@ -52,7 +52,9 @@ class Attention(nn.Module):
         # windowed layers rotate with their own table where the config gives them one (Gemma 3)
         self.local_rope = bool(self.window) and cfg.local_rope_theta is not None
         self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
+        # gpt-oss: a learned logit per query head that joins each softmax's denominator (no value)
+        self.sinks = nn.Parameter(torch.empty(cfg.num_heads)) if cfg.attention_sinks else None
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, backend)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, backend)
@@ -78,7 +80,9 @@ class Attention(nn.Module):
             k = self.k_norm.forward(k.reshape(-1, cfg.head_dim))[0].view(tokens, cfg.num_kv_heads, cfg.head_dim)
         self.backend.rotary_store(q, k, v, positions, cos_sin, kv_cache[0], kv_cache[1], meta)
         attend = self.backend.attend_rows if rows_only else self.backend.attend
-        out = attend(q, kv_cache[0], kv_cache[1], meta, self.scale, window=self.window, softcap=self.softcap)
+        sinks = None if self.sinks is None else self.sinks.float()
+        out = attend(q, kv_cache[0], kv_cache[1], meta, self.scale, sinks=sinks, window=self.window,
+                     softcap=self.softcap)  # fmt: skip
         return self.backend.project(self.o_proj, out.reshape(-1, cfg.q_size))
 
 
@@ -171,12 +175,12 @@ class CausalLM(nn.Module):
 
     def init_rotary(self, device: torch.device) -> None:
         cfg = self.cfg
-        self.cos_sin = cos_sin_cache(cfg.head_dim, self.max_positions, cfg.rope_theta, cfg.rope_scaling).to(
-            device
-        )
+        self.cos_sin = cos_sin_cache(
+            cfg.head_dim, self.max_positions, cfg.rope_theta, cfg.rope_scaling, cfg.rotary_dim or None
+        ).to(device)
         if cfg.local_rope_theta is not None:
             self.cos_sin_local = cos_sin_cache(
-                cfg.head_dim, self.max_positions, cfg.local_rope_theta, cfg.local_rope_scaling
+                cfg.head_dim, self.max_positions, cfg.local_rope_theta, cfg.local_rope_scaling, cfg.rotary_dim or None
             ).to(device)
 
     def fold_norm_offsets(self) -> None:

@@ -26,8 +26,9 @@ _STACKED = {
 
 
 def moe_name(hf_name: str) -> str:
-    """Mixtral's `block_sparse_moe.` module is the engine's (and transformers 5's) `mlp.`."""
-    return hf_name.replace(".block_sparse_moe.", ".mlp.")
+    """Mixtral's `block_sparse_moe.` module is the engine's (and transformers 5's) `mlp.`; gpt-oss's
+    router (`mlp.router.`) is the engine's `mlp.gate.`."""
+    return hf_name.replace(".block_sparse_moe.", ".mlp.").replace(".mlp.router.", ".mlp.gate.")
 
 
 def expert_tensor(hf_name: str) -> tuple[str, int, int | None] | None:

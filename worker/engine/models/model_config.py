@@ -14,6 +14,7 @@ from worker.engine.models.architectures import (
 )
 from worker.engine.models.layer_types import FULL, SLIDING, layer_windows, rope_for, rope_kind
 from worker.engine.models.moe_config import MoeConfig
+from worker.engine.models.rope_config import rope_scaling, rope_settings, rotary_dim
 
 
 @dataclass(frozen=True)
@@ -29,13 +30,13 @@ class ModelConfig:
     rms_norm_eps: float
     max_position_embeddings: int
     rope_theta: float
-    rope_scaling: dict[str, Any] | None  # rope_type llama3 / linear parameters; None: plain rope
-    attention_bias: bool  # bias on q/k/v projections (Qwen2)
+    rope_scaling: dict[str, Any] | None  # rope_config.rope_scaling's parameters; None: plain rope
+    attention_bias: bool  # bias on q/k/v projections (Qwen2; gpt-oss also on o_proj)
     qk_norm: bool  # per-head RMSNorm of q and k before rotary (Qwen3)
     tie_word_embeddings: bool
     sliding_window: int | None  # the window of the layers that have one (HF semantics: layer_types.py)
     eos_token_ids: tuple[int, ...]
-    moe: MoeConfig | None = None  # mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE); None: dense
+    moe: MoeConfig | None = None  # mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss); None: dense
     layer_windows: tuple[int, ...] = ()  # per layer: its sliding window in tokens, 0 = full attention
     hidden_act: str = "silu"  # the MLP gate's activation: silu (SwiGLU) or gelu_pytorch_tanh (GeGLU)
     gemma: bool = False  # Gemma 2/3 block: (1 + w) norms, post-attention / post-MLP norms, scaled embeddings
@@ -45,6 +46,18 @@ class ModelConfig:
     # the rope of the windowed layers where it differs from the others' (Gemma 3's local base); None: same
     local_rope_theta: float | None = None
     local_rope_scaling: dict[str, Any] | None = None
+    rotary_dim: int = 0  # leading head dims that rotate (< head_dim: partial rotary, Phi-4-mini); 0: all
+    o_proj_bias: bool = False  # bias on o_proj (gpt-oss, with attention_bias)
+    attention_sinks: bool = False  # a learned per-head logit in each softmax's denominator (gpt-oss)
+
+    @property
+    def longrope_threshold(self) -> int | None:
+        """LongRoPE's original_max_position_embeddings: a prompt longer than this would switch every
+        position to the long factors (see models/rotary.py); None for other ropes."""
+        scaling = self.rope_scaling
+        if scaling is None or scaling["rope_type"] != "longrope":
+            return None
+        return int(scaling["original_max_position_embeddings"])
 
     @property
     def q_size(self) -> int:
@@ -78,13 +91,17 @@ class ModelConfig:
         assert arch is not None  # invariant: config_problem checked it
         flags = SUPPORTED_ARCHITECTURES[arch]
         num_heads = int(cfg["num_attention_heads"])
-        rope, local = _rope(rope_for(cfg, FULL)), _rope(rope_for(cfg, SLIDING))
-        rope_theta, kind = rope["rope_theta"], rope["rope_type"]
-        local_differs = local != rope
+        rope = rope_settings(cfg)
+        rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        # the windowed layers' own rope where the config gives them one (Gemma 3's local base)
+        local = _rope(rope_for(cfg, SLIDING))
+        local_differs = local != _rope(rope_for(cfg, FULL))
+        bias = bool(cfg.get(BIAS_KEYS.get(arch, "attention_bias"), flags["default_bias"]))
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         windows = layer_windows(cfg, arch)
         window = max(windows, default=0)
+        head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // num_heads)
         return cls(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
@@ -93,12 +110,12 @@ class ModelConfig:
             num_layers=int(cfg["num_hidden_layers"]),
             num_heads=num_heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
-            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // num_heads),
+            head_dim=head_dim,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             rope_theta=rope_theta,
-            rope_scaling=None if kind == "default" else rope,
-            attention_bias=bool(cfg.get(BIAS_KEYS.get(arch, "attention_bias"), flags["default_bias"])),
+            rope_scaling=rope_scaling(cfg),
+            attention_bias=bias,
             qk_norm=flags["qk_norm"],
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", flags.get("gemma", False))),
             sliding_window=window or None,
@@ -112,6 +129,9 @@ class ModelConfig:
             query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]) if cfg.get("query_pre_attn_scalar") else None,
             local_rope_theta=local["rope_theta"] if local_differs else None,
             local_rope_scaling=None if not local_differs or local["rope_type"] == "default" else local,
+            rotary_dim=rotary_dim(cfg) if rotary_dim(cfg) < head_dim else 0,
+            o_proj_bias=bias and bool(flags.get("sinks")),
+            attention_sinks=bool(flags.get("sinks")),
         )
 
 

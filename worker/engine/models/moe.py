@@ -1,4 +1,4 @@
-"""The sparse mixture-of-experts MLP of Mixtral, Qwen2-MoE and Qwen3-MoE.
+"""The sparse mixture-of-experts MLP of Mixtral, Qwen2-MoE, Qwen3-MoE and gpt-oss.
 
 Parameter names follow transformers' in-memory modules (`mlp.gate.weight`, `mlp.experts.gate_up_proj`
 [E, 2I, H], `mlp.experts.down_proj` [E, H, I], `mlp.shared_expert.*`, `mlp.shared_expert_gate.weight`);
@@ -9,17 +9,23 @@ routing in full precision; the experts are quantized per expert by Experts.quant
 
 The block is entered through `.forward` from DecoderLayer (see decoder.py's note on hooks); the
 experts run through Backend.fused_moe (the grouped torch path on the CPU, a Triton kernel on CUDA).
+gpt-oss's experts (biases, clamped SwiGLU: MoeConfig) run the grouped path on every backend: one
+matmul per expert over its gathered rows (the fused Triton kernel has neither biases nor the clamp).
+Its router has a bias (`mlp.router.*` in checkpoints, `mlp.gate.*` here) and routes top-k first,
+softmax over the k after.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.reference.fused_moe import grouped_moe
+from kernels.reference.activation import clamped_swiglu
+from kernels.reference.fused_moe import biased_experts, grouped_moe, select_experts_topk_softmax
 from worker.engine.backends.base import Backend
 from worker.engine.models.model_config import ModelConfig
 
@@ -27,9 +33,10 @@ from worker.engine.models.model_config import ModelConfig
 class RouterWeight(nn.Module):
     """A bare [out, hidden] weight applied as x @ weight.T (the router, the shared-expert gate)."""
 
-    def __init__(self, out_features: int, hidden: int) -> None:
+    def __init__(self, out_features: int, hidden: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, hidden))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
 
 class Experts(nn.Module):
@@ -40,11 +47,14 @@ class Experts(nn.Module):
     same Int8Linear / Int4Linear / Fp8Linear a dense projection gets; the experts then still run one
     matmul per expert over its gathered rows (models/moe.py's grouped path, not the fused kernel)."""
 
-    def __init__(self, num_experts: int, hidden: int, expert_size: int) -> None:
+    def __init__(self, num_experts: int, hidden: int, expert_size: int, biases: bool = False) -> None:
+        """biases: gpt-oss's per-expert `gate_up_proj_bias` [E, 2I] (gate, then up) and `down_proj_bias` [E, H]."""
         super().__init__()
         self.num_experts = num_experts
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * expert_size, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, expert_size))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * expert_size)) if biases else None
+        self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden)) if biases else None
         self.quantized: nn.ModuleList | None = None
 
     def expert_linears(self) -> list[tuple[str, nn.Linear]]:
@@ -52,10 +62,13 @@ class Experts(nn.Module):
         in the order of `quantized` (sharing the stacked tensors' memory; meta tensors on the meta model)."""
         out = []
         for e in range(self.num_experts):
-            for name, stacked in (("gate_up_proj", self.gate_up_proj), ("down_proj", self.down_proj)):
+            for name, stacked, bias in (("gate_up_proj", self.gate_up_proj, self.gate_up_proj_bias),
+                                        ("down_proj", self.down_proj, self.down_proj_bias)):  # fmt: skip
                 w = stacked[e]
-                linear = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
+                linear = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None, device="meta")
                 linear.weight = nn.Parameter(w.detach(), requires_grad=False)
+                if bias is not None:
+                    linear.bias = nn.Parameter(bias[e].detach(), requires_grad=False)
                 out.append((f"{e}.{name}", linear))
         return out
 
@@ -64,14 +77,16 @@ class Experts(nn.Module):
         self.quantized = nn.ModuleList(make(linear) for _, linear in self.expert_linears())
         self.gate_up_proj = None
         self.down_proj = None
+        self.gate_up_proj_bias = None  # now in the quantized modules
+        self.down_proj_bias = None
 
-    def quantized_mlp(self, silu_mul: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[int, torch.Tensor], torch.Tensor]:
-        """grouped_moe's expert_mlp over the quantized modules."""
+    def quantized_mlp(self, activation: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[int, torch.Tensor], torch.Tensor]:
+        """grouped_moe's expert_mlp over the quantized modules (activation: SiLU * up, or the clamped one)."""
         mods = self.quantized
         assert mods is not None  # invariant: called after quantize()
 
         def mlp(e: int, rows: torch.Tensor) -> torch.Tensor:
-            return mods[2 * e + 1](silu_mul(mods[2 * e](rows)))
+            return mods[2 * e + 1](activation(mods[2 * e](rows)))
 
         return mlp
 
@@ -85,8 +100,12 @@ class SparseMoeBlock(nn.Module):
         self.backend = backend
         self.top_k = moe.top_k
         self.renormalize = moe.norm_topk_prob
-        self.gate = RouterWeight(moe.num_experts, cfg.hidden_size)
-        self.experts = Experts(moe.num_experts, cfg.hidden_size, moe.expert_size)
+        self.topk_then_softmax = moe.topk_then_softmax
+        self.gate = RouterWeight(moe.num_experts, cfg.hidden_size, bias=moe.biases)
+        self.experts = Experts(moe.num_experts, cfg.hidden_size, moe.expert_size, biases=moe.biases)
+        self.activation: Callable[[torch.Tensor], torch.Tensor] = backend.silu_mul
+        if moe.swiglu_limit is not None:
+            self.activation = partial(clamped_swiglu, alpha=moe.swiglu_alpha, limit=moe.swiglu_limit)
         if shared_expert is not None:
             self.shared_expert = shared_expert
             self.shared_expert_gate = RouterWeight(1, cfg.hidden_size)
@@ -95,7 +114,9 @@ class SparseMoeBlock(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, hidden] -> (topk_weights fp32 [T, K], topk_ids int64 [T, K])."""
-        logits = F.linear(x, self.gate.weight)  # [T, E]
+        logits = F.linear(x, self.gate.weight, self.gate.bias)  # [T, E]
+        if self.topk_then_softmax:
+            return select_experts_topk_softmax(logits, self.top_k)
         return self.backend.select_experts(logits, self.top_k, self.renormalize)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -103,7 +124,11 @@ class SparseMoeBlock(nn.Module):
         weights, ids = self.route(x)
         experts = self.experts
         if experts.quantized is not None:
-            out = grouped_moe(x, weights, ids, experts.num_experts, experts.quantized_mlp(self.backend.silu_mul))
+            out = grouped_moe(x, weights, ids, experts.num_experts, experts.quantized_mlp(self.activation))
+        elif experts.gate_up_proj_bias is not None:
+            mlp = biased_experts(experts.gate_up_proj, experts.gate_up_proj_bias, experts.down_proj,
+                                 experts.down_proj_bias, self.activation)  # fmt: skip
+            out = grouped_moe(x, weights, ids, experts.num_experts, mlp)
         else:
             out = self.backend.fused_moe(x, experts.gate_up_proj, experts.down_proj, weights, ids)
         if self.shared_expert is not None:

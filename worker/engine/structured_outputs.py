@@ -1,0 +1,130 @@
+"""StructuredOutputs: the engine's side of constraints: compile checks, per-step masks, token checks.
+
+Per step that samples constrained rows, after the forward is launched and before sampling
+(ModelRunner.execute calls `mask` between the two): each constrained row's allowed-token bitmask is
+filled on the host, one matcher after the other (llguidance's thread-pool executor measured slower
+here: waking its threads costs more than a mask, ~40 us), into a pinned int32 buffer and
+applied in place to that row's logits: on CUDA by the Triton kernel kernels/triton/token_bitmask.py
+(one H2D copy of the packed words), on the CPU by the vectorized torch reference. Only constrained
+rows are touched, so an unconstrained row's logits (and a batch without constraints) pay nothing.
+Logprobs stay those of the raw distribution (the runner reads them from a copy taken before).
+
+A row whose mask allows nothing (or only EOS before the grammar accepts) can never satisfy its
+constraint: it is given an all-allowed mask (so sampling stays finite), and its next token ends it
+with an error (ConstraintState.failure). Rows finished while the step was in flight get an
+all-allowed mask too: their token is dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from worker.engine.constraint import Constraint
+from worker.engine.constraint_state import ConstraintState
+from worker.engine.grammar_cache import GrammarCache
+from worker.engine.sequence import Sequence
+from worker.engine.stats import EngineStats
+
+UNSATISFIABLE = ("no output can satisfy the constraint with this model's tokenizer (its allowed-token mask "
+                 "is empty); check the schema, pattern or grammar")  # fmt: skip
+
+
+def first_line(message: str) -> str:
+    """llguidance's matcher errors end with a dump of the parser state: keep the message itself."""
+    return message.strip().split("\n", 1)[0]
+
+
+def failure(state: ConstraintState) -> str:
+    """Why a row whose constraint can go no further fails, with the matcher's own word for it
+    (its stop reason, or a parser limit it hit) when it has one."""
+    error = state.error
+    return f"{UNSATISFIABLE} (llguidance: {first_line(error)})" if error else UNSATISFIABLE
+
+
+class StructuredOutputs:
+    def __init__(self, model_dir: Path, vocab_size: int, eos_token_ids: tuple[int, ...], max_rows: int,
+                 device: torch.device, stats: EngineStats) -> None:  # fmt: skip
+        self.grammars = GrammarCache(model_dir, vocab_size, eos_token_ids)
+        self.words = (vocab_size + 31) // 32  # int32 words per mask
+        clear = np.full(self.words, 0xFFFFFFFF, np.uint32)  # every bit but the EOS tokens'
+        for t in eos_token_ids:
+            if t < vocab_size:
+                clear[t // 32] &= ~np.uint32(1 << (t % 32))
+        self.not_eos = clear.view(np.int32)
+        self.device = device
+        self.stats = stats
+        pin = device.type == "cuda"
+        # two host buffers used in turn: a step's H2D copy has finished by the time its buffer is
+        # refilled (the engine has waited for that step's tokens in between)
+        self._buffers = [torch.zeros((max_rows, self.words), dtype=torch.int32, pin_memory=pin) for _ in range(2)]
+        self._turn = 0
+        self._apply = None
+
+    def error(self, constraint: Constraint) -> str | None:
+        """Why a request with this constraint cannot run (compiled once per distinct constraint)."""
+        return self.grammars.error(constraint)
+
+    def mask(self, logits: torch.Tensor, which: np.ndarray, seqs: list[Sequence]) -> None:
+        """Fill the masks of `seqs` (constrained; their logits rows `which`) and apply them to
+        `logits` [S, V] in place."""
+        t0 = time.perf_counter()
+        m = len(seqs)
+        buf = self._buffers[self._turn][:m]
+        self._turn ^= 1
+        open_rows = []
+        address, row_bytes = buf.data_ptr(), self.words * 4
+        for j, seq in enumerate(seqs):
+            state = seq.constraint_state
+            if seq.is_finished or (state is not None and state.failure is not None):
+                continue  # its token is dropped, or ends it with an error
+            if state is None:
+                state = seq.constraint_state = self.grammars.state(seq.params.constraint)  # type: ignore[arg-type]
+            state.fill(address + j * row_bytes, row_bytes)
+            open_rows.append(j)
+        words = buf.numpy()
+        allowed = np.ones(m, np.bool_)
+        allowed[open_rows] = False
+        if open_rows:
+            host = words[open_rows]
+            empty = ~(host & self.not_eos).any(1)  # nothing allowed but (maybe) EOS
+            for k in np.flatnonzero(empty).tolist():
+                j = open_rows[k]
+                state = seqs[j].constraint_state
+                if not host[k].any() or not state.is_accepting:  # type: ignore[union-attr]
+                    state.failure = failure(state)  # type: ignore[arg-type]
+                    allowed[j] = True
+        words[allowed] = -1  # every token: the row's token is dropped or ends it
+        self._apply_masks(logits, buf, which)
+        self.stats.mask_seconds += time.perf_counter() - t0
+
+    def _apply_masks(self, logits: torch.Tensor, buf: torch.Tensor, which: np.ndarray) -> None:
+        rows = torch.from_numpy(np.ascontiguousarray(which, np.int64))
+        if self.device.type == "cpu":
+            from kernels.reference.token_bitmask import apply_token_bitmask_
+
+            apply_token_bitmask_(logits, buf, rows)
+            return
+        if self._apply is None:
+            from kernels.triton.token_bitmask import apply_token_bitmask_ as triton_apply
+
+            self._apply = triton_apply
+        self._apply(logits, buf.to(self.device, non_blocking=True), rows.pin_memory().to(self.device, non_blocking=True))
+
+    @staticmethod
+    def check(seq: Sequence, token: int) -> str | None:
+        """Advance seq's constraint by its new token: None, "finished" (the grammar is complete:
+        the sequence stops) or an error message (the sequence ends with it)."""
+        state = seq.constraint_state
+        if state is None:
+            return None
+        if state.failure is not None:
+            return state.failure
+        if not state.consume(token):
+            return f"the generated token {token} is outside the constraint ({first_line(state.error or '')})"
+        if state.is_finished:
+            return "finished" if state.is_accepting else failure(state)
+        return None
