@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.engine.models.layer_types import SLIDING, layer_types_problem, rope_for, rope_kind
+from worker.engine.models.layer_types import SLIDING, has_local_rope, layer_types_problem, rope_for, rope_kind
 from worker.engine.models.rope_config import ROPE_TYPES, rope_problem
 
 # Hugging Face architecture name -> the flags our one decoder implementation needs. `moe`: sparse
@@ -92,7 +92,7 @@ def config_problem(cfg: Any) -> str | None:
     problem = layer_types_problem(cfg, arch) or rope_problem(cfg)
     if problem is not None:
         return problem
-    local = rope_kind(rope_for(cfg, SLIDING))  # the windowed layers' own rope (Gemma 3), if any
+    local = rope_kind(rope_for(cfg, SLIDING)) if has_local_rope(cfg) else "default"  # Gemma 3's local rope
     if local not in ROPE_TYPES:
         return f"config.json: rope type {local!r} is not supported; freight supports {', '.join(ROPE_TYPES)}"
     for key in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"):

@@ -89,5 +89,12 @@ def rope_for(cfg: dict[str, Any], layer_type: str) -> dict[str, Any]:
     return flat_rope(cfg)
 
 
+def has_local_rope(cfg: dict[str, Any]) -> bool:
+    """Whether config.json gives the windowed layers a rope of their own (Gemma 3)."""
+    params = cfg.get("rope_parameters")
+    nested = isinstance(params, dict) and isinstance(params.get(SLIDING), dict)
+    return nested or cfg.get("rope_local_base_freq") is not None
+
+
 def rope_kind(rope: dict[str, Any]) -> str:
     return str(rope.get("rope_type", rope.get("type", "default")))

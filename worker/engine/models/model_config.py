@@ -12,7 +12,7 @@ from worker.engine.models.architectures import (
     hidden_act,
     supported_architecture,
 )
-from worker.engine.models.layer_types import FULL, SLIDING, layer_windows, rope_for, rope_kind
+from worker.engine.models.layer_types import FULL, SLIDING, has_local_rope, layer_windows, rope_for, rope_kind
 from worker.engine.models.moe_config import MoeConfig
 from worker.engine.models.rope_config import rope_scaling, rope_settings, rotary_dim
 
@@ -95,7 +95,7 @@ class ModelConfig:
         rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
         # the windowed layers' own rope where the config gives them one (Gemma 3's local base)
         local = _rope(rope_for(cfg, SLIDING))
-        local_differs = local != _rope(rope_for(cfg, FULL))
+        local_differs = has_local_rope(cfg) and local != _rope(rope_for(cfg, FULL))
         bias = bool(cfg.get(BIAS_KEYS.get(arch, "attention_bias"), flags["default_bias"]))
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
