@@ -93,18 +93,20 @@ class Backend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sinks: torch.Tensor | None = None,
         window: int = 0,
         softcap: float = 0.0,
     ) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] of one layer -> attention output [T, Hq, D].
 
         Stores k/v at meta.slot_mapping first, so each token sees itself and the step's earlier tokens.
-        The layer's attention options (the kernel contract's keywords, 0 = off): `window`, its sliding
+        The layer's attention options (the kernel contract's keywords, None / 0 = off): `sinks`, fp32
+        [Hq] logits joining each head's softmax denominator (gpt-oss); `window`, its sliding
         window (the query at position p sees keys p - window < j <= p, Hugging Face's convention);
         `softcap`, scores (q.k * scale) -> softcap * tanh(scores / softcap) before the softmax.
         """
         self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        return self.attend(q, k_cache, v_cache, meta, scale, window=window, softcap=softcap)
+        return self.attend(q, k_cache, v_cache, meta, scale, sinks=sinks, window=window, softcap=softcap)
 
     def attend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
@@ -135,13 +137,14 @@ class Backend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sinks: torch.Tensor | None = None,
         window: int = 0,
         softcap: float = 0.0,
     ) -> torch.Tensor:
         """Like `attention`, but returns [N, Hq, D] for meta.output_rows only; every row's k/v is
         stored. Each kept row is one query over its sequence's cache up to its own position."""
         self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        return self.attend_rows(q, k_cache, v_cache, meta, scale, window=window, softcap=softcap)
+        return self.attend_rows(q, k_cache, v_cache, meta, scale, sinks=sinks, window=window, softcap=softcap)
 
     def attend_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
