@@ -4,6 +4,8 @@
  * (inside a whole decoder layer); kernels/cpu/build.py keys its cache on this file too.
  * Layouts (fp32, contiguous): q [B, Hq, D] (row stride q_stride), k/v cache [blocks, bs, Hkv, D],
  * block_tables int32 [B, bt_stride], context_lens int32 [B]; out [B, Hq, D] contiguous, lse [B, Hq].
+ * window > 0: only keys ctx - window .. ctx - 1 are read (sliding window; blocks before it are never
+ * touched, not even prefetched); softcap > 0: scores s -> softcap * tanh(s / softcap).
  */
 #ifndef FREIGHT_DECODE_ATTENTION_H
 #define FREIGHT_DECODE_ATTENTION_H
@@ -24,6 +26,8 @@ typedef struct {
     float scale;
     float *out, *lse;
     int64_t first, step; /* sequences first, first + step, ... */
+    int64_t window;      /* 0: whole context (members after `step` default to 0 in brace initializers) */
+    float softcap;       /* 0: off */
 } DecodeJob;
 
 /* Up to LANES keys (rows ts floats apart from kb) for NQ query heads that share them (a GQA group,
@@ -37,7 +41,7 @@ typedef struct {
 #define DEFINE_ATTEND_KEYS(NV, NQ)                                                                    \
     static void attend_keys_##NV##_##NQ(const float *q, const float *kb, const float *vb, int64_t n,   \
                                         int64_t ts, float *m, float *l, float *acc_out, const char *pk, \
-                                        const char *pv, int64_t lines) {                               \
+                                        const char *pv, int64_t lines, float softcap) {                \
         const int64_t d = NV * LANES;                                                                 \
         vf pairs[NQ][LANES / 2];                                                                      \
         for (int t = 0; t < LANES; t += 2) {                                                          \
@@ -61,8 +65,11 @@ typedef struct {
             for (int h = 0; h < NQ; h++) pairs[h][t / 2] = pair_sum(x0[h], x1[h]);                    \
         }                                                                                             \
         float p[NQ][LANES], correction[NQ];                                                           \
-        for (int h = 0; h < NQ; h++)                                                                  \
-            correction[h] = softmax_update(transpose_sum(pairs[h], LANES / 2), n, m + h, l + h, p[h]);  \
+        for (int h = 0; h < NQ; h++) {                                                                \
+            vf s = transpose_sum(pairs[h], LANES / 2);                                                \
+            if (softcap > 0.0f) s = soft_cap(s, softcap);                                             \
+            correction[h] = softmax_update(s, n, m + h, l + h, p[h]);                                 \
+        }                                                                                             \
         vf acc[NQ][NV];                                                                               \
         for (int h = 0; h < NQ; h++)                                                                  \
             for (int i = 0; i < NV; i++) acc[h][i] = load(acc_out + h * d + i * LANES) * correction[h]; \
@@ -86,7 +93,7 @@ DEFINE_ATTEND(16)
 DEFINE_ATTEND(32) /* head_dim 256 with 8 lanes (AVX2) */
 
 typedef void (*AttendKeys)(const float *, const float *, const float *, int64_t, int64_t, float *, float *, float *,
-                           const char *, const char *, int64_t);
+                           const char *, const char *, int64_t, float);
 
 /* The kernel for NQ (1 or 2) heads of head_dim floats, or 0 when head_dim does not fit. */
 static AttendKeys keys_kernel(int64_t head_dim, int64_t nq) {
@@ -116,12 +123,22 @@ typedef struct {
 
 static int64_t blocks_of(const DecodeJob *job, int64_t b) { return (job->context_lens[b] + job->block_size - 1) / job->block_size; }
 
+/* The first key sequence b reads (its window's start, or 0), and the first block it reads. */
+static int64_t first_key(const DecodeJob *job, int64_t b) {
+    const int64_t lo = job->window > 0 ? job->context_lens[b] - job->window : 0;
+    return lo > 0 ? lo : 0;
+}
+static int64_t first_block(const DecodeJob *job, int64_t b) {
+    const int64_t j = first_key(job, b) / job->block_size;
+    return j > job->start_block ? j : job->start_block;
+}
+
 /* The next block to prefetch (its id, and *keys = its keys in use), or -1 past the job's last block. */
 static int64_t cursor_next(const DecodeJob *job, Cursor *c, int64_t *keys) {
     while (c->j >= c->end) {
         c->b += job->step;
         if (c->b >= job->batch) return -1;
-        c->j = job->start_block;
+        c->j = first_block(job, c->b);
         c->end = blocks_of(job, c->b);
     }
     const int64_t left = job->context_lens[c->b] - c->j * job->block_size;
@@ -145,8 +162,8 @@ static void attend_sequence(const DecodeJob *job, int64_t b, Cursor *ahead) {
         acc[i] = 0.0f;
     }
     for (int64_t h = 0; h < hq; h++) m[h] = -INFINITY, l[h] = 0.0f;
-    const int64_t num_blocks = (ctx + bs - 1) / bs, block_floats = bs * ts;
-    for (int64_t j = job->start_block; j < num_blocks; j++) {
+    const int64_t num_blocks = (ctx + bs - 1) / bs, block_floats = bs * ts, lo = first_key(job, b);
+    for (int64_t j = first_block(job, b); j < num_blocks; j++) {
         const int64_t n = (j + 1) * bs <= ctx ? bs : ctx - j * bs;
         const float *kb = job->k_cache + (int64_t)table[j] * block_floats;
         const float *vb = job->v_cache + (int64_t)table[j] * block_floats;
@@ -157,12 +174,12 @@ static void attend_sequence(const DecodeJob *job, int64_t b, Cursor *ahead) {
         const char *vn = (const char *)(job->v_cache + (pre < 0 ? 0 : pre) * block_floats);
         const int64_t calls = (n + LANES - 1) / LANES * (hq / nq);
         const int64_t lines = pre < 0 ? 0 : (pkeys * ts * 4 / 64 + calls) / calls;
-        for (int64_t t = 0, c = 0; t < n; t += LANES) {
+        for (int64_t t = lo > j * bs ? lo - j * bs : 0, c = 0; t < n; t += LANES) { /* from the window's start */
             const int64_t keys = n - t < LANES ? n - t : LANES;
             for (int64_t h = 0; h < hq; h += nq, c++) {
                 const int64_t off = t * ts + (h / group) * d;
                 attend(q + h * d, kb + off, vb + off, keys, ts, m + h, l + h, acc + h * d, kn + c * lines * 64,
-                       vn + c * lines * 64, lines);
+                       vn + c * lines * 64, lines, job->softcap);
             }
         }
     }
@@ -178,7 +195,7 @@ static void attend_sequence(const DecodeJob *job, int64_t b, Cursor *ahead) {
 static void *decode_job_run(void *arg) {
     const DecodeJob *job = (const DecodeJob *)arg;
     if (job->first >= job->batch) return 0;
-    Cursor ahead = {job->first, job->start_block, blocks_of(job, job->first)};
+    Cursor ahead = {job->first, first_block(job, job->first), blocks_of(job, job->first)};
     const int64_t ts = job->num_kv_heads * job->head_dim, block_floats = job->block_size * ts;
     for (int i = 1; i < PREFETCH_AHEAD; i++) { /* the first blocks at once: nothing to spread them over */
         int64_t keys = 0;

@@ -34,10 +34,12 @@
 #include "layer_rows.h"
 #include "threads.h"
 
-/* One decoder layer's tensors; qkv_bias, q_norm and k_norm may be 0 (no bias / no qk-norm). */
+/* One decoder layer's tensors; qkv_bias, q_norm and k_norm may be 0 (no bias / no qk-norm). window:
+ * the layer's sliding window (its queries read their last `window` keys; 0: the whole context). */
 typedef struct {
     const float *input_norm, *qkv, *qkv_bias, *q_norm, *k_norm, *o_proj, *post_norm, *gate_up, *down;
     float *k_cache, *v_cache;
+    int64_t window;
 } StackLayer;
 
 typedef struct {
@@ -146,7 +148,7 @@ static void *run_member(void *arg) {
             if (slot >= 0) store_kv_row(k, k + kv_row, kv_row, L->k_cache + slot * kv_row, L->v_cache + slot * kv_row);
         }
         const DecodeJob job = {s->qkv, L->k_cache, L->v_cache, s->tables, s->lens, M, nqkv, hq, hkv, D,
-                               mdl->block_size, s->bt_stride, 0, mdl->scale, s->attn, 0, tid, n};
+                               mdl->block_size, s->bt_stride, 0, mdl->scale, s->attn, 0, tid, n, L->window, 0.0f};
         decode_job_run((void *)&job); /* rows tid, tid + n, ...: each row reads only its own sequence */
         sync_team(s);
         linear(s, L->o_proj, 0, qd, s->attn, qd, s->o, H, SLICE_LO(H, s, tid), SLICE_HI(H, s, tid));

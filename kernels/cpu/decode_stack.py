@@ -27,6 +27,7 @@ _ptr, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 class _Layer(ctypes.Structure):
     _fields_ = [(name, _ptr) for name in ("input_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o_proj", "post_norm",
                                           "gate_up", "down", "k_cache", "v_cache")]  # fmt: skip
+    _fields_ += [("window", _i64)]
 
 
 class _Model(ctypes.Structure):
@@ -51,6 +52,7 @@ class StackLayer:
     down: torch.Tensor
     k_cache: torch.Tensor  # [num_blocks, block_size, Hkv, D]
     v_cache: torch.Tensor
+    window: int = 0  # sliding window in tokens (HF convention); 0: the whole context
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ class NativeDecodeStack:
                 if t.shape[2:] != (shape.num_kv_heads, d):
                     raise ValueError(f"layer {i} {name}: shape {tuple(t.shape)} has not [.., .., {shape.num_kv_heads}, {d}]")
             structs[i] = _Layer(*(None if getattr(layer, f) is None else getattr(layer, f).data_ptr()
-                                  for f, _ in _Layer._fields_))  # fmt: skip
+                                  for f, kind in _Layer._fields_ if kind is _ptr), layer.window)  # fmt: skip
         _check("final_norm", final_norm, (h,))
         if not (cos_sin.dtype == torch.float32 and cos_sin.is_contiguous() and cos_sin.dim() == 2 and cos_sin.shape[1] == d):
             raise ValueError(f"cos_sin must be a contiguous fp32 [max_positions, {d}] tensor")

@@ -19,7 +19,7 @@ class NativeDecodeAttention(PagedAttentionKernel):
     """paged_decode_attention.c, loaded once per instance (the build is cached on disk)."""
 
     source = Path(__file__).with_suffix(".c")
-    argtypes = [PTR, I64, PTR, PTR, PTR, I64, PTR, I64, I64, I64, I64, I64, I64, F32, PTR, PTR, I64]
+    argtypes = [PTR, I64, PTR, PTR, PTR, I64, PTR, I64, I64, I64, I64, I64, I64, F32, PTR, PTR, I64, I64, F32]
 
     def __call__(
         self,
@@ -34,9 +34,12 @@ class NativeDecodeAttention(PagedAttentionKernel):
         start_block: int = 0,
         lse: torch.Tensor | None = None,
         num_threads: int | None = None,
+        window: int = 0,
+        softcap: float = 0.0,
         checked: bool = False,
     ) -> torch.Tensor:
-        """q [B, Hq, D] attends keys start_block * block_size .. context_lens[b] - 1; returns out
+        """q [B, Hq, D] attends keys start_block * block_size .. context_lens[b] - 1 (the last `window`
+        of them when window > 0; scores soft-capped when softcap > 0); returns out
         [B, Hq, D] (fp32, contiguous). lse: an fp32 [B, Hq] tensor to receive each head's log-sum-exp.
         Every sequence must have at least one key past start_block. checked=True skips the checks and
         conversions: the caller passes tensors it has already seen pass them this step (out given,
@@ -56,6 +59,7 @@ class NativeDecodeAttention(PagedAttentionKernel):
             q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.stride(0),
             lens.data_ptr(), batch, num_heads, k_cache.shape[2], head_dim, k_cache.shape[1], start_block, scale,
             out.data_ptr(), None if lse is None else lse.data_ptr(), num_threads or torch.get_num_threads(),
+            window, softcap,
         )  # fmt: skip
         self._check(status)
         return out

@@ -12,7 +12,9 @@
  * Hkv, D] contiguous, cu_seqlens int32 [B + 1], context_lens int32 [B] (keys in cache after the
  * chunk), block_tables int32 [B, bt_stride], out [T, Hq, D] contiguous, lse [T, Hq] or null.
  * Query i of sequence b sits at position context_lens[b] - q_len + i and sees keys from
- * start_block * bs up to its position; each must see at least one.
+ * start_block * bs up to its position; each must see at least one. window > 0: only its last
+ * `window` positions (blocks wholly before the chunk's first window are never read); softcap > 0:
+ * scores s -> softcap * tanh(s / softcap).
  * Built by kernels/cpu/build.py with -O3 -march=native.
  */
 #include <math.h>
@@ -37,6 +39,8 @@ typedef struct {
     float *out, *lse;
     int64_t first, step; /* items (b, g) = divmod(i, num_kv_heads) for i = first, first + step, ... */
     int failed;          /* set when the scratch buffer could not be allocated */
+    int64_t window;      /* 0: whole context */
+    float softcap;       /* 0: off */
 } Job;
 
 /* One item's keys, transposed, and where each chunk's values start. */
@@ -52,7 +56,10 @@ typedef struct {
     float q[TILE * MAX_DIM], o[TILE * MAX_DIM], p[TILE * LANES];
     float m[TILE_UP], l[TILE_UP], correction[TILE_UP]; /* rows past TILE: padding */
     int64_t limit[TILE]; /* keys positions < limit are visible to the row (0: unused row) */
+    int64_t floor[TILE]; /* ... and >= floor (its window's first key; 0 without a window) */
     int64_t seen_by_all; /* keys positions < this are visible to every used row */
+    int64_t floor_max;   /* ... and >= this */
+    float softcap;
 } Tile;
 
 /* The online-softmax update of rows r0 .. r0 + LANES - 1 for a chunk every one of them sees whole:
@@ -82,21 +89,25 @@ static int tile_scores(Tile *t, const Keys *keys, int64_t c, int64_t d) {
         const vf k = load(kt + i * LANES);
         for (int r = 0; r < TILE; r++) s[r] += t->q[r * MAX_DIM + i] * k;
     }
+    if (t->softcap > 0.0f)
+        for (int r = 0; r < TILE; r++) s[r] = soft_cap(s[r], t->softcap);
     const int64_t start = keys->start[c], len = keys->len[c];
-    if (len == LANES && start + len <= t->seen_by_all) { /* the common case: no row is cut */
+    if (len == LANES && start + len <= t->seen_by_all && start >= t->floor_max) { /* the common case: no row is cut */
         for (int r0 = 0; r0 < TILE; r0 += LANES) softmax_rows(t, s, r0);
         return 1;
     }
     int any = 0;
     for (int r = 0; r < TILE; r++) {
         const int64_t n = t->limit[r] - start < len ? t->limit[r] - start : len;
-        if (n <= 0) { /* the row sees none of these keys (or is unused) */
+        const int64_t lo = t->floor[r] > start ? t->floor[r] - start : 0;
+        if (n <= lo) { /* the row sees none of these keys (or is unused) */
             t->correction[r] = 1.0f;
             store(t->p + r * LANES, (vf){0});
             continue;
         }
         any = 1;
-        t->correction[r] = softmax_update(s[r], n, t->m + r, t->l + r, t->p + r * LANES);
+        t->correction[r] = lo ? softmax_update_range(s[r], lo, n, t->m + r, t->l + r, t->p + r * LANES)
+                              : softmax_update(s[r], n, t->m + r, t->l + r, t->p + r * LANES);
     }
     return any;
 }
@@ -155,7 +166,10 @@ static int attend_item(const Job *job, int64_t b, int64_t g, Tile *t) {
     if (q_len <= 0) return 0;
     const int32_t *table = job->block_tables + b * job->bt_stride;
     const int64_t num_blocks = (ctx + bs - 1) / bs, per_block = (bs + LANES - 1) / LANES;
-    const int64_t max_chunks = (num_blocks - job->start_block) * per_block;
+    /* the first block any query of the chunk sees: start_block, or its first window's */
+    const int64_t lo_key = job->window > 0 && first_pos - job->window + 1 > 0 ? first_pos - job->window + 1 : 0;
+    const int64_t first_block = lo_key / bs > job->start_block ? lo_key / bs : job->start_block;
+    const int64_t max_chunks = (num_blocks - first_block) * per_block;
     if (max_chunks <= 0) return 0;
     char *mem = malloc(max_chunks * (d * LANES * sizeof(float) + sizeof(float *) + 2 * sizeof(int64_t)));
     if (!mem) return -1;
@@ -163,7 +177,7 @@ static int attend_item(const Job *job, int64_t b, int64_t g, Tile *t) {
     keys.v = (const float **)(mem + max_chunks * d * LANES * sizeof(float));
     keys.start = (int64_t *)(keys.v + max_chunks);
     keys.len = keys.start + max_chunks;
-    for (int64_t j = job->start_block; j < num_blocks; j++) {
+    for (int64_t j = first_block; j < num_blocks; j++) {
         const int64_t n = (j + 1) * bs <= ctx ? bs : ctx - j * bs;
         const float *kb = job->k_cache + (int64_t)table[j] * bs * ts + g * d;
         const float *vb = job->v_cache + (int64_t)table[j] * bs * ts + g * d;
@@ -182,10 +196,14 @@ static int attend_item(const Job *job, int64_t b, int64_t g, Tile *t) {
         const int64_t i1 = i0 + tokens_per_tile < q_len ? i0 + tokens_per_tile : q_len;
         for (int r = TILE; r < TILE_UP; r++) t->m[r] = 0.0f, t->l[r] = 0.0f;
         t->seen_by_all = first_pos + i0 + 1;
+        t->floor_max = 0;
+        t->softcap = job->softcap;
         for (int r = 0; r < TILE; r++) {
             const int64_t i = i0 + r / group, h = g * group + r % group;
             const int used = r < (i1 - i0) * group;
             t->limit[r] = used ? first_pos + i + 1 : 0;
+            t->floor[r] = used && job->window > 0 && first_pos + i + 1 > job->window ? first_pos + i + 1 - job->window : 0;
+            if (t->floor[r] > t->floor_max) t->floor_max = t->floor[r];
             t->m[r] = -INFINITY, t->l[r] = 0.0f;
             const float *src = job->q + (q0 + i) * job->q_stride + h * d;
             for (int64_t x = 0; x < d; x++) t->q[r * MAX_DIM + x] = used ? src[x] * job->scale : 0.0f;
@@ -193,7 +211,7 @@ static int attend_item(const Job *job, int64_t b, int64_t g, Tile *t) {
         }
         const int64_t last = t->limit[(i1 - i0) * group - 1]; /* the tile's last row sees the most */
         for (int64_t c = 0; c < keys.chunks && keys.start[c] < last; c++)
-            if (tile_scores(t, &keys, c, d)) values(t, &keys, c);
+            if (keys.start[c] + keys.len[c] > t->floor[0] && tile_scores(t, &keys, c, d)) values(t, &keys, c);
         for (int r = 0; r < (i1 - i0) * group; r++) {
             const int64_t row = (q0 + i0 + r / group) * hq + g * group + r % group;
             const float inv = 1.0f / t->l[r];
@@ -231,14 +249,14 @@ int paged_prefill_attention_f32(const float *q, int64_t q_stride, const float *k
                                 const int32_t *cu_seqlens, const int32_t *context_lens, const int32_t *block_tables,
                                 int64_t bt_stride, int64_t batch, int64_t num_heads, int64_t num_kv_heads,
                                 int64_t head_dim, int64_t block_size, int64_t start_block, float scale, float *out,
-                                float *lse, int64_t num_threads) {
+                                float *lse, int64_t num_threads, int64_t window, float softcap) {
     if (!paged_prefill_attention_supports(num_heads, num_kv_heads, head_dim, block_size)) return -1;
     num_threads = threads_for(batch * num_kv_heads, 1, num_threads); /* a thread per item at most */
     Job jobs[MAX_THREADS];
     for (int64_t i = 0; i < num_threads; i++) {
         jobs[i] = (Job){q, k_cache, v_cache, cu_seqlens, context_lens, block_tables, batch, q_stride, num_heads,
                         num_kv_heads, head_dim, block_size, bt_stride, start_block, scale, out, lse,
-                        i, num_threads, 0};
+                        i, num_threads, 0, window, softcap};
     }
     run_tasks(run_job, jobs, sizeof(Job), num_threads);
     for (int64_t i = 0; i < num_threads; i++)

@@ -24,4 +24,28 @@ static inline float softmax_update(vf s, int64_t n, float *m, float *l, float *p
     return correction;
 }
 
+/* softmax_update for lanes lo <= lane < n only (a sliding window's first keys cut the vector too). */
+static inline float softmax_update_range(vf s, int64_t lo, int64_t n, float *m, float *l, float *p) {
+    const vi valid = (lane_index() < (int32_t)n) & (lane_index() >= (int32_t)lo);
+    s = blend(valid, s, (vf){0} - INFINITY);
+    const float top = hmax(s), mx = *m > top ? *m : top;
+    const float correction = exp_nonpositive1(*m - mx);
+    const vf e = blend(valid, exp_nonpositive(s - mx), (vf){0});
+    store(p, e);
+    *l = *l * correction + hsum(e);
+    *m = mx;
+    return correction;
+}
+
+/* softcap * tanh(s / softcap) per lane (softcap > 0: attention soft-capping), tanh from one exp of a
+ * non-positive argument. */
+static inline vf soft_cap(vf s, float softcap) {
+    const vf x = s / softcap;
+    const vi negative = x < 0.0f;
+    const vf a = blend(negative, -x, x);
+    const vf e = exp_nonpositive(-2.0f * a);
+    const vf t = (1.0f - e) / (1.0f + e);
+    return blend(negative, -t, t) * softcap;
+}
+
 #endif

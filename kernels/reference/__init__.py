@@ -1,7 +1,7 @@
 """Torch references of every kernel: the contract the Triton kernels are tested against, and the
 engine's fast path on the CPU. Signatures follow docs/ARCHITECTURE.md ("Kernel contract")."""
 
-from kernels.reference.activation import silu_mul
+from kernels.reference.activation import gelu_tanh_mul, silu_mul
 from kernels.reference.attention import paged_decode_attention, prefill_attention
 from kernels.reference.fused_moe import fused_moe, select_experts
 from kernels.reference.kv_cache import store_kv_cache
@@ -13,6 +13,7 @@ __all__ = [
     "apply_token_bitmask_",
     "apply_rotary",
     "fused_moe",
+    "gelu_tanh_mul",
     "paged_decode_attention",
     "prefill_attention",
     "rms_norm",

@@ -1,4 +1,5 @@
-"""SwiGLU's activation on the fused gate_up projection (and gpt-oss's clamped variant)."""
+"""The gated MLP activations on the fused gate_up projection: SwiGLU, GeGLU (tanh GELU, Gemma) and
+gpt-oss's clamped SwiGLU."""
 
 import torch
 import torch.nn.functional as F
@@ -8,6 +9,12 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up [..., 2 * I] (gate first, then up) -> silu(gate) * up [..., I]."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [..., 2 * I] (gate first, then up) -> gelu_tanh(gate) * up [..., I] (gelu_pytorch_tanh)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
 
 
 def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:

@@ -10,6 +10,13 @@ elsewhere), so partial results over disjoint key ranges merge exactly. What keep
 - the index work (groups, gather ids, masks) is a plan that depends only on the block tables and
   lengths, so a caller running many layers builds it once per step (plan_decode / plan_prefill).
 No per-token Python loops: prefill loops over sequences, decode over groups.
+
+Every function takes a layer's attention options as keywords, 0 meaning off: `window` (sliding
+window: the query at position p sees keys p - window < j <= p, Hugging Face's convention; only the
+blocks inside a window are gathered, so blocks a window has left may hold anything finite, such as
+another sequence's keys once the block manager has recycled them; no cascade then) and `softcap`
+(scores q.k * scale -> softcap * tanh(scores / softcap) before the mask and softmax, Gemma 2's
+attention soft-capping; plain math then, the CPU flash kernel has no cap).
 """
 
 from __future__ import annotations
@@ -55,12 +62,16 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int, num_key
     return rows.view(num_seqs, -1, hkv, d)[:, :num_keys].transpose(1, 2)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, softcap: float = 0.0
+):
     """q [N, H, M, D], k/v [N, H, L, D], additive fp32 mask broadcastable to [N, H, M, L] or None.
 
     Returns (out [N, H, M, D] fp32, lse [N, H, M] fp32). Every query row must see >= 1 key.
     """
     q, k, v = q.float(), k.float(), v.float()
+    if softcap:
+        return _attend_math(q, k, v, mask, scale, softcap)
     if q.device.type == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, attn_mask=mask, scale=scale
@@ -69,10 +80,14 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     return _attend_math(q, k, v, mask, scale)
 
 
-def _attend_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
+def _attend_math(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, softcap: float = 0.0
+):
     """_attend in plain torch ops (any device; any float dtype in, fp32 out like _attend)."""
     q, k, v = q.float(), k.float(), v.float()
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores + mask
     lse = torch.logsumexp(scores, dim=-1)
@@ -80,17 +95,18 @@ def _attend_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
 
 
 def _attend_causal(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, flash: bool | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, flash: bool | None = None, softcap: float = 0.0
 ):
     """q [n, Hq, D] at positions 0..n-1, k/v [1, Hkv, n, D] -> (out [n, Hkv, G, D], lse [n, Hkv, G]).
 
-    flash: use the CPU flash kernel (default: on the CPU); else plain math with an explicit mask.
+    flash: use the CPU flash kernel (default: on the CPU, without softcap); else plain math with an
+    explicit mask.
     """
     n, hq, d = q.shape
     hkv = k.shape[1]
-    if not (q.device.type == "cpu" if flash is None else flash):
+    if softcap or not (q.device.type == "cpu" if flash is None else flash):
         mask = torch.full((n, n), float("-inf"), device=q.device).triu_(1)
-        o, s = _attend_math(_fold_tokens(q, hkv), k, v, mask.repeat(hq // hkv, 1)[None, None], scale)
+        o, s = _attend_math(_fold_tokens(q, hkv), k, v, mask.repeat(hq // hkv, 1)[None, None], scale, softcap)
         return _unfold_tokens(o, n), _unfold_tokens(s[..., None], n)[..., 0]
     qg = q.float().view(n, hkv, hq // hkv, d).permute(2, 1, 0, 3)  # [G, Hkv, n, D]: G as batch
     g = qg.shape[0]
@@ -123,8 +139,9 @@ def decode_shared_blocks(block_tables: torch.Tensor, lens: list[int], block_size
 
 
 def attend_shared_blocks(
-    qf: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, shared_ids: torch.Tensor, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+    qf: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, shared_ids: torch.Tensor, scale: float,
+    softcap: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Every decode query qf [B, Hkv, G, D] over the same blocks (read once, one call for the whole
     batch) -> (out [B, Hkv, G, D], lse [B, Hkv, G]), to merge with the rest of each context."""
     batch, num_kv_heads, group, head_dim = qf.shape
@@ -132,22 +149,49 @@ def attend_shared_blocks(
     k = _gather(k_cache, shared_ids, 1, n)
     v = _gather(v_cache, shared_ids, 1, n)
     q_all = qf.permute(1, 0, 2, 3).reshape(1, num_kv_heads, batch * group, head_dim)
-    o, s = _attend(q_all, k, v, None, scale)
+    o, s = _attend(q_all, k, v, None, scale, softcap)
     o = o.view(num_kv_heads, batch, group, head_dim).permute(1, 0, 2, 3)
     return o, s.view(num_kv_heads, batch, group).permute(1, 0, 2)
 
 
+def _window_part(
+    block_tables: torch.Tensor, idx: list[int], lens: list[int], block_size: int, window: int
+) -> _Part:
+    """Decode rows `idx` with a sliding window: each gathers its blocks from the first one its window
+    touches (the same count for all, the widest; columns past a table's end repeat its last column
+    and are masked), keys outside (len - window, len) masked."""
+    device = block_tables.device
+    first = [max(0, lens[i] - window) // block_size for i in idx]
+    count = max(-(-lens[i] // block_size) - f for i, f in zip(idx, first, strict=True))
+    rows = torch.tensor(idx, device=device)
+    cols = (torch.tensor(first, device=device)[:, None] + torch.arange(count, device=device)).clamp_max(
+        block_tables.shape[1] - 1
+    )
+    ids = block_tables.index_select(0, rows).gather(1, cols).reshape(-1).long().clamp_min(0)
+    key_pos = torch.tensor(first, device=device)[:, None] * block_size + torch.arange(count * block_size, device=device)
+    own = torch.tensor([lens[i] for i in idx], device=device)[:, None]
+    outside = (key_pos >= own) | (key_pos < own - window)
+    mask = torch.zeros(outside.shape, device=device).masked_fill_(outside, float("-inf"))
+    return _Part(rows, ids, len(idx), count * block_size, mask[:, None, None, :])
+
+
 def plan_decode(
-    block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, group_size: int = _DECODE_GROUP
-) -> AttentionPlan:
+    block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, group_size: int = _DECODE_GROUP,
+    window: int = 0,
+) -> AttentionPlan:  # fmt: skip
     lens = context_lens.tolist()
     device = block_tables.device
-    shared = decode_shared_blocks(block_tables, lens, block_size)
+    if window and max(lens, default=0) <= window:
+        window = 0  # every key is inside every window: the plain plan (and its cascade)
+    shared = 0 if window else decode_shared_blocks(block_tables, lens, block_size)
     base = shared * block_size
     order = sorted(range(len(lens)), key=lens.__getitem__)
     parts = []
     for lo in range(0, len(order), group_size):
         idx = order[lo : lo + group_size]
+        if window:
+            parts.append(_window_part(block_tables, idx, lens, block_size, window))
+            continue
         width = -(-lens[idx[-1]] // block_size)  # sorted: the last is the longest
         rows = torch.tensor(idx, device=device)
         ids = block_tables.index_select(0, rows)[:, shared:width].reshape(-1).long().clamp_min(0)
@@ -162,7 +206,7 @@ def plan_decode(
 
 def decode_with_plan(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan, scale: float,
-    out: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, sinks: torch.Tensor | None = None, softcap: float = 0.0,
 ) -> torch.Tensor:  # fmt: skip
     """paged_decode_attention with a prebuilt plan_decode(...)."""
     batch, num_heads, head_dim = q.shape
@@ -173,10 +217,10 @@ def decode_with_plan(
     for part in plan.parts:  # gather each group's blocks, attend, scatter back by rows
         k = _gather(k_cache, part.block_ids, part.num_seqs, part.num_keys)
         v = _gather(v_cache, part.block_ids, part.num_seqs, part.num_keys)
-        o, s = _attend(qf.index_select(0, part.rows), k, v, part.mask, scale)
+        o, s = _attend(qf.index_select(0, part.rows), k, v, part.mask, scale, softcap)
         result[part.rows], lse[part.rows] = o, s
     if plan.shared_ids is not None:
-        o2, s2 = attend_shared_blocks(qf, k_cache, v_cache, plan.shared_ids, scale)
+        o2, s2 = attend_shared_blocks(qf, k_cache, v_cache, plan.shared_ids, scale, softcap)
         result, lse = merge_partials(result, lse, o2, s2), torch.logaddexp(lse, s2)
     if sinks is not None:
         apply_sinks(result, lse, sinks)
@@ -196,8 +240,11 @@ def paged_decode_attention(
     scale: float,
     out: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    """q [B, Hq, D] attends keys 0..context_lens[b]-1 of its sequence; returns [B, Hq, D].
+    """q [B, Hq, D] attends keys 0..context_lens[b]-1 of its sequence (the last `window` of them
+    when window > 0); returns [B, Hq, D].
 
     k_cache, v_cache: [num_blocks, block_size, Hkv, D]; block_tables int32 [B, max_blocks]
     (entries past a sequence's blocks are ignored); context_lens int32 [B], each >= 1.
@@ -205,8 +252,8 @@ def paged_decode_attention(
     (0 * NaN is NaN): the engine allocates its cache zeroed. The Triton kernel does not read them.
     sinks: fp32 [Hq] logits added to each head's softmax denominator (apply_sinks), or None.
     """
-    plan = plan_decode(block_tables, context_lens, k_cache.shape[1])
-    return decode_with_plan(q, k_cache, v_cache, plan, scale, out, sinks)
+    plan = plan_decode(block_tables, context_lens, k_cache.shape[1], window=window)
+    return decode_with_plan(q, k_cache, v_cache, plan, scale, out, sinks, softcap)
 
 
 # ---- prefill ------------------------------------------------------------------------------------
@@ -219,42 +266,50 @@ def prefill_shared_blocks(starts: list[int], lens: list[int], block_tables: torc
 
 
 def attend_shared_prefill(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, shared_ids: torch.Tensor, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, shared_ids: torch.Tensor, scale: float,
+    softcap: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Every prefill query q [T, Hq, D] over the same blocks (read once, one call) -> (out [T, Hkv,
     G, D], lse [T, Hkv, G]), to merge with the rest of each context."""
     total, num_kv_heads = q.shape[0], k_cache.shape[2]
     n = shared_ids.numel() * k_cache.shape[1]
     k = _gather(k_cache, shared_ids, 1, n)
     v = _gather(v_cache, shared_ids, 1, n)
-    o, s = _attend(_fold_tokens(q, num_kv_heads), k, v, None, scale)
+    o, s = _attend(_fold_tokens(q, num_kv_heads), k, v, None, scale, softcap)
     return _unfold_tokens(o, total), _unfold_tokens(s[..., None], total)[..., 0]
 
 
 def plan_prefill(
     cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int,
-    group: int,
+    group: int, window: int = 0,
 ) -> AttentionPlan:  # fmt: skip
     starts = cu_seqlens_q.tolist()
     lens = context_lens.tolist()
     device = block_tables.device
     q_lens = [starts[b + 1] - starts[b] for b in range(len(lens))]
-    shared = prefill_shared_blocks(starts, lens, block_tables, block_size)
-    base = shared * block_size
+    if window and max(lens, default=0) <= window:
+        window = 0  # every key is inside every window: the plain plan (and its cascade)
+    shared = 0 if window else prefill_shared_blocks(starts, lens, block_tables, block_size)
     parts = []
     for b, ctx in enumerate(lens):
         q_len = q_lens[b]
         if q_len == 0:
             continue
-        ids = block_tables[b, shared : -(-ctx // block_size)].long()
-        if ctx == q_len:  # no earlier context: plain causal, which the kernel computes half of
+        # the first block any query of the chunk sees: the cascade's end, or the first window's start
+        first = max(shared, max(0, ctx - q_len - window + 1) // block_size if window > 0 else 0)
+        base = first * block_size
+        ids = block_tables[b, first : -(-ctx // block_size)].long()
+        if ctx == q_len and (not window or ctx <= window):  # plain causal, which the kernel computes half of
             parts.append(_Part(slice(starts[b], starts[b] + q_len), ids, 1, ctx, None))
             continue
         # Query rows are (g, i): head g of the group, token i at position ctx - q_len + i.
         q_pos = torch.arange(ctx - q_len, ctx, device=device).repeat(group)
         k_pos = torch.arange(base, ctx, device=device)
         mask = torch.zeros(group * q_len, ctx - base, device=device)
-        mask.masked_fill_(k_pos[None, :] > q_pos[:, None], float("-inf"))
+        outside = k_pos[None, :] > q_pos[:, None]
+        if window:
+            outside |= k_pos[None, :] <= q_pos[:, None] - window
+        mask.masked_fill_(outside, float("-inf"))
         parts.append(_Part(slice(starts[b], starts[b] + q_len), ids, 1, ctx - base, mask[None, None]))
     shared_ids = block_tables[0, :shared].long() if shared else None
     return AttentionPlan(parts, shared_ids)
@@ -274,7 +329,7 @@ def _unfold_tokens(x: torch.Tensor, n: int) -> torch.Tensor:
 
 def prefill_with_plan(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan, scale: float,
-    out: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, sinks: torch.Tensor | None = None, softcap: float = 0.0,
 ) -> torch.Tensor:  # fmt: skip
     """prefill_attention with a prebuilt plan_prefill(...)."""
     total, num_heads, head_dim = q.shape
@@ -289,14 +344,14 @@ def prefill_with_plan(
         k = _gather(k_cache, part.block_ids, 1, part.num_keys)
         v = _gather(v_cache, part.block_ids, 1, part.num_keys)
         if part.mask is None:
-            o, s = _attend_causal(q[part.rows], k, v, scale)
+            o, s = _attend_causal(q[part.rows], k, v, scale, softcap=softcap)
             res[part.rows], lse[part.rows] = o, s
             continue
-        o, s = _attend(_fold_tokens(q[part.rows], num_kv_heads), k, v, part.mask, scale)
+        o, s = _attend(_fold_tokens(q[part.rows], num_kv_heads), k, v, part.mask, scale, softcap)
         res[part.rows] = _unfold_tokens(o, n)
         lse[part.rows] = _unfold_tokens(s[..., None], n)[..., 0]
     if plan.shared_ids is not None:
-        o2, s2 = attend_shared_prefill(q, k_cache, v_cache, plan.shared_ids, scale)
+        o2, s2 = attend_shared_prefill(q, k_cache, v_cache, plan.shared_ids, scale, softcap)
         res, lse = merge_partials(res, lse, o2, s2), torch.logaddexp(lse, s2)
     if sinks is not None:
         apply_sinks(res, lse, sinks)
@@ -314,13 +369,16 @@ def prefill_attention(
     scale: float,
     out: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Varlen causal attention for T new query tokens of B sequences; returns [T, Hq, D].
 
     Sequence b owns q rows cu_seqlens_q[b]:cu_seqlens_q[b+1]; its chunk's K/V are already in the
-    cache; its query i sits at position context_lens[b] - q_len_b + i and sees keys 0..position.
+    cache; its query i sits at position context_lens[b] - q_len_b + i and sees keys 0..position
+    (position - window + 1..position when window > 0).
     sinks: fp32 [Hq] logits added to each head's softmax denominator (apply_sinks), or None.
     """
     group = q.shape[1] // k_cache.shape[2]
-    plan = plan_prefill(cu_seqlens_q, context_lens, block_tables, k_cache.shape[1], group)
-    return prefill_with_plan(q, k_cache, v_cache, plan, scale, out, sinks)
+    plan = plan_prefill(cu_seqlens_q, context_lens, block_tables, k_cache.shape[1], group, window)
+    return prefill_with_plan(q, k_cache, v_cache, plan, scale, out, sinks, softcap)

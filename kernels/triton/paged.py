@@ -27,3 +27,11 @@ def load_kv_tile(
     return tl.load(
         cache_ptr + row[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0
     )
+
+
+@triton.jit
+def soft_cap(s, softcap_log2):
+    """Scores s in log2 units (q.k * scale * log2 e) -> softcap * tanh(raw / softcap) in log2 units,
+    with softcap_log2 = softcap * log2 e; tanh from exp (stable at both ends: exp2 -> inf gives 1)."""
+    e = tl.exp2(2.0 * s / softcap_log2 * 1.4426950408889634)  # exp(2 * raw / softcap)
+    return (1.0 - 2.0 / (e + 1.0)) * softcap_log2

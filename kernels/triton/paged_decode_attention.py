@@ -26,7 +26,7 @@ from kernels.checks import (
     check_tensor,
 )
 from kernels.triton.launch import check_launchable, dot, dot_upcast, num_sms
-from kernels.triton.paged import load_kv_tile
+from kernels.triton.paged import load_kv_tile, soft_cap
 
 _LOG2E = 1.4426950408889634
 
@@ -44,6 +44,8 @@ def _decode_split_kernel(
     # q, out [B, Hq, D]; caches [NB, BS, Hkv, D]; bt [B, MB]; lens [B];
     # partials po [B, Hq, S, D] fp32 and pml [2, B, Hq, S] fp32 (running max, sum) when SPLIT
     scale_log2,
+    window,  # keys ctx - window .. ctx - 1 only (WINDOW)
+    softcap_log2,  # softcap * log2 e (SOFTCAP)
     group,
     head_dim,
     block_size: tl.constexpr,  # tokens per cache block; constexpr: // and % become shifts
@@ -69,6 +71,8 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
 ):
     # Program (b, kv head, split): the `group` query heads of one KV head as the rows of a tile.
@@ -78,6 +82,8 @@ def _decode_split_kernel(
     ctx = tl.minimum(tl.load(lens_ptr + b), table_tokens)
     start = split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, ctx)
+    if WINDOW:  # a split wholly before the window reads nothing (max -1e30, sum 0: weighs nothing)
+        start = tl.maximum(start, ctx - window)
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     g_mask = offs_g < group
@@ -99,6 +105,8 @@ def _decode_split_kernel(
             kc_ptr, table, offs_n, n_mask, kvh, block_size, stride_cb, stride_cs, stride_ch, offs_d, d_mask
         )  # [BN, BD]
         s = dot(q, tl.trans(k), tl.zeros((BLOCK_G, BLOCK_N), tl.float32), UPCAST) * scale_log2
+        if SOFTCAP:
+            s = soft_cap(s, softcap_log2)
         s = tl.where(n_mask[None, :], s, float("-inf"))  # [BG, BN], log2 units
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
@@ -201,11 +209,14 @@ def paged_decode_attention(
     scale: float,
     out: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    window: int = 0,
+    softcap: float = 0.0,
     *,
     config: DecodeConfig | None = None,
     checked: bool = False,
 ) -> torch.Tensor:
-    """q [B, Hq, D] attends keys 0..context_lens[b]-1 of its sequence; returns [B, Hq, D].
+    """q [B, Hq, D] attends keys 0..context_lens[b]-1 of its sequence (the last `window` of them when
+    window > 0; scores soft-capped when softcap > 0); returns [B, Hq, D].
     checked=True skips the argument checks (for a caller that saw them pass for the same shapes,
     strides, dtypes and devices).
 
@@ -274,6 +285,8 @@ def paged_decode_attention(
         part_o,
         part_ml,
         float(scale) * _LOG2E,
+        int(window),
+        float(softcap) * _LOG2E,
         group,
         head_dim,
         block_size,
@@ -299,6 +312,8 @@ def paged_decode_attention(
         BLOCK_N=cfg.block_n,
         BLOCK_D=block_d,
         UPCAST=dot_upcast(_decode_split_kernel, q.dtype),
+        WINDOW=window > 0,
+        SOFTCAP=softcap > 0,
         HAS_SINKS=sinks is not None and splits == 1,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

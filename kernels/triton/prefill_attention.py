@@ -29,7 +29,7 @@ from kernels.checks import (
     check_tensor,
 )
 from kernels.triton.launch import check_launchable, dot, dot_upcast
-from kernels.triton.paged import load_kv_tile
+from kernels.triton.paged import load_kv_tile, soft_cap
 
 _LOG2E = 1.4426950408889634
 
@@ -54,13 +54,17 @@ def _attend(
     offs_d,
     d_mask,
     scale_log2,
+    window,
+    softcap_log2,
     CAUSAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
-    """Online softmax over keys lo..hi-1 (hi <= context). CAUSAL masks key > query position;
-    without it every key in range is visible to every row of the tile."""
+    """Online softmax over keys lo..hi-1 (hi <= context). CAUSAL masks key > query position (WINDOW
+    also key <= position - window); without it every key in range is visible to every row."""
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < hi
@@ -68,8 +72,13 @@ def _attend(
             kc_ptr, table, offs_n, n_mask, kvh, block_size, stride_cb, stride_cs, stride_ch, offs_d, d_mask
         )  # [BN, BD]
         s = dot(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), UPCAST) * scale_log2
+        if SOFTCAP:
+            s = soft_cap(s, softcap_log2)
         if CAUSAL:  # (the unmasked range is whole tiles below every row's position)
-            s = tl.where(n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None]), s, float("-inf"))
+            visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+            if WINDOW:
+                visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
+            s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -93,6 +102,8 @@ def _prefill_kernel(
     out_ptr,
     # q, out [T, Hq, D]; caches [NB, BS, Hkv, D]; cu [B+1]; lens [B]; bt [B, MB]
     scale_log2,
+    window,  # the query at position p sees keys p - window < j <= p (WINDOW)
+    softcap_log2,  # softcap * log2 e (SOFTCAP)
     group,
     head_dim,
     block_size: tl.constexpr,  # tokens per cache block; constexpr: // and % become shifts
@@ -109,6 +120,8 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
 ):
     # Program (query head, sequence, query tile). Heads vary fastest, so the heads sharing a KV head
@@ -139,8 +152,13 @@ def _prefill_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
         table = bt_ptr + b * stride_bt
         # Keys 0..first row's position are visible to every row: no causal mask there (whole tiles).
+        # With a window, one masked pass from the first row's first visible key instead.
         full_end = ((prefix + tile * BLOCK_M + 1) // BLOCK_N) * BLOCK_N
         end = tl.minimum(prefix + (tile + 1) * BLOCK_M, ctx)  # one past the last row's position
+        start = 0
+        if WINDOW:
+            start = tl.maximum(prefix + tile * BLOCK_M - window + 1, 0)
+            full_end = start
         acc, m_i, l_i = _attend(
             acc,
             m_i,
@@ -155,15 +173,19 @@ def _prefill_kernel(
             stride_cb,
             stride_cs,
             stride_ch,
-            0,
+            start,
             full_end,
             offs_d,
             d_mask,
             scale_log2,
+            window,
+            softcap_log2,
             False,
             BLOCK_M,
             BLOCK_N,
             UPCAST,
+            WINDOW,
+            SOFTCAP,
         )
         acc, m_i, l_i = _attend(
             acc,
@@ -184,10 +206,14 @@ def _prefill_kernel(
             offs_d,
             d_mask,
             scale_log2,
+            window,
+            softcap_log2,
             True,
             BLOCK_M,
             BLOCK_N,
             UPCAST,
+            WINDOW,
+            SOFTCAP,
         )
         if HAS_SINKS:  # the sink: one more term of the denominator, in the running max's units (log2)
             l_i += tl.exp2(tl.load(sinks_ptr + h) * 1.4426950408889634 - m_i)
@@ -244,11 +270,14 @@ def prefill_attention(
     scale: float,
     out: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    window: int = 0,
+    softcap: float = 0.0,
     *,
     config: PrefillConfig | None = None,
     checked: bool = False,
 ) -> torch.Tensor:
-    """Varlen causal attention for T new query tokens of B sequences; returns [T, Hq, D].
+    """Varlen causal attention for T new query tokens of B sequences; returns [T, Hq, D]. window > 0:
+    each query sees its last `window` positions only; softcap > 0: scores soft-capped.
     checked=True skips the argument checks (for a caller that saw them pass for the same shapes,
     strides, dtypes and devices).
 
@@ -311,6 +340,8 @@ def prefill_attention(
         block_tables,
         out,
         float(scale) * _LOG2E,
+        int(window),
+        float(softcap) * _LOG2E,
         group,
         head_dim,
         block_size,
@@ -327,6 +358,8 @@ def prefill_attention(
         BLOCK_N=cfg.block_n,
         BLOCK_D=triton.next_power_of_2(head_dim),
         UPCAST=dot_upcast(_prefill_kernel, q.dtype),
+        WINDOW=window > 0,
+        SOFTCAP=softcap > 0,
         HAS_SINKS=sinks is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

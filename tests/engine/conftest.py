@@ -37,8 +37,8 @@ MOE_DEFAULTS: dict[str, dict[str, object]] = {
         "mlp_only_layers": [1],
     },
     "qwen3_moe": {"num_experts": 8, "num_experts_per_tok": 3, "moe_intermediate_size": 32, "norm_topk_prob": True},
-    # gpt-oss: top-2 of 8 biased experts, alternating sliding / full layers (the window holds every test
-    # prompt: the engine caps max_model_len at it), its default YaRN rope
+    # gpt-oss: top-2 of 8 biased experts, alternating sliding / full layers (a 512-token window holds
+    # every test prompt; test_exactness_phi3_gptoss narrows it), its default YaRN rope
     "gpt_oss": {
         "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32, "sliding_window": 512,
         "pad_token_id": None,
@@ -53,6 +53,18 @@ PHI3_DEFAULTS: dict[str, object] = {
         "short_factor": [1.0, 1.05, 1.1, 1.3, 1.6, 2.0], "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0],
     },
     "pad_token_id": None,
+}  # fmt: skip
+
+
+# Gemma: untied embeddings (tied, the default, makes a tiny random model repeat its input token; the
+# logprob tests tie them), a query_pre_attn_scalar unlike head_dim, a 32-token window on
+# the local layers (Gemma 2 alternates local / global; the Gemma 3 default here mixes them too), caps
+# small enough to bite on a tiny model's scores and logits.
+GEMMA_DEFAULTS: dict[str, dict[str, object]] = {
+    "gemma2": {"tie_word_embeddings": False, "query_pre_attn_scalar": 24, "sliding_window": 32,
+               "attn_logit_softcapping": 2.0, "final_logit_softcapping": 5.0},
+    "gemma3_text": {"tie_word_embeddings": False, "query_pre_attn_scalar": 24, "sliding_window": 32,
+                    "layer_types": ["sliding_attention", "full_attention"]},
 }  # fmt: skip
 
 
@@ -72,6 +84,7 @@ def _config(arch: str, **overrides: object) -> object:
         tie_word_embeddings=False,
     )
     common.update(MOE_DEFAULTS.get(arch, {}))
+    common.update(GEMMA_DEFAULTS.get(arch, {}))
     if arch == "phi3":
         common.update(PHI3_DEFAULTS)
     common.update(overrides)
@@ -83,6 +96,8 @@ def _config(arch: str, **overrides: object) -> object:
         "mixtral": transformers.MixtralConfig,
         "qwen2_moe": transformers.Qwen2MoeConfig,
         "qwen3_moe": transformers.Qwen3MoeConfig,
+        "gemma2": transformers.Gemma2Config,
+        "gemma3_text": transformers.Gemma3TextConfig,
         "phi3": transformers.Phi3Config,
         "gpt_oss": transformers.GptOssConfig,
     }
@@ -123,6 +138,11 @@ def make_checkpoint(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Pat
         if key not in cache:
             torch.manual_seed(seed)
             model = transformers.AutoModelForCausalLM.from_config(_config(arch, **overrides)).float().eval()
+            if arch.startswith("gemma"):  # Gemma initializes its (1 + w) norm weights to 0: make them bite
+                with torch.no_grad():
+                    for name, param in model.named_parameters():
+                        if "norm" in name:
+                            param.normal_(0.0, 0.3)
             _randomize_zero_biases(model)
             path = tmp_path_factory.mktemp(f"ckpt_{arch}")
             model.save_pretrained(path)

@@ -143,3 +143,31 @@ def test_sampling_params_validation() -> None:
     for bad in ({"max_tokens": 0}, {"max_tokens": -1}, {"temperature": -1.0}, {"top_p": 0.0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             SamplingParams(**bad)
+
+
+def test_window_releases_blocks_and_keeps_them_in_the_prefix_cache() -> None:
+    """A window of 6 tokens over 4-token blocks: positions >= p - 5 are read from p on. Blocks the
+    window left are released (hashed: evictable, reusable by a later prefix hit); a hit's blocks
+    wholly behind its window enter the table unheld; invariants hold throughout."""
+    bm = BlockManager(16, BS, enable_prefix_caching=True, window=6)
+    tokens = list(range(10, 30))  # 20 tokens = 5 full blocks
+    a = _seq(0, tokens)
+    _admit(bm, a)
+    assert bm.held(a) == 5 and not bm.release_behind(a, 8)  # position 8 reads 3..8: block 0 (0..3) still
+    assert bm.release_behind(a, 9) and a.num_released == 1  # position 9 reads 4..9
+    assert bm.release_behind(a, 14) and a.num_released == 2 and bm.held(a) == 3  # reads 9..14
+    bm.check_invariants([a])
+    released = a.block_table[:2]
+    assert all(bm.ref_counts[b] == 0 and b in bm.evictable for b in released)
+    b = _seq(1, tokens + [99])  # same 20-token prefix: hit of 5 blocks, computing from position 20
+    matched, hashes = bm.match_prefix(b)
+    assert matched == a.block_table  # the released blocks are still cached
+    assert bm.can_allocate(b, matched, num_tokens=21)
+    bm.allocate(b, matched, hashes, num_tokens=21)
+    assert b.num_computed_tokens == 20 and b.num_released == bm.behind(20) == 3  # reads 15..20
+    assert bm.held(b) == 3  # blocks 3, 4 of the hit and the fresh block 5
+    bm.check_invariants([a, b])
+    bm.free(a)
+    bm.free(b)
+    bm.check_invariants([])
+    assert bm.blocks_needed(1000, chunk=8) == -(-(6 - 1 + 8) // BS) + 1 and bm.blocks_needed(5, 8) == 2

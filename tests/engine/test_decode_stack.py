@@ -39,6 +39,7 @@ def _count_stack_calls(engine: Engine, monkeypatch) -> list[int]:
         ("qwen2", {"tie_word_embeddings": True}),  # qkv bias, tied lm_head
         ("qwen3", {}),  # q/k norms
         ("mistral", {"num_key_value_heads": 1}),  # a GQA group of 4
+        ("mistral", {"sliding_window": 32}),  # every layer windowed: blocks released, windows read in C
     ],
 )
 def test_greedy_matches_transformers_through_the_stack(make_checkpoint, expected, monkeypatch, arch: str,

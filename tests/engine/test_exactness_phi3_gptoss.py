@@ -70,14 +70,16 @@ def test_prompt_logprobs_match_transformers(make_checkpoint, arch: str) -> None:
         assert max(abs(a - b) for a, b in zip(out.prompt_logprobs[1:], want, strict=True)) < 1e-4
 
 
-def test_gpt_oss_sliding_window_caps_the_context(make_checkpoint) -> None:
-    """Sliding layers (window 512 here) agree with full attention while every sequence fits the window:
-    the engine caps the context at it, and refuses a longer prompt by name."""
-    engine = Engine.from_pretrained(make_checkpoint("gpt_oss").path, EngineConfig(kv_cache_bytes=8 << 20))
-    assert engine.runner.model.cfg.sliding_layers == (True, False)
-    assert engine.max_model_len == 512
-    out = engine.generate([[5] * 600], GREEDY)[0]
-    assert out.finish_reason == "error" and "context holds 512" in out.error
+def test_gpt_oss_sliding_layers_are_real_windows(make_checkpoint, expected) -> None:
+    """A 32-token window on the sliding layers (the full ones keep every key): prompts many windows
+    long give transformers' tokens, and the window caps no context (sliding_window.py's semantics;
+    a model mixing windowed and full layers keeps every block)."""
+    ckpt = make_checkpoint("gpt_oss", sliding_window=32)
+    got, engine = _generate(ckpt.path)
+    assert got == expected("gpt_oss", sliding_window=32)
+    cfg = engine.runner.model.cfg
+    assert cfg.layer_windows == (32, 0) and engine.max_model_len == cfg.max_position_embeddings
+    assert engine.block_manager.window is None
 
 
 def test_phi3_longrope_crossing_the_threshold(make_checkpoint) -> None:

@@ -59,6 +59,7 @@ class PersistentBatch:
         self.limit = np.zeros(r, np.int64)  # total tokens at which the sequence ends with "length"
         self.protected = np.zeros(r, np.int64)  # positions below are shared cached blocks: slot -1
         self.num_blocks = np.zeros(r, np.int64)
+        self.released = np.zeros(r, np.int64)  # seq.num_released: leading blocks a sliding window left
         self.num_hashed = np.zeros(r, np.int64)  # len(seq.block_hashes)
         self.block_table = np.zeros((r, max_blocks), np.int32)
         self.last_token = np.zeros(r, np.int64)  # the row's newest token (device copy: newest sampled)
@@ -128,6 +129,7 @@ class PersistentBatch:
         self.limit[row] = limit
         self.protected[row] = seq.protected_len
         self.num_hashed[row] = len(seq.block_hashes)
+        self.released[row] = seq.num_released
         self.last_token[row] = seq.token_ids[-1]
         self.fparams[row] = (p.temperature, p.top_p, p.min_p)
         self.top_k[row] = p.top_k
@@ -257,7 +259,7 @@ class PersistentBatch:
         r = seq.row
         want = {
             "seq_id": seq.seq_id, "num_tokens": len(seq.token_ids), "num_prompt": seq.num_prompt_tokens,
-            "protected": seq.protected_len, "num_blocks": len(seq.block_table),
+            "protected": seq.protected_len, "num_blocks": len(seq.block_table), "released": seq.num_released,
             "num_hashed": len(seq.block_hashes), "temperature": np.float32(seq.params.temperature),
             "top_k": seq.params.top_k, "top_p": np.float32(seq.params.top_p), "min_p": np.float32(seq.params.min_p),
             "min_tokens": seq.params.min_tokens, "processed": seq.params.processed,

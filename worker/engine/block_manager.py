@@ -6,6 +6,15 @@ cache, so a later sequence with the same prefix reuses it. A block whose count f
 contents: if hashed it becomes "evictable" (still reusable, reclaimed least-recently-used first),
 otherwise it returns to the plain free list. Hashes are 64-bit Python hashes of int tuples
 (stable across processes); a collision would silently share a block (probability ~2^-64 per pair).
+
+Sliding windows (`window`: set when every layer of the model attends through the same window W):
+a query at position p reads keys p - W < j <= p only, so once a sequence computes from position p
+on, its blocks wholly below p - W + 1 are never read again and are released (`release_behind`) like
+a finished sequence's: back to the free list, or, hashed, kept evictable for the prefix cache.
+The block table stays position-indexed: its first `seq.num_released` entries are stale ids the
+sequence no longer holds (attention never reads outside a window). A sequence then holds at most
+`blocks_needed(...)` blocks whatever its length. Models mixing windowed and full layers keep every
+block (the full layers read them all; see docs/ARCHITECTURE.md "Sliding windows and Gemma's layers").
 """
 
 from __future__ import annotations
@@ -27,13 +36,25 @@ def chain_hashes(token_ids: Seq[int], block_size: int, parent: int = _ROOT_HASH,
     return out
 
 
+def blocks_needed(num_tokens: int, chunk: int, block_size: int, window: int | None) -> int:
+    """The most blocks a sequence of num_tokens tokens holds at once when it computes at most `chunk`
+    tokens a step: all of them, or with a window the blocks of the window behind a chunk and the
+    chunk's own (a chunk [s, s + n) reads keys from s - W + 1 on: at most W - 1 + n positions, over
+    one more block than they fill when they start mid-block)."""
+    every = -(-num_tokens // block_size)
+    if window is None:
+        return every
+    return min(every, -(-(window - 1 + chunk) // block_size) + 1)
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, window: int | None = None) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache holds no block; raise kv_cache_bytes or use a smaller model")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.window = window  # every layer's sliding window (tokens); None: blocks are held to the end
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         self.hash_to_block: dict[int, int] = {}
@@ -49,6 +70,21 @@ class BlockManager:
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def blocks_needed(self, num_tokens: int, chunk: int) -> int:
+        """blocks_needed(...) of this cache (module function)."""
+        return blocks_needed(num_tokens, chunk, self.block_size, self.window)
+
+    def behind(self, position: int) -> int:
+        """Leading blocks no query at `position` or later reads (all of whose keys are at least a
+        window older); 0 without a window."""
+        if self.window is None:
+            return 0
+        return max(0, position - self.window + 1) // self.block_size
+
+    def held(self, seq: Sequence) -> int:
+        """Blocks seq holds references to (its table minus the released front)."""
+        return len(seq.block_table) - seq.num_released
 
     def match_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """(cached blocks holding the longest prefix of seq.token_ids, hashes of all its full blocks).
@@ -72,23 +108,31 @@ class BlockManager:
         this sequence a step later turns that block into a cache hit instead of a recompute."""
         return len(matched) < len(hashes) and self.pending.get(hashes[len(matched)], 0) > 0
 
-    def can_allocate(self, seq: Sequence, matched: list[int], reserve: int = 0) -> bool:
-        """Room for all of seq's tokens, counting reused cached blocks that are currently evictable."""
-        fresh = self.blocks_for(seq.num_tokens) - len(matched)
-        revived = sum(1 for b in matched if self.ref_counts[b] == 0)
+    def _skipped(self, seq: Sequence, matched: list[int]) -> int:
+        """Matched blocks a window has already left at the hit: placed in the table, never held."""
+        return self.behind(min(len(matched) * self.block_size, seq.num_tokens - 1))
+
+    def can_allocate(self, seq: Sequence, matched: list[int], reserve: int = 0, num_tokens: int | None = None) -> bool:
+        """Room for seq's first num_tokens tokens (default: all), counting reused cached blocks that are
+        currently evictable."""
+        fresh = self.blocks_for(seq.num_tokens if num_tokens is None else num_tokens) - len(matched)
+        revived = sum(1 for b in matched[self._skipped(seq, matched) :] if self.ref_counts[b] == 0)
         return fresh + revived + reserve <= self.num_free_blocks
 
     # ---- mutations -----------------------------------------------------------------------
-    def allocate(self, seq: Sequence, matched: list[int], hashes: list[int]) -> None:
-        """Give seq blocks for all its tokens, reusing `matched`; sets num_computed_tokens to the hit."""
-        for b in matched:
+    def allocate(self, seq: Sequence, matched: list[int], hashes: list[int], num_tokens: int | None = None) -> None:
+        """Give seq blocks for its first num_tokens tokens (default: all; the rest come through
+        append_slots), reusing `matched`; sets num_computed_tokens to the hit. With a window, matched
+        blocks wholly behind the hit's window are placed in the table without being held."""
+        skip = self._skipped(seq, matched)
+        for b in matched[skip:]:
             if self.ref_counts[b] == 0:
                 del self.evictable[b]
             self.ref_counts[b] += 1
         self.prefix_hits += len(matched)
-        seq.block_table = list(matched) + [
-            self._take() for _ in range(self.blocks_for(seq.num_tokens) - len(matched))
-        ]
+        upto = seq.num_tokens if num_tokens is None else num_tokens
+        seq.block_table = list(matched) + [self._take() for _ in range(self.blocks_for(upto) - len(matched))]
+        seq.num_released = skip
         hit = len(matched) * self.block_size
         seq.block_hashes = [self.block_hash[b] for b in matched]
         seq.protected_len = hit
@@ -106,12 +150,24 @@ class BlockManager:
         seq.block_table.extend(self._take() for _ in range(need))
         return True
 
+    def release_behind(self, seq: Sequence, position: int) -> bool:
+        """seq computes from `position` on: release the blocks its window has left (see the module
+        docstring). True if any was released."""
+        upto = min(self.behind(position), len(seq.block_table))
+        if upto <= seq.num_released:
+            return False
+        for b in seq.block_table[seq.num_released : upto]:
+            self._drop_ref(b)
+        seq.num_released = upto
+        return True
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
-        """child shares all of parent's blocks (n > 1 choices after one prefill): counts go up, and the
-        child inherits the parent's committed hashes. The shared last block, if partial, must be copied
-        by whichever sequence writes into it first (copy_on_write)."""
-        for b in parent.block_table:
+        """child shares all of parent's held blocks (n > 1 choices after one prefill): counts go up,
+        and the child inherits the parent's committed hashes. The shared last block, if partial, must
+        be copied by whichever sequence writes into it first (copy_on_write)."""
+        for b in parent.block_table[parent.num_released :]:
             self.ref_counts[b] += 1
+        child.num_released = parent.num_released
         child.block_table = list(parent.block_table)
         child.block_hashes = list(parent.block_hashes)
         child.planned_hashes = list(parent.block_hashes)  # nothing pending: it computes no prompt block
@@ -148,7 +204,8 @@ class BlockManager:
             if idx < len(seq.planned_hashes) and seq.planned_hashes[idx] == h:
                 self._unpend(h)
             block = seq.block_table[idx]
-            if h not in self.hash_to_block and self.block_hash[block] is None:
+            # a released block may belong to another sequence by now: its hash is not registered
+            if idx >= seq.num_released and h not in self.hash_to_block and self.block_hash[block] is None:
                 self.hash_to_block[h] = block
                 self.block_hash[block] = h
             seq.block_hashes.append(h)
@@ -157,16 +214,20 @@ class BlockManager:
         """Drop seq's references; blocks are released leaf-first so LRU evicts leaves before parents."""
         for h in seq.planned_hashes[len(seq.block_hashes) :]:
             self._unpend(h)
-        for b in reversed(seq.block_table):
-            self.ref_counts[b] -= 1
-            if self.ref_counts[b] == 0:
-                if self.block_hash[b] is not None:
-                    self.evictable[b] = None
-                else:
-                    self.free_blocks.append(b)
+        for b in reversed(seq.block_table[seq.num_released :]):
+            self._drop_ref(b)
         seq.block_table = []
+        seq.num_released = 0
         seq.block_hashes = []
         seq.planned_hashes = []
+
+    def _drop_ref(self, b: int) -> None:
+        self.ref_counts[b] -= 1
+        if self.ref_counts[b] == 0:
+            if self.block_hash[b] is not None:
+                self.evictable[b] = None
+            else:
+                self.free_blocks.append(b)
 
     def _unpend(self, h: int) -> None:
         self.pending[h] -= 1
@@ -185,7 +246,7 @@ class BlockManager:
 
     def check_invariants(self, live: list[Sequence]) -> None:
         """Raise AssertionError if the bookkeeping disagrees with the live sequences (tests, debugging)."""
-        counts = Counter(b for s in live for b in s.block_table)
+        counts = Counter(b for s in live for b in s.block_table[s.num_released :])
         for b in range(self.num_blocks):
             if self.ref_counts[b] != counts.get(b, 0):
                 raise AssertionError(f"block {b}: ref_count {self.ref_counts[b]} != users {counts.get(b, 0)}")

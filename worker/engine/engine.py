@@ -17,7 +17,7 @@ import torch
 
 from worker.engine.backends import select_backend
 from worker.engine.batch_state import PersistentBatch
-from worker.engine.block_manager import BlockManager
+from worker.engine.block_manager import BlockManager, blocks_needed
 from worker.engine.completion_texts import CompletionTexts
 from worker.engine.config import EngineConfig
 from worker.engine.decode_graphs import activation_bytes
@@ -57,7 +57,8 @@ class Engine:
         self.longrope_threshold = threshold if threshold is not None and threshold < max_model_len else None
         eos = tokenizer.eos_token_ids or runner.model.cfg.eos_token_ids
         self.eos_token_ids = frozenset(eos)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                          window=runner.model.cfg.kv_window)  # fmt: skip
         self.batch = PersistentBatch(config.max_num_seqs, -(-max_model_len // config.block_size), config.block_size,
                                      self.eos_token_ids)  # fmt: skip
         runner.bind(self.batch, mirror=config.torch_device.type != "cpu", static_decode=bool(config.static_decode))
@@ -90,9 +91,8 @@ class Engine:
             # repeat_interleave), which stream capture forbids: such models decode eagerly for now
             log.warning("cuda_graphs_off", reason="mixture-of-experts routing syncs with the host")
             config = dataclasses.replace(config, cuda_graphs=False, static_decode=False)
-        max_len = min(
-            mcfg.max_position_embeddings, mcfg.sliding_window or 1 << 62, config.max_model_len or 1 << 62
-        )
+        # a sliding window does not cap the context: blocks its window left are released (block_manager)
+        max_len = min(mcfg.max_position_embeddings, config.max_model_len or 1 << 62)
         tokenizer = Tokenizer(model_dir)  # before the weights: a folder without one fails at once
         backend = select_backend(config.backend, config.torch_device)
         model = load_model(model_dir, config, backend, max_positions=max_len)
@@ -100,8 +100,9 @@ class Engine:
         # the decode graphs' memory pool comes out of the KV budget (a generous bound of its size)
         graph_bytes = activation_bytes(model, config.max_num_seqs, config.torch_dtype) if config.cuda_graphs else 0
         num_blocks = max(0, cls._kv_budget(config) - graph_bytes) // per_block
-        # More blocks than max_num_seqs full-length sequences cannot be used at once.
-        num_blocks = min(num_blocks, config.max_num_seqs * -(-max_len // config.block_size) + 1)
+        # More blocks than max_num_seqs full-length sequences hold at once cannot be used.
+        per_seq = blocks_needed(max_len, config.max_num_batched_tokens, config.block_size, mcfg.kv_window)
+        num_blocks = min(num_blocks, config.max_num_seqs * per_seq + 1)
         runner = ModelRunner(model, num_blocks, config.block_size, config.torch_device, config.torch_dtype,
                              config.decode_stack)  # fmt: skip
         log.info("engine_ready", model_dir=str(model_dir), backend=backend.name, num_blocks=num_blocks,

@@ -124,6 +124,7 @@ def load_model(model_dir: Path, config: EngineConfig, backend: Backend, max_posi
     model.to(config.torch_dtype)  # floating-point tensors only; packed integer weights keep theirs
     model.tie_weights()
     _load_tensors(model, cfg, files)
+    model.fold_norm_offsets()
     if cfg.rotary_dim:
         _permute_rotary_dims(model, cfg)
     model.init_rotary(config.torch_device)
@@ -172,7 +173,7 @@ def _checkpoint_tensors(f: Any, hf_name: str, gpt_oss: GptOssTensors | None) -> 
 
 def _load_tensors(model: CausalLM, cfg: ModelConfig, files: list[Path]) -> None:
     targets = dict(model.named_parameters())
-    targets.update((n, b) for n, b in model.named_buffers() if n != "cos_sin")
+    targets.update((n, b) for n, b in model.named_buffers() if not n.startswith("cos_sin"))
     needed = {name: 1 for name in targets}
     for name in targets:
         if ".qkv_proj." in name or ".gate_up_proj." in name:

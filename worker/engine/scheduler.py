@@ -7,7 +7,10 @@ of a prefill get the remaining budget as chunks; (3) waiting sequences are admit
 budget, rows and KV blocks last. Decode never starves (max_num_batched_tokens >= max_num_seqs). When
 a running sequence needs a block and none is free, others are preempted (those mid-prefill first,
 then decodes, newest first): their blocks are freed and they go back to the head of the queue to be
-recomputed (their full blocks usually survive in the prefix cache).
+recomputed (their full blocks usually survive in the prefix cache). On a model whose every layer
+has the same sliding window (BlockManager.window), a sequence admitted gets blocks for its first
+chunk only, and each step first releases the blocks its window has left (decode rows picked with
+numpy, like block growth), so it holds a bounded number of blocks however long it grows.
 
 A sequence scheduled to sample counts the token it will get at once (num_pending), so the next step
 can be scheduled before this one's tokens reach the host (overlapped steps): its decode input is then
@@ -104,6 +107,8 @@ class Scheduler:
             bs = self.bm.block_size
             at = b.span(rows)
             positions = b.num_computed[at]
+            if self.bm.window is not None:  # before growing: the blocks freed here can serve it
+                self._release_rows(rows, positions, at)
             grow = positions >= b.num_blocks[at] * bs
             if b.num_cow:  # forked rows whose next write goes into a shared block
                 grow |= b.cow[at]
@@ -128,6 +133,8 @@ class Scheduler:
             if seq.batch is None:  # preempted above
                 continue
             n = min(seq.num_uncomputed_tokens, budget)
+            if self.bm.window is not None:
+                self._release(seq, seq.num_computed_tokens)
             while not self.bm.append_slots(seq, seq.num_computed_tokens + n):
                 newest = self.prefilling[-1]
                 if newest is not seq:
@@ -148,6 +155,19 @@ class Scheduler:
         if self.waiting and not out.num_preempted:
             self._admit(budget, out)
         return out
+
+    def _release_rows(self, rows: np.ndarray, positions: np.ndarray, at: slice | np.ndarray) -> None:
+        """Decode rows (computing `positions`) whose window has left a block since their last release
+        give it back; numpy finds them (a row does once every block_size steps)."""
+        b, bm = self.batch, self.bm
+        due = (positions - bm.window + 1) // bm.block_size > b.released[at]
+        if due.any():
+            for r, pos in zip(rows[due].tolist(), positions[due].tolist(), strict=True):
+                self._release(b.seqs[r], pos)
+
+    def _release(self, seq: Sequence, position: int) -> None:
+        if self.bm.release_behind(seq, position):
+            self.batch.released[seq.row] = seq.num_released
 
     def _grow(self, grow: np.ndarray, rows: np.ndarray, out: SchedulerOutput) -> None:
         """Give each row of `grow` (decode rows whose next position needs a new block, or their own copy
@@ -211,19 +231,23 @@ class Scheduler:
                 break
             if seq.forks and b.num_active and b.num_active + 1 + len(seq.forks) > self.config.max_num_seqs:
                 break  # rows for every choice (an empty batch forks what fits: _fork)
-            if self.bm.blocks_for(seq.num_tokens + 1) > self.bm.num_blocks:
+            need = self.bm.blocks_needed(seq.num_tokens + 1, self.config.max_num_batched_tokens)
+            if need > self.bm.num_blocks:
                 self.waiting.popleft()
-                self._drop(seq, f"needs {self.bm.blocks_for(seq.num_tokens + 1)} KV blocks; the cache holds "
+                self._drop(seq, f"needs {need} KV blocks; the cache holds "
                            f"{self.bm.num_blocks}; raise kv_cache_bytes or shorten the prompt")  # fmt: skip
                 out.errored.append(seq)
                 continue
             matched, hashes = self.bm.match_prefix(seq)
             if self.bm.next_block_pending(matched, hashes):
                 break  # its prefix is being computed now: admit next step and reuse it
-            if not self.bm.can_allocate(seq, matched, self.watermark if b.num_active else 0):
+            upto = None  # blocks for every token; with a window, for the first chunk's only
+            if self.bm.window is not None:
+                upto = min(seq.num_tokens, min(len(matched) * self.bm.block_size, seq.num_tokens - 1) + budget)
+            if not self.bm.can_allocate(seq, matched, self.watermark if b.num_active else 0, upto):
                 break
             self.waiting.popleft()
-            self.bm.allocate(seq, matched, hashes)
+            self.bm.allocate(seq, matched, hashes, upto)
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
                 out.admitted.append(seq)

@@ -30,6 +30,7 @@ class Sequence:
 
     - tokens [0, num_computed_tokens) have K/V in the cache (or are scheduled in a step in flight);
     - block_table covers at least num_computed_tokens tokens (block i holds positions i*B..i*B+B-1);
+      its first num_released entries were released (a sliding window left them: block_manager.py);
     - block_hashes[i] is the chained hash of full block i, for the computed full blocks;
     - planned_hashes: hashes of the full blocks this sequence will compute (from its tokens at
       admission); those past len(block_hashes) are "pending" in the block manager.
@@ -41,7 +42,7 @@ class Sequence:
 
     __slots__ = (
         "seq_id", "index", "params", "token_ids", "num_prompt_tokens", "status", "_num_computed",
-        "block_table", "block_hashes", "planned_hashes", "protected_len", "num_cached_tokens", "seed",
+        "block_table", "num_released", "block_hashes", "planned_hashes", "protected_len", "num_cached_tokens", "seed",
         "finish_reason", "error", "logprobs", "prompt_logprobs", "prompt_scored", "text", "batch", "row",
         "in_flight", "choice", "forks", "group", "constraint_state",
     )  # fmt: skip
@@ -57,6 +58,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self._num_computed = 0
         self.block_table: list[int] = []
+        self.num_released = 0  # leading block_table entries no longer held (sliding window)
         self.block_hashes: list[int] = []
         self.planned_hashes: list[int] = []
         self.protected_len = 0  # positions < this are in shared cached blocks: never written
@@ -132,6 +134,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self._num_computed = 0
         self.block_table = []
+        self.num_released = 0
         self.block_hashes = []
         self.planned_hashes = []
         self.protected_len = 0

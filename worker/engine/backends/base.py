@@ -33,7 +33,7 @@ class AttentionMetadata:
     output_context_lens: torch.Tensor | None = None  # int32 [N]: position of the row + 1
     output_block_tables: torch.Tensor | None = None  # int32 [N, max_blocks]
     # Per-step memo a backend may fill with work shared by every layer (e.g. gather plans).
-    scratch: dict[str, Any] = field(default_factory=dict, compare=False)
+    scratch: dict[Any, Any] = field(default_factory=dict, compare=False)
 
 
 class Backend:
@@ -50,6 +50,7 @@ class Backend:
     rms_norm = None
     apply_rotary = None
     silu_mul = None
+    gelu_tanh_mul = None  # GeGLU (Gemma): gelu(gate, tanh approximation) * up
     # mixture of experts (kernels/reference/fused_moe.py's signatures)
     select_experts = None
     fused_moe = None
@@ -92,32 +93,39 @@ class Backend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sinks: torch.Tensor | None = None,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] of one layer -> attention output [T, Hq, D].
 
         Stores k/v at meta.slot_mapping first, so each token sees itself and the step's earlier tokens.
+        The layer's attention options (the kernel contract's keywords, None / 0 = off): `sinks`, fp32
+        [Hq] logits joining each head's softmax denominator (gpt-oss); `window`, its sliding
+        window (the query at position p sees keys p - window < j <= p, Hugging Face's convention);
+        `softcap`, scores (q.k * scale) -> softcap * tanh(scores / softcap) before the softmax.
         """
         self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        return self.attend(q, k_cache, v_cache, meta, scale)
+        return self.attend(q, k_cache, v_cache, meta, scale, sinks=sinks, window=window, softcap=softcap)
 
     def attend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        sinks: torch.Tensor | None = None,
+        sinks: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0,
     ) -> torch.Tensor:  # fmt: skip
         """`attention` once the step's K/V are in the cache (see rotary_store). sinks: fp32 [Hq] logits
-        that join each head's softmax denominator (gpt-oss), or None."""
+        that join each head's softmax denominator (gpt-oss), or None; window, softcap: `attention`'s."""
         out = torch.empty_like(q)
         p = meta.num_prefill_tokens
-        extra = {} if sinks is None else {"sinks": sinks}
         if p:
             self.prefill_attention(
                 q[:p], k_cache, v_cache, meta.prefill_cu_seqlens_q, meta.prefill_context_lens,
-                meta.prefill_block_tables, scale, out[:p], **extra,
+                meta.prefill_block_tables, scale, out[:p], sinks=sinks, window=window, softcap=softcap,
             )  # fmt: skip
         if p < q.shape[0]:
             self.paged_decode_attention(
-                q[p:], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, out[p:], **extra
-            )
+                q[p:], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, out[p:],
+                sinks=sinks, window=window, softcap=softcap,
+            )  # fmt: skip
         return out
 
     def attention_rows(
@@ -129,23 +137,25 @@ class Backend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sinks: torch.Tensor | None = None,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         """Like `attention`, but returns [N, Hq, D] for meta.output_rows only; every row's k/v is
         stored. Each kept row is one query over its sequence's cache up to its own position."""
         self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        return self.attend_rows(q, k_cache, v_cache, meta, scale)
+        return self.attend_rows(q, k_cache, v_cache, meta, scale, sinks=sinks, window=window, softcap=softcap)
 
     def attend_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        sinks: torch.Tensor | None = None,
+        sinks: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0,
     ) -> torch.Tensor:  # fmt: skip
         """`attention_rows` once the step's K/V are in the cache."""
         assert meta.output_rows is not None  # invariant: only called when the step keeps a subset
         rows = meta.output_rows
         if rows.numel() == 0:
             return q.new_empty((0, *q.shape[1:]))
-        extra = {} if sinks is None else {"sinks": sinks}
         return self.paged_decode_attention(
             q.index_select(0, rows), k_cache, v_cache, meta.output_block_tables, meta.output_context_lens, scale,
-            **extra,
+            sinks=sinks, window=window, softcap=softcap,
         )  # fmt: skip

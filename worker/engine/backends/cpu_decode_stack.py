@@ -13,7 +13,8 @@ Which models take it (checked once, when the engine binds it; `ineligible` says 
 models only (a mixture-of-experts config runs op by op: the stack has no router), every
 projection a plain fp32 nn.Linear (quantized or replaced modules run op by op), no bias but the
 optional qkv bias (Qwen2), fp32 norms (Qwen3's q/k norms included), fp32 contiguous KV caches, head
-sizes the C attention kernel was compiled for. The pointers are taken at bind time: the engine never
+sizes the C attention kernel was compiled for. Sliding windows are per layer (Mistral's); Gemma's
+layer (sandwich norms, GeGLU, soft-capping) is not the stack's and runs op by op. The pointers are taken at bind time: the engine never
 swaps weights after loading; a caller that does must bind again (`model.decode_stack =
 backend.decode_stack(model, kv_caches)`) or set it to None.
 """
@@ -35,6 +36,8 @@ def ineligible(model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tenso
     cfg = model.cfg
     if cfg.moe is not None:  # the C stack runs one dense SwiGLU MLP per layer, no routing
         return f"{cfg.architecture} has mixture-of-experts layers (the C decode stack runs dense MLPs only)"
+    if cfg.gemma or cfg.hidden_act != "silu" or cfg.attn_softcap:  # the stack's layer is Llama's
+        return f"{cfg.architecture}'s layers (sandwich norms, GeGLU, soft-capping) are not the stack's"
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear) or name.endswith(("_proj", "lm_head")):
             if type(module) is not nn.Linear:
@@ -76,7 +79,7 @@ class ModelDecodeStack:
                 layer.input_layernorm.weight.detach(), attn.qkv_proj.weight.detach(), _detach(attn.qkv_proj.bias),
                 attn.q_norm.weight.detach() if qk_norm else None, attn.k_norm.weight.detach() if qk_norm else None,
                 attn.o_proj.weight.detach(), layer.post_attention_layernorm.weight.detach(),
-                mlp.gate_up_proj.weight.detach(), mlp.down_proj.weight.detach(), k_cache, v_cache,
+                mlp.gate_up_proj.weight.detach(), mlp.down_proj.weight.detach(), k_cache, v_cache, attn.window,
             ))  # fmt: skip
         self._stack: BoundDecodeStack = native.bind(_shape(model), layers, body.norm.weight.detach(), model.cos_sin)
         self._embed = body.embed_tokens.weight
@@ -84,6 +87,8 @@ class ModelDecodeStack:
         # the modules the op-by-op path would call through Backend.project (hooks there must fire)
         self._projections = [m for m in model.modules() if isinstance(m, nn.Linear)]
         self._block_size = kv_caches[0][0].shape[1]
+        # windowed layers never cascade (the op-by-op path neither): a shared first block proves nothing
+        self._windowed = any(0 < w < model.max_positions for w in model.cfg.layer_windows)
         self.gemv_rows, self.max_rows = self._stack.gemv_rows, self._stack.max_rows
 
     def takes(self, input_ids: torch.Tensor, meta: AttentionMetadata,
@@ -103,7 +108,7 @@ class ModelDecodeStack:
             return False
         if any(m._forward_hooks or m._forward_pre_hooks for m in self._projections):
             return False
-        if rows > 1 and tables.device.type == "cpu":
+        if rows > 1 and tables.device.type == "cpu" and not self._windowed:
             first = tables[:, 0].numpy()
             if (first == first[0]).all() and decode_shared_blocks(tables, lens.tolist(), self._block_size):
                 return False  # a shared prefix: the op-by-op cascade reads it once

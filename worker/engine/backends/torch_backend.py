@@ -17,6 +17,7 @@ class TorchBackend(Backend):
     rms_norm = staticmethod(reference.rms_norm)
     apply_rotary = staticmethod(reference.apply_rotary)
     silu_mul = staticmethod(reference.silu_mul)
+    gelu_tanh_mul = staticmethod(reference.gelu_tanh_mul)
     select_experts = staticmethod(reference.select_experts)
     fused_moe = staticmethod(reference.fused_moe)
 
@@ -26,37 +27,41 @@ class TorchBackend(Backend):
 
     def attend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        sinks: torch.Tensor | None = None,
+        sinks: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0,
     ) -> torch.Tensor:  # fmt: skip
         """Backend.attend, with the gather plans built once per step and reused by every layer."""
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         p = meta.num_prefill_tokens
         if p:
-            self.prefill_rows(q[:p], k_cache, v_cache, meta, scale, out[:p], sinks)
+            self.prefill_rows(q[:p], k_cache, v_cache, meta, scale, out[:p], sinks, window, softcap)
         if p < q.shape[0]:
-            self.decode_rows(q[p:], k_cache, v_cache, meta, scale, out[p:], sinks)
+            self.decode_rows(q[p:], k_cache, v_cache, meta, scale, out[p:], sinks, window, softcap)
         return out
 
     def prefill_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        out: torch.Tensor, sinks: torch.Tensor | None = None,
+        out: torch.Tensor, sinks: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0,
     ) -> None:  # fmt: skip
-        """The step's prefill rows q [P, Hq, D] -> out, through a plan shared by every layer."""
-        plan = meta.scratch.get("prefill")
+        """The step's prefill rows q [P, Hq, D] -> out, through a plan shared by every layer with the
+        same window (a model mixing local and global layers builds two)."""
+        key = ("prefill", window) if window else "prefill"
+        plan = meta.scratch.get(key)
         if plan is None:
             group = q.shape[1] // k_cache.shape[2]
             plan = plan_prefill(meta.prefill_cu_seqlens_q, meta.prefill_context_lens,
-                                meta.prefill_block_tables, k_cache.shape[1], group)  # fmt: skip
-            meta.scratch["prefill"] = plan
-        prefill_with_plan(q, k_cache, v_cache, plan, scale, out, sinks)
+                                meta.prefill_block_tables, k_cache.shape[1], group, window)  # fmt: skip
+            meta.scratch[key] = plan
+        prefill_with_plan(q, k_cache, v_cache, plan, scale, out, sinks, softcap)
 
     def decode_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        out: torch.Tensor, sinks: torch.Tensor | None = None,
+        out: torch.Tensor, sinks: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0,
     ) -> None:  # fmt: skip
-        """The step's decode rows q [B, Hq, D] -> out, through a plan shared by every layer."""
-        plan = meta.scratch.get("decode")
+        """The step's decode rows q [B, Hq, D] -> out, through a plan shared by every layer with the
+        same window."""
+        key = ("decode", window) if window else "decode"
+        plan = meta.scratch.get(key)
         if plan is None:
-            plan = plan_decode(meta.decode_block_tables, meta.decode_context_lens, k_cache.shape[1])
-            meta.scratch["decode"] = plan
-        decode_with_plan(q, k_cache, v_cache, plan, scale, out, sinks)
+            plan = plan_decode(meta.decode_block_tables, meta.decode_context_lens, k_cache.shape[1], window=window)
+            meta.scratch[key] = plan
+        decode_with_plan(q, k_cache, v_cache, plan, scale, out, sinks, softcap)

@@ -31,6 +31,7 @@ def _signature(arg: object) -> object:
 class TritonBackend(Backend):
     name = "triton"
     silu_mul = staticmethod(reference.silu_mul)  # torch ops on CUDA: no Triton kernel yet
+    gelu_tanh_mul = staticmethod(reference.gelu_tanh_mul)
     int8_matmul = staticmethod(int8_matmul)
     int4_matmul = staticmethod(int4_matmul)
     select_experts = staticmethod(reference.select_experts)  # softmax + top-k: torch ops on CUDA
@@ -60,14 +61,15 @@ class TritonBackend(Backend):
     def store_kv_cache(self, k, v, k_cache, v_cache, slot_mapping) -> None:  # type: ignore[override]
         self._launch(store_kv_cache, k, v, k_cache, v_cache, slot_mapping)
 
-    def paged_decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, scale, out=None, sinks=None):  # type: ignore[override]
+    def paged_decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, scale, out=None,  # type: ignore[override]
+                               sinks=None, window=0, softcap=0.0):  # fmt: skip
         return self._launch(paged_decode_attention, q, k_cache, v_cache, block_tables, context_lens, scale, out,
-                            sinks)  # fmt: skip
+                            sinks, window, softcap)  # fmt: skip
 
-    def prefill_attention(self, q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, out=None,
-                          sinks=None):  # type: ignore[override]  # fmt: skip
+    def prefill_attention(self, q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, out=None,  # type: ignore[override]
+                          sinks=None, window=0, softcap=0.0):  # fmt: skip
         return self._launch(prefill_attention, q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale,
-                            out, sinks)  # fmt: skip
+                            out, sinks, window, softcap)  # fmt: skip
 
     def rms_norm(self, x, weight, eps, residual=None):  # type: ignore[override]
         return self._launch(rms_norm, x, weight, eps, residual)

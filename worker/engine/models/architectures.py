@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.engine.models.rope_config import rope_problem
+from worker.engine.models.layer_types import SLIDING, has_local_rope, layer_types_problem, rope_for, rope_kind
+from worker.engine.models.rope_config import ROPE_TYPES, rope_problem
 
 # Hugging Face architecture name -> the flags our one decoder implementation needs. `moe`: sparse
 # mixture-of-experts MLPs (their keys: models/moe_config.py); `sinks`: attention sinks and an o_proj
-# bias with the q/k/v one (gpt-oss).
+# bias with the q/k/v one (gpt-oss); `gemma`: the Gemma 2/3 block ((1 + w) RMSNorm weights, norms
+# after attention and after the MLP too, embeddings times sqrt(hidden), soft-capping).
 SUPPORTED_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "LlamaForCausalLM": {"qk_norm": False, "default_bias": False},
     "MistralForCausalLM": {"qk_norm": False, "default_bias": False},
@@ -22,6 +24,8 @@ SUPPORTED_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "MixtralForCausalLM": {"qk_norm": False, "default_bias": False, "moe": True},
     "Qwen2MoeForCausalLM": {"qk_norm": False, "default_bias": True, "moe": True},
     "Qwen3MoeForCausalLM": {"qk_norm": True, "default_bias": False, "moe": True},
+    "Gemma2ForCausalLM": {"qk_norm": False, "default_bias": False, "gemma": True},
+    "Gemma3ForCausalLM": {"qk_norm": True, "default_bias": False, "gemma": True},
     # fused qkv_proj / gate_up_proj in the checkpoint (loaded by name), LongRoPE, partial rotary
     "Phi3ForCausalLM": {"qk_norm": False, "default_bias": False},
     # attention sinks, o_proj bias, biased router and experts with a clamped SwiGLU, top-k then softmax
@@ -29,6 +33,7 @@ SUPPORTED_ARCHITECTURES: dict[str, dict[str, bool]] = {
 }
 # The config key holding the q/k/v bias switch, where it is not `attention_bias`.
 BIAS_KEYS = {"Qwen2MoeForCausalLM": "qkv_bias"}
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the MLP's gate activation (SwiGLU; GeGLU with tanh GELU)
 # Keys without a default: a config.json lacking one cannot describe the model's shapes.
 REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 # Keys that, when present, must be positive integers.
@@ -41,6 +46,11 @@ def supported_architecture(cfg: dict[str, Any]) -> str | None:
     if not isinstance(archs, list):
         return None
     return next((a for a in archs if isinstance(a, str) and a in SUPPORTED_ARCHITECTURES), None)
+
+
+def hidden_act(cfg: dict[str, Any]) -> str:
+    """The MLP activation's name (Gemma's configs call the key hidden_activation)."""
+    return str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu")
 
 
 def config_problem(cfg: Any) -> str | None:
@@ -74,14 +84,22 @@ def config_problem(cfg: Any) -> str | None:
             f"config.json: hidden_size ({cfg['hidden_size']}) is not a multiple of num_attention_heads "
             f"({heads}) and there is no head_dim"
         )
-    if cfg.get("hidden_act", "silu") != "silu":
-        return f"config.json: hidden_act {cfg['hidden_act']!r} is not supported (only 'silu')"
+    if hidden_act(cfg) not in ACTIVATIONS:
+        return f"config.json: hidden_act {hidden_act(cfg)!r} is not supported; freight supports {', '.join(ACTIVATIONS)}"
     if cfg.get("mlp_bias"):
         return "config.json: mlp_bias=true is not supported"
-    problem = rope_problem(cfg)
+    arch = supported_architecture(cfg)
+    problem = layer_types_problem(cfg, arch) or rope_problem(cfg)
     if problem is not None:
         return problem
-    if SUPPORTED_ARCHITECTURES[supported_architecture(cfg)].get("moe"):
+    local = rope_kind(rope_for(cfg, SLIDING)) if has_local_rope(cfg) else "default"  # Gemma 3's local rope
+    if local not in ROPE_TYPES:
+        return f"config.json: rope type {local!r} is not supported; freight supports {', '.join(ROPE_TYPES)}"
+    for key in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"):
+        value = cfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+            return f"config.json: {key} must be a positive number or null, not {value!r}"
+    if SUPPORTED_ARCHITECTURES[arch].get("moe"):
         return moe_problem(cfg)
     return None
 

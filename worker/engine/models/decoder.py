@@ -1,6 +1,8 @@
-"""One decoder-only transformer for Llama, Mistral, Qwen2, Qwen3, Phi-3 and their mixture-of-experts
-kin (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss: the MLP of a sparse layer is models/moe.py's block)
-over a paged KV cache.
+"""One decoder-only transformer for Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 and 3 and the
+mixture-of-experts kin (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss: the MLP of a sparse layer is
+models/moe.py's block) over a paged KV cache. Gemma's block (cfg.gemma) adds a norm after attention and one after the
+MLP, scales the embeddings by sqrt(hidden) and stores its (1 + w) norm weights with the 1 folded in
+at load (fold_norm_offsets); a layer's sliding window and attention soft-cap go to the backend.
 
 Module and parameter names follow Hugging Face's, except that q/k/v and gate/up projections are
 fused into one nn.Linear each (`qkv_proj`, `gate_up_proj`; see loader.internal_name). All
@@ -40,11 +42,15 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: Backend) -> None:
+    def __init__(self, cfg: ModelConfig, backend: Backend, layer: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
         self.backend = backend
-        self.scale = cfg.head_dim**-0.5
+        self.scale = cfg.attn_scale
+        self.window = cfg.window(layer)  # 0: full attention; else keys older than this many positions are masked
+        self.softcap = cfg.attn_softcap
+        # windowed layers rotate with their own table where the config gives them one (Gemma 3)
+        self.local_rope = bool(self.window) and cfg.local_rope_theta is not None
         self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         # gpt-oss: a learned logit per query head that joins each softmax's denominator (no value)
@@ -74,10 +80,9 @@ class Attention(nn.Module):
             k = self.k_norm.forward(k.reshape(-1, cfg.head_dim))[0].view(tokens, cfg.num_kv_heads, cfg.head_dim)
         self.backend.rotary_store(q, k, v, positions, cos_sin, kv_cache[0], kv_cache[1], meta)
         attend = self.backend.attend_rows if rows_only else self.backend.attend
-        if self.sinks is None:
-            out = attend(q, kv_cache[0], kv_cache[1], meta, self.scale)
-        else:
-            out = attend(q, kv_cache[0], kv_cache[1], meta, self.scale, sinks=self.sinks.float())
+        sinks = None if self.sinks is None else self.sinks.float()
+        out = attend(q, kv_cache[0], kv_cache[1], meta, self.scale, sinks=sinks, window=self.window,
+                     softcap=self.softcap)  # fmt: skip
         return self.backend.project(self.o_proj, out.reshape(-1, cfg.q_size))
 
 
@@ -89,10 +94,13 @@ class MLP(nn.Module):
         size = intermediate_size or cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * size, bias=False)
         self.down_proj = nn.Linear(size, cfg.hidden_size, bias=False)
+        self.geglu = cfg.hidden_act == "gelu_pytorch_tanh"  # else SwiGLU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         backend = self.backend
-        return backend.project(self.down_proj, backend.silu_mul(backend.project(self.gate_up_proj, x)))
+        gate_up = backend.project(self.gate_up_proj, x)
+        act = backend.gelu_tanh_mul(gate_up) if self.geglu else backend.silu_mul(gate_up)
+        return backend.project(self.down_proj, act)
 
 
 def _mlp(cfg: ModelConfig, backend: Backend, layer: int) -> nn.Module:
@@ -106,10 +114,14 @@ def _mlp(cfg: ModelConfig, backend: Backend, layer: int) -> nn.Module:
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, backend: Backend, layer: int = 0) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, backend)
+        self.self_attn = Attention(cfg, backend, layer)
         self.mlp = _mlp(cfg, backend, layer)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend)
+        self.gemma = cfg.gemma
+        if cfg.gemma:  # sandwich norms: post_attention_layernorm normalizes the attention output
+            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend)
+            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend)
 
     def forward(
         self,
@@ -126,6 +138,10 @@ class DecoderLayer(nn.Module):
         h = self.self_attn.forward(h, positions, meta, kv_cache, cos_sin, rows_only)
         if rows_only:
             residual = residual.index_select(0, meta.output_rows)
+        if self.gemma:  # residual + norm(attn), then residual + norm(mlp(norm(.)))
+            h = self.post_attention_layernorm.forward(h)[0]
+            h, residual = self.pre_feedforward_layernorm.forward(h, residual)
+            return self.post_feedforward_layernorm.forward(self.mlp.forward(h))[0], residual
         h, residual = self.post_attention_layernorm.forward(h, residual)
         return self.mlp.forward(h), residual
 
@@ -148,8 +164,12 @@ class CausalLM(nn.Module):
         self.model = DecoderBody(cfg, backend)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.max_positions = max_positions
-        # Filled by init_rotary() once the model sits on its device (not a checkpoint tensor).
+        # Filled by init_rotary() once the model sits on its device (not checkpoint tensors);
+        # cos_sin_local: the windowed layers' table where they have their own rope (Gemma 3).
         self.register_buffer("cos_sin", torch.empty(0), persistent=False)
+        self.register_buffer("cos_sin_local", torch.empty(0), persistent=False)
+        # Gemma: embeddings times sqrt(hidden), rounded to the model's dtype as transformers does (set at load)
+        self.embed_scale: float | None = None
         # Backend.decode_stack's fused path for the steps it takes (set by ModelRunner); None: op by op.
         self.decode_stack = None
 
@@ -158,6 +178,22 @@ class CausalLM(nn.Module):
         self.cos_sin = cos_sin_cache(
             cfg.head_dim, self.max_positions, cfg.rope_theta, cfg.rope_scaling, cfg.rotary_dim or None
         ).to(device)
+        if cfg.local_rope_theta is not None:
+            self.cos_sin_local = cos_sin_cache(
+                cfg.head_dim, self.max_positions, cfg.local_rope_theta, cfg.local_rope_scaling, cfg.rotary_dim or None
+            ).to(device)
+
+    def fold_norm_offsets(self) -> None:
+        """Gemma's RMSNorm multiplies by (1 + w): add the 1 into every norm weight once, after loading
+        (computed in fp32, then stored in the weight's dtype), so the norms run as plain RMSNorm."""
+        if not self.cfg.gemma:
+            return
+        dtype = self.model.embed_tokens.weight.dtype
+        self.embed_scale = torch.tensor(self.cfg.hidden_size**0.5, dtype=dtype).item()
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, RMSNorm):
+                    module.weight.copy_(module.weight.float() + 1.0)
 
     def tie_weights(self) -> None:
         if self.cfg.tie_word_embeddings:
@@ -177,14 +213,21 @@ class CausalLM(nn.Module):
             return stack(input_ids, positions, meta)
         body = self.model
         x = body.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
         residual = None
-        cos_sin = self.cos_sin
+        tables = (self.cos_sin, self.cos_sin_local)
         last = len(body.layers) - 1
         for i, (layer, kv_cache) in enumerate(zip(body.layers, kv_caches, strict=True)):
             rows_only = i == last and meta.output_rows is not None
+            cos_sin = tables[layer.self_attn.local_rope]
             x, residual = layer.forward(x, residual, positions, meta, kv_cache, cos_sin, rows_only)
         return body.norm.forward(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, hidden] -> fp32 logits [N, vocab]."""
-        return self.backend.project(self.lm_head, hidden).float()
+        """[N, hidden] -> fp32 logits [N, vocab] (soft-capped where the config says: Gemma 2)."""
+        logits = self.backend.project(self.lm_head, hidden).float()
+        cap = self.cfg.final_softcap
+        if cap:
+            logits = torch.tanh(logits / cap).mul_(cap)
+        return logits

@@ -9,8 +9,10 @@ from worker.engine.models.architectures import (
     BIAS_KEYS,
     SUPPORTED_ARCHITECTURES,
     config_problem,
+    hidden_act,
     supported_architecture,
 )
+from worker.engine.models.layer_types import FULL, SLIDING, has_local_rope, layer_windows, rope_for, rope_kind
 from worker.engine.models.moe_config import MoeConfig
 from worker.engine.models.rope_config import rope_scaling, rope_settings, rotary_dim
 
@@ -32,15 +34,21 @@ class ModelConfig:
     attention_bias: bool  # bias on q/k/v projections (Qwen2; gpt-oss also on o_proj)
     qk_norm: bool  # per-head RMSNorm of q and k before rotary (Qwen3)
     tie_word_embeddings: bool
-    sliding_window: int | None
+    sliding_window: int | None  # the window of the layers that have one (HF semantics: layer_types.py)
     eos_token_ids: tuple[int, ...]
     moe: MoeConfig | None = None  # mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss); None: dense
+    layer_windows: tuple[int, ...] = ()  # per layer: its sliding window in tokens, 0 = full attention
+    hidden_act: str = "silu"  # the MLP gate's activation: silu (SwiGLU) or gelu_pytorch_tanh (GeGLU)
+    gemma: bool = False  # Gemma 2/3 block: (1 + w) norms, post-attention / post-MLP norms, scaled embeddings
+    attn_softcap: float = 0.0  # attention scores -> softcap * tanh(scores / softcap) (Gemma 2); 0: off
+    final_softcap: float = 0.0  # logits -> softcap * tanh(logits / softcap); 0: off
+    query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma); None: head_dim
+    # the rope of the windowed layers where it differs from the others' (Gemma 3's local base); None: same
+    local_rope_theta: float | None = None
+    local_rope_scaling: dict[str, Any] | None = None
     rotary_dim: int = 0  # leading head dims that rotate (< head_dim: partial rotary, Phi-4-mini); 0: all
     o_proj_bias: bool = False  # bias on o_proj (gpt-oss, with attention_bias)
     attention_sinks: bool = False  # a learned per-head logit in each softmax's denominator (gpt-oss)
-    # per layer, whether it attends within sliding_window (gpt-oss's "sliding_attention" layers);
-    # empty: every layer alike (sliding_window applies to all of them when set)
-    sliding_layers: tuple[bool, ...] = ()
 
     @property
     def longrope_threshold(self) -> int | None:
@@ -59,6 +67,21 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def attn_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def window(self, layer: int) -> int:
+        """Layer `layer`'s sliding window in tokens; 0: it attends to the whole context."""
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    @property
+    def kv_window(self) -> int | None:
+        """The window when every layer has one (the same): KV older than it is never read again, so
+        the block manager can free it. None when any layer attends to the whole context."""
+        windows = set(self.layer_windows)
+        return windows.pop() if len(windows) == 1 and 0 not in windows and self.layer_windows else None
+
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
         problem = config_problem(cfg)  # the same check jobs/ runs before a job is planned
@@ -70,11 +93,14 @@ class ModelConfig:
         num_heads = int(cfg["num_attention_heads"])
         rope = rope_settings(cfg)
         rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-        layer_types = cfg.get("layer_types") or []
+        # the windowed layers' own rope where the config gives them one (Gemma 3's local base)
+        local = _rope(rope_for(cfg, SLIDING))
+        local_differs = has_local_rope(cfg) and local != _rope(rope_for(cfg, FULL))
         bias = bool(cfg.get(BIAS_KEYS.get(arch, "attention_bias"), flags["default_bias"]))
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+        windows = layer_windows(cfg, arch)
+        window = max(windows, default=0)
         head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // num_heads)
         return cls(
             architecture=arch,
@@ -91,12 +117,27 @@ class ModelConfig:
             rope_scaling=rope_scaling(cfg),
             attention_bias=bias,
             qk_norm=flags["qk_norm"],
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            sliding_window=int(window) if window else None,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", flags.get("gemma", False))),
+            sliding_window=window or None,
             eos_token_ids=eos_ids,
             moe=MoeConfig.from_dict(cfg) if flags.get("moe") else None,
+            layer_windows=windows,
+            hidden_act=hidden_act(cfg),
+            gemma=bool(flags.get("gemma")),
+            attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
+            final_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
+            query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]) if cfg.get("query_pre_attn_scalar") else None,
+            local_rope_theta=local["rope_theta"] if local_differs else None,
+            local_rope_scaling=None if not local_differs or local["rope_type"] == "default" else local,
             rotary_dim=rotary_dim(cfg) if rotary_dim(cfg) < head_dim else 0,
             o_proj_bias=bias and bool(flags.get("sinks")),
             attention_sinks=bool(flags.get("sinks")),
-            sliding_layers=tuple(t == "sliding_attention" for t in layer_types) if window else (),
         )
+
+
+def _rope(params: dict[str, Any]) -> dict[str, Any]:
+    """Rope parameters with rope_type and a float rope_theta always present (comparable dicts)."""
+    out = {k: v for k, v in params.items() if k != "type"}
+    out["rope_type"] = rope_kind(params)
+    out["rope_theta"] = float(params.get("rope_theta", 10000.0))
+    return out

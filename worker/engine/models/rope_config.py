@@ -18,8 +18,13 @@ _PHI3_ALIASES = {"su": "longrope", "yarn": "longrope"}
 
 
 def rope_settings(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The rope parameters, whichever key the config uses (transformers 5 `rope_parameters`, or 4's)."""
-    return dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    """The rope parameters, whichever key the config uses (transformers 5 `rope_parameters`, or 4's);
+    where transformers 5 nests them per layer type (Gemma 3), the full-attention layers' (the windowed
+    layers' own: layer_types.rope_for)."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+        params = params["full_attention"]
+    return dict(params)
 
 
 def rope_type(cfg: dict[str, Any]) -> str:
