@@ -31,6 +31,7 @@ from worker.engine.pooling import PoolingConfig, PoolingConfigError
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence
+from worker.engine.speculation.speculator import Speculator
 from worker.engine.stats import EngineStats
 from worker.engine.step_output import StepOutputs
 from worker.engine.structured_outputs import StructuredOutputs
@@ -66,6 +67,8 @@ class Engine:
         self.stats = EngineStats()
         self.texts = CompletionTexts(tokenizer)
         self.outputs = StepOutputs(self.scheduler, self.stats, self.texts.stop_hit)
+        self.speculator = Speculator(config.speculative, self.batch) if config.speculative is not None else None
+        self.scheduler.speculator = self.speculator
         self._in_flight: InFlightStep | None = None  # the launched step whose tokens are not applied yet
         self._applied_early: list[Sequence] = []  # finished by applying _in_flight inside a launch (_constrain)
         self.structured = StructuredOutputs(model_dir, self.vocab_size, tuple(eos), config.max_num_seqs,
@@ -251,7 +254,7 @@ class Engine:
             self.stats.prompt_tokens += seq.num_prompt_tokens
             self.stats.cached_tokens += seq.num_cached_tokens or 0
         launched = None
-        if sched.chunks or sched.decode_rows.size:
+        if sched.chunks or sched.decode_rows.size or sched.spec:
             # this step's work: sched.num_prefill_tokens prompt (or recomputed) tokens and
             # sched.num_scheduled_tokens - sched.num_prefill_tokens decode tokens (decode_tokens
             # counts them as they reach the host)
@@ -269,7 +272,10 @@ class Engine:
             finished.extend(self.outputs.apply(done))
         # busy time, split between prefill and decode by this step's token counts (EngineStats.add_busy)
         prefill = sched.num_prefill_tokens
-        self.stats.add_busy(time.perf_counter() - t0, prefill, sched.num_scheduled_tokens - prefill)
+        seconds = time.perf_counter() - t0
+        self.stats.add_busy(seconds, prefill, sched.num_scheduled_tokens - prefill)
+        if self.speculator is not None and not sched.chunks:  # a pure decode / verify step
+            self.speculator.controller.record(sched.num_scheduled_tokens, seconds)
         return finished
 
     def _constrain(self, logits: torch.Tensor, sample_rows: np.ndarray) -> None:

@@ -1,0 +1,103 @@
+"""SpeculationController: whole steps speculate only where the engine measured it to pay.
+
+Verifying K proposed tokens of a sequence adds K rows to a decode step. At a small batch the wider
+step costs about the same (decode reads all the weights for a handful of rows) and yields the
+accepted tokens on top; at a large batch the extra rows cost more than the accepted tokens save.
+Where the crossover lies depends on the machine, the model and the workload's acceptance, so it is
+measured as the engine runs, never a constant:
+
+- step cost: an exponential average of the seconds of pure decode / verify steps (no prefill chunk)
+  per number of rows (exact up to 32 rows, then buckets a quarter octave wide), host work included;
+  a count never measured is interpolated between measured neighbours (a wider one only: extrapolating
+  up is a guess, so it is explored instead);
+- yield: each speculating sequence's expected accepted tokens (its acceptance average times its K).
+
+A step speculates iff cost(B + sum K) / (B + expected accepted) < cost(B) / B for its B decoding
+sequences; an unmeasured side is explored (run once so it gets measured). A width that was refused
+skips even the proposing (host work) for a back-off that doubles while refusals repeat; when it runs
+out one speculating step re-measures that side. While speculation pays, every PROBE_PLAIN-th step
+runs plain for the same reason.
+"""
+
+from __future__ import annotations
+
+import math
+
+ALPHA = 0.2  # weight of a new measurement
+FIRST_SAMPLES = 3  # steps of a rows bucket measured before its cost is used
+SKIP_FIRST, SKIP_MAX = 8, 512  # steps a refused width skips proposing: first, longest
+PROBE_PLAIN = 64  # while speculation pays, every 64th step runs plain (its cost stays measured)
+
+
+def rows_bucket(rows: int) -> int:
+    """Exact up to 32 rows, then the lower edge of a quarter-octave bucket."""
+    if rows <= 32:
+        return rows
+    return int(2 ** (math.floor(4 * math.log2(rows)) / 4))
+
+
+class SpeculationController:
+    def __init__(self, adaptive: bool) -> None:
+        self.adaptive = adaptive
+        self.seconds: dict[int, float] = {}  # rows bucket -> average step seconds
+        self.steps = 0
+        self._first: dict[int, list[float]] = {}  # rows bucket -> its first samples
+        self._skip: dict[int, tuple[int, int]] = {}  # width -> (skip proposing until step, back-off)
+
+    def should_propose(self, width: int) -> bool:
+        """False while `width` is backing off after speculation was refused there (no host work)."""
+        return not self.adaptive or self.steps >= abs(self._skip.get(rows_bucket(width), (0, 0))[0])
+
+    def decide(self, width: int, extra_rows: int, expected_accepted: float) -> bool:
+        """Whether a step of `width` decoding sequences, `extra_rows` more with speculation, should
+        speculate when it expects `expected_accepted` accepted tokens."""
+        if not self.adaptive:
+            return True
+        spec, plain = self.cost(width + extra_rows), self.cost(width)
+        if spec is None:
+            return True  # explore: measure speculation
+        if plain is None:
+            return False
+        key = rows_bucket(width)
+        if key in self._skip and self._skip[key][0] >= 0:  # a back-off ran out: probe speculation once
+            self._skip[key] = (-1, self._skip[key][1])
+            return True
+        pays = spec / (width + expected_accepted) < plain / width
+        if pays:
+            self._skip.pop(key, None)
+            return self.steps % PROBE_PLAIN != 0  # now and then a plain step keeps its cost current
+        back = min(SKIP_MAX, 2 * self._skip.get(key, (0, SKIP_FIRST // 2))[1])
+        self._skip[key] = (self.steps + back, back)
+        return False
+
+    def record(self, rows: int, seconds: float) -> None:
+        """A pure decode / verify step of `rows` rows took `seconds` (host work included). The first
+        FIRST_SAMPLES of a bucket give their median (a first step pays one-time work: indexing a
+        prompt, warming caches), later ones an exponential average."""
+        self.steps += 1
+        key = rows_bucket(rows)
+        first = self._first.setdefault(key, [])
+        if len(first) < FIRST_SAMPLES:
+            first.append(seconds)
+            if len(first) == FIRST_SAMPLES:
+                self.seconds[key] = sorted(first)[FIRST_SAMPLES // 2]
+        else:
+            self.seconds[key] = (1 - ALPHA) * self.seconds[key] + ALPHA * seconds
+
+    def cost(self, rows: int) -> float | None:
+        """Estimated seconds of a step of `rows` rows: measured, interpolated, or None."""
+        key = rows_bucket(rows)
+        if key in self.seconds:
+            return self.seconds[key]
+        lower = max((k for k in self.seconds if k < key), default=None)
+        upper = min((k for k in self.seconds if k > key), default=None)
+        if upper is None:
+            return None
+        if lower is None:
+            return self.seconds[upper] * 1.0  # a narrower step costs at most as much
+        f = (key - lower) / (upper - lower)
+        return (1 - f) * self.seconds[lower] + f * self.seconds[upper]
+
+    def table(self) -> dict[int, float]:
+        """Measured seconds per step by rows bucket (logging, the bench)."""
+        return dict(sorted(self.seconds.items()))

@@ -1,0 +1,82 @@
+"""Speculator: the scheduler's side of speculative decoding. Which decoding rows propose what this
+step, and each sequence's acceptance (K shrinks after rejections, grows after full acceptance;
+speculation pauses, with a doubling back-off, for a sequence whose acceptance stays low)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from worker.engine.batch_state import PersistentBatch
+from worker.engine.sequence import Sequence
+from worker.engine.speculation.config import SpeculativeConfig
+from worker.engine.speculation.controller import SpeculationController
+from worker.engine.speculation.ngram import NgramIndex
+
+LOW_ACCEPTANCE = 0.2  # below this average acceptance a sequence pauses speculation
+PAUSE_FIRST, PAUSE_MAX = 8, 256  # decode steps of the first pause, and the longest
+
+
+class SpecState:
+    """One sequence's speculation state (Sequence.spec)."""
+
+    __slots__ = ("k", "rate", "verifies", "paused", "backoff", "index")
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.rate = 0.5  # exponential average of accepted / proposed
+        self.verifies = 0
+        self.paused = 0  # decode steps left without speculation
+        self.backoff = PAUSE_FIRST
+        self.index = NgramIndex()
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, batch: PersistentBatch) -> None:
+        self.config = config
+        self.batch = batch
+        self.controller = SpeculationController(config.adaptive)
+
+    def plan(self, rows: np.ndarray, extra: int) -> list[tuple[int, list[int]]]:
+        """(row, proposed tokens) for the decode rows (ascending) that speculate this step, within
+        `extra` tokens of step budget beyond one per row."""
+        if extra < 1 or not self.controller.should_propose(rows.size):
+            return []
+        b, k_max = self.batch, self.config.num_tokens
+        out = []
+        expected = 0.0
+        for r in rows.tolist():
+            if b.cow[r] or b.num_pending[r]:  # a shared block to copy first / a token in flight
+                continue
+            seq = b.seqs[r]
+            st = seq.spec
+            if st is None:
+                st = seq.spec = SpecState(k_max)
+            if st.paused:
+                st.paused -= 1
+                continue
+            k = min(st.k, int(b.limit[r] - b.num_tokens[r]) - 1, extra)
+            if k < 1:
+                continue
+            draft = st.index.propose(seq.token_ids, k)
+            if draft:
+                out.append((r, draft))
+                extra -= len(draft)
+                expected += st.rate * len(draft)
+                if extra < 1:
+                    break
+        if out and not self.controller.decide(rows.size, sum(len(d) for _, d in out), expected):
+            return []
+        return out
+
+    def observe(self, seq: Sequence, proposed: int, accepted: int) -> None:
+        """A verify step of seq kept `accepted` of `proposed` tokens: adapt its K (adaptive only)."""
+        st = seq.spec
+        if not self.config.adaptive or not isinstance(st, SpecState):
+            return
+        k_max = self.config.num_tokens
+        st.verifies += 1
+        st.rate = 0.7 * st.rate + 0.3 * (accepted / proposed)
+        st.k = min(k_max, 2 * st.k) if accepted == proposed else max(1, min(k_max, accepted + 1))
+        if st.verifies >= 3 and st.rate < LOW_ACCEPTANCE:
+            st.paused, st.backoff = st.backoff, min(PAUSE_MAX, 2 * st.backoff)
+            st.rate, st.verifies, st.k = 0.5, 0, k_max
