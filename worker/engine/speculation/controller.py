@@ -7,9 +7,10 @@ Where the crossover lies depends on the machine, the model and the workload's ac
 measured as the engine runs, never a constant:
 
 - step cost: an exponential average of the seconds of pure decode / verify steps (no prefill chunk)
-  per number of rows (exact up to 32 rows, then buckets a quarter octave wide), host work included;
-  a count never measured is interpolated between measured neighbours (a wider one only: extrapolating
-  up is a guess, so it is explored instead);
+  per number of rows (exact up to 8 rows, then buckets a quarter octave wide), host work included
+  (CPU seconds of the process on the CPU, where a shared machine makes wall time noisy; wall time on
+  a GPU); a count never measured is interpolated between measured neighbours, or extends the slope
+  of the two widest measured counts when it is at most twice the widest (else it is explored);
 - yield: each speculating sequence's expected accepted tokens (its acceptance average times its K).
 
 A step speculates iff cost(B + sum K) / (B + expected accepted) < cost(B) / B for its B decoding
@@ -24,14 +25,14 @@ from __future__ import annotations
 import math
 
 ALPHA = 0.2  # weight of a new measurement
-FIRST_SAMPLES = 3  # steps of a rows bucket measured before its cost is used
+FIRST_SAMPLES = 2  # steps of a rows bucket measured before its cost is used (their minimum)
 SKIP_FIRST, SKIP_MAX = 8, 512  # steps a refused width skips proposing: first, longest
 PROBE_PLAIN = 64  # while speculation pays, every 64th step runs plain (its cost stays measured)
 
 
 def rows_bucket(rows: int) -> int:
-    """Exact up to 32 rows, then the lower edge of a quarter-octave bucket."""
-    if rows <= 32:
+    """Exact up to 8 rows, then the lower edge of a quarter-octave bucket."""
+    if rows <= 8:
         return rows
     return int(2 ** (math.floor(4 * math.log2(rows)) / 4))
 
@@ -72,7 +73,7 @@ class SpeculationController:
 
     def record(self, rows: int, seconds: float) -> None:
         """A pure decode / verify step of `rows` rows took `seconds` (host work included). The first
-        FIRST_SAMPLES of a bucket give their median (a first step pays one-time work: indexing a
+        FIRST_SAMPLES of a bucket give their minimum (a first step pays one-time work: indexing a
         prompt, warming caches), later ones an exponential average."""
         self.steps += 1
         key = rows_bucket(rows)
@@ -80,7 +81,7 @@ class SpeculationController:
         if len(first) < FIRST_SAMPLES:
             first.append(seconds)
             if len(first) == FIRST_SAMPLES:
-                self.seconds[key] = sorted(first)[FIRST_SAMPLES // 2]
+                self.seconds[key] = min(first)
         else:
             self.seconds[key] = (1 - ALPHA) * self.seconds[key] + ALPHA * seconds
 
@@ -89,12 +90,17 @@ class SpeculationController:
         key = rows_bucket(rows)
         if key in self.seconds:
             return self.seconds[key]
-        lower = max((k for k in self.seconds if k < key), default=None)
+        below = sorted(k for k in self.seconds if k < key)
         upper = min((k for k in self.seconds if k > key), default=None)
-        if upper is None:
-            return None
-        if lower is None:
-            return self.seconds[upper] * 1.0  # a narrower step costs at most as much
+        if upper is None:  # wider than any measured step: extend the last measured slope (>= 0)
+            if len(below) < 2 or below[-1] < key / 2:
+                return None  # too little to go on: explore
+            a, b = below[-2], below[-1]
+            slope = max(0.0, (self.seconds[b] - self.seconds[a]) / (b - a))
+            return self.seconds[b] + slope * (key - b)
+        if not below:
+            return self.seconds[upper]  # a narrower step costs at most as much
+        lower = below[-1]
         f = (key - lower) / (upper - lower)
         return (1 - f) * self.seconds[lower] + f * self.seconds[upper]
 

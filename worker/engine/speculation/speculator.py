@@ -1,8 +1,10 @@
 """Speculator: the scheduler's side of speculative decoding. Which decoding rows propose what this
-step, and each sequence's acceptance (K shrinks after rejections, grows after full acceptance;
+step, and each sequence's acceptance (K follows its acceptance average: full from 1/2 up, less below;
 speculation pauses, with a doubling back-off, for a sequence whose acceptance stays low)."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -76,7 +78,8 @@ class Speculator:
         k_max = self.config.num_tokens
         st.verifies += 1
         st.rate = 0.7 * st.rate + 0.3 * (accepted / proposed)
-        st.k = min(k_max, 2 * st.k) if accepted == proposed else max(1, min(k_max, accepted + 1))
+        # K follows the acceptance average (full K from 1/2 up); the controller weighs the rows' cost
+        st.k = max(1, min(k_max, math.ceil(2 * k_max * st.rate)))
         if st.verifies >= 3 and st.rate < LOW_ACCEPTANCE:
             st.paused, st.backoff = st.backoff, min(PAUSE_MAX, 2 * st.backoff)
             st.rate, st.verifies, st.k = 0.5, 0, k_max
