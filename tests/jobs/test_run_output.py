@@ -72,3 +72,32 @@ def test_results_to_refuses_an_unfinished_job_unless_partial(tmp_path: Path, dem
 
     shown = CliRunner().invoke(app, ["results", str(out)])
     assert shown.exit_code == 0 and "note: job" in shown.output and "1 of 3 shards" in shown.output
+
+
+def test_speculative_run_reports_acceptance(tmp_path: Path, demo_model_dir: Path) -> None:
+    """`--speculative ngram`: the same completions as a plain run, and cost.json / the summary carry
+    the proposed and accepted tokens."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    data = write_parquet(prompts_table(4, bad=False), tmp_path / "in.parquet")
+    runs = {}
+    for name, extra in (("plain", []), ("spec", ["--speculative", "ngram", "--speculative-tokens", "3"])):
+        out = tmp_path / name
+        args = ["run", str(data), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "24", *extra]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        runs[name] = (out, result.output)
+    completions = {n: pq.read_table(o / "shards").sort_by("id").column("completion").to_pylist() for n, (o, _) in runs.items()}
+    assert completions["plain"] == completions["spec"]
+    report = json.loads((runs["spec"][0] / "cost.json").read_text())
+    assert report["spec_proposed_tokens"] >= report["spec_accepted_tokens"] >= 0
+    assert report["shards"][0]["spec_proposed_tokens"] == report["spec_proposed_tokens"]
+    if report["spec_proposed_tokens"]:
+        assert "speculation accepted" in runs["spec"][1]
+    plain = json.loads((runs["plain"][0] / "cost.json").read_text())
+    assert plain["spec_proposed_tokens"] == 0 and plain["spec_acceptance_rate"] is None
+    refused = CliRunner().invoke(app, ["run", str(data), "--model", str(demo_model_dir), "--output",
+                                       str(tmp_path / "bad"), "--speculative", "medusa"])  # fmt: skip
+    assert refused.exit_code != 0 and "'ngram' or 'draft:PATH'" in refused.output
