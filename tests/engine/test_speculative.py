@@ -6,7 +6,9 @@ distribution against transformers; refused configurations."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -56,6 +58,34 @@ def test_greedy_identical_every_architecture(make_checkpoint, arch: str) -> None
     _same(plain, spec)
     _speculated(engine)
     assert engine.stats.cached_tokens > 0  # prefix reuse ran too
+
+
+def _perturbed(path, out):
+    """A copy of the checkpoint whose last layer's attention output is scaled by 0.3: a draft that
+    agrees with the target on many tokens, not all."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(path, out)
+    weights = load_file(out / "model.safetensors")
+    for name in weights:
+        if "layers.1.self_attn.o_proj" in name:
+            weights[name] = weights[name] * 0.3
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_identical_with_a_draft_model(make_checkpoint, tmp_path, arch: str) -> None:
+    """The draft: the target with its last attention output damped (_perturbed), so its proposals are
+    partly right; sampled rows keep their seeded tokens too."""
+    path = make_checkpoint(arch).path
+    draft = SpeculativeConfig("draft", 3, str(_perturbed(path, tmp_path / "draft")), adaptive=False)
+    prompts = _prompts()
+    params = [GREEDY if i % 3 else dataclasses.replace(GREEDY, temperature=0.3, seed=i) for i in range(len(prompts))]
+    plain, _ = _run(path, prompts, params)
+    spec, engine = _run(path, prompts, params, speculative=draft)
+    _same(plain, spec)
+    _speculated(engine)
 
 
 @pytest.mark.parametrize(
@@ -205,6 +235,23 @@ def test_bad_configuration_refused(make_checkpoint, tmp_path) -> None:
     with pytest.raises(ValueError, match="ngram' or 'draft:PATH"):
         SpeculativeConfig.parse("draft:")
     assert SpeculativeConfig.parse("draft:/m", 3) == SpeculativeConfig("draft", 3, "/m")
+    path = make_checkpoint("llama").path
+
+    def refused(draft: object, match: str) -> None:
+        with pytest.raises(ValueError, match=match):
+            Engine.from_pretrained(path, EngineConfig(kv_cache_bytes=8 << 20,
+                                                      speculative=SpeculativeConfig("draft", 2, str(draft))))  # fmt: skip
+
+    refused(tmp_path / "missing", "does not load")
+    refused(make_checkpoint("llama", vocab_size=512).path, "vocabulary of 512 tokens")
+    other = tmp_path / "other-tokenizer"
+    shutil.copytree(path, other)
+    tok = json.loads((other / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    name = next(t for t, i in vocab.items() if i == 100)
+    vocab["renamed"] = vocab.pop(name)
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    refused(other, "another tokenizer")
 
 
 def test_ngram_index_proposes_the_latest_longest_match() -> None:

@@ -31,6 +31,7 @@ from worker.engine.pooling import PoolingConfig, PoolingConfigError
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence
+from worker.engine.speculation.draft import DraftModel
 from worker.engine.speculation.speculator import Speculator
 from worker.engine.stats import EngineStats
 from worker.engine.step_output import StepOutputs
@@ -46,7 +47,7 @@ class Engine:
     """Use Engine.from_pretrained. One generate/stream call at a time per engine."""
 
     def __init__(self, model_dir: Path, config: EngineConfig, runner: ModelRunner, tokenizer: Tokenizer,
-                 max_model_len: int, num_blocks: int) -> None:  # fmt: skip
+                 max_model_len: int, num_blocks: int, draft: DraftModel | None = None) -> None:  # fmt: skip
         self.model_dir = model_dir
         self.config = config
         self.runner = runner
@@ -67,7 +68,7 @@ class Engine:
         self.stats = EngineStats()
         self.texts = CompletionTexts(tokenizer)
         self.outputs = StepOutputs(self.scheduler, self.stats, self.texts.stop_hit)
-        self.speculator = Speculator(config.speculative, self.batch) if config.speculative is not None else None
+        self.speculator = Speculator(config.speculative, self.batch, draft) if config.speculative is not None else None
         self.scheduler.speculator = self.speculator
         self._in_flight: InFlightStep | None = None  # the launched step whose tokens are not applied yet
         self._applied_early: list[Sequence] = []  # finished by applying _in_flight inside a launch (_constrain)
@@ -98,11 +99,15 @@ class Engine:
         max_len = min(mcfg.max_position_embeddings, config.max_model_len or 1 << 62)
         tokenizer = Tokenizer(model_dir)  # before the weights: a folder without one fails at once
         backend = select_backend(config.backend, config.torch_device)
+        draft = None
+        if config.speculative is not None and config.speculative.method == "draft":  # refused before the weights load
+            draft = DraftModel(config.speculative.draft_model, config, backend, tokenizer, mcfg.vocab_size, max_len)
         model = load_model(model_dir, config, backend, max_positions=max_len)
         per_block = ModelRunner.kv_bytes_per_block(model, config.block_size, config.torch_dtype)
         # the decode graphs' memory pool comes out of the KV budget (a generous bound of its size)
         graph_bytes = activation_bytes(model, config.max_num_seqs, config.torch_dtype) if config.cuda_graphs else 0
-        num_blocks = max(0, cls._kv_budget(config) - graph_bytes) // per_block
+        draft_bytes = draft.kv_bytes if draft is not None else 0
+        num_blocks = max(0, cls._kv_budget(config) - graph_bytes - draft_bytes) // per_block
         # More blocks than max_num_seqs full-length sequences hold at once cannot be used.
         per_seq = blocks_needed(max_len, config.max_num_batched_tokens, config.block_size, mcfg.kv_window)
         num_blocks = min(num_blocks, config.max_num_seqs * per_seq + 1)
@@ -110,7 +115,7 @@ class Engine:
                              config.decode_stack)  # fmt: skip
         log.info("engine_ready", model_dir=str(model_dir), backend=backend.name, num_blocks=num_blocks,
                  max_model_len=max_len)  # fmt: skip
-        engine = cls(model_dir, config, runner, tokenizer, max_len, num_blocks)
+        engine = cls(model_dir, config, runner, tokenizer, max_len, num_blocks, draft)
         if config.cuda_graphs:
             before = torch.cuda.memory_reserved(config.torch_device)
             seconds = runner.graphs.capture()

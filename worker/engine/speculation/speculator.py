@@ -12,6 +12,7 @@ from worker.engine.batch_state import PersistentBatch
 from worker.engine.sequence import Sequence
 from worker.engine.speculation.config import SpeculativeConfig
 from worker.engine.speculation.controller import SpeculationController
+from worker.engine.speculation.draft import DraftModel
 from worker.engine.speculation.ngram import NgramIndex
 
 LOW_ACCEPTANCE = 0.2  # below this average acceptance a sequence pauses speculation
@@ -33,9 +34,10 @@ class SpecState:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, batch: PersistentBatch) -> None:
+    def __init__(self, config: SpeculativeConfig, batch: PersistentBatch, draft: DraftModel | None = None) -> None:
         self.config = config
         self.batch = batch
+        self.draft = draft  # method "draft": the draft model proposes, else prompt lookup
         self.controller = SpeculationController(config.adaptive)
 
     def plan(self, rows: np.ndarray, extra: int) -> list[tuple[int, list[int]]]:
@@ -59,6 +61,13 @@ class Speculator:
             k = min(st.k, int(b.limit[r] - b.num_tokens[r]) - 1, extra)
             if k < 1:
                 continue
+            if self.draft is not None:  # proposed together below, if the step speculates
+                out.append((r, [0] * k))
+                expected += st.rate * k
+                extra -= k
+                if extra < 1:
+                    break
+                continue
             draft = st.index.propose(seq.token_ids, k)
             if draft:
                 out.append((r, draft))
@@ -68,10 +77,15 @@ class Speculator:
                     break
         if out and not self.controller.decide(rows.size, sum(len(d) for _, d in out), expected):
             return []
+        if self.draft is not None and out:
+            proposals = self.draft.propose([b.seqs[r] for r, _ in out], [len(d) for _, d in out])  # type: ignore[misc]
+            out = [(r, p) for (r, _), p in zip(out, proposals, strict=True) if p]
         return out
 
     def observe(self, seq: Sequence, proposed: int, accepted: int) -> None:
         """A verify step of seq kept `accepted` of `proposed` tokens: adapt its K (adaptive only)."""
+        if self.draft is not None:
+            self.draft.rollback(seq, accepted)
         st = seq.spec
         if not self.config.adaptive or not isinstance(st, SpecState):
             return
