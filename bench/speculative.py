@@ -10,7 +10,8 @@ At batch 1, 8 and 64 (batch 1: the prompts one at a time; others: that many prom
 call, max_num_seqs = the batch), one torch thread, CPU seconds (process time: the work done, whatever
 else runs on a shared machine). Engines: plain; ngram (adaptive: per-sequence K and the measured
 on/off controller); ngram-always (adaptive off: every proposal verified, which is what the
-controller saves at large batch). Both sides run in this one process, interleaved per cell.
+controller saves at large batch); draft and draft-always, the same with the 2-layer draft model
+examples/models/pycoder-tiny-draft proposing (greedy). Both sides run in this one process, interleaved per cell.
 
     .venv/bin/python bench/speculative.py [--tokens 96] [--batches 1,8,64] [--k 4]
 """
@@ -32,6 +33,7 @@ from worker.engine.speculation.config import SpeculativeConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "examples" / "models" / "pycoder-tiny"
+DRAFT = ROOT / "examples" / "models" / "pycoder-tiny-draft"  # bench/train_reference.py's draft recipe
 
 
 def stream(engine: Engine, need: int) -> list[int]:
@@ -71,6 +73,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96, help="generated tokens per prompt")
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--k", type=int, default=4, help="speculative tokens K")
+    ap.add_argument("--draft", type=Path, default=DRAFT, help="draft checkpoint (skipped when missing)")
     ap.add_argument("--prompts-at-1", type=int, default=8, help="prompts run one at a time for batch 1")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -82,6 +85,9 @@ def main() -> None:
         "ngram": SpeculativeConfig("ngram", args.k),
         "ngram-always": SpeculativeConfig("ngram", args.k, adaptive=False),
     }
+    if args.draft.is_dir():
+        configs["draft"] = SpeculativeConfig("draft", args.k, str(args.draft))
+        configs["draft-always"] = SpeculativeConfig("draft", args.k, str(args.draft), adaptive=False)
     engines = {name: Engine.from_pretrained(MODEL, EngineConfig(speculative=s, **base)) for name, s in configs.items()}
     work = tasks(engines["plain"], top)
     print(f"model {MODEL.name}, {args.tokens} tokens per prompt, K = {args.k}, CPU seconds, 1 thread")
