@@ -11,7 +11,8 @@ call, max_num_seqs = the batch), one torch thread, CPU seconds (process time: th
 else runs on a shared machine). Engines: plain; ngram (adaptive: per-sequence K and the measured
 on/off controller); ngram-always (adaptive off: every proposal verified, which is what the
 controller saves at large batch); draft and draft-always, the same with the 2-layer draft model
-examples/models/pycoder-tiny-draft proposing (greedy). Both sides run in this one process, interleaved per cell.
+examples/models/pycoder-tiny-draft proposing (greedy). "plan us": host CPU microseconds per step spent choosing rows and proposing (for the
+draft, its forwards included). Both sides run in this one process, interleaved per cell.
 
     .venv/bin/python bench/speculative.py [--tokens 96] [--batches 1,8,64] [--k 4]
 """
@@ -58,14 +59,37 @@ def tasks(engine: Engine, n: int) -> dict[str, list[list[int]]]:
     return {"continuation": cont, "copy": copy}
 
 
-def run(engine: Engine, prompts: list[list[int]], batch: int, tokens: int) -> tuple[float, list, object]:
+class PlanTimer:
+    """Wraps an engine's Speculator.plan: host seconds spent choosing rows and proposing, per step."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.seconds, self.calls = 0.0, 0
+        spec = engine.speculator
+        if spec is not None:
+            plan = spec.plan
+
+            def timed(rows, extra):  # noqa: ANN001, ANN202
+                t0 = time.process_time()
+                try:
+                    return plan(rows, extra)
+                finally:
+                    self.seconds += time.process_time() - t0
+                    self.calls += 1
+
+            spec.plan = timed  # type: ignore[method-assign]
+
+
+def run(engine: Engine, prompts: list[list[int]], batch: int, tokens: int, timer: PlanTimer) -> tuple:
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)
     before = engine.stats.snapshot()
+    s0, n0 = timer.seconds, timer.calls
     c0 = time.process_time()
     outs = []
     for i in range(0, len(prompts), batch):
         outs += engine.generate(prompts[i : i + batch], params)
-    return time.process_time() - c0, [o.token_ids for o in outs], engine.stats.snapshot() - before
+    cpu = time.process_time() - c0
+    plan_us = (timer.seconds - s0) / max(1, timer.calls - n0) * 1e6
+    return cpu, [o.token_ids for o in outs], engine.stats.snapshot() - before, plan_us
 
 
 def main() -> None:
@@ -89,20 +113,24 @@ def main() -> None:
         configs["draft"] = SpeculativeConfig("draft", args.k, str(args.draft))
         configs["draft-always"] = SpeculativeConfig("draft", args.k, str(args.draft), adaptive=False)
     engines = {name: Engine.from_pretrained(MODEL, EngineConfig(speculative=s, **base)) for name, s in configs.items()}
+    timers = {name: PlanTimer(e) for name, e in engines.items()}
     work = tasks(engines["plain"], top)
     print(f"model {MODEL.name}, {args.tokens} tokens per prompt, K = {args.k}, CPU seconds, 1 thread")
-    print(f"{'task':13} {'batch':>5} {'engine':13} {'tok/s':>8} {'ratio':>6} {'accept':>7} {'mean len':>8} {'same':>5}")
+    print(f"{'task':13} {'batch':>5} {'engine':13} {'tok/s':>8} {'ratio':>6} {'accept':>7} {'mean len':>8} "
+          f"{'plan us':>8} {'same':>5}")  # fmt: skip
     for task, prompts in work.items():
         for batch in batches:
             chosen = prompts[: args.prompts_at_1] if batch == 1 else prompts[:batch]
-            results = {name: run(e, chosen, batch, args.tokens) for name, e in engines.items()}
+            results = {name: run(e, chosen, batch, args.tokens, timers[name]) for name, e in engines.items()}
             plain_rate = len(chosen) * args.tokens / results["plain"][0]
-            for name, (cpu, toks, st) in results.items():
+            for name, (cpu, toks, st, plan_us) in results.items():
                 rate = len(chosen) * args.tokens / cpu
                 accept = f"{st.spec_acceptance_rate:.2f}" if st.spec_proposed_tokens else "-"
                 mean = f"{st.spec_mean_accepted_length:.2f}" if st.spec_runs else "-"
                 same = "yes" if toks == results["plain"][1] else "NO"
-                print(f"{task:13} {batch:>5} {name:13} {rate:8.0f} {rate / plain_rate:6.2f} {accept:>7} {mean:>8} {same:>5}")
+                plan = f"{plan_us:.0f}" if name != "plain" else "-"
+                print(f"{task:13} {batch:>5} {name:13} {rate:8.0f} {rate / plain_rate:6.2f} {accept:>7} {mean:>8} "
+                      f"{plan:>8} {same:>5}")  # fmt: skip
     table = engines["ngram"].speculator.controller.table()  # type: ignore[union-attr]
     print("controller's measured step seconds by rows (ngram engine):")
     print("  " + ", ".join(f"{rows}: {sec * 1e3:.2f} ms" for rows, sec in table.items()))

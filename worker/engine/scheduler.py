@@ -151,7 +151,7 @@ class Scheduler:
                 if newest is not seq:
                     self._preempt(newest)
                     out.num_preempted += 1
-                elif out.chunks or out.decode_rows.size:
+                elif out.chunks or out.decode_rows.size or out.spec:
                     self._preempt(seq)  # seq waits for blocks held by the others
                     out.num_preempted += 1
                     break
