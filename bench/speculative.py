@@ -131,9 +131,15 @@ def main() -> None:
                 plan = f"{plan_us:.0f}" if name != "plain" else "-"
                 print(f"{task:13} {batch:>5} {name:13} {rate:8.0f} {rate / plain_rate:6.2f} {accept:>7} {mean:>8} "
                       f"{plan:>8} {same:>5}")  # fmt: skip
-    table = engines["ngram"].speculator.controller.table()  # type: ignore[union-attr]
-    print("controller's measured step seconds by rows (ngram engine):")
-    print("  " + ", ".join(f"{rows}: {sec * 1e3:.2f} ms" for rows, sec in table.items()))
+    ctrl = engines["ngram-always"].speculator.controller  # type: ignore[union-attr]
+    print("measured CPU ms per pure decode / verify step by rows (ngram-always engine's controller):")
+    print("  " + ", ".join(f"{rows}: {sec * 1e3:.2f}" for rows, sec in ctrl.table().items()))
+    print(f"crossover: a verify step of every sequence with K = {args.k} pays when a sequence gains more tokens"
+          " per step than cost(B x (K + 1)) / cost(B):")  # fmt: skip
+    for batch in batches:
+        wide, narrow = ctrl.cost(batch * (args.k + 1)), ctrl.cost(batch)
+        if wide and narrow:
+            print(f"  batch {batch:>3}: break-even mean accepted length {wide / narrow:.2f}")
 
 
 if __name__ == "__main__":
