@@ -285,11 +285,19 @@ def test_controller_turns_speculation_off_where_it_costs_more() -> None:
 
     c = SpeculationController(adaptive=True)
     # measured: 1 row 1.0 ms, 5 rows 1.2 ms (small batch: verifying is almost free);
-    # 64 rows 10 ms, 320 rows 50 ms (large batch: cost grows with the rows)
-    for rows, ms in ((1, 1.0), (5, 1.2), (64, 10.0), (320, 50.0)):
+    # 64 rows 10 ms, 320 rows 60 ms (large batch: cost grows faster than the rows)
+    for rows, ms in ((1, 1.0), (5, 1.2), (64, 10.0), (320, 60.0)):
         for _ in range(3):
             c.record(rows, ms / 1000)
     assert c.decide(1, 4, expected_accepted=2.0)
+    assert not c.decide(1, 4, expected_accepted=0.1)  # this step's proposals are unlikely: refused...
+    assert c.should_propose(1)  # ...but full acceptance would pay: no back-off
     assert not c.decide(64, 256, expected_accepted=128.0)
-    assert not c.should_propose(64) and c.should_propose(1)  # backing off: no proposing at 64 rows
+    assert not c.should_propose(64)  # not even full acceptance pays: no proposing for a while
     assert SpeculationController(adaptive=False).decide(64, 256, 0.0)
+    draft = SpeculationController(adaptive=True, separate=True)  # a draft's steps are measured apart
+    for _ in range(3):
+        draft.record(1, 0.001)
+        draft.record(5, 0.004, speculated=True)
+    assert draft.cost(1) == 0.001 and draft.cost(5, speculated=True) == 0.004 and draft.cost(5) is None
+    assert not draft.decide(1, 4, expected_accepted=2.0)  # 4 ms for 3 tokens > 1 ms for 1

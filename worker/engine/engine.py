@@ -283,7 +283,7 @@ class Engine:
         if self.speculator is not None and not sched.chunks:  # a pure decode / verify step
             # the CPU's cost is the work done (process time: wall time on a shared machine is noise)
             cost = time.process_time() - c0 if self.config.torch_device.type == "cpu" else seconds
-            self.speculator.controller.record(sched.num_scheduled_tokens, cost)
+            self.speculator.controller.record(sched.num_scheduled_tokens, cost, bool(sched.spec))
         return finished
 
     def _constrain(self, logits: torch.Tensor, sample_rows: np.ndarray) -> None:

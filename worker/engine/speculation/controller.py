@@ -13,9 +13,13 @@ measured as the engine runs, never a constant:
   of the two widest measured counts when it is at most twice the widest (else it is explored);
 - yield: each speculating sequence's expected accepted tokens (its acceptance average times its K).
 
+A draft model's forwards make a speculating step cost more than its rows: with `separate` the
+speculating steps get their own table (the draft's time included), plain steps the other.
+
 A step speculates iff cost(B + sum K) / (B + expected accepted) < cost(B) / B for its B decoding
-sequences; an unmeasured side is explored (run once so it gets measured). A width that was refused
-skips even the proposing (host work) for a back-off that doubles while refusals repeat; when it runs
+sequences; an unmeasured side is explored (run once so it gets measured). A width where speculation
+would not pay even if every proposal were accepted skips even the proposing (host work) for a
+back-off that doubles while such refusals repeat; when it runs
 out one speculating step re-measures that side. While speculation pays, every PROBE_PLAIN-th step
 runs plain for the same reason.
 """
@@ -38,11 +42,14 @@ def rows_bucket(rows: int) -> int:
 
 
 class SpeculationController:
-    def __init__(self, adaptive: bool) -> None:
+    def __init__(self, adaptive: bool, separate: bool = False) -> None:
         self.adaptive = adaptive
-        self.seconds: dict[int, float] = {}  # rows bucket -> average step seconds
+        # separate: speculating steps cost more than their rows (a draft model's forwards), so they are
+        # measured apart from plain steps (keys (True, bucket)); prompt lookup shares one table
+        self.separate = separate
+        self.seconds: dict[tuple[bool, int], float] = {}  # (speculating, rows bucket) -> average step seconds
         self.steps = 0
-        self._first: dict[int, list[float]] = {}  # rows bucket -> its first samples
+        self._first: dict[tuple[bool, int], list[float]] = {}  # its first samples
         self._skip: dict[int, tuple[int, int]] = {}  # width -> (skip proposing until step, back-off)
 
     def should_propose(self, width: int) -> bool:
@@ -54,7 +61,7 @@ class SpeculationController:
         speculate when it expects `expected_accepted` accepted tokens."""
         if not self.adaptive:
             return True
-        spec, plain = self.cost(width + extra_rows), self.cost(width)
+        spec, plain = self.cost(width + extra_rows, True), self.cost(width)
         if spec is None:
             return True  # explore: measure speculation
         if plain is None:
@@ -63,20 +70,20 @@ class SpeculationController:
         if key in self._skip and self._skip[key][0] >= 0:  # a back-off ran out: probe speculation once
             self._skip[key] = (-1, self._skip[key][1])
             return True
-        pays = spec / (width + expected_accepted) < plain / width
-        if pays:
+        if spec / (width + expected_accepted) < plain / width:
             self._skip.pop(key, None)
             return self.steps % PROBE_PLAIN != 0  # now and then a plain step keeps its cost current
-        back = min(SKIP_MAX, 2 * self._skip.get(key, (0, SKIP_FIRST // 2))[1])
-        self._skip[key] = (self.steps + back, back)
+        if spec / (width + extra_rows) >= plain / width:  # would not pay even if every proposal were accepted
+            back = min(SKIP_MAX, 2 * self._skip.get(key, (0, SKIP_FIRST // 2))[1])
+            self._skip[key] = (self.steps + back, back)
         return False
 
-    def record(self, rows: int, seconds: float) -> None:
+    def record(self, rows: int, seconds: float, speculated: bool = False) -> None:
         """A pure decode / verify step of `rows` rows took `seconds` (host work included). The first
         FIRST_SAMPLES of a bucket give their minimum (a first step pays one-time work: indexing a
         prompt, warming caches), later ones an exponential average."""
         self.steps += 1
-        key = rows_bucket(rows)
+        key = (speculated and self.separate, rows_bucket(rows))
         first = self._first.setdefault(key, [])
         if len(first) < FIRST_SAMPLES:
             first.append(seconds)
@@ -85,25 +92,28 @@ class SpeculationController:
         else:
             self.seconds[key] = (1 - ALPHA) * self.seconds[key] + ALPHA * seconds
 
-    def cost(self, rows: int) -> float | None:
+    def cost(self, rows: int, speculated: bool = False) -> float | None:
         """Estimated seconds of a step of `rows` rows: measured, interpolated, or None."""
+        side = speculated and self.separate
+        seconds = {k: v for (s, k), v in self.seconds.items() if s == side}
         key = rows_bucket(rows)
-        if key in self.seconds:
-            return self.seconds[key]
-        below = sorted(k for k in self.seconds if k < key)
-        upper = min((k for k in self.seconds if k > key), default=None)
+        if key in seconds:
+            return seconds[key]
+        below = sorted(k for k in seconds if k < key)
+        upper = min((k for k in seconds if k > key), default=None)
         if upper is None:  # wider than any measured step: extend the last measured slope (>= 0)
             if len(below) < 2 or below[-1] < key / 2:
                 return None  # too little to go on: explore
             a, b = below[-2], below[-1]
-            slope = max(0.0, (self.seconds[b] - self.seconds[a]) / (b - a))
-            return self.seconds[b] + slope * (key - b)
+            slope = max(0.0, (seconds[b] - seconds[a]) / (b - a))
+            return seconds[b] + slope * (key - b)
         if not below:
-            return self.seconds[upper]  # a narrower step costs at most as much
+            return seconds[upper]  # a narrower step costs at most as much
         lower = below[-1]
         f = (key - lower) / (upper - lower)
-        return (1 - f) * self.seconds[lower] + f * self.seconds[upper]
+        return (1 - f) * seconds[lower] + f * seconds[upper]
 
-    def table(self) -> dict[int, float]:
+    def table(self, speculated: bool = False) -> dict[int, float]:
         """Measured seconds per step by rows bucket (logging, the bench)."""
-        return dict(sorted(self.seconds.items()))
+        side = speculated and self.separate
+        return dict(sorted((k, v) for (s, k), v in self.seconds.items() if s == side))

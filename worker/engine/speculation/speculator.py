@@ -38,7 +38,7 @@ class Speculator:
         self.config = config
         self.batch = batch
         self.draft = draft  # method "draft": the draft model proposes, else prompt lookup
-        self.controller = SpeculationController(config.adaptive)
+        self.controller = SpeculationController(config.adaptive, separate=draft is not None)
 
     def plan(self, rows: np.ndarray, extra: int) -> list[tuple[int, list[int]]]:
         """(row, proposed tokens) for the decode rows (ascending) that speculate this step, within
