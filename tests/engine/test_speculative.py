@@ -301,3 +301,18 @@ def test_controller_turns_speculation_off_where_it_costs_more() -> None:
         draft.record(5, 0.004, speculated=True)
     assert draft.cost(1) == 0.001 and draft.cost(5, speculated=True) == 0.004 and draft.cost(5) is None
     assert not draft.decide(1, 4, expected_accepted=2.0)  # 4 ms for 3 tokens > 1 ms for 1
+
+
+def test_committed_draft_proposes_for_the_reference_model() -> None:
+    """examples/models/pycoder-tiny-draft (bench/train_reference.py's draft recipe) shares the
+    reference model's tokenizer, loads as its draft and keeps its greedy tokens."""
+    from pathlib import Path
+
+    models = Path(__file__).resolve().parents[2] / "examples" / "models"
+    prompts = ["def add(a, b):\n    return a + b\n\n\ndef", "import os\nimport sys\n\n\nclass Config:\n"]
+    params = SamplingParams(max_tokens=32, ignore_eos=True)
+    draft = SpeculativeConfig("draft", 4, str(models / "pycoder-tiny-draft"), adaptive=False)
+    plain, _ = _run(models / "pycoder-tiny", prompts, params, max_model_len=256)
+    spec, engine = _run(models / "pycoder-tiny", prompts, params, max_model_len=256, speculative=draft)
+    _same(plain, spec)
+    assert engine.stats.spec_accepted_tokens > 0
