@@ -289,11 +289,11 @@ def test_controller_turns_speculation_off_where_it_costs_more() -> None:
     for rows, ms in ((1, 1.0), (5, 1.2), (64, 10.0), (320, 60.0)):
         for _ in range(3):
             c.record(rows, ms / 1000)
-    assert c.decide(1, 4, expected_accepted=2.0)
+    assert c.decide(1, 4, expected_accepted=2.0, back_off=True)
     assert not c.decide(1, 4, expected_accepted=0.1)  # this step's proposals are unlikely: refused...
-    assert c.should_propose(1)  # ...but full acceptance would pay: no back-off
-    assert not c.decide(64, 256, expected_accepted=128.0)
-    assert not c.should_propose(64)  # not even full acceptance pays: no proposing for a while
+    assert c.should_propose(1)  # ...for this step only
+    assert not c.decide(64, 256, expected_accepted=128.0, back_off=True)
+    assert not c.should_propose(64)  # refused before proposing: no proposing at 64 rows for a while
     assert SpeculationController(adaptive=False).decide(64, 256, 0.0)
     draft = SpeculationController(adaptive=True, separate=True)  # a draft's steps are measured apart
     for _ in range(3):

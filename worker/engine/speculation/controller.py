@@ -17,9 +17,10 @@ A draft model's forwards make a speculating step cost more than its rows: with `
 speculating steps get their own table (the draft's time included), plain steps the other.
 
 A step speculates iff cost(B + sum K) / (B + expected accepted) < cost(B) / B for its B decoding
-sequences; an unmeasured side is explored (run once so it gets measured). A width where speculation
-would not pay even if every proposal were accepted skips even the proposing (host work) for a
-back-off that doubles while such refusals repeat; when it runs
+sequences; an unmeasured side is explored (run once so it gets measured). The rule is asked twice:
+before proposing, with every row proposing K at the engine-wide acceptance (a refusal skips even the
+proposing, host work, for a back-off that doubles while refusals repeat); then with the step's own
+proposals and the sequences' own acceptance (a refusal is for this step only). When a back-off runs
 out one speculating step re-measures that side. While speculation pays, every PROBE_PLAIN-th step
 runs plain for the same reason.
 """
@@ -56,9 +57,11 @@ class SpeculationController:
         """False while `width` is backing off after speculation was refused there (no host work)."""
         return not self.adaptive or self.steps >= abs(self._skip.get(rows_bucket(width), (0, 0))[0])
 
-    def decide(self, width: int, extra_rows: int, expected_accepted: float) -> bool:
+    def decide(self, width: int, extra_rows: int, expected_accepted: float, back_off: bool = False) -> bool:
         """Whether a step of `width` decoding sequences, `extra_rows` more with speculation, should
-        speculate when it expects `expected_accepted` accepted tokens."""
+        speculate when it expects `expected_accepted` accepted tokens. back_off: the question asked
+        before proposing, from the engine-wide acceptance (a refusal then skips proposing at this
+        width for a while); else the step's own proposals are judged (a refusal is for this step)."""
         if not self.adaptive:
             return True
         spec, plain = self.cost(width + extra_rows, True), self.cost(width)
@@ -67,13 +70,15 @@ class SpeculationController:
         if plain is None:
             return False
         key = rows_bucket(width)
-        if key in self._skip and self._skip[key][0] >= 0:  # a back-off ran out: probe speculation once
+        if back_off and key in self._skip and self._skip[key][0] >= 0:  # a back-off ran out: probe once
             self._skip[key] = (-1, self._skip[key][1])
             return True
         if spec / (width + expected_accepted) < plain / width:
-            self._skip.pop(key, None)
+            if back_off:
+                self._skip.pop(key, None)
+                return True
             return self.steps % PROBE_PLAIN != 0  # now and then a plain step keeps its cost current
-        if spec / (width + extra_rows) >= plain / width:  # would not pay even if every proposal were accepted
+        if back_off:
             back = min(SKIP_MAX, 2 * self._skip.get(key, (0, SKIP_FIRST // 2))[1])
             self._skip[key] = (self.steps + back, back)
         return False

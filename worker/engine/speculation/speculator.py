@@ -39,6 +39,7 @@ class Speculator:
         self.batch = batch
         self.draft = draft  # method "draft": the draft model proposes, else prompt lookup
         self.controller = SpeculationController(config.adaptive, separate=draft is not None)
+        self.rate = 0.5  # engine-wide exponential average of accepted / proposed
 
     def plan(self, rows: np.ndarray, extra: int) -> list[tuple[int, list[int]]]:
         """(row, proposed tokens) for the decode rows (ascending) that speculate this step, within
@@ -46,6 +47,9 @@ class Speculator:
         if extra < 1 or not self.controller.should_propose(rows.size):
             return []
         b, k_max = self.batch, self.config.num_tokens
+        most = min(k_max * rows.size, extra)  # every row proposing K, at the engine-wide acceptance
+        if not self.controller.decide(rows.size, most, self.rate * most, back_off=True):
+            return []
         out = []
         expected = 0.0
         for r in rows.tolist():
@@ -86,6 +90,7 @@ class Speculator:
         """A verify step of seq kept `accepted` of `proposed` tokens: adapt its K (adaptive only)."""
         if self.draft is not None:
             self.draft.rollback(seq, accepted)
+        self.rate = 0.9 * self.rate + 0.1 * accepted / proposed
         st = seq.spec
         if not self.config.adaptive or not isinstance(st, SpecState):
             return
