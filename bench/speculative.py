@@ -8,10 +8,11 @@ Tasks (greedy, the tokens checked identical to plain decoding's):
 
 At batch 1, 8 and 64 (batch 1: the prompts one at a time; others: that many prompts in one generate
 call, max_num_seqs = the batch), one torch thread, CPU seconds (process time: the work done, whatever
-else runs on a shared machine). Engines: plain; ngram (adaptive: per-sequence K and the measured
-on/off controller); ngram-always (adaptive off: every proposal verified, which is what the
-controller saves at large batch); draft and draft-always, the same with the 2-layer draft model
-examples/models/pycoder-tiny-draft proposing (greedy). "plan us": host CPU microseconds per step spent choosing rows and proposing (for the
+else runs on a shared machine; --repeats runs per cell and engine, interleaved, the fastest counts).
+Engines: plain; ngram (adaptive: per-sequence K and the measured on/off controller); ngram-always
+(adaptive off: every proposal verified, which is what the controller saves at large batch); draft
+and draft-always, the same with the 2-layer draft model examples/models/pycoder-tiny-draft proposing
+(greedy). "plan us": host CPU microseconds per step spent choosing rows and proposing (for the
 draft, its forwards included). Both sides run in this one process, interleaved per cell.
 
     .venv/bin/python bench/speculative.py [--tokens 96] [--batches 1,8,64] [--k 4]
