@@ -6,7 +6,7 @@ accepted tokens on top; at a large batch the extra rows cost more than the accep
 Where the crossover lies depends on the machine, the model and the workload's acceptance, so it is
 measured as the engine runs, never a constant:
 
-- step cost: an exponential average of the seconds of pure decode / verify steps (no prefill chunk)
+- step cost: the median seconds of the latest pure decode / verify steps (no prefill chunk)
   per number of rows (exact up to 8 rows, then buckets a quarter octave wide), host work included
   (CPU seconds of the process on the CPU, where a shared machine makes wall time noisy; wall time on
   a GPU); a count never measured is interpolated between measured neighbours, or extends the slope
@@ -28,8 +28,9 @@ runs plain for the same reason.
 from __future__ import annotations
 
 import math
+from collections import deque
 
-ALPHA = 0.2  # weight of a new measurement
+WINDOW = 9  # latest steps per rows bucket whose median is its cost
 FIRST_SAMPLES = 2  # steps of a rows bucket measured before its cost is used (their minimum)
 SKIP_FIRST, SKIP_MAX = 8, 512  # steps a refused width skips proposing: first, longest
 PROBE_PLAIN = 64  # while speculation pays, every 64th step runs plain (its cost stays measured)
@@ -50,7 +51,7 @@ class SpeculationController:
         self.separate = separate
         self.seconds: dict[tuple[bool, int], float] = {}  # (speculating, rows bucket) -> average step seconds
         self.steps = 0
-        self._first: dict[tuple[bool, int], list[float]] = {}  # its first samples
+        self._window: dict[tuple[bool, int], deque[float]] = {}  # its latest samples
         self._skip: dict[int, tuple[int, int]] = {}  # width -> (skip proposing until step, back-off)
 
     def should_propose(self, width: int) -> bool:
@@ -84,18 +85,16 @@ class SpeculationController:
         return False
 
     def record(self, rows: int, seconds: float, speculated: bool = False) -> None:
-        """A pure decode / verify step of `rows` rows took `seconds` (host work included). The first
-        FIRST_SAMPLES of a bucket give their minimum (a first step pays one-time work: indexing a
-        prompt, warming caches), later ones an exponential average."""
+        """A pure decode / verify step of `rows` rows took `seconds` (host work included). A bucket's
+        cost is the median of its last WINDOW steps (a step slowed by a neighbour on a shared machine
+        moves it little), the minimum while it has fewer than 3 (a first step pays one-time work:
+        indexing a prompt, warming caches); it is used from FIRST_SAMPLES steps on."""
         self.steps += 1
         key = (speculated and self.separate, rows_bucket(rows))
-        first = self._first.setdefault(key, [])
-        if len(first) < FIRST_SAMPLES:
-            first.append(seconds)
-            if len(first) == FIRST_SAMPLES:
-                self.seconds[key] = min(first)
-        else:
-            self.seconds[key] = (1 - ALPHA) * self.seconds[key] + ALPHA * seconds
+        window = self._window.setdefault(key, deque(maxlen=WINDOW))
+        window.append(seconds)
+        if len(window) >= FIRST_SAMPLES:
+            self.seconds[key] = min(window) if len(window) < 3 else sorted(window)[len(window) // 2]
 
     def cost(self, rows: int, speculated: bool = False) -> float | None:
         """Estimated seconds of a step of `rows` rows: measured, interpolated, or None."""
