@@ -78,6 +78,7 @@ def test_speculative_run_reports_acceptance(tmp_path: Path, demo_model_dir: Path
     """`--speculative ngram`: the same completions as a plain run, and cost.json / the summary carry
     the proposed and accepted tokens."""
     import json
+    import shutil
 
     import pyarrow.parquet as pq
 
@@ -101,3 +102,16 @@ def test_speculative_run_reports_acceptance(tmp_path: Path, demo_model_dir: Path
     refused = CliRunner().invoke(app, ["run", str(data), "--model", str(demo_model_dir), "--output",
                                        str(tmp_path / "bad"), "--speculative", "medusa"])  # fmt: skip
     assert refused.exit_code != 0 and "'ngram' or 'draft:PATH'" in refused.output
+    other = tmp_path / "other-tokenizer"  # a draft with another tokenizer: refused before OUT is written
+    shutil.copytree(demo_model_dir, other)
+    tok = json.loads((other / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    vocab["renamed"] = vocab.pop(next(t for t, i in vocab.items() if i == 100))
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    bad = CliRunner().invoke(app, ["run", str(data), "--model", str(demo_model_dir), "--output",
+                                   str(tmp_path / "bad-draft"), "--speculative", f"draft:{other}"])  # fmt: skip
+    assert bad.exit_code != 0 and "another tokenizer" in bad.output and not (tmp_path / "bad-draft").exists()
+    good = CliRunner().invoke(app, ["run", str(data), "--model", str(demo_model_dir), "--output",
+                                    str(tmp_path / "draft"), "--max-tokens", "8",
+                                    "--speculative", f"draft:{demo_model_dir}"])  # fmt: skip
+    assert good.exit_code == 0, good.output
