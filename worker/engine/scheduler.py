@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -32,9 +32,6 @@ from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
 from worker.engine.fork import fork
 from worker.engine.sequence import Sequence, SequenceStatus
-
-if TYPE_CHECKING:
-    from worker.engine.speculation.speculator import Speculator
 
 _NO_ROWS = np.zeros(0, np.int64)
 
@@ -79,6 +76,15 @@ class SchedulerOutput:
         return sum(c.num_tokens for c in self.chunks) + len(self.decode_rows) + sum(c.num_tokens for c in self.spec)
 
 
+class SpeculationPlanner(Protocol):
+    """What the scheduler and StepOutputs call of speculation/speculator.Speculator (which imports
+    modules that import this one)."""
+
+    def plan(self, rows: np.ndarray, extra: int) -> list[tuple[int, list[int]]]: ...
+
+    def observe(self, seq: Sequence, proposed: int, accepted: int) -> None: ...
+
+
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager, batch: PersistentBatch,
                  max_model_len: int) -> None:  # fmt: skip
@@ -91,7 +97,7 @@ class Scheduler:
         self.departed: dict[int, Sequence] = {}  # seq_id -> left the batch with sampled tokens in flight
         # Blocks kept free at admission so running sequences can grow without instant preemption.
         self.watermark = block_manager.num_blocks // 100
-        self.speculator: Speculator | None = None  # set by the engine when speculative decoding is on
+        self.speculator: SpeculationPlanner | None = None  # set by the engine when speculative decoding is on
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
