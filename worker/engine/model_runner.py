@@ -114,14 +114,14 @@ class ModelRunner:
         inputs = build_step(sched, self.batch, rows)
         logits = self._logits(inputs)
         if not inputs.num_spec_logits:
-            return self._sample(inputs, logits)
+            return self._sample(inputs, logits, constrain)
         plain = logits.shape[0] - inputs.num_spec_logits  # verify rows come last (step_inputs)
         spec = self.verifier.verify(logits[plain:], inputs.spec)
-        step = self._sample(inputs, logits[:plain])
+        step = self._sample(inputs, logits[:plain], constrain)
         step.spec = spec
         return step
 
-    def _sample(self, inputs: StepInputs, logits: torch.Tensor) -> InFlightStep:
+    def _sample(self, inputs: StepInputs, logits: torch.Tensor, constrain: Constrain | None) -> InFlightStep:
         """Sample the step's sampled rows (the last of `logits`) and score its prompt rows."""
         rows = self.rows
         sample_rows = inputs.sample_rows

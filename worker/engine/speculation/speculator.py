@@ -56,6 +56,8 @@ class Speculator:
             if b.cow[r] or b.num_pending[r]:  # a shared block to copy first / a token in flight
                 continue
             seq = b.seqs[r]
+            if seq.params.constraint is not None:  # grammar masks on verify rows: not integrated yet
+                continue
             st = seq.spec
             if st is None:
                 st = seq.spec = SpecState(k_max)
