@@ -12,9 +12,11 @@ token) ends the run. Greedy rows keep exactly the argmax tokens. For a drawing r
 Leviathan / Chen rejection rule for a one-hot q: d is accepted with probability p(d), and a rejected
 position yields t_j ~ p conditioned on t_j != d = norm(max(0, p - q)), the rule's residual. Because
 t_j uses the same counter-based uniform as the plain step, a seeded row's tokens are the very tokens
-it gets without speculation. Hook for structured outputs: `allowed` below is where a grammar cuts a
-run (a proposed token outside the grammar ends the accepted run; the target's own token is masked by
-the grammar like any sampled token).
+it gets without speculation. Structured outputs (not integrated yet: constrained rows do not
+speculate, speculator.py): `allowed` below is where the grammar cuts a run (ConstraintState.validate
+(draft) = how many proposals the grammar accepts), and each verified position's logits would take
+the grammar's mask before processing and sampling (ConstraintState.fill_run: the masks along the
+draft), so the target's own token is masked like any sampled token.
 """
 
 from __future__ import annotations
