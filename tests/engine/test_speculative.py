@@ -20,7 +20,7 @@ from worker.engine.speculation.config import SpeculativeConfig
 
 NGRAM = SpeculativeConfig("ngram", 4, adaptive=False)  # every proposal verified: the paths under test run
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "phi3", "gpt_oss")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "phi3", "gpt_oss", "gemma2", "gemma3_text")
 
 
 def _prompts() -> list[list[int]]:

@@ -37,10 +37,11 @@ log = structlog.get_logger(__name__)
 class _DraftSeq:
     """What the BlockManager reads of a sequence, for the draft's copy of one target sequence."""
 
-    __slots__ = ("block_table", "block_hashes", "planned_hashes", "computed", "seq")
+    __slots__ = ("block_table", "block_hashes", "planned_hashes", "num_released", "computed", "seq")
 
     def __init__(self, seq: Sequence) -> None:
         self.block_table: list[int] = []
+        self.num_released = 0  # the draft's manager has no window: it never releases blocks
         self.block_hashes: list[int] = []
         self.planned_hashes: list[int] = []
         self.computed = 0  # positions [0, computed) have the draft's K/V
