@@ -155,6 +155,9 @@ def engine_end_to_end(chk, device: torch.device) -> None:
                 _print_run(runs[label])
         report: dict = {"parameters": params_count, "runs": runs}
         chk.case("engine structured", _structured, chk, folder, device, prompts, params, runs, report)
+        from gpu_check_speculative import speculative_case
+
+        chk.case("engine speculative (ngram)", lambda: speculative_case(chk, device, folder, vocab))
     chk.report["engine"] = report
     if "triton" in runs and "torch" in runs:
         pairs = zip(runs["triton"]["token_ids"], runs["torch"]["token_ids"], strict=True)

@@ -27,6 +27,13 @@ the loss, the step count and the seconds it took.
 
     .venv/bin/python bench/train_reference.py --output examples/models/pycoder-tiny
     .venv/bin/python bench/train_reference.py --measure 5      # seconds per step, then exit
+
+The draft model for speculative decoding (examples/models/pycoder-tiny-draft): 2 layers, hidden 128,
+the reference model's tokenizer reused as is:
+
+    .venv/bin/python bench/train_reference.py --output examples/models/pycoder-tiny-draft \
+        --num-layers 2 --hidden-size 128 --intermediate-size 384 --num-heads 4 --num-kv-heads 2 \
+        --tokenizer-from examples/models/pycoder-tiny
 """
 
 from __future__ import annotations
@@ -208,8 +215,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=TrainConfig.threads)
     ap.add_argument("--fp32", action="store_true", help="no bf16 autocast")
     ap.add_argument("--measure", type=int, default=0, help="time this many steps, print, exit")
+    ap.add_argument("--num-layers", type=int, default=TrainConfig.num_layers)
+    ap.add_argument("--hidden-size", type=int, default=TrainConfig.hidden_size)
+    ap.add_argument("--intermediate-size", type=int, default=TrainConfig.intermediate_size)
+    ap.add_argument("--num-heads", type=int, default=TrainConfig.num_heads)
+    ap.add_argument("--num-kv-heads", type=int, default=TrainConfig.num_kv_heads)
+    ap.add_argument("--tokenizer-from", type=Path, default=None,
+                    help="reuse this checkpoint's tokenizer.json (a draft model shares its target's tokenizer)")
     args = ap.parse_args()
     cfg = TrainConfig(
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size,
+        num_heads=args.num_heads,
+        num_kv_heads=args.num_kv_heads,
         steps=args.steps,
         batch_size=args.batch_size,
         warmup=args.warmup,
@@ -222,7 +241,12 @@ def main() -> None:
     torch.use_deterministic_algorithms(True)
     t0 = time.time()
     texts = train_files()
-    tok = train_tokenizer(texts, cfg.vocab_size)
+    if args.tokenizer_from is not None:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(args.tokenizer_from / "tokenizer.json"))
+    else:
+        tok = train_tokenizer(texts, cfg.vocab_size)
     data = token_stream(tok, texts)
     print(
         f"corpus: {len(texts)} train files, {data.numel()} tokens; tokenizer {time.time() - t0:.0f}s",

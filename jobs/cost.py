@@ -91,6 +91,8 @@ class ShardRecord(BaseModel):
     decode_seconds: float = Field(0.0, description="of busy_seconds, the decode share")
     constrained_rows: int = Field(0, description="rows decoded under a structured-output constraint")
     mask_seconds: float = Field(0.0, description="engine host time filling their allowed-token masks")
+    spec_proposed_tokens: int = Field(0, description="speculative decoding: tokens proposed and verified")
+    spec_accepted_tokens: int = Field(0, description="of those, accepted")
     load_seconds: float = Field(description="model load time charged to this shard")
     wall_seconds: float = Field(description="shard start to commit on the worker")
     billed_seconds: float
@@ -176,6 +178,8 @@ def build_report(
     busy = sum(r.busy_seconds for r in shards)
     prefill_s = sum(r.prefill_seconds for r in shards)
     decode_s = sum(r.decode_seconds for r in shards)
+    proposed = sum(r.spec_proposed_tokens for r in shards)
+    accepted = sum(r.spec_accepted_tokens for r in shards)
     billed = sum(r.billed_seconds for r in shards) + sum(a.billed_seconds for a in attempts)
     cost = sum(r.cost_usd for r in shards) + sum(a.cost_usd for a in attempts)
     on_demand = sum(r.on_demand_cost_usd for r in shards) + sum(a.on_demand_cost_usd for a in attempts)
@@ -209,6 +213,9 @@ def build_report(
         "usd_per_million_output_tokens": _per_million(output_cost, completion),
         "tokens_per_second": (prompt + completion) / busy if busy else None,
         "cache_hit_rate": cached / prompt if prompt else 0.0,
+        "spec_proposed_tokens": proposed,
+        "spec_accepted_tokens": accepted,
+        "spec_acceptance_rate": accepted / proposed if proposed else None,
         "on_demand_cost_usd": on_demand,
         "wasted_cost_usd": sum(a.wasted_usd for a in attempts),
         "uncommitted_attempts": len(attempts),

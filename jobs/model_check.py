@@ -55,6 +55,27 @@ def check_model(model: str, settings: Settings | None = None, embed: bool = Fals
     return config
 
 
+def check_draft(model: str, draft: str, settings: Settings | None = None) -> None:
+    """Raise ModelNotFoundError unless `draft` is a loadable checkpoint (check_model) with `model`'s
+    vocabulary size and tokenizer (the same token -> id map, added tokens included): a draft model
+    for speculative decoding proposes token ids the model reads."""
+    target = check_model(model, settings)
+    config = check_model(draft, settings)
+    if config.get("vocab_size") != target.get("vocab_size"):
+        raise ModelNotFoundError(f"--speculative draft:{draft} has a vocabulary of {config.get('vocab_size')} "
+                                 f"tokens, the model {target.get('vocab_size')}; a draft must share the "
+                                 "model's tokenizer")  # fmt: skip
+    if _vocab(open_store(draft, settings)) != _vocab(open_store(model, settings)):
+        raise ModelNotFoundError(f"--speculative draft:{draft} has another tokenizer than the model "
+                                 f"{model}; a draft must share the model's tokenizer")  # fmt: skip
+
+
+def _vocab(store: ObjectStore) -> tuple[Any, Any]:
+    parsed = json.loads(store.get("tokenizer.json"))
+    added = sorted((t.get("content"), t.get("id")) for t in parsed.get("added_tokens") or [])
+    return parsed["model"].get("vocab"), added
+
+
 def _config(store: ObjectStore, model: str) -> Any:
     if not store.exists("config.json"):
         store.list("config.json")  # S3: a missing bucket answers a HEAD with a bare 404; a LIST names it

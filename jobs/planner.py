@@ -25,7 +25,7 @@ from jobs.manifest import (
     read_manifest,
     write_or_match,
 )
-from jobs.model_check import check_model
+from jobs.model_check import check_draft, check_model
 from jobs.settings import Settings, get_settings
 from jobs.spec import JobSpec, SamplingSpec
 from jobs.storage import ObjectStore, open_store
@@ -73,6 +73,8 @@ def plan(spec: JobSpec, settings: Settings | None = None, prices: PriceTable | N
     """The manifest for `spec`: input checked, prices resolved, rows cut into prefix-grouped shards."""
     pricing = (prices or PriceTable.load()).pricing(spec.instance_type, spec.market, spec.price_per_hour)
     config = check_model(spec.model, settings, embed=spec.task == "embed")
+    if spec.speculative is not None and spec.speculative.startswith("draft:"):
+        check_draft(spec.model, spec.speculative[len("draft:") :], settings)
     check_sampling(spec.sampling, settings or get_settings(), int(config["vocab_size"]))
     input_plan, prompts = inspect_input(spec, settings)
     shards = cut_shards(prompts, spec.shard_rows)

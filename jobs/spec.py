@@ -155,7 +155,7 @@ def _token_id(key: Any) -> int | None:
 
 
 # JobSpec fields added after jobs were written: left out of job_id while at these values
-_ADDED_DEFAULTS: dict[str, Any] = {"task": "generate", "dimensions": None}
+_ADDED_DEFAULTS: dict[str, Any] = {"task": "generate", "dimensions": None, "speculative": None, "speculative_tokens": 4}
 
 
 class JobSpec(BaseModel):
@@ -187,6 +187,10 @@ class JobSpec(BaseModel):
     market: Literal["on-demand", "spot"] = "on-demand"
     price_per_hour: float | None = Field(None, ge=0.0, description="USD per hour; overrides the table")
     quantization: Literal["int8", "int4", "fp8"] | None = None
+    speculative: str | None = Field(
+        None, description='speculative decoding: "ngram" (prompt lookup) or "draft:PATH" (a draft checkpoint)'
+    )
+    speculative_tokens: int = Field(4, ge=1, le=16, description="speculative decoding: tokens proposed per step (K)")
 
     @field_validator("input", "model", "output")
     @classmethod
@@ -209,6 +213,12 @@ class JobSpec(BaseModel):
         if kind is not None and (self.task == "embed" or self.continuation_column is not None):
             what = "--task embed embeds the prompts" if self.task == "embed" else "likelihood scoring scores text"
             raise ValueError(f"--{kind.replace('_', '-')} constrains generated text; {what}: drop one")
+        if self.speculative is not None and not (
+            self.speculative == "ngram" or (self.speculative.startswith("draft:") and len(self.speculative) > 6)
+        ):
+            raise ValueError(f"--speculative must be 'ngram' or 'draft:PATH', got {self.speculative!r}")
+        if self.speculative is not None and self.task == "embed":
+            raise ValueError("--speculative speeds up generation; --task embed generates nothing")
         if self.output == self.input:
             raise ValueError("the output must differ from the input: results would overwrite the dataset")
         return self

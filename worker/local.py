@@ -41,23 +41,29 @@ def load_engine(
     manifest: Manifest, settings: Settings | None = None, device: str | None = None
 ) -> tuple[Any, float]:
     """(engine, seconds it took to load) for the manifest's model (S3 models via the local cache)."""
-    return load_model_engine(manifest.spec.model, manifest.spec.quantization, settings, device)
+    spec = manifest.spec
+    return load_model_engine(spec.model, spec.quantization, settings, device, spec.speculative, spec.speculative_tokens)
 
 
 def load_model_engine(
-    model: str, quantization: str | None, settings: Settings | None = None, device: str | None = None
+    model: str, quantization: str | None, settings: Settings | None = None, device: str | None = None,
+    speculative: str | None = None, speculative_tokens: int = 4,
 ) -> tuple[Any, float]:
-    """(engine, seconds it took to load) for `model` (a folder or s3:// prefix, as a job spec names it)."""
+    """(engine, seconds it took to load) for `model` (a folder or s3:// prefix, as a job spec names it);
+    speculative: the job spec's "ngram" | "draft:PATH" (None: off)."""
     import torch
     from safetensors import SafetensorError
 
     from worker.engine import Engine, EngineConfig
+    from worker.engine.speculation.config import SpeculativeConfig
 
     t0 = time.perf_counter()
     model_dir = resolve_model(model, settings)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        engine = Engine.from_pretrained(str(model_dir), EngineConfig(device=device, quantization=quantization))
+        spec = None if speculative is None else SpeculativeConfig.parse(speculative, speculative_tokens)
+        config = EngineConfig(device=device, quantization=quantization, speculative=spec)
+        engine = Engine.from_pretrained(str(model_dir), config)
     # a checkpoint the engine cannot use (jobs.model_check refused most before the manifest)
     except (ValueError, KeyError, OSError, SafetensorError) as exc:
         raise ModelNotFoundError(f"model {model} cannot be loaded: {exc}") from exc

@@ -176,6 +176,8 @@ def compute_shard(
         decode_seconds=engine_time.decode_seconds,
         constrained_rows=sum(1 for r in ordered if r.constrained),
         mask_seconds=engine_time.mask_seconds,
+        spec_proposed_tokens=engine_time.spec_proposed_tokens,
+        spec_accepted_tokens=engine_time.spec_accepted_tokens,
         load_seconds=load_seconds,
         wall_seconds=wall,
         billed_seconds=billed,

@@ -133,6 +133,16 @@ QuantizationOpt = Annotated[
         "capability 8.9+ such as L4, L40S, H100, H200)"
     ),
 ]
+SpeculativeOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="ngram|draft:PATH",
+        help="speculative decoding: ngram proposes the tokens that followed the text's last 1-4 tokens "
+        "earlier in the prompt or completion (copy-heavy tasks); draft:PATH a smaller checkpoint with the "
+        "same tokenizer. Outputs are unchanged; it turns itself off where it does not pay",
+    ),
+]
+SpeculativeTokensOpt = Annotated[int, typer.Option(metavar="K", help="speculative decoding: tokens proposed per step")]
 DeadlineOpt = Annotated[
     str | None,
     typer.Option(
@@ -265,6 +275,8 @@ def spec_from_options(
     market: str,
     price_per_hour: float | None,
     quantization: str | None,
+    speculative: str | None = None,
+    speculative_tokens: int = 4,
 ) -> JobSpec:
     """The JobSpec of `run` / `submit` / `estimate`'s flags; FreightError with one line if invalid."""
     from jobs.spec import JobSpec, SamplingSpec
@@ -302,6 +314,9 @@ def spec_from_options(
             market=market,
             price_per_hour=price_per_hour,
             quantization=quantization,
+            speculative=speculative if speculative is None or speculative == "ngram" or not speculative.startswith("draft:")
+            else "draft:" + absolute(speculative[len("draft:") :]),
+            speculative_tokens=speculative_tokens,
         )
     except ValidationError as exc:
         raise FreightError(validation_line(exc)) from None

@@ -179,13 +179,21 @@ def run_with_progress(prepared: PreparedJob, settings: Settings, lifecycle: Life
     summary.print(
         f"done: {report['rows']:,} rows ({report['rows_failed']:,} failed) in {shards} {plural(shards, 'shard')}, "
         f"${report['cost_usd']:.6f} on {report['instance_type']} ({report['market']}), {tps:,.0f} tok/s, "
-        f"prefix hit {report['cache_hit_rate']:.1%}\nresults: {store.url_of('shards/')}\n"
+        f"prefix hit {report['cache_hit_rate']:.1%}{_speculation(report)}\nresults: {store.url_of('shards/')}\n"
         f"see `freight results {store.url}` and `freight cost {store.url}`",
         soft_wrap=True,
         highlight=False,
     )
     _drain_notifications(settings, console)
     return 0
+
+
+def _speculation(report: dict[str, Any]) -> str:
+    """", speculation accepted 62% of 1,234 proposed tokens" when the job speculated, else ""."""
+    proposed = report.get("spec_proposed_tokens") or 0
+    if not proposed:
+        return ""
+    return f", speculation accepted {report['spec_accepted_tokens'] / proposed:.0%} of {proposed:,} proposed tokens"
 
 
 def _expired(prepared: PreparedJob, settings: Settings, summary: Console) -> int:

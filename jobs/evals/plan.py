@@ -100,6 +100,8 @@ def _job_specs(suite: Suite, model: str, out: ObjectStore) -> PlannedModel:
                 regex=sampling.regex,
                 choice=sampling.choice,
             ),
+            speculative=suite.speculative,
+            speculative_tokens=suite.speculative_tokens,
             **extra,
         )
     if suite.needs_likelihood:

@@ -64,6 +64,9 @@ class _SuiteFields(BaseModel):
     sampling: Sampling = Sampling()
     shard_rows: int | None = Field(None, ge=1)
     metrics: list[dict[str, Any]] = Field(min_length=1)
+    # speculative decoding of the generate jobs ("ngram" | "draft:PATH"; outputs unchanged, faster)
+    speculative: str | None = Field(None, pattern=r"^(ngram|draft:.+)$")
+    speculative_tokens: int = Field(4, ge=1, le=16)
 
     @model_validator(mode="after")
     def _one_prompt_source(self) -> _SuiteFields:
@@ -87,6 +90,8 @@ class Suite:
     sampling: Sampling
     shard_rows: int | None
     metrics: tuple[Metric, ...]
+    speculative: str | None = None  # "ngram" | "draft:PATH" (a path resolved like the models)
+    speculative_tokens: int = 4
 
     @property
     def needs_generation(self) -> bool:
@@ -245,6 +250,9 @@ class _Loader:
             sampling=fields.sampling,
             shard_rows=fields.shard_rows,
             metrics=tuple(metrics),
+            speculative=fields.speculative if fields.speculative in (None, "ngram")
+            else "draft:" + resolve_location(fields.speculative[len("draft:") :], self.base_dir),
+            speculative_tokens=fields.speculative_tokens,
         )
         self.check_columns(where, suite, label)
         return suite if len(self.problems) == before else None

@@ -40,6 +40,8 @@ dataset = "data/qa.parquet"
 models = ["models/tiny"]
 reference_column = "answer"
 metrics = [{ type = "contains", name = "has_answer" }]
+speculative = "draft:models/draft"
+speculative_tokens = 3
 """
 
 
@@ -68,6 +70,13 @@ def test_valid_file_loads_with_defaults_and_resolved_paths(qa_dataset: Path, wri
     assert qa.needs_generation and qa.needs_likelihood
     assert contains.metrics[0].column == "has_answer" and contains.schedule is None
     assert loaded.suite("qa-contains") is contains
+    assert (qa.speculative, qa.speculative_tokens) == (None, 4)
+    assert (contains.speculative, contains.speculative_tokens) == ("draft:" + str(path.parent / "models" / "draft"), 3)
+    from jobs.evals.plan import _job_specs
+    from jobs.storage import LocalStore
+
+    planned = _job_specs(contains, contains.models[0], LocalStore(str(path.parent / "out")))
+    assert (planned.generate.speculative, planned.generate.speculative_tokens) == (contains.speculative, 3)
     with pytest.raises(ValueError, match="no suite named 'nope'"):
         loaded.suite("nope")
 

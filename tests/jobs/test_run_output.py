@@ -72,3 +72,46 @@ def test_results_to_refuses_an_unfinished_job_unless_partial(tmp_path: Path, dem
 
     shown = CliRunner().invoke(app, ["results", str(out)])
     assert shown.exit_code == 0 and "note: job" in shown.output and "1 of 3 shards" in shown.output
+
+
+def test_speculative_run_reports_acceptance(tmp_path: Path, demo_model_dir: Path) -> None:
+    """`--speculative ngram`: the same completions as a plain run, and cost.json / the summary carry
+    the proposed and accepted tokens."""
+    import json
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    data = write_parquet(prompts_table(4, bad=False), tmp_path / "in.parquet")
+    runs = {}
+    for name, extra in (("plain", []), ("spec", ["--speculative", "ngram", "--speculative-tokens", "3"])):
+        out = tmp_path / name
+        args = ["run", str(data), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "24", *extra]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        runs[name] = (out, result.output)
+    completions = {n: pq.read_table(o / "shards").sort_by("id").column("completion").to_pylist() for n, (o, _) in runs.items()}
+    assert completions["plain"] == completions["spec"]
+    report = json.loads((runs["spec"][0] / "cost.json").read_text())
+    assert report["spec_proposed_tokens"] >= report["spec_accepted_tokens"] >= 0
+    assert report["shards"][0]["spec_proposed_tokens"] == report["spec_proposed_tokens"]
+    if report["spec_proposed_tokens"]:
+        assert "speculation accepted" in runs["spec"][1]
+    plain = json.loads((runs["plain"][0] / "cost.json").read_text())
+    assert plain["spec_proposed_tokens"] == 0 and plain["spec_acceptance_rate"] is None
+    refused = CliRunner().invoke(app, ["run", str(data), "--model", str(demo_model_dir), "--output",
+                                       str(tmp_path / "bad"), "--speculative", "medusa"])  # fmt: skip
+    assert refused.exit_code != 0 and "'ngram' or 'draft:PATH'" in refused.output
+    other = tmp_path / "other-tokenizer"  # a draft with another tokenizer: refused before OUT is written
+    shutil.copytree(demo_model_dir, other)
+    tok = json.loads((other / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    vocab["renamed"] = vocab.pop(next(t for t, i in vocab.items() if i == 100))
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    bad = CliRunner().invoke(app, ["run", str(data), "--model", str(demo_model_dir), "--output",
+                                   str(tmp_path / "bad-draft"), "--speculative", f"draft:{other}"])  # fmt: skip
+    assert bad.exit_code != 0 and "another tokenizer" in bad.output and not (tmp_path / "bad-draft").exists()
+    good = CliRunner().invoke(app, ["run", str(data), "--model", str(demo_model_dir), "--output",
+                                    str(tmp_path / "draft"), "--max-tokens", "8",
+                                    "--speculative", f"draft:{demo_model_dir}"])  # fmt: skip
+    assert good.exit_code == 0, good.output

@@ -22,6 +22,11 @@ def test_job_id_is_stable_and_depends_on_every_field() -> None:
     assert a.job_id != _spec(sampling=SamplingSpec(max_tokens=8), quantization="int8").job_id
     assert _spec(quantization="fp8").job_id not in (a.job_id, _spec(quantization="int8").job_id)
     assert _spec(output="out/").job_id == _spec(output="out").job_id  # trailing slash is not a new job
+    assert _spec(speculative="ngram").job_id not in (_spec().job_id, _spec(speculative="ngram", speculative_tokens=3).job_id)
+    with pytest.raises(ValidationError, match="ngram' or 'draft:PATH"):
+        _spec(speculative="draft:")
+    with pytest.raises(ValidationError, match="speculative_tokens"):
+        _spec(speculative="ngram", speculative_tokens=0)
 
 
 def test_diff_names_each_difference() -> None:

@@ -194,6 +194,11 @@ class PersistentBatch:
             self.num_blocks[row] = len(table)
             self.grew.add(row)
 
+    def trim_blocks(self, seq: Sequence) -> None:
+        """seq gave blocks back (BlockManager.truncate): its row's table ends where seq's does (entries
+        past it are stale and never read)."""
+        self.num_blocks[seq.row] = len(seq.block_table)
+
     def set_block(self, row: int, index: int, block: int) -> None:
         """Block `index` of the row was replaced (its own copy of a shared block)."""
         self.block_table[row, index] = block

@@ -160,6 +160,19 @@ class BlockManager:
             self._drop_ref(b)
         seq.num_released = upto
         return True
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back seq's blocks past the first blocks_for(num_tokens) (speculation's rollback: the
+        blocks of rejected proposed tokens). Those blocks were never hashed (their tokens were not on
+        the host); they go to the front of the free list, to be taken again first."""
+        keep = self.blocks_for(num_tokens)
+        while len(seq.block_table) > keep:
+            b = seq.block_table.pop()
+            self.ref_counts[b] -= 1
+            if self.ref_counts[b] == 0:
+                if self.block_hash[b] is not None:
+                    self.evictable[b] = None
+                else:
+                    self.free_blocks.appendleft(b)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """child shares all of parent's held blocks (n > 1 choices after one prefill): counts go up,

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from worker.engine.speculation.config import SpeculativeConfig
+
 BACKEND_NAMES = ("auto", "cpu", "torch", "triton")
 QUANTIZATION_METHODS = (None, "int8", "int4", "fp8")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -48,6 +50,9 @@ class EngineConfig:
     # every layer in one C call, up to 15 rows on any thread count, more on one thread; plain fp32
     # models only, others run op by op). False: always op by op (same tokens, to fp32 rounding).
     decode_stack: bool = True
+    # Speculative decoding (speculation/config.py): None off. Its steps need the previous step's
+    # tokens on the host, so it runs without overlapped steps (overlap_steps None turns off; True is refused).
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         if self.device.split(":")[0] not in ("cpu", "cuda"):
@@ -87,8 +92,13 @@ class EngineConfig:
             object.__setattr__(self, "static_decode", self.cuda_graphs)
         if self.cuda_graphs and not self.static_decode:
             raise ValueError("cuda_graphs=True replays the static decode buffers; drop static_decode=False")
+        if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
+            raise ValueError(f"speculative must be a SpeculativeConfig or None, got {type(self.speculative).__name__}")
+        if self.speculative is not None and self.overlap_steps:
+            raise ValueError("speculative decoding proposes from the tokens of the step before, which "
+                             "overlapped steps have not applied yet; leave overlap_steps None or False")  # fmt: skip
         if self.overlap_steps is None:
-            object.__setattr__(self, "overlap_steps", cuda)
+            object.__setattr__(self, "overlap_steps", cuda and self.speculative is None)
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2 or None, got {self.max_model_len}")
 

@@ -31,6 +31,8 @@ from worker.engine.pooling import PoolingConfig, PoolingConfigError
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence
+from worker.engine.speculation.draft import DraftModel
+from worker.engine.speculation.speculator import Speculator
 from worker.engine.stats import EngineStats
 from worker.engine.step_output import StepOutputs
 from worker.engine.structured_outputs import StructuredOutputs
@@ -45,7 +47,7 @@ class Engine:
     """Use Engine.from_pretrained. One generate/stream call at a time per engine."""
 
     def __init__(self, model_dir: Path, config: EngineConfig, runner: ModelRunner, tokenizer: Tokenizer,
-                 max_model_len: int, num_blocks: int) -> None:  # fmt: skip
+                 max_model_len: int, num_blocks: int, draft: DraftModel | None = None) -> None:  # fmt: skip
         self.model_dir = model_dir
         self.config = config
         self.runner = runner
@@ -66,6 +68,8 @@ class Engine:
         self.stats = EngineStats()
         self.texts = CompletionTexts(tokenizer)
         self.outputs = StepOutputs(self.scheduler, self.stats, self.texts.stop_hit)
+        self.speculator = Speculator(config.speculative, self.batch, draft) if config.speculative is not None else None
+        self.scheduler.speculator = self.speculator
         self._in_flight: InFlightStep | None = None  # the launched step whose tokens are not applied yet
         self._applied_early: list[Sequence] = []  # finished by applying _in_flight inside a launch (_constrain)
         self.structured = StructuredOutputs(model_dir, self.vocab_size, tuple(eos), config.max_num_seqs,
@@ -95,11 +99,15 @@ class Engine:
         max_len = min(mcfg.max_position_embeddings, config.max_model_len or 1 << 62)
         tokenizer = Tokenizer(model_dir)  # before the weights: a folder without one fails at once
         backend = select_backend(config.backend, config.torch_device)
+        draft = None
+        if config.speculative is not None and config.speculative.method == "draft":  # refused before the weights load
+            draft = DraftModel(config.speculative.draft_model, config, backend, tokenizer, mcfg.vocab_size, max_len)
         model = load_model(model_dir, config, backend, max_positions=max_len)
         per_block = ModelRunner.kv_bytes_per_block(model, config.block_size, config.torch_dtype)
         # the decode graphs' memory pool comes out of the KV budget (a generous bound of its size)
         graph_bytes = activation_bytes(model, config.max_num_seqs, config.torch_dtype) if config.cuda_graphs else 0
-        num_blocks = max(0, cls._kv_budget(config) - graph_bytes) // per_block
+        draft_bytes = draft.kv_bytes if draft is not None else 0
+        num_blocks = max(0, cls._kv_budget(config) - graph_bytes - draft_bytes) // per_block
         # More blocks than max_num_seqs full-length sequences hold at once cannot be used.
         per_seq = blocks_needed(max_len, config.max_num_batched_tokens, config.block_size, mcfg.kv_window)
         num_blocks = min(num_blocks, config.max_num_seqs * per_seq + 1)
@@ -107,7 +115,7 @@ class Engine:
                              config.decode_stack)  # fmt: skip
         log.info("engine_ready", model_dir=str(model_dir), backend=backend.name, num_blocks=num_blocks,
                  max_model_len=max_len)  # fmt: skip
-        engine = cls(model_dir, config, runner, tokenizer, max_len, num_blocks)
+        engine = cls(model_dir, config, runner, tokenizer, max_len, num_blocks, draft)
         if config.cuda_graphs:
             before = torch.cuda.memory_reserved(config.torch_device)
             seconds = runner.graphs.capture()
@@ -244,6 +252,7 @@ class Engine:
         """Schedule and launch a step; apply the tokens of the previous step (overlapped) or of this
         one; returns the sequences that finished."""
         t0 = time.perf_counter()
+        c0 = time.process_time() if self.speculator is not None else 0.0
         sched = self.scheduler.schedule()
         finished = list(sched.errored)
         self.stats.preemptions += sched.num_preempted
@@ -251,7 +260,7 @@ class Engine:
             self.stats.prompt_tokens += seq.num_prompt_tokens
             self.stats.cached_tokens += seq.num_cached_tokens or 0
         launched = None
-        if sched.chunks or sched.decode_rows.size:
+        if sched.chunks or sched.decode_rows.size or sched.spec:
             # this step's work: sched.num_prefill_tokens prompt (or recomputed) tokens and
             # sched.num_scheduled_tokens - sched.num_prefill_tokens decode tokens (decode_tokens
             # counts them as they reach the host)
@@ -269,7 +278,12 @@ class Engine:
             finished.extend(self.outputs.apply(done))
         # busy time, split between prefill and decode by this step's token counts (EngineStats.add_busy)
         prefill = sched.num_prefill_tokens
-        self.stats.add_busy(time.perf_counter() - t0, prefill, sched.num_scheduled_tokens - prefill)
+        seconds = time.perf_counter() - t0
+        self.stats.add_busy(seconds, prefill, sched.num_scheduled_tokens - prefill)
+        if self.speculator is not None and not sched.chunks:  # a pure decode / verify step
+            # the CPU's cost is the work done (process time: wall time on a shared machine is noise)
+            cost = time.process_time() - c0 if self.config.torch_device.type == "cpu" else seconds
+            self.speculator.controller.record(sched.num_scheduled_tokens, cost, bool(sched.spec))
         return finished
 
     def _constrain(self, logits: torch.Tensor, sample_rows: np.ndarray) -> None:

@@ -64,10 +64,13 @@ class LogitsProcessing:
         self.counts = PenaltyCounts(batch.max_rows, vocab_size, dev.device)
 
     def apply(self, logits: torch.Tensor, sample_rows: np.ndarray, counter: np.ndarray,
+              extra: torch.Tensor | None = None,
               ) -> tuple[torch.Tensor, tuple[torch.Tensor | None, torch.Tensor] | None]:  # fmt: skip
         """logits fp32 [N, V] of batch rows sample_rows [N], counter [N] = tokens each row generated so
         far -> (processed copy, penalized) where penalized = (which logits rows (None: all), their
-        count slots) for `count` after sampling, or None when no row is penalized."""
+        count slots) for `count` after sampling, or None when no row is penalized. extra: float32
+        [N, V] counts added to the rows' output counts (speculation: the proposed tokens before each
+        verified position), or None."""
         b, dev, device = self.batch, self.dev, self.dev.device
         self.counts.sync(b)
         logits = logits.clone()
@@ -87,8 +90,10 @@ class LogitsProcessing:
 
         def apply_penalties(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
             prompt = self.counts.prompt.index_select(0, slots) if repetition else None
-            return penalize(x, prompt, self.counts.output.index_select(0, slots), dev.pparams.index_select(0, r),
-                            additive)  # fmt: skip
+            output = self.counts.output.index_select(0, slots)
+            if extra is not None:
+                output = output + (extra if idx is None else extra.index_select(0, idx))
+            return penalize(x, prompt, output, dev.pparams.index_select(0, r), additive)
 
         self._rows(logits, penalized, sample_rows, apply_penalties)
         return logits, (idx, slots)

@@ -24,6 +24,7 @@ from worker.engine.logits_processing import LogitsProcessing
 from worker.engine.models import CausalLM
 from worker.engine.sampler import Sampler, SamplingRows, stop_hits, to_device
 from worker.engine.scheduler import SchedulerOutput
+from worker.engine.speculation.verifier import SpecRun, Verifier
 from worker.engine.step_inputs import PromptScores, StepInputs, build_step
 
 
@@ -41,6 +42,7 @@ class InFlightStep:
     prompt: list[tuple[PromptScores, torch.Tensor]]  # prompt logprobs per scored chunk, on the host
     tokens: np.ndarray | None = None  # int64 [S], set at once when the host computed them
     hits: np.ndarray | None = None  # bool [S]: the token is a stop token of its row
+    spec: list[SpecRun] | None = None  # speculation: the verified rows' kept tokens (not in `rows`)
 
     def results(self) -> tuple[np.ndarray, np.ndarray]:
         """(token ids, stop hits), waiting for the device's copy if needed."""
@@ -95,6 +97,7 @@ class ModelRunner:
         self.batch = batch
         self.rows = DeviceRows(batch, self.device, copy=mirror)
         self.processing = LogitsProcessing(batch, self.rows, self.model.cfg.vocab_size)
+        self.verifier = Verifier(batch, self.rows, self.processing, self.sampler)
         if static_decode:
             self.graphs = DecodeGraphs(self.model, self.kv_caches, batch.max_rows, batch.block_table.shape[1],
                                        self.device)  # fmt: skip
@@ -110,6 +113,17 @@ class ModelRunner:
             self._copy_blocks(sched.copies)
         inputs = build_step(sched, self.batch, rows)
         logits = self._logits(inputs)
+        if not inputs.num_spec_logits:
+            return self._sample(inputs, logits, constrain)
+        plain = logits.shape[0] - inputs.num_spec_logits  # verify rows come last (step_inputs)
+        spec = self.verifier.verify(logits[plain:], inputs.spec)
+        step = self._sample(inputs, logits[:plain], constrain)
+        step.spec = spec
+        return step
+
+    def _sample(self, inputs: StepInputs, logits: torch.Tensor, constrain: Constrain | None) -> InFlightStep:
+        """Sample the step's sampled rows (the last of `logits`) and score its prompt rows."""
+        rows = self.rows
         sample_rows = inputs.sample_rows
         num_sampled = sample_rows.size
         sampled = logits[logits.shape[0] - num_sampled :]
@@ -203,7 +217,7 @@ class ModelRunner:
     def _logits(self, inputs: StepInputs) -> torch.Tensor:
         """fp32 logits of the step's logits rows (see step_inputs)."""
         meta = inputs.meta
-        if self.graphs is not None and not inputs.num_prefill_tokens:
+        if self.graphs is not None and not inputs.num_prefill_tokens and inputs.input_ids.shape[0] <= self.graphs.sizes[-1]:
             return self.graphs.run(inputs.input_ids, inputs.positions, meta.slot_mapping, meta.decode_context_lens,
                                    meta.decode_block_tables)  # fmt: skip
         hidden = self.model(inputs.input_ids, inputs.positions, meta, self.kv_caches)

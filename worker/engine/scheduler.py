@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -48,6 +49,9 @@ class ScheduledChunk:
     prompt_first: int = 0
     prompt_end: int = 0
     forks: tuple[Sequence, ...] = ()  # choices forked now: they sample from this chunk's last logits too
+    # speculation (SchedulerOutput.spec): seq's newest token then these proposed tokens, positions
+    # start..start+K, each run as a decode row of seq and verified (speculation/verifier.py)
+    draft: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -59,6 +63,7 @@ class SchedulerOutput:
     admitted: list[Sequence] = field(default_factory=list)  # admitted for the first time this step
     num_preempted: int = 0
     copies: list[tuple[int, int]] = field(default_factory=list)  # KV blocks to copy (src, dst) first
+    spec: list[ScheduledChunk] = field(default_factory=list)  # speculation's verify runs (decode rows)
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -68,7 +73,16 @@ class SchedulerOutput:
 
     @property
     def num_scheduled_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks) + len(self.decode_rows)
+        return sum(c.num_tokens for c in self.chunks) + len(self.decode_rows) + sum(c.num_tokens for c in self.spec)
+
+
+class SpeculationPlanner(Protocol):
+    """What the scheduler and StepOutputs call of speculation/speculator.Speculator (which imports
+    modules that import this one)."""
+
+    def plan(self, rows: np.ndarray, extra: int) -> list[tuple[int, list[int]]]: ...
+
+    def observe(self, seq: Sequence, proposed: int, accepted: int) -> None: ...
 
 
 class Scheduler:
@@ -83,6 +97,7 @@ class Scheduler:
         self.departed: dict[int, Sequence] = {}  # seq_id -> left the batch with sampled tokens in flight
         # Blocks kept free at admission so running sequences can grow without instant preemption.
         self.watermark = block_manager.num_blocks // 100
+        self.speculator: SpeculationPlanner | None = None  # set by the engine when speculative decoding is on
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -99,10 +114,12 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput([], _NO_ROWS, _NO_ROWS, [], [], 0, [])
+        out = SchedulerOutput([], _NO_ROWS, _NO_ROWS, [], [], 0, [], [])
         b = self.batch
         budget = self.config.max_num_batched_tokens
         rows = b.decode_rows()
+        if rows.size and self.speculator is not None:
+            rows, budget = self._speculate(rows, budget, out)
         if rows.size:
             bs = self.bm.block_size
             at = b.span(rows)
@@ -140,7 +157,7 @@ class Scheduler:
                 if newest is not seq:
                     self._preempt(newest)
                     out.num_preempted += 1
-                elif out.chunks or out.decode_rows.size:
+                elif out.chunks or out.decode_rows.size or out.spec:
                     self._preempt(seq)  # seq waits for blocks held by the others
                     out.num_preempted += 1
                     break
@@ -168,6 +185,30 @@ class Scheduler:
     def _release(self, seq: Sequence, position: int) -> None:
         if self.bm.release_behind(seq, position):
             self.batch.released[seq.row] = seq.num_released
+    def _speculate(self, rows: np.ndarray, budget: int, out: SchedulerOutput) -> tuple[np.ndarray, int]:
+        """Rows the speculator gives proposals verify them (their newest token + K proposed tokens as
+        1 + K decode rows of the sequence, blocks for all of them taken now; the blocks of rejected tokens are given back when
+        the step is applied); returns the decode rows left and the budget left. Blocks are taken only
+        while the decode rows' growth stays covered, so speculation never causes a preemption."""
+        b, bm = self.batch, self.bm
+        spare = bm.num_free_blocks - self.watermark - rows.size
+        spec = []
+        for r, draft in self.speculator.plan(rows, budget - rows.size):  # type: ignore[union-attr]
+            seq = b.seqs[r]
+            pos = int(b.num_computed[r])  # seq's newest token, on the host (no step in flight)
+            need = bm.blocks_for(pos + 1 + len(draft)) - len(seq.block_table)
+            if need > spare or not bm.append_slots(seq, pos + 1 + len(draft)):
+                continue
+            spare -= need
+            b.sync_blocks(seq)
+            b.num_computed[r] += 1  # as a decode row: the newest token's K/V; accepted ones are added later
+            b.num_pending[r] += 1
+            out.spec.append(ScheduledChunk(seq, pos, 1 + len(draft), True, draft=tuple(draft)))
+            budget -= 1 + len(draft)
+            spec.append(r)
+        if spec:
+            rows = rows[~np.isin(rows, spec)]
+        return rows, budget
 
     def _grow(self, grow: np.ndarray, rows: np.ndarray, out: SchedulerOutput) -> None:
         """Give each row of `grow` (decode rows whose next position needs a new block, or their own copy

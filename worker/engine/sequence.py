@@ -44,7 +44,7 @@ class Sequence:
         "seq_id", "index", "params", "token_ids", "num_prompt_tokens", "status", "_num_computed",
         "block_table", "num_released", "block_hashes", "planned_hashes", "protected_len", "num_cached_tokens", "seed",
         "finish_reason", "error", "logprobs", "prompt_logprobs", "prompt_scored", "text", "batch", "row",
-        "in_flight", "choice", "forks", "group", "constraint_state",
+        "in_flight", "choice", "forks", "group", "constraint_state", "spec",
     )  # fmt: skip
 
     def __init__(
@@ -84,6 +84,7 @@ class Sequence:
         # the position in params.constraint's grammar (a ConstraintState), made on the first masked
         # step; it holds exactly the generated tokens, which preemption keeps, so it never rewinds
         self.constraint_state: ConstraintState | None = None
+        self.spec: object | None = None  # speculation's per-sequence state (speculation/speculator.py)
 
     @property
     def num_computed_tokens(self) -> int:

@@ -27,6 +27,19 @@ class StatsSnapshot:
     decode_seconds: float = 0.0
     constrained_requests: int = 0  # requests (choices) decoded under a structured-output constraint
     mask_seconds: float = 0.0  # host time spent filling their allowed-token masks
+    spec_runs: int = 0  # speculation: sequences verified (one per sequence and verify step)
+    spec_proposed_tokens: int = 0  # tokens proposed and verified
+    spec_accepted_tokens: int = 0  # of those, accepted (each verified sequence also gets one own token)
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        """Accepted / proposed tokens (0.0 when nothing was proposed)."""
+        return self.spec_accepted_tokens / self.spec_proposed_tokens if self.spec_proposed_tokens else 0.0
+
+    @property
+    def spec_mean_accepted_length(self) -> float:
+        """Tokens a verified sequence gained per verify step: accepted + its own (0.0 without any)."""
+        return (self.spec_accepted_tokens + self.spec_runs) / self.spec_runs if self.spec_runs else 0.0
 
     def __sub__(self, other: StatsSnapshot) -> StatsSnapshot:
         return StatsSnapshot(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
@@ -47,6 +60,9 @@ class EngineStats:
     decode_seconds: float = 0.0
     constrained_requests: int = 0
     mask_seconds: float = 0.0
+    spec_runs: int = 0
+    spec_proposed_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
     def add_busy(self, seconds: float, prefill_tokens: int, decode_tokens: int) -> None:
         """Count one step's `seconds`, shared between prefill and decode by the step's token counts

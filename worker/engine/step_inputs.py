@@ -8,6 +8,13 @@ part with a few numpy operations over the PersistentBatch rows, whatever the bat
 Logits rows: prompt-logprob rows of the chunks first, then the sampling rows (chunks that reach their
 sequence's last token, then every decode row), so the sampled logits are one contiguous slice. A chunk
 that forks choices (n > 1) has its last row repeated once per forked choice.
+
+Speculation's verify runs (`sched.spec`: a sequence's newest token then its K proposed tokens) are
+decode rows too, after the plain ones: row j of a run is a query at position start + j over the
+sequence's own block table with context start + j + 1. Every row's K/V is stored before any row
+attends (each layer), so the run is causal over its own tokens, and a verify step stays a pure decode
+step (the CPU's decode stack, CUDA graphs). Their logits come last (`num_spec_logits`) and are not
+in `sample_rows`: the verifier samples them.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ class StepInputs:
     num_prefill_tokens: int  # T - decode rows
     decode_rows: np.ndarray  # int64 [D]
     decode_positions: np.ndarray  # int64 [D]
+    spec: tuple = ()  # sched.spec: the verify runs, in logits order
+    num_spec_logits: int = 0  # their rows: the last ones, 1 + K per run
 
 
 def _pad(tables: list[list[int]], width: int) -> np.ndarray:
@@ -65,9 +74,19 @@ def decode_tables(dev: DeviceRows, rows: np.ndarray, rows_dev: torch.Tensor, wid
     return dev.block_table.index_select(0, rows_dev)[:, :width]
 
 
+def verify_rows(sched: SchedulerOutput) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(batch row, position, input id) int64 [M] of every row of the verify runs."""
+    rows = np.concatenate([np.full(c.num_tokens, c.seq.row, np.int64) for c in sched.spec])
+    pos = np.concatenate([np.arange(c.start, c.start + c.num_tokens, dtype=np.int64) for c in sched.spec])
+    ids = np.asarray([t for c in sched.spec for t in (c.seq.token_ids[c.start], *c.draft)], np.int64)
+    return rows, pos, ids
+
+
 def decode_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) -> StepInputs:
     """build_step for a step of decode rows only (the steady state): a handful of numpy operations,
     views instead of gathers when the rows are the first n."""
+    if sched.spec:
+        return _with_verify(sched, batch, dev)
     bs = batch.block_size
     rows, pos = sched.decode_rows, sched.decode_positions
     at = batch.span(rows)
@@ -87,6 +106,27 @@ def decode_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows)
         decode_context_lens=to_device((pos + 1).astype(np.int32), dev.device), decode_block_tables=tables,
     )  # fmt: skip
     return StepInputs(ids, to_device(pos, dev.device), meta, None, rows, True, [], 0, rows, pos)
+
+
+def _with_verify(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) -> StepInputs:
+    """A pure decode step whose last rows are verify runs (see the module docstring)."""
+    bs, device = batch.block_size, dev.device
+    vrows, vpos, vids = verify_rows(sched)
+    rows = np.concatenate([sched.decode_rows, vrows])
+    pos = np.concatenate([sched.decode_positions, vpos])
+    slots = batch.block_table[rows, pos // bs].astype(np.int64) * bs + pos % bs
+    slots[pos < batch.protected[rows]] = -1
+    rows_dev = to_device(rows, device)
+    ids = to_device(vids, device)
+    if sched.decode_rows.size:
+        ids = torch.cat([dev.last_token.index_select(0, rows_dev[: sched.decode_rows.size]), ids])
+    meta = AttentionMetadata(
+        slot_mapping=to_device(slots, device), num_prefill_tokens=0,
+        decode_context_lens=to_device((pos + 1).astype(np.int32), device),
+        decode_block_tables=dev.block_table.index_select(0, rows_dev)[:, : int(pos.max()) // bs + 1],
+    )  # fmt: skip
+    return StepInputs(ids, to_device(pos, device), meta, None, sched.decode_rows, True, [], 0, sched.decode_rows,
+                      sched.decode_positions, tuple(sched.spec), vrows.size)  # fmt: skip
 
 
 def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) -> StepInputs:
@@ -126,8 +166,12 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
     num_prefill = len(ids)
     forked = any(c.forks for c in sched.chunks)
     rows, pos = sched.decode_rows, sched.decode_positions
-    num_decode = rows.size
     all_sample_rows = np.concatenate([np.asarray(sample_rows, np.int64), rows])
+    vids = None
+    if sched.spec:  # verify runs: decode rows after the plain ones (module docstring)
+        vrows, vpos, vids = verify_rows(sched)
+        rows, pos = np.concatenate([rows, vrows]), np.concatenate([pos, vpos])
+    num_decode = rows.size
     meta_args: dict = {
         "num_prefill_tokens": num_prefill,  # > 0: there are chunks
         "prefill_cu_seqlens_q": to_device(np.asarray(cu, np.int32), device),
@@ -143,10 +187,15 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
         rows_dev = to_device(rows, device)
         meta_args.update(
             decode_context_lens=to_device((pos + 1).astype(np.int32), device),
-            decode_block_tables=decode_tables(dev, rows, rows_dev, int(pos.max()) // bs + 1),
+            decode_block_tables=decode_tables(dev, rows, rows_dev, int(pos.max()) // bs + 1) if vids is None
+            else dev.block_table.index_select(0, rows_dev)[:, : int(pos.max()) // bs + 1],
         )
         all_slots = np.concatenate([all_slots, dslots])
-        input_ids = torch.cat([input_ids, dev.last_token.index_select(0, rows_dev)])
+        if vids is None:
+            input_ids = torch.cat([input_ids, dev.last_token.index_select(0, rows_dev)])
+        else:
+            plain = sched.decode_rows.size
+            input_ids = torch.cat([input_ids, dev.last_token.index_select(0, rows_dev[:plain]), to_device(vids, device)])
     logit_hidden = prompt_hidden + sample_hidden  # then the decode rows
     total = num_prefill + num_decode
     logit_rows = None
@@ -168,5 +217,6 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
                                device)  # fmt: skip
     meta = AttentionMetadata(slot_mapping=to_device(all_slots, device), **meta_args)
     return StepInputs(input_ids, to_device(all_pos, device), meta, logit_rows, all_sample_rows, not sample_rows,
-                      prompt, num_prefill, rows, pos)  # fmt: skip
+                      prompt, num_prefill, sched.decode_rows, sched.decode_positions, tuple(sched.spec),
+                      0 if vids is None else vids.size)  # fmt: skip
 

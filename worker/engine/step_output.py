@@ -19,6 +19,7 @@ import numpy as np
 from worker.engine.model_runner import InFlightStep
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence
+from worker.engine.speculation.verifier import SpecRun
 from worker.engine.stats import EngineStats
 from worker.engine.structured_outputs import StructuredOutputs
 
@@ -32,6 +33,54 @@ class StepOutputs:
 
     def apply(self, step: InFlightStep) -> list[Sequence]:
         """Wait for the step's results and apply them; returns the sequences that finished."""
+        finished = self._apply(step)
+        if step.spec:
+            finished.extend(self._apply_spec(step.spec))
+        return finished
+
+    def _apply_spec(self, runs: list[SpecRun]) -> list[Sequence]:
+        """Speculation's verified rows: their kept tokens one by one, each checked for a stop (token,
+        string) and the length limit as a decoded token is; a finish drops the tokens after it. The
+        row keeps the K/V of its accepted tokens (num_computed) and gives back the blocks past them."""
+        b, sched = self.batch, self.scheduler
+        finished = []
+        for run in runs:
+            seq, row = run.seq, run.row
+            self.stats.spec_runs += 1
+            self.stats.spec_proposed_tokens += run.proposed
+            self.stats.spec_accepted_tokens += run.accepted
+            if sched.speculator is not None:
+                sched.speculator.observe(seq, run.proposed, run.accepted)
+            stops = b.stop_ids[row]
+            done = None
+            for i, token in enumerate(run.tokens):
+                seq.token_ids.append(token)
+                b.num_tokens[row] += 1
+                if i == 0:
+                    b.num_pending[row] -= 1
+                else:
+                    b.num_computed[row] += 1  # the K/V of the accepted token before this one stays
+                self.stats.decode_tokens += 1
+                if run.logprobs is not None and seq.logprobs is not None:
+                    seq.logprobs.append(run.logprobs[i])
+                if (stops == token).any() or (seq.params.stop and self.stop_string(seq)):
+                    done = "stop"
+                elif len(seq.token_ids) >= b.limit[row]:
+                    done = "length"
+                if done is not None:
+                    break
+            if done is not None:
+                seq.finish(done)
+                sched.finish(seq)
+                finished.append(seq)
+                continue
+            sched.bm.truncate(seq, len(seq.token_ids))  # rollback: the rejected tokens' blocks
+            b.trim_blocks(seq)
+            if sched.bm.enable_prefix_caching:
+                sched.commit_rows(np.array([row]))
+        return finished
+
+    def _apply(self, step: InFlightStep) -> list[Sequence]:
         tokens, hits = step.results()
         for scores, logp in step.prompt:
             if not scores.seq.is_finished:

@@ -54,6 +54,10 @@ class Tokenizer:
         self._bos_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
         self.vocab_size = self._tok.get_vocab_size()
 
+    def vocab(self) -> dict[str, int]:
+        """Token string -> id, added tokens included (a draft model's tokenizer must equal its target's)."""
+        return self._tok.get_vocab(with_added_tokens=True)
+
     @staticmethod
     def _read(path: Path) -> dict[str, Any]:
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}

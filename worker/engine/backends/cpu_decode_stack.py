@@ -110,8 +110,11 @@ class ModelDecodeStack:
             return False
         if rows > 1 and tables.device.type == "cpu" and not self._windowed:
             first = tables[:, 0].numpy()
-            if (first == first[0]).all() and decode_shared_blocks(tables, lens.tolist(), self._block_size):
-                return False  # a shared prefix: the op-by-op cascade reads it once
+            # a prefix shared by several sequences: the op-by-op cascade reads it once; the rows of one
+            # sequence (speculation's verify rows: identical tables) read it per row here, still cheaper
+            if ((first == first[0]).all() and decode_shared_blocks(tables, lens.tolist(), self._block_size)
+                    and not (tables == tables[0]).all()):  # fmt: skip
+                return False
         return True
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

@@ -1,0 +1,153 @@
+"""Speculative decoding on the reference model: tokens per CPU second with and without each proposer.
+
+Tasks (greedy, the tokens checked identical to plain decoding's):
+- continuation: windows of the held-out standard-library files (train_reference.heldout_files) as
+  prompts, the model continues them;
+- copy: prompts that hold the text the continuation repeats (a held-out code span, a comment asking
+  for it again, and the span's first tokens), the shape of extraction, code edits and RAG answers.
+
+At batch 1, 8 and 64 (batch 1: the prompts one at a time; others: that many prompts in one generate
+call, max_num_seqs = the batch), one torch thread, CPU seconds (process time: the work done, whatever
+else runs on a shared machine; --repeats runs per cell and engine, interleaved, the fastest counts).
+Engines: plain; ngram (adaptive: per-sequence K and the measured on/off controller); ngram-always
+(adaptive off: every proposal verified, which is what the controller saves at large batch); draft
+and draft-always, the same with the 2-layer draft model examples/models/pycoder-tiny-draft proposing
+(greedy). "plan us": host CPU microseconds per step spent choosing rows and proposing (for the
+draft, its forwards included). Both sides run in this one process, interleaved per cell.
+
+    .venv/bin/python bench/speculative.py [--tokens 96] [--batches 1,8,64] [--k 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_reference  # noqa: E402  (the held-out split's definition)
+
+from worker.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from worker.engine.speculation.config import SpeculativeConfig  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "examples" / "models" / "pycoder-tiny"
+DRAFT = ROOT / "examples" / "models" / "pycoder-tiny-draft"  # bench/train_reference.py's draft recipe
+
+
+def stream(engine: Engine, need: int) -> list[int]:
+    eos = min(engine.tokenizer.eos_token_ids)
+    out: list[int] = []
+    for _, text in train_reference.heldout_files():
+        out += engine.tokenizer.encode(text) + [eos]
+        if len(out) >= need:
+            return out
+    raise SystemExit(f"held-out split has only {len(out)} tokens")
+
+
+def tasks(engine: Engine, n: int) -> dict[str, list[list[int]]]:
+    """n prompts per task, disjoint held-out spans."""
+    ids = stream(engine, n * 256 + 256)
+    ask = engine.tokenizer.encode("\n\n# The code above, repeated exactly:\n")
+    cont, copy = [], []
+    for i in range(n):
+        span = ids[i * 256 : i * 256 + 128]
+        cont.append(span)
+        copy.append(span[:96] + ask + span[:16])
+    return {"continuation": cont, "copy": copy}
+
+
+class PlanTimer:
+    """Wraps an engine's Speculator.plan: host seconds spent choosing rows and proposing, per step."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.seconds, self.calls = 0.0, 0
+        spec = engine.speculator
+        if spec is not None:
+            plan = spec.plan
+
+            def timed(rows, extra):  # noqa: ANN001, ANN202
+                t0 = time.process_time()
+                try:
+                    return plan(rows, extra)
+                finally:
+                    self.seconds += time.process_time() - t0
+                    self.calls += 1
+
+            spec.plan = timed  # type: ignore[method-assign]
+
+
+def run(engine: Engine, prompts: list[list[int]], batch: int, tokens: int, timer: PlanTimer) -> tuple:
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+    before = engine.stats.snapshot()
+    s0, n0 = timer.seconds, timer.calls
+    c0 = time.process_time()
+    outs = []
+    for i in range(0, len(prompts), batch):
+        outs += engine.generate(prompts[i : i + batch], params)
+    cpu = time.process_time() - c0
+    plan_us = (timer.seconds - s0) / max(1, timer.calls - n0) * 1e6
+    return cpu, [o.token_ids for o in outs], engine.stats.snapshot() - before, plan_us
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=96, help="generated tokens per prompt")
+    ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--k", type=int, default=4, help="speculative tokens K")
+    ap.add_argument("--draft", type=Path, default=DRAFT, help="draft checkpoint (skipped when missing)")
+    ap.add_argument("--repeats", type=int, default=2, help="runs per cell and engine, interleaved; the fastest counts")
+    ap.add_argument("--prompts-at-1", type=int, default=8, help="prompts run one at a time for batch 1")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    batches = [int(b) for b in args.batches.split(",")]
+    top = max(batches)
+    base = {"num_threads": 1, "max_num_seqs": top, "max_model_len": 512}
+    configs = {
+        "plain": None,
+        "ngram": SpeculativeConfig("ngram", args.k),
+        "ngram-always": SpeculativeConfig("ngram", args.k, adaptive=False),
+    }
+    if args.draft.is_dir():
+        configs["draft"] = SpeculativeConfig("draft", args.k, str(args.draft))
+        configs["draft-always"] = SpeculativeConfig("draft", args.k, str(args.draft), adaptive=False)
+    engines = {name: Engine.from_pretrained(MODEL, EngineConfig(speculative=s, **base)) for name, s in configs.items()}
+    timers = {name: PlanTimer(e) for name, e in engines.items()}
+    work = tasks(engines["plain"], top)
+    print(f"model {MODEL.name}, {args.tokens} tokens per prompt, K = {args.k}, CPU seconds, 1 thread")
+    print(f"{'task':13} {'batch':>5} {'engine':13} {'tok/s':>8} {'ratio':>6} {'accept':>7} {'mean len':>8} "
+          f"{'plan us':>8} {'same':>5}")  # fmt: skip
+    for task, prompts in work.items():
+        for batch in batches:
+            chosen = prompts[: args.prompts_at_1] if batch == 1 else prompts[:batch]
+            results: dict[str, tuple] = {}
+            for _ in range(args.repeats):  # interleaved; the fastest run of each engine counts
+                for name, e in engines.items():
+                    r = run(e, chosen, batch, args.tokens, timers[name])
+                    if name not in results or r[0] < results[name][0]:
+                        results[name] = r
+            plain_rate = len(chosen) * args.tokens / results["plain"][0]
+            for name, (cpu, toks, st, plan_us) in results.items():
+                rate = len(chosen) * args.tokens / cpu
+                accept = f"{st.spec_acceptance_rate:.2f}" if st.spec_proposed_tokens else "-"
+                mean = f"{st.spec_mean_accepted_length:.2f}" if st.spec_runs else "-"
+                same = "yes" if toks == results["plain"][1] else "NO"
+                plan = f"{plan_us:.0f}" if name != "plain" else "-"
+                print(f"{task:13} {batch:>5} {name:13} {rate:8.0f} {rate / plain_rate:6.2f} {accept:>7} {mean:>8} "
+                      f"{plan:>8} {same:>5}")  # fmt: skip
+    ctrl = engines["ngram-always"].speculator.controller  # type: ignore[union-attr]
+    print("measured CPU ms per pure decode / verify step by rows (ngram-always engine's controller):")
+    print("  " + ", ".join(f"{rows}: {sec * 1e3:.2f}" for rows, sec in ctrl.table().items()))
+    print(f"crossover: a verify step of every sequence with K = {args.k} pays when a sequence gains more tokens"
+          " per step than cost(B x (K + 1)) / cost(B):")  # fmt: skip
+    for batch in batches:
+        wide, narrow = ctrl.cost(batch * (args.k + 1)), ctrl.cost(batch)
+        if wide and narrow:
+            print(f"  batch {batch:>3}: break-even mean accepted length {wide / narrow:.2f}")
+
+
+if __name__ == "__main__":
+    main()

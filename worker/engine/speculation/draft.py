@@ -1,0 +1,170 @@
+"""DraftModel: a smaller checkpoint with the target's tokenizer proposes by greedy decoding.
+
+It lives in the same engine with its own paged KV cache (its own ModelRunner and BlockManager, no
+prefix cache) and the target's backend. Per speculating sequence it keeps the blocks of the tokens it
+has computed (`_DraftSeq`). A proposal of k tokens: one forward over each sequence's tokens the
+draft has not computed yet (a prompt the first time; after a verify step, the target's own token and
+any accepted token the draft had not stored), whose last logits give d_1, then k - 1 decode steps;
+all speculating sequences run batched. After verification the draft forgets the K/V past the
+accepted tokens (`rollback`). Greedy proposals are deterministic (q is one-hot), so the verifier's
+rule keeps the target's distribution exactly also for sampled rows.
+
+Refused before any row runs (ValueError): a folder that does not load, another vocabulary size, a
+tokenizer with another vocabulary or other EOS ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import structlog
+import torch
+
+from worker.engine.backends.base import AttentionMetadata, Backend
+from worker.engine.block_manager import BlockManager
+from worker.engine.config import EngineConfig
+from worker.engine.loader import load_model
+from worker.engine.model_runner import ModelRunner
+from worker.engine.sampler import to_device
+from worker.engine.sequence import Sequence
+from worker.engine.tokenizer import Tokenizer
+
+log = structlog.get_logger(__name__)
+
+
+class _DraftSeq:
+    """What the BlockManager reads of a sequence, for the draft's copy of one target sequence."""
+
+    __slots__ = ("block_table", "block_hashes", "planned_hashes", "num_released", "computed", "seq")
+
+    def __init__(self, seq: Sequence) -> None:
+        self.block_table: list[int] = []
+        self.num_released = 0  # the draft's manager has no window: it never releases blocks
+        self.block_hashes: list[int] = []
+        self.planned_hashes: list[int] = []
+        self.computed = 0  # positions [0, computed) have the draft's K/V
+        self.seq = seq
+
+
+class DraftModel:
+    def __init__(self, path: str, config: EngineConfig, backend: Backend, tokenizer: Tokenizer, vocab_size: int,
+                 max_model_len: int) -> None:  # fmt: skip
+        folder = Path(path)
+        try:
+            draft_tok = Tokenizer(folder)
+            model = load_model(folder, dataclasses.replace(config, quantization=None), backend, max_model_len)
+        except Exception as exc:  # noqa: BLE001 (any failure to load is the same user error)
+            raise ValueError(f"the draft model {path} does not load ({type(exc).__name__}: {exc}); "
+                             "pass a Hugging Face checkpoint folder with config.json, safetensors and "
+                             "tokenizer.json") from None  # fmt: skip
+        if model.cfg.vocab_size != vocab_size:
+            raise ValueError(f"the draft model {path} has a vocabulary of {model.cfg.vocab_size} tokens, the "
+                             f"model {vocab_size}; a draft must share the model's tokenizer")  # fmt: skip
+        if draft_tok.vocab() != tokenizer.vocab() or set(draft_tok.eos_token_ids) != set(tokenizer.eos_token_ids):
+            raise ValueError(f"the draft model {path} has another tokenizer than the model (vocabulary or EOS "
+                             "ids differ); a draft must share the model's tokenizer")  # fmt: skip
+        self.block_size = config.block_size
+        cfg = model.cfg
+        per_block = ModelRunner.kv_bytes_per_block(model, config.block_size, config.torch_dtype)
+        want = config.max_num_seqs * -(-max_model_len // config.block_size) + 1  # every row at full length
+        budget = (config.kv_cache_bytes or 1 << 30) // 4  # at most a quarter of the target's budget
+        num_blocks = max(1, min(want, budget // per_block))
+        self.runner = ModelRunner(model, num_blocks, config.block_size, config.torch_device, config.torch_dtype,
+                                  config.decode_stack)  # fmt: skip
+        self.bm = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)
+        self.kv_bytes = num_blocks * per_block  # taken out of the target's KV budget
+        self.device = config.torch_device
+        self.states: dict[int, _DraftSeq] = {}  # target seq_id -> the draft's copy
+        log.info("draft_model_ready", path=path, layers=cfg.num_layers, hidden=cfg.hidden_size, num_blocks=num_blocks)
+
+    # ---- proposing ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        """Greedy proposals of ks[i] tokens for seqs[i] ([] where the draft's cache has no room)."""
+        self._forget_finished()
+        live, ends = [], []
+        for i, seq in enumerate(seqs):
+            st = self.states.get(seq.seq_id)
+            if st is None:
+                st = self.states[seq.seq_id] = _DraftSeq(seq)
+            n = len(seq.token_ids)
+            if self.bm.append_slots(st, n + ks[i] - 1):  # type: ignore[arg-type]
+                live.append(i)
+                ends.append(n)
+        out: list[list[int]] = [[] for _ in seqs]
+        if not live:
+            return out
+        states = [self.states[seqs[i].seq_id] for i in live]
+        tokens = self._catch_up(states, ends)
+        for i, t in zip(live, tokens.tolist(), strict=True):
+            out[i].append(t)
+        for j in range(1, max(ks[i] for i in live)):
+            rows = [r for r, i in enumerate(live) if ks[i] > j]
+            tokens = self._decode([states[r] for r in rows], [ends[r] - 1 + j for r in rows],
+                                  [out[live[r]][-1] for r in rows])  # fmt: skip
+            for r, t in zip(rows, tokens.tolist(), strict=True):
+                out[live[r]].append(t)
+        for r, i in enumerate(live):
+            states[r].computed = ends[r] + ks[i] - 1
+        return out
+
+    def rollback(self, seq: Sequence, accepted: int) -> None:
+        """seq (still holding the tokens before its verify run) kept `accepted` proposals: the draft's
+        K/V of the rejected ones is forgotten (recomputed by the next catch-up if ever needed)."""
+        st = self.states.get(seq.seq_id)
+        if st is not None:
+            st.computed = min(st.computed, len(seq.token_ids) + accepted)
+
+    def _forget_finished(self) -> None:
+        for seq_id in [i for i, st in self.states.items() if st.seq.is_finished]:
+            self.bm.free(self.states.pop(seq_id))  # type: ignore[arg-type]
+
+    # ---- forwards -------------------------------------------------------------------------
+    def _slots(self, st: _DraftSeq, positions: range | list[int]) -> list[int]:
+        bs = self.block_size
+        return [st.block_table[p // bs] * bs + p % bs for p in positions]
+
+    def _tables(self, states: list[_DraftSeq], width: int) -> torch.Tensor:
+        out = np.zeros((len(states), width), np.int32)
+        for r, st in enumerate(states):
+            out[r, : min(width, len(st.block_table))] = st.block_table[:width]
+        return to_device(out, self.device)
+
+    def _catch_up(self, states: list[_DraftSeq], ends: list[int]) -> np.ndarray:
+        """One prefill over each sequence's uncomputed tokens [computed, end); the greedy next token."""
+        ids, pos, slots, cu, last = [], [], [], [0], []
+        for st, end in zip(states, ends, strict=True):
+            lo = min(st.computed, end - 1)  # the newest token always runs: its logits propose
+            ids += st.seq.token_ids[lo:end]
+            pos += range(lo, end)
+            slots += self._slots(st, range(lo, end))
+            cu.append(len(ids))
+            last.append(len(ids) - 1)
+        dev, bs = self.device, self.block_size
+        width = max(-(-e // bs) for e in ends)
+        tables = self._tables(states, width)
+        lens = to_device(np.asarray(ends, np.int32), dev)
+        meta = AttentionMetadata(
+            slot_mapping=to_device(np.asarray(slots, np.int64), dev), num_prefill_tokens=len(ids),
+            prefill_cu_seqlens_q=to_device(np.asarray(cu, np.int32), dev), prefill_context_lens=lens,
+            prefill_block_tables=tables, output_rows=to_device(np.asarray(last, np.int64), dev),
+            output_context_lens=lens, output_block_tables=tables,
+        )  # fmt: skip
+        return self._greedy(to_device(np.asarray(ids, np.int64), dev), to_device(np.asarray(pos, np.int64), dev), meta)
+
+    def _decode(self, states: list[_DraftSeq], positions: list[int], ids: list[int]) -> np.ndarray:
+        dev, bs = self.device, self.block_size
+        slots = [self._slots(st, [p])[0] for st, p in zip(states, positions, strict=True)]
+        meta = AttentionMetadata(
+            slot_mapping=to_device(np.asarray(slots, np.int64), dev), num_prefill_tokens=0,
+            decode_context_lens=to_device(np.asarray(positions, np.int32) + 1, dev),
+            decode_block_tables=self._tables(states, max(positions) // bs + 1),
+        )  # fmt: skip
+        return self._greedy(to_device(np.asarray(ids, np.int64), dev), to_device(np.asarray(positions, np.int64), dev),
+                            meta)  # fmt: skip
+
+    def _greedy(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> np.ndarray:
+        hidden = self.runner.hidden_states(ids, positions, meta)
+        return self.runner.model.compute_logits(hidden).argmax(-1).cpu().numpy()

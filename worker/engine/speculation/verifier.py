@@ -1,0 +1,144 @@
+"""Verifier: a verify step's logits -> the tokens each speculating sequence keeps.
+
+A verify chunk holds a sequence's newest token then its K proposed tokens d_1..d_K; the logits at its
+position j give the target's distribution for the token after d_j (d_0 = the newest token). Each
+position is processed and sampled exactly as a plain decode step of that token would be: counter
+(the token's index, which seeds its uniform and gates min_tokens) = tokens generated before it, and
+the penalties count d_1..d_j as generated (`extra`). Call t_j the token the target draws there.
+
+Acceptance (deterministic proposers: prompt lookup, a greedy draft, i.e. q = one-hot at d_j): accept
+d_{j+1} while t_j == d_{j+1}; the first t_j that differs (or t_K when all were accepted: the bonus
+token) ends the run. Greedy rows keep exactly the argmax tokens. For a drawing row this is the
+Leviathan / Chen rejection rule for a one-hot q: d is accepted with probability p(d), and a rejected
+position yields t_j ~ p conditioned on t_j != d = norm(max(0, p - q)), the rule's residual. Because
+t_j uses the same counter-based uniform as the plain step, a seeded row's tokens are the very tokens
+it gets without speculation. Structured outputs (not integrated yet: constrained rows do not
+speculate, speculator.py): `allowed` below is where the grammar cuts a run (ConstraintState.validate
+(draft) = how many proposals the grammar accepts), and each verified position's logits would take
+the grammar's mask before processing and sampling (ConstraintState.fill_run: the masks along the
+draft), so the target's own token is masked like any sampled token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from worker.engine.batch_state import PersistentBatch
+from worker.engine.device_rows import DeviceRows
+from worker.engine.logits_processing import LogitsProcessing
+from worker.engine.sampler import Sampler, SamplingRows, to_device
+from worker.engine.scheduler import ScheduledChunk
+from worker.engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class SpecRun:
+    """One verified sequence: `tokens` = its accepted proposals, then the target's own token."""
+
+    seq: Sequence
+    row: int
+    proposed: int  # K
+    tokens: list[int]
+    logprobs: list[dict[int, float]] | None  # per token in `tokens`, when the request asked
+
+    @property
+    def accepted(self) -> int:
+        return len(self.tokens) - 1
+
+
+class Verifier:
+    def __init__(self, batch: PersistentBatch, dev: DeviceRows, processing: LogitsProcessing, sampler: Sampler) -> None:
+        self.batch = batch
+        self.dev = dev
+        self.processing = processing
+        self.sampler = sampler
+
+    def verify(self, logits: torch.Tensor, chunks: tuple[ScheduledChunk, ...]) -> list[SpecRun]:
+        """logits fp32 [M, V]: the chunks' rows in order (1 + K each) -> one SpecRun per chunk. Writes
+        each row's newest token (host and device) and counts the kept tokens for the penalties."""
+        b, device = self.batch, self.dev.device
+        rows = np.fromiter((c.seq.row for c in chunks), np.int64, len(chunks))
+        sizes = np.fromiter((c.num_tokens for c in chunks), np.int64, len(chunks))
+        starts = np.cumsum(sizes) - sizes
+        per = np.repeat(rows, sizes)  # batch row of each logits row
+        offset = np.arange(per.size) - np.repeat(starts, sizes)
+        counter = np.repeat(b.num_tokens[rows] - b.num_prompt[rows], sizes) + offset
+        drawing = b.num_drawing and b.temperature[rows].any()
+        processing = b.num_processed and b.processed[rows].any()
+        penalized = None
+        if device.type == "cpu" and not drawing and not processing:
+            targets = logits.numpy().argmax(-1)
+        else:
+            per_dev = to_device(per, device)
+            params = SamplingRows(
+                b.temperature[per], b.top_k[per], b.top_p[per], self.dev.fparams.index_select(0, per_dev),
+                self.dev.iparams.index_select(0, per_dev), to_device(counter, device), b.min_p[per],
+            )  # fmt: skip
+            x = logits
+            if processing:
+                extra = self._proposal_counts(chunks, starts, logits) if b.penalized[rows].any() else None
+                x, penalized = self.processing.apply(logits, per, counter, extra)
+            targets = self.sampler.sample(x, params).cpu().numpy()
+        runs = []
+        for i, c in enumerate(chunks):
+            t = targets[starts[i] : starts[i] + sizes[i]]
+            a = 0
+            allowed = len(c.draft)  # structured outputs: how many of the proposals the grammar allows
+            while a < allowed and t[a] == c.draft[a]:
+                a += 1
+            runs.append(SpecRun(c.seq, int(rows[i]), len(c.draft), t[: a + 1].tolist(), None))
+        last = np.fromiter((r.tokens[-1] for r in runs), np.int64, len(runs))
+        b.last_token[rows] = last  # the next decode step's input
+        if self.dev.copy:
+            self.dev.last_token.index_copy_(0, to_device(rows, device), to_device(last, device))
+        if penalized is not None:
+            self._count(runs)
+        if b.num_special and (b.logprobs_k[rows] >= 0).any():
+            self._logprobs(logits, runs, starts)
+        return runs
+
+    def _proposal_counts(self, chunks: tuple[ScheduledChunk, ...], starts: np.ndarray,
+                         logits: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """float32 [M, V]: row starts[i] + j counts chunk i's proposals d_1..d_j (generated before it)."""
+        at = np.concatenate([starts[i] + 1 + np.arange(len(c.draft)) for i, c in enumerate(chunks)])
+        ids = np.concatenate([np.asarray(c.draft, np.int64) for c in chunks])
+        device = logits.device
+        marks = torch.zeros(logits.shape, dtype=torch.float32, device=device)
+        marks[to_device(at, device), to_device(ids, device)] = 1.0
+        total = marks.cumsum(0)  # minus the total before each chunk's first row (which has no mark)
+        first = np.repeat(starts, [c.num_tokens for c in chunks])
+        return total - total.index_select(0, to_device(first, device))
+
+    def _count(self, runs: list[SpecRun]) -> None:
+        """Count the kept tokens of the penalized rows (PenaltyCounts), like sampled tokens."""
+        b, device = self.batch, self.dev.device
+        kept = [r for r in runs if b.penalized[r.row]]
+        if not kept:
+            return
+        slot_of = self.processing.counts.slot_of_row
+        slots = np.concatenate([np.full(len(r.tokens), slot_of[r.row], np.int64) for r in kept])
+        tokens = np.concatenate([np.asarray(r.tokens, np.int64) for r in kept])
+        self.processing.counts.count(to_device(slots, device), to_device(tokens, device))
+
+    def _logprobs(self, logits: torch.Tensor, runs: list[SpecRun], starts: np.ndarray) -> None:
+        """SpecRun.logprobs of the raw distribution at each kept token's position (as plain decode)."""
+        ks = self.batch.logprobs_k
+        want = [i for i, r in enumerate(runs) if ks[r.row] >= 0]
+        at = np.concatenate([starts[i] + np.arange(len(runs[i].tokens)) for i in want])
+        tokens = np.concatenate([np.asarray(runs[i].tokens, np.int64) for i in want])
+        device = logits.device
+        values, ids, chosen = self.sampler.logprobs(logits.index_select(0, to_device(at, device)),
+                                                    to_device(tokens, device), int(ks[[runs[i].row for i in want]].max()))  # fmt: skip
+        values, ids, chosen = values.cpu().tolist(), ids.cpu().tolist(), chosen.cpu().tolist()
+        j = 0
+        for i in want:
+            run, k = runs[i], int(ks[runs[i].row])
+            run.logprobs = []
+            for token in run.tokens:
+                entry = dict(zip(ids[j][:k], values[j][:k], strict=True))
+                entry[token] = chosen[j]
+                run.logprobs.append(entry)
+                j += 1
