@@ -47,3 +47,32 @@ def mixed_prompts(seed: int = 0) -> list[list[int]]:
         base[:100],
         rand(300),
     ]
+
+
+def greedy_run(path: object, **config: object) -> tuple[list[list[int]], object]:
+    """The engine's greedy MAX_NEW tokens for each of mixed_prompts() (8 MiB of KV unless `config`
+    says otherwise), every request ending by length, the block manager's invariants held after."""
+    from worker.engine import Engine, EngineConfig, SamplingParams
+
+    engine = Engine.from_pretrained(path, EngineConfig(**{"kv_cache_bytes": 8 << 20, **config}))
+    outs = engine.generate(mixed_prompts(), SamplingParams(max_tokens=MAX_NEW, ignore_eos=True))
+    assert all(o.finish_reason == "length" and o.error is None for o in outs), [o.error for o in outs]
+    engine.block_manager.check_invariants([])
+    return [o.token_ids for o in outs], engine
+
+
+def prompt_logprobs_error(ckpt: object, count: int = 5) -> float:
+    """The largest gap between the engine's prompt log-probabilities and transformers' over the first
+    `count` multi-token prompts of mixed_prompts() (ckpt: a conftest checkpoint, .path and .model)."""
+    from worker.engine import Engine, EngineConfig, SamplingParams
+
+    prompts = [p for p in mixed_prompts() if len(p) > 1][:count]
+    engine = Engine.from_pretrained(
+        ckpt.path, EngineConfig(kv_cache_bytes=8 << 20, max_num_batched_tokens=64, max_num_seqs=4)
+    )
+    outs = engine.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=True))
+    return max(
+        abs(a - b)
+        for out, prompt in zip(outs, prompts, strict=True)
+        for a, b in zip(out.prompt_logprobs[1:], hf_prompt_logprobs(ckpt.model, prompt), strict=True)
+    )
