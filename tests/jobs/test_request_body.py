@@ -9,18 +9,12 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from batch_rows import JSONL_PLAN, USER, job_spec, one_request
 
 from jobs.batch_input import read_batch
 from jobs.manifest import InputFile, InputPlan
-from jobs.spec import JobSpec, SamplingSpec
 from worker.row_engine import sampling_params
 from worker.row_requests import RowRequest, build_requests
-
-USER = [{"role": "user", "content": "hi"}]
-JSONL_PLAN = InputPlan(
-    format="jsonl", files=(InputFile(url="in.jsonl", rows=1, size=1),), rows=1, prompt_column="body",
-    prompt_kind="request", id_column="custom_id",
-)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -28,17 +22,6 @@ def tokenizer(demo_model_dir: Path) -> Any:
     from worker.engine.tokenizer import Tokenizer
 
     return Tokenizer(demo_model_dir)
-
-
-def _spec(demo_model_dir: Path, **sampling: Any) -> JobSpec:
-    return JobSpec(input="in.jsonl", model=str(demo_model_dir), output="out", sampling=SamplingSpec(**sampling))
-
-
-def _one(tokenizer: Any, spec: JobSpec, body: dict[str, Any], url: str = "/v1/chat/completions") -> RowRequest:
-    line = {"custom_id": "r", "method": "POST", "url": url, "body": body}
-    table = read_batch("in.jsonl", (json.dumps(line) + "\n").encode()).table
-    (req,) = build_requests(table, [0], spec, JSONL_PLAN, tokenizer, max_n=16)
-    return req
 
 
 BAD_BODIES = [
@@ -77,7 +60,7 @@ BAD_BODIES = [
 def test_bad_chat_fields_are_row_errors_naming_field_and_rule(
     tokenizer: Any, demo_model_dir: Path, body: dict[str, Any], expected: str
 ) -> None:
-    req = _one(tokenizer, _spec(demo_model_dir), body)
+    req = one_request(tokenizer, job_spec(demo_model_dir), body)
     assert req.prompt is None and req.sampling is None and req.error is not None
     assert expected in req.error, req.error
     assert req.endpoint == "chat"
@@ -95,12 +78,12 @@ def test_bad_chat_fields_are_row_errors_naming_field_and_rule(
     ],
 )
 def test_bad_completions_fields(tokenizer: Any, demo_model_dir: Path, body: dict[str, Any], expected: str) -> None:
-    req = _one(tokenizer, _spec(demo_model_dir), body, "/v1/completions")
+    req = one_request(tokenizer, job_spec(demo_model_dir), body, "/v1/completions")
     assert req.error is not None and expected in req.error, req.error
 
 
 def test_chat_fields_reach_sampling_params(tokenizer: Any, demo_model_dir: Path) -> None:
-    spec = _spec(demo_model_dir, max_tokens=50, temperature=0.3, stop=("job",), logprobs=1)
+    spec = job_spec(demo_model_dir, max_tokens=50, temperature=0.3, stop=("job",), logprobs=1)
     body = {
         "model": "org/tiny",  # the job's model by its last path component
         "messages": [
@@ -113,7 +96,7 @@ def test_chat_fields_reach_sampling_params(tokenizer: Any, demo_model_dir: Path)
         "logit_bias": {"7": -100, "3": 2.5}, "stop_token_ids": [4], "ignore_eos": True,
         "skip_special_tokens": False, "response_format": {"type": "text"}, "user": "u-1", "stream": False,
     }  # fmt: skip
-    req = _one(tokenizer, spec, body)
+    req = one_request(tokenizer, spec, body)
     assert req.error is None and req.endpoint == "chat"
     # developer is rendered as system; text parts joined with a newline
     assert req.prompt == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n"
@@ -125,28 +108,28 @@ def test_chat_fields_reach_sampling_params(tokenizer: Any, demo_model_dir: Path)
     assert p.logit_bias == ((3, 2.5), (7, -100.0)) and p.logprobs == 4 and p.stop_token_ids == (4,)
     assert p.ignore_eos and not p.skip_special_tokens and not p.prompt_logprobs
     # absent fields take the job's flags; logprobs false turns the job's off
-    q = sampling_params(_one(tokenizer, spec, {"messages": USER, "logprobs": False}))
+    q = sampling_params(one_request(tokenizer, spec, {"messages": USER, "logprobs": False}))
     assert (q.max_tokens, q.temperature, q.stop, q.logprobs, q.n) == (50, 0.3, ("job",), None, 1)
-    assert sampling_params(_one(tokenizer, spec, {"messages": USER})).logprobs == 1
+    assert sampling_params(one_request(tokenizer, spec, {"messages": USER})).logprobs == 1
 
 
 def test_completions_and_embeddings_requests(tokenizer: Any, demo_model_dir: Path) -> None:
-    spec = _spec(demo_model_dir)
-    req = _one(tokenizer, spec, {"model": "tiny", "prompt": ["def f():"], "echo": True, "logprobs": 3},
+    spec = job_spec(demo_model_dir)
+    req = one_request(tokenizer, spec, {"model": "tiny", "prompt": ["def f():"], "echo": True, "logprobs": 3},
                "/v1/completions")  # fmt: skip
     assert req.error is not None  # echo + logprobs
-    req = _one(tokenizer, spec, {"prompt": [5, 6, 7], "echo": True}, "/v1/completions")
+    req = one_request(tokenizer, spec, {"prompt": [5, 6, 7], "echo": True}, "/v1/completions")
     assert req.error is None and req.prompt == [5, 6, 7] and req.echo_text == tokenizer.decode([5, 6, 7])
-    req = _one(tokenizer, spec, {"prompt": "def f():", "logprobs": 0}, "/v1/completions")
+    req = one_request(tokenizer, spec, {"prompt": "def f():", "logprobs": 0}, "/v1/completions")
     assert req.endpoint == "completions" and req.prompt == "def f():" and sampling_params(req).logprobs == 0
 
-    emb = _one(tokenizer, spec, {"model": "tiny", "input": ["some text"], "dimensions": 8,
+    emb = one_request(tokenizer, spec, {"model": "tiny", "input": ["some text"], "dimensions": 8,
                                  "encoding_format": "float", "user": "u"}, "/v1/embeddings")  # fmt: skip
     assert emb == RowRequest(
         row=0, id="r", prompt="some text", sampling=None, endpoint="embeddings", dimensions=8,
         encoding_format="float",
     )  # fmt: skip
-    assert _one(tokenizer, spec, {"input": [1, 2, 3]}, "/v1/embeddings").prompt == [1, 2, 3]
+    assert one_request(tokenizer, spec, {"input": [1, 2, 3]}, "/v1/embeddings").prompt == [1, 2, 3]
     for body, expected in [
         ({"input": ["a", "b"]}, "input: holds 2 inputs"),
         ({"input": "a", "encoding_format": "int8"}, "encoding_format 'int8': input should be 'float' or 'base64'"),
@@ -155,7 +138,7 @@ def test_completions_and_embeddings_requests(tokenizer: Any, demo_model_dir: Pat
         ({"input": "a", "temperature": 1}, "unknown field 'temperature'"),
         ({"input": "a", "model": "other"}, "model 'other'"),
     ]:
-        bad = _one(tokenizer, spec, body, "/v1/embeddings")
+        bad = one_request(tokenizer, spec, body, "/v1/embeddings")
         assert bad.endpoint == "embeddings" and bad.error is not None and expected in bad.error, bad.error
 
 
@@ -177,7 +160,7 @@ def test_parquet_sampling_columns_override_job_flags(tokenizer: Any, demo_model_
     columns = tuple(c for c in table.column_names if c != "prompt")
     plan = InputPlan(format="parquet", files=(InputFile(url="in.parquet", rows=5, size=1),), rows=5,
                      prompt_column="prompt", prompt_kind="text", id_column=None, override_columns=columns)  # fmt: skip
-    spec = _spec(demo_model_dir, stop=("job",), n=2, logprobs=1, presence_penalty=-1.0, logit_bias={"9": 1})
+    spec = job_spec(demo_model_dir, stop=("job",), n=2, logprobs=1, presence_penalty=-1.0, logit_bias={"9": 1})
     reqs = build_requests(table, list(range(5)), spec, plan, tokenizer, max_n=16)
     first, second = sampling_params(reqs[0]), sampling_params(reqs[1])
     assert (first.stop, first.n, first.logprobs, first.presence_penalty) == (("x", "y"), 2, 3, 1.0)
@@ -200,7 +183,7 @@ def test_jobs_planned_before_bodies_were_kept_still_build_and_resume(tokenizer: 
     )
     line = {"custom_id": "a", "body": {"messages": USER, "max_tokens": 3}}
     table = read_batch("in.jsonl", (json.dumps(line) + "\n").encode()).table
-    (req,) = build_requests(table, [0], _spec(demo_model_dir), old, tokenizer, max_n=16)
+    (req,) = build_requests(table, [0], job_spec(demo_model_dir), old, tokenizer, max_n=16)
     assert req.error is None and req.endpoint == "chat" and sampling_params(req).max_tokens == 3
     row = {ROW_COLUMN: 7, "id": "a", "completion": "x", "finish_reason": "stop", "prompt_tokens": 3,
            "cached_tokens": 0, "completion_tokens": 1, "error": None}  # fmt: skip

@@ -10,21 +10,16 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from batch_rows import USER, job_spec, one_request
 
-from jobs.batch_input import read_batch
 from jobs.manifest import InputFile, InputPlan
-from jobs.spec import JobSpec, SamplingSpec
+from jobs.spec import JobSpec
 from worker.engine.constraint import Constraint
 from worker.row_engine import sampling_params
 from worker.row_requests import RowRequest, build_requests
 
-USER = [{"role": "user", "content": "hi"}]
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 AS_SCHEMA = Constraint.json_schema(SCHEMA)
-JSONL_PLAN = InputPlan(
-    format="jsonl", files=(InputFile(url="in.jsonl", rows=1, size=1),), rows=1, prompt_column="body",
-    prompt_kind="request", id_column="custom_id",
-)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -32,17 +27,6 @@ def tokenizer(demo_model_dir: Path) -> Any:
     from worker.engine.tokenizer import Tokenizer
 
     return Tokenizer(demo_model_dir)
-
-
-def _spec(demo_model_dir: Path, **sampling: Any) -> JobSpec:
-    return JobSpec(input="in.jsonl", model=str(demo_model_dir), output="out", sampling=SamplingSpec(**sampling))
-
-
-def _one(tokenizer: Any, spec: JobSpec, body: dict[str, Any], url: str = "/v1/chat/completions") -> RowRequest:
-    line = {"custom_id": "r", "method": "POST", "url": url, "body": body}
-    table = read_batch("in.jsonl", (json.dumps(line) + "\n").encode()).table
-    (req,) = build_requests(table, [0], spec, JSONL_PLAN, tokenizer, max_n=16)
-    return req
 
 
 def _rf(schema: Any = SCHEMA, **extra: Any) -> dict[str, Any]:
@@ -76,7 +60,7 @@ def test_each_body_field_reaches_sampling_params(
     tokenizer: Any, demo_model_dir: Path, fields: dict[str, Any], want: Constraint | None, url: str
 ) -> None:
     prompt = {"messages": USER} if "chat" in url else {"prompt": "def f():"}
-    req = _one(tokenizer, _spec(demo_model_dir), {**prompt, **fields}, url)
+    req = one_request(tokenizer, job_spec(demo_model_dir), {**prompt, **fields}, url)
     assert req.error is None, req.error
     assert req.sampling is not None and req.sampling.constraint == want
     assert sampling_params(req).constraint == want
@@ -124,28 +108,28 @@ BAD_BODIES = [
 def test_bad_constraint_fields_are_row_errors_naming_the_field(
     tokenizer: Any, demo_model_dir: Path, fields: dict[str, Any], expected: str
 ) -> None:
-    req = _one(tokenizer, _spec(demo_model_dir), {"messages": USER, **fields})
+    req = one_request(tokenizer, job_spec(demo_model_dir), {"messages": USER, **fields})
     assert req.sampling is None and req.error is not None
     assert expected in req.error, req.error
 
 
 def test_job_flags_apply_to_rows_without_their_own(tokenizer: Any, demo_model_dir: Path) -> None:
-    spec = _spec(demo_model_dir, choice=("yes", "no"))
-    assert sampling_params(_one(tokenizer, spec, {"messages": USER})).constraint == Constraint(
+    spec = job_spec(demo_model_dir, choice=("yes", "no"))
+    assert sampling_params(one_request(tokenizer, spec, {"messages": USER})).constraint == Constraint(
         "choice", choices=("yes", "no")
     )
-    own = _one(tokenizer, spec, {"messages": USER, "guided_regex": "[a-z]+"})
+    own = one_request(tokenizer, spec, {"messages": USER, "guided_regex": "[a-z]+"})
     assert sampling_params(own).constraint == Constraint("regex", "[a-z]+")  # the row's wins
     # a row's response_format of type text asks for plain text: the job's constraint does not apply
-    text = _one(tokenizer, spec, {"messages": USER, "response_format": {"type": "text"}})
+    text = one_request(tokenizer, spec, {"messages": USER, "response_format": {"type": "text"}})
     assert sampling_params(text).constraint is None
     # ... unless another field of the row asks for one (OpenAI's default type beside vLLM's fields)
-    both = _one(tokenizer, spec, {"messages": USER, "response_format": {"type": "text"}, "guided_regex": "b"})
+    both = one_request(tokenizer, spec, {"messages": USER, "response_format": {"type": "text"}, "guided_regex": "b"})
     assert sampling_params(both).constraint == Constraint("regex", "b")
-    schema_job = _spec(demo_model_dir, json_schema=json.dumps(SCHEMA, indent=4))
-    assert sampling_params(_one(tokenizer, schema_job, {"messages": USER})).constraint == AS_SCHEMA
-    regex_job = _spec(demo_model_dir, regex=r"\d+")
-    assert sampling_params(_one(tokenizer, regex_job, {"messages": USER})).constraint == Constraint("regex", r"\d+")
+    schema_job = job_spec(demo_model_dir, json_schema=json.dumps(SCHEMA, indent=4))
+    assert sampling_params(one_request(tokenizer, schema_job, {"messages": USER})).constraint == AS_SCHEMA
+    regex_job = job_spec(demo_model_dir, regex=r"\d+")
+    assert sampling_params(one_request(tokenizer, regex_job, {"messages": USER})).constraint == Constraint("regex", r"\d+")
 
 
 def _parquet(table: pa.Table, spec: JobSpec, tokenizer: Any) -> list[RowRequest]:
@@ -167,7 +151,7 @@ def test_parquet_constraint_columns(tokenizer: Any, demo_model_dir: Path) -> Non
             "choice": pa.array([None, None, None, None, ["x", "y"], None, None, None, []], pa.list_(pa.string())),
         }
     )
-    spec = _spec(demo_model_dir, regex="job")
+    spec = job_spec(demo_model_dir, regex="job")
     reqs = _parquet(table, spec, tokenizer)
     got = [r.sampling.constraint if r.sampling else r.error for r in reqs]
     assert got[:6] == [
@@ -194,13 +178,13 @@ def test_parquet_struct_response_format_and_text_choices(tokenizer: Any, demo_mo
         ]
     )
     table = pa.table({"prompt": ["a", "b", "c"], "response_format": rf, "choice": ['["p", "q"]', None, None]})
-    reqs = _parquet(table, _spec(demo_model_dir), tokenizer)
+    reqs = _parquet(table, job_spec(demo_model_dir), tokenizer)
     assert reqs[0].error == "response_format and choice both constrain the output: a request takes one"
     assert reqs[1].sampling is not None and reqs[1].sampling.constraint == Constraint("json_object")
     assert reqs[2].error == "response_format.json_schema.name: is required (1-64 letters, digits, _ or -)"
-    alone = _parquet(table.drop_columns(["response_format"]), _spec(demo_model_dir), tokenizer)
+    alone = _parquet(table.drop_columns(["response_format"]), job_spec(demo_model_dir), tokenizer)
     assert alone[0].sampling is not None and alone[0].sampling.constraint == Constraint("choice", choices=("p", "q"))
-    bad = _parquet(pa.table({"prompt": ["a"], "choice": ["yes"]}), _spec(demo_model_dir), tokenizer)
+    bad = _parquet(pa.table({"prompt": ["a"], "choice": ["yes"]}), job_spec(demo_model_dir), tokenizer)
     assert bad[0].error is not None and bad[0].error.startswith("choice: not a JSON list of strings"), bad[0].error
 
 
@@ -209,7 +193,7 @@ def test_likelihood_rows_refuse_a_constraint(tokenizer: Any, demo_model_dir: Pat
     plan = InputPlan(format="parquet", files=(InputFile(url="in.parquet", rows=2, size=1),), rows=2,
                      prompt_column="prompt", prompt_kind="text", id_column=None, continuation_column="cont",
                      override_columns=("regex",))  # fmt: skip
-    reqs = build_requests(table, [0, 1], _spec(demo_model_dir), plan, tokenizer, max_n=16)
+    reqs = build_requests(table, [0, 1], job_spec(demo_model_dir), plan, tokenizer, max_n=16)
     assert reqs[0].error is None and reqs[0].continuation_tokens > 0
     assert reqs[1].error is not None and reqs[1].error.startswith("regex: likelihood scoring scores the continuation")
 
@@ -217,11 +201,11 @@ def test_likelihood_rows_refuse_a_constraint(tokenizer: Any, demo_model_dir: Pat
 def test_rows_with_different_constraints_share_params_only_when_equal(tokenizer: Any, demo_model_dir: Path) -> None:
     """The greedy params cache keys on the whole RowSampling: equal constraints share one object,
     different ones (or none) never do."""
-    spec = _spec(demo_model_dir)
+    spec = job_spec(demo_model_dir)
     bodies = [{"messages": USER, "guided_json": SCHEMA}, {"messages": USER, "guided_json": json.dumps(SCHEMA)},
               {"messages": USER, "guided_regex": "a"}, {"messages": USER}]  # fmt: skip
     cache: dict[Any, Any] = {}
-    params = [sampling_params(_one(tokenizer, spec, b), cache) for b in bodies]
+    params = [sampling_params(one_request(tokenizer, spec, b), cache) for b in bodies]
     assert params[0] is params[1] and params[0].constraint == AS_SCHEMA
     assert params[2].constraint == Constraint("regex", "a") and params[3].constraint is None
     assert len({id(p) for p in params}) == 3
