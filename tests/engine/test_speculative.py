@@ -319,8 +319,8 @@ def test_committed_draft_proposes_for_the_reference_model() -> None:
 
 
 def test_constrained_rows_beside_speculating_rows(make_checkpoint) -> None:
-    """Structured-output rows do not speculate yet (their masks are not applied to verify rows): in a
-    batch where other rows speculate, every row's tokens equal plain decoding's."""
+    """Structured-output rows speculate beside unconstrained ones (their verify rows are masked along
+    the run; more in test_speculative_structured.py): every row's tokens equal plain decoding's."""
     from worker.engine.constraint import Constraint
 
     path = make_checkpoint("llama").path

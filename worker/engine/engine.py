@@ -68,7 +68,7 @@ class Engine:
         self.stats = EngineStats()
         self.texts = CompletionTexts(tokenizer)
         self.outputs = StepOutputs(self.scheduler, self.stats, self.texts.stop_hit)
-        self.speculator = Speculator(config.speculative, self.batch, draft) if config.speculative is not None else None
+        self.speculator = Speculator(config.speculative, self.batch, draft, self.stats) if config.speculative else None
         self.scheduler.speculator = self.speculator
         self._in_flight: InFlightStep | None = None  # the launched step whose tokens are not applied yet
         self._applied_early: list[Sequence] = []  # finished by applying _in_flight inside a launch (_constrain)
@@ -266,7 +266,9 @@ class Engine:
             # counts them as they reach the host)
             self.stats.computed_prefill_tokens += sched.num_prefill_tokens
             self.stats.steps += 1
-            launched = self.runner.execute(sched, self._constrain if self.batch.num_constrained else None)
+            constrained = bool(self.batch.num_constrained)
+            launched = self.runner.execute(sched, self._constrain if constrained else None,
+                                           self.structured.mask_runs if constrained else None)  # fmt: skip
         if self._applied_early:
             finished.extend(self._applied_early)
             self._applied_early = []

@@ -24,7 +24,7 @@ from worker.engine.logits_processing import LogitsProcessing
 from worker.engine.models import CausalLM
 from worker.engine.sampler import Sampler, SamplingRows, stop_hits, to_device
 from worker.engine.scheduler import SchedulerOutput
-from worker.engine.speculation.verifier import SpecRun, Verifier
+from worker.engine.speculation.verifier import ConstrainRuns, SpecRun, Verifier
 from worker.engine.step_inputs import PromptScores, StepInputs, build_step
 
 
@@ -103,10 +103,12 @@ class ModelRunner:
                                        self.device)  # fmt: skip
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput, constrain: Constrain | None = None) -> InFlightStep:
+    def execute(self, sched: SchedulerOutput, constrain: Constrain | None = None,
+                constrain_runs: ConstrainRuns | None = None) -> InFlightStep:  # fmt: skip
         """Launch the step. `constrain(logits, sample_rows)`, when given, is called once the forward
         is launched and before sampling: it may change the sampled logits [S, V] in place (the
-        structured-output masks; on CUDA it runs on the host while the device computes the forward)."""
+        structured-output masks; on CUDA it runs on the host while the device computes the forward).
+        `constrain_runs` does the same for the constrained verify runs (Verifier.verify)."""
         rows = self.rows
         rows.sync()
         if sched.copies:
@@ -116,7 +118,7 @@ class ModelRunner:
         if not inputs.num_spec_logits:
             return self._sample(inputs, logits, constrain)
         plain = logits.shape[0] - inputs.num_spec_logits  # verify rows come last (step_inputs)
-        spec = self.verifier.verify(logits[plain:], inputs.spec)
+        spec = self.verifier.verify(logits[plain:], inputs.spec, constrain_runs)
         step = self._sample(inputs, logits[:plain], constrain)
         step.spec = spec
         return step

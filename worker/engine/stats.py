@@ -30,6 +30,7 @@ class StatsSnapshot:
     spec_runs: int = 0  # speculation: sequences verified (one per sequence and verify step)
     spec_proposed_tokens: int = 0  # tokens proposed and verified
     spec_accepted_tokens: int = 0  # of those, accepted (each verified sequence also gets one own token)
+    spec_grammar_cut_tokens: int = 0  # proposals of constrained rows dropped before verification (the grammar refuses them)
 
     @property
     def spec_acceptance_rate(self) -> float:
@@ -63,6 +64,7 @@ class EngineStats:
     spec_runs: int = 0
     spec_proposed_tokens: int = 0
     spec_accepted_tokens: int = 0
+    spec_grammar_cut_tokens: int = 0
 
     def add_busy(self, seconds: float, prefill_tokens: int, decode_tokens: int) -> None:
         """Count one step's `seconds`, shared between prefill and decode by the step's token counts

@@ -40,7 +40,8 @@ class StepOutputs:
 
     def _apply_spec(self, runs: list[SpecRun]) -> list[Sequence]:
         """Speculation's verified rows: their kept tokens one by one, each checked for a stop (token,
-        string) and the length limit as a decoded token is; a finish drops the tokens after it. The
+        string, a completed grammar), a grammar error and the length limit as a decoded token is; a
+        finish drops the tokens after it. The
         row keeps the K/V of its accepted tokens (num_computed) and gives back the blocks past them."""
         b, sched = self.batch, self.scheduler
         finished = []
@@ -63,14 +64,20 @@ class StepOutputs:
                 self.stats.decode_tokens += 1
                 if run.logprobs is not None and seq.logprobs is not None:
                     seq.logprobs.append(run.logprobs[i])
-                if (stops == token).any() or (seq.params.stop and self.stop_string(seq)):
+                verdict = None
+                if seq.constraint_state is not None:  # the grammar check of a plain step's token
+                    last = i == len(run.tokens) - 1
+                    verdict = run.failure if last and run.failure else StructuredOutputs.check(seq, token)
+                if verdict is not None and verdict != "finished":
+                    done = "error"
+                elif (stops == token).any() or verdict or (seq.params.stop and self.stop_string(seq)):
                     done = "stop"
                 elif len(seq.token_ids) >= b.limit[row]:
                     done = "length"
                 if done is not None:
                     break
             if done is not None:
-                seq.finish(done)
+                seq.finish(done, verdict if done == "error" else None)
                 sched.finish(seq)
                 finished.append(seq)
                 continue

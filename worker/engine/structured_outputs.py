@@ -8,6 +8,9 @@ applied in place to that row's logits: on CUDA by the Triton kernel kernels/trit
 (one H2D copy of the packed words), on the CPU by the vectorized torch reference. Only constrained
 rows are touched, so an unconstrained row's logits (and a batch without constraints) pay nothing.
 Logprobs stay those of the raw distribution (the runner reads them from a copy taken before).
+Speculative verification masks a constrained row's 1 + K verify rows the same way (`mask_runs`):
+the masks along its proposed run (ConstraintState.fill_run), the run cut at the first proposal the
+grammar refuses.
 
 A row whose mask allows nothing (or only EOS before the grammar accepts) can never satisfy its
 constraint: it is given an all-allowed mask (so sampling stays finite), and its next token ends it
@@ -18,6 +21,8 @@ all-allowed mask too: their token is dropped.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +36,15 @@ from worker.engine.stats import EngineStats
 
 UNSATISFIABLE = ("no output can satisfy the constraint with this model's tokenizer (its allowed-token mask "
                  "is empty); check the schema, pattern or grammar")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class RunCut:
+    """A constrained verify run: how many proposals the grammar lets it accept, and, when the row
+    where it is cut can never satisfy the constraint, why (the row's token there ends it in error)."""
+
+    allowed: int
+    failure: str | None = None
 
 
 def first_line(message: str) -> str:
@@ -62,6 +76,7 @@ class StructuredOutputs:
         # refilled (the engine has waited for that step's tokens in between)
         self._buffers = [torch.zeros((max_rows, self.words), dtype=torch.int32, pin_memory=pin) for _ in range(2)]
         self._turn = 0
+        self._run_buffer = torch.zeros((0, self.words), dtype=torch.int32)  # verify rows' masks (grown)
         self._apply = None
 
     def error(self, constraint: Constraint) -> str | None:
@@ -88,18 +103,56 @@ class StructuredOutputs:
         words = buf.numpy()
         allowed = np.ones(m, np.bool_)
         allowed[open_rows] = False
-        if open_rows:
-            host = words[open_rows]
-            empty = ~(host & self.not_eos).any(1)  # nothing allowed but (maybe) EOS
-            for k in np.flatnonzero(empty).tolist():
-                j = open_rows[k]
-                state = seqs[j].constraint_state
-                if not host[k].any() or not state.is_accepting:  # type: ignore[union-attr]
-                    state.failure = failure(state)  # type: ignore[arg-type]
-                    allowed[j] = True
+        for j in self._dead_ends(words, open_rows, lambda j: seqs[j].constraint_state):  # type: ignore[arg-type,return-value]
+            state = seqs[j].constraint_state
+            state.failure = failure(state)  # type: ignore[union-attr]
+            allowed[j] = True
         words[allowed] = -1  # every token: the row's token is dropped or ends it
         self._apply_masks(logits, buf, which)
         self.stats.mask_seconds += time.perf_counter() - t0
+
+    def mask_runs(self, logits: torch.Tensor, runs: list[tuple[int, Sequence, tuple[int, ...]]]) -> list[RunCut]:
+        """Speculative verification: for each (first logits row, constrained sequence, proposed run)
+        fill the masks along the run (row j: the grammar after the first j proposals) and apply them
+        to `logits` [M, V] in place, like `mask` does for a plain step's row. Returns per run how many
+        proposals may be accepted (the grammar's accepted prefix, cut before a dead end) and the
+        failure of the row where that cut falls, if it is a dead end (its token ends the row)."""
+        t0 = time.perf_counter()
+        total = sum(len(d) + 1 for _, _, d in runs)
+        if self._run_buffer.shape[0] < total:
+            self._run_buffer = torch.zeros((total, self.words), dtype=torch.int32, pin_memory=self.device.type == "cuda")
+        buf = self._run_buffer[:total]
+        words = buf.numpy()
+        words[:] = -1  # rows past a run's cut: their tokens are never kept
+        address, row_bytes = buf.data_ptr(), self.words * 4
+        which, cuts, at = [], [], 0
+        for first, seq, draft in runs:
+            state = seq.constraint_state
+            assert state is not None and state.failure is None  # Speculator.plan: masked before, not failed
+            accepted = state.fill_run(list(draft), address + at * row_bytes, row_bytes)
+            start = at
+            dead = self._dead_ends(words, list(range(at, at + accepted + 1)),
+                                   lambda j: _after(state, draft[: j - start]))  # noqa: B023  # fmt: skip
+            cut, why = accepted, None
+            if dead:  # the first dead end: the run stops there (its token, if the run gets there, ends the row)
+                cut = dead[0] - at
+                why = failure(_after(state, draft[:cut]))
+                words[dead[0]] = -1
+            cuts.append(RunCut(cut, why))
+            which.extend(range(first, first + len(draft) + 1))
+            at += len(draft) + 1
+        self._apply_masks(logits, buf, np.asarray(which, np.int64))
+        self.stats.mask_seconds += time.perf_counter() - t0
+        return cuts
+
+    def _dead_ends(self, words: np.ndarray, rows: list[int], state_at: Callable[[int], ConstraintState]) -> list[int]:
+        """Of `rows` (filled masks; `state_at(row)`: the grammar there), those that can never satisfy
+        the constraint: the mask allows nothing, or only EOS while the text is not a complete match."""
+        if not rows:
+            return []
+        host = words[rows]
+        empty = ~(host & self.not_eos).any(1)  # nothing allowed but (maybe) EOS
+        return [rows[k] for k in np.flatnonzero(empty).tolist() if not host[k].any() or not state_at(rows[k]).is_accepting]
 
     def _apply_masks(self, logits: torch.Tensor, buf: torch.Tensor, which: np.ndarray) -> None:
         rows = torch.from_numpy(np.ascontiguousarray(which, np.int64))
@@ -128,3 +181,10 @@ class StructuredOutputs:
         if state.is_finished:
             return "finished" if state.is_accepting else failure(state)
         return None
+
+
+def _after(state: ConstraintState, tokens: tuple[int, ...]) -> ConstraintState:
+    """A copy of `state` advanced by `tokens` (the grammar accepts them: validated before)."""
+    there = state.copy()
+    there.consume_many(list(tokens))
+    return there

@@ -1,6 +1,8 @@
 """Speculator: the scheduler's side of speculative decoding. Which decoding rows propose what this
 step, and each sequence's acceptance (K follows its acceptance average: full from 1/2 up, less below;
-speculation pauses, with a doubling back-off, for a sequence whose acceptance stays low)."""
+speculation pauses, with a doubling back-off, for a sequence whose acceptance stays low). The
+proposers know no grammar: a constrained row's proposal is cut to the prefix its grammar accepts
+(ConstraintState.validate: the state does not move; a refused token is never consumed)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from worker.engine.speculation.config import SpeculativeConfig
 from worker.engine.speculation.controller import SpeculationController
 from worker.engine.speculation.draft import DraftModel
 from worker.engine.speculation.ngram import NgramIndex
+from worker.engine.stats import EngineStats
 
 LOW_ACCEPTANCE = 0.2  # below this average acceptance a sequence pauses speculation
 PAUSE_FIRST, PAUSE_MAX = 8, 256  # decode steps of the first pause, and the longest
@@ -34,8 +37,10 @@ class SpecState:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, batch: PersistentBatch, draft: DraftModel | None = None) -> None:
+    def __init__(self, config: SpeculativeConfig, batch: PersistentBatch, draft: DraftModel | None = None,
+                 stats: EngineStats | None = None) -> None:  # fmt: skip
         self.config = config
+        self.stats = stats or EngineStats()
         self.batch = batch
         self.draft = draft  # method "draft": the draft model proposes, else prompt lookup
         self.controller = SpeculationController(config.adaptive, separate=draft is not None)
@@ -56,7 +61,7 @@ class Speculator:
             if b.cow[r] or b.num_pending[r]:  # a shared block to copy first / a token in flight
                 continue
             seq = b.seqs[r]
-            if seq.params.constraint is not None:  # grammar masks on verify rows: not integrated yet
+            if seq.params.constraint is not None and seq.constraint_state is None:  # not masked yet
                 continue
             st = seq.spec
             if st is None:
@@ -74,7 +79,7 @@ class Speculator:
                 if extra < 1:
                     break
                 continue
-            draft = st.index.propose(seq.token_ids, k)
+            draft = self._grammar_cut(seq, st.index.propose(seq.token_ids, k))
             if draft:
                 out.append((r, draft))
                 extra -= len(draft)
@@ -85,8 +90,24 @@ class Speculator:
             return []
         if self.draft is not None and out:
             proposals = self.draft.propose([b.seqs[r] for r, _ in out], [len(d) for _, d in out])  # type: ignore[misc]
-            out = [(r, p) for (r, _), p in zip(out, proposals, strict=True) if p]
+            kept = []
+            for (r, _), p in zip(out, proposals, strict=True):
+                p = self._grammar_cut(b.seqs[r], p)
+                if p:
+                    kept.append((r, p))
+                elif b.seqs[r].constraint_state is not None:  # its whole proposal refused
+                    self.draft.rollback(b.seqs[r], 0)
+            out = kept
         return out
+
+    def _grammar_cut(self, seq: Sequence, draft: list[int]) -> list[int]:
+        """A constrained row's proposal up to the first token its grammar refuses."""
+        state = seq.constraint_state
+        if state is None or not draft:
+            return draft
+        keep = state.validate(draft)
+        self.stats.spec_grammar_cut_tokens += len(draft) - keep
+        return draft[:keep]
 
     def observe(self, seq: Sequence, proposed: int, accepted: int) -> None:
         """A verify step of seq kept `accepted` of `proposed` tokens: adapt its K (adaptive only)."""

@@ -12,15 +12,16 @@ token) ends the run. Greedy rows keep exactly the argmax tokens. For a drawing r
 Leviathan / Chen rejection rule for a one-hot q: d is accepted with probability p(d), and a rejected
 position yields t_j ~ p conditioned on t_j != d = norm(max(0, p - q)), the rule's residual. Because
 t_j uses the same counter-based uniform as the plain step, a seeded row's tokens are the very tokens
-it gets without speculation. Structured outputs (not integrated yet: constrained rows do not
-speculate, speculator.py): `allowed` below is where the grammar cuts a run (ConstraintState.validate
-(draft) = how many proposals the grammar accepts), and each verified position's logits would take
-the grammar's mask before processing and sampling (ConstraintState.fill_run: the masks along the
-draft), so the target's own token is masked like any sampled token.
+it gets without speculation. Structured outputs: a constrained row's positions take the grammar's
+masks along its draft before processing and sampling (`constrain_runs`, StructuredOutputs.mask_runs:
+position j's mask = the grammar after d_1..d_j), so the target's own token is masked like any sampled
+token, and its run is cut where the grammar stops accepting the draft (`allowed`; Speculator.plan
+already dropped the proposals the grammar refuses, so this cut is a safeguard or a dead end).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,10 @@ from worker.engine.logits_processing import LogitsProcessing
 from worker.engine.sampler import Sampler, SamplingRows, to_device
 from worker.engine.scheduler import ScheduledChunk
 from worker.engine.sequence import Sequence
+from worker.engine.structured_outputs import RunCut
+
+# (verify logits [M, V], (first logits row, sequence, proposed run) per constrained run) -> their cuts
+ConstrainRuns = Callable[[torch.Tensor, list[tuple[int, Sequence, tuple[int, ...]]]], list[RunCut]]
 
 
 @dataclass(slots=True)
@@ -43,6 +48,7 @@ class SpecRun:
     proposed: int  # K
     tokens: list[int]
     logprobs: list[dict[int, float]] | None  # per token in `tokens`, when the request asked
+    failure: str | None = None  # constrained: the last token's position was a dead end (it ends the row)
 
     @property
     def accepted(self) -> int:
@@ -56,9 +62,11 @@ class Verifier:
         self.processing = processing
         self.sampler = sampler
 
-    def verify(self, logits: torch.Tensor, chunks: tuple[ScheduledChunk, ...]) -> list[SpecRun]:
+    def verify(self, logits: torch.Tensor, chunks: tuple[ScheduledChunk, ...],
+               constrain_runs: ConstrainRuns | None = None) -> list[SpecRun]:  # fmt: skip
         """logits fp32 [M, V]: the chunks' rows in order (1 + K each) -> one SpecRun per chunk. Writes
-        each row's newest token (host and device) and counts the kept tokens for the penalties."""
+        each row's newest token (host and device) and counts the kept tokens for the penalties.
+        `constrain_runs` masks the constrained chunks' rows in place (structured outputs)."""
         b, device = self.batch, self.dev.device
         rows = np.fromiter((c.seq.row for c in chunks), np.int64, len(chunks))
         sizes = np.fromiter((c.num_tokens for c in chunks), np.int64, len(chunks))
@@ -66,6 +74,13 @@ class Verifier:
         per = np.repeat(rows, sizes)  # batch row of each logits row
         offset = np.arange(per.size) - np.repeat(starts, sizes)
         counter = np.repeat(b.num_tokens[rows] - b.num_prompt[rows], sizes) + offset
+        raw, cuts = logits, {}
+        if constrain_runs is not None and b.num_constrained and b.constrained[rows].any():
+            which = np.flatnonzero(b.constrained[rows]).tolist()
+            if b.num_special and (b.logprobs_k[rows] >= 0).any():
+                raw = logits.clone()  # logprobs are of the raw distribution, before the masks
+            got = constrain_runs(logits, [(int(starts[i]), chunks[i].seq, chunks[i].draft) for i in which])
+            cuts = dict(zip(which, got, strict=True))
         drawing = b.num_drawing and b.temperature[rows].any()
         processing = b.num_processed and b.processed[rows].any()
         penalized = None
@@ -86,10 +101,12 @@ class Verifier:
         for i, c in enumerate(chunks):
             t = targets[starts[i] : starts[i] + sizes[i]]
             a = 0
-            allowed = len(c.draft)  # structured outputs: how many of the proposals the grammar allows
+            cut = cuts.get(i)
+            allowed = len(c.draft) if cut is None else cut.allowed  # how many proposals the grammar allows
             while a < allowed and t[a] == c.draft[a]:
                 a += 1
-            runs.append(SpecRun(c.seq, int(rows[i]), len(c.draft), t[: a + 1].tolist(), None))
+            failed = cut.failure if cut is not None and a == cut.allowed else None
+            runs.append(SpecRun(c.seq, int(rows[i]), len(c.draft), t[: a + 1].tolist(), None, failed))
         last = np.fromiter((r.tokens[-1] for r in runs), np.int64, len(runs))
         b.last_token[rows] = last  # the next decode step's input
         if self.dev.copy:
@@ -97,7 +114,7 @@ class Verifier:
         if penalized is not None:
             self._count(runs)
         if b.num_special and (b.logprobs_k[rows] >= 0).any():
-            self._logprobs(logits, runs, starts)
+            self._logprobs(raw, runs, starts)
         return runs
 
     def _proposal_counts(self, chunks: tuple[ScheduledChunk, ...], starts: np.ndarray,
