@@ -71,10 +71,11 @@ class StructuredOutputs:
         self.not_eos = clear.view(np.int32)
         self.device = device
         self.stats = stats
-        pin = device.type == "cuda"
+        self.max_rows = max_rows
         # two host buffers used in turn: a step's H2D copy has finished by the time its buffer is
-        # refilled (the engine has waited for that step's tokens in between)
-        self._buffers = [torch.zeros((max_rows, self.words), dtype=torch.int32, pin_memory=pin) for _ in range(2)]
+        # refilled (the engine has waited for that step's tokens in between); made on the first
+        # constrained step, so an engine that never sees a constraint holds no (pinned) mask memory
+        self._buffers: list[torch.Tensor] = []
         self._turn = 0
         self._run_buffer = torch.zeros((0, self.words), dtype=torch.int32)  # verify rows' masks (grown)
         self._apply = None
@@ -88,6 +89,9 @@ class StructuredOutputs:
         `logits` [S, V] in place."""
         t0 = time.perf_counter()
         m = len(seqs)
+        if not self._buffers:
+            pin = self.device.type == "cuda"
+            self._buffers = [torch.zeros((self.max_rows, self.words), dtype=torch.int32, pin_memory=pin) for _ in range(2)]
         buf = self._buffers[self._turn][:m]
         self._turn ^= 1
         open_rows = []
