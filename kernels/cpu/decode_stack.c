@@ -70,6 +70,7 @@ typedef struct {
     const int64_t *positions, *slots;
     const int32_t *tables, *lens;
     int64_t rows, bt_stride, num_threads;
+    int rows_share; /* some rows share their first KV block (one sequence's verify rows, forks) */
     float *out;
     float *qkv, *attn, *o, *act, *down; /* shared activations, written in slices */
     float *private;                     /* per thread: h, residual [rows, hidden] each */
@@ -147,6 +148,8 @@ static void *run_member(void *arg) {
             const int64_t slot = s->slots[m];
             if (slot >= 0) store_kv_row(k, k + kv_row, kv_row, L->k_cache + slot * kv_row, L->v_cache + slot * kv_row);
         }
+        /* rows of one sequence (speculation's verify rows) read each other's K/V: all stored first */
+        if (s->rows_share) sync_team(s);
         const DecodeJob job = {s->qkv, L->k_cache, L->v_cache, s->tables, s->lens, M, nqkv, hq, hkv, D,
                                mdl->block_size, s->bt_stride, 0, mdl->scale, s->attn, 0, tid, n, L->window, 0.0f};
         decode_job_run((void *)&job); /* rows tid, tid + n, ...: each row reads only its own sequence */
@@ -244,7 +247,10 @@ int decode_stack_f32(const StackModel *model, Sgemm sgemm, const float *x, int64
     const int64_t floats = rows * (nqkv + qd + H + I + 2 * I + H) + num_threads * 2 * rows * H;
     float *buf = (float *)malloc(floats * sizeof(float));
     if (!buf) return -2;
-    Step s = {sgemm, m, x, positions, slots, block_tables, context_lens, rows, bt_stride, num_threads, out};
+    int rows_share = 0;
+    for (int64_t r = 1; num_threads > 1 && r < rows && !rows_share; r++) /* only a team needs to know */
+        for (int64_t p = 0; p < r && !rows_share; p++) rows_share = block_tables[r * bt_stride] == block_tables[p * bt_stride];
+    Step s = {sgemm, m, x, positions, slots, block_tables, context_lens, rows, bt_stride, num_threads, rows_share, out};
     s.qkv = buf;
     s.attn = s.qkv + rows * nqkv;
     s.o = s.attn + rows * qd;

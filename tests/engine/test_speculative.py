@@ -186,6 +186,27 @@ def test_kv_cache_after_rejections_equals_plain_decoding(make_checkpoint) -> Non
         assert torch.allclose(a[:upto], b[:upto], atol=1e-5)
 
 
+def test_verify_rows_on_a_thread_team(make_checkpoint) -> None:
+    """A model big enough for the C decode stack to run a team of threads: a verify step's rows of one
+    sequence read each other's K/V, stored by other threads (a barrier between store and attention).
+    The draft is the target itself, so every proposal is right and every one must be accepted."""
+    ckpt = make_checkpoint("llama", hidden_size=512, intermediate_size=1024, num_attention_heads=8,
+                           num_key_value_heads=4, head_dim=64)  # fmt: skip
+    prompts = _prompts()[-3:]
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    before = torch.get_num_threads()
+    try:
+        plain, _ = _run(ckpt.path, prompts, params, num_threads=2)
+        draft = SpeculativeConfig("draft", 4, str(ckpt.path), adaptive=False)
+        spec, engine = _run(ckpt.path, prompts, params, num_threads=2, speculative=draft)
+    finally:
+        torch.set_num_threads(before)
+    assert engine.runner.model.decode_stack is not None
+    _same(plain, spec)
+    s = engine.stats
+    assert s.spec_proposed_tokens > 0 and s.spec_accepted_tokens == s.spec_proposed_tokens, s
+
+
 def _chi2_critical(dof: int, z: float) -> float:
     """Wilson-Hilferty: the chi-square quantile with `dof` degrees of freedom at normal quantile z."""
     return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
