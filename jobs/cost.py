@@ -93,6 +93,9 @@ class ShardRecord(BaseModel):
     mask_seconds: float = Field(0.0, description="engine host time filling their allowed-token masks")
     spec_proposed_tokens: int = Field(0, description="speculative decoding: tokens proposed and verified")
     spec_accepted_tokens: int = Field(0, description="of those, accepted")
+    spec_grammar_cut_tokens: int = Field(
+        0, description="proposals of constrained rows dropped before verification (their grammar refused them)"
+    )
     load_seconds: float = Field(description="model load time charged to this shard")
     wall_seconds: float = Field(description="shard start to commit on the worker")
     billed_seconds: float
@@ -180,6 +183,7 @@ def build_report(
     decode_s = sum(r.decode_seconds for r in shards)
     proposed = sum(r.spec_proposed_tokens for r in shards)
     accepted = sum(r.spec_accepted_tokens for r in shards)
+    grammar_cut = sum(r.spec_grammar_cut_tokens for r in shards)
     billed = sum(r.billed_seconds for r in shards) + sum(a.billed_seconds for a in attempts)
     cost = sum(r.cost_usd for r in shards) + sum(a.cost_usd for a in attempts)
     on_demand = sum(r.on_demand_cost_usd for r in shards) + sum(a.on_demand_cost_usd for a in attempts)
@@ -216,6 +220,7 @@ def build_report(
         "spec_proposed_tokens": proposed,
         "spec_accepted_tokens": accepted,
         "spec_acceptance_rate": accepted / proposed if proposed else None,
+        "spec_grammar_cut_tokens": grammar_cut,
         "on_demand_cost_usd": on_demand,
         "wasted_cost_usd": sum(a.wasted_usd for a in attempts),
         "uncommitted_attempts": len(attempts),

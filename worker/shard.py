@@ -7,7 +7,6 @@ the next shard's compute; Celery commits before it acks. A committed shard is ne
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
 import time
@@ -38,6 +37,10 @@ class RowProgress:
     cached_tokens: int
     completion_tokens: int
     failed: bool
+    # speculative decoding: the engine's proposed / accepted tokens since the previous report (summed
+    # over a run's reports: the engine's totals; a live acceptance rate for the progress line)
+    spec_proposed_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 def default_pricing(manifest: Manifest) -> ShardPricing:
@@ -113,16 +116,16 @@ def compute_shard(
     requests = build_requests(
         table, [rows[i] for i in todo], manifest.spec, manifest.input, engine.tokenizer, max_n
     )
+    report = _RowReporter(on_row, shard_index, engine.stats)
     pending: list[RowRequest] = []
     for req in requests:
         if req.error is not None:
             results[req.row] = error_row(req)
-            _report(on_row, shard_index, results[req.row])
+            report(results[req.row])
         else:
             pending.append(req)
 
     before = engine.stats.snapshot()
-    report = functools.partial(_report, on_row, shard_index)
     embed, generate = split_embeddings(pending)
     stopped = collect_embeddings(engine, embed, results, should_stop, report) or collect_rows(
         engine, generate, results, should_stop, report
@@ -178,6 +181,7 @@ def compute_shard(
         mask_seconds=engine_time.mask_seconds,
         spec_proposed_tokens=engine_time.spec_proposed_tokens,
         spec_accepted_tokens=engine_time.spec_accepted_tokens,
+        spec_grammar_cut_tokens=engine_time.spec_grammar_cut_tokens,
         load_seconds=load_seconds,
         wall_seconds=wall,
         billed_seconds=billed,
@@ -196,17 +200,30 @@ def compute_shard(
     )
 
 
-def _report(on_row: Callable[[RowProgress], None] | None, shard: int, res: RowResult) -> None:
-    if on_row is not None:
-        on_row(
+class _RowReporter:
+    """Calls on_row with a RowProgress per finished row; the engine's speculation counters since the
+    previous call ride along (the engine counts per step, not per row)."""
+
+    def __init__(self, on_row: Callable[[RowProgress], None] | None, shard: int, stats: Any) -> None:
+        self.on_row, self.shard, self.stats = on_row, shard, stats
+        self.proposed, self.accepted = stats.spec_proposed_tokens, stats.spec_accepted_tokens
+
+    def __call__(self, res: RowResult) -> None:
+        if self.on_row is None:
+            return
+        proposed, accepted = self.stats.spec_proposed_tokens, self.stats.spec_accepted_tokens
+        self.on_row(
             RowProgress(
-                shard=shard,
+                shard=self.shard,
                 prompt_tokens=res.prompt_tokens,
                 cached_tokens=res.cached_tokens,
                 completion_tokens=res.completion_tokens,
                 failed=res.error is not None,
+                spec_proposed_tokens=proposed - self.proposed,
+                spec_accepted_tokens=accepted - self.accepted,
             )
         )
+        self.proposed, self.accepted = proposed, accepted
 
 
 def _read_partial(store: ObjectStore, keys: list[str], endpoint: str) -> dict[int, RowResult]:

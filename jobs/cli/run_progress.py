@@ -59,10 +59,13 @@ class _Counters:
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
         self.rows = self.failed = self.prompt = self.cached = self.completion = 0
+        self.proposed = self.accepted = 0  # speculative decoding's tokens (0 without it)
 
     def add(self, p: Any) -> None:
         self.rows += 1
         self.failed += int(p.failed)
+        self.proposed += p.spec_proposed_tokens
+        self.accepted += p.spec_accepted_tokens
         if p.failed:  # a refused row (too long, bad input) ran no tokens
             return
         self.prompt += p.prompt_tokens
@@ -74,7 +77,16 @@ class _Counters:
         return {
             "tps": (self.prompt + self.completion) / elapsed,
             "hit": self.cached / self.prompt if self.prompt else 0.0,
+            # the progress bar's speculation column: "" until something was proposed
+            "spec": f"spec accepted {self.accepted / self.proposed:.0%}" if self.proposed else "",
         }
+
+    def log_fields(self) -> dict[str, Any]:
+        """The JSON progress line's fields: tokens/s, hit rate, and the acceptance when speculating."""
+        out: dict[str, Any] = {k: round(v, 3) for k, v in self.fields().items() if k != "spec"}
+        if self.proposed:
+            out["spec_acceptance_rate"] = round(self.accepted / self.proposed, 3)
+        return out
 
 
 def run_with_progress(prepared: PreparedJob, settings: Settings, lifecycle: Lifecycle | None = None) -> int:
@@ -126,13 +138,14 @@ def run_with_progress(prepared: PreparedJob, settings: Settings, lifecycle: Life
             MofNCompleteColumn(),
             TextColumn("{task.fields[tps]:,.0f} tok/s"),
             TextColumn("prefix hit {task.fields[hit]:.0%}"),
+            TextColumn("{task.fields[spec]}"),
             TimeElapsedColumn(),
             console=console,
             disable=not tty,
         )
         with progress:
             task = progress.add_task(
-                "loading model", total=manifest.input.rows, completed=before.rows_done, tps=0.0, hit=0.0
+                "loading model", total=manifest.input.rows, completed=before.rows_done, tps=0.0, hit=0.0, spec=""
             )
 
             def on_row(p: Any) -> None:
@@ -146,7 +159,7 @@ def run_with_progress(prepared: PreparedJob, settings: Settings, lifecycle: Life
                         job_id=manifest.job_id,
                         rows=before.rows_done + counters.rows,
                         total=manifest.input.rows,
-                        **{k: round(v, 3) for k, v in counters.fields().items()},
+                        **counters.log_fields(),
                     )
 
             def should_stop() -> bool:  # before every engine step

@@ -95,6 +95,7 @@ def test_speculative_run_reports_acceptance(tmp_path: Path, demo_model_dir: Path
     report = json.loads((runs["spec"][0] / "cost.json").read_text())
     assert report["spec_proposed_tokens"] >= report["spec_accepted_tokens"] >= 0
     assert report["shards"][0]["spec_proposed_tokens"] == report["spec_proposed_tokens"]
+    assert report["spec_grammar_cut_tokens"] == report["shards"][0]["spec_grammar_cut_tokens"] == 0  # no constraint
     if report["spec_proposed_tokens"]:
         assert "speculation accepted" in runs["spec"][1]
     plain = json.loads((runs["plain"][0] / "cost.json").read_text())
@@ -115,3 +116,32 @@ def test_speculative_run_reports_acceptance(tmp_path: Path, demo_model_dir: Path
                                     str(tmp_path / "draft"), "--max-tokens", "8",
                                     "--speculative", f"draft:{demo_model_dir}"])  # fmt: skip
     assert good.exit_code == 0, good.output
+
+
+def test_progress_counts_speculation_per_row() -> None:
+    """run_shard's reporter hands each finished row the engine's proposed / accepted tokens since the
+    previous row (their sum: the engine's totals); the progress bar and the JSON progress line show
+    the acceptance once something was proposed, nothing before."""
+    from types import SimpleNamespace
+
+    from jobs.cli.run_progress import _Counters
+    from worker.shard import _RowReporter
+
+    stats = SimpleNamespace(spec_proposed_tokens=10, spec_accepted_tokens=4)  # from earlier shards
+    seen: list = []
+    report = _RowReporter(seen.append, 3, stats)
+    row = SimpleNamespace(prompt_tokens=5, cached_tokens=1, completion_tokens=7, error=None)
+    counters = _Counters()
+    report(row)  # nothing proposed since the reporter started
+    counters.add(seen[-1])
+    assert counters.fields()["spec"] == "" and "spec_acceptance_rate" not in counters.log_fields()
+    stats.spec_proposed_tokens, stats.spec_accepted_tokens = 30, 19
+    report(row)
+    stats.spec_proposed_tokens, stats.spec_accepted_tokens = 40, 20
+    report(SimpleNamespace(prompt_tokens=5, cached_tokens=0, completion_tokens=0, error="too long"))
+    for p in seen[1:]:
+        counters.add(p)
+    assert [(p.spec_proposed_tokens, p.spec_accepted_tokens) for p in seen] == [(0, 0), (20, 15), (10, 1)]
+    assert seen[2].failed and seen[0].shard == 3
+    assert counters.fields()["spec"] == "spec accepted 53%"  # 16 of 30
+    assert counters.log_fields()["spec_acceptance_rate"] == 0.533
