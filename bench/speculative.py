@@ -116,7 +116,7 @@ def main() -> None:
         configs["draft-always"] = SpeculativeConfig("draft", args.k, str(args.draft), adaptive=False)
     engines = {name: Engine.from_pretrained(MODEL, EngineConfig(speculative=s, **base)) for name, s in configs.items()}
     timers = {name: PlanTimer(e) for name, e in engines.items()}
-    work = tasks(engines["plain"], top)
+    work = tasks(engines["plain"], max(top, args.prompts_at_1))  # batch 1 runs --prompts-at-1 of them
     print(f"model {MODEL.name}, {args.tokens} tokens per prompt, K = {args.k}, CPU seconds, 1 thread")
     print(f"{'task':13} {'batch':>5} {'engine':13} {'tok/s':>8} {'ratio':>6} {'accept':>7} {'mean len':>8} "
           f"{'plan us':>8} {'same':>5}")  # fmt: skip

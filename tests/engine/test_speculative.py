@@ -88,6 +88,33 @@ def test_greedy_identical_with_a_draft_model(make_checkpoint, tmp_path, arch: st
     _speculated(engine)
 
 
+def test_draft_steps_on_the_c_stack_propose_what_the_generic_path_proposes(make_checkpoint, tmp_path) -> None:
+    """The draft's greedy steps straight on the C decode stack (DraftStack: short catch-ups as
+    decode rows, the K - 1 steps, an lm_head GEMV) propose the tokens the generic forward proposes:
+    the same acceptance counts, the same outputs."""
+    path = make_checkpoint("llama").path
+    draft = SpeculativeConfig("draft", 4, str(_perturbed(path, tmp_path / "draft")), adaptive=False)
+    counts = {}
+    outs = {}
+    for fast in (True, False):
+        engine = Engine.from_pretrained(path, EngineConfig(kv_cache_bytes=8 << 20, speculative=draft))
+        model = engine.speculator.draft
+        assert model.fast is not None  # a Llama on the CPU backend: bound to the stack
+        calls = []
+        if fast:
+            greedy = model.fast.greedy
+            model.fast.greedy = lambda *a, _c=calls, _g=greedy, **k: _c.append(a[0].size) or _g(*a, **k)
+        else:
+            model.fast = None
+        outs[fast] = engine.generate(_prompts(), GREEDY)
+        s = engine.stats
+        counts[fast] = (s.spec_runs, s.spec_proposed_tokens, s.spec_accepted_tokens)
+        if fast:  # catch-ups of several rows (the target's token and an accepted one) ran there too
+            assert calls and max(calls) > len(_prompts())
+    _same(outs[True], outs[False])
+    assert counts[True] == counts[False] and counts[True][2] > 0
+
+
 @pytest.mark.parametrize(
     "config",
     [

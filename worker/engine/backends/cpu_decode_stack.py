@@ -112,8 +112,8 @@ class ModelDecodeStack:
             first = tables[:, 0].numpy()
             # a prefix shared by several sequences: the op-by-op cascade reads it once; the rows of one
             # sequence (speculation's verify rows: identical tables) read it per row here, still cheaper
-            if ((first == first[0]).all() and decode_shared_blocks(tables, lens.tolist(), self._block_size)
-                    and not (tables == tables[0]).all()):  # fmt: skip
+            if ((first == first[0]).all() and not (tables == tables[0]).all()
+                    and decode_shared_blocks(tables, lens.tolist(), self._block_size)):  # fmt: skip
                 return False
         return True
 

@@ -6,8 +6,10 @@ has computed (`_DraftSeq`). A proposal of k tokens: one forward over each sequen
 draft has not computed yet (a prompt the first time; after a verify step, the target's own token and
 any accepted token the draft had not stored), whose last logits give d_1, then k - 1 decode steps;
 all speculating sequences run batched. After verification the draft forgets the K/V past the
-accepted tokens (`rollback`). Greedy proposals are deterministic (q is one-hot), so the verifier's
-rule keeps the target's distribution exactly also for sampled rows.
+accepted tokens (`rollback`). On the CPU's C decode stack those forwards run through DraftStack
+(draft_stack.py: no generic forward path around the small model's C work). Greedy proposals are
+deterministic (q is one-hot), so the verifier's rule keeps the target's distribution exactly also
+for sampled rows.
 
 Refused before any row runs (ValueError): a folder that does not load, another vocabulary size, a
 tokenizer with another vocabulary or other EOS ids.
@@ -29,9 +31,12 @@ from worker.engine.loader import load_model
 from worker.engine.model_runner import ModelRunner
 from worker.engine.sampler import to_device
 from worker.engine.sequence import Sequence
+from worker.engine.speculation.draft_stack import DraftStack
 from worker.engine.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
+
+FAST_CATCH_UP = 16  # tokens per sequence up to which a catch-up runs as decode rows on the C stack
 
 
 class _DraftSeq:
@@ -74,6 +79,8 @@ class DraftModel:
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.torch_device, config.torch_dtype,
                                   config.decode_stack)  # fmt: skip
         self.bm = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)
+        # the draft's steps straight on the C decode stack where the backend bound it (CPU), else None
+        self.fast = DraftStack(model, config.block_size) if DraftStack.usable(model) else None
         self.kv_bytes = num_blocks * per_block  # taken out of the target's KV budget
         self.device = config.torch_device
         self.states: dict[int, _DraftSeq] = {}  # target seq_id -> the draft's copy
@@ -126,17 +133,32 @@ class DraftModel:
         bs = self.block_size
         return [st.block_table[p // bs] * bs + p % bs for p in positions]
 
-    def _tables(self, states: list[_DraftSeq], width: int) -> torch.Tensor:
+    def _tables_np(self, states: list[_DraftSeq], width: int) -> np.ndarray:
         out = np.zeros((len(states), width), np.int32)
         for r, st in enumerate(states):
             out[r, : min(width, len(st.block_table))] = st.block_table[:width]
-        return to_device(out, self.device)
+        return out
+
+    def _tables(self, states: list[_DraftSeq], width: int) -> torch.Tensor:
+        return to_device(self._tables_np(states, width), self.device)
 
     def _catch_up(self, states: list[_DraftSeq], ends: list[int]) -> np.ndarray:
-        """One prefill over each sequence's uncomputed tokens [computed, end); the greedy next token."""
+        """One forward over each sequence's uncomputed tokens [computed, end); the greedy next token.
+        Short catch-ups (after a verify step: the target's own token, maybe an accepted one) run as
+        decode-shaped rows on the C stack where there is one (DraftStack); else one prefill."""
+        los = [min(st.computed, end - 1) for st, end in zip(states, ends, strict=True)]  # the newest token always runs
+        rows = sum(end - lo for lo, end in zip(los, ends, strict=True))
+        if self.fast is not None and max(e - lo for lo, e in zip(los, ends, strict=True)) <= FAST_CATCH_UP \
+                and self.fast.takes(rows):  # fmt: skip
+            bs = self.block_size
+            table = self._tables_np(states, max(-(-e // bs) for e in ends))
+            counts = np.asarray([e - lo for lo, e in zip(los, ends, strict=True)])
+            pos = np.concatenate([np.arange(lo, e, dtype=np.int64) for lo, e in zip(los, ends, strict=True)])
+            ids = np.asarray([t for st, lo, e in zip(states, los, ends, strict=True) for t in st.seq.token_ids[lo:e]],
+                             np.int64)  # fmt: skip
+            return self.fast.greedy(ids, pos, np.repeat(table, counts, axis=0), np.cumsum(counts) - 1)
         ids, pos, slots, cu, last = [], [], [], [0], []
-        for st, end in zip(states, ends, strict=True):
-            lo = min(st.computed, end - 1)  # the newest token always runs: its logits propose
+        for st, end, lo in zip(states, ends, los, strict=True):
             ids += st.seq.token_ids[lo:end]
             pos += range(lo, end)
             slots += self._slots(st, range(lo, end))
@@ -156,6 +178,9 @@ class DraftModel:
 
     def _decode(self, states: list[_DraftSeq], positions: list[int], ids: list[int]) -> np.ndarray:
         dev, bs = self.device, self.block_size
+        if self.fast is not None and self.fast.takes(len(states)):
+            table = self._tables_np(states, max(positions) // bs + 1)
+            return self.fast.greedy(np.asarray(ids, np.int64), np.asarray(positions, np.int64), table)
         slots = [self._slots(st, [p])[0] for st, p in zip(states, positions, strict=True)]
         meta = AttentionMetadata(
             slot_mapping=to_device(np.asarray(slots, np.int64), dev), num_prefill_tokens=0,
