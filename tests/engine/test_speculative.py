@@ -311,7 +311,9 @@ def test_ngram_index_proposes_the_latest_longest_match() -> None:
     tokens += [4]  # "2 3 4" matches the first occurrence only: 9 2 3 follow
     assert index.propose(tokens, 3) == [9, 2, 3]
     assert index.propose([8, 6], 2) == []  # a fresh index: nothing occurred before
-    assert NgramIndex().propose([5, 5, 5], 4) == [5]  # overlapping match: only tokens that exist
+    # a match running into the newest tokens continues with its period
+    assert NgramIndex().propose([5, 5, 5], 4) == [5, 5, 5, 5]
+    assert NgramIndex().propose([1, 7, 8, 7, 8], 5) == [7, 8, 7, 8, 7]
 
 
 def test_block_rollback_gives_back_trailing_blocks() -> None:
@@ -349,6 +351,33 @@ def test_controller_turns_speculation_off_where_it_costs_more() -> None:
         draft.record(5, 0.004, speculated=True)
     assert draft.cost(1) == 0.001 and draft.cost(5, speculated=True) == 0.004 and draft.cost(5) is None
     assert not draft.decide(1, 4, expected_accepted=2.0)  # 4 ms for 3 tokens > 1 ms for 1
+
+
+def test_refused_proposals_pause_the_sequences_below_break_even() -> None:
+    """A step refused because its proposals' expected acceptance does not pay pauses the sequences
+    below the step's break-even (their acceptance is re-measured only by verifying: after the pause
+    they restart at 1/2 and full K); a sequence above it, or a refusal that was a plain probe, pauses
+    no one; a whole proposal kept makes the next pause short again."""
+    from types import SimpleNamespace
+
+    from worker.engine.speculation.speculator import PAUSE_FIRST, SpecState, Speculator
+
+    low, high = SpecState(4), SpecState(4)
+    low.rate, high.rate = 0.05, 0.9
+    batch = SimpleNamespace(seqs=[SimpleNamespace(spec=low), SimpleNamespace(spec=high)])
+    sp = Speculator(SpeculativeConfig("ngram", 4), batch)  # type: ignore[arg-type]
+    for _ in range(3):  # 1 row 1 ms, 5 rows 1.6 ms, 2 rows 1.1 ms, 10 rows 2.5 ms
+        for rows, ms in ((1, 1.0), (5, 1.6), (2, 1.1), (10, 2.5)):
+            sp.controller.record(rows, ms / 1000)
+    assert sp.controller.breakeven(1, 4) == pytest.approx(0.6)
+    sp._pause_below([(1, [7, 7, 7, 7])], 1, expected=0.9 * 4)  # pays: a probe step's refusal
+    assert high.paused == 0 and high.rate == 0.9
+    sp._pause_below([(0, [7, 7, 7, 7]), (1, [7, 7, 7, 7])], 2, expected=0.05 * 4 + 0.9 * 4)
+    assert high.paused == 0  # 3.8 expected vs 2 x 2.5 / 1.1 - 2 = 2.5 needed: it paid
+    sp._pause_below([(0, [7, 7, 7, 7])], 1, expected=0.05 * 4)
+    assert (low.paused, low.backoff, low.rate, low.k) == (PAUSE_FIRST, 2 * PAUSE_FIRST, 0.5, 4)
+    sp.observe(batch.seqs[0], 4, 4)  # after the pause: a whole proposal kept
+    assert low.backoff == PAUSE_FIRST
 
 
 def test_committed_draft_proposes_for_the_reference_model() -> None:

@@ -18,9 +18,12 @@ speculating steps get their own table (the draft's time included), plain steps t
 
 A step speculates iff cost(B + sum K) / (B + expected accepted) < cost(B) / B for its B decoding
 sequences; an unmeasured side is explored (run once so it gets measured). The rule is asked twice:
-before proposing, with every row proposing K at the engine-wide acceptance (a refusal skips even the
-proposing, host work, for a back-off that doubles while refusals repeat); then with the step's own
-proposals and the sequences' own acceptance (a refusal is for this step only). When a back-off runs
+before proposing, with every row proposing K and every proposal accepted, i.e. whether speculation
+could pay at all at this width (a refusal skips even the proposing, host work, for a back-off that
+doubles while refusals repeat: a large batch); then with the step's own proposals and the sequences'
+own acceptance (a refusal is for this step, and pauses the sequences below the step's break-even
+acceptance: Speculator._pause_below, so that a sequence's acceptance, measured only by verifying,
+gets re-measured after its pause instead of keeping it refused). When a back-off runs
 out one speculating step re-measures that side. While speculation pays, every PROBE_PLAIN-th step
 runs plain for the same reason.
 """
@@ -61,8 +64,8 @@ class SpeculationController:
     def decide(self, width: int, extra_rows: int, expected_accepted: float, back_off: bool = False) -> bool:
         """Whether a step of `width` decoding sequences, `extra_rows` more with speculation, should
         speculate when it expects `expected_accepted` accepted tokens. back_off: the question asked
-        before proposing, from the engine-wide acceptance (a refusal then skips proposing at this
-        width for a while); else the step's own proposals are judged (a refusal is for this step)."""
+        before proposing (could it pay at all: a refusal then skips proposing at this width for a
+        while); else the step's own proposals are judged (a refusal is for this step)."""
         if not self.adaptive:
             return True
         spec, plain = self.cost(width + extra_rows, True), self.cost(width)
@@ -83,6 +86,15 @@ class SpeculationController:
             back = min(SKIP_MAX, 2 * self._skip.get(key, (0, SKIP_FIRST // 2))[1])
             self._skip[key] = (self.steps + back, back)
         return False
+
+    def breakeven(self, width: int, extra_rows: int) -> float | None:
+        """The accepted tokens a step of `width` decoding sequences needs from `extra_rows` more
+        verify rows to pay (its cost per token no higher than a plain step's); None when a side is
+        unmeasured."""
+        spec, plain = self.cost(width + extra_rows, True), self.cost(width)
+        if spec is None or plain is None:
+            return None
+        return spec * width / plain - width
 
     def record(self, rows: int, seconds: float, speculated: bool = False) -> None:
         """A pure decode / verify step of `rows` rows took `seconds` (host work included). A bucket's

@@ -3,7 +3,7 @@
 For each n in 1..MAX_N it remembers where the latest occurrence of every n-gram of the sequence's
 tokens (prompt and generated) was followed by another token. A proposal matches the sequence's last
 MAX_N tokens first, then shorter suffixes, and offers the up to K tokens that followed the latest
-match. The index grows with the tokens (MAX_N dict writes per new token, done when proposing), so a
+match (a match close to the end continues periodically: the suffix repeats with that period). The index grows with the tokens (MAX_N dict writes per new token, done when proposing), so a
 step's host cost is O(new tokens) per sequence, not O(length); the prompt is indexed once.
 """
 
@@ -34,5 +34,10 @@ class NgramIndex:
         for n in range(min(MAX_N, length - 1), 0, -1):
             e = self.follows.get(tuple(tokens[length - n :]))
             if e is not None:
-                return tokens[e : e + k]
+                if e + k <= length:
+                    return tokens[e : e + k]
+                # the match runs into the newest tokens: the text repeats with period length - e, so the
+                # proposal continues the period ("- - - -", "0, 0, 0,") instead of stopping short
+                period = length - e
+                return [tokens[e + i % period] for i in range(k)]
         return []
