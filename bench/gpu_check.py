@@ -12,8 +12,8 @@ Sections, each failing soft (an error is recorded and the next section runs):
       prefill >= 50% of matmul peak at 4k; the quantized matmuls (bench/gpu_check_matmul.py) as
       replayed CUDA graphs (kernels alone): int4 and int8 at M 1..16 >= 1.5x the bf16 torch matmul
       (GEMV and tensor-core kernels each timed, with the weight-read roofline), fp8 at M 4096 >= 1.6x;
-  (c) the fused-MoE kernel against a loop of per-expert torch matmuls at Qwen3-30B-A3B and
-      Mixtral-8x7B shapes (bench/gpu_check_moe.py);
+  (c) the fused-MoE kernel against a loop of per-expert torch matmuls at Qwen3-30B-A3B,
+      Mixtral-8x7B and gpt-oss-20b shapes (gpt-oss: expert biases, clamped SwiGLU; bench/gpu_check_moe.py);
   (c') a few launch configs around those three kernels' defaults (bench/gpu_check_sweep.py);
   (d) the engine on a random ~1B-parameter Llama (bf16), a mixed batch, tokens/s (bench/gpu_check_engine.py);
   (e) everything into the JSON file named on the command line.

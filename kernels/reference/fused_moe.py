@@ -7,6 +7,13 @@ Layouts (docs/ARCHITECTURE.md, "Kernel contract"):
   weights (select_experts).
 fused_moe(x, w13, w2, topk_weights, topk_ids) = sum_j topk_weights[t, j] *
     w2[e] @ (silu(gate_e(x[t])) * up_e(x[t])), e = topk_ids[t, j].
+Options (gpt-oss's experts, transformers' GptOssExperts):
+- b13 [E, 2I] (gate, then up) and b2 [E, H]: expert biases, added to each projection's output
+  before the activation / before the routing weight: the weight scales the whole expert output,
+  sum_j w_j * (w2[e] @ act + b2[e]), b2 included;
+- swiglu_limit / swiglu_alpha: the clamped SwiGLU instead of silu(gate) * up
+  (activation.clamped_swiglu: (clamp(up, -l, l) + 1) * g * sigmoid(alpha * g), g = clamp(gate, max=l));
+  swiglu_limit None: plain SwiGLU.
 
 The reference is also the CPU fast path: the T * K (token, expert) pairs are sorted by expert
 (stable), each expert runs one matmul over its gathered rows, its SwiGLU, and one down matmul;
@@ -18,9 +25,11 @@ order, as transformers' MoE blocks add them.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
+from kernels.reference.activation import clamped_swiglu
 from kernels.reference.activation import silu_mul as _silu_mul
 
 
@@ -115,8 +124,40 @@ def biased_experts(
     return mlp
 
 
+def moe_activation(
+    swiglu_limit: float | None, swiglu_alpha: float | None,
+    silu_mul: Callable[[torch.Tensor], torch.Tensor] = _silu_mul,
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The experts' activation on gate_up [n, 2I]: `silu_mul` when swiglu_limit is None, else the
+    clamped SwiGLU with these parameters (gpt-oss's config swiglu_limit, swiglu_alpha)."""
+    if swiglu_limit is None:
+        return silu_mul
+    if swiglu_alpha is None:
+        raise ValueError("the clamped SwiGLU needs swiglu_alpha with swiglu_limit")
+    return partial(clamped_swiglu, alpha=float(swiglu_alpha), limit=float(swiglu_limit))
+
+
+def expert_mlp(
+    w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None, b2: torch.Tensor | None,
+    swiglu_limit: float | None, swiglu_alpha: float | None,
+    silu_mul: Callable[[torch.Tensor], torch.Tensor] = _silu_mul,
+    linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _linear,
+) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    """grouped_moe's expert_mlp for fused_moe's arguments: swiglu_experts without options, else
+    biased_experts (missing biases as zeros) with moe_activation's activation."""
+    if b13 is None and b2 is None and swiglu_limit is None:
+        return swiglu_experts(w13, w2, silu_mul, linear)
+    num_experts, two_i, hidden = w13.shape
+    b13 = w13.new_zeros((num_experts, two_i)) if b13 is None else b13
+    b2 = w2.new_zeros((num_experts, hidden)) if b2 is None else b2
+    return biased_experts(w13, b13, w2, b2, moe_activation(swiglu_limit, swiglu_alpha, silu_mul), linear)
+
+
 def fused_moe(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
-) -> torch.Tensor:
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    b13: torch.Tensor | None = None, b2: torch.Tensor | None = None,
+    swiglu_limit: float | None = None, swiglu_alpha: float | None = None,
+) -> torch.Tensor:  # fmt: skip
     """x [T, H] -> [T, H] (see the module docstring)."""
-    return grouped_moe(x, topk_weights, topk_ids, w13.shape[0], swiglu_experts(w13, w2))
+    mlp = expert_mlp(w13, w2, b13, b2, swiglu_limit, swiglu_alpha)
+    return grouped_moe(x, topk_weights, topk_ids, w13.shape[0], mlp)

@@ -6,8 +6,11 @@ to one expert (align_blocks, torch ops on the device with no host read: the bloc
 T * K + E * (BLOCK_M - 1) rounded up, trailing blocks marked -1 and skipped). Two launches then run
 the experts as grouped GEMMs:
 1. gate_up: each program takes one block's rows of x (gathered by token index, never copied) times
-   its expert's gate and up tiles, and writes silu(gate) * up: the activation fused, [T * K, I].
-2. down: the activations times the expert's down tile, scaled by the pair's routing weight, [T * K, H].
+   its expert's gate and up tiles, adds the expert's gate and up biases when given (b13), and writes
+   the activation: silu(gate) * up, or gpt-oss's clamped SwiGLU (swiglu_limit, swiglu_alpha), fused
+   in fp32 in the epilogue, [T * K, I].
+2. down: the activations times the expert's down tile, plus its down bias when given (b2), scaled by
+   the pair's routing weight (bias included, as transformers' GptOssExperts weight it), [T * K, H].
 A sum over each token's K rows finishes. Empty experts get no block; no program ever loops over tokens.
 """
 
@@ -51,11 +54,11 @@ def align_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tupl
 
 @triton.jit
 def _gate_up_kernel(
-    x_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr,  # x [T, H]; w [E, 2I, H]; out [T*K, I]
-    num_pairs, hidden, inter,
-    stride_xt, stride_xh, stride_we, stride_wn, stride_wh, stride_op, stride_on,
+    x_ptr, w_ptr, b_ptr, out_ptr, pairs_ptr, experts_ptr,  # x [T, H]; w [E, 2I, H]; b [E, 2I]; out [T*K, I]
+    num_pairs, hidden, inter, limit, alpha,
+    stride_xt, stride_xh, stride_we, stride_wn, stride_wh, stride_be, stride_op, stride_on,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -81,17 +84,27 @@ def _gate_up_kernel(
         w_up = tl.load(w_base + (inter + offs_n[None, :]) * stride_wn + wk, mask=mask, other=0.0)
         acc_gate = dot(a, w_gate, acc_gate, UPCAST)
         acc_up = dot(a, w_up, acc_up, UPCAST)
-    act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up  # silu(gate) * up, in fp32
+    if HAS_BIAS:
+        b_base = b_ptr + expert.to(tl.int64) * stride_be
+        acc_gate += tl.load(b_base + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        acc_up += tl.load(b_base + inter + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if CLAMPED:  # gpt-oss: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)
+        g = tl.minimum(acc_gate, limit)
+        u = tl.maximum(tl.minimum(acc_up, limit), -limit)
+        act = (u + 1.0) * (g / (1.0 + tl.exp(-alpha * g)))
+    else:
+        act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up  # silu(gate) * up, in fp32
     out_ptrs = out_ptr + pair[:, None].to(tl.int64) * stride_op + offs_n[None, :] * stride_on
     tl.store(out_ptrs, act.to(out_ptr.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
 
 
 @triton.jit
 def _down_kernel(
-    a_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, weights_ptr,  # a [T*K, I]; w [E, H, I]; out [T*K, H]
+    a_ptr, w_ptr, b_ptr, out_ptr, pairs_ptr, experts_ptr, weights_ptr,  # a [T*K, I]; w [E, H, I]; b [E, H]
     num_pairs, hidden, inter,
-    stride_ap, stride_ai, stride_we, stride_wn, stride_wi, stride_op, stride_on,
+    stride_ap, stride_ai, stride_we, stride_wn, stride_wi, stride_be, stride_op, stride_on,  # out [T*K, H]
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -113,6 +126,9 @@ def _down_kernel(
         w = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wi,
                     mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # fmt: skip
         acc = dot(a, w, acc, UPCAST)
+    if HAS_BIAS:  # before the routing weight: it scales the whole expert output
+        bias = tl.load(b_ptr + expert.to(tl.int64) * stride_be + offs_n, mask=n_mask, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
     scale = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32)  # routing weight per row
     acc = acc * scale[:, None]
     out_ptrs = out_ptr + rows[:, None] * stride_op + offs_n[None, :] * stride_on
@@ -125,33 +141,57 @@ def _block_m(pairs: int, num_experts: int) -> int:
     return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
 
 
+def _check(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    b13: torch.Tensor | None, b2: torch.Tensor | None, swiglu_limit: float | None, swiglu_alpha: float | None,
+) -> None:  # fmt: skip
+    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    check_tensor("w13", w13, ndim=3, dtypes=FLOAT_DTYPES)
+    check_tensor("w2", w2, ndim=3, dtypes=FLOAT_DTYPES)
+    check_tensor("topk_weights", topk_weights, ndim=2, dtypes=(torch.float32,))
+    check_tensor("topk_ids", topk_ids, ndim=2, dtypes=(torch.int32, torch.int64))
+    check_same_dtype(x=x, w13=w13, w2=w2)
+    tokens, hidden = x.shape
+    num_experts, two_i = w13.shape[0], w13.shape[1]
+    if two_i % 2:
+        raise ValueError(f"w13 must hold gate and up rows (2 * I), got {two_i} rows")
+    check_shape("w13", w13, (num_experts, two_i, hidden))
+    check_shape("w2", w2, (num_experts, hidden, two_i // 2))
+    check_shape("topk_ids", topk_ids, (tokens, None))
+    check_shape("topk_weights", topk_weights, topk_ids.shape)
+    devices = {"x": x, "w13": w13, "w2": w2, "topk_ids": topk_ids}
+    for name, bias, shape in (("b13", b13, (num_experts, two_i)), ("b2", b2, (num_experts, hidden))):
+        if bias is not None:
+            check_tensor(name, bias, ndim=2, dtypes=FLOAT_DTYPES)
+            check_shape(name, bias, shape)
+            if bias.stride(1) != 1:
+                raise ValueError(f"{name} must be contiguous along its last dim")
+            check_same_dtype(x=x, **{name: bias})
+            devices[name] = bias
+    if swiglu_limit is not None and swiglu_alpha is None:
+        raise ValueError("the clamped SwiGLU needs swiglu_alpha with swiglu_limit")
+    check_launchable(_gate_up_kernel, check_same_device(**devices))
+
+
 def fused_moe(
     x: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    b13: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
+    swiglu_limit: float | None = None,
+    swiglu_alpha: float | None = None,
     block_m: int | None = None,
     checked: bool = False,
 ) -> torch.Tensor:
-    """x [T, H] -> [T, H]; see kernels/reference/fused_moe.py. block_m: rows per sorted block (16, 32
-    or 64; chosen from the load when None). checked: the arguments' checks already passed."""
+    """x [T, H] -> [T, H]; see kernels/reference/fused_moe.py (b13 [E, 2I] and b2 [E, H]: expert
+    biases; swiglu_limit, swiglu_alpha: the clamped SwiGLU, None: silu(gate) * up). block_m: rows per
+    sorted block (16, 32 or 64; chosen from the load when None). checked: the arguments' checks
+    already passed."""
     if not checked:
-        check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
-        check_tensor("w13", w13, ndim=3, dtypes=FLOAT_DTYPES)
-        check_tensor("w2", w2, ndim=3, dtypes=FLOAT_DTYPES)
-        check_tensor("topk_weights", topk_weights, ndim=2, dtypes=(torch.float32,))
-        check_tensor("topk_ids", topk_ids, ndim=2, dtypes=(torch.int32, torch.int64))
-        check_same_dtype(x=x, w13=w13, w2=w2)
-        tokens, hidden = x.shape
-        num_experts, two_i = w13.shape[0], w13.shape[1]
-        if two_i % 2:
-            raise ValueError(f"w13 must hold gate and up rows (2 * I), got {two_i} rows")
-        check_shape("w13", w13, (num_experts, two_i, hidden))
-        check_shape("w2", w2, (num_experts, hidden, two_i // 2))
-        check_shape("topk_ids", topk_ids, (tokens, None))
-        check_shape("topk_weights", topk_weights, topk_ids.shape)
-        check_launchable(_gate_up_kernel, check_same_device(x=x, w13=w13, w2=w2, topk_ids=topk_ids))
+        _check(x, w13, w2, topk_weights, topk_ids, b13, b2, swiglu_limit, swiglu_alpha)
     tokens, hidden = x.shape
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     top_k = topk_ids.shape[1]
@@ -164,16 +204,22 @@ def fused_moe(
     act = torch.empty((pairs, inter), device=x.device, dtype=x.dtype)
     bn, bk = 64, 32
     upcast = dot_upcast(_gate_up_kernel, x.dtype)
+    clamped = swiglu_limit is not None
+    limit, alpha = (float(swiglu_limit), float(swiglu_alpha)) if clamped else (0.0, 0.0)
+    b13_arg = w13 if b13 is None else b13  # a pointer the kernel never reads without HAS_BIAS
     _gate_up_kernel[(num_blocks, triton.cdiv(inter, bn))](
-        x, w13, act, sorted_pairs, block_experts, pairs, hidden, inter,
-        x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2), act.stride(0), act.stride(1),
-        TOP_K=top_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UPCAST=upcast,
+        x, w13, b13_arg, act, sorted_pairs, block_experts, pairs, hidden, inter, limit, alpha,
+        x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2), b13_arg.stride(0),
+        act.stride(0), act.stride(1),
+        TOP_K=top_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UPCAST=upcast, HAS_BIAS=b13 is not None, CLAMPED=clamped,
     )  # fmt: skip
     rows = torch.empty((pairs, hidden), device=x.device, dtype=x.dtype)
     weights = topk_weights.reshape(-1).contiguous()
+    b2_arg = w2 if b2 is None else b2
     _down_kernel[(num_blocks, triton.cdiv(hidden, bn))](
-        act, w2, rows, sorted_pairs, block_experts, weights, pairs, hidden, inter,
-        act.stride(0), act.stride(1), w2.stride(0), w2.stride(1), w2.stride(2), rows.stride(0), rows.stride(1),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UPCAST=upcast,
+        act, w2, b2_arg, rows, sorted_pairs, block_experts, weights, pairs, hidden, inter,
+        act.stride(0), act.stride(1), w2.stride(0), w2.stride(1), w2.stride(2), b2_arg.stride(0),
+        rows.stride(0), rows.stride(1),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UPCAST=upcast, HAS_BIAS=b2 is not None,
     )  # fmt: skip
     return rows.view(tokens, top_k, hidden).sum(1)

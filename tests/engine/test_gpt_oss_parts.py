@@ -41,6 +41,26 @@ def test_routing_and_output_match_transformers(make_checkpoint, backend: str, to
     torch.testing.assert_close(block.forward(x), hf_block(x[None])[0][0], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+@torch.no_grad()
+def test_experts_run_through_backend_fused_moe(make_checkpoint, backend: str, monkeypatch) -> None:
+    """The unquantized experts reach Backend.fused_moe with their biases and the config's clamp."""
+    hf_block, block, _ = _blocks(make_checkpoint, backend)
+    calls: list[dict] = []
+    fused = block.backend.fused_moe
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(kwargs)
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(block.backend, "fused_moe", spy)
+    x = torch.randn(20, 64, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(block.forward(x), hf_block(x[None])[0][0], atol=1e-5, rtol=1e-4)
+    experts = hf_block.experts
+    assert len(calls) == 1 and calls[0]["b2"] is block.experts.down_proj_bias
+    assert (calls[0]["swiglu_limit"], calls[0]["swiglu_alpha"]) == (experts.limit, experts.alpha)
+
+
 @torch.no_grad()
 def test_clamped_swiglu_is_exercised(make_checkpoint) -> None:
     """Large inputs drive the experts' gate and up projections past swiglu_limit (7): the clamp matters

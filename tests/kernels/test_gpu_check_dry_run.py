@@ -12,7 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = {"paged_decode_attention", "prefill_attention", "int4_matmul", "int8_matmul", "store_kv_cache",
            "rms_norm+residual", "apply_rotary", "token_bitmask", "int4_gemv", "int4_dot", "int8_gemv", "int8_dot",
-           "fp8_matmul", "fused_moe qwen3-30b-a3b (tiny)", "fused_moe mixtral-8x7b (tiny)"}
+           "fp8_matmul", "fused_moe qwen3-30b-a3b (tiny)", "fused_moe mixtral-8x7b (tiny)",
+           "fused_moe gpt-oss-20b (tiny)"}
 
 
 def _dry_run(tmp_path: Path, *flags: str) -> dict:
@@ -32,7 +33,8 @@ def test_dry_run_kernels(tmp_path: Path) -> None:
     assert {t["name"].split(" ")[0] for t in report["targets"]} == {"paged", "prefill", "int4", "int8", "fp8",
                                                                     "fused_moe"}
     moe = [k for k in report["kernels"] if k["name"].startswith("fused_moe")]
-    assert len(moe) == 2 and all(k["loop_ms"] > 0 and k["experts_used"] > 1 for k in moe)
+    assert len(moe) == 3 and all(k["loop_ms"] > 0 and k["experts_used"] > 1 for k in moe)
+    assert [k["options"] for k in moe if "gpt-oss" in k["name"]] == ["biases, clamped SwiGLU limit 7.0 alpha 1.702"]
     # decode M: the wrappers' choice and both kernels forced, each against bf16 and the roofline
     decode = [k for k in report["kernels"] if k["name"].startswith(("int4", "int8", "fp8")) and k["unit"] == "GB/s"]
     assert {(k["name"], k["shape"].split()[0]) for k in decode} >= {

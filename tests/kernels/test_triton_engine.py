@@ -4,6 +4,7 @@ same greedy tokens on a tiny random model, through chunked prefill, prefix-cache
 from pathlib import Path
 
 import pytest
+import torch
 
 from worker.demo_model import make_demo_model
 from worker.engine import Engine, EngineConfig, SamplingParams
@@ -76,3 +77,45 @@ def test_triton_backend_gpt_oss_attention_sinks(tmp_path: Path, tiny_llama: Path
         max_position_embeddings=512, initializer_range=0.2, bos_token_id=0, eos_token_id=2, pad_token_id=None,
     )  # fmt: skip
     _same_tokens(_hf_checkpoint(tmp_path, tiny_llama, config))
+
+
+@torch.no_grad()
+def _hf_greedy(model: object, prompt: list[int], new: int) -> list[int]:
+    """transformers' greedy continuation with its own KV cache."""
+    out = model(torch.tensor([prompt]), use_cache=True)
+    tokens: list[int] = []
+    for _ in range(new):
+        tokens.append(int(out.logits[0, -1].argmax()))
+        out = model(torch.tensor([[tokens[-1]]]), cache=out.cache, use_cache=True)
+    return tokens
+
+
+def test_triton_backend_gpt_oss_gives_transformers_tokens(tmp_path: Path, tiny_llama: Path) -> None:
+    """gpt-oss on backend "triton" (interpreted): its experts through the fused-MoE kernel with the
+    biases and the clamped SwiGLU, sinks and sliding layers (window 16 < the prompts) in the attention
+    kernels, chunked prefill; greedy tokens equal transformers'."""
+    import transformers
+
+    config = transformers.GptOssConfig(
+        vocab_size=1024, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=16,
+        max_position_embeddings=512, initializer_range=0.2, bos_token_id=0, eos_token_id=2, pad_token_id=None,
+    )  # fmt: skip
+    path = _hf_checkpoint(tmp_path, tiny_llama, config)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompts = [[(7 * i + 3) % 900 + 5 for i in range(40)], [400, 401, 402, 403, 404], [(13 * i) % 1000 + 3 for i in range(23)]]
+    engine = Engine.from_pretrained(path, EngineConfig(device="cpu", backend="triton", block_size=16, max_num_seqs=4,
+                                                       max_num_batched_tokens=32, kv_cache_bytes=1 << 22))  # fmt: skip
+    backend = engine.runner.model.backend
+    assert backend.name == "triton"
+    calls: list[dict] = []
+    fused = backend.fused_moe
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(kwargs)
+        return fused(*args, **kwargs)
+
+    backend.fused_moe = spy
+    outs = engine.generate(prompts, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
+    assert calls and all(c["b13"] is not None and c["swiglu_limit"] == config.swiglu_limit for c in calls)
+    assert [o.token_ids for o in outs] == [_hf_greedy(hf, p, 5) for p in prompts]

@@ -36,7 +36,7 @@ from kernels.reference.attention import (
     merge_partials,
     prefill_shared_blocks,
 )
-from kernels.reference.fused_moe import grouped_moe, swiglu_experts
+from kernels.reference.fused_moe import expert_mlp, grouped_moe
 from worker.engine.backends.base import AttentionMetadata
 from worker.engine.backends.cpu_decode_stack import ModelDecodeStack, ineligible
 from worker.engine.backends.torch_backend import TorchBackend
@@ -105,13 +105,15 @@ class CpuBackend(TorchBackend):
         return super().silu_mul(gate_up)
 
     def fused_moe(  # type: ignore[override]
-        self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
-    ) -> torch.Tensor:
+        self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+        b13: torch.Tensor | None = None, b2: torch.Tensor | None = None,
+        swiglu_limit: float | None = None, swiglu_alpha: float | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         """The reference's grouped experts, with SiLU * up in one C pass per expert, and an expert's
         matmuls as C GEMVs when it got at most gemv.max_rows rows (decode: the expert's weights
-        streamed once)."""
-        return grouped_moe(x, topk_weights, topk_ids, w13.shape[0],
-                           swiglu_experts(w13, w2, self.silu_mul, self._expert_linear))  # fmt: skip
+        streamed once). Biases and the clamped SwiGLU (gpt-oss) as in the reference."""
+        mlp = expert_mlp(w13, w2, b13, b2, swiglu_limit, swiglu_alpha, self.silu_mul, self._expert_linear)
+        return grouped_moe(x, topk_weights, topk_ids, w13.shape[0], mlp)
 
     def _expert_linear(self, rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if rows.shape[0] <= self.gemv.max_rows and self.gemv.supports(rows, weight, None):

@@ -77,5 +77,7 @@ class TritonBackend(Backend):
     def apply_rotary(self, q, k, positions, cos_sin) -> None:  # type: ignore[override]
         self._launch(apply_rotary, q, k, positions, cos_sin)
 
-    def fused_moe(self, x, w13, w2, topk_weights, topk_ids):  # type: ignore[override]
-        return self._launch(fused_moe, x, w13, w2, topk_weights, topk_ids, None)
+    def fused_moe(self, x, w13, w2, topk_weights, topk_ids, b13=None, b2=None,  # type: ignore[override]
+                  swiglu_limit=None, swiglu_alpha=None):  # fmt: skip
+        return self._launch(fused_moe, x, w13, w2, topk_weights, topk_ids, b13, b2, swiglu_limit, swiglu_alpha,
+                            None)  # fmt: skip

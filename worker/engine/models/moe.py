@@ -8,24 +8,23 @@ weights, not nn.Linear: quantization (worker.engine.quant swaps nn.Linear module
 routing in full precision; the experts are quantized per expert by Experts.quantize.
 
 The block is entered through `.forward` from DecoderLayer (see decoder.py's note on hooks); the
-experts run through Backend.fused_moe (the grouped torch path on the CPU, a Triton kernel on CUDA).
-gpt-oss's experts (biases, clamped SwiGLU: MoeConfig) run the grouped path on every backend: one
-matmul per expert over its gathered rows (the fused Triton kernel has neither biases nor the clamp).
-Its router has a bias (`mlp.router.*` in checkpoints, `mlp.gate.*` here) and routes top-k first,
-softmax over the k after.
+stacked experts run through Backend.fused_moe (the grouped torch path on the CPU, a Triton kernel on
+CUDA), gpt-oss's included: its expert biases (b13, b2) and clamped SwiGLU (swiglu_limit,
+swiglu_alpha from MoeConfig) are fused_moe options, added / fused in the Triton kernel's epilogues.
+Quantized experts run grouped_moe over their per-expert modules (one matmul per expert and
+projection over its gathered rows). gpt-oss's router has a bias (`mlp.router.*` in checkpoints,
+`mlp.gate.*` here) and routes top-k first, softmax over the k after.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.reference.activation import clamped_swiglu
-from kernels.reference.fused_moe import biased_experts, grouped_moe, select_experts_topk_softmax
+from kernels.reference.fused_moe import grouped_moe, moe_activation, select_experts_topk_softmax
 from worker.engine.backends.base import Backend
 from worker.engine.models.model_config import ModelConfig
 
@@ -103,9 +102,9 @@ class SparseMoeBlock(nn.Module):
         self.topk_then_softmax = moe.topk_then_softmax
         self.gate = RouterWeight(moe.num_experts, cfg.hidden_size, bias=moe.biases)
         self.experts = Experts(moe.num_experts, cfg.hidden_size, moe.expert_size, biases=moe.biases)
-        self.activation: Callable[[torch.Tensor], torch.Tensor] = backend.silu_mul
-        if moe.swiglu_limit is not None:
-            self.activation = partial(clamped_swiglu, alpha=moe.swiglu_alpha, limit=moe.swiglu_limit)
+        self.swiglu_limit, self.swiglu_alpha = moe.swiglu_limit, moe.swiglu_alpha  # None: plain SwiGLU
+        # the quantized experts' activation (the stacked ones pass the options to backend.fused_moe)
+        self.activation = moe_activation(moe.swiglu_limit, moe.swiglu_alpha, backend.silu_mul)
         if shared_expert is not None:
             self.shared_expert = shared_expert
             self.shared_expert_gate = RouterWeight(1, cfg.hidden_size)
@@ -125,12 +124,12 @@ class SparseMoeBlock(nn.Module):
         experts = self.experts
         if experts.quantized is not None:
             out = grouped_moe(x, weights, ids, experts.num_experts, experts.quantized_mlp(self.activation))
-        elif experts.gate_up_proj_bias is not None:
-            mlp = biased_experts(experts.gate_up_proj, experts.gate_up_proj_bias, experts.down_proj,
-                                 experts.down_proj_bias, self.activation)  # fmt: skip
-            out = grouped_moe(x, weights, ids, experts.num_experts, mlp)
-        else:
+        elif experts.gate_up_proj_bias is None and self.swiglu_limit is None:
             out = self.backend.fused_moe(x, experts.gate_up_proj, experts.down_proj, weights, ids)
+        else:
+            out = self.backend.fused_moe(x, experts.gate_up_proj, experts.down_proj, weights, ids,
+                                         b13=experts.gate_up_proj_bias, b2=experts.down_proj_bias,
+                                         swiglu_limit=self.swiglu_limit, swiglu_alpha=self.swiglu_alpha)  # fmt: skip
         if self.shared_expert is not None:
             shared = self.shared_expert.forward(x)
             out = out + torch.sigmoid(F.linear(x, self.shared_expert_gate.weight)) * shared
