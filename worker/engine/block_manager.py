@@ -86,6 +86,10 @@ class BlockManager:
         """Blocks seq holds references to (its table minus the released front)."""
         return len(seq.block_table) - seq.num_released
 
+    def released(self, seq: Sequence) -> int:
+        """The leading entries of seq's table a window released (kv_groups has two tables)."""
+        return seq.num_released
+
     def match_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """(cached blocks holding the longest prefix of seq.token_ids, hashes of all its full blocks).
 
