@@ -200,6 +200,8 @@ class Scheduler:
         for r, draft in self.speculator.plan(rows, budget - rows.size):  # type: ignore[union-attr]
             seq = b.seqs[r]
             pos = int(b.num_computed[r])  # seq's newest token, on the host (no step in flight)
+            if bm.window is not None:  # as a decode row would: the blocks its window left go first
+                self._release(seq, pos)
             need = bm.blocks_for(pos + 1 + len(draft)) - len(seq.block_table)
             if need > spare or not bm.append_slots(seq, pos + 1 + len(draft)):
                 continue
