@@ -220,4 +220,6 @@ def kv_pool_sizes(model: CausalLM, config: EngineConfig, budget: int, max_len: i
     num_local_layers = sum(cfg.kv_group(i) for i in range(cfg.num_layers))
     local = min(one_pool, seqs * blocks_needed(max_len, chunk, bs, window) + 1)
     full = (budget - local * layer_block * num_local_layers) // (layer_block * (cfg.num_layers - num_local_layers))
+    if local == one_pool:  # an even split (the window does not bind): no rounding makes group 0 the larger,
+        full = one_pool  # so the admission check of group 0's need covers group 1's too
     return min(full, full_cap), local
