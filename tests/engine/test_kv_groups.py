@@ -144,6 +144,22 @@ def test_gemma3_same_budget_serves_a_longer_context(make_checkpoint) -> None:
     assert max(peaks) <= local_need and bm.blocks_for(906) > 40
 
 
+def test_grouped_on_the_triton_backend_interpreted(make_checkpoint, monkeypatch) -> None:
+    """The Triton kernels (interpreter mode) read each layer's group tables through the same seam:
+    prefill chunks past the window, a prefix hit, padded static decode."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    ckpt = make_checkpoint("gemma2")
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (90, 40)]
+    prompts.append(prompts[0][:64] + [5, 6, 7])
+    engine = Engine.from_pretrained(ckpt.path, EngineConfig(kv_cache_bytes=8 << 20, backend="triton", static_decode=True,
+                                                            max_num_batched_tokens=48, max_num_seqs=4))  # fmt: skip
+    outs = engine.generate(prompts, SamplingParams(max_tokens=5, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [hf_greedy(ckpt.model, p, 5) for p in prompts]
+    assert engine.stats.cached_tokens > 0
+    engine.block_manager.check_invariants([])
+
+
 def _seq(i: int, tokens: list[int]) -> Sequence:
     return Sequence(i, i, tokens, Params(max_tokens=4), 0)
 
