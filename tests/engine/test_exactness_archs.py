@@ -25,9 +25,10 @@ def test_greedy_with_prefix_caching(make_checkpoint, expected, arch: str) -> Non
     # only dense layers without windows or soft-caps decode through the whole-stack C path (Phi-3's
     # partial rotary included); MoE layers have no router there, Gemma's layer is op by op
     assert (engine.runner.model.decode_stack is not None) == (arch == "phi3")
-    if arch.startswith("gemma"):  # local (32-token window) and global layers: the global ones keep every block
+    if arch.startswith("gemma"):  # local (32-token window) and global layers: two KV cache groups
         cfg = engine.runner.model.cfg
-        assert cfg.layer_windows == (32, 0) and cfg.kv_window is None and engine.block_manager.window is None
+        assert cfg.layer_windows == (32, 0) and cfg.kv_window is None and cfg.local_window == 32
+        assert engine.block_manager.window == 32 and engine.block_manager.local.window == 32
 
 
 @pytest.mark.parametrize("arch", ARCHS)

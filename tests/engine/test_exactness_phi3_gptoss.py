@@ -15,13 +15,13 @@ from worker.engine import Engine, EngineConfig, SamplingParams
 def test_gpt_oss_sliding_layers_are_real_windows(make_checkpoint, expected) -> None:
     """A 32-token window on the sliding layers (the full ones keep every key): prompts many windows
     long give transformers' tokens, and the window caps no context (sliding_window.py's semantics;
-    a model mixing windowed and full layers keeps every block)."""
+    its sliding layers' KV is a pool of its own, released behind the window: kv_groups.py)."""
     ckpt = make_checkpoint("gpt_oss", sliding_window=32)
     got, engine = greedy_run(ckpt.path)
     assert got == expected("gpt_oss", sliding_window=32)
     cfg = engine.runner.model.cfg
     assert cfg.layer_windows == (32, 0) and engine.max_model_len == cfg.max_position_embeddings
-    assert engine.block_manager.window is None
+    assert engine.block_manager.window == 32 and engine.block_manager.local.window == 32  # two KV cache groups
 
 
 def test_phi3_longrope_crossing_the_threshold(make_checkpoint) -> None:

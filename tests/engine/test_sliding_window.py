@@ -2,7 +2,7 @@
 layer has a window (Mistral; Gemma 3 configured with local layers only) serves prompts many windows
 long with bounded KV blocks (released as the window leaves them), and gives transformers' greedy
 tokens with prefix caching on and off, chunked prefill and preemption. Models mixing local and
-global layers: tests/engine/test_exactness_archs.py."""
+global layers (two KV cache groups): tests/engine/test_kv_groups.py."""
 
 from __future__ import annotations
 

@@ -41,7 +41,8 @@ class PersistentBatch:
     """Host state of up to max_rows running sequences. Arrays are indexed by row; rows not in use
     hold stale values (seq_id -1, active False) that no step reads."""
 
-    def __init__(self, max_rows: int, max_blocks: int, block_size: int, eos_token_ids: frozenset[int]) -> None:
+    def __init__(self, max_rows: int, max_blocks: int, block_size: int, eos_token_ids: frozenset[int],
+                 grouped: bool = False) -> None:  # fmt: skip
         self.max_rows = max_rows
         self.block_size = block_size
         self.eos = tuple(sorted(eos_token_ids))
@@ -62,6 +63,8 @@ class PersistentBatch:
         self.released = np.zeros(r, np.int64)  # seq.num_released: leading blocks a sliding window left
         self.num_hashed = np.zeros(r, np.int64)  # len(seq.block_hashes)
         self.block_table = np.zeros((r, max_blocks), np.int32)
+        # grouped: the local layers' tables (seq.local: kv_groups.py), as long as block_table's rows
+        self.local_table = np.zeros((r, max_blocks), np.int32) if grouped else None
         self.last_token = np.zeros(r, np.int64)  # the row's newest token (device copy: newest sampled)
         # sampling, as the sampler's two matrices: fparams = (temperature (0 = greedy), top_p, min_p),
         # iparams = (top_k, key0, key1) with key0/key1 = seed_keys(seed); the named arrays are column views
@@ -129,7 +132,7 @@ class PersistentBatch:
         self.limit[row] = limit
         self.protected[row] = seq.protected_len
         self.num_hashed[row] = len(seq.block_hashes)
-        self.released[row] = seq.num_released
+        self.released[row] = seq.num_released if seq.local is None else seq.local.num_released
         self.last_token[row] = seq.token_ids[-1]
         self.fparams[row] = (p.temperature, p.top_p, p.min_p)
         self.top_k[row] = p.top_k
@@ -191,6 +194,8 @@ class PersistentBatch:
         have, table = int(self.num_blocks[row]), seq.block_table
         if len(table) > have:
             self.block_table[row, have : len(table)] = table[have:]
+            if self.local_table is not None:
+                self.local_table[row, have : len(table)] = seq.local.block_table[have:]
             self.num_blocks[row] = len(table)
             self.grew.add(row)
 
@@ -199,9 +204,10 @@ class PersistentBatch:
         past it are stale and never read)."""
         self.num_blocks[seq.row] = len(seq.block_table)
 
-    def set_block(self, row: int, index: int, block: int) -> None:
-        """Block `index` of the row was replaced (its own copy of a shared block)."""
-        self.block_table[row, index] = block
+    def set_block(self, row: int, index: int, block: int, local: bool = False) -> None:
+        """Block `index` of the row was replaced (its own copy of a shared block); local: in the
+        local layers' table."""
+        (self.local_table if local else self.block_table)[row, index] = block
         self.grew.add(row)
 
     def mark_cow(self, row: int, on: bool) -> None:
@@ -264,7 +270,8 @@ class PersistentBatch:
         r = seq.row
         want = {
             "seq_id": seq.seq_id, "num_tokens": len(seq.token_ids), "num_prompt": seq.num_prompt_tokens,
-            "protected": seq.protected_len, "num_blocks": len(seq.block_table), "released": seq.num_released,
+            "protected": seq.protected_len, "num_blocks": len(seq.block_table),
+            "released": seq.num_released if seq.local is None else seq.local.num_released,
             "num_hashed": len(seq.block_hashes), "temperature": np.float32(seq.params.temperature),
             "top_k": seq.params.top_k, "top_p": np.float32(seq.params.top_p), "min_p": np.float32(seq.params.min_p),
             "min_tokens": seq.params.min_tokens, "processed": seq.params.processed,
@@ -274,6 +281,8 @@ class PersistentBatch:
                 raise AssertionError(f"row {r} {name}: {getattr(self, name)[r]} != {value}")
         if self.block_table[r, : len(seq.block_table)].tolist() != seq.block_table:
             raise AssertionError(f"row {r} block table differs from the sequence's")
+        if self.local_table is not None and self.local_table[r, : len(seq.block_table)].tolist() != seq.local.block_table:
+            raise AssertionError(f"row {r} local block table differs from the sequence's")
         if self.token_lists[r] is not seq.token_ids or not self.active[r] or self.seqs[r] is not seq:
             raise AssertionError(f"row {r} does not point at its sequence")
         total = self.num_tokens[r] + self.num_pending[r]

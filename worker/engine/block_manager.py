@@ -13,8 +13,9 @@ on, its blocks wholly below p - W + 1 are never read again and are released (`re
 a finished sequence's: back to the free list, or, hashed, kept evictable for the prefix cache.
 The block table stays position-indexed: its first `seq.num_released` entries are stale ids the
 sequence no longer holds (attention never reads outside a window). A sequence then holds at most
-`blocks_needed(...)` blocks whatever its length. Models mixing windowed and full layers keep every
-block (the full layers read them all; see docs/ARCHITECTURE.md "Sliding windows and Gemma's layers").
+`blocks_needed(...)` blocks whatever its length. Models mixing windowed and full layers have two
+KV cache groups (kv_groups.py: one BlockManager per group, the local one windowed; see
+docs/ARCHITECTURE.md "Sliding windows and Gemma's layers").
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ class BlockManager:
     def held(self, seq: Sequence) -> int:
         """Blocks seq holds references to (its table minus the released front)."""
         return len(seq.block_table) - seq.num_released
+
+    def released(self, seq: Sequence) -> int:
+        """The leading entries of seq's table a window released (kv_groups has two tables)."""
+        return seq.num_released
 
     def match_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """(cached blocks holding the longest prefix of seq.token_ids, hashes of all its full blocks).

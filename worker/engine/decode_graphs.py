@@ -13,6 +13,7 @@ that padding changes no token.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import time
 
 import torch
@@ -47,6 +48,11 @@ class DecodeGraphs:
         self.slots = torch.full((top,), -1, dtype=torch.int64, device=device)
         self.context_lens = torch.ones(top, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(top, max_blocks, dtype=torch.int32, device=device)  # valid ids only
+        # two KV cache groups (kv_groups.py): the local layers' slots and tables, in buffers of their own
+        self.local_slots = self.local_tables = None
+        if model.kv_grouped:
+            self.local_slots = torch.full((top,), -1, dtype=torch.int64, device=device)
+            self.local_tables = torch.zeros(top, max_blocks, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
 
@@ -59,6 +65,9 @@ class DecodeGraphs:
             prefill_context_lens=None, prefill_block_tables=None, decode_context_lens=self.context_lens[:size],
             decode_block_tables=self.block_tables[:size],
         )  # fmt: skip
+        if self.local_tables is not None:
+            meta = dataclasses.replace(meta, local=dataclasses.replace(
+                meta, slot_mapping=self.local_slots[:size], decode_block_tables=self.local_tables[:size], scratch={}))  # fmt: skip
         hidden = self.model(self.input_ids[:size], self.positions[:size], meta, self.kv_caches)
         return self.model.compute_logits(hidden)
 
@@ -80,8 +89,9 @@ class DecodeGraphs:
         return time.perf_counter() - t0
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, context_lens: torch.Tensor,
-            block_tables: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        """One decode step of n rows (inputs as AttentionMetadata's decode fields) -> logits [n, V]."""
+            block_tables: torch.Tensor, local: AttentionMetadata | None = None) -> torch.Tensor:  # fmt: skip
+        """One decode step of n rows (inputs as AttentionMetadata's decode fields; `local`: the local
+        layers' slots and tables of a model with two KV cache groups) -> logits [n, V]."""
         n = input_ids.shape[0]
         size = self.padded(n)
         self.input_ids[:n].copy_(input_ids)
@@ -89,6 +99,10 @@ class DecodeGraphs:
         self.slots[:n].copy_(slots)
         self.context_lens[:n].copy_(context_lens)
         self.block_tables[:n, : block_tables.shape[1]].copy_(block_tables)
+        if self.local_tables is not None:
+            self.local_slots[:n].copy_(local.slot_mapping)  # type: ignore[union-attr]
+            self.local_tables[:n, : block_tables.shape[1]].copy_(local.decode_block_tables)  # type: ignore[union-attr]
+            self.local_slots[n:size] = -1
         if size > n:  # padding rows: stored nowhere, attend one (valid, ignored) key
             self.input_ids[n:size] = 0
             self.positions[n:size] = 0

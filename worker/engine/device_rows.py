@@ -27,7 +27,10 @@ class DeviceRows:
         self.batch = batch
         self.device = device
         self.copy = copy
-        self.tensors: dict[str, torch.Tensor] = {name: self._full(name) for name in MIRRORED}
+        # the local layers' tables too when the model has two KV cache groups (kv_groups.py)
+        self.mirrored = MIRRORED if batch.local_table is None else (*MIRRORED, "local_table")
+        self.tables = ("block_table",) if batch.local_table is None else ("block_table", "local_table")
+        self.tensors: dict[str, torch.Tensor] = {name: self._full(name) for name in self.mirrored}
         batch.joined.clear()
         batch.grew.clear()
         batch.resized.clear()
@@ -54,10 +57,10 @@ class DeviceRows:
             return
         if b.joined:
             rows = np.fromiter(sorted(b.joined), np.int64, len(b.joined))
-            self._copy_rows(rows, MIRRORED)
+            self._copy_rows(rows, self.mirrored)
         grew = b.grew - b.joined
         if grew:
-            self._copy_rows(np.fromiter(sorted(grew), np.int64, len(grew)), ("block_table",))
+            self._copy_rows(np.fromiter(sorted(grew), np.int64, len(grew)), self.tables)
         b.joined.clear()
         b.grew.clear()
 

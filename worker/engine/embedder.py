@@ -17,6 +17,7 @@ summed per sequence on the device. Truncation and normalization follow.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -125,6 +126,8 @@ class Embedder:
         positions: list[np.ndarray] = []
         slots: list[np.ndarray] = []
         cu, lens, tables = [0], [], []
+        lslots: list[np.ndarray] = []  # the local layers' of a model with two KV cache groups (kv_groups.py)
+        ltables: list[list[int]] = []
         keep: list[int] = []  # lasttoken / cls: the hidden row each sequence needs in this forward
         keep_chunks: list[int] = []
         for c, (p, lo, hi) in enumerate(chunks):
@@ -139,6 +142,10 @@ class Embedder:
             cu.append(len(ids))
             lens.append(hi)
             tables.append(table[: -(-hi // bs)])
+            if p.seq.local is not None:
+                local = p.seq.local.block_table
+                lslots.append(np.asarray(local, np.int64)[pos // bs] * bs + pos % bs)
+                ltables.append(local[: -(-hi // bs)])
         args: dict = {
             "num_prefill_tokens": len(ids),
             "prefill_cu_seqlens_q": to_device(np.asarray(cu, np.int32), device),
@@ -154,6 +161,12 @@ class Embedder:
                 output_block_tables=to_device(_pad([tables[c] for c in keep_chunks] or [[0]]), device),
             )
         meta = AttentionMetadata(slot_mapping=to_device(np.concatenate(slots), device), **args)
+        if ltables:
+            local_args = {"prefill_block_tables": to_device(_pad(ltables), device)}
+            if mode != "mean":
+                local_args["output_block_tables"] = to_device(_pad([ltables[c] for c in keep_chunks] or [[0]]), device)
+            meta = dataclasses.replace(meta, local=dataclasses.replace(
+                meta, slot_mapping=to_device(np.concatenate(lslots), device), scratch={}, **local_args))  # fmt: skip
         hidden = self.runner.hidden_states(  # [T or len(keep), H]
             to_device(np.asarray(ids, np.int64), device), to_device(np.concatenate(positions), device), meta
         )

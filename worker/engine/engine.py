@@ -17,11 +17,12 @@ import torch
 
 from worker.engine.backends import select_backend
 from worker.engine.batch_state import PersistentBatch
-from worker.engine.block_manager import BlockManager, blocks_needed
+from worker.engine.block_manager import BlockManager
 from worker.engine.completion_texts import CompletionTexts
 from worker.engine.config import EngineConfig
 from worker.engine.decode_graphs import activation_bytes
 from worker.engine.embedder import Embedder, EmbeddingOutput, dimensions_per_prompt
+from worker.engine.kv_groups import GroupedBlockManager, kv_pool_sizes
 from worker.engine.loader import load_model, read_config
 from worker.engine.model_runner import InFlightStep, ModelRunner
 from worker.engine.models import ModelConfig
@@ -59,10 +60,16 @@ class Engine:
         self.longrope_threshold = threshold if threshold is not None and threshold < max_model_len else None
         eos = tokenizer.eos_token_ids or runner.model.cfg.eos_token_ids
         self.eos_token_ids = frozenset(eos)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                          window=runner.model.cfg.kv_window)  # fmt: skip
+        grouped = runner.num_local_blocks is not None  # two KV cache groups (kv_groups.py)
+        self.block_manager: BlockManager | GroupedBlockManager
+        if grouped:
+            self.block_manager = GroupedBlockManager(num_blocks, runner.num_local_blocks, config.block_size,
+                                                     config.enable_prefix_caching, runner.model.cfg.local_window)  # fmt: skip
+        else:
+            self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                              window=runner.model.cfg.kv_window)  # fmt: skip
         self.batch = PersistentBatch(config.max_num_seqs, -(-max_model_len // config.block_size), config.block_size,
-                                     self.eos_token_ids)  # fmt: skip
+                                     self.eos_token_ids, grouped)  # fmt: skip
         runner.bind(self.batch, mirror=config.torch_device.type != "cpu", static_decode=bool(config.static_decode))
         self.scheduler = Scheduler(config, self.block_manager, self.batch, max_model_len)
         self.stats = EngineStats()
@@ -103,18 +110,15 @@ class Engine:
         if config.speculative is not None and config.speculative.method == "draft":  # refused before the weights load
             draft = DraftModel(config.speculative.draft_model, config, backend, tokenizer, mcfg.vocab_size, max_len)
         model = load_model(model_dir, config, backend, max_positions=max_len)
-        per_block = ModelRunner.kv_bytes_per_block(model, config.block_size, config.torch_dtype)
         # the decode graphs' memory pool comes out of the KV budget (a generous bound of its size)
         graph_bytes = activation_bytes(model, config.max_num_seqs, config.torch_dtype) if config.cuda_graphs else 0
         draft_bytes = draft.kv_bytes if draft is not None else 0
-        num_blocks = max(0, cls._kv_budget(config) - graph_bytes - draft_bytes) // per_block
-        # More blocks than max_num_seqs full-length sequences hold at once cannot be used.
-        per_seq = blocks_needed(max_len, config.max_num_batched_tokens, config.block_size, mcfg.kv_window)
-        num_blocks = min(num_blocks, config.max_num_seqs * per_seq + 1)
+        budget = max(0, cls._kv_budget(config) - graph_bytes - draft_bytes)
+        num_blocks, num_local_blocks = kv_pool_sizes(model, config, budget, max_len)
         runner = ModelRunner(model, num_blocks, config.block_size, config.torch_device, config.torch_dtype,
-                             config.decode_stack)  # fmt: skip
+                             config.decode_stack, num_local_blocks)  # fmt: skip
         log.info("engine_ready", model_dir=str(model_dir), backend=backend.name, num_blocks=num_blocks,
-                 max_model_len=max_len)  # fmt: skip
+                 num_local_blocks=num_local_blocks, max_model_len=max_len)  # fmt: skip
         engine = cls(model_dir, config, runner, tokenizer, max_len, num_blocks, draft)
         if config.cuda_graphs:
             before = torch.cuda.memory_reserved(config.torch_device)

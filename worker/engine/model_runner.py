@@ -67,20 +67,26 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device,
-                 dtype: torch.dtype, decode_stack: bool = True) -> None:  # fmt: skip
+                 dtype: torch.dtype, decode_stack: bool = True, num_local_blocks: int | None = None) -> None:  # fmt: skip
+        """num_local_blocks: the model's local layers get caches of that many blocks, a pool of their
+        own (two KV cache groups: kv_groups.py); None: every layer's cache has num_blocks."""
         cfg = model.cfg
         self.model = model
         self.device = device
         self.block_size = block_size
-        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        model.kv_grouped = num_local_blocks is not None
+        self.num_blocks, self.num_local_blocks = num_blocks, num_local_blocks
 
-        def zeros() -> torch.Tensor:  # on the CPU on huge pages: attention reads scattered blocks (host_memory)
+        def zeros(blocks: int) -> torch.Tensor:  # on the CPU on huge pages: attention reads scattered blocks
+            shape = (blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
             if device.type == "cpu":
                 return huge_page_zeros(shape, dtype)
             return torch.zeros(shape, dtype=dtype, device=device)
 
+        sizes = [num_local_blocks if num_local_blocks is not None and cfg.kv_group(i) else num_blocks
+                 for i in range(cfg.num_layers)]  # fmt: skip
         # zeros, not empty: padded reads of never-written slots must stay finite (masked to 0 weight).
-        self.kv_caches = [(zeros(), zeros()) for _ in range(cfg.num_layers)]
+        self.kv_caches = [(zeros(n), zeros(n)) for n in sizes]
         model.decode_stack = model.backend.decode_stack(model, self.kv_caches) if decode_stack else None
         self.sampler = Sampler()
         self.rows: DeviceRows | None = None
@@ -112,7 +118,9 @@ class ModelRunner:
         rows = self.rows
         rows.sync()
         if sched.copies:
-            self._copy_blocks(sched.copies)
+            self._copy_blocks(sched.copies, 0)
+        if sched.local_copies:
+            self._copy_blocks(sched.local_copies, 1)
         inputs = build_step(sched, self.batch, rows)
         logits = self._logits(inputs)
         if not inputs.num_spec_logits:
@@ -208,11 +216,16 @@ class ModelRunner:
         meta.output_rows): the embedder's forward, over the same KV cache and backend."""
         return self.model(input_ids, positions, meta, self.kv_caches)
 
-    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy-on-write of shared KV blocks (forked choices): block dst := block src, every layer."""
+    def _copy_blocks(self, copies: list[tuple[int, int]], group: int) -> None:
+        """Copy-on-write of shared KV blocks (forked choices): block dst := block src, every layer of
+        the KV cache group (0: the only one, or the full layers'; 1: the local layers' pool)."""
         src = to_device(np.asarray([c[0] for c in copies], np.int64), self.device)
         dst = to_device(np.asarray([c[1] for c in copies], np.int64), self.device)
-        for k, v in self.kv_caches:
+        cfg = self.model.cfg
+        grouped = self.model.kv_grouped
+        for i, (k, v) in enumerate(self.kv_caches):
+            if (cfg.kv_group(i) if grouped else 0) != group:
+                continue
             k.index_copy_(0, dst, k.index_select(0, src))
             v.index_copy_(0, dst, v.index_select(0, src))
 
@@ -221,7 +234,7 @@ class ModelRunner:
         meta = inputs.meta
         if self.graphs is not None and not inputs.num_prefill_tokens and inputs.input_ids.shape[0] <= self.graphs.sizes[-1]:
             return self.graphs.run(inputs.input_ids, inputs.positions, meta.slot_mapping, meta.decode_context_lens,
-                                   meta.decode_block_tables)  # fmt: skip
+                                   meta.decode_block_tables, meta.local)  # fmt: skip
         hidden = self.model(inputs.input_ids, inputs.positions, meta, self.kv_caches)
         if inputs.logit_rows is not None:
             hidden = hidden.index_select(0, inputs.logit_rows)

@@ -10,7 +10,9 @@ then decodes, newest first): their blocks are freed and they go back to the head
 recomputed (their full blocks usually survive in the prefix cache). On a model whose every layer
 has the same sliding window (BlockManager.window), a sequence admitted gets blocks for its first
 chunk only, and each step first releases the blocks its window has left (decode rows picked with
-numpy, like block growth), so it holds a bounded number of blocks however long it grows.
+numpy, like block growth), so it holds a bounded number of blocks however long it grows. A model
+mixing full and windowed layers does the same through a GroupedBlockManager (kv_groups.py): its
+full layers' blocks are all kept, its local layers' (a pool of their own) released the same way.
 
 A sequence scheduled to sample counts the token it will get at once (num_pending), so the next step
 can be scheduled before this one's tokens reach the host (overlapped steps): its decode input is then
@@ -31,6 +33,7 @@ from worker.engine.batch_state import PersistentBatch
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
 from worker.engine.fork import fork
+from worker.engine.kv_groups import GroupedBlockManager
 from worker.engine.sequence import Sequence, SequenceStatus
 
 _NO_ROWS = np.zeros(0, np.int64)
@@ -64,6 +67,7 @@ class SchedulerOutput:
     num_preempted: int = 0
     copies: list[tuple[int, int]] = field(default_factory=list)  # KV blocks to copy (src, dst) first
     spec: list[ScheduledChunk] = field(default_factory=list)  # speculation's verify runs (decode rows)
+    local_copies: list[tuple[int, int]] = field(default_factory=list)  # `copies` of the local group's pool
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -86,7 +90,7 @@ class SpeculationPlanner(Protocol):
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, batch: PersistentBatch,
+    def __init__(self, config: EngineConfig, block_manager: BlockManager | GroupedBlockManager, batch: PersistentBatch,
                  max_model_len: int) -> None:  # fmt: skip
         self.config = config
         self.bm = block_manager
@@ -184,7 +188,7 @@ class Scheduler:
 
     def _release(self, seq: Sequence, position: int) -> None:
         if self.bm.release_behind(seq, position):
-            self.batch.released[seq.row] = seq.num_released
+            self.batch.released[seq.row] = self.bm.released(seq)
     def _speculate(self, rows: np.ndarray, budget: int, out: SchedulerOutput) -> tuple[np.ndarray, int]:
         """Rows the speculator gives proposals verify them (their newest token + K proposed tokens as
         1 + K decode rows of the sequence, blocks for all of them taken now; the blocks of rejected tokens are given back when
@@ -196,6 +200,8 @@ class Scheduler:
         for r, draft in self.speculator.plan(rows, budget - rows.size):  # type: ignore[union-attr]
             seq = b.seqs[r]
             pos = int(b.num_computed[r])  # seq's newest token, on the host (no step in flight)
+            if bm.window is not None:  # as a decode row would: the blocks its window left go first
+                self._release(seq, pos)
             need = bm.blocks_for(pos + 1 + len(draft)) - len(seq.block_table)
             if need > spare or not bm.append_slots(seq, pos + 1 + len(draft)):
                 continue
@@ -248,6 +254,13 @@ class Scheduler:
             if copy is not None:
                 out.copies.append(copy)
                 self.batch.set_block(r, pos // self.bm.block_size, copy[1])
+            if seq.local is not None:  # the local layers' group shares the block too (kv_groups.py)
+                copy = self.bm.local.copy_on_write(seq.local, pos // self.bm.block_size)
+                if copy is False:
+                    return False
+                if copy is not None:
+                    out.local_copies.append(copy)
+                    self.batch.set_block(r, pos // self.bm.block_size, copy[1], local=True)
             self.batch.mark_cow(r, False)
         return True
 

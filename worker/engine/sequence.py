@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -31,6 +31,7 @@ class Sequence:
     - tokens [0, num_computed_tokens) have K/V in the cache (or are scheduled in a step in flight);
     - block_table covers at least num_computed_tokens tokens (block i holds positions i*B..i*B+B-1);
       its first num_released entries were released (a sliding window left them: block_manager.py);
+      a model with two KV cache groups keeps the local layers' table in `local` (kv_groups.py);
     - block_hashes[i] is the chained hash of full block i, for the computed full blocks;
     - planned_hashes: hashes of the full blocks this sequence will compute (from its tokens at
       admission); those past len(block_hashes) are "pending" in the block manager.
@@ -44,7 +45,7 @@ class Sequence:
         "seq_id", "index", "params", "token_ids", "num_prompt_tokens", "status", "_num_computed",
         "block_table", "num_released", "block_hashes", "planned_hashes", "protected_len", "num_cached_tokens", "seed",
         "finish_reason", "error", "logprobs", "prompt_logprobs", "prompt_scored", "text", "batch", "row",
-        "in_flight", "choice", "forks", "group", "constraint_state", "spec",
+        "in_flight", "choice", "forks", "group", "constraint_state", "spec", "local",
     )  # fmt: skip
 
     def __init__(
@@ -85,6 +86,8 @@ class Sequence:
         # step; it holds exactly the generated tokens, which preemption keeps, so it never rewinds
         self.constraint_state: ConstraintState | None = None
         self.spec: object | None = None  # speculation's per-sequence state (speculation/speculator.py)
+        # the local layers' block table of a model with two KV cache groups (kv_groups.LocalTable)
+        self.local: Any = None
 
     @property
     def num_computed_tokens(self) -> int:
@@ -139,3 +142,4 @@ class Sequence:
         self.block_hashes = []
         self.planned_hashes = []
         self.protected_len = 0
+        self.local = None

@@ -19,6 +19,7 @@ in `sample_rows`: the verifier samples them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,13 +66,29 @@ def _pad(tables: list[list[int]], width: int) -> np.ndarray:
     return out
 
 
-def decode_tables(dev: DeviceRows, rows: np.ndarray, rows_dev: torch.Tensor, width: int) -> torch.Tensor:
-    """The decode rows' block tables [D, width] on the device: a view of the mirrored table when the
-    rows are consecutive (a packed batch: no copy), else a gathered copy."""
+def decode_tables(dev: DeviceRows, rows: np.ndarray, rows_dev: torch.Tensor, width: int,
+                  name: str = "block_table") -> torch.Tensor:  # fmt: skip
+    """The decode rows' block tables [D, width] on the device (`name`: the local layers' with
+    "local_table"): a view of the mirrored table when the rows are consecutive (a packed batch: no
+    copy), else a gathered copy."""
+    table = getattr(dev, name)
     first = int(rows[0])
     if int(rows[-1]) - first + 1 == rows.size:
-        return dev.block_table[first : first + rows.size, :width]
-    return dev.block_table.index_select(0, rows_dev)[:, :width]
+        return table[first : first + rows.size, :width]
+    return table.index_select(0, rows_dev)[:, :width]
+
+
+def _row_slots(table: np.ndarray, batch: PersistentBatch, rows: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Decode rows' slots in one group's table; -1 below the protected (cached) positions."""
+    bs = batch.block_size
+    slots = table[rows, pos // bs].astype(np.int64) * bs + pos % bs
+    slots[pos < batch.protected[rows]] = -1
+    return slots
+
+
+def _local(meta: AttentionMetadata, slots: np.ndarray, device: torch.device, **tables: torch.Tensor) -> AttentionMetadata:
+    """meta with the local layers' slots and block tables (a model with two KV cache groups)."""
+    return dataclasses.replace(meta, slot_mapping=to_device(slots, device), scratch={}, **tables)
 
 
 def verify_rows(sched: SchedulerOutput) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -105,6 +122,12 @@ def decode_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows)
         slot_mapping=to_device(slots, dev.device), num_prefill_tokens=0,
         decode_context_lens=to_device((pos + 1).astype(np.int32), dev.device), decode_block_tables=tables,
     )  # fmt: skip
+    if batch.local_table is not None:
+        width = tables.shape[1]
+        ltables = dev.local_table[at, :width] if isinstance(at, slice) else decode_tables(
+            dev, rows, rows_dev, width, "local_table")  # fmt: skip
+        meta = dataclasses.replace(meta, local=_local(meta, _row_slots(batch.local_table, batch, rows, pos), dev.device,
+                                                      decode_block_tables=ltables))  # fmt: skip
     return StepInputs(ids, to_device(pos, dev.device), meta, None, rows, True, [], 0, rows, pos)
 
 
@@ -125,6 +148,10 @@ def _with_verify(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows
         decode_context_lens=to_device((pos + 1).astype(np.int32), device),
         decode_block_tables=dev.block_table.index_select(0, rows_dev)[:, : int(pos.max()) // bs + 1],
     )  # fmt: skip
+    if batch.local_table is not None:
+        ltables = dev.local_table.index_select(0, rows_dev)[:, : int(pos.max()) // bs + 1]
+        meta = dataclasses.replace(meta, local=_local(meta, _row_slots(batch.local_table, batch, rows, pos), device,
+                                                      decode_block_tables=ltables))  # fmt: skip
     return StepInputs(ids, to_device(pos, device), meta, None, sched.decode_rows, True, [], 0, sched.decode_rows,
                       sched.decode_positions, tuple(sched.spec), vrows.size)  # fmt: skip
 
@@ -143,6 +170,9 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
     sample_rows: list[int] = []
     prompt_chunks: list[int] = []  # the chunk (index into tables) of each prompt / sample hidden row
     sample_chunks: list[int] = []
+    grouped = batch.local_table is not None  # the local layers' slots and tables too (kv_groups.py)
+    lslots: list[int] = []
+    ltables: list[list[int]] = []
     for c in sched.chunks:
         seq, lo, hi = c.seq, c.start, c.start + c.num_tokens
         row0 = len(ids)
@@ -153,6 +183,10 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
         cu.append(cu[-1] + c.num_tokens)
         lens.append(hi)
         tables.append(table[: -(-hi // bs)])
+        if grouped:
+            local = seq.local.block_table
+            lslots.extend(-1 if p < protected else local[p // bs] * bs + p % bs for p in range(lo, hi))
+            ltables.append(local[: -(-hi // bs)])
         if c.prompt_end > c.prompt_first:
             count = c.prompt_end - c.prompt_first
             prompt.append(PromptScores(seq, c.prompt_first, len(prompt_hidden), count))
@@ -180,6 +214,8 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
     }
     all_pos = np.concatenate([np.asarray(positions, np.int64), pos])
     all_slots = np.asarray(slots, np.int64)
+    local_slots = np.asarray(lslots, np.int64)
+    local_args: dict = {"prefill_block_tables": to_device(_pad(ltables, max(len(t) for t in tables)), device)} if grouped else {}
     input_ids = to_device(np.asarray(ids, np.int64), device)
     if num_decode:
         dslots = batch.block_table[rows, pos // bs].astype(np.int64) * bs + pos % bs
@@ -191,6 +227,10 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
             else dev.block_table.index_select(0, rows_dev)[:, : int(pos.max()) // bs + 1],
         )
         all_slots = np.concatenate([all_slots, dslots])
+        if grouped:
+            local_slots = np.concatenate([local_slots, _row_slots(batch.local_table, batch, rows, pos)])
+            width = meta_args["decode_block_tables"].shape[1]
+            local_args["decode_block_tables"] = to_device(batch.local_table[rows, :width], device)
         if vids is None:
             input_ids = torch.cat([input_ids, dev.last_token.index_select(0, rows_dev)])
         else:
@@ -208,6 +248,11 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
             keep_tables = _pad(chunk_tables, width)
             if num_decode:
                 keep_tables = np.concatenate([keep_tables, batch.block_table[rows, :width]])
+            if grouped:
+                keep_local = _pad([ltables[i] for i in prompt_chunks + sample_chunks], width)
+                if num_decode:
+                    keep_local = np.concatenate([keep_local, batch.local_table[rows, :width]])
+                local_args["output_block_tables"] = to_device(keep_local, device)
             meta_args.update(
                 output_context_lens=to_device((all_pos[keep] + 1).astype(np.int32), device),
                 output_block_tables=to_device(keep_tables, device),
@@ -216,6 +261,8 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
         logit_rows = to_device(np.concatenate([np.asarray(logit_hidden, np.int64), np.arange(num_prefill, total)]),
                                device)  # fmt: skip
     meta = AttentionMetadata(slot_mapping=to_device(all_slots, device), **meta_args)
+    if grouped:
+        meta = dataclasses.replace(meta, local=_local(meta, local_slots, device, **local_args))
     return StepInputs(input_ids, to_device(all_pos, device), meta, logit_rows, all_sample_rows, not sample_rows,
                       prompt, num_prefill, sched.decode_rows, sched.decode_positions, tuple(sched.spec),
                       0 if vids is None else vids.size)  # fmt: skip

@@ -34,6 +34,9 @@ class AttentionMetadata:
     output_block_tables: torch.Tensor | None = None  # int32 [N, max_blocks]
     # Per-step memo a backend may fill with work shared by every layer (e.g. gather plans).
     scratch: dict[Any, Any] = field(default_factory=dict, compare=False)
+    # A model with two KV cache groups (worker/engine/kv_groups.py): its local (windowed) layers read
+    # this instead, the same step over their own pool (slot_mapping and block tables; the rest shared).
+    local: AttentionMetadata | None = None
 
 
 class Backend:

@@ -38,6 +38,8 @@ def ineligible(model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tenso
         return f"{cfg.architecture} has mixture-of-experts layers (the C decode stack runs dense MLPs only)"
     if cfg.gemma or cfg.hidden_act != "silu" or cfg.attn_softcap:  # the stack's layer is Llama's
         return f"{cfg.architecture}'s layers (sandwich norms, GeGLU, soft-capping) are not the stack's"
+    if getattr(model, "kv_grouped", False):  # the stack takes one block table for every layer
+        return "its local and full layers keep KV in pools of their own (two block tables: kv_groups.py)"
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear) or name.endswith(("_proj", "lm_head")):
             if type(module) is not nn.Linear:

@@ -51,6 +51,7 @@ class Attention(nn.Module):
         self.softcap = cfg.attn_softcap
         # windowed layers rotate with their own table where the config gives them one (Gemma 3)
         self.local_rope = bool(self.window) and cfg.local_rope_theta is not None
+        self.kv_group = cfg.kv_group(layer)  # 1: a local layer of a model with two KV cache groups
         self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         # gpt-oss: a learned logit per query head that joins each softmax's denominator (no value)
@@ -172,6 +173,8 @@ class CausalLM(nn.Module):
         self.embed_scale: float | None = None
         # Backend.decode_stack's fused path for the steps it takes (set by ModelRunner); None: op by op.
         self.decode_stack = None
+        # the local layers' caches are a pool of their own (set by ModelRunner; kv_groups.py)
+        self.kv_grouped = False
 
     def init_rotary(self, device: torch.device) -> None:
         cfg = self.cfg
@@ -217,11 +220,17 @@ class CausalLM(nn.Module):
             x = x * self.embed_scale
         residual = None
         tables = (self.cos_sin, self.cos_sin_local)
+        # two KV cache groups (kv_groups.py): the local layers' caches are a pool of their own, read
+        # through meta.local; a model without (or a draft model's runner, one pool) reads meta only
+        metas = (meta, meta if meta.local is None else meta.local)
+        if self.kv_grouped and meta.local is None:
+            raise ValueError("this model's local layers have a KV pool of their own: the step needs meta.local")
         last = len(body.layers) - 1
         for i, (layer, kv_cache) in enumerate(zip(body.layers, kv_caches, strict=True)):
             rows_only = i == last and meta.output_rows is not None
-            cos_sin = tables[layer.self_attn.local_rope]
-            x, residual = layer.forward(x, residual, positions, meta, kv_cache, cos_sin, rows_only)
+            attn = layer.self_attn
+            x, residual = layer.forward(x, residual, positions, metas[attn.kv_group], kv_cache, tables[attn.local_rope],
+                                        rows_only)  # fmt: skip
         return body.norm.forward(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

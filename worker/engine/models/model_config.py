@@ -82,6 +82,18 @@ class ModelConfig:
         windows = set(self.layer_windows)
         return windows.pop() if len(windows) == 1 and 0 not in windows and self.layer_windows else None
 
+    @property
+    def local_window(self) -> int | None:
+        """The window of the local layers of a model mixing full and windowed layers, all windowed
+        ones with the same window (Gemma 2 / 3, gpt-oss): their KV lives in a second paged pool whose
+        blocks are released behind the window (worker/engine/kv_groups.py). None otherwise."""
+        windows = set(self.layer_windows)
+        return max(windows) if len(windows) == 2 and 0 in windows else None
+
+    def kv_group(self, layer: int) -> int:
+        """The KV cache group of `layer`: 1 for a local layer of a model with `local_window`, else 0."""
+        return int(self.local_window is not None and self.window(layer) > 0)
+
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
         problem = config_problem(cfg)  # the same check jobs/ runs before a job is planned
