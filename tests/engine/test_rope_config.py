@@ -40,13 +40,17 @@ def test_phi4_mini_style_longrope_matches_transformers() -> None:
     table = cos_sin_cache(cfg.head_dim, 600, cfg.rope_theta, cfg.rope_scaling, cfg.rotary_dim)
     half = cfg.head_dim // 2
     hf = Phi3RotaryEmbedding(transformers.Phi3Config.from_dict(copy.deepcopy(raw)))
-    # a forward of 200 positions: short factors; one of 600: long factors at every position
-    for length, rows in ((200, slice(0, 200)), (600, slice(256, 600))):
+    # a forward of 200 positions: short factors; one of 600: long factors at every position. The
+    # table's first half switches at 256 (cached generation of a prompt that fits), its second half
+    # (rows 600 on: a prompt longer than 256) is the long forward at every position
+    assert table.shape == (1200, cfg.head_dim)
+    for length, rows, want in ((200, slice(0, 200), slice(0, 200)), (600, slice(256, 600), slice(256, 600)),
+                               (600, slice(600, 1200), slice(0, 600))):  # fmt: skip
         cos, sin = _hf_cos_sin(hf, torch.arange(length), 12)
-        torch.testing.assert_close(table[rows, :12], cos[rows], atol=1e-6, rtol=1e-5)
-        torch.testing.assert_close(table[rows, half : half + 12], sin[rows], atol=1e-6, rtol=1e-5)
-    assert torch.equal(table[:, 12:half], torch.ones(600, 4))  # pass-through pairs
-    assert torch.equal(table[:, half + 12 :], torch.zeros(600, 4))
+        torch.testing.assert_close(table[rows, :12], cos[want], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(table[rows, half : half + 12], sin[want], atol=1e-6, rtol=1e-5)
+    assert torch.equal(table[:, 12:half], torch.ones(1200, 4))  # pass-through pairs
+    assert torch.equal(table[:, half + 12 :], torch.zeros(1200, 4))
     assert hf.attention_scaling == pytest.approx(cfg.rope_scaling["attention_factor"]) and hf.attention_scaling > 1
 
 

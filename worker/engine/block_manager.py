@@ -6,6 +6,8 @@ cache, so a later sequence with the same prefix reuses it. A block whose count f
 contents: if hashed it becomes "evictable" (still reusable, reclaimed least-recently-used first),
 otherwise it returns to the plain free list. Hashes are 64-bit Python hashes of int tuples
 (stable across processes); a collision would silently share a block (probability ~2^-64 per pair).
+The chain's root is the sequence's rope_offset folded into a constant: a LongRoPE sequence whose prompt
+is past the threshold rotates every key with the long factors, so its blocks are never another's.
 
 Sliding windows (`window`: set when every layer of the model attends through the same window W):
 a query at position p reads keys p - W < j <= p only, so once a sequence computes from position p
@@ -26,6 +28,11 @@ from collections.abc import Sequence as Seq
 from worker.engine.sequence import Sequence
 
 _ROOT_HASH = 0x5EED
+
+
+def root_hash(seq: Sequence) -> int:
+    """The parent hash of seq's first block: the same for every sequence but LongRoPE's long prompts."""
+    return _ROOT_HASH if not seq.rope_offset else hash((_ROOT_HASH, seq.rope_offset))
 
 
 def chain_hashes(token_ids: Seq[int], block_size: int, parent: int = _ROOT_HASH, start: int = 0) -> list[int]:
@@ -98,7 +105,7 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return [], []
-        hashes = chain_hashes(seq.token_ids, self.block_size)
+        hashes = chain_hashes(seq.token_ids, self.block_size, root_hash(seq))
         matched: list[int] = []
         if not seq.params.prompt_logprobs:
             for h in hashes:
@@ -213,7 +220,7 @@ class BlockManager:
         full = upto // self.block_size
         if full <= len(seq.block_hashes):
             return
-        parent = seq.block_hashes[-1] if seq.block_hashes else _ROOT_HASH
+        parent = seq.block_hashes[-1] if seq.block_hashes else root_hash(seq)
         start = len(seq.block_hashes)
         for i, h in enumerate(
             chain_hashes(seq.token_ids[: full * self.block_size], self.block_size, parent, start)

@@ -137,7 +137,7 @@ class Embedder:
                 keep_chunks.append(c)
             ids.extend(p.seq.token_ids[lo:hi])
             pos = np.arange(lo, hi, dtype=np.int64)
-            positions.append(pos)
+            positions.append(pos + self.runner.model.rope_offset(p.num_tokens))  # rotary rows (LongRoPE)
             slots.append(np.asarray(table, np.int64)[pos // bs] * bs + pos % bs)
             cu.append(len(ids))
             lens.append(hi)

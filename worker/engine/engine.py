@@ -45,7 +45,14 @@ CPU_DEFAULT_KV_BYTES = 1 << 30
 
 
 class Engine:
-    """Use Engine.from_pretrained. One generate/stream call at a time per engine."""
+    """Use Engine.from_pretrained. One generate/stream call at a time per engine.
+
+    max_model_len is the only limit on a prompt's length. LongRoPE (Phi-3 / 3.5 / 4-mini): a prompt
+    longer than original_max_position_embeddings is rotated with the long factors at every position,
+    its generated tokens too, as transformers does; one that fits keeps the short factors below that
+    length and takes the long ones from it. Each sequence's choice is made once, from its prompt
+    length, when `_request` creates it (Sequence.rope_offset; models/rotary.py).
+    """
 
     def __init__(self, model_dir: Path, config: EngineConfig, runner: ModelRunner, tokenizer: Tokenizer,
                  max_model_len: int, num_blocks: int, draft: DraftModel | None = None) -> None:  # fmt: skip
@@ -55,9 +62,6 @@ class Engine:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = runner.model.cfg.vocab_size
-        # LongRoPE: a longer prompt would take the long factors at every position (models/rotary.py)
-        threshold = runner.model.cfg.longrope_threshold
-        self.longrope_threshold = threshold if threshold is not None and threshold < max_model_len else None
         eos = tokenizer.eos_token_ids or runner.model.cfg.eos_token_ids
         self.eos_token_ids = frozenset(eos)
         grouped = runner.num_local_blocks is not None  # two KV cache groups (kv_groups.py)
@@ -314,6 +318,7 @@ class Engine:
         group = []
         for choice in range(params.n):
             seq = Sequence(self._next_seq_id, index, ids, params, seed + choice)
+            seq.rope_offset = self.runner.model.rope_offset(len(ids))  # LongRoPE: a long prompt's rotary rows
             self._next_seq_id += 1
             seq.choice = choice
             group.append(seq)
@@ -356,11 +361,4 @@ class Engine:
         if len(ids) + room > self.max_model_len:
             need = " (prompt + at least one generated token)" if room else ""
             return ids, f"prompt has {len(ids)} tokens but the context holds {self.max_model_len}{need}; shorten it"
-        if self.longrope_threshold is not None and len(ids) > self.longrope_threshold:
-            return ids, (
-                f"prompt has {len(ids)} tokens, more than the model's LongRoPE original_max_position_embeddings "
-                f"({self.longrope_threshold}): transformers then rotates every position with the long factors, "
-                f"which freight does not do yet; shorten the prompt to {self.longrope_threshold} tokens or fewer "
-                "(generation may run past that length)"
-            )
         return ids, None

@@ -45,7 +45,7 @@ class Sequence:
         "seq_id", "index", "params", "token_ids", "num_prompt_tokens", "status", "_num_computed",
         "block_table", "num_released", "block_hashes", "planned_hashes", "protected_len", "num_cached_tokens", "seed",
         "finish_reason", "error", "logprobs", "prompt_logprobs", "prompt_scored", "text", "batch", "row",
-        "in_flight", "choice", "forks", "group", "constraint_state", "spec", "local",
+        "in_flight", "choice", "forks", "group", "constraint_state", "spec", "local", "rope_offset",
     )  # fmt: skip
 
     def __init__(
@@ -88,6 +88,10 @@ class Sequence:
         self.spec: object | None = None  # speculation's per-sequence state (speculation/speculator.py)
         # the local layers' block table of a model with two KV cache groups (kv_groups.LocalTable)
         self.local: Any = None
+        # added to the positions of this sequence's prefill chunks to get their rotary rows: the LongRoPE
+        # all-long half for a prompt longer than the threshold (CausalLM.rope_offset, set at creation from
+        # the prompt length, which preemption keeps), else 0; it also roots its prefix-cache hashes
+        self.rope_offset = 0
 
     @property
     def num_computed_tokens(self) -> int:

@@ -15,6 +15,12 @@ sequence's own block table with context start + j + 1. Every row's K/V is stored
 attends (each layer), so the run is causal over its own tokens, and a verify step stays a pure decode
 step (the CPU's decode stack, CUDA graphs). Their logits come last (`num_spec_logits`) and are not
 in `sample_rows`: the verifier samples them.
+
+`positions` go to the rotary only: a chunk token's position plus its sequence's rope_offset
+(LongRoPE's all-long rows for a prompt past the threshold, models/rotary.py; 0 otherwise). Decode and
+verify rows pass their position as it is: a long prompt's sequence decodes at positions >= its prompt
+length - 1 >= the threshold, where both halves of the table hold the same long rows. Attention reads
+the real positions, through the context lengths and slots.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ class PromptScores:
 @dataclass(slots=True)
 class StepInputs:
     input_ids: torch.Tensor  # int64 [T] on the device
-    positions: torch.Tensor  # int64 [T]
+    positions: torch.Tensor  # int64 [T]: rotary rows (module docstring: position + rope_offset for chunks)
     meta: AttentionMetadata
     logit_rows: torch.Tensor | None  # int64 [N]: hidden rows that need logits; None: every row
     sample_rows: np.ndarray  # int64 [S]: batch row of each sampled logits row (the last S rows)
@@ -263,7 +269,11 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
     meta = AttentionMetadata(slot_mapping=to_device(all_slots, device), **meta_args)
     if grouped:
         meta = dataclasses.replace(meta, local=_local(meta, local_slots, device, **local_args))
-    return StepInputs(input_ids, to_device(all_pos, device), meta, logit_rows, all_sample_rows, not sample_rows,
+    rope = all_pos
+    if any(c.seq.rope_offset for c in sched.chunks):  # LongRoPE prompts past the threshold (module docstring)
+        offsets = np.repeat([c.seq.rope_offset for c in sched.chunks], [c.num_tokens for c in sched.chunks])
+        rope = all_pos + np.concatenate([offsets, np.zeros(num_decode, np.int64)])
+    return StepInputs(input_ids, to_device(rope, device), meta, logit_rows, all_sample_rows, not sample_rows,
                       prompt, num_prefill, sched.decode_rows, sched.decode_positions, tuple(sched.spec),
                       0 if vids is None else vids.size)  # fmt: skip
 

@@ -25,7 +25,7 @@ from torch import nn
 from worker.engine.backends.base import AttentionMetadata, Backend
 from worker.engine.models.model_config import ModelConfig
 from worker.engine.models.moe import SparseMoeBlock
-from worker.engine.models.rotary import cos_sin_cache
+from worker.engine.models.rotary import cos_sin_cache, longrope_offset
 
 
 class RMSNorm(nn.Module):
@@ -175,6 +175,16 @@ class CausalLM(nn.Module):
         self.decode_stack = None
         # the local layers' caches are a pool of their own (set by ModelRunner; kv_groups.py)
         self.kv_grouped = False
+        # LongRoPE: the cos/sin table's all-long half starts at this row (models/rotary.py); 0: none
+        local = cfg.local_rope_theta is not None  # a second table without that half (no model has both)
+        self.long_rope_rows = 0 if local else longrope_offset(max_positions, cfg.rope_scaling)
+
+    def rope_offset(self, num_prompt_tokens: int) -> int:
+        """What a sequence with this many prompt tokens adds to its positions to get its rows of the
+        cos/sin table (forward's `positions`): the all-long half for a prompt longer than LongRoPE's
+        threshold (transformers rotates every position of it with the long factors), else 0."""
+        threshold = self.cfg.longrope_threshold
+        return self.long_rope_rows if self.long_rope_rows and num_prompt_tokens > threshold else 0
 
     def init_rotary(self, device: torch.device) -> None:
         cfg = self.cfg
@@ -205,12 +215,14 @@ class CausalLM(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,  # int64 [T]
-        positions: torch.Tensor,  # int64 [T]
+        positions: torch.Tensor,  # int64 [T]: rows of the cos/sin table (position + rope_offset)
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k_cache, v_cache)
     ) -> torch.Tensor:
         """Final hidden states (normed): [T, hidden], or [N, hidden] for meta.output_rows when set
-        (the last layer then skips the other rows: only their K/V are needed, by later tokens)."""
+        (the last layer then skips the other rows: only their K/V are needed, by later tokens).
+        `positions` feed the rotary only (attention reads meta): each token's position plus its
+        sequence's rope_offset (the LongRoPE all-long rows; 0 for every other model)."""
         stack = self.decode_stack
         if stack is not None and stack.takes(input_ids, meta, kv_caches):
             return stack(input_ids, positions, meta)

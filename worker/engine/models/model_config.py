@@ -52,8 +52,8 @@ class ModelConfig:
 
     @property
     def longrope_threshold(self) -> int | None:
-        """LongRoPE's original_max_position_embeddings: a prompt longer than this would switch every
-        position to the long factors (see models/rotary.py); None for other ropes."""
+        """LongRoPE's original_max_position_embeddings: a sequence whose prompt is longer than this
+        rotates every position with the long factors (see models/rotary.py); None for other ropes."""
         scaling = self.rope_scaling
         if scaling is None or scaling["rope_type"] != "longrope":
             return None

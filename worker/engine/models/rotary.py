@@ -10,10 +10,14 @@ LongRoPE picks its short or long factors per forward by the sequence length (tra
 long iff max(position) + 1 > original_max_position_embeddings). In transformers' generation with a
 KV cache, a prompt of at most that length is prefilled with the short factors and each later token
 is computed in a forward whose length is its position + 1: tokens at positions >= the threshold get
-the long factors, the cached keys before them keep the short ones. The table reproduces exactly
-that: rows below the threshold short, rows from it long. A prompt longer than the threshold
-(transformers: long factors for every position, its cached keys included) is refused per row by
-the engine (see Engine._prompt_ids), not served with different numbers.
+the long factors, the cached keys before them keep the short ones. A prompt longer than the
+threshold is prefilled in one forward with the long factors, so every position of that sequence
+(its cached prompt keys and every generated token) is rotated with the long ones. The table holds
+both: rows [0, P) by position (short below the threshold, long from it: a prompt that fits), then
+rows [P, 2P) long at every position (a prompt longer than the threshold). A long prompt's sequence
+computes its prompt (and, after preemption, its recompute) at rows position + P (CausalLM.rope_offset,
+decided once from the prompt length, which never changes); its decodes run at positions past the
+threshold, where rows p and p + P are equal, so they pass their plain position.
 """
 
 from __future__ import annotations
@@ -72,7 +76,8 @@ def _table(freqs: torch.Tensor, head_dim: int, attention_factor: float) -> torch
 def cos_sin_cache(
     head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None, rotary_dim: int | None = None
 ) -> torch.Tensor:
-    """fp32 [max_positions, head_dim]. scaling: ModelConfig.rope_scaling (rope_config.rope_scaling)."""
+    """fp32 [max_positions, head_dim], or [2 * max_positions, head_dim] for a LongRoPE table with
+    both halves (longrope_offset > 0, module docstring). scaling: ModelConfig.rope_scaling."""
     dim = rotary_dim or head_dim
     kind = None if scaling is None else scaling["rope_type"]
     positions = torch.arange(max_positions, dtype=torch.float32)
@@ -82,7 +87,11 @@ def cos_sin_cache(
         short = 1.0 / (torch.tensor(scaling["short_factor"], dtype=torch.float32) * theta**base)
         long = 1.0 / (torch.tensor(scaling["long_factor"], dtype=torch.float32) * theta**base)
         inv = torch.where((positions >= orig)[:, None], long[None, :], short[None, :])  # [P, R/2]
-        return _table(positions[:, None] * inv, head_dim, scaling["attention_factor"])
+        table = _table(positions[:, None] * inv, head_dim, scaling["attention_factor"])
+        if not longrope_offset(max_positions, scaling):
+            return table
+        every_long = _table(torch.outer(positions, long), head_dim, scaling["attention_factor"])
+        return torch.cat([table, every_long])
     factor = 1.0
     if kind == "yarn":
         inv_freq = _yarn_inv_freq(dim, theta, scaling)
@@ -94,6 +103,15 @@ def cos_sin_cache(
         elif kind == "linear":
             inv_freq = inv_freq / float(scaling["factor"])
     return _table(torch.outer(positions, inv_freq), head_dim, factor)
+
+
+def longrope_offset(max_positions: int, scaling: dict[str, Any] | None) -> int:
+    """The rope row offset of a sequence whose prompt is longer than LongRoPE's threshold: max_positions
+    when the table has the all-long half (LongRoPE, a threshold below max_positions), else 0 (no prompt
+    can be longer than the threshold: nothing to tell apart)."""
+    if scaling is None or scaling["rope_type"] != "longrope":
+        return 0
+    return max_positions if scaling["original_max_position_embeddings"] < max_positions else 0
 
 
 def partial_rotary_order(head_dim: int, rotary_dim: int) -> torch.Tensor:

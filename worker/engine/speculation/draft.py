@@ -160,7 +160,9 @@ class DraftModel:
         ids, pos, slots, cu, last = [], [], [], [0], []
         for st, end, lo in zip(states, ends, los, strict=True):
             ids += st.seq.token_ids[lo:end]
-            pos += range(lo, end)
+            # a LongRoPE draft's own rotary rows for a prompt past its threshold (step_inputs: decodes need none)
+            off = self.runner.model.rope_offset(st.seq.num_prompt_tokens)
+            pos += range(lo + off, end + off)
             slots += self._slots(st, range(lo, end))
             cu.append(len(ids))
             last.append(len(ids) - 1)
