@@ -215,14 +215,15 @@ class CausalLM(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,  # int64 [T]
-        positions: torch.Tensor,  # int64 [T]: rows of the cos/sin table (position + rope_offset)
+        positions: torch.Tensor,  # int64 [T]: rows of the cos/sin table (see below)
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k_cache, v_cache)
     ) -> torch.Tensor:
         """Final hidden states (normed): [T, hidden], or [N, hidden] for meta.output_rows when set
         (the last layer then skips the other rows: only their K/V are needed, by later tokens).
-        `positions` feed the rotary only (attention reads meta): each token's position plus its
-        sequence's rope_offset (the LongRoPE all-long rows; 0 for every other model)."""
+        `positions` feed the rotary only (attention reads meta): each token's position, plus its
+        sequence's rope_offset in a prefill (LongRoPE's all-long rows for a prompt past the threshold;
+        0 for every other model; decodes need none: step_inputs)."""
         stack = self.decode_stack
         if stack is not None and stack.takes(input_ids, meta, kv_caches):
             return stack(input_ids, positions, meta)
