@@ -92,6 +92,20 @@ def test_speculation_is_identical_to_plain(phi3, make_checkpoint) -> None:
     assert s.spec_proposed_tokens > 0 and s.spec_accepted_tokens == s.spec_proposed_tokens, s
 
 
+def test_draft_catch_up_of_a_short_long_prompt(make_checkpoint) -> None:
+    """Threshold 8: a 12-token prompt is past it but short enough for the draft's fast catch-up on the C
+    stack, which rotates at plain positions; the draft prefills it at its all-long rows instead, so the
+    target as its own draft still has every proposal accepted."""
+    ckpt = make_checkpoint("phi3", original_max_position_embeddings=8)
+    g = torch.Generator().manual_seed(7)
+    prompts = [_rand(g, 12), _rand(g, 5), _rand(g, 3) * 4]
+    draft = SpeculativeConfig("draft", 4, str(ckpt.path), adaptive=False)
+    got, engine = _generate(ckpt.path, prompts, speculative=draft)
+    assert got == [hf_greedy(ckpt.model, p, NEW) for p in prompts]
+    s = engine.stats
+    assert s.spec_proposed_tokens > 0 and s.spec_accepted_tokens == s.spec_proposed_tokens, s
+
+
 def test_prompt_logprobs_of_a_long_prompt(phi3) -> None:
     """Every prompt position of a 50-token prompt scored with the long factors, in chunks of 16."""
     ckpt, _ = phi3

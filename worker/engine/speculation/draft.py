@@ -148,8 +148,11 @@ class DraftModel:
         decode-shaped rows on the C stack where there is one (DraftStack); else one prefill."""
         los = [min(st.computed, end - 1) for st, end in zip(states, ends, strict=True)]  # the newest token always runs
         rows = sum(end - lo for lo, end in zip(los, ends, strict=True))
+        offsets = [self.runner.model.rope_offset(st.seq.num_prompt_tokens) for st in states]  # LongRoPE drafts
+        # a long prompt's own tokens rotate at their all-long rows: the prefill below (decode rows pass positions)
+        long_prompt = any(off and lo < st.seq.num_prompt_tokens for off, lo, st in zip(offsets, los, states, strict=True))
         if self.fast is not None and max(e - lo for lo, e in zip(los, ends, strict=True)) <= FAST_CATCH_UP \
-                and self.fast.takes(rows):  # fmt: skip
+                and self.fast.takes(rows) and not long_prompt:  # fmt: skip
             bs = self.block_size
             table = self._tables_np(states, max(-(-e // bs) for e in ends))
             counts = np.asarray([e - lo for lo, e in zip(los, ends, strict=True)])
@@ -158,11 +161,9 @@ class DraftModel:
                              np.int64)  # fmt: skip
             return self.fast.greedy(ids, pos, np.repeat(table, counts, axis=0), np.cumsum(counts) - 1)
         ids, pos, slots, cu, last = [], [], [], [0], []
-        for st, end, lo in zip(states, ends, los, strict=True):
+        for st, end, lo, off in zip(states, ends, los, offsets, strict=True):
             ids += st.seq.token_ids[lo:end]
-            # a LongRoPE draft's own rotary rows for a prompt past its threshold (step_inputs: decodes need none)
-            off = self.runner.model.rope_offset(st.seq.num_prompt_tokens)
-            pos += range(lo + off, end + off)
+            pos += range(lo + off, end + off)  # a LongRoPE draft's rotary rows (CausalLM.rope_offset)
             slots += self._slots(st, range(lo, end))
             cu.append(len(ids))
             last.append(len(ids) - 1)
