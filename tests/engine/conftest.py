@@ -3,6 +3,7 @@ and greedy / log-softmax references computed with transformers in fp32."""
 
 from __future__ import annotations
 
+import copy
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,11 +84,13 @@ def _config(arch: str, **overrides: object) -> object:
         eos_token_id=2,
         tie_word_embeddings=False,
     )
-    common.update(MOE_DEFAULTS.get(arch, {}))
-    common.update(GEMMA_DEFAULTS.get(arch, {}))
+    # copies: transformers' configs write into the dicts they are given (Phi3Config puts
+    # original_max_position_embeddings into rope_parameters), and a model reads its config at each forward
+    common.update(copy.deepcopy(MOE_DEFAULTS.get(arch, {})))
+    common.update(copy.deepcopy(GEMMA_DEFAULTS.get(arch, {})))
     if arch == "phi3":
-        common.update(PHI3_DEFAULTS)
-    common.update(overrides)
+        common.update(copy.deepcopy(PHI3_DEFAULTS))
+    common.update(copy.deepcopy(overrides))
     classes = {
         "llama": transformers.LlamaConfig,
         "mistral": transformers.MistralConfig,
