@@ -62,6 +62,10 @@ class LocalTable:
         return self.seq.params
 
     @property
+    def rope_offset(self) -> int:  # the root of its prefix-cache hashes (block_manager.root_hash)
+        return self.seq.rope_offset
+
+    @property
     def num_computed_tokens(self) -> int:
         return self.seq.num_computed_tokens
 
