@@ -98,12 +98,10 @@ class ModelDecodeStack:
         """A pure decode step over the bound caches (1..gemv_rows rows, or up to max_rows on one
         thread), with inputs laid out as the kernel reads them, no forward hook on any projection and
         no prefix shared by every row (see the module docstring)."""
-        rows = input_ids.shape[0]
-        if not (0 < rows <= self.max_rows and meta.num_prefill_tokens == 0 and meta.output_rows is None
+        if not (self.fits(input_ids.shape[0]) and meta.num_prefill_tokens == 0 and meta.output_rows is None
                 and kv_caches is self._kv_caches):  # fmt: skip
             return False
-        if rows > self.gemv_rows and torch.get_num_threads() != 1:
-            return False
+        rows = input_ids.shape[0]
         tables, lens, slots = meta.decode_block_tables, meta.decode_context_lens, meta.slot_mapping
         if not (tables.dtype == lens.dtype == torch.int32 and tables.stride(1) == 1 and lens.is_contiguous()
                 and slots.dtype == torch.int64 and slots.is_contiguous()):  # fmt: skip
@@ -119,11 +117,20 @@ class ModelDecodeStack:
                 return False
         return True
 
+    def fits(self, rows: int) -> bool:
+        """1..gemv_rows rows on any number of threads, up to max_rows on one."""
+        return 0 < rows <= self.max_rows and (rows <= self.gemv_rows or torch.get_num_threads() == 1)
+
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The final-normed hidden states [rows, hidden] (what the layer loop and the final norm give)."""
-        x = F.embedding(input_ids, self._embed)
-        return self._stack(x, positions.to(torch.int64).contiguous(), meta.slot_mapping, meta.decode_block_tables,
-                           meta.decode_context_lens)  # fmt: skip
+        return self.rows(input_ids, positions.to(torch.int64).contiguous(), meta.slot_mapping,
+                         meta.decode_block_tables, meta.decode_context_lens)  # fmt: skip
+
+    def rows(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor,
+             context_lens: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """__call__ without AttentionMetadata (speculation's DraftStack): int64 ids, positions and
+        slots, int32 tables [rows, W] and context lengths, in the layouts `takes` checks."""
+        return self._stack(F.embedding(input_ids, self._embed), positions, slots, tables, context_lens)
 
 
 def _detach(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -3,7 +3,7 @@
 A draft forward is a few rows through a small model: its C work (kernels/cpu/decode_stack.c, the
 lm_head GEMV) takes tens of microseconds, while the generic path around it (AttentionMetadata, the
 model's forward and its eligibility checks, Backend.project) costs several times that in Python.
-Here a step is the embedding lookup, one BoundDecodeStack call, one GEMV (or F.linear past its rows)
+Here a step is ModelDecodeStack.rows (the embedding lookup and one C call), one GEMV (or F.linear past its rows)
 and an argmax, with the step's positions, slots, block tables and context lengths made in numpy.
 
 Rows are decode-shaped: each row one token at its position, reading its sequence's cache up to and
@@ -24,18 +24,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.cpu.gemv import NativeGemv
+from worker.engine.backends.cpu_decode_stack import ModelDecodeStack
 
 
 class DraftStack:
     def __init__(self, model: nn.Module, block_size: int) -> None:
         """Call `usable(model)` first."""
-        stack = model.decode_stack
-        self._stack = stack._stack  # the BoundDecodeStack (ModelDecodeStack's binding)
-        self._embed = model.model.embed_tokens.weight
+        self._stack = model.decode_stack  # the ModelDecodeStack the backend bound
         self._lm_head = model.lm_head.weight
         self._gemv = NativeGemv()
         self.block_size = block_size
-        self.gemv_rows, self.max_rows = stack.gemv_rows, stack.max_rows
 
     @staticmethod
     def usable(model: nn.Module) -> bool:
@@ -43,14 +41,14 @@ class DraftStack:
         stack = getattr(model, "decode_stack", None)
         head = getattr(model, "lm_head", None)
         return (
-            stack is not None and hasattr(stack, "_stack") and type(head) is nn.Linear and head.bias is None
+            isinstance(stack, ModelDecodeStack) and type(head) is nn.Linear and head.bias is None
             and head.weight.dtype == torch.float32 and head.weight.device.type == "cpu"
             and head.weight.is_contiguous() and not head._forward_hooks and not head._forward_pre_hooks
         )  # fmt: skip
 
     def takes(self, rows: int) -> bool:
-        """Whether a step of `rows` rows fits the stack (past gemv_rows it runs on one thread)."""
-        return 0 < rows <= self.max_rows and (rows <= self.gemv_rows or torch.get_num_threads() == 1)
+        """Whether a step of `rows` rows fits the stack (ModelDecodeStack.fits)."""
+        return self._stack.fits(rows)
 
     @torch.inference_mode()
     def greedy(self, ids: np.ndarray, positions: np.ndarray, tables: np.ndarray, out_rows: np.ndarray | None = None
@@ -60,9 +58,8 @@ class DraftStack:
         (default: every row). Stores every row's K/V at its slot."""
         bs = self.block_size
         slots = tables[np.arange(ids.size), positions // bs].astype(np.int64) * bs + positions % bs
-        x = F.embedding(torch.from_numpy(ids), self._embed)
-        hidden = self._stack(x, torch.from_numpy(positions), torch.from_numpy(slots), torch.from_numpy(tables),
-                             torch.from_numpy((positions + 1).astype(np.int32)))  # fmt: skip
+        hidden = self._stack.rows(torch.from_numpy(ids), torch.from_numpy(positions), torch.from_numpy(slots),
+                                  torch.from_numpy(tables), torch.from_numpy((positions + 1).astype(np.int32)))  # fmt: skip
         if out_rows is not None:
             hidden = hidden[torch.from_numpy(out_rows)]
         logits = None
