@@ -189,6 +189,7 @@ class Scheduler:
     def _release(self, seq: Sequence, position: int) -> None:
         if self.bm.release_behind(seq, position):
             self.batch.released[seq.row] = self.bm.released(seq)
+
     def _speculate(self, rows: np.ndarray, budget: int, out: SchedulerOutput) -> tuple[np.ndarray, int]:
         """Rows the speculator gives proposals verify them (their newest token + K proposed tokens as
         1 + K decode rows of the sequence, blocks for all of them taken now; the blocks of rejected tokens are given back when

@@ -143,8 +143,7 @@ def _with_verify(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows
     vrows, vpos, vids = verify_rows(sched)
     rows = np.concatenate([sched.decode_rows, vrows])
     pos = np.concatenate([sched.decode_positions, vpos])
-    slots = batch.block_table[rows, pos // bs].astype(np.int64) * bs + pos % bs
-    slots[pos < batch.protected[rows]] = -1
+    slots = _row_slots(batch.block_table, batch, rows, pos)
     rows_dev = to_device(rows, device)
     ids = to_device(vids, device)
     if sched.decode_rows.size:
@@ -224,8 +223,7 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
     local_args: dict = {"prefill_block_tables": to_device(_pad(ltables, max(len(t) for t in tables)), device)} if grouped else {}
     input_ids = to_device(np.asarray(ids, np.int64), device)
     if num_decode:
-        dslots = batch.block_table[rows, pos // bs].astype(np.int64) * bs + pos % bs
-        dslots[pos < batch.protected[rows]] = -1
+        dslots = _row_slots(batch.block_table, batch, rows, pos)
         rows_dev = to_device(rows, device)
         meta_args.update(
             decode_context_lens=to_device((pos + 1).astype(np.int32), device),
