@@ -69,10 +69,10 @@ class PlanTimer:
         if spec is not None:
             plan = spec.plan
 
-            def timed(rows, extra):  # noqa: ANN001, ANN202
+            def timed(*args):  # noqa: ANN002, ANN202
                 t0 = time.process_time()
                 try:
-                    return plan(rows, extra)
+                    return plan(*args)
                 finally:
                     self.seconds += time.process_time() - t0
                     self.calls += 1

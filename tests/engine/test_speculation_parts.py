@@ -1,5 +1,6 @@
-"""Speculative decoding's parts without a model: prompt lookup's proposals, the block manager's
-rollback, the controller's on/off rule and the pauses of sequences whose proposals do not pay."""
+"""Speculative decoding's parts without a model: prompt lookup's proposals and match lengths, its
+acceptance by match length, the block manager's rollback, the controller's on/off rule and K
+allocation, and the pauses of drafting sequences whose proposals do not pay."""
 
 from __future__ import annotations
 
@@ -21,6 +22,40 @@ def test_ngram_index_proposes_the_latest_longest_match() -> None:
     # a match running into the newest tokens continues with its period
     assert NgramIndex().propose([5, 5, 5], 4) == [5, 5, 5, 5]
     assert NgramIndex().propose([1, 7, 8, 7, 8], 5) == [7, 8, 7, 8, 7]
+
+
+def test_ngram_match_length_spans_the_copied_text() -> None:
+    """A match's length counts back past the looked-up suffix while the text agrees (a copied span),
+    up to MATCH_CAP; continuation() is what propose() offers from it."""
+    from worker.engine.speculation.ngram import MATCH_CAP, NgramIndex
+
+    span = [11, 12, 13, 14, 15, 16, 17, 18]
+    tokens = [1, 2] + span + [9, 3] + span[:6]  # the span's first 6 tokens copied again
+    e, length = NgramIndex().match(tokens)
+    assert (e, length) == (8, 6) and NgramIndex.continuation(tokens, e, 3) == [17, 18, 9]
+    assert NgramIndex().match([5, 6, 7, 6]) == (2, 1)  # only the last token recurs
+    assert NgramIndex().match([5, 6, 7]) == (-1, 0)
+    long = list(range(100, 140))
+    assert NgramIndex().match(long + [0] + long) == (40, MATCH_CAP)
+    assert NgramIndex().match([4] * 10) == (9, 9)  # periodic: the run agrees with itself shifted by one
+
+
+def test_lookup_acceptance_learns_per_match_length() -> None:
+    """Each bucket starts at p = 1/2; a verify adds its kept tokens as hits and one miss when it stopped
+    short; counts fade past HORIZON trials so p follows a changing workload."""
+    from worker.engine.speculation.acceptance import HORIZON, LookupAcceptance, bucket
+
+    assert [bucket(n) for n in (0, 1, 3, 4, 7, 8, 15, 16, 99)] == [0, 1, 3, 4, 4, 5, 5, 6, 6]
+    acc = LookupAcceptance()
+    assert acc.chance(1) == acc.chance(12) == 0.5
+    assert acc.expected(12, 3) == pytest.approx(0.5 + 0.25 + 0.125)
+    acc.observe(12, 4, 4)  # a copied span: all kept, no miss
+    acc.observe(1, 4, 0)  # a one-token guess: a miss at once
+    assert acc.chance(12) == pytest.approx(5 / 6) and acc.chance(9) == acc.chance(12)
+    assert acc.chance(1) == pytest.approx(1 / 3) and acc.chance(2) == 0.5
+    for _ in range(1000):
+        acc.observe(1, 4, 1)  # keeps 1 of 4: p -> 1/2 whatever came before
+    assert acc.trials[bucket(1)] <= HORIZON and acc.chance(1) == pytest.approx(0.5, abs=0.01)
 
 
 def test_block_rollback_gives_back_trailing_blocks() -> None:
@@ -60,8 +95,41 @@ def test_controller_turns_speculation_off_where_it_costs_more() -> None:
     assert not draft.decide(1, 4, expected_accepted=2.0)  # 4 ms for 3 tokens > 1 ms for 1
 
 
+def test_controller_allocates_k_where_the_rows_pay() -> None:
+    """K per row from its acceptance chance and the value of its tokens against the measured cost of the
+    rows: at a small batch a likely proposal gets its whole cap and an unlikely one nothing; where rows
+    cost more than they save, nobody proposes; an unmeasured width is explored; not adaptive, every
+    row gets its cap. With no request waiting only the rows with the most tokens left are worth more
+    than the row they take."""
+    from worker.engine.speculation.controller import SpeculationController
+
+    c = SpeculationController(adaptive=True)
+    assert c.allocate(1, [(0.9, 4)]) == [0]  # the plain step is measured first
+    # 1 row 1.0 ms, +0.1 ms per row up to 8 rows; 64 rows 10 ms, 128 rows 30 ms
+    for rows, ms in [(r, 1.0 + 0.1 * (r - 1)) for r in range(1, 9)] + [(64, 10.0), (128, 30.0)]:
+        for _ in range(3):
+            c.record(rows, ms / 1000)
+    assert c.allocate(1, [(0.95, 7)]) == [7]
+    assert c.allocate(1, [(0.05, 7)]) == [0]  # 5% for 0.1 ms of a 1 ms step
+    assert c.allocate(2, [(0.95, 4), (0.05, 4)]) == [4, 0]
+    assert c.allocate(1, [(0.4, 7)]) == [2]  # saves 0.56 - 0.2 ms; 1 token: 0.4 - 0.1, 3: 0.624 - 0.3
+    assert c.allocate(64, [(0.9, 1)] * 64) == [0] * 64  # 30 ms for 121.6 tokens vs 10 ms for 64
+    assert c.token_values(4, [True, False], queued=True) == pytest.approx([1.3e-3 / 4] * 2)
+    # none waiting: a row's token saves its row in a later step (0.1 ms); a critical row's also the
+    # steps' fixed cost (1.3 - 4 x 0.1 ms) shared by the critical rows
+    assert c.token_values(4, [True, False, True], queued=False) == pytest.approx([0.55e-3, 0.1e-3, 0.55e-3])
+    tail = c.token_values(8, [True] + [False] * 7, queued=False)
+    assert c.allocate(8, [(0.9, 4)] * 8, tail) == [4] + [0] * 7
+    fresh = SpeculationController(adaptive=True)
+    for _ in range(3):
+        fresh.record(1, 0.001)
+        fresh.record(2, 0.0011)
+    assert fresh.allocate(1, [(0.1, 4)]) == [4]  # 5 rows: more than twice the widest measured, explored
+    assert SpeculationController(adaptive=False).allocate(64, [(0.0, 3), (0.1, 2)]) == [3, 2]
+
+
 def test_refused_proposals_pause_the_sequences_below_break_even() -> None:
-    """A step refused because its proposals' expected acceptance does not pay pauses the sequences
+    """(A draft model's sequences.) A step refused because its proposals' expected acceptance does not pay pauses the sequences
     below the step's break-even (their acceptance is re-measured only by verifying: after the pause
     they restart at 1/2 and full K); a sequence above it, or a refusal that was a plain probe, pauses
     no one; a whole proposal kept makes the next pause short again."""
@@ -72,10 +140,11 @@ def test_refused_proposals_pause_the_sequences_below_break_even() -> None:
     low, high = SpecState(4), SpecState(4)
     low.rate, high.rate = 0.05, 0.9
     batch = SimpleNamespace(seqs=[SimpleNamespace(spec=low), SimpleNamespace(spec=high)])
-    sp = Speculator(SpeculativeConfig("ngram", 4), batch)  # type: ignore[arg-type]
+    draft = SimpleNamespace(rollback=lambda seq, kept: None)
+    sp = Speculator(SpeculativeConfig("draft", 4, "draft"), batch, draft)  # type: ignore[arg-type]
     for _ in range(3):  # 1 row 1 ms, 5 rows 1.6 ms, 2 rows 1.1 ms, 10 rows 2.5 ms
         for rows, ms in ((1, 1.0), (5, 1.6), (2, 1.1), (10, 2.5)):
-            sp.controller.record(rows, ms / 1000)
+            sp.controller.record(rows, ms / 1000, speculated=rows >= 5)  # a draft's are measured apart
     assert sp.controller.breakeven(1, 4) == pytest.approx(0.6)
     sp._pause_below([(1, [7, 7, 7, 7])], 1, expected=0.9 * 4)  # pays: a probe step's refusal
     assert high.paused == 0 and high.rate == 0.9

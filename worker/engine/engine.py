@@ -292,8 +292,11 @@ class Engine:
         self.stats.add_busy(seconds, prefill, sched.num_scheduled_tokens - prefill)
         if self.speculator is not None and not sched.chunks:  # a pure decode / verify step
             # the CPU's cost is the work done (process time: wall time on a shared machine is noise)
-            cost = time.process_time() - c0 if self.config.torch_device.type == "cpu" else seconds
-            self.speculator.controller.record(sched.num_scheduled_tokens, cost, bool(sched.spec))
+            cpu = self.config.torch_device.type == "cpu"
+            cost = time.process_time() - c0 if cpu else seconds
+            self.speculator.record(sched.num_scheduled_tokens, cost, bool(sched.spec), cpu)
+        if self.speculator is not None:
+            self.speculator.plan_seconds = (0.0, 0.0)
         return finished
 
     def _constrain(self, logits: torch.Tensor, sample_rows: np.ndarray) -> None:

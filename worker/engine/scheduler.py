@@ -84,7 +84,7 @@ class SpeculationPlanner(Protocol):
     """What the scheduler and StepOutputs call of speculation/speculator.Speculator (which imports
     modules that import this one)."""
 
-    def plan(self, rows: np.ndarray, extra: int) -> list[tuple[int, list[int]]]: ...
+    def plan(self, rows: np.ndarray, extra: int, queued: bool) -> list[tuple[int, list[int]]]: ...
 
     def observe(self, seq: Sequence, proposed: int, accepted: int) -> None: ...
 
@@ -198,7 +198,7 @@ class Scheduler:
         b, bm = self.batch, self.bm
         spare = bm.num_free_blocks - self.watermark - rows.size
         spec = []
-        for r, draft in self.speculator.plan(rows, budget - rows.size):  # type: ignore[union-attr]
+        for r, draft in self.speculator.plan(rows, budget - rows.size, bool(self.waiting)):  # type: ignore[union-attr]
             seq = b.seqs[r]
             pos = int(b.num_computed[r])  # seq's newest token, on the host (no step in flight)
             if bm.window is not None:  # as a decode row would: the blocks its window left go first

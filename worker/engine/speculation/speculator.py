@@ -1,31 +1,36 @@
 """Speculator: the scheduler's side of speculative decoding. Which decoding rows propose what this
-step, and each sequence's acceptance (K follows its acceptance average: full from 1/2 up, less below;
-speculation pauses, with a doubling back-off, for a sequence whose acceptance stays low). The
-proposers know no grammar: a constrained row's proposal is cut to the prefix its grammar accepts
-(ConstraintState.validate: the state does not move; a refused token is never consumed)."""
+step. Prompt lookup: each row's K is chosen per step from how long its match is (LookupAcceptance:
+the chance a token from such a match is kept, learned across sequences) against the measured cost of
+the rows (SpeculationController.allocate). A draft model: each sequence's acceptance average sets its
+K (full from 1/2 up, less below), and speculation pauses, with a doubling back-off, for a sequence
+whose acceptance stays low. The proposers know no grammar: a constrained row's proposal is cut to the
+prefix its grammar accepts (ConstraintState.validate: the state does not move; a refused token is
+never consumed)."""
 
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.sequence import Sequence
+from worker.engine.speculation.acceptance import LookupAcceptance
 from worker.engine.speculation.config import SpeculativeConfig
 from worker.engine.speculation.controller import SpeculationController
 from worker.engine.speculation.draft import DraftModel
 from worker.engine.speculation.ngram import NgramIndex
 from worker.engine.stats import EngineStats
 
-LOW_ACCEPTANCE = 0.2  # below this average acceptance a sequence pauses speculation
+LOW_ACCEPTANCE = 0.2  # below this average acceptance a sequence pauses drafting
 PAUSE_FIRST, PAUSE_MAX = 8, 64  # decode steps of the first pause, and the longest
 
 
 class SpecState:
     """One sequence's speculation state (Sequence.spec)."""
 
-    __slots__ = ("k", "k_max", "rate", "verifies", "paused", "backoff", "index")
+    __slots__ = ("k", "k_max", "rate", "verifies", "paused", "backoff", "index", "matched", "value")
 
     def __init__(self, k: int) -> None:
         self.k = self.k_max = k
@@ -34,6 +39,8 @@ class SpecState:
         self.paused = 0  # decode steps left without speculation
         self.backoff = PAUSE_FIRST
         self.index = NgramIndex()
+        self.matched = 0  # prompt lookup: the length of the match behind the latest proposal
+        self.value = 0.0  # prompt lookup: seconds each of its accepted tokens saves (token_values)
 
 
 class Speculator:
@@ -44,40 +51,110 @@ class Speculator:
         self.batch = batch
         self.draft = draft  # method "draft": the draft model proposes, else prompt lookup
         self.controller = SpeculationController(config.adaptive, separate=draft is not None)
+        self.acceptance = LookupAcceptance()  # prompt lookup's, by match length
+        self.plan_seconds = (0.0, 0.0)  # the latest plan's host time: CPU, wall
+        self._planned = 0  # prompt lookup: the width of this step's lookups (0: none)
+        self._saved = 0.0  # seconds saved by tokens accepted since the latest settled step
 
-    def plan(self, rows: np.ndarray, extra: int) -> list[tuple[int, list[int]]]:
+    def plan(self, rows: np.ndarray, extra: int, queued: bool = False) -> list[tuple[int, list[int]]]:
         """(row, proposed tokens) for the decode rows (ascending) that speculate this step, within
-        `extra` tokens of step budget beyond one per row."""
+        `extra` tokens of step budget beyond one per row; `queued`: requests wait for a row. Its host time is kept (plan_seconds: CPU and
+        wall) so that a step it proposed nothing for is costed as a plain step would be: the
+        controller compares speculating with not speculating at all."""
+        c0, t0 = time.process_time(), time.perf_counter()
+        self._planned, self._saved = 0, 0.0  # (a step with a prompt chunk is not settled)
+        try:
+            return self._plan(rows, extra, queued)
+        finally:
+            self.plan_seconds = (time.process_time() - c0, time.perf_counter() - t0)
+
+    def _plan(self, rows: np.ndarray, extra: int, queued: bool) -> list[tuple[int, list[int]]]:
         if extra < 1 or not self.controller.should_propose(rows.size):
             return []
+        if self.draft is None:
+            wanted = self._candidates(rows, extra)  # (row, most tokens)
+            values = self._values(rows, wanted, queued)
+            # could it pay at all here, every row matching as well as the best matches do?
+            if not wanted or values is None or self._hopeless(wanted, values, rows.size):
+                return []
+            return self._lookup(wanted, values, rows.size)
         most = min(self.config.num_tokens * rows.size, extra)  # every row proposing K, all accepted
         if not self.controller.decide(rows.size, most, most, back_off=True):  # could it pay at all here?
             return []
         wanted = self._candidates(rows, extra)  # (row, K) by the sequences' own acceptance
         if not wanted:
             return []
-        # before any proposing work: would the sequences' acceptance pay for these rows?
+        # before any drafting work: would the sequences' acceptance pay for these rows?
         if not self._pays([(r, [0] * k) for r, k in wanted], rows.size):
             return []
         b = self.batch
-        if self.draft is not None:  # the draft proposes for all of them at once
-            seqs = [b.seqs[r] for r, _ in wanted]
-            proposals = self.draft.propose(seqs, [k for _, k in wanted])
-            out = []
-            for (r, _), seq, p in zip(wanted, seqs, proposals, strict=True):
-                p = self._grammar_cut(seq, p)
-                if p:
-                    out.append((r, p))
-                elif seq.constraint_state is not None:  # its whole proposal refused
-                    self.draft.rollback(seq, 0)
-            return out
+        seqs = [b.seqs[r] for r, _ in wanted]  # the draft proposes for all of them at once
+        proposals = self.draft.propose(seqs, [k for _, k in wanted])
         out = []
-        for r, k in wanted:
+        for (r, _), seq, p in zip(wanted, seqs, proposals, strict=True):
+            p = self._grammar_cut(seq, p)
+            if p:
+                out.append((r, p))
+            elif seq.constraint_state is not None:  # its whole proposal refused
+                self.draft.rollback(seq, 0)
+        return out
+
+    def _values(self, rows: np.ndarray, wanted: list[tuple[int, int]], queued: bool) -> list[float] | None:
+        """Seconds an accepted token of each candidate saves (SpeculationController.token_values): the
+        critical rows are those with the most tokens left."""
+        b = self.batch
+        left = b.limit[rows] - b.num_tokens[rows]
+        most = left.max() if left.size else 0
+        critical = [bool(b.limit[r] - b.num_tokens[r] >= most) for r, _ in wanted]
+        return self.controller.token_values(rows.size, critical, queued)
+
+    def _hopeless(self, wanted: list[tuple[int, int]], values: list[float], width: int) -> bool:
+        """Prompt lookup cannot pay at this width even if every candidate matched as well as the best
+        matches have (the best bucket's chance): then no matching for a while (a back-off that doubles
+        while it repeats: the host work of a large batch's lookups is saved)."""
+        if self.controller.should_probe(width):
+            return False
+        best = self.acceptance.best()
+        if any(self.controller.allocate(width, [(best, cap) for _, cap in wanted], values)):
+            self.controller.clear_back_off(width)
+            return False
+        self.controller.back_off(width)
+        return True
+
+    def record(self, rows: int, seconds: float, speculated: bool, cpu: bool) -> None:
+        """A pure decode / verify step of `rows` rows took `seconds` (CPU seconds on the CPU, else wall).
+        A step without speculation is costed without its proposing (so the controller compares with
+        not speculating at all); a step whose lookups ran is settled by what it gained, host work
+        included (SpeculationController.settle)."""
+        plan = self.plan_seconds[0 if cpu else 1]
+        self.controller.record(rows, seconds if speculated else seconds - plan, speculated)
+        width, self._planned = self._planned, 0
+        saved, self._saved = self._saved, 0.0
+        plain = self.controller.cost(width) if width else None
+        if plain:
+            self.controller.settle(width, (saved - (seconds - plain)) / plain)
+
+    def _lookup(self, wanted: list[tuple[int, int]], values: list[float], width: int) -> list[tuple[int, list[int]]]:
+        """Prompt lookup's proposals: each candidate's match, its K from the match's acceptance chance
+        and the rows' measured cost (SpeculationController.allocate)."""
+        self._planned = width
+        b, found = self.batch, []
+        for (r, cap), value in zip(wanted, values, strict=True):
             seq = b.seqs[r]
-            draft = self._grammar_cut(seq, seq.spec.index.propose(seq.token_ids, k))
+            e, length = seq.spec.index.match(seq.token_ids)
+            if e >= 0:
+                found.append((r, seq, e, length, cap, value))
+        ks = self.controller.allocate(width, [(self.acceptance.chance(m), cap) for _, _, _, m, cap, _ in found],
+                                      [v for *_, v in found])  # fmt: skip
+        out, expected = [], 0.0
+        for (r, seq, e, length, _, value), k in zip(found, ks, strict=True):
+            draft = self._grammar_cut(seq, NgramIndex.continuation(seq.token_ids, e, k)) if k else []
             if draft:
+                seq.spec.matched, seq.spec.value = length, value
+                expected += self.acceptance.expected(length, len(draft))
                 out.append((r, draft))
-        return out if out and self._pays(out, rows.size) else []
+        # the controller's last word: it runs a plain step now and then to keep that cost measured
+        return out if out and self.controller.decide(width, sum(len(d) for _, d in out), expected) else []
 
     def _candidates(self, rows: np.ndarray, extra: int) -> list[tuple[int, int]]:
         """(row, K) of the rows that may speculate this step (no shared block to copy first, no token
@@ -141,9 +218,13 @@ class Speculator:
 
     def observe(self, seq: Sequence, proposed: int, accepted: int) -> None:
         """A verify step of seq kept `accepted` of `proposed` tokens: adapt its K (adaptive only)."""
-        if self.draft is not None:
-            self.draft.rollback(seq, accepted)
         st = seq.spec
+        if self.draft is None:
+            self._saved += accepted * st.value if isinstance(st, SpecState) else 0.0
+            if isinstance(st, SpecState):
+                self.acceptance.observe(st.matched, proposed, accepted)
+            return
+        self.draft.rollback(seq, accepted)
         if not self.config.adaptive or not isinstance(st, SpecState):
             return
         k_max = self.config.num_tokens
