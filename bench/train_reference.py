@@ -33,7 +33,11 @@ the reference model's tokenizer reused as is:
 
     .venv/bin/python bench/train_reference.py --output examples/models/pycoder-tiny-draft \
         --num-layers 2 --hidden-size 128 --intermediate-size 384 --num-heads 4 --num-kv-heads 2 \
-        --tokenizer-from examples/models/pycoder-tiny
+        --tokenizer-from examples/models/pycoder-tiny --distill-from examples/models/pycoder-tiny
+
+`--distill-from` trains on the target's next-token distribution (forward KL, the target's logits
+computed in the same step) instead of the corpus' next tokens: a draft is judged by how often it
+agrees with its target, not with the data (DistillSpec, Zhou et al. 2023).
 """
 
 from __future__ import annotations
@@ -222,6 +226,8 @@ def main() -> None:
     ap.add_argument("--num-kv-heads", type=int, default=TrainConfig.num_kv_heads)
     ap.add_argument("--tokenizer-from", type=Path, default=None,
                     help="reuse this checkpoint's tokenizer.json (a draft model shares its target's tokenizer)")
+    ap.add_argument("--distill-from", type=Path, default=None,
+                    help="a teacher checkpoint (the draft's target): train on its next-token distribution")
     args = ap.parse_args()
     cfg = TrainConfig(
         num_layers=args.num_layers,
@@ -263,6 +269,14 @@ def main() -> None:
         lr=cfg.lr,
         betas=(0.9, 0.95),
     )
+    teacher = None
+    if args.distill_from is not None:
+        from transformers import LlamaForCausalLM
+
+        teacher = LlamaForCausalLM.from_pretrained(args.distill_from, dtype=torch.float32).eval()
+        if teacher.config.vocab_size != cfg.vocab_size:
+            raise SystemExit(f"--distill-from {args.distill_from}: vocabulary {teacher.config.vocab_size} "
+                             f"!= the draft's {cfg.vocab_size}; pass the teacher's tokenizer with --tokenizer-from")
     gen = torch.Generator().manual_seed(cfg.seed)
     n_steps = args.measure or cfg.steps
     model.train()
@@ -274,7 +288,7 @@ def main() -> None:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            loss = _loss(model, batch)
+            loss = _loss(model, batch) if teacher is None else _distill_loss(model, teacher, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -293,6 +307,7 @@ def main() -> None:
         "parameters": n_params,
         "train_files": len(texts),
         "train_tokens": int(data.numel()),
+        "objective": "cross entropy on the corpus" if teacher is None else f"KL to {args.distill_from.name}",
         "final_loss": round(loss.item(), 4),
         "train_seconds": round(time.time() - t_start),
         "torch": torch.__version__,
@@ -307,6 +322,15 @@ def _loss(model, batch: torch.Tensor) -> torch.Tensor:
     """Next-token cross entropy over a (B, T+1) batch of windows."""
     logits = model(input_ids=batch[:, :-1]).logits  # (B, T, V)
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+
+def _distill_loss(model, teacher, batch: torch.Tensor) -> torch.Tensor:
+    """Forward KL(teacher || model) of the next-token distributions over a (B, T+1) batch's first T
+    positions, per position (the teacher's forward without gradients)."""
+    with torch.no_grad():
+        target = torch.log_softmax(teacher(input_ids=batch[:, :-1]).logits.float(), -1)
+    logp = torch.log_softmax(model(input_ids=batch[:, :-1]).logits.float(), -1)
+    return torch.nn.functional.kl_div(logp.flatten(0, 1), target.flatten(0, 1), log_target=True, reduction="batchmean")
 
 
 if __name__ == "__main__":

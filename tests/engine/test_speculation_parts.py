@@ -40,22 +40,27 @@ def test_ngram_match_length_spans_the_copied_text() -> None:
     assert NgramIndex().match([4] * 10) == (9, 9)  # periodic: the run agrees with itself shifted by one
 
 
-def test_lookup_acceptance_learns_per_match_length() -> None:
-    """Each bucket starts at p = 1/2; a verify adds its kept tokens as hits and one miss when it stopped
-    short; counts fade past HORIZON trials so p follows a changing workload."""
-    from worker.engine.speculation.acceptance import HORIZON, LookupAcceptance, bucket
+def test_acceptance_table_learns_per_signal_bucket() -> None:
+    """Each bucket starts at p = 1/2; each kept token is a hit in its bucket, the first rejected one a
+    miss, later tokens are not judged; counts fade past HORIZON trials so p follows a changing
+    workload."""
+    from worker.engine.speculation.acceptance import CONFIDENCE_EDGES, HORIZON, MATCH_EDGES, AcceptanceTable
 
-    assert [bucket(n) for n in (0, 1, 3, 4, 7, 8, 15, 16, 99)] == [0, 1, 3, 4, 4, 5, 5, 6, 6]
-    acc = LookupAcceptance()
+    acc = AcceptanceTable(MATCH_EDGES)
+    assert [acc.bucket(n) for n in (0, 1, 3, 4, 7, 8, 15, 16, 99)] == [0, 1, 3, 4, 4, 5, 5, 6, 6]
     assert acc.chance(1) == acc.chance(12) == 0.5
     assert acc.expected(12, 3) == pytest.approx(0.5 + 0.25 + 0.125)
-    acc.observe(12, 4, 4)  # a copied span: all kept, no miss
-    acc.observe(1, 4, 0)  # a one-token guess: a miss at once
+    acc.observe([12] * 4, 4)  # a copied span: all kept, no miss
+    acc.observe([1] * 4, 0)  # a one-token guess: a miss at once
     assert acc.chance(12) == pytest.approx(5 / 6) and acc.chance(9) == acc.chance(12)
-    assert acc.chance(1) == pytest.approx(1 / 3) and acc.chance(2) == 0.5
+    assert acc.chance(1) == pytest.approx(1 / 3) and acc.chance(2) == 0.5 and acc.best() == acc.chance(12)
     for _ in range(1000):
-        acc.observe(1, 4, 1)  # keeps 1 of 4: p -> 1/2 whatever came before
-    assert acc.trials[bucket(1)] <= HORIZON and acc.chance(1) == pytest.approx(0.5, abs=0.01)
+        acc.observe([1] * 4, 1)  # keeps 1 of 4: p -> 1/2 whatever came before
+    assert acc.trials[acc.bucket(1)] <= HORIZON and acc.chance(1) == pytest.approx(0.5, abs=0.01)
+    draft = AcceptanceTable(CONFIDENCE_EDGES)  # a draft's tokens, each with its own confidence
+    draft.observe([0.99, 0.6, 0.1, 0.9], 2)  # kept 0.99 and 0.6, rejected 0.1, 0.9 never judged
+    assert draft.chance(0.97) == draft.chance(0.6) == pytest.approx(2 / 3)
+    assert draft.chance(0.1) == pytest.approx(1 / 3) and draft.chance(0.9) == 0.5
 
 
 def test_block_rollback_gives_back_trailing_blocks() -> None:
@@ -114,11 +119,11 @@ def test_controller_allocates_k_where_the_rows_pay() -> None:
     assert c.allocate(2, [(0.95, 4), (0.05, 4)]) == [4, 0]
     assert c.allocate(1, [(0.4, 7)]) == [2]  # saves 0.56 - 0.2 ms; 1 token: 0.4 - 0.1, 3: 0.624 - 0.3
     assert c.allocate(64, [(0.9, 1)] * 64) == [0] * 64  # 30 ms for 121.6 tokens vs 10 ms for 64
-    assert c.token_values(4, [True, False], queued=True) == pytest.approx([1.3e-3 / 4] * 2)
-    # none waiting: a row's token saves its row in a later step (0.1 ms); a critical row's also the
-    # steps' fixed cost (1.3 - 4 x 0.1 ms) shared by the critical rows
-    assert c.token_values(4, [True, False, True], queued=False) == pytest.approx([0.55e-3, 0.1e-3, 0.55e-3])
-    tail = c.token_values(8, [True] + [False] * 7, queued=False)
+    assert c.token_values(4, [1.0, 0.0], queued=True) == pytest.approx([1.3e-3 / 4] * 2)
+    # none waiting: a row's token saves its row in a later step (0.1 ms); the leading row's also a
+    # step's fixed cost (1.3 - 4 x 0.1 ms), for the part of its proposal within its lead
+    assert c.token_values(4, [1.0, 0.0, 0.5], queued=False) == pytest.approx([1.0e-3, 0.1e-3, 0.55e-3])
+    tail = c.token_values(8, [1.0] + [0.0] * 7, queued=False)
     assert c.allocate(8, [(0.9, 4)] * 8, tail) == [4] + [0] * 7
     fresh = SpeculationController(adaptive=True)
     for _ in range(3):
@@ -126,6 +131,10 @@ def test_controller_allocates_k_where_the_rows_pay() -> None:
         fresh.record(2, 0.0011)
     assert fresh.allocate(1, [(0.1, 4)]) == [4]  # 5 rows: more than twice the widest measured, explored
     assert SpeculationController(adaptive=False).allocate(64, [(0.0, 3), (0.1, 2)]) == [3, 2]
+    for ctrl in (c, fresh):  # one estimate, scalar or vectorized: measured, between, below, past the widest
+        want = [ctrl.cost(r) for r in range(1, 300)]
+        got = ctrl.costs(1, 299).tolist()
+        assert [None if g != g else pytest.approx(g) for g in got] == want
 
 
 def test_refused_proposals_pause_the_sequences_below_break_even() -> None:

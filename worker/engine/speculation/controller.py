@@ -31,6 +31,7 @@ runs plain for the same reason.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 
@@ -40,7 +41,8 @@ WINDOW = 9  # latest steps per rows bucket whose median is its cost
 FIRST_SAMPLES = 2  # steps of a rows bucket measured before its cost is used (their minimum)
 SKIP_FIRST, SKIP_MAX = 8, 512  # steps a refused width skips proposing: first, longest
 PROBE_PLAIN = 64  # while speculation pays, every 64th step runs plain (its cost stays measured)
-JUDGE_STEPS = 8  # planned steps at a width before their measured gain can turn proposing off there
+SCALAR_COSTS = 32  # allocate: up to this many tokens one cost() each, past it one vectorized costs()
+JUDGE_STEPS = 32  # planned steps at a width before their measured gain can turn proposing off there
 
 
 def rows_bucket(rows: int) -> int:
@@ -61,6 +63,7 @@ class SpeculationController:
         self._window: dict[tuple[bool, int], deque[float]] = {}  # its latest samples
         self._skip: dict[int, tuple[int, int]] = {}  # width -> (skip proposing until step, back-off)
         self._gain: dict[int, tuple[int, float]] = {}  # width -> (planned steps, their summed gain)
+        self._curves: dict[bool, tuple] = {}  # side -> its measured buckets, sorted (_curve)
 
     def should_propose(self, width: int) -> bool:
         """False while `width` is backing off after speculation was refused there (no host work)."""
@@ -125,25 +128,28 @@ class SpeculationController:
         back = min(SKIP_MAX, 2 * self._skip.get(key, (0, SKIP_FIRST // 2))[1])
         self._skip[key] = (self.steps + back, back)
 
-    def token_values(self, width: int, critical: list[bool], queued: bool) -> list[float] | None:
+    def token_values(self, width: int, lead: list[float], queued: bool) -> list[float] | None:
         """Seconds an accepted token saves, per candidate row of a step of `width` decoding sequences
         (None while the plain step is unmeasured). With requests waiting (or one row) every token is
         worth a plain step's cost per token: the row it frees takes new work, so the step's fixed
-        cost is shared by more tokens. With none waiting the step count is set by the sequences with
-        the most tokens left (`critical`): another row's accepted token only saves its row in a later
-        step (the marginal cost per row), a critical row's also its share of the steps' fixed cost
-        (speeding up rows that finish early anyway would only add rejected rows). Not adaptive: 0."""
+        cost is shared by more tokens. With none waiting the step count is set by the sequence with
+        the most tokens left: a token of any other row only saves its row in a later step (the
+        marginal cost per row; speeding up rows that finish early anyway would add rejected rows and
+        save nothing). The leading row's tokens also save a step's fixed cost each, but only as many
+        as it leads the next row by: `lead` is that part of its proposal (0..1; 0 for every other
+        row, and for rows tied for the most: the step count falls only if all of them advance).
+        Not adaptive: 0."""
         if not self.adaptive:
-            return [0.0] * len(critical)
+            return [0.0] * len(lead)
         plain = self.cost(width)
         if plain is None:
             return None
         if queued or width == 1:
-            return [plain / width] * len(critical)
+            return [plain / width] * len(lead)
         narrow = self.cost(1)
         row = plain / width if narrow is None else max(0.0, (plain - narrow) / (width - 1))
-        fixed = max(0.0, plain - width * row) / max(1, sum(critical))
-        return [row + fixed if c else row for c in critical]
+        fixed = max(0.0, plain - width * row)
+        return [row + fixed * share for share in lead]
 
     def allocate(self, width: int, chances: list[tuple[float, int]], values: list[float] | None = None) -> list[int]:
         """K per candidate row of a step of `width` decoding sequences, from (p, cap) per candidate: p
@@ -159,18 +165,23 @@ class SpeculationController:
         plain = self.cost(width)
         if plain is None:
             return [0] * len(chances)  # the plain step is measured first
-        k = np.asarray(caps, np.int64)
-        row = np.repeat(np.arange(k.size), k)  # each candidate token's row, then its place j = 1..K
-        j = np.arange(row.size) - np.repeat(np.cumsum(k) - k, k) + 1
-        v = np.full(k.size, plain / width) if values is None else np.asarray(values, np.float64)
-        gain = np.asarray([p for p, _ in chances], np.float64)[row] ** j * v[row]
-        order = np.argsort(-gain, kind="stable")
-        curve = self.costs(width + 1, width + row.size)
-        if np.isnan(curve).any():
-            return caps  # explore: measure these widths
-        net = np.cumsum(gain[order]) - (curve - plain)  # time saved by the best n tokens, net of their rows
-        take = int(net.argmax()) + 1 if net.size and net.max() > 0 else 0
-        return np.bincount(row[order[:take]], minlength=k.size).tolist()
+        v = values or [plain / width] * len(chances)
+        gains = sorted(((p**j * v[i], i) for i, (p, k) in enumerate(chances) for j in range(1, k + 1)), reverse=True)
+        if len(gains) <= SCALAR_COSTS:
+            curve = [self.cost(width + n) for n in range(1, len(gains) + 1)]
+        else:
+            curve = [None if math.isnan(c) else c for c in self.costs(width + 1, width + len(gains)).tolist()]
+        best, take, saved = 0.0, 0, 0.0
+        for n, ((gain, _), spec) in enumerate(zip(gains, curve, strict=True), 1):
+            if spec is None:
+                return caps  # explore: measure this width
+            saved += gain
+            if saved - (spec - plain) > best:
+                best, take = saved - (spec - plain), n
+        out = [0] * len(chances)
+        for _, i in gains[:take]:
+            out[i] += 1
+        return out
 
     def breakeven(self, width: int, extra_rows: int) -> float | None:
         """The accepted tokens a step of `width` decoding sequences needs from `extra_rows` more
@@ -192,33 +203,56 @@ class SpeculationController:
         window.append(seconds)
         if len(window) >= FIRST_SAMPLES:
             self.seconds[key] = min(window) if len(window) < 3 else sorted(window)[len(window) // 2]
+            self._curves.clear()
 
     def cost(self, rows: int, speculated: bool = False) -> float | None:
-        """Estimated seconds of a step of `rows` rows: measured, interpolated, or None."""
-        c = float(self.costs(rows, rows, speculated)[0])
-        return None if math.isnan(c) else c
+        """Estimated seconds of a step of `rows` rows: measured, interpolated, or None (see costs)."""
+        keys, secs, _ = self._curve(speculated)
+        if not keys:
+            return None
+        at = bisect.bisect_right(keys, rows)  # keys[:at] <= rows < keys[at:]
+        if at == len(keys):  # at or past the widest bucket
+            if rows == keys[-1]:
+                return secs[-1]
+            edge = rows_bucket(rows)
+            if len(keys) < 2:
+                return secs[-1] if edge == keys[-1] else None
+            slope = max(0.0, (secs[-1] - secs[-2]) / (keys[-1] - keys[-2]))
+            return secs[-1] + slope * (rows - keys[-1]) if keys[-1] >= edge / 2 else None
+        if at == 0:
+            return secs[0]
+        f = (rows - keys[at - 1]) / (keys[at] - keys[at - 1])
+        return (1 - f) * secs[at - 1] + f * secs[at]
 
     def costs(self, lo: int, hi: int, speculated: bool = False) -> np.ndarray:
         """Estimated seconds of steps of lo..hi rows (NaN: explore). A bucket's cost stands for its
         lower edge; between two measured buckets a count is interpolated by rows (a row more always
         costs more), below the narrowest it costs that one; past the widest it extends the slope of the
         two widest while its bucket is at most twice the widest's, else it is unknown."""
-        side = speculated and self.separate
-        table = sorted((k, v) for (s, k), v in self.seconds.items() if s == side)
+        keys, secs, arrays = self._curve(speculated)
         rows = np.arange(lo, hi + 1, dtype=np.float64)
-        if not table:
+        if not keys:
             return np.full(rows.size, np.nan)
-        keys, secs = np.array([k for k, _ in table], np.float64), np.array([v for _, v in table])
-        out = np.interp(rows, keys, secs)
+        k, v = arrays
+        out = np.interp(rows, k, v)
         past = rows > keys[-1]
         if past.any():
             edge = np.array([rows_bucket(int(r)) for r in rows[past]], np.float64)
-            if keys.size >= 2:
+            if len(keys) >= 2:
                 slope = max(0.0, (secs[-1] - secs[-2]) / (keys[-1] - keys[-2]))
                 out[past] = np.where(keys[-1] >= edge / 2, secs[-1] + slope * (rows[past] - keys[-1]), np.nan)
             else:  # one bucket measured: only its own rows are known
                 out[past] = np.where(edge == keys[-1], secs[-1], np.nan)
         return out
+
+    def _curve(self, speculated: bool) -> tuple[list[int], list[float], tuple[np.ndarray, np.ndarray]]:
+        """The measured buckets of a side, sorted (cached until the next record)."""
+        side = speculated and self.separate
+        if side not in self._curves:
+            table = sorted((k, v) for (s, k), v in self.seconds.items() if s == side)
+            keys, secs = [k for k, _ in table], [v for _, v in table]
+            self._curves[side] = (keys, secs, (np.asarray(keys, np.float64), np.asarray(secs, np.float64)))
+        return self._curves[side]
 
     def table(self, speculated: bool = False) -> dict[int, float]:
         """Measured seconds per step by rows bucket (logging, the bench)."""

@@ -18,6 +18,7 @@ tokenizer with another vocabulary or other EOS ids.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -31,12 +32,13 @@ from worker.engine.loader import load_model
 from worker.engine.model_runner import ModelRunner
 from worker.engine.sampler import to_device
 from worker.engine.sequence import Sequence
-from worker.engine.speculation.draft_stack import DraftStack
+from worker.engine.speculation.draft_stack import DraftStack, top1
 from worker.engine.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
 
 FAST_CATCH_UP = 16  # tokens per sequence up to which a catch-up runs as decode rows on the C stack
+GoOn = Callable[[int, list[float]], bool]  # (sequence index, its tokens' probabilities) -> draft one more?
 
 
 class _DraftSeq:
@@ -88,8 +90,11 @@ class DraftModel:
 
     # ---- proposing ------------------------------------------------------------------------
     @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
-        """Greedy proposals of ks[i] tokens for seqs[i] ([] where the draft's cache has no room)."""
+    def propose(self, seqs: list[Sequence], ks: list[int], go_on: GoOn | None = None
+                ) -> tuple[list[list[int]], list[list[float]]]:  # fmt: skip
+        """Greedy proposals of up to ks[i] tokens for seqs[i] ([] where the draft's cache has no room)
+        and the draft's probability of each token. go_on(i, probabilities so far) says whether
+        seqs[i] drafts another token (None: all ks[i])."""
         self._forget_finished()
         live, ends = [], []
         for i, seq in enumerate(seqs):
@@ -101,21 +106,24 @@ class DraftModel:
                 live.append(i)
                 ends.append(n)
         out: list[list[int]] = [[] for _ in seqs]
+        probs: list[list[float]] = [[] for _ in seqs]
         if not live:
-            return out
+            return out, probs
         states = [self.states[seqs[i].seq_id] for i in live]
-        tokens = self._catch_up(states, ends)
-        for i, t in zip(live, tokens.tolist(), strict=True):
-            out[i].append(t)
-        for j in range(1, max(ks[i] for i in live)):
-            rows = [r for r, i in enumerate(live) if ks[i] > j]
-            tokens = self._decode([states[r] for r in rows], [ends[r] - 1 + j for r in rows],
-                                  [out[live[r]][-1] for r in rows])  # fmt: skip
-            for r, t in zip(rows, tokens.tolist(), strict=True):
+        rows = list(range(len(live)))
+        tokens, top = self._catch_up(states, ends)
+        for j in range(1, max(ks[i] for i in live) + 1):
+            for r, t, q in zip(rows, tokens.tolist(), top.tolist(), strict=True):
                 out[live[r]].append(t)
+                probs[live[r]].append(q)
+            rows = [r for r in rows if ks[live[r]] > j and (go_on is None or go_on(live[r], probs[live[r]]))]
+            if not rows:
+                break
+            tokens, top = self._decode([states[r] for r in rows], [ends[r] - 1 + j for r in rows],
+                                       [out[live[r]][-1] for r in rows])  # fmt: skip
         for r, i in enumerate(live):
-            states[r].computed = ends[r] + ks[i] - 1
-        return out
+            states[r].computed = ends[r] + len(out[i]) - 1
+        return out, probs
 
     def rollback(self, seq: Sequence, accepted: int) -> None:
         """seq (still holding the tokens before its verify run) kept `accepted` proposals: the draft's
@@ -142,7 +150,7 @@ class DraftModel:
     def _tables(self, states: list[_DraftSeq], width: int) -> torch.Tensor:
         return to_device(self._tables_np(states, width), self.device)
 
-    def _catch_up(self, states: list[_DraftSeq], ends: list[int]) -> np.ndarray:
+    def _catch_up(self, states: list[_DraftSeq], ends: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """One forward over each sequence's uncomputed tokens [computed, end); the greedy next token.
         Short catch-ups (after a verify step: the target's own token, maybe an accepted one) run as
         decode-shaped rows on the C stack where there is one (DraftStack); else one prefill."""
@@ -179,7 +187,7 @@ class DraftModel:
         )  # fmt: skip
         return self._greedy(to_device(np.asarray(ids, np.int64), dev), to_device(np.asarray(pos, np.int64), dev), meta)
 
-    def _decode(self, states: list[_DraftSeq], positions: list[int], ids: list[int]) -> np.ndarray:
+    def _decode(self, states: list[_DraftSeq], positions: list[int], ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
         dev, bs = self.device, self.block_size
         if self.fast is not None and self.fast.takes(len(states)):
             table = self._tables_np(states, max(positions) // bs + 1)
@@ -193,6 +201,7 @@ class DraftModel:
         return self._greedy(to_device(np.asarray(ids, np.int64), dev), to_device(np.asarray(positions, np.int64), dev),
                             meta)  # fmt: skip
 
-    def _greedy(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> np.ndarray:
+    def _greedy(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+                ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         hidden = self.runner.hidden_states(ids, positions, meta)
-        return self.runner.model.compute_logits(hidden).argmax(-1).cpu().numpy()
+        return top1(self.runner.model.compute_logits(hidden).float().cpu())

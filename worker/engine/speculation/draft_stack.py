@@ -52,10 +52,10 @@ class DraftStack:
 
     @torch.inference_mode()
     def greedy(self, ids: np.ndarray, positions: np.ndarray, tables: np.ndarray, out_rows: np.ndarray | None = None
-               ) -> np.ndarray:  # fmt: skip
+               ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         """One decode-shaped step: ids, positions int64 [R] and tables int32 [R, W] (each row's
         sequence's block table, covering its position) -> the argmax token after each of `out_rows`
-        (default: every row). Stores every row's K/V at its slot."""
+        (default: every row) and its probability (top1). Stores every row's K/V at its slot."""
         bs = self.block_size
         slots = tables[np.arange(ids.size), positions // bs].astype(np.int64) * bs + positions % bs
         hidden = self._stack.rows(torch.from_numpy(ids), torch.from_numpy(positions), torch.from_numpy(slots),
@@ -67,4 +67,12 @@ class DraftStack:
             logits = self._gemv(hidden, self._lm_head, checked=True)
         if logits is None:
             logits = F.linear(hidden, self._lm_head)
-        return logits.argmax(-1).numpy()
+        return top1(logits)
+
+
+def top1(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """(argmax token, its softmax probability) per row of fp32 logits [R, V] (the draft's confidence:
+    speculation/acceptance.py)."""
+    best, token = logits.max(-1)
+    prob = torch.exp(logits - best.unsqueeze(-1)).sum(-1).reciprocal()
+    return token.numpy(), prob.numpy()

@@ -1,5 +1,5 @@
 """Speculator: the scheduler's side of speculative decoding. Which decoding rows propose what this
-step. Prompt lookup: each row's K is chosen per step from how long its match is (LookupAcceptance:
+step. Prompt lookup: each row's K is chosen per step from how long its match is (AcceptanceTable:
 the chance a token from such a match is kept, learned across sequences) against the measured cost of
 the rows (SpeculationController.allocate). A draft model: each sequence's acceptance average sets its
 K (full from 1/2 up, less below), and speculation pauses, with a doubling back-off, for a sequence
@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import numpy as np
 
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.sequence import Sequence
-from worker.engine.speculation.acceptance import LookupAcceptance
+from worker.engine.speculation.acceptance import CONFIDENCE_EDGES, MATCH_EDGES, AcceptanceTable
 from worker.engine.speculation.config import SpeculativeConfig
 from worker.engine.speculation.controller import SpeculationController
 from worker.engine.speculation.draft import DraftModel
@@ -30,7 +31,7 @@ PAUSE_FIRST, PAUSE_MAX = 8, 64  # decode steps of the first pause, and the longe
 class SpecState:
     """One sequence's speculation state (Sequence.spec)."""
 
-    __slots__ = ("k", "k_max", "rate", "verifies", "paused", "backoff", "index", "matched", "value")
+    __slots__ = ("k", "k_max", "rate", "verifies", "paused", "backoff", "index", "matched", "value", "signals")
 
     def __init__(self, k: int) -> None:
         self.k = self.k_max = k
@@ -41,6 +42,7 @@ class SpecState:
         self.index = NgramIndex()
         self.matched = 0  # prompt lookup: the length of the match behind the latest proposal
         self.value = 0.0  # prompt lookup: seconds each of its accepted tokens saves (token_values)
+        self.signals: list[float] = []  # a draft: its probability of each token of the latest proposal
 
 
 class Speculator:
@@ -51,7 +53,8 @@ class Speculator:
         self.batch = batch
         self.draft = draft  # method "draft": the draft model proposes, else prompt lookup
         self.controller = SpeculationController(config.adaptive, separate=draft is not None)
-        self.acceptance = LookupAcceptance()  # prompt lookup's, by match length
+        # by the proposer's signal: prompt lookup's match length, or the draft's top-1 probability
+        self.acceptance = AcceptanceTable(MATCH_EDGES if draft is None else CONFIDENCE_EDGES)
         self.plan_seconds = (0.0, 0.0)  # the latest plan's host time: CPU, wall
         self._planned = 0  # prompt lookup: the width of this step's lookups (0: none)
         self._saved = 0.0  # seconds saved by tokens accepted since the latest settled step
@@ -89,34 +92,58 @@ class Speculator:
             return []
         b = self.batch
         seqs = [b.seqs[r] for r, _ in wanted]  # the draft proposes for all of them at once
-        proposals = self.draft.propose(seqs, [k for _, k in wanted])
+        proposals, probs = self.draft.propose(seqs, [k for _, k in wanted], self._go_on(rows, wanted, queued))
         out = []
-        for (r, _), seq, p in zip(wanted, seqs, proposals, strict=True):
+        for (r, _), seq, p, q in zip(wanted, seqs, proposals, probs, strict=True):
             p = self._grammar_cut(seq, p)
             if p:
+                seq.spec.signals = q[: len(p)]
                 out.append((r, p))
             elif seq.constraint_state is not None:  # its whole proposal refused
                 self.draft.rollback(seq, 0)
         return out
 
+    def _go_on(self, rows: np.ndarray, wanted: list[tuple[int, int]], queued: bool
+               ) -> Callable[[int, list[float]], bool] | None:  # fmt: skip
+        """The draft's early stop: candidate i drafts another token while its expected saving (the
+        chance that all its tokens so far and the next are kept, the next judged like the latest, by
+        the draft's confidence: AcceptanceTable; times token_values) beats what a drafted token costs
+        (the slope of the measured speculating steps: a draft step and a verify row). None (every
+        token up to K) when not adaptive or a side is unmeasured."""
+        values = self._values(rows, wanted, queued) if self.config.adaptive else None
+        most = rows.size + sum(k for _, k in wanted)
+        ends = self.controller.costs(rows.size + 1, most, speculated=True)[[0, -1]]
+        if values is None or most - rows.size < 2 or np.isnan(ends).any():
+            return None
+        per_token = max(0.0, float(ends[1] - ends[0]) / (most - rows.size - 1))
+        chance = self.acceptance.chance
+
+        def go_on(i: int, probs: list[float]) -> bool:
+            return math.prod(chance(q) for q in probs) * chance(probs[-1]) * values[i] > per_token
+
+        return go_on
+
     def _values(self, rows: np.ndarray, wanted: list[tuple[int, int]], queued: bool) -> list[float] | None:
         """Seconds an accepted token of each candidate saves (SpeculationController.token_values): the
-        critical rows are those with the most tokens left."""
+        row with the most tokens left leads by how many more it has than the next."""
         b = self.batch
         left = b.limit[rows] - b.num_tokens[rows]
-        most = left.max() if left.size else 0
-        critical = [bool(b.limit[r] - b.num_tokens[r] >= most) for r, _ in wanted]
-        return self.controller.token_values(rows.size, critical, queued)
+        lead = [0.0] * len(wanted)
+        if left.size > 1:
+            first, second = np.partition(left, -2)[-2:][::-1]
+            for i, (r, cap) in enumerate(wanted):
+                if b.limit[r] - b.num_tokens[r] == first > second:
+                    lead[i] = min(1.0, float(first - second) / cap)
+        return self.controller.token_values(rows.size, lead, queued)
 
     def _hopeless(self, wanted: list[tuple[int, int]], values: list[float], width: int) -> bool:
-        """Prompt lookup cannot pay at this width even if every candidate matched as well as the best
-        matches have (the best bucket's chance): then no matching for a while (a back-off that doubles
-        while it repeats: the host work of a large batch's lookups is saved)."""
+        """Prompt lookup cannot pay at this width even for its most valuable candidate matching as
+        well as the best matches have (the best bucket's chance): then no matching for a while (a
+        back-off that doubles while it repeats: the host work of a large batch's lookups is saved)."""
         if self.controller.should_probe(width):
             return False
-        best = self.acceptance.best()
-        if any(self.controller.allocate(width, [(best, cap) for _, cap in wanted], values)):
-            self.controller.clear_back_off(width)
+        i = max(range(len(wanted)), key=values.__getitem__)
+        if any(self.controller.allocate(width, [(self.acceptance.best(), wanted[i][1])], [values[i]])):
             return False
         self.controller.back_off(width)
         return True
@@ -222,10 +249,13 @@ class Speculator:
         if self.draft is None:
             self._saved += accepted * st.value if isinstance(st, SpecState) else 0.0
             if isinstance(st, SpecState):
-                self.acceptance.observe(st.matched, proposed, accepted)
+                self.acceptance.observe([st.matched] * proposed, accepted)
             return
         self.draft.rollback(seq, accepted)
-        if not self.config.adaptive or not isinstance(st, SpecState):
+        if not isinstance(st, SpecState):
+            return
+        self.acceptance.observe(st.signals, accepted)
+        if not self.config.adaptive:
             return
         k_max = self.config.num_tokens
         st.verifies += 1
