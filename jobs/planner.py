@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from jobs.constraint_check import check_constraint
 from jobs.cost import PriceTable
 from jobs.errors import FreightError, InputError, SpecMismatchError
 from jobs.input_inspect import inspect_input, is_string
@@ -72,6 +73,7 @@ def prepare_job(
 def plan(spec: JobSpec, settings: Settings | None = None, prices: PriceTable | None = None) -> Manifest:
     """The manifest for `spec`: input checked, prices resolved, rows cut into prefix-grouped shards."""
     pricing = (prices or PriceTable.load()).pricing(spec.instance_type, spec.market, spec.price_per_hour)
+    check_constraint(spec.sampling)  # compiled as the worker compiles it: refused here, not on every row
     config = check_model(spec.model, settings, embed=spec.task == "embed")
     if spec.speculative is not None and spec.speculative.startswith("draft:"):
         check_draft(spec.model, spec.speculative[len("draft:") :], settings)

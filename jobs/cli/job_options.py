@@ -15,6 +15,7 @@ import typer
 from pydantic import ValidationError
 
 from jobs.cli.constraint_options import constraint_fields
+from jobs.constraint_check import check_constraint
 from jobs.errors import FreightError, SpecMismatchError
 from jobs.manifest import Manifest
 from jobs.planner import PreparedJob
@@ -283,7 +284,7 @@ def spec_from_options(
 
     constraint = constraint_fields(json_schema, regex, choice)
     try:
-        return JobSpec(
+        spec = JobSpec(
             input=absolute(input),
             model=absolute(model),
             output=absolute(output),
@@ -322,3 +323,5 @@ def spec_from_options(
         raise FreightError(validation_line(exc)) from None
     except ValueError as exc:  # a malformed URL or option
         raise FreightError(str(exc)) from None
+    check_constraint(spec.sampling, str(json_schema) if json_schema is not None else None)  # names the file
+    return spec
