@@ -155,7 +155,13 @@ def _token_id(key: Any) -> int | None:
 
 
 # JobSpec fields added after jobs were written: left out of job_id while at these values
-_ADDED_DEFAULTS: dict[str, Any] = {"task": "generate", "dimensions": None, "speculative": None, "speculative_tokens": 4}
+_ADDED_DEFAULTS: dict[str, Any] = {
+    "task": "generate",
+    "dimensions": None,
+    "speculative": None,
+    "speculative_tokens": 4,
+    "row_constraints": False,
+}
 
 
 class JobSpec(BaseModel):
@@ -191,6 +197,11 @@ class JobSpec(BaseModel):
         None, description='speculative decoding: "ngram" (prompt lookup) or "draft:PATH" (a draft checkpoint)'
     )
     speculative_tokens: int = Field(4, ge=1, le=16, description="speculative decoding: tokens proposed per step (K)")
+    row_constraints: bool = Field(
+        False,
+        description="read a Parquet input's per-row constraint columns (response_format, json_schema, regex, "
+        "choice); without it, columns of those names are plain data",
+    )
 
     @field_validator("input", "model", "output")
     @classmethod
@@ -213,6 +224,9 @@ class JobSpec(BaseModel):
         if kind is not None and (self.task == "embed" or self.continuation_column is not None):
             what = "--task embed embeds the prompts" if self.task == "embed" else "likelihood scoring scores text"
             raise ValueError(f"--{kind.replace('_', '-')} constrains generated text; {what}: drop one")
+        if self.row_constraints and (self.task == "embed" or self.continuation_column is not None):
+            what = "--task embed embeds the prompts" if self.task == "embed" else "likelihood scoring scores text"
+            raise ValueError(f"--row-constraints constrains generated text; {what}: drop one")
         if self.speculative is not None and not (
             self.speculative == "ngram" or (self.speculative.startswith("draft:") and len(self.speculative) > 6)
         ):

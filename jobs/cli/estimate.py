@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.cli.common import fail
-from jobs.cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt
+from jobs.cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt, RowConstraintsOpt
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
     DimensionsOpt,
@@ -125,6 +125,7 @@ def estimate_cmd(
     json_schema: JsonSchemaOpt = None,
     regex: RegexOpt = None,
     choice: ChoiceOpt = None,
+    row_constraints: RowConstraintsOpt = False,
     shard_rows: ShardRowsOpt = 256,
     instance_type: InstanceTypeOpt = "cpu-local",
     market: MarketOpt = "on-demand",

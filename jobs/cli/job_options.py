@@ -271,6 +271,7 @@ def spec_from_options(
     json_schema: Path | None = None,
     regex: str | None = None,
     choice: str | None = None,
+    row_constraints: bool = False,
     shard_rows: int,
     instance_type: str,
     market: str,
@@ -318,6 +319,7 @@ def spec_from_options(
             speculative=speculative if speculative is None or speculative == "ngram" or not speculative.startswith("draft:")
             else "draft:" + absolute(speculative[len("draft:") :]),
             speculative_tokens=speculative_tokens,
+            row_constraints=row_constraints,
         )
     except ValidationError as exc:
         raise FreightError(validation_line(exc)) from None
