@@ -49,12 +49,13 @@ def prepare_job(
     spec: JobSpec,
     settings: Settings | None = None,
     prices: PriceTable | None = None,
-    check: Callable[[Manifest], None] | None = None,
+    check: Callable[[Manifest, ObjectStore], None] | None = None,
 ) -> PreparedJob:
     """Validate, plan, and write OUT/manifest.json (or match the one there). Nothing is written on error.
 
-    `check(manifest)` runs after planning, before anything is written (e.g. `--max-cost`); it raises
-    FreightError to refuse the job."""
+    `check(manifest, store)` runs after planning, before anything is written (e.g. `--max-cost`, which
+    reads from `store` the shards a rerun has already committed); it raises FreightError to refuse
+    the job."""
     store = open_store(spec.output, settings)
     root = store.local_path("manifest.json")
     if root is not None and root.parent.exists() and not root.parent.is_dir():
@@ -65,7 +66,7 @@ def prepare_job(
         raise SpecMismatchError(f"{store.url} holds job output without a manifest: use a new --output")
     manifest = plan(spec, settings, prices)
     if check is not None:
-        check(manifest)
+        check(manifest, store)
     manifest, resumed = write_or_match(store, manifest)
     return PreparedJob(store=store, manifest=manifest, resumed=resumed)
 

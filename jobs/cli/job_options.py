@@ -23,6 +23,7 @@ from jobs.settings import Settings
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
+    from jobs.storage import ObjectStore
 
 
 def _shipped_instance_types() -> str:
@@ -222,7 +223,7 @@ def prepare_from_options(
     *,
     output: str,
     prices: Path | None,
-    check: Callable[[Manifest], None] | None = None,
+    check: Callable[[Manifest, ObjectStore], None] | None = None,
     **options: Any,
 ) -> PreparedJob:
     """Validate the options (those of `spec_from_options`) into a JobSpec and write (or match) OUT's
