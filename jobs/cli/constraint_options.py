@@ -1,7 +1,8 @@
 """The structured-output flags of `run`, `submit` and `estimate`: the job-wide --json-schema FILE,
---regex, --choice, and --row-constraints (read a Parquet input's per-row constraint columns). Checked here before anything is written (the file exists and holds a JSON object; the
-choices are not empty); SamplingSpec refuses two of them together. A row's own constraint wins
-(README "Structured output")."""
+--regex, --choice, and --row-constraints (read a Parquet input's per-row constraint columns).
+Checked here before anything is written (the file exists and holds a JSON object; the choices are
+not empty); SamplingSpec refuses two of them together, jobs/constraint_check.py one that does not
+compile. A row's own constraint wins (README "Structured output")."""
 
 from __future__ import annotations
 
