@@ -160,7 +160,6 @@ _ADDED_DEFAULTS: dict[str, Any] = {
     "dimensions": None,
     "speculative": None,
     "speculative_tokens": 4,
-    "row_constraints": False,
 }
 
 
@@ -201,6 +200,8 @@ class JobSpec(BaseModel):
         False,
         description="read a Parquet input's per-row constraint columns (response_format, json_schema, regex, "
         "choice); without it, columns of those names are plain data",
+        # left out of manifests (and the job id) while off, so workers older than the field read them
+        exclude_if=lambda v: not v,
     )
 
     @field_validator("input", "model", "output")
@@ -258,7 +259,11 @@ class JobSpec(BaseModel):
 
     def diff_items(self, other: JobSpec) -> list[tuple[str, Any, Any]]:
         """(field path, this value, other value) of every differing field, in path order."""
-        return _diff(self.model_dump(mode="json"), other.model_dump(mode="json"), prefix="")
+        return _diff(self._all_fields(), other._all_fields(), prefix="")
+
+    def _all_fields(self) -> dict[str, Any]:
+        """The JSON dump with the fields that dumps leave out at their default (exclude_if) put back."""
+        return {**self.model_dump(mode="json"), "row_constraints": self.row_constraints}
 
 
 def _diff(a: dict[str, Any], b: dict[str, Any], prefix: str) -> list[tuple[str, Any, Any]]:

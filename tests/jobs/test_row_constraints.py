@@ -105,3 +105,13 @@ def test_the_flag_enters_the_job_id_only_when_set() -> None:
     assert base.job_id == JobSpec(input="in.parquet", model="m", output="out", row_constraints=False).job_id
     assert base.job_id != JobSpec(input="in.parquet", model="m", output="out", row_constraints=True).job_id
     assert base.job_id == "188bb68647de629a"  # its id before the flag existed: older jobs keep theirs
+
+
+def test_a_manifest_without_the_flag_reads_as_before_and_a_rerun_names_the_flag() -> None:
+    """Off, the field is left out of the spec's JSON (manifests stay readable by workers older than
+    it); a rerun that turns it on is refused as another job, naming the flag."""
+    off = JobSpec(input="in.parquet", model="m", output="out")
+    on = off.model_copy(update={"row_constraints": True})
+    assert "row_constraints" not in off.model_dump(mode="json") and on.model_dump(mode="json")["row_constraints"]
+    assert JobSpec.model_validate_json(off.model_dump_json()) == off
+    assert off.diff(on) == ["row_constraints: False != True"]
