@@ -51,8 +51,8 @@ REQUEST_FIELDS = [
     pa.field("parsed", pa.string()),  # JSON constraint, choice 0 finished "stop": the value, compact JSON
     pa.field("parsed_choices", pa.list_(pa.string())),  # n > 1 with a JSON constraint: each choice's
 ]
-# Per-row sampling and structured-output columns of a Parquet input (a JSONL body's names and rules).
-OVERRIDE_COLUMNS = (
+# Per-row sampling columns of a Parquet input (a JSONL body's names and rules): read when present.
+SAMPLING_COLUMNS = (
     "max_tokens",
     "temperature",
     "top_p",
@@ -68,12 +68,12 @@ OVERRIDE_COLUMNS = (
     "min_p",
     "min_tokens",
     "logit_bias",
-    # structured output (worker/row_constraint.py): at most one per row
-    "response_format",
-    "json_schema",
-    "regex",
-    "choice",
 )
+# Per-row structured-output columns (worker/row_constraint.py; at most one per row): read only when
+# the job opts in (JobSpec.row_constraints, --row-constraints), else plain data: a dataset's `choice`
+# or `regex` column is as likely to be a quiz answer as a constraint.
+CONSTRAINT_COLUMNS = ("response_format", "json_schema", "regex", "choice")
+OVERRIDE_COLUMNS = SAMPLING_COLUMNS + CONSTRAINT_COLUMNS
 
 
 def result_schema(likelihood: bool, id_type: str = "string") -> pa.Schema:

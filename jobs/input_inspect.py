@@ -16,11 +16,13 @@ import pyarrow.compute as pc
 from jobs import datasets
 from jobs.batch_input import read_batch
 from jobs.errors import InputError
+from jobs.log import get_logger
 from jobs.manifest import InputFile, InputPlan
 from jobs.settings import Settings
 from jobs.spec import JobSpec
 
 SHOW = 5  # offending values named in a message, at most
+log = get_logger(__name__)
 
 
 def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[InputPlan, pa.ChunkedArray]:
@@ -47,10 +49,7 @@ def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[Inpu
             f"continuation column '{spec.continuation_column}' has type "
             f"{schema.field(spec.continuation_column).type}; expected string"
         )
-    # an embed job samples nothing: columns named like sampling options are plain data there
-    overrides = tuple(
-        c for c in datasets.OVERRIDE_COLUMNS if c in names and c != id_column and spec.task != "embed"
-    )
+    overrides = override_columns(spec, names)
     check_override_types(schema, overrides)
     total = sum(f.rows for f in files)
     if total == 0:
@@ -77,7 +76,34 @@ def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[Inpu
     )
     if kind == "messages" and not is_string(prompts.type):
         prompts = pa.chunked_array([pa.array([str(v) for v in prompts.to_pylist()], pa.string())])
+    _warn_unread_constraints(spec, names)
     return input_plan, prompts
+
+
+def override_columns(spec: JobSpec, names: list[str]) -> tuple[str, ...]:
+    """The per-row columns a Parquet job reads: its sampling columns present (none for an embed job,
+    which samples nothing), and its constraint columns only with --row-constraints (without it a
+    column named like one is plain data); InputError for the flag without any of them."""
+    generates = spec.task != "embed"
+    sampling = [c for c in datasets.SAMPLING_COLUMNS if c in names and c != spec.id_column and generates]
+    constraint = [c for c in datasets.CONSTRAINT_COLUMNS if c in names and c != spec.id_column]
+    if spec.row_constraints and not constraint:
+        raise InputError(
+            f"--row-constraints: {spec.input} has none of the columns "
+            f"{', '.join(datasets.CONSTRAINT_COLUMNS)}; add one (a constraint per row) or drop the flag"
+        )
+    return tuple(sampling + (constraint if spec.row_constraints else []))
+
+
+def _warn_unread_constraints(spec: JobSpec, names: list[str]) -> None:
+    """A generation job over columns named like constraint columns, without --row-constraints: say so."""
+    unread = [c for c in datasets.CONSTRAINT_COLUMNS if c in names and c != spec.id_column]
+    if unread and not spec.row_constraints and spec.task != "embed" and spec.continuation_column is None:
+        log.warning(
+            "constraint_columns_not_read",
+            columns=unread,
+            note=f"plain data; pass --row-constraints to hold each row's output to its {' / '.join(unread)}",
+        )
 
 
 def _inspect_batch(
@@ -88,6 +114,11 @@ def _inspect_batch(
         raise InputError(
             "OpenAI-Batch JSONL input takes its ids from custom_id and its requests from each line's "
             "body: drop --id-column / --prompt-column / --continuation-column"
+        )
+    if spec.row_constraints:
+        raise InputError(
+            "--row-constraints reads Parquet columns; an OpenAI-Batch file's bodies carry their own "
+            "response_format / guided_* fields, always read: drop --row-constraints"
         )
     (url,) = urls
     data = datasets.fetch_input(url, settings)
@@ -144,7 +175,7 @@ def _inspect_parquet(
         files.append(InputFile(url=url, rows=rows, size=size))
         parts.append(datasets.read_parquet(url, data, columns=read).select(read))
     first = schemas[0]
-    used = dict.fromkeys([*read, *(c for c in datasets.OVERRIDE_COLUMNS if c in first.names)])
+    used = dict.fromkeys([*read, *override_columns(spec, first.names)])
     unified = {c: _unified_type(c, urls, schemas) for c in used}
     schema = pa.schema([pa.field(n, unified.get(n, first.field(n).type)) for n in first.names])
     target = pa.schema([schema.field(c) for c in read])
@@ -203,9 +234,13 @@ def check_override_types(schema: pa.Schema, overrides: tuple[str, ...]) -> None:
         else:
             ok, expected = pa.types.is_integer(t) or pa.types.is_floating(t), "numbers"
         if not ok:
+            keep_out = (
+                "drop --row-constraints to read it as plain data"
+                if column in datasets.CONSTRAINT_COLUMNS
+                else "rename the column to keep it out of sampling"
+            )
             raise InputError(
-                f"column '{column}' sets {column} per row but has type {t}; expected {expected} "
-                "(or rename the column to keep it out of sampling)"
+                f"column '{column}' sets {column} per row but has type {t}; expected {expected} (or {keep_out})"
             )
 
 

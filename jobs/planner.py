@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from jobs.constraint_check import check_constraint
 from jobs.cost import PriceTable
 from jobs.errors import FreightError, InputError, SpecMismatchError
 from jobs.input_inspect import inspect_input, is_string
@@ -48,12 +49,13 @@ def prepare_job(
     spec: JobSpec,
     settings: Settings | None = None,
     prices: PriceTable | None = None,
-    check: Callable[[Manifest], None] | None = None,
+    check: Callable[[Manifest, ObjectStore], None] | None = None,
 ) -> PreparedJob:
     """Validate, plan, and write OUT/manifest.json (or match the one there). Nothing is written on error.
 
-    `check(manifest)` runs after planning, before anything is written (e.g. `--max-cost`); it raises
-    FreightError to refuse the job."""
+    `check(manifest, store)` runs after planning, before anything is written (e.g. `--max-cost`, which
+    reads from `store` the shards a rerun has already committed); it raises FreightError to refuse
+    the job."""
     store = open_store(spec.output, settings)
     root = store.local_path("manifest.json")
     if root is not None and root.parent.exists() and not root.parent.is_dir():
@@ -64,7 +66,7 @@ def prepare_job(
         raise SpecMismatchError(f"{store.url} holds job output without a manifest: use a new --output")
     manifest = plan(spec, settings, prices)
     if check is not None:
-        check(manifest)
+        check(manifest, store)
     manifest, resumed = write_or_match(store, manifest)
     return PreparedJob(store=store, manifest=manifest, resumed=resumed)
 
@@ -72,6 +74,7 @@ def prepare_job(
 def plan(spec: JobSpec, settings: Settings | None = None, prices: PriceTable | None = None) -> Manifest:
     """The manifest for `spec`: input checked, prices resolved, rows cut into prefix-grouped shards."""
     pricing = (prices or PriceTable.load()).pricing(spec.instance_type, spec.market, spec.price_per_hour)
+    check_constraint(spec.sampling)  # compiled as the worker compiles it: refused here, not on every row
     config = check_model(spec.model, settings, embed=spec.task == "embed")
     if spec.speculative is not None and spec.speculative.startswith("draft:"):
         check_draft(spec.model, spec.speculative[len("draft:") :], settings)

@@ -155,7 +155,12 @@ def _token_id(key: Any) -> int | None:
 
 
 # JobSpec fields added after jobs were written: left out of job_id while at these values
-_ADDED_DEFAULTS: dict[str, Any] = {"task": "generate", "dimensions": None, "speculative": None, "speculative_tokens": 4}
+_ADDED_DEFAULTS: dict[str, Any] = {
+    "task": "generate",
+    "dimensions": None,
+    "speculative": None,
+    "speculative_tokens": 4,
+}
 
 
 class JobSpec(BaseModel):
@@ -191,6 +196,13 @@ class JobSpec(BaseModel):
         None, description='speculative decoding: "ngram" (prompt lookup) or "draft:PATH" (a draft checkpoint)'
     )
     speculative_tokens: int = Field(4, ge=1, le=16, description="speculative decoding: tokens proposed per step (K)")
+    row_constraints: bool = Field(
+        False,
+        description="read a Parquet input's per-row constraint columns (response_format, json_schema, regex, "
+        "choice); without it, columns of those names are plain data",
+        # left out of manifests (and the job id) while off, so workers older than the field read them
+        exclude_if=lambda v: not v,
+    )
 
     @field_validator("input", "model", "output")
     @classmethod
@@ -213,6 +225,9 @@ class JobSpec(BaseModel):
         if kind is not None and (self.task == "embed" or self.continuation_column is not None):
             what = "--task embed embeds the prompts" if self.task == "embed" else "likelihood scoring scores text"
             raise ValueError(f"--{kind.replace('_', '-')} constrains generated text; {what}: drop one")
+        if self.row_constraints and (self.task == "embed" or self.continuation_column is not None):
+            what = "--task embed embeds the prompts" if self.task == "embed" else "likelihood scoring scores text"
+            raise ValueError(f"--row-constraints constrains generated text; {what}: drop one")
         if self.speculative is not None and not (
             self.speculative == "ngram" or (self.speculative.startswith("draft:") and len(self.speculative) > 6)
         ):
@@ -244,7 +259,11 @@ class JobSpec(BaseModel):
 
     def diff_items(self, other: JobSpec) -> list[tuple[str, Any, Any]]:
         """(field path, this value, other value) of every differing field, in path order."""
-        return _diff(self.model_dump(mode="json"), other.model_dump(mode="json"), prefix="")
+        return _diff(self._all_fields(), other._all_fields(), prefix="")
+
+    def _all_fields(self) -> dict[str, Any]:
+        """The JSON dump with the fields that dumps leave out at their default (exclude_if) put back."""
+        return {**self.model_dump(mode="json"), "row_constraints": self.row_constraints}
 
 
 def _diff(a: dict[str, Any], b: dict[str, Any], prefix: str) -> list[tuple[str, Any, Any]]:

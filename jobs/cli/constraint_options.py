@@ -1,7 +1,8 @@
-"""The job-wide structured-output flags of `run`, `submit` and `estimate`: --json-schema FILE, --regex,
---choice. Checked here before anything is written (the file exists and holds a JSON object; the
-choices are not empty); SamplingSpec refuses two of them together. A row's own constraint wins
-(README "Structured output")."""
+"""The structured-output flags of `run`, `submit` and `estimate`: the job-wide --json-schema FILE,
+--regex, --choice, and --row-constraints (read a Parquet input's per-row constraint columns).
+Checked here before anything is written (the file exists and holds a JSON object; the choices are
+not empty); SamplingSpec refuses two of them together, jobs/constraint_check.py one that does not
+compile. A row's own constraint wins (README "Structured output")."""
 
 from __future__ import annotations
 
@@ -27,6 +28,15 @@ RegexOpt = Annotated[
 ChoiceOpt = Annotated[
     str | None,
     typer.Option(metavar="A,B,C", help="every row's output is one of these comma-separated strings"),
+]
+
+RowConstraintsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--row-constraints",
+        help="hold each row's output to its own Parquet column response_format, json_schema, regex or choice "
+        "(a null cell takes the job's flag); without it such columns are plain data",
+    ),
 ]
 
 

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.cli.common import fail
-from jobs.cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt
+from jobs.cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt, RowConstraintsOpt
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
     DimensionsOpt,
@@ -51,8 +51,13 @@ from jobs.cli.job_options import (
     spec_from_options,
 )
 from jobs.errors import FreightError
-from jobs.manifest import Manifest
+from jobs.finalize import committed_shards, report_now
+from jobs.log import get_logger
+from jobs.manifest import MANIFEST_KEY, Manifest
 from jobs.settings import Settings, get_settings
+from jobs.storage import ObjectStore
+
+log = get_logger(__name__)
 
 MaxCostOpt = Annotated[
     float | None,
@@ -84,18 +89,36 @@ def estimate_manifest(manifest: Manifest, settings: Settings, prices: Path | Non
 
 
 def max_cost_check(max_cost: float | None, settings: Settings, prices: Path | None) -> Any:
-    """prepare_job's `check` for --max-cost: refuses a job whose estimate is above it (None: no check)."""
+    """prepare_job's `check` for --max-cost: refuses a job whose estimate is above it (None: no check).
+    On a rerun of a job already in OUT the cap holds for the work left: only the shards not yet
+    committed are estimated (a shard partly run before an interruption counts whole, so the estimate
+    errs high), and the refusal says what the job has already cost (its committed shards and any
+    interrupted attempts, as `freight cost` bills them)."""
     if max_cost is None:
         return None
 
-    def check(manifest: Manifest) -> None:
-        est = estimate_manifest(manifest, settings, prices)
-        if est.cost_usd > max_cost:
-            raise FreightError(
-                f"--max-cost {max_cost:g}: the job is estimated at ${est.cost_usd:.6f} ({est.confidence} "
-                f"profile; {est.rows:,} rows, {est.hours:.3f} h on {est.instance_type}): raise the limit, "
-                "or shrink the job"
-            )
+    def check(manifest: Manifest, store: ObjectStore) -> None:
+        resumed = store.exists(MANIFEST_KEY)
+        done = sorted(committed_shards(store) & {s.index for s in manifest.shards}) if resumed else []
+        remaining = tuple(s for s in manifest.shards if s.index not in done)
+        spent = report_now(store, manifest, done) if resumed else {"cost_usd": 0.0, "uncommitted_attempts": 0}
+        est = estimate_manifest(manifest.model_copy(update={"shards": remaining}), settings, prices) if remaining else None
+        log.info("max_cost_checked", max_cost=max_cost, remaining_usd=est.cost_usd if est else 0.0,
+                 shards_left=len(remaining), spent_usd=spent["cost_usd"])  # fmt: skip
+        if est is None or est.cost_usd <= max_cost:
+            return
+        basis = f"{est.confidence} profile; {est.rows:,} rows, {est.hours:.3f} h on {est.instance_type}"
+        if not resumed:
+            raise FreightError(f"--max-cost {max_cost:g}: the job is estimated at ${est.cost_usd:.6f} ({basis}): "
+                               "raise the limit, or shrink the job")  # fmt: skip
+        lost = spent["uncommitted_attempts"]
+        raise FreightError(
+            f"--max-cost {max_cost:g}: the remaining work ({len(remaining)} of {len(manifest.shards)} shards, "
+            f"{est.rows:,} rows) is estimated at ${est.cost_usd:.6f} ({basis}); already spent "
+            f"${spent['cost_usd']:.6f} on {len(done)} committed shard{'' if len(done) == 1 else 's'}"
+            + (f" and {lost} interrupted attempt{'' if lost == 1 else 's'}" if lost else "")
+            + ": raise the limit (it caps the work left), or shrink the job"
+        )
 
     return check
 
@@ -125,6 +148,7 @@ def estimate_cmd(
     json_schema: JsonSchemaOpt = None,
     regex: RegexOpt = None,
     choice: ChoiceOpt = None,
+    row_constraints: RowConstraintsOpt = False,
     shard_rows: ShardRowsOpt = 256,
     instance_type: InstanceTypeOpt = "cpu-local",
     market: MarketOpt = "on-demand",

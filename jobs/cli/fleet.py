@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from jobs.cli.common import EXIT_JOB_EXPIRED, EXIT_JOB_FAILED, fail, resolve_job
-from jobs.cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt
+from jobs.cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt, RowConstraintsOpt
 from jobs.cli.estimate import MaxCostOpt, max_cost_check
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
@@ -87,6 +87,7 @@ def submit(
     json_schema: JsonSchemaOpt = None,
     regex: RegexOpt = None,
     choice: ChoiceOpt = None,
+    row_constraints: RowConstraintsOpt = False,
     shard_rows: ShardRowsOpt = 256,
     instance_type: InstanceTypeOpt = "cpu-local",
     market: MarketOpt = "on-demand",

@@ -15,6 +15,7 @@ import typer
 from pydantic import ValidationError
 
 from jobs.cli.constraint_options import constraint_fields
+from jobs.constraint_check import check_constraint
 from jobs.errors import FreightError, SpecMismatchError
 from jobs.manifest import Manifest
 from jobs.planner import PreparedJob
@@ -22,6 +23,7 @@ from jobs.settings import Settings
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
+    from jobs.storage import ObjectStore
 
 
 def _shipped_instance_types() -> str:
@@ -221,7 +223,7 @@ def prepare_from_options(
     *,
     output: str,
     prices: Path | None,
-    check: Callable[[Manifest], None] | None = None,
+    check: Callable[[Manifest, ObjectStore], None] | None = None,
     **options: Any,
 ) -> PreparedJob:
     """Validate the options (those of `spec_from_options`) into a JobSpec and write (or match) OUT's
@@ -270,6 +272,7 @@ def spec_from_options(
     json_schema: Path | None = None,
     regex: str | None = None,
     choice: str | None = None,
+    row_constraints: bool = False,
     shard_rows: int,
     instance_type: str,
     market: str,
@@ -283,7 +286,7 @@ def spec_from_options(
 
     constraint = constraint_fields(json_schema, regex, choice)
     try:
-        return JobSpec(
+        spec = JobSpec(
             input=absolute(input),
             model=absolute(model),
             output=absolute(output),
@@ -317,8 +320,11 @@ def spec_from_options(
             speculative=speculative if speculative is None or speculative == "ngram" or not speculative.startswith("draft:")
             else "draft:" + absolute(speculative[len("draft:") :]),
             speculative_tokens=speculative_tokens,
+            row_constraints=row_constraints,
         )
     except ValidationError as exc:
         raise FreightError(validation_line(exc)) from None
     except ValueError as exc:  # a malformed URL or option
         raise FreightError(str(exc)) from None
+    check_constraint(spec.sampling, str(json_schema) if json_schema is not None else None)  # names the file
+    return spec

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from jobs.cli.common import fail, plural, resolve_out
-from jobs.cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt
+from jobs.cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt, RowConstraintsOpt
 from jobs.cli.estimate import MaxCostOpt, max_cost_check
 from jobs.cli.job_options import (
     ContinuationColumnOpt,
@@ -87,6 +87,7 @@ def run(
     json_schema: JsonSchemaOpt = None,
     regex: RegexOpt = None,
     choice: ChoiceOpt = None,
+    row_constraints: RowConstraintsOpt = False,
     shard_rows: ShardRowsOpt = 256,
     instance_type: InstanceTypeOpt = "cpu-local",
     market: MarketOpt = "on-demand",

@@ -15,10 +15,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from jobs.constraint_check import constraint_problem
 from jobs.errors import FreightError
 from jobs.evals.cron import validate_cron
 from jobs.evals.lines import LineIndex, PathPart
 from jobs.evals.metrics import METRICS, Metric, MultipleChoice
+from jobs.spec import SamplingSpec
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 # columns of the eval results; a metric must not take one of these names
@@ -255,7 +257,22 @@ class _Loader:
             speculative_tokens=fields.speculative_tokens,
         )
         self.check_columns(where, suite, label)
+        self.check_constraint(where, fields.sampling, label)
         return suite if len(self.problems) == before else None
+
+    def check_constraint(self, where: tuple[PathPart, ...], sampling: Sampling, label: str) -> None:
+        """The answers' constraint compiled as the worker compiles it (jobs/constraint_check.py)."""
+        kind = next((k for k in ("json_schema", "regex", "choice") if getattr(sampling, k) is not None), None)
+        if kind is None:
+            return
+        try:
+            spec = SamplingSpec(**{kind: getattr(sampling, kind)})
+        except ValidationError as exc:
+            self.problem((*where, "sampling", kind), f"{label}: sampling.{kind}: {exc.errors()[0]['msg']}")
+            return
+        problem = constraint_problem(spec)
+        if problem is not None:
+            self.problem((*where, "sampling", kind), f"{label}: sampling.{kind} does not compile: {problem}; fix it")
 
     def metric(self, where: tuple[PathPart, ...], j: int, spec: dict[str, Any], label: str) -> Metric | None:
         at = (*where, "metrics", j)

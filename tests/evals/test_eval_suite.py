@@ -258,3 +258,11 @@ def test_sampling_takes_one_structured_output_key(qa_dataset: Path, write_suites
     both = _error(write_suites(VALID.replace("max_tokens = 8", 'max_tokens = 8\nregex = "a"\nchoice = ["a"]')))
     assert "regex and choice both constrain the answers: give one" in both
     assert "choice" in _error(write_suites(VALID.replace("max_tokens = 8", "max_tokens = 8\nchoice = []")))
+    # compiled at load as the worker compiles it (jobs/constraint_check.py), reported at its line
+    text = VALID.replace("max_tokens = 8", 'max_tokens = 8\nregex = "[a-z"')
+    message = _error(write_suites(text))
+    assert f"suites.toml:{_line_of(text, 'regex =')}: suite 'qa': sampling.regex does not compile: unclosed" in message
+    text = VALID.replace("max_tokens = 8", 'max_tokens = 8\njson_schema = { type = "objekt" }')
+    message = _error(write_suites(text))
+    assert f"suites.toml:{_line_of(text, 'json_schema =')}:" in message and "Invalid type: objekt" in message
+    assert "sampling.regex" in _error(write_suites(VALID.replace("max_tokens = 8", 'max_tokens = 8\nregex = ""')))

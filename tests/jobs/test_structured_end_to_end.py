@@ -106,7 +106,7 @@ def test_a_parquet_job_mixes_constraints_plain_rows_and_bad_ones(tmp_path: Path,
     data = write_parquet(table, tmp_path / "in.parquet")
     out = tmp_path / "out"
     _run(["run", str(data), "--model", str(demo_model_dir), "--output", str(out), "--id-column", "id",
-          "--max-tokens", "64", "--temperature", "0.8", "--shard-rows", "64"])  # fmt: skip
+          "--max-tokens", "64", "--temperature", "0.8", "--shard-rows", "64", "--row-constraints"])  # fmt: skip
     rows = _rows(out)
     assert len(json.loads((out / "manifest.json").read_text())["shards"]) == 1  # all in one shard
     for cid in ("plain-0", "plain-1"):

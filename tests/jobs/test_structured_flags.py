@@ -30,6 +30,10 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     broken.write_text("{oops")
     good = tmp_path / "schema.json"
     good.write_text(json.dumps(SCHEMA))
+    unknown_type = tmp_path / "objekt.json"
+    unknown_type.write_text(json.dumps({"type": "objekt"}))
+    bad_pattern = tmp_path / "pattern.json"
+    bad_pattern.write_text(json.dumps({"type": "object", "properties": {"code": {"type": "string", "pattern": "[A-Z"}}}))
     return {
         "missing file": (["--json-schema", str(tmp_path / "nope.json")], "nope.json: no such file"),
         "not JSON": (["--json-schema", str(broken)], "broken.json: json_schema is not valid JSON"),
@@ -40,6 +44,11 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "empty choice": (["--choice", "yes,,no"], "--choice 'yes,,no': an empty choice"),
         "no choices": (["--choice", " , "], "no choices"),
         "empty regex": (["--regex", ""], "--regex"),
+        # compiled at submit by the engine's grammar library (llguidance), as the worker compiles it
+        "regex does not compile": (["--regex", "[a-z"], "--regex '[a-z' does not compile: unclosed character class"),
+        "regex look-around": (["--regex", "(?=a)b"], "look-around"),
+        "schema does not compile": (["--json-schema", str(unknown_type)], "objekt.json does not compile: Invalid type"),
+        "schema's pattern": (["--json-schema", str(bad_pattern)], "pattern.json does not compile: unclosed character"),
         "embed job": (["--regex", "a", "--task", "embed"], "--regex constrains generated text; --task embed"),
         "likelihood job": (["--choice", "a", "--continuation-column", "id"], "--choice constrains generated text"),
     }
@@ -49,7 +58,8 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
 @pytest.mark.parametrize(
     "case",
     ["missing file", "not JSON", "not an object", "a folder", "two flags", "three flags", "empty choice",
-     "no choices", "empty regex", "embed job", "likelihood job"],
+     "no choices", "empty regex", "embed job", "likelihood job", "regex does not compile", "regex look-around",
+     "schema does not compile", "schema's pattern"],
 )  # fmt: skip
 def test_bad_flags_exit_nonzero_with_one_line_and_write_nothing(
     command: str, case: str, tmp_path: Path, demo_model_dir: Path, dataset: Path

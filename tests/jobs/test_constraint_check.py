@@ -1,0 +1,73 @@
+"""The job-wide constraint compiled at planning (jobs/constraint_check.py) agrees with the engine's
+compile on a worker (GrammarCache, with the model's tokenizer): what one refuses, the other refuses;
+and planning refuses a constraint that does not compile before anything is written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pipeline_data import prompts_table, write_parquet
+
+from jobs.constraint_check import check_constraint, constraint_problem
+from jobs.errors import FreightError
+from jobs.planner import prepare_job
+from jobs.spec import JobSpec, SamplingSpec
+
+SAMPLINGS = {
+    "regex": SamplingSpec(regex=r"\d{3}-[a-z]+"),
+    "regex named group": SamplingSpec(regex=r"(?P<year>\d{4})"),
+    "regex unclosed class": SamplingSpec(regex="[a-z"),
+    "regex look-ahead": SamplingSpec(regex="(?=a)b"),
+    "regex backreference": SamplingSpec(regex=r"(a)\1"),
+    "regex word boundary": SamplingSpec(regex=r"\bfoo"),
+    "regex bad repetition": SamplingSpec(regex="a{5,2}"),
+    "schema": SamplingSpec(json_schema={"type": "object", "properties": {"n": {"type": "integer"}}}),
+    "schema unknown type": SamplingSpec(json_schema={"type": "objekt"}),
+    "schema bad pattern": SamplingSpec(json_schema={"type": "string", "pattern": "[a"}),
+    "schema bad $ref": SamplingSpec(json_schema={"type": "object", "properties": {"a": {"$ref": "#/nope"}}}),
+    "schema unknown format": SamplingSpec(json_schema={"type": "string", "format": "bogus"}),
+    "schema unsatisfiable": SamplingSpec(json_schema={"type": "string", "minLength": 5, "maxLength": 2}),
+    "choice": SamplingSpec(choice=("yes", "no", 'say "maybe"')),
+}
+
+
+@pytest.mark.parametrize("case", list(SAMPLINGS))
+def test_planning_and_the_engine_agree(case: str, demo_model_dir: Path) -> None:
+    from worker.engine.grammar_cache import GrammarCache
+    from worker.row_constraint import job_constraint
+
+    config = json.loads((demo_model_dir / "config.json").read_text())
+    grammars = GrammarCache(demo_model_dir, config["vocab_size"], (config["eos_token_id"],))
+    sampling = SAMPLINGS[case]
+    engine_error = grammars.error(job_constraint(sampling))
+    problem = constraint_problem(sampling)
+    assert (problem is None) == (engine_error is None), (problem, engine_error)
+    if problem is not None:
+        assert "\n" not in problem and problem in engine_error  # one line, the engine's own words
+
+
+def test_no_constraint_is_no_problem() -> None:
+    assert constraint_problem(SamplingSpec()) is None
+    check_constraint(SamplingSpec())
+
+
+def test_the_message_names_the_flag_the_value_and_what_to_do() -> None:
+    with pytest.raises(FreightError) as info:
+        check_constraint(SamplingSpec(regex="(?=a)b"))
+    message = str(info.value)
+    assert message.startswith("--regex '(?=a)b' does not compile: look-around")
+    assert "fix the pattern" in message
+    with pytest.raises(FreightError, match=r"--json-schema schema\.json does not compile: Invalid type: objekt; fix the schema"):
+        check_constraint(SamplingSpec(json_schema={"type": "objekt"}), "schema.json")
+
+
+def test_planning_refuses_it_before_reading_the_model_or_writing(tmp_path: Path) -> None:
+    """Every way a job is planned (run, submit, estimate, eval runs) goes through prepare_job / plan."""
+    data = write_parquet(prompts_table(4, bad=False), tmp_path / "in.parquet")
+    spec = JobSpec(input=str(data), model=str(tmp_path / "no-model"), output=str(tmp_path / "out"),
+                   sampling=SamplingSpec(regex="[a-z"))  # fmt: skip
+    with pytest.raises(FreightError, match=r"--regex '\[a-z' does not compile: unclosed character class"):
+        prepare_job(spec)
+    assert not (tmp_path / "out").exists()
