@@ -163,3 +163,33 @@ def test_refused_proposals_pause_the_sequences_below_break_even() -> None:
     assert (low.paused, low.backoff, low.rate, low.k) == (PAUSE_FIRST, 2 * PAUSE_FIRST, 0.5, 4)
     sp.observe(batch.seqs[0], 4, 4)  # after the pause: a whole proposal kept
     assert low.backoff == PAUSE_FIRST
+
+
+def test_a_draft_stops_where_its_next_token_no_longer_pays() -> None:
+    """The draft's early stop: a sequence drafts another token while the chance that all its tokens so
+    far and the next are kept (the next judged by the latest token's confidence bucket), times what a
+    token saves, beats a drafted token's cost (the slope of the measured speculating steps)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from worker.engine.speculation.speculator import Speculator
+
+    batch = SimpleNamespace(limit=np.array([40, 40]), num_tokens=np.array([10, 10]))
+    draft = SimpleNamespace(rollback=lambda seq, kept: None)
+    sp = Speculator(SpeculativeConfig("draft", 4, "draft"), batch, draft)  # type: ignore[arg-type]
+    rows = np.array([0])
+    assert sp._go_on(rows, [(0, 4)], queued=True) is None  # nothing measured: every token up to K
+    for _ in range(3):  # plain 1 ms; speculating steps 1.6 ms + 0.3 ms per row past 2 rows
+        sp.controller.record(1, 0.001)
+        for rows_ in range(2, 6):
+            sp.controller.record(rows_, 0.0016 + 0.0003 * (rows_ - 2), speculated=True)
+    sp.acceptance.observe([0.99] * 9, 9)  # confident tokens: kept (p = 10 / 11)
+    sp.acceptance.observe([0.1], 0)  # an unsure one: rejected (p = 1 / 3)
+    go_on = sp._go_on(rows, [(0, 4)], queued=True)
+    assert go_on is not None
+    assert go_on(0, [0.99]) and go_on(0, [0.99, 0.98])  # (10/11)^3 x 1 ms > 0.3 ms
+    assert not go_on(0, [0.99, 0.1])  # 10/11 x (1/3)^2 x 1 ms < 0.3 ms
+    always = Speculator(SpeculativeConfig("draft", 4, "draft", adaptive=False), batch, draft)  # type: ignore[arg-type]
+    always.controller.seconds = sp.controller.seconds
+    assert always._go_on(rows, [(0, 4)], queued=True) is None  # not adaptive: every token up to K

@@ -115,6 +115,28 @@ def test_draft_steps_on_the_c_stack_propose_what_the_generic_path_proposes(make_
     assert counts[True] == counts[False] and counts[True][2] > 0
 
 
+def test_a_draft_proposal_ends_where_the_early_stop_says(make_checkpoint, tmp_path) -> None:
+    """DraftModel.propose asks after each drafted token whether to draft another (the speculator's
+    early stop, here: two tokens each) and hands back the draft's probability of each token; the
+    shorter proposals verify as usual and the outputs stay plain decoding's."""
+    path = make_checkpoint("llama").path
+    draft = SpeculativeConfig("draft", 4, str(_perturbed(path, tmp_path / "draft")), adaptive=False)
+    engine = Engine.from_pretrained(path, EngineConfig(kv_cache_bytes=8 << 20, speculative=draft))
+    asked: list[list[float]] = []
+
+    def two_each(i: int, probs: list[float]) -> bool:
+        asked.append(list(probs))
+        return len(probs) < 2
+
+    engine.speculator._go_on = lambda rows, wanted, queued: two_each  # type: ignore[method-assign]
+    spec = engine.generate(_prompts(), GREEDY)
+    plain, _ = _run(path, _prompts(), GREEDY)
+    _same(plain, spec)
+    s = engine.stats
+    assert s.spec_runs > 0 and s.spec_proposed_tokens <= 2 * s.spec_runs and s.spec_accepted_tokens > 0
+    assert {len(p) for p in asked} == {1, 2} and all(0 < q <= 1 for p in asked for q in p)
+
+
 @pytest.mark.parametrize(
     "config",
     [
