@@ -42,6 +42,7 @@ FIRST_SAMPLES = 2  # steps of a rows bucket measured before its cost is used (th
 SKIP_FIRST, SKIP_MAX = 8, 512  # steps a refused width skips proposing: first, longest
 PROBE_PLAIN = 64  # while speculation pays, every 64th step runs plain (its cost stays measured)
 SCALAR_COSTS = 32  # allocate: up to this many tokens one cost() each, past it one vectorized costs()
+STALE, PROBE_RUN = 256, WINDOW  # a refusal on a cost older than STALE steps re-measures, PROBE_RUN steps
 JUDGE_STEPS = 32  # planned steps at a width before their measured gain can turn proposing off there
 
 
@@ -64,6 +65,8 @@ class SpeculationController:
         self._skip: dict[int, tuple[int, int]] = {}  # width -> (skip proposing until step, back-off)
         self._gain: dict[int, tuple[int, float]] = {}  # width -> (planned steps, their summed gain)
         self._curves: dict[bool, tuple] = {}  # side -> its measured buckets, sorted (_curve)
+        self._last: dict[tuple[bool, int], int] = {}  # (side, rows bucket) -> step of its latest sample
+        self._probing: dict[tuple[bool, int], int] = {}  # (side, rows bucket) -> speculating steps left to run
 
     def should_propose(self, width: int) -> bool:
         """False while `width` is backing off after speculation was refused there (no host work)."""
@@ -76,9 +79,13 @@ class SpeculationController:
         while); else the step's own proposals are judged (a refusal is for this step)."""
         if not self.adaptive:
             return True
+        key = (self.separate, rows_bucket(width + extra_rows))  # the speculating side's bucket
+        if not back_off and self._probing.get(key, 0) > 0:
+            self._probing[key] -= 1
+            return True
         spec, plain = self.cost(width + extra_rows, True), self.cost(width)
         if spec is None:
-            return True  # explore: measure speculation
+            return self._probe(key, back_off)  # explore: measure speculation
         if plain is None:
             return False
         if back_off and self.should_probe(width):
@@ -90,7 +97,18 @@ class SpeculationController:
             return self.steps % PROBE_PLAIN != 0  # now and then a plain step keeps its cost current
         if back_off:
             self.back_off(width)
+        elif self.steps - self._last.get(key, -STALE - 1) > STALE:
+            return self._probe(key, False)  # refused on a cost measured long ago (or never): re-measure
         return False
+
+    def _probe(self, key: tuple[bool, int], back_off: bool) -> bool:
+        """Speculate now to measure a bucket: for PROBE_RUN steps in a row when it is a step's own
+        decision (one speculating step among plain ones runs with the proposer's state cold, e.g. a
+        draft model's weights out of the cache, and would measure what steady speculation does not
+        cost)."""
+        if not back_off:
+            self._probing[key] = PROBE_RUN - 1
+        return True
 
     def settle(self, width: int, gain: float) -> None:
         """A step of `width` decoding sequences that proposed (or tried to: the host work of matching
@@ -201,6 +219,7 @@ class SpeculationController:
         key = (speculated and self.separate, rows_bucket(rows))
         window = self._window.setdefault(key, deque(maxlen=WINDOW))
         window.append(seconds)
+        self._last[key] = self.steps
         if len(window) >= FIRST_SAMPLES:
             self.seconds[key] = min(window) if len(window) < 3 else sorted(window)[len(window) // 2]
             self._curves.clear()

@@ -86,6 +86,7 @@ class DraftModel:
         self.kv_bytes = num_blocks * per_block  # taken out of the target's KV budget
         self.device = config.torch_device
         self.states: dict[int, _DraftSeq] = {}  # target seq_id -> the draft's copy
+        self.prefilled = False  # the latest propose ran a prompt-sized catch-up (not a steady step's cost)
         log.info("draft_model_ready", path=path, layers=cfg.num_layers, hidden=cfg.hidden_size, num_blocks=num_blocks)
 
     # ---- proposing ------------------------------------------------------------------------
@@ -96,6 +97,7 @@ class DraftModel:
         and the draft's probability of each token. go_on(i, probabilities so far) says whether
         seqs[i] drafts another token (None: all ks[i])."""
         self._forget_finished()
+        self.prefilled = False
         live, ends = [], []
         for i, seq in enumerate(seqs):
             st = self.states.get(seq.seq_id)
@@ -168,6 +170,7 @@ class DraftModel:
             ids = np.asarray([t for st, lo, e in zip(states, los, ends, strict=True) for t in st.seq.token_ids[lo:e]],
                              np.int64)  # fmt: skip
             return self.fast.greedy(ids, pos, np.repeat(table, counts, axis=0), np.cumsum(counts) - 1)
+        self.prefilled = max(e - lo for lo, e in zip(los, ends, strict=True)) > FAST_CATCH_UP
         ids, pos, slots, cu, last = [], [], [], [0], []
         for st, end, lo, off in zip(states, ends, los, offsets, strict=True):
             ids += st.seq.token_ids[lo:end]

@@ -151,9 +151,12 @@ class Speculator:
     def record(self, rows: int, seconds: float, speculated: bool, cpu: bool) -> None:
         """A pure decode / verify step of `rows` rows took `seconds` (CPU seconds on the CPU, else wall).
         A step without speculation is costed without its proposing (so the controller compares with
-        not speculating at all); a step whose lookups ran is settled by what it gained, host work
-        included (SpeculationController.settle)."""
+        not speculating at all), a step whose draft caught up on a new sequence's prompt not at all
+        (one-time work); a step whose lookups ran is settled by what it gained, host work included
+        (SpeculationController.settle)."""
         plan = self.plan_seconds[0 if cpu else 1]
+        if self.draft is not None and self.draft.prefilled:  # one-time work: a new sequence's prompt
+            return
         self.controller.record(rows, seconds if speculated else seconds - plan, speculated)
         width, self._planned = self._planned, 0
         saved, self._saved = self._saved, 0.0
@@ -198,6 +201,8 @@ class Speculator:
             st = seq.spec
             if st is None:
                 st = seq.spec = SpecState(k_max)
+                s = self.stats  # a new sequence starts from the engine's acceptance so far
+                st.rate = s.spec_accepted_tokens / s.spec_proposed_tokens if s.spec_proposed_tokens >= 64 else 0.5
             if st.paused:
                 st.paused -= 1
                 continue
