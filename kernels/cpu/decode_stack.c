@@ -44,7 +44,7 @@ typedef struct {
 
 typedef struct {
     int64_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size, num_slots,
-        max_positions;
+        max_positions, half_weights; /* half_weights: qkv, o_proj, gate_up, down are fp16 (raw half bits) */
     float eps, scale;
     const StackLayer *layers;
     const float *final_norm, *cos_sin;
@@ -85,11 +85,21 @@ typedef struct {
     int64_t tid;
 } Member;
 
-/* y[:, lo:hi] <- x [rows, K] (row stride xs) . w[lo:hi]^T (+ bias[lo:hi]), y's row stride ys. */
-static void linear(const Step *s, const float *w, const float *bias, int64_t K, const float *x, int64_t xs, float *y,
-                   int64_t ys, int64_t lo, int64_t hi) {
+/* y[:, lo:hi] <- x [rows, K] (row stride xs) . w[lo:hi]^T (+ bias[lo:hi]), y's row stride ys; w
+ * starts `at` weights into the tensor (fp32, or fp16 with the model's half_weights: GEMVs only). */
+static void linear(const Step *s, const float *w, int64_t at, const float *bias, int64_t K, const float *x, int64_t xs,
+                   float *y, int64_t ys, int64_t lo, int64_t hi) {
     const int64_t M = s->rows;
     if (hi <= lo) return;
+    if (s->model->half_weights) {
+        const uint16_t *wh = (const uint16_t *)(const void *)w + at;
+        for (int64_t r = 0; r < M; r += GEMV_MAX_ROWS) {
+            const int64_t rows = M - r < GEMV_MAX_ROWS ? M - r : GEMV_MAX_ROWS;
+            gemv_rows_h(wh, bias, K, x + r * xs, xs, rows, y + r * ys, ys, lo, hi);
+        }
+        return;
+    }
+    w += at;
     if (M > STACK_GEMV_ROWS && s->sgemm) {
         /* column-major: y^T [hi - lo, M] = W[lo:hi] (a [K, hi - lo] matrix, transposed) . x^T [K, M]; a
          * bias is the initial y with beta = 1, as torch's addmm does (the same floats as F.linear) */
@@ -133,7 +143,7 @@ static void *run_member(void *arg) {
                 rms_norm_row(s->down + m * H, res + m * H, L->input_norm, H, eps, h + m * H, res + m * H);
             }
         }
-        linear(s, L->qkv, L->qkv_bias, H, h, H, s->qkv, nqkv, SLICE_LO(nqkv, s, tid), SLICE_HI(nqkv, s, tid));
+        linear(s, L->qkv, 0, L->qkv_bias, H, h, H, s->qkv, nqkv, SLICE_LO(nqkv, s, tid), SLICE_HI(nqkv, s, tid));
         sync_team(s);
         const int64_t kv_row = hkv * D;
         for (int64_t m = tid; m < M; m += n) { /* this thread's rows: q/k norm, rotary, K/V store */
@@ -154,7 +164,7 @@ static void *run_member(void *arg) {
                                mdl->block_size, s->bt_stride, 0, mdl->scale, s->attn, 0, tid, n, L->window, 0.0f};
         decode_job_run((void *)&job); /* rows tid, tid + n, ...: each row reads only its own sequence */
         sync_team(s);
-        linear(s, L->o_proj, 0, qd, s->attn, qd, s->o, H, SLICE_LO(H, s, tid), SLICE_HI(H, s, tid));
+        linear(s, L->o_proj, 0, 0, qd, s->attn, qd, s->o, H, SLICE_LO(H, s, tid), SLICE_HI(H, s, tid));
         sync_team(s);
         for (int64_t m = 0; m < M; m++)
             rms_norm_row(s->o + m * H, res + m * H, L->post_norm, H, eps, h + m * H, res + m * H);
@@ -162,11 +172,11 @@ static void *run_member(void *arg) {
         const int64_t a = SLICE_LO(I, s, tid), b = SLICE_HI(I, s, tid), w = b - a;
         float *gu = s->act + M * I; /* scratch after act: [rows, 2 * (b - a)] for this thread's slice */
         gu += M * 2 * a;
-        linear(s, L->gate_up + a * H, 0, H, h, H, gu, 2 * w, 0, w);
-        linear(s, L->gate_up + (I + a) * H, 0, H, h, H, gu + w, 2 * w, 0, w);
+        linear(s, L->gate_up, a * H, 0, H, h, H, gu, 2 * w, 0, w);
+        linear(s, L->gate_up, (I + a) * H, 0, H, h, H, gu + w, 2 * w, 0, w);
         for (int64_t m = 0; m < M; m++) silu_mul_row(gu + m * 2 * w, gu + m * 2 * w + w, w, s->act + m * I + a);
         sync_team(s);
-        linear(s, L->down, 0, I, s->act, I, s->down, H, SLICE_LO(H, s, tid), SLICE_HI(H, s, tid));
+        linear(s, L->down, 0, 0, I, s->act, I, s->down, H, SLICE_LO(H, s, tid), SLICE_HI(H, s, tid));
         sync_team(s);
     }
     if (tid == 0)
@@ -232,6 +242,7 @@ int decode_stack_f32(const StackModel *model, Sgemm sgemm, const float *x, int64
                      const int64_t *slots, const int32_t *block_tables, int64_t bt_stride, const int32_t *context_lens,
                      float *out, int64_t num_threads) {
     const StackModel *m = model;
+    if (model->half_weights) sgemm = 0; /* fp16 weights: GEMVs only */
     if (rows < 1 || rows > decode_stack_max_rows(sgemm != 0) ||
         !decode_stack_supports(m->num_heads, m->num_kv_heads, m->head_dim, m->block_size))
         return -1;

@@ -20,6 +20,7 @@ from kernels.cpu.blas import torch_sgemm
 from kernels.cpu.build import load_library
 
 SOURCE = Path(__file__).with_suffix(".c")
+HALF_MATRICES = ("qkv", "o_proj", "gate_up", "down")  # fp16 in a stack bound with half=True
 
 _ptr, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
@@ -32,7 +33,8 @@ class _Layer(ctypes.Structure):
 
 class _Model(ctypes.Structure):
     _fields_ = [(name, _i64) for name in ("num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim",
-                                          "intermediate", "block_size", "num_slots", "max_positions")]  # fmt: skip
+                                          "intermediate", "block_size", "num_slots", "max_positions",
+                                          "half_weights")]  # fmt: skip
     _fields_ += [("eps", _f32), ("scale", _f32), ("layers", _ptr), ("final_norm", _ptr), ("cos_sin", _ptr)]
 
 
@@ -88,9 +90,11 @@ class NativeDecodeStack:
         return bool(self._fits(shape.num_heads, shape.num_kv_heads, shape.head_dim, block_size))
 
     def bind(self, shape: StackShape, layers: list[StackLayer], final_norm: torch.Tensor,
-             cos_sin: torch.Tensor) -> BoundDecodeStack:  # fmt: skip
+             cos_sin: torch.Tensor, half: bool = False) -> BoundDecodeStack:  # fmt: skip
         """A callable stack over these tensors. Raises ValueError naming the first tensor that is not
-        fp32, contiguous and shaped for `shape` (callers check eligibility first; this is the guard)."""
+        fp32 (half: the four matrices qkv, o_proj, gate_up and down fp16 instead, widened exactly in
+        the GEMVs: half the bytes, the products of their fp32 copies; up to gemv_rows rows), contiguous
+        and shaped for `shape` (callers check eligibility first; this is the guard)."""
         h, d, inter = shape.hidden, shape.head_dim, shape.intermediate
         q, kv = shape.num_heads * d, shape.num_kv_heads * d
         want = {"input_norm": (h,), "qkv": (q + 2 * kv, h), "qkv_bias": (q + 2 * kv,), "q_norm": (d,), "k_norm": (d,),
@@ -99,7 +103,8 @@ class NativeDecodeStack:
         structs = (_Layer * len(layers))()
         for i, layer in enumerate(layers):
             for name, size in want.items():
-                _check(f"layer {i} {name}", getattr(layer, name), size, optional=name in ("qkv_bias", "q_norm", "k_norm"))
+                _check(f"layer {i} {name}", getattr(layer, name), size, optional=name in ("qkv_bias", "q_norm", "k_norm"),
+                       dtype=torch.float16 if half and name in HALF_MATRICES else torch.float32)  # fmt: skip
             for name in ("k_cache", "v_cache"):
                 t = getattr(layer, name)
                 _check(f"layer {i} {name}", t, tuple(cache))
@@ -114,10 +119,11 @@ class NativeDecodeStack:
             raise ValueError(f"the decode stack was not compiled for {shape.num_heads} heads of {d} floats, "
                              f"{shape.num_kv_heads} KV heads and blocks of {cache[1]}")  # fmt: skip
         model = _Model(len(layers), h, shape.num_heads, shape.num_kv_heads, d, inter, cache[1] if cache else 1,
-                       cache[0] * cache[1] if cache else 0, cos_sin.shape[0], shape.eps, shape.scale,
+                       cache[0] * cache[1] if cache else 0, cos_sin.shape[0], int(half), shape.eps, shape.scale,
                        ctypes.cast(structs, _ptr), final_norm.data_ptr(), cos_sin.data_ptr())  # fmt: skip
         keep = (layers, final_norm, cos_sin, structs)
-        return BoundDecodeStack(self._fn, model, keep, h, self.sgemm, self.gemv_rows, self.max_rows)
+        sgemm, most = (None, self.gemv_rows) if half else (self.sgemm, self.max_rows)
+        return BoundDecodeStack(self._fn, model, keep, h, sgemm, self.gemv_rows, most)
 
 
 class BoundDecodeStack:
@@ -151,9 +157,10 @@ class BoundDecodeStack:
         return out
 
 
-def _check(name: str, t: torch.Tensor | None, shape: tuple, optional: bool = False) -> None:
+def _check(name: str, t: torch.Tensor | None, shape: tuple, optional: bool = False,
+           dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
     if t is None and optional:
         return
-    if t is None or t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or tuple(t.shape) != shape:
+    if t is None or t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous() or tuple(t.shape) != shape:
         got = "None" if t is None else f"{t.dtype} {tuple(t.shape)} on {t.device}, contiguous={t.is_contiguous()}"
-        raise ValueError(f"{name} must be a contiguous fp32 CPU tensor of shape {shape}, got {got}")
+        raise ValueError(f"{name} must be a contiguous {dtype} CPU tensor of shape {shape}, got {got}")

@@ -1,6 +1,7 @@
 /* gemv_f32: an nn.Linear on a few rows of activations (y = x W^T + bias, M <= GEMV_MAX_ROWS), the
  * weight streamed once (gemv.h); output rows split over num_threads pthreads when W is large enough
- * to pay for them. Built by kernels/cpu/build.py with -O3 -march=native.
+ * to pay for them. gemv_f16: the same with fp16 weights (raw half bits, widened exactly: half the
+ * bytes to stream, the same products). Built by kernels/cpu/build.py with -O3 -march=native.
  */
 #include <stdint.h>
 
@@ -10,14 +11,32 @@
 #define MIN_WEIGHTS_PER_THREAD (1 << 18) /* 1 MB of fp32 weights: below this a thread costs more than it saves */
 
 typedef struct {
-    const float *w, *bias, *x;
+    const void *w;
+    const float *bias, *x;
     float *y;
-    int64_t K, xs, M, ys, lo, hi;
+    int64_t K, xs, M, ys, lo, hi, half;
 } GemvTask;
 
 static void *gemv_task(void *arg) {
     const GemvTask *t = (const GemvTask *)arg;
-    gemv_rows(t->w, t->bias, t->K, t->x, t->xs, t->M, t->y, t->ys, t->lo, t->hi);
+    if (t->half)
+        gemv_rows_h((const uint16_t *)t->w, t->bias, t->K, t->x, t->xs, t->M, t->y, t->ys, t->lo, t->hi);
+    else
+        gemv_rows((const float *)t->w, t->bias, t->K, t->x, t->xs, t->M, t->y, t->ys, t->lo, t->hi);
+    return 0;
+}
+
+static int gemv_any(const void *w, int64_t half, const float *bias, int64_t N, int64_t K, const float *x, int64_t xs,
+                    int64_t M, float *y, int64_t ys, int64_t num_threads) {
+    if (M < 1 || M > GEMV_MAX_ROWS) return -1;
+    const int64_t n = threads_for(N * K, MIN_WEIGHTS_PER_THREAD, num_threads);
+    GemvTask tasks[MAX_THREADS];
+    for (int64_t i = 0; i < n; i++) {
+        /* split on multiples of 4 rows, so every thread runs whole tiles */
+        const int64_t lo = N * i / n / 4 * 4, hi = i + 1 == n ? N : N * (i + 1) / n / 4 * 4;
+        tasks[i] = (GemvTask){w, bias, x, y, K, xs, M, ys, lo, hi, half};
+    }
+    run_tasks(gemv_task, tasks, sizeof(GemvTask), n);
     return 0;
 }
 
@@ -27,16 +46,13 @@ int gemv_max_rows(void) { return GEMV_MAX_ROWS; }
  * -1 (nothing done) when M is outside 1..GEMV_MAX_ROWS. */
 int gemv_f32(const float *w, const float *bias, int64_t N, int64_t K, const float *x, int64_t xs, int64_t M, float *y,
              int64_t ys, int64_t num_threads) {
-    if (M < 1 || M > GEMV_MAX_ROWS) return -1;
-    const int64_t n = threads_for(N * K, MIN_WEIGHTS_PER_THREAD, num_threads);
-    GemvTask tasks[MAX_THREADS];
-    for (int64_t i = 0; i < n; i++) {
-        /* split on multiples of 4 rows, so every thread runs whole tiles */
-        const int64_t lo = N * i / n / 4 * 4, hi = i + 1 == n ? N : N * (i + 1) / n / 4 * 4;
-        tasks[i] = (GemvTask){w, bias, x, y, K, xs, M, ys, lo, hi};
-    }
-    run_tasks(gemv_task, tasks, sizeof(GemvTask), n);
-    return 0;
+    return gemv_any(w, 0, bias, N, K, x, xs, M, y, ys, num_threads);
+}
+
+/* gemv_f32 with w fp16 [N, K] (raw half bits). */
+int gemv_f16(const uint16_t *w, const float *bias, int64_t N, int64_t K, const float *x, int64_t xs, int64_t M,
+             float *y, int64_t ys, int64_t num_threads) {
+    return gemv_any(w, 1, bias, N, K, x, xs, M, y, ys, num_threads);
 }
 
 /* The sum of n floats, read once in order with 4 vector accumulators: the rate a single core streams

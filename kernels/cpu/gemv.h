@@ -1,5 +1,5 @@
 /* Matrix-vector products for a few rows of activations (decode at small batches): y = x W^T (+ bias)
- * with W an nn.Linear weight [N, K] (rows contiguous, K floats apart), x [M, K] for M <= GEMV_MAX_ROWS.
+ * with W an nn.Linear weight [N, K] (rows contiguous, K weights apart; fp32, or fp16: gemv_rows_h), x [M, K] for M <= GEMV_MAX_ROWS.
  *
  * At M <= 8 the work is streaming W once: weight row by weight row, strictly in memory order (tiles
  * of several rows are several streams, which the hardware prefetcher follows less well: measured
@@ -19,11 +19,12 @@
 #define GEMV_MAX_ROWS 8
 #define GEMV_PREFETCH 1024 /* bytes ahead in each weight row */
 
-/* One weight row w (K floats) times M rows of x (xs floats apart) -> y[m * ys] (+ *bias). C
- * independent chains of partial sums per x row (C x M >= 4 keeps the FMA latency hidden at M = 1). */
-#define DEFINE_GEMV_ROW(M, C)                                                                          \
-    static inline void gemv_row_##M(const float *w, int64_t K, const float *x, int64_t xs, const float *bias, \
-                                    float *y, int64_t ys) {                                            \
+/* One weight row w (K weights) times M rows of x (xs floats apart) -> y[m * ys] (+ *bias). C
+ * independent chains of partial sums per x row (C x M >= 4 keeps the FMA latency hidden at M = 1).
+ * SFX: "" for fp32 weights, _h for fp16 ones (raw half bits, widened exactly on load: the same sums). */
+#define DEFINE_GEMV_ROW(M, C, SFX, WT, LOADW, WF)                                                      \
+    static inline void gemv_row##SFX##_##M(const WT *w, int64_t K, const float *x, int64_t xs, const float *bias, \
+                                           float *y, int64_t ys) {                                     \
         vf acc[C][M];                                                                                  \
         for (int c = 0; c < C; c++)                                                                    \
             for (int m = 0; m < M; m++) acc[c][m] = (vf){0};                                           \
@@ -32,51 +33,66 @@
         for (; k < kc; k += C * LANES) {                                                               \
             for (int c = 0; c < C; c++) {                                                              \
                 __builtin_prefetch((const char *)(w + k + c * LANES) + GEMV_PREFETCH, 0, 3);           \
-                const vf wv = load(w + k + c * LANES);                                                 \
+                const vf wv = LOADW(w + k + c * LANES);                                                \
                 for (int m = 0; m < M; m++) acc[c][m] += wv * load(x + m * xs + k + c * LANES);        \
             }                                                                                          \
         }                                                                                              \
         for (; k < kv; k += LANES) {                                                                   \
             __builtin_prefetch((const char *)(w + k) + GEMV_PREFETCH, 0, 3);                           \
-            const vf wv = load(w + k);                                                                 \
+            const vf wv = LOADW(w + k);                                                                \
             for (int m = 0; m < M; m++) acc[0][m] += wv * load(x + m * xs + k);                        \
         }                                                                                              \
         for (int m = 0; m < M; m++) {                                                                  \
             vf total = acc[0][m];                                                                      \
             for (int c = 1; c < C; c++) total += acc[c][m];                                            \
             float s = hsum(total);                                                                     \
-            for (int64_t j = kv; j < K; j++) s += w[j] * x[m * xs + j];                                \
+            for (int64_t j = kv; j < K; j++) s = __builtin_fmaf(WF(w[j]), x[m * xs + j], s);             \
             y[m * ys] = bias ? s + *bias : s;                                                          \
         }                                                                                              \
     }                                                                                                  \
-    static void gemv_rows_##M(const float *w, const float *bias, int64_t K, const float *x, int64_t xs, \
-                              float *y, int64_t ys, int64_t lo, int64_t hi) {                          \
-        for (int64_t n = lo; n < hi; n++) gemv_row_##M(w + n * K, K, x, xs, bias ? bias + n : 0, y + n, ys); \
+    static void gemv_rows##SFX##_##M(const WT *w, const float *bias, int64_t K, const float *x, int64_t xs, \
+                                     float *y, int64_t ys, int64_t lo, int64_t hi) {                   \
+        for (int64_t n = lo; n < hi; n++)                                                              \
+            gemv_row##SFX##_##M(w + n * K, K, x, xs, bias ? bias + n : 0, y + n, ys);                  \
     }
 
-DEFINE_GEMV_ROW(1, 4)
-DEFINE_GEMV_ROW(2, 2)
-DEFINE_GEMV_ROW(3, 2)
-DEFINE_GEMV_ROW(4, 1)
-DEFINE_GEMV_ROW(5, 1)
-DEFINE_GEMV_ROW(6, 1)
-DEFINE_GEMV_ROW(7, 1)
-DEFINE_GEMV_ROW(8, 1)
+#define GEMV_F32(v) (v)
+#define DEFINE_GEMV_ROWS(M, C)                                   \
+    DEFINE_GEMV_ROW(M, C, , float, load, GEMV_F32)               \
+    DEFINE_GEMV_ROW(M, C, _h, uint16_t, load_h, half_to_float)
+
+DEFINE_GEMV_ROWS(1, 4)
+DEFINE_GEMV_ROWS(2, 2)
+DEFINE_GEMV_ROWS(3, 2)
+DEFINE_GEMV_ROWS(4, 1)
+DEFINE_GEMV_ROWS(5, 1)
+DEFINE_GEMV_ROWS(6, 1)
+DEFINE_GEMV_ROWS(7, 1)
+DEFINE_GEMV_ROWS(8, 1)
+
+#define GEMV_DISPATCH(SFX)                                                                  \
+    switch (M) {                                                                            \
+        case 1: gemv_rows##SFX##_1(w, bias, K, x, xs, y, ys, lo, hi); break;                \
+        case 2: gemv_rows##SFX##_2(w, bias, K, x, xs, y, ys, lo, hi); break;                \
+        case 3: gemv_rows##SFX##_3(w, bias, K, x, xs, y, ys, lo, hi); break;                \
+        case 4: gemv_rows##SFX##_4(w, bias, K, x, xs, y, ys, lo, hi); break;                \
+        case 5: gemv_rows##SFX##_5(w, bias, K, x, xs, y, ys, lo, hi); break;                \
+        case 6: gemv_rows##SFX##_6(w, bias, K, x, xs, y, ys, lo, hi); break;                \
+        case 7: gemv_rows##SFX##_7(w, bias, K, x, xs, y, ys, lo, hi); break;                \
+        case 8: gemv_rows##SFX##_8(w, bias, K, x, xs, y, ys, lo, hi); break;                \
+        default: break;                                                                     \
+    }
 
 /* y [M, ys] rows [lo, hi) <- x [M, K] (row stride xs) W^T (+ bias); 1 <= M <= GEMV_MAX_ROWS. */
 static void gemv_rows(const float *w, const float *bias, int64_t K, const float *x, int64_t xs, int64_t M, float *y,
                       int64_t ys, int64_t lo, int64_t hi) {
-    switch (M) {
-        case 1: gemv_rows_1(w, bias, K, x, xs, y, ys, lo, hi); break;
-        case 2: gemv_rows_2(w, bias, K, x, xs, y, ys, lo, hi); break;
-        case 3: gemv_rows_3(w, bias, K, x, xs, y, ys, lo, hi); break;
-        case 4: gemv_rows_4(w, bias, K, x, xs, y, ys, lo, hi); break;
-        case 5: gemv_rows_5(w, bias, K, x, xs, y, ys, lo, hi); break;
-        case 6: gemv_rows_6(w, bias, K, x, xs, y, ys, lo, hi); break;
-        case 7: gemv_rows_7(w, bias, K, x, xs, y, ys, lo, hi); break;
-        case 8: gemv_rows_8(w, bias, K, x, xs, y, ys, lo, hi); break;
-        default: break;
-    }
+    GEMV_DISPATCH()
+}
+
+/* gemv_rows with fp16 weights (raw half bits). */
+static void gemv_rows_h(const uint16_t *w, const float *bias, int64_t K, const float *x, int64_t xs, int64_t M,
+                        float *y, int64_t ys, int64_t lo, int64_t hi) {
+    GEMV_DISPATCH(_h)
 }
 
 #endif

@@ -24,18 +24,21 @@ class NativeGemv:
 
     def __init__(self) -> None:
         lib = load_library(SOURCE)
-        self._fn = lib.gemv_f32
-        self._fn.argtypes = [_ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64, _i64]
-        self._fn.restype = ctypes.c_int
+        self._fn, self._fn_h = lib.gemv_f32, lib.gemv_f16
+        for fn in (self._fn, self._fn_h):
+            fn.argtypes = [_ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64, _i64]
+            fn.restype = ctypes.c_int
         self.max_rows: int = lib.gemv_max_rows()
         self._read = lib.stream_read_f32
         self._read.argtypes, self._read.restype = [_ptr, _i64], ctypes.c_float
 
     def supports(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-        """x [M, K] fp32 CPU rows (last dim dense) with 1 <= M <= max_rows, a contiguous fp32 weight
-        [N, K] and a contiguous fp32 bias [N] or None."""
+        """x [M, K] fp32 CPU rows (last dim dense) with 1 <= M <= max_rows, a contiguous fp32 or fp16
+        weight [N, K] (fp16: widened exactly, the products of its fp32 copy) and a contiguous fp32 bias
+        [N] or None."""
         return (
-            x.device.type == weight.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
+            x.device.type == weight.device.type == "cpu" and x.dtype == torch.float32
+            and weight.dtype in (torch.float32, torch.float16)
             and x.dim() == 2 and x.stride(1) == 1 and 1 <= x.shape[0] <= self.max_rows
             and weight.dim() == 2 and weight.is_contiguous() and weight.shape[1] == x.shape[1]
             and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()
@@ -52,7 +55,8 @@ class NativeGemv:
         rows, k = x.shape
         n = weight.shape[0]
         out = torch.empty(rows, n, dtype=torch.float32)
-        self._fn(weight.data_ptr(), None if bias is None else bias.data_ptr(), n, k, x.data_ptr(), x.stride(0), rows,
+        fn = self._fn_h if weight.dtype == torch.float16 else self._fn
+        fn(weight.data_ptr(), None if bias is None else bias.data_ptr(), n, k, x.data_ptr(), x.stride(0), rows,
                  out.data_ptr(), n, torch.get_num_threads())  # fmt: skip
         return out
 

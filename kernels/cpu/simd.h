@@ -19,6 +19,41 @@ typedef float vf_unaligned __attribute__((vector_size(LANES * 4), aligned(4)));
 static inline vf load(const float *p) { return *(const vf_unaligned *)p; }
 static inline void store(float *p, vf v) { *(vf_unaligned *)p = v; }
 
+/* LANES fp16 values (raw IEEE half bits) widened to floats: exact (every half is a float). */
+#if defined(__F16C__) || defined(__AVX512F__)
+#include <immintrin.h>
+static inline vf load_h(const uint16_t *p) {
+#if LANES == 16
+    return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#else
+    return (vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#endif
+}
+static inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+#else
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0x1f) bits = sign | 0x7f800000 | (man << 13); /* inf / nan */
+    else if (exp) bits = sign | ((exp + 112) << 23) | (man << 13);
+    else if (!man) bits = sign; /* zero */
+    else { /* subnormal: normalize */
+        int e = -1;
+        uint32_t m = man;
+        do { e++; m <<= 1; } while (!(m & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((m & 0x3ff) << 13);
+    }
+    float f;
+    __builtin_memcpy(&f, &bits, 4);
+    return f;
+}
+static inline vf load_h(const uint16_t *p) {
+    vf v;
+    for (int i = 0; i < LANES; i++) v[i] = half_to_float(p[i]);
+    return v;
+}
+#endif
+
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
 

@@ -43,9 +43,9 @@ def speculated(engine: Engine) -> None:
     assert s.spec_runs > 0 and 0 < s.spec_accepted_tokens < s.spec_proposed_tokens, s
 
 
-def perturbed(path, out):
+def perturbed(path, out, half: bool = False):
     """A copy of the checkpoint whose last layer's attention output is scaled by 0.3: a draft that
-    agrees with the target on many tokens, not all."""
+    agrees with the target on many tokens, not all (half: stored in fp16)."""
     from safetensors.torch import load_file, save_file
 
     shutil.copytree(path, out)
@@ -53,5 +53,7 @@ def perturbed(path, out):
     for name in weights:
         if "layers.1.self_attn.o_proj" in name:
             weights[name] = weights[name] * 0.3
+        if half:
+            weights[name] = weights[name].half()
     save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
     return out

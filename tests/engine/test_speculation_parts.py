@@ -78,26 +78,55 @@ def test_block_rollback_gives_back_trailing_blocks() -> None:
 
 
 def test_controller_turns_speculation_off_where_it_costs_more() -> None:
-    from worker.engine.speculation.controller import SpeculationController
+    """Before any proposing: could the most valuable row, proposing as well as the best ones do, save
+    time at this width? At batch 1 verifying is almost free; at 64 rows it costs more than it saves,
+    and a refusal there backs proposing off for a while, then probes once. A draft's speculating
+    steps are measured apart (its forwards included)."""
+    from worker.engine.speculation.controller import SKIP_FIRST, SpeculationController
 
     c = SpeculationController(adaptive=True)
-    # measured: 1 row 1.0 ms, 5 rows 1.2 ms (small batch: verifying is almost free);
-    # 64 rows 10 ms, 320 rows 60 ms (large batch: cost grows faster than the rows)
+    # measured: 1 row 1.0 ms, 5 rows 1.2 ms (small batch); 64 rows 10 ms, 320 rows 60 ms (large batch)
     for rows, ms in ((1, 1.0), (5, 1.2), (64, 10.0), (320, 60.0)):
         for _ in range(3):
             c.record(rows, ms / 1000)
-    assert c.decide(1, 4, expected_accepted=2.0, back_off=True)
-    assert not c.decide(1, 4, expected_accepted=0.1)  # this step's proposals are unlikely: refused...
-    assert c.should_propose(1)  # ...for this step only
-    assert not c.decide(64, 256, expected_accepted=128.0, back_off=True)
-    assert not c.should_propose(64)  # refused before proposing: no proposing at 64 rows for a while
-    assert SpeculationController(adaptive=False).decide(64, 256, 0.0)
-    draft = SpeculationController(adaptive=True, separate=True)  # a draft's steps are measured apart
+    assert c.could_pay(1, 0.9, 4, 1e-3)
+    assert not c.could_pay(64, 0.9, 4, 10e-3 / 64)  # a row costs 0.195 ms, a token saves 0.9 x 0.156
+    c.back_off(64)
+    assert not c.should_propose(64) and c.should_propose(1)
+    for _ in range(SKIP_FIRST):
+        c.record(64, 0.01)
+    assert c.should_propose(64) and c.should_probe(64) and not c.should_probe(64)  # one probe
+    assert SpeculationController(adaptive=False).could_pay(64, 0.0, 4, 0.0)
+    draft = SpeculationController(adaptive=True, separate=True)
     for _ in range(3):
         draft.record(1, 0.001)
         draft.record(5, 0.004, speculated=True)
     assert draft.cost(1) == 0.001 and draft.cost(5, speculated=True) == 0.004 and draft.cost(5) is None
-    assert not draft.decide(1, 4, expected_accepted=2.0)  # 4 ms for 3 tokens > 1 ms for 1
+    assert not draft.could_pay(1, 0.5, 4, 1e-3)  # 3 ms more for at most 0.94 ms saved
+
+
+def test_controller_keeps_its_costs_measured() -> None:
+    """A width refused on a cost measured more than STALE steps ago speculates PROBE_RUN steps in a row
+    to re-measure it (one speculating step among plain ones would run a draft model cold); while
+    speculation pays, every PROBE_PLAIN-th step runs plain."""
+    from worker.engine.speculation.controller import PROBE_PLAIN, PROBE_RUN, STALE, SpeculationController
+
+    c = SpeculationController(adaptive=True)
+    for _ in range(3):
+        c.record(1, 1e-3)
+        c.record(5, 3e-3, speculated=True)
+    assert c.allocate(1, [(0.5, 4)]) == [0]  # +0.5 ms a row for 0.5, 0.25, ... ms: refused, on a fresh cost
+    for _ in range(STALE + 1):
+        c.record(1, 1e-3)  # plain steps only: the 5-row cost grows old
+    got = []
+    for _ in range(PROBE_RUN):
+        got.append(c.allocate(1, [(0.5, 4)]))
+        c.record(5, 1.2e-3, speculated=True)  # it costs less now
+    assert got == [[4]] * PROBE_RUN
+    assert c.allocate(1, [(0.5, 4)]) == [4]  # measured afresh: it pays
+    while c.steps % PROBE_PLAIN:
+        c.record(1, 1e-3)
+    assert c.allocate(1, [(0.5, 4)]) == [0]  # a plain step now and then
 
 
 def test_controller_allocates_k_where_the_rows_pay() -> None:
@@ -137,59 +166,29 @@ def test_controller_allocates_k_where_the_rows_pay() -> None:
         assert [None if g != g else pytest.approx(g) for g in got] == want
 
 
-def test_refused_proposals_pause_the_sequences_below_break_even() -> None:
-    """(A draft model's sequences.) A step refused because its proposals' expected acceptance does not pay pauses the sequences
-    below the step's break-even (their acceptance is re-measured only by verifying: after the pause
-    they restart at 1/2 and full K); a sequence above it, or a refusal that was a plain probe, pauses
-    no one; a whole proposal kept makes the next pause short again."""
-    from types import SimpleNamespace
-
-    from worker.engine.speculation.speculator import PAUSE_FIRST, SpecState, Speculator
-
-    low, high = SpecState(4), SpecState(4)
-    low.rate, high.rate = 0.05, 0.9
-    batch = SimpleNamespace(seqs=[SimpleNamespace(spec=low), SimpleNamespace(spec=high)])
-    draft = SimpleNamespace(rollback=lambda seq, kept: None)
-    sp = Speculator(SpeculativeConfig("draft", 4, "draft"), batch, draft)  # type: ignore[arg-type]
-    for _ in range(3):  # 1 row 1 ms, 5 rows 1.6 ms, 2 rows 1.1 ms, 10 rows 2.5 ms
-        for rows, ms in ((1, 1.0), (5, 1.6), (2, 1.1), (10, 2.5)):
-            sp.controller.record(rows, ms / 1000, speculated=rows >= 5)  # a draft's are measured apart
-    assert sp.controller.breakeven(1, 4) == pytest.approx(0.6)
-    sp._pause_below([(1, [7, 7, 7, 7])], 1, expected=0.9 * 4)  # pays: a probe step's refusal
-    assert high.paused == 0 and high.rate == 0.9
-    sp._pause_below([(0, [7, 7, 7, 7]), (1, [7, 7, 7, 7])], 2, expected=0.05 * 4 + 0.9 * 4)
-    assert high.paused == 0  # 3.8 expected vs 2 x 2.5 / 1.1 - 2 = 2.5 needed: it paid
-    sp._pause_below([(0, [7, 7, 7, 7])], 1, expected=0.05 * 4)
-    assert (low.paused, low.backoff, low.rate, low.k) == (PAUSE_FIRST, 2 * PAUSE_FIRST, 0.5, 4)
-    sp.observe(batch.seqs[0], 4, 4)  # after the pause: a whole proposal kept
-    assert low.backoff == PAUSE_FIRST
-
-
 def test_a_draft_stops_where_its_next_token_no_longer_pays() -> None:
-    """The draft's early stop: a sequence drafts another token while the chance that all its tokens so
-    far and the next are kept (the next judged by the latest token's confidence bucket), times what a
-    token saves, beats a drafted token's cost (the slope of the measured speculating steps)."""
+    """The draft's early stop: a row drafts another token while the chance that all its tokens so far
+    are kept (by the draft's probability of each) times the draft's overall chance for the next, times
+    what a token saves, beats a drafted token's cost (the slope of the measured speculating steps)."""
     from types import SimpleNamespace
-
-    import numpy as np
 
     from worker.engine.speculation.speculator import Speculator
 
-    batch = SimpleNamespace(limit=np.array([40, 40]), num_tokens=np.array([10, 10]))
     draft = SimpleNamespace(rollback=lambda seq, kept: None)
-    sp = Speculator(SpeculativeConfig("draft", 4, "draft"), batch, draft)  # type: ignore[arg-type]
-    rows = np.array([0])
-    assert sp._go_on(rows, [(0, 4)], queued=True) is None  # nothing measured: every token up to K
+    sp = Speculator(SpeculativeConfig("draft", 4, "draft"), SimpleNamespace(), draft)  # type: ignore[arg-type]
+    assert sp._go_on(1, [1e-3], 4) is None  # nothing measured: every token up to K
     for _ in range(3):  # plain 1 ms; speculating steps 1.6 ms + 0.3 ms per row past 2 rows
         sp.controller.record(1, 0.001)
-        for rows_ in range(2, 6):
-            sp.controller.record(rows_, 0.0016 + 0.0003 * (rows_ - 2), speculated=True)
+        for rows in range(2, 6):
+            sp.controller.record(rows, 0.0016 + 0.0003 * (rows - 2), speculated=True)
     sp.acceptance.observe([0.99] * 9, 9)  # confident tokens: kept (p = 10 / 11)
     sp.acceptance.observe([0.1], 0)  # an unsure one: rejected (p = 1 / 3)
-    go_on = sp._go_on(rows, [(0, 4)], queued=True)
+    overall = sp.acceptance.overall()
+    assert overall == pytest.approx(15 / 22)  # the priors' 6 hits in 12 trials, 9 in 10 more
+    go_on = sp._go_on(1, [1e-3], 4)
     assert go_on is not None
-    assert go_on(0, [0.99]) and go_on(0, [0.99, 0.98])  # (10/11)^3 x 1 ms > 0.3 ms
-    assert not go_on(0, [0.99, 0.1])  # 10/11 x (1/3)^2 x 1 ms < 0.3 ms
-    always = Speculator(SpeculativeConfig("draft", 4, "draft", adaptive=False), batch, draft)  # type: ignore[arg-type]
+    assert go_on(0, [0.99]) and go_on(0, [0.99, 0.98])  # (10/11)^2 x 0.68 x 1 ms > 0.3 ms
+    assert not go_on(0, [0.99, 0.1])  # 10/11 x 1/3 x 0.68 x 1 ms < 0.3 ms
+    always = Speculator(SpeculativeConfig("draft", 4, "draft", adaptive=False), SimpleNamespace(), draft)  # type: ignore[arg-type]
     always.controller.seconds = sp.controller.seconds
-    assert always._go_on(rows, [(0, 4)], queued=True) is None  # not adaptive: every token up to K
+    assert always._go_on(1, [1e-3], 4) is None  # not adaptive: every token up to K

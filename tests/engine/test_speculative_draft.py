@@ -28,18 +28,21 @@ def test_greedy_identical_with_a_draft_model(make_checkpoint, tmp_path, arch: st
     speculated(engine)
 
 
-def test_draft_steps_on_the_c_stack_propose_what_the_generic_path_proposes(make_checkpoint, tmp_path) -> None:
+@pytest.mark.parametrize("half", [False, True])
+def test_draft_steps_on_the_c_stack_propose_what_the_generic_path_proposes(make_checkpoint, tmp_path,
+                                                                           half: bool) -> None:  # fmt: skip
     """The draft's greedy steps straight on the C decode stack (DraftStack: short catch-ups as
     decode rows, the K - 1 steps, an lm_head GEMV) propose the tokens the generic forward proposes:
-    the same acceptance counts, the same outputs."""
+    the same acceptance counts, the same outputs. A draft stored in fp16 runs there on fp16 copies of
+    its matrices and lm_head (half the bytes, the same products)."""
     path = make_checkpoint("llama").path
-    draft = SpeculativeConfig("draft", 4, str(perturbed(path, tmp_path / "draft")), adaptive=False)
+    draft = SpeculativeConfig("draft", 4, str(perturbed(path, tmp_path / "draft", half)), adaptive=False)
     counts = {}
     outs = {}
     for fast in (True, False):
         engine = Engine.from_pretrained(path, EngineConfig(kv_cache_bytes=8 << 20, speculative=draft))
         model = engine.speculator.draft
-        assert model.fast is not None  # a Llama on the CPU backend: bound to the stack
+        assert model.fast is not None and model.fast.half == half  # a Llama on the CPU backend: bound to the stack
         calls = []
         if fast:
             greedy = model.fast.greedy

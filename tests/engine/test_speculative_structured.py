@@ -99,10 +99,10 @@ def test_constrained_rows_speculate_with_plain_outputs(make_checkpoint, config: 
 
 def test_constrained_rows_speculate_with_a_draft_model(make_checkpoint, tmp_path) -> None:
     """A draft model's greedy proposals (it knows no grammar) cut to the grammar's prefix."""
-    from test_speculative import _perturbed
+    from speculation_cases import perturbed
 
     path = make_checkpoint("llama").path
-    draft = SpeculativeConfig("draft", 3, str(_perturbed(path, tmp_path / "draft")), adaptive=False)
+    draft = SpeculativeConfig("draft", 3, str(perturbed(path, tmp_path / "draft")), adaptive=False)
     prompts, params = _requests()
     plain, _, _ = _run(path, prompts, params)
     spec, engine, seen = _run(path, prompts, params, speculative=draft)

@@ -145,3 +145,23 @@ def test_refuses_what_it_does_not_fit(native) -> None:
     bad = StackLayer(*[t.double() if name == "down" else t for name, t in vars(layers[0]).items()])
     with pytest.raises(ValueError, match="layer 0 down"):
         native.bind(shape, [bad], final_norm, cos_sin)
+
+
+def test_fp16_matrices_give_the_fp32_matrices_floats(native) -> None:
+    """A stack bound with half=True reads qkv, o_proj, gate_up and down as fp16 (half the bytes) and
+    computes what the fp32 stack computes over their fp32 copies, bit for bit, K/V stores included; it
+    takes GEMV rows only and refuses fp32 matrices."""
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(72, 4, 2, 16, 40, 4, [3, 19, 7], True, True)
+    mats = ("qkv", "o_proj", "gate_up", "down")
+    layers = [StackLayer(**{n: t.half().float() if n in mats else t for n, t in vars(layer).items()})
+              for layer in layers]  # fmt: skip
+    halves = [StackLayer(**{n: t.half() if n in mats else t for n, t in vars(layer).items()})
+              for layer in _copy_caches(layers)]  # fmt: skip
+    want = native.bind(shape, layers, final_norm, cos_sin)(x, positions, slots, tables, cl)
+    stack = native.bind(shape, halves, final_norm, cos_sin, half=True)
+    assert torch.equal(stack(x, positions, slots, tables, cl), want)
+    for full, half in zip(layers, halves, strict=True):
+        assert torch.equal(full.k_cache, half.k_cache) and torch.equal(full.v_cache, half.v_cache)
+    assert stack.max_rows == stack.gemv_rows
+    with pytest.raises(ValueError, match="float16"):
+        native.bind(shape, layers, final_norm, cos_sin, half=True)

@@ -67,3 +67,14 @@ def test_backend_project_uses_it_for_few_rows(monkeypatch) -> None:
         backend.project(linear, randn(2, 64))  # hooks: the module is called, its hook fires
     assert calls == [1, 8]
     assert seen == [2]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize(("n", "k"), [(4096, 128), (37, 64), (9, 75)])
+def test_fp16_weights_give_the_fp32_weights_floats(gemv, rows: int, n: int, k: int) -> None:
+    """fp16 weights (half the bytes) are widened exactly on load: the very floats of the fp32 GEMV over
+    their fp32 copy, vector tails included."""
+    x, w = randn(rows, k), randn(n, k, scale=0.1).half()
+    got = gemv(x, w)
+    assert got is not None and torch.equal(got, gemv(x, w.float()))
+    assert_close(got, F.linear(x, w.float()), atol=1e-4, rtol=1e-4)

@@ -70,20 +70,24 @@ class ModelDecodeStack:
     """Call `takes` then the instance (CausalLM.forward does, for every step)."""
 
     def __init__(self, model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 native: NativeDecodeStack) -> None:  # fmt: skip
-        """Binds the model's tensors (see the module docstring; check `ineligible` first)."""
+                 native: NativeDecodeStack, half: bool = False) -> None:  # fmt: skip
+        """Binds the model's tensors (see the module docstring; check `ineligible` first). half: its
+        matrices as fp16 copies (`halved`)."""
         body = model.model
         layers = []
+        mat = (lambda w: w.detach().half().contiguous()) if half else (lambda w: w.detach())
         for layer, (k_cache, v_cache) in zip(body.layers, kv_caches, strict=True):
             attn, mlp = layer.self_attn, layer.mlp
             qk_norm = model.cfg.qk_norm
             layers.append(StackLayer(
-                layer.input_layernorm.weight.detach(), attn.qkv_proj.weight.detach(), _detach(attn.qkv_proj.bias),
+                layer.input_layernorm.weight.detach(), mat(attn.qkv_proj.weight), _detach(attn.qkv_proj.bias),
                 attn.q_norm.weight.detach() if qk_norm else None, attn.k_norm.weight.detach() if qk_norm else None,
-                attn.o_proj.weight.detach(), layer.post_attention_layernorm.weight.detach(),
-                mlp.gate_up_proj.weight.detach(), mlp.down_proj.weight.detach(), k_cache, v_cache, attn.window,
+                mat(attn.o_proj.weight), layer.post_attention_layernorm.weight.detach(),
+                mat(mlp.gate_up_proj.weight), mat(mlp.down_proj.weight), k_cache, v_cache, attn.window,
             ))  # fmt: skip
-        self._stack: BoundDecodeStack = native.bind(_shape(model), layers, body.norm.weight.detach(), model.cos_sin)
+        self._stack: BoundDecodeStack = native.bind(_shape(model), layers, body.norm.weight.detach(), model.cos_sin,
+                                                    half=half)  # fmt: skip
+        self._model, self._native = model, native
         self._embed = body.embed_tokens.weight
         self._kv_caches = kv_caches
         # the modules the op-by-op path would call through Backend.project (hooks there must fire)
@@ -117,6 +121,17 @@ class ModelDecodeStack:
                 return False
         return True
 
+    def halved(self) -> ModelDecodeStack | None:
+        """The same stack with its matrices (qkv, o_proj, gate_up, down) as fp16 copies, when every
+        one of them holds fp16 values exactly (a checkpoint stored in fp16): the same products from
+        half the bytes (up to gemv_rows rows). None when a value would round."""
+        mats = [w for layer in self._model.model.layers for w in (
+            layer.self_attn.qkv_proj.weight, layer.self_attn.o_proj.weight, layer.mlp.gate_up_proj.weight,
+            layer.mlp.down_proj.weight)]  # fmt: skip
+        if not all(exactly_half(w) for w in mats):
+            return None
+        return ModelDecodeStack(self._model, self._kv_caches, self._native, half=True)
+
     def fits(self, rows: int) -> bool:
         """1..gemv_rows rows on any number of threads, up to max_rows on one."""
         return 0 < rows <= self.max_rows and (rows <= self.gemv_rows or torch.get_num_threads() == 1)
@@ -135,3 +150,8 @@ class ModelDecodeStack:
 
 def _detach(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.detach()
+
+
+def exactly_half(t: torch.Tensor) -> bool:
+    """Every value of an fp32 tensor is an fp16 value (a copy in fp16 loses nothing)."""
+    return t.dtype == torch.float32 and bool(torch.equal(t.detach().half().float(), t.detach()))

@@ -44,6 +44,10 @@ class AcceptanceTable:
         """The highest chance of any bucket (what the best proposals get)."""
         return max(h / t for h, t in zip(self.hits, self.trials, strict=True))
 
+    def overall(self) -> float:
+        """The chance over all buckets (a draft's, before it has drafted the token)."""
+        return sum(self.hits) / sum(self.trials)
+
     def expected(self, signal: float, k: int) -> float:
         """Expected accepted tokens of k tokens proposed with one signal: p + p^2 + ... + p^k."""
         p = self.chance(signal)

@@ -1,4 +1,4 @@
-"""SpeculationController: whole steps speculate only where the engine measured it to pay.
+"""SpeculationController: speculation only where the engine measured it to pay.
 
 Verifying K proposed tokens of a sequence adds K rows to a decode step. At a small batch the wider
 step costs about the same (decode reads all the weights for a handful of rows) and yields the
@@ -11,22 +11,22 @@ measured as the engine runs, never a constant:
   (CPU seconds of the process on the CPU, where a shared machine makes wall time noisy; wall time on
   a GPU); another count is interpolated by rows between the measured buckets around it (a bucket's
   cost stands for its lower edge), or extends the slope of the two widest measured ones when it is
-  at most twice the widest (else it is explored);
-- yield: each speculating sequence's expected accepted tokens (its acceptance average times its K).
+  at most twice the widest (else it is explored). A draft model's forwards make a speculating step
+  cost more than its rows: with `separate` the speculating steps get their own table (the draft's
+  time included), plain steps the other.
+- saving: each proposed token's chance of being kept (the proposer's AcceptanceTable) times the
+  seconds a kept token saves (token_values: with requests waiting a plain step's cost per token,
+  with none only what the step count can lose).
 
-A draft model's forwards make a speculating step cost more than its rows: with `separate` the
-speculating steps get their own table (the draft's time included), plain steps the other.
-
-A step speculates iff cost(B + sum K) / (B + expected accepted) < cost(B) / B for its B decoding
-sequences; an unmeasured side is explored (run once so it gets measured). The rule is asked twice:
-before proposing, with every row proposing K and every proposal accepted, i.e. whether speculation
-could pay at all at this width (a refusal skips even the proposing, host work, for a back-off that
-doubles while refusals repeat: a large batch); then with the step's own proposals and the sequences'
-own acceptance (a refusal is for this step, and pauses the sequences below the step's break-even
-acceptance: Speculator._pause_below, so that a sequence's acceptance, measured only by verifying,
-gets re-measured after its pause instead of keeping it refused). When a back-off runs
-out one speculating step re-measures that side. While speculation pays, every PROBE_PLAIN-th step
-runs plain for the same reason.
+`allocate` gives each candidate row its K: the candidates' tokens taken best saving first, as many as
+save the most time net of the rows they add. Before any proposing, `could_pay` asks whether the most
+valuable row proposing as well as the best proposals do could save anything at this width; if not,
+no proposing there for a back-off that doubles while it repeats (a large batch's host work saved),
+then one probe. Every step that proposed is settled by what it saved, host work included (`settle`),
+and a width whose proposing lost time over JUDGE_STEPS steps backs off too. Measurements are kept
+fresh: a width never measured, or refused on a cost older than STALE steps, speculates for PROBE_RUN
+steps in a row (one speculating step among plain ones would measure a draft model cold); while
+speculation pays, every PROBE_PLAIN-th step runs plain.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ FIRST_SAMPLES = 2  # steps of a rows bucket measured before its cost is used (th
 SKIP_FIRST, SKIP_MAX = 8, 512  # steps a refused width skips proposing: first, longest
 PROBE_PLAIN = 64  # while speculation pays, every 64th step runs plain (its cost stays measured)
 SCALAR_COSTS = 32  # allocate: up to this many tokens one cost() each, past it one vectorized costs()
-STALE, PROBE_RUN = 256, WINDOW  # a refusal on a cost older than STALE steps re-measures, PROBE_RUN steps
+STALE, PROBE_RUN = 256, WINDOW  # a cost older than STALE steps is re-measured by PROBE_RUN steps in a row
 JUDGE_STEPS = 32  # planned steps at a width before their measured gain can turn proposing off there
 
 
@@ -66,49 +66,11 @@ class SpeculationController:
         self._gain: dict[int, tuple[int, float]] = {}  # width -> (planned steps, their summed gain)
         self._curves: dict[bool, tuple] = {}  # side -> its measured buckets, sorted (_curve)
         self._last: dict[tuple[bool, int], int] = {}  # (side, rows bucket) -> step of its latest sample
-        self._probing: dict[tuple[bool, int], int] = {}  # (side, rows bucket) -> speculating steps left to run
+        self._probing: dict[int, int] = {}  # width bucket -> speculating steps left of a probe run
 
     def should_propose(self, width: int) -> bool:
         """False while `width` is backing off after speculation was refused there (no host work)."""
         return not self.adaptive or self.steps >= abs(self._skip.get(rows_bucket(width), (0, 0))[0])
-
-    def decide(self, width: int, extra_rows: int, expected_accepted: float, back_off: bool = False) -> bool:
-        """Whether a step of `width` decoding sequences, `extra_rows` more with speculation, should
-        speculate when it expects `expected_accepted` accepted tokens. back_off: the question asked
-        before proposing (could it pay at all: a refusal then skips proposing at this width for a
-        while); else the step's own proposals are judged (a refusal is for this step)."""
-        if not self.adaptive:
-            return True
-        key = (self.separate, rows_bucket(width + extra_rows))  # the speculating side's bucket
-        if not back_off and self._probing.get(key, 0) > 0:
-            self._probing[key] -= 1
-            return True
-        spec, plain = self.cost(width + extra_rows, True), self.cost(width)
-        if spec is None:
-            return self._probe(key, back_off)  # explore: measure speculation
-        if plain is None:
-            return False
-        if back_off and self.should_probe(width):
-            return True
-        if spec / (width + expected_accepted) < plain / width:
-            if back_off:
-                self.clear_back_off(width)
-                return True
-            return self.steps % PROBE_PLAIN != 0  # now and then a plain step keeps its cost current
-        if back_off:
-            self.back_off(width)
-        elif self.steps - self._last.get(key, -STALE - 1) > STALE:
-            return self._probe(key, False)  # refused on a cost measured long ago (or never): re-measure
-        return False
-
-    def _probe(self, key: tuple[bool, int], back_off: bool) -> bool:
-        """Speculate now to measure a bucket: for PROBE_RUN steps in a row when it is a step's own
-        decision (one speculating step among plain ones runs with the proposer's state cold, e.g. a
-        draft model's weights out of the cache, and would measure what steady speculation does not
-        cost)."""
-        if not back_off:
-            self._probing[key] = PROBE_RUN - 1
-        return True
 
     def settle(self, width: int, gain: float) -> None:
         """A step of `width` decoding sequences that proposed (or tried to: the host work of matching
@@ -171,28 +133,50 @@ class SpeculationController:
 
     def allocate(self, width: int, chances: list[tuple[float, int]], values: list[float] | None = None) -> list[int]:
         """K per candidate row of a step of `width` decoding sequences, from (p, cap) per candidate: p
-        the chance that each of its proposed tokens is accepted given the ones before it were (so its
-        j-th token is kept with chance p^j), cap its most tokens; `values` the seconds an accepted
-        token of each saves (token_values; default: a plain step's cost per token). The candidates'
-        tokens are taken by expected saving (chance x value), best first, and the prefix that saves
-        the most time net of its extra rows' measured cost is kept; every K is 0 when none saves any.
-        A width never measured with that many rows is explored (every cap). Not adaptive: every cap."""
+        the chance that each of its proposed tokens is kept given the ones before it were (so its j-th
+        token is kept with chance p^j), cap its most tokens; `values` the seconds a kept token of each
+        saves (token_values; default: a plain step's cost per token). The candidates' tokens are taken
+        by expected saving (chance x value), best first, and the prefix that saves the most time net of
+        its extra rows' measured cost is kept; every K is 0 when none saves any, and on every
+        PROBE_PLAIN-th step. Every cap while a probe run lasts, for a width never measured with that
+        many rows, and (starting a probe run) when nothing would be taken on a cost measured more than
+        STALE steps ago. Not adaptive: every cap."""
         caps = [k for _, k in chances]
-        if not self.adaptive:
+        if not self.adaptive or not caps:
             return caps
+        key = rows_bucket(width)
+        if self.cost(width) is None:
+            return [0] * len(caps)  # the plain step is measured first
+        if self._probing.get(key, 0) > 0:
+            self._probing[key] -= 1
+            return caps
+        take = self._best(width, chances, values)
+        if take is None or (not any(take) and self._stale(width + sum(caps))):
+            self._probing[key] = PROBE_RUN - 1  # measure it: PROBE_RUN speculating steps in a row
+            return caps
+        return take if self.steps % PROBE_PLAIN else [0] * len(caps)
+
+    def could_pay(self, width: int, chance: float, cap: int, value: float) -> bool:
+        """Whether one row proposing `cap` tokens at `chance`, each kept token saving `value`, saves
+        time at this width (allocate's question for the best case, without its probes)."""
+        take = self._best(width, [(chance, cap)], [value]) if self.adaptive else [cap]
+        return take is None or any(take)
+
+    def _best(self, width: int, chances: list[tuple[float, int]], values: list[float] | None) -> list[int] | None:
+        """allocate's choice from the measured costs alone; None where a cost is unmeasured."""
         plain = self.cost(width)
         if plain is None:
             return [0] * len(chances)  # the plain step is measured first
         v = values or [plain / width] * len(chances)
         gains = sorted(((p**j * v[i], i) for i, (p, k) in enumerate(chances) for j in range(1, k + 1)), reverse=True)
         if len(gains) <= SCALAR_COSTS:
-            curve = [self.cost(width + n) for n in range(1, len(gains) + 1)]
+            curve = [self.cost(width + n, True) for n in range(1, len(gains) + 1)]
         else:
-            curve = [None if math.isnan(c) else c for c in self.costs(width + 1, width + len(gains)).tolist()]
+            curve = [None if math.isnan(c) else c for c in self.costs(width + 1, width + len(gains), True).tolist()]
         best, take, saved = 0.0, 0, 0.0
         for n, ((gain, _), spec) in enumerate(zip(gains, curve, strict=True), 1):
             if spec is None:
-                return caps  # explore: measure this width
+                return None
             saved += gain
             if saved - (spec - plain) > best:
                 best, take = saved - (spec - plain), n
@@ -201,14 +185,9 @@ class SpeculationController:
             out[i] += 1
         return out
 
-    def breakeven(self, width: int, extra_rows: int) -> float | None:
-        """The accepted tokens a step of `width` decoding sequences needs from `extra_rows` more
-        verify rows to pay (its cost per token no higher than a plain step's); None when a side is
-        unmeasured."""
-        spec, plain = self.cost(width + extra_rows, True), self.cost(width)
-        if spec is None or plain is None:
-            return None
-        return spec * width / plain - width
+    def _stale(self, rows: int) -> bool:
+        """The speculating side's cost of `rows` rows was measured more than STALE steps ago (or never)."""
+        return self.steps - self._last.get((self.separate, rows_bucket(rows)), -STALE - 1) > STALE
 
     def record(self, rows: int, seconds: float, speculated: bool = False) -> None:
         """A pure decode / verify step of `rows` rows took `seconds` (host work included). A bucket's

@@ -113,16 +113,19 @@ class DraftModel:
             return out, probs
         states = [self.states[seqs[i].seq_id] for i in live]
         rows = list(range(len(live)))
-        tokens, top = self._catch_up(states, ends)
+        want = go_on is not None  # the draft's probabilities are only read by the early stop
+        tokens, top = self._catch_up(states, ends, want)
         for j in range(1, max(ks[i] for i in live) + 1):
-            for r, t, q in zip(rows, tokens.tolist(), top.tolist(), strict=True):
+            for r, t in zip(rows, tokens.tolist(), strict=True):
                 out[live[r]].append(t)
-                probs[live[r]].append(q)
+            if top is not None:
+                for r, q in zip(rows, top.tolist(), strict=True):
+                    probs[live[r]].append(q)
             rows = [r for r in rows if ks[live[r]] > j and (go_on is None or go_on(live[r], probs[live[r]]))]
             if not rows:
                 break
             tokens, top = self._decode([states[r] for r in rows], [ends[r] - 1 + j for r in rows],
-                                       [out[live[r]][-1] for r in rows])  # fmt: skip
+                                       [out[live[r]][-1] for r in rows], want)  # fmt: skip
         for r, i in enumerate(live):
             states[r].computed = ends[r] + len(out[i]) - 1
         return out, probs
@@ -152,7 +155,7 @@ class DraftModel:
     def _tables(self, states: list[_DraftSeq], width: int) -> torch.Tensor:
         return to_device(self._tables_np(states, width), self.device)
 
-    def _catch_up(self, states: list[_DraftSeq], ends: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    def _catch_up(self, states: list[_DraftSeq], ends: list[int], probs: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """One forward over each sequence's uncomputed tokens [computed, end); the greedy next token.
         Short catch-ups (after a verify step: the target's own token, maybe an accepted one) run as
         decode-shaped rows on the C stack where there is one (DraftStack); else one prefill."""
@@ -169,7 +172,7 @@ class DraftModel:
             pos = np.concatenate([np.arange(lo, e, dtype=np.int64) for lo, e in zip(los, ends, strict=True)])
             ids = np.asarray([t for st, lo, e in zip(states, los, ends, strict=True) for t in st.seq.token_ids[lo:e]],
                              np.int64)  # fmt: skip
-            return self.fast.greedy(ids, pos, np.repeat(table, counts, axis=0), np.cumsum(counts) - 1)
+            return self.fast.greedy(ids, pos, np.repeat(table, counts, axis=0), np.cumsum(counts) - 1, probs)
         self.prefilled = max(e - lo for lo, e in zip(los, ends, strict=True)) > FAST_CATCH_UP
         ids, pos, slots, cu, last = [], [], [], [0], []
         for st, end, lo, off in zip(states, ends, los, offsets, strict=True):
@@ -188,13 +191,15 @@ class DraftModel:
             prefill_block_tables=tables, output_rows=to_device(np.asarray(last, np.int64), dev),
             output_context_lens=lens, output_block_tables=tables,
         )  # fmt: skip
-        return self._greedy(to_device(np.asarray(ids, np.int64), dev), to_device(np.asarray(pos, np.int64), dev), meta)
+        return self._greedy(to_device(np.asarray(ids, np.int64), dev), to_device(np.asarray(pos, np.int64), dev), meta,
+                            probs)  # fmt: skip
 
-    def _decode(self, states: list[_DraftSeq], positions: list[int], ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    def _decode(self, states: list[_DraftSeq], positions: list[int], ids: list[int], probs: bool
+                ) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
         dev, bs = self.device, self.block_size
         if self.fast is not None and self.fast.takes(len(states)):
             table = self._tables_np(states, max(positions) // bs + 1)
-            return self.fast.greedy(np.asarray(ids, np.int64), np.asarray(positions, np.int64), table)
+            return self.fast.greedy(np.asarray(ids, np.int64), np.asarray(positions, np.int64), table, None, probs)
         slots = [self._slots(st, [p])[0] for st, p in zip(states, positions, strict=True)]
         meta = AttentionMetadata(
             slot_mapping=to_device(np.asarray(slots, np.int64), dev), num_prefill_tokens=0,
@@ -202,9 +207,9 @@ class DraftModel:
             decode_block_tables=self._tables(states, max(positions) // bs + 1),
         )  # fmt: skip
         return self._greedy(to_device(np.asarray(ids, np.int64), dev), to_device(np.asarray(positions, np.int64), dev),
-                            meta)  # fmt: skip
+                            meta, probs)  # fmt: skip
 
-    def _greedy(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
-                ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    def _greedy(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, probs: bool
+                ) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
         hidden = self.runner.hidden_states(ids, positions, meta)
-        return top1(self.runner.model.compute_logits(hidden).float().cpu())
+        return top1(self.runner.model.compute_logits(hidden).float().cpu(), probs)

@@ -24,14 +24,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.cpu.gemv import NativeGemv
-from worker.engine.backends.cpu_decode_stack import ModelDecodeStack
+from worker.engine.backends.cpu_decode_stack import ModelDecodeStack, exactly_half
 
 
 class DraftStack:
     def __init__(self, model: nn.Module, block_size: int) -> None:
-        """Call `usable(model)` first."""
-        self._stack = model.decode_stack  # the ModelDecodeStack the backend bound
-        self._lm_head = model.lm_head.weight
+        """Call `usable(model)` first. A draft stored in fp16 (every matrix and the lm_head exactly fp16
+        values) runs on fp16 copies: the same products from half the bytes, so the small model stays in
+        the L2 cache across a proposal's steps (the target's step between proposals evicts it)."""
+        stack: ModelDecodeStack = model.decode_stack  # the ModelDecodeStack the backend bound
+        head = model.lm_head.weight.detach()
+        half = stack.halved() if exactly_half(head) else None
+        self.half = half is not None
+        self._stack = half or stack
+        self._head32 = head  # past the GEMV's rows: F.linear
+        self._lm_head = head.half().contiguous() if self.half else head
         self._gemv = NativeGemv()
         self.block_size = block_size
 
@@ -51,11 +58,11 @@ class DraftStack:
         return self._stack.fits(rows)
 
     @torch.inference_mode()
-    def greedy(self, ids: np.ndarray, positions: np.ndarray, tables: np.ndarray, out_rows: np.ndarray | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    def greedy(self, ids: np.ndarray, positions: np.ndarray, tables: np.ndarray, out_rows: np.ndarray | None = None,
+               probs: bool = False) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
         """One decode-shaped step: ids, positions int64 [R] and tables int32 [R, W] (each row's
         sequence's block table, covering its position) -> the argmax token after each of `out_rows`
-        (default: every row) and its probability (top1). Stores every row's K/V at its slot."""
+        (default: every row), and with `probs` its probability (top1). Stores every row's K/V at its slot."""
         bs = self.block_size
         slots = tables[np.arange(ids.size), positions // bs].astype(np.int64) * bs + positions % bs
         hidden = self._stack.rows(torch.from_numpy(ids), torch.from_numpy(positions), torch.from_numpy(slots),
@@ -66,13 +73,16 @@ class DraftStack:
         if hidden.shape[0] <= self._gemv.max_rows:
             logits = self._gemv(hidden, self._lm_head, checked=True)
         if logits is None:
-            logits = F.linear(hidden, self._lm_head)
-        return top1(logits)
+            logits = F.linear(hidden, self._head32)
+        return top1(logits, probs)
 
 
-def top1(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """(argmax token, its softmax probability) per row of fp32 logits [R, V] (the draft's confidence:
-    speculation/acceptance.py)."""
-    best, token = logits.max(-1)
-    prob = torch.exp(logits - best.unsqueeze(-1)).sum(-1).reciprocal()
-    return token.numpy(), prob.numpy()
+def top1(logits: torch.Tensor, probs: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """The argmax token per row of fp32 CPU logits [R, V], and with `probs` its softmax probability
+    (the draft's confidence: speculation/acceptance.py), in numpy (fewer dispatches than torch ops)."""
+    x = logits.numpy()
+    token = x.argmax(-1)
+    if not probs:
+        return token, None
+    best = np.take_along_axis(x, token[:, None], -1)
+    return token, 1.0 / np.exp(x - best).sum(-1)
