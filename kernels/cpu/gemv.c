@@ -71,3 +71,25 @@ float stream_read_f32(const float *a, int64_t n) {
     for (; i < n; i++) tail += a[i];
     return hsum(s0 + s1 + s2 + s3) + tail;
 }
+
+/* For each of `rows` rows of n logits (row stride n): the argmax (the first of equal maxima, as
+ * torch's and numpy's) into token[r] and its softmax probability 1 / sum(e^(x - max)) into prob[r]:
+ * a draft model's greedy token and its confidence, straight after its lm_head GEMV (in C: numpy's
+ * ufuncs cost several times this when the step has just evicted them from the caches). */
+void top1_f32(const float *x, int64_t rows, int64_t n, int64_t *token, float *prob) {
+    const int64_t nv = n - n % LANES;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * n;
+        int64_t best = 0;
+        for (int64_t i = 1; i < n; i++)
+            if (row[i] > row[best]) best = i;
+        const float top = row[best];
+        vf acc = {0};
+        int64_t i = 0;
+        for (; i < nv; i += LANES) acc += exp_nonpositive(load(row + i) - top);
+        float sum = hsum(acc);
+        for (; i < n; i++) sum += exp_nonpositive1(row[i] - top);
+        token[r] = best;
+        prob[r] = 1.0f / sum;
+    }
+}

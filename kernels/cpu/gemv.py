@@ -29,6 +29,8 @@ class NativeGemv:
             fn.argtypes = [_ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64, _i64]
             fn.restype = ctypes.c_int
         self.max_rows: int = lib.gemv_max_rows()
+        self._top1 = lib.top1_f32
+        self._top1.argtypes, self._top1.restype = [_ptr, _i64, _i64, _ptr, _ptr], None
         self._read = lib.stream_read_f32
         self._read.argtypes, self._read.restype = [_ptr, _i64], ctypes.c_float
 
@@ -59,6 +61,17 @@ class NativeGemv:
         fn(weight.data_ptr(), None if bias is None else bias.data_ptr(), n, k, x.data_ptr(), x.stride(0), rows,
                  out.data_ptr(), n, torch.get_num_threads())  # fmt: skip
         return out
+
+    def top1(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(argmax int64 [R], its softmax probability fp32 [R]) of contiguous fp32 CPU logits [R, V]
+        (the first of equal maxima, as argmax)."""
+        if not (logits.dtype == torch.float32 and logits.device.type == "cpu" and logits.is_contiguous()
+                and logits.dim() == 2):  # fmt: skip
+            raise ValueError("top1 takes contiguous fp32 CPU logits [rows, vocab]")
+        rows, n = logits.shape
+        token, prob = torch.empty(rows, dtype=torch.int64), torch.empty(rows, dtype=torch.float32)
+        self._top1(logits.data_ptr(), rows, n, token.data_ptr(), prob.data_ptr())
+        return token, prob
 
     def stream_read(self, t: torch.Tensor) -> float:
         """Reads a contiguous fp32 CPU tensor once in order (its sum): what a GEMV over it cannot beat."""

@@ -53,7 +53,13 @@ def test_acceptance_table_learns_per_signal_bucket() -> None:
     acc.observe([12] * 4, 4)  # a copied span: all kept, no miss
     acc.observe([1] * 4, 0)  # a one-token guess: a miss at once
     assert acc.chance(12) == pytest.approx(5 / 6) and acc.chance(9) == acc.chance(12)
-    assert acc.chance(1) == pytest.approx(1 / 3) and acc.chance(2) == 0.5 and acc.best() == acc.chance(12)
+    assert acc.chance(1) == pytest.approx(1 / 3) and acc.chance(2) == 0.5
+    assert acc.best() == 1.0  # buckets seen less than TRUSTED times may still be perfect
+    only = AcceptanceTable((5,))  # two buckets, both seen often: the best measured one
+    for _ in range(10):
+        only.observe([1, 1], 1)
+        only.observe([9, 9], 2)
+    assert only.best() == only.chance(9) == pytest.approx(21 / 22)
     for _ in range(1000):
         acc.observe([1] * 4, 1)  # keeps 1 of 4: p -> 1/2 whatever came before
     assert acc.trials[acc.bucket(1)] <= HORIZON and acc.chance(1) == pytest.approx(0.5, abs=0.01)
@@ -106,17 +112,22 @@ def test_controller_turns_speculation_off_where_it_costs_more() -> None:
 
 
 def test_controller_keeps_its_costs_measured() -> None:
-    """A width refused on a cost measured more than STALE steps ago speculates PROBE_RUN steps in a row
-    to re-measure it (one speculating step among plain ones would run a draft model cold); while
-    speculation pays, every PROBE_PLAIN-th step runs plain."""
-    from worker.engine.speculation.controller import PROBE_PLAIN, PROBE_RUN, STALE, SpeculationController
+    """A width refused for STALE_FIRST steps speculates PROBE_RUN steps in a row to re-measure its cost
+    (one speculating step among plain ones would run a draft model cold); a probe that ends refused
+    doubles the wait; while speculation pays, every PROBE_PLAIN-th step runs plain."""
+    from worker.engine.speculation.controller import (
+        PROBE_PLAIN,
+        PROBE_RUN,
+        STALE_FIRST,
+        SpeculationController,
+    )
 
     c = SpeculationController(adaptive=True)
     for _ in range(3):
         c.record(1, 1e-3)
         c.record(5, 3e-3, speculated=True)
-    assert c.allocate(1, [(0.5, 4)]) == [0]  # +0.5 ms a row for 0.5, 0.25, ... ms: refused, on a fresh cost
-    for _ in range(STALE + 1):
+    assert c.allocate(1, [(0.5, 4)]) == [0]  # +0.5 ms a row for 0.5, 0.25, ... ms: refused
+    for _ in range(STALE_FIRST + 1):
         c.record(1, 1e-3)  # plain steps only: the 5-row cost grows old
     got = []
     for _ in range(PROBE_RUN):
@@ -124,6 +135,22 @@ def test_controller_keeps_its_costs_measured() -> None:
         c.record(5, 1.2e-3, speculated=True)  # it costs less now
     assert got == [[4]] * PROBE_RUN
     assert c.allocate(1, [(0.5, 4)]) == [4]  # measured afresh: it pays
+    slow = SpeculationController(adaptive=True)  # a probe that confirms the refusal doubles the wait
+    for _ in range(3):
+        slow.record(1, 1e-3)
+        slow.record(5, 3e-3, speculated=True)
+    waits, last = [], slow.steps
+    for _ in range(300):
+        if slow.allocate(1, [(0.5, 4)]) == [4]:
+            waits.append(slow.steps - last)
+            for _ in range(PROBE_RUN - 1):
+                assert slow.allocate(1, [(0.5, 4)]) == [4]
+                slow.record(5, 3e-3, speculated=True)
+            slow.record(5, 3e-3, speculated=True)
+            last = slow.steps
+        else:
+            slow.record(1, 1e-3)
+    assert waits[:3] == [STALE_FIRST + 1, 2 * STALE_FIRST + 1, 4 * STALE_FIRST + 1]  # plain steps between probes
     while c.steps % PROBE_PLAIN:
         c.record(1, 1e-3)
     assert c.allocate(1, [(0.5, 4)]) == [0]  # a plain step now and then

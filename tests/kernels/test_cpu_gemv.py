@@ -78,3 +78,13 @@ def test_fp16_weights_give_the_fp32_weights_floats(gemv, rows: int, n: int, k: i
     got = gemv(x, w)
     assert got is not None and torch.equal(got, gemv(x, w.float()))
     assert_close(got, F.linear(x, w.float()), atol=1e-4, rtol=1e-4)
+
+
+def test_top1_is_the_argmax_and_its_softmax_probability(gemv) -> None:
+    """A draft's greedy token and confidence: torch's argmax (the first of equal maxima) and softmax
+    probability, for flat and peaked rows (e^x of very negative gaps included)."""
+    logits = torch.cat([randn(2, 4099), 40 * randn(2, 4099)])
+    logits[0, 5] = logits[0, 9] = logits[0].max() + 1  # a tie: the first wins
+    token, prob = gemv.top1(logits)
+    assert torch.equal(token, logits.argmax(-1)) and token[0] == 5
+    assert_close(prob, torch.softmax(logits, -1).max(-1).values, atol=1e-6, rtol=1e-5)

@@ -20,6 +20,7 @@ import bisect
 
 PRIOR_HITS, PRIOR_TRIALS = 1.0, 2.0  # an unseen bucket starts at p = 1/2
 HORIZON = 256.0  # trials a bucket remembers (older counts fade proportionally)
+TRUSTED = 8.0  # trials (priors included) before a bucket's chance can rule speculation out
 MATCH_EDGES = (1, 2, 3, 4, 8, 16)  # prompt lookup, by match length: none, 1, 2, 3, 4-7, 8-15, 16+
 CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.85, 0.95)  # a draft, by its top-1 probability
 
@@ -41,8 +42,9 @@ class AcceptanceTable:
         return self.hits[b] / self.trials[b]
 
     def best(self) -> float:
-        """The highest chance of any bucket (what the best proposals get)."""
-        return max(h / t for h, t in zip(self.hits, self.trials, strict=True))
+        """The highest chance any bucket may have (what the best proposals could get): a bucket with
+        fewer than TRUSTED trials counts as 1 (too little seen to rule it out)."""
+        return max(h / t if t >= TRUSTED else 1.0 for h, t in zip(self.hits, self.trials, strict=True))
 
     def overall(self) -> float:
         """The chance over all buckets (a draft's, before it has drafted the token)."""

@@ -24,7 +24,7 @@ valuable row proposing as well as the best proposals do could save anything at t
 no proposing there for a back-off that doubles while it repeats (a large batch's host work saved),
 then one probe. Every step that proposed is settled by what it saved, host work included (`settle`),
 and a width whose proposing lost time over JUDGE_STEPS steps backs off too. Measurements are kept
-fresh: a width never measured, or refused on a cost older than STALE steps, speculates for PROBE_RUN
+fresh: a width never measured, or refused for a while (32 steps, doubling), speculates for PROBE_RUN
 steps in a row (one speculating step among plain ones would measure a draft model cold); while
 speculation pays, every PROBE_PLAIN-th step runs plain.
 """
@@ -42,7 +42,8 @@ FIRST_SAMPLES = 2  # steps of a rows bucket measured before its cost is used (th
 SKIP_FIRST, SKIP_MAX = 8, 512  # steps a refused width skips proposing: first, longest
 PROBE_PLAIN = 64  # while speculation pays, every 64th step runs plain (its cost stays measured)
 SCALAR_COSTS = 32  # allocate: up to this many tokens one cost() each, past it one vectorized costs()
-STALE, PROBE_RUN = 256, WINDOW  # a cost older than STALE steps is re-measured by PROBE_RUN steps in a row
+STALE_FIRST, STALE_MAX = 32, 1024  # a width refused this long (doubling while probes confirm it) is re-measured
+PROBE_RUN = WINDOW  # ... by this many speculating steps in a row
 JUDGE_STEPS = 32  # planned steps at a width before their measured gain can turn proposing off there
 
 
@@ -65,8 +66,8 @@ class SpeculationController:
         self._skip: dict[int, tuple[int, int]] = {}  # width -> (skip proposing until step, back-off)
         self._gain: dict[int, tuple[int, float]] = {}  # width -> (planned steps, their summed gain)
         self._curves: dict[bool, tuple] = {}  # side -> its measured buckets, sorted (_curve)
-        self._last: dict[tuple[bool, int], int] = {}  # (side, rows bucket) -> step of its latest sample
         self._probing: dict[int, int] = {}  # width bucket -> speculating steps left of a probe run
+        self._refused: dict[int, tuple[int | None, int]] = {}  # width bucket -> (refused since, wait)
 
     def should_propose(self, width: int) -> bool:
         """False while `width` is backing off after speculation was refused there (no host work)."""
@@ -139,8 +140,9 @@ class SpeculationController:
         by expected saving (chance x value), best first, and the prefix that saves the most time net of
         its extra rows' measured cost is kept; every K is 0 when none saves any, and on every
         PROBE_PLAIN-th step. Every cap while a probe run lasts, for a width never measured with that
-        many rows, and (starting a probe run) when nothing would be taken on a cost measured more than
-        STALE steps ago. Not adaptive: every cap."""
+        many rows, and (starting a probe run) when nothing would be taken and the width last
+        speculated long ago (its costs and acceptance may have moved: 32 steps, doubling up to 1024
+        while the probes end refused, short again once it speculates). Not adaptive: every cap."""
         caps = [k for _, k in chances]
         if not self.adaptive or not caps:
             return caps
@@ -151,7 +153,16 @@ class SpeculationController:
             self._probing[key] -= 1
             return caps
         take = self._best(width, chances, values)
-        if take is None or (not any(take) and self._stale(width + sum(caps))):
+        if take is not None and not any(take):
+            last, wait = self._refused.get(key, (None, STALE_FIRST))
+            if last is None:  # refused after speculating (or a probe run): wait, then probe
+                self._refused[key] = (self.steps, wait)
+            elif self.steps - last > wait:
+                self._refused[key] = (None, min(STALE_MAX, 2 * wait))
+                take = None
+        elif take is not None:
+            self._refused.pop(key, None)
+        if take is None:
             self._probing[key] = PROBE_RUN - 1  # measure it: PROBE_RUN speculating steps in a row
             return caps
         return take if self.steps % PROBE_PLAIN else [0] * len(caps)
@@ -185,10 +196,6 @@ class SpeculationController:
             out[i] += 1
         return out
 
-    def _stale(self, rows: int) -> bool:
-        """The speculating side's cost of `rows` rows was measured more than STALE steps ago (or never)."""
-        return self.steps - self._last.get((self.separate, rows_bucket(rows)), -STALE - 1) > STALE
-
     def record(self, rows: int, seconds: float, speculated: bool = False) -> None:
         """A pure decode / verify step of `rows` rows took `seconds` (host work included). A bucket's
         cost is the median of its last WINDOW steps (a step slowed by a neighbour on a shared machine
@@ -198,7 +205,6 @@ class SpeculationController:
         key = (speculated and self.separate, rows_bucket(rows))
         window = self._window.setdefault(key, deque(maxlen=WINDOW))
         window.append(seconds)
-        self._last[key] = self.steps
         if len(window) >= FIRST_SAMPLES:
             self.seconds[key] = min(window) if len(window) < 3 else sorted(window)[len(window) // 2]
             self._curves.clear()

@@ -74,15 +74,19 @@ class DraftStack:
             logits = self._gemv(hidden, self._lm_head, checked=True)
         if logits is None:
             logits = F.linear(hidden, self._head32)
-        return top1(logits, probs)
+        if not probs:
+            return logits.numpy().argmax(-1), None
+        token, prob = self._gemv.top1(logits)
+        return token.numpy(), prob.numpy()
 
 
 def top1(logits: torch.Tensor, probs: bool) -> tuple[np.ndarray, np.ndarray | None]:
     """The argmax token per row of fp32 CPU logits [R, V], and with `probs` its softmax probability
-    (the draft's confidence: speculation/acceptance.py), in numpy (fewer dispatches than torch ops)."""
+    (the draft's confidence: speculation/acceptance.py), in numpy, for the generic forward's logits
+    (DraftStack takes NativeGemv.top1, in C)."""
     x = logits.numpy()
     token = x.argmax(-1)
     if not probs:
         return token, None
-    best = np.take_along_axis(x, token[:, None], -1)
-    return token, 1.0 / np.exp(x - best).sum(-1)
+    gap = np.maximum(x - np.take_along_axis(x, token[:, None], -1), -80.0)  # no subnormal exp (a slow path)
+    return token, 1.0 / np.exp(gap).sum(-1)

@@ -31,6 +31,8 @@ from worker.engine.speculation.draft import DraftModel
 from worker.engine.speculation.ngram import NgramIndex
 from worker.engine.stats import EngineStats
 
+HOPE_STEPS = 16  # steps a width's "could it pay at all" verdict is kept
+
 
 class SpecState:
     """One sequence's speculation state (Sequence.spec)."""
@@ -57,6 +59,7 @@ class Speculator:
         self.plan_seconds = (0.0, 0.0)  # the latest plan's host time: CPU, wall
         self._planned = 0  # the width of this step's proposing (0: none)
         self._saved = 0.0  # seconds saved by tokens accepted since the latest settled step
+        self._hope: dict[int, tuple[int, bool]] = {}  # width -> (until step, could it pay at all)
 
     def plan(self, rows: np.ndarray, extra: int, queued: bool = False) -> list[tuple[int, list[int]]]:
         """(row, proposed tokens) for the decode rows (ascending) that speculate this step, within
@@ -109,9 +112,9 @@ class Speculator:
         """Seconds an accepted token of each candidate saves (SpeculationController.token_values): the
         row with the most tokens left leads by how many more it has than the next."""
         b = self.batch
-        left = b.limit[rows] - b.num_tokens[rows]
         lead = [0.0] * len(wanted)
-        if left.size > 1:
+        if rows.size > 1:
+            left = b.limit[rows] - b.num_tokens[rows]
             first, second = np.partition(left, -2)[-2:][::-1]
             for i, (r, cap) in enumerate(wanted):
                 if b.limit[r] - b.num_tokens[r] == first > second:
@@ -119,13 +122,17 @@ class Speculator:
         return self.controller.token_values(rows.size, lead, queued)
 
     def _hopeless(self, wanted: list[tuple[int, int]], values: list[float], width: int) -> bool:
-        """Speculation cannot pay at this width even for the most valuable candidate proposing as well
-        as the best proposals have (the best bucket's chance): then no proposing for a while (a
+        """Speculation cannot pay at this width even for the most valuable candidate proposing K tokens
+        as well as the best proposals may (AcceptanceTable.best): then no proposing for a while (a
         back-off that doubles while it repeats: the host work of a large batch's proposing is saved)."""
         if self.controller.should_probe(width):
             return False
-        i = max(range(len(wanted)), key=values.__getitem__)
-        if self.controller.could_pay(width, self.acceptance.best(), wanted[i][1], values[i]):
+        value, k = max(values), self.config.num_tokens  # a row's full K: not one near its length limit
+        steps, hope = self._hope.get(width, (-1, True))
+        if steps < self.controller.steps:  # the verdict holds for HOPE_STEPS steps (costs move slowly)
+            hope = self.controller.could_pay(width, self.acceptance.best(), k, value)
+            self._hope[width] = (self.controller.steps + HOPE_STEPS, hope)
+        if hope:
             return False
         self.controller.back_off(width)
         return True
