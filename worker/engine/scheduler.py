@@ -213,8 +213,10 @@ class Scheduler:
             out.spec.append(ScheduledChunk(seq, pos, 1 + len(draft), True, draft=tuple(draft)))
             budget -= 1 + len(draft)
             spec.append(r)
-        if spec:
-            rows = rows[~np.isin(rows, spec)]
+        if spec:  # rows ascending, spec a subsequence of them
+            keep = np.ones(rows.size, bool)
+            keep[np.searchsorted(rows, spec)] = False
+            rows = rows[keep]
         return rows, budget
 
     def _grow(self, grow: np.ndarray, rows: np.ndarray, out: SchedulerOutput) -> None:

@@ -71,9 +71,6 @@ class Verifier:
         rows = np.fromiter((c.seq.row for c in chunks), np.int64, len(chunks))
         sizes = np.fromiter((c.num_tokens for c in chunks), np.int64, len(chunks))
         starts = np.cumsum(sizes) - sizes
-        per = np.repeat(rows, sizes)  # batch row of each logits row
-        offset = np.arange(per.size) - np.repeat(starts, sizes)
-        counter = np.repeat(b.num_tokens[rows] - b.num_prompt[rows], sizes) + offset
         raw, cuts = logits, {}
         if constrain_runs is not None and b.num_constrained and b.constrained[rows].any():
             which = np.flatnonzero(b.constrained[rows]).tolist()
@@ -87,6 +84,8 @@ class Verifier:
         if device.type == "cpu" and not drawing and not processing:
             targets = logits.numpy().argmax(-1)
         else:
+            per = np.repeat(rows, sizes)  # batch row of each logits row
+            counter = np.repeat(b.num_tokens[rows] - b.num_prompt[rows], sizes) + np.arange(per.size) - np.repeat(starts, sizes)
             per_dev = to_device(per, device)
             params = SamplingRows(
                 b.temperature[per], b.top_k[per], b.top_p[per], self.dev.fparams.index_select(0, per_dev),
