@@ -5,6 +5,8 @@
  */
 #include <stdint.h>
 
+#include <math.h>
+
 #include "gemv.h"
 #include "threads.h"
 
@@ -80,10 +82,12 @@ void top1_f32(const float *x, int64_t rows, int64_t n, int64_t *token, float *pr
     const int64_t nv = n - n % LANES;
     for (int64_t r = 0; r < rows; r++) {
         const float *row = x + r * n;
+        vf mx = (vf){0} - INFINITY;
+        for (int64_t i = 0; i < nv; i += LANES) mx = vmax(load(row + i), mx);
+        float top = hmax(mx);
+        for (int64_t i = nv; i < n; i++) top = row[i] > top ? row[i] : top;
         int64_t best = 0;
-        for (int64_t i = 1; i < n; i++)
-            if (row[i] > row[best]) best = i;
-        const float top = row[best];
+        while (row[best] != top) best++; /* the first maximum */
         vf acc = {0};
         int64_t i = 0;
         for (; i < nv; i += LANES) acc += exp_nonpositive(load(row + i) - top);

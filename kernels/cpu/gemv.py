@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from kernels.cpu.build import load_library
@@ -62,15 +63,15 @@ class NativeGemv:
                  out.data_ptr(), n, torch.get_num_threads())  # fmt: skip
         return out
 
-    def top1(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def top1(self, logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """(argmax int64 [R], its softmax probability fp32 [R]) of contiguous fp32 CPU logits [R, V]
-        (the first of equal maxima, as argmax)."""
+        (the first of equal maxima, as argmax), as numpy arrays."""
         if not (logits.dtype == torch.float32 and logits.device.type == "cpu" and logits.is_contiguous()
                 and logits.dim() == 2):  # fmt: skip
             raise ValueError("top1 takes contiguous fp32 CPU logits [rows, vocab]")
         rows, n = logits.shape
-        token, prob = torch.empty(rows, dtype=torch.int64), torch.empty(rows, dtype=torch.float32)
-        self._top1(logits.data_ptr(), rows, n, token.data_ptr(), prob.data_ptr())
+        token, prob = np.empty(rows, np.int64), np.empty(rows, np.float32)
+        self._top1(logits.data_ptr(), rows, n, token.ctypes.data, prob.ctypes.data)
         return token, prob
 
     def stream_read(self, t: torch.Tensor) -> float:

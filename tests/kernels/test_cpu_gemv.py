@@ -86,5 +86,5 @@ def test_top1_is_the_argmax_and_its_softmax_probability(gemv) -> None:
     logits = torch.cat([randn(2, 4099), 40 * randn(2, 4099)])
     logits[0, 5] = logits[0, 9] = logits[0].max() + 1  # a tie: the first wins
     token, prob = gemv.top1(logits)
-    assert torch.equal(token, logits.argmax(-1)) and token[0] == 5
-    assert_close(prob, torch.softmax(logits, -1).max(-1).values, atol=1e-6, rtol=1e-5)
+    assert torch.equal(torch.from_numpy(token), logits.argmax(-1)) and token[0] == 5
+    assert_close(torch.from_numpy(prob), torch.softmax(logits, -1).max(-1).values, atol=1e-6, rtol=1e-5)

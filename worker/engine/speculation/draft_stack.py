@@ -76,8 +76,7 @@ class DraftStack:
             logits = F.linear(hidden, self._head32)
         if not probs:
             return logits.numpy().argmax(-1), None
-        token, prob = self._gemv.top1(logits)
-        return token.numpy(), prob.numpy()
+        return self._gemv.top1(logits)
 
 
 def top1(logits: torch.Tensor, probs: bool) -> tuple[np.ndarray, np.ndarray | None]:

@@ -183,10 +183,12 @@ class Speculator:
         draft's overall chance for the next; times the row's token value) beats what a drafted token
         costs (the slope of the measured speculating steps: a draft step and a verify row). None (every
         token up to K) when not adaptive or the slope is unmeasured."""
-        ends = self.controller.costs(width + 1, width + tokens, speculated=True)[[0, -1]]
-        if not self.config.adaptive or tokens < 2 or np.isnan(ends).any():
+        if not self.config.adaptive or tokens < 2:
             return None
-        per_token = max(0.0, float(ends[1] - ends[0]) / (tokens - 1))
+        lo, hi = self.controller.cost(width + 1, True), self.controller.cost(width + tokens, True)
+        if lo is None or hi is None:
+            return None
+        per_token = max(0.0, (hi - lo) / (tokens - 1))
         chance, overall = self.acceptance.chance, self.acceptance.overall()
 
         def go_on(i: int, probs: list[float]) -> bool:
