@@ -111,6 +111,23 @@ def test_controller_turns_speculation_off_where_it_costs_more() -> None:
     assert not draft.could_pay(1, 0.5, 4, 1e-3)  # 3 ms more for at most 0.94 ms saved
 
 
+def test_steps_that_proposed_are_judged_by_what_they_saved() -> None:
+    """settle: JUDGE_STEPS proposing steps at a width that lost time in sum (their host work included)
+    back proposing off there; a width that saved clears its back-off."""
+    from worker.engine.speculation.controller import JUDGE_STEPS, SpeculationController
+
+    c = SpeculationController(adaptive=True)
+    for _ in range(JUDGE_STEPS - 1):
+        c.settle(8, -0.05)  # e.g. lookups that found nothing worth verifying: their host time lost
+    assert c.should_propose(8)
+    c.settle(8, 0.5)  # one good step does not make up for 31 bad ones
+    assert not c.should_propose(8) and c.should_propose(1)
+    c.steps += 100
+    for _ in range(JUDGE_STEPS):
+        c.settle(8, 0.2)
+    assert c.should_propose(8) and 8 not in c._skip
+
+
 def test_controller_keeps_its_costs_measured() -> None:
     """A width refused for STALE_FIRST steps speculates PROBE_RUN steps in a row to re-measure its cost
     (one speculating step among plain ones would run a draft model cold); a probe that ends refused

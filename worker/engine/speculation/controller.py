@@ -77,8 +77,9 @@ class SpeculationController:
         """A step of `width` decoding sequences that proposed (or tried to: the host work of matching
         and choosing is counted) gained `gain` plain steps' worth of time: what its accepted tokens
         saved (token_values) less what it cost beyond a plain step, over a plain step's cost;
-        negative when proposing did not pay. After JUDGE_STEPS such steps a negative sum turns proposing off at that width
-        (back_off): the per-step choice is judged by what it actually saved, host work included."""
+        negative when proposing did not pay. After JUDGE_STEPS such steps a negative sum turns
+        proposing off at that width (back_off): the per-step choice is judged by what it actually
+        saved, host work included."""
         key = rows_bucket(width)
         n, total = self._gain.get(key, (0, 0.0))
         n, total = n + 1, total + gain
@@ -177,7 +178,7 @@ class SpeculationController:
         """allocate's choice from the measured costs alone; None where a cost is unmeasured."""
         plain = self.cost(width)
         if plain is None:
-            return [0] * len(chances)  # the plain step is measured first
+            return None
         v = values or [plain / width] * len(chances)
         gains = sorted(((p**j * v[i], i) for i, (p, k) in enumerate(chances) for j in range(1, k + 1)), reverse=True)
         if len(gains) <= SCALAR_COSTS:
