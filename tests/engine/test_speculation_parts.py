@@ -54,8 +54,9 @@ def test_acceptance_table_learns_per_signal_bucket() -> None:
     acc.observe([1] * 4, 0)  # a one-token guess: a miss at once
     assert acc.chance(12) == pytest.approx(5 / 6) and acc.chance(9) == acc.chance(12)
     assert acc.chance(1) == pytest.approx(1 / 3) and acc.chance(2) == 0.5
+    assert AcceptanceTable(MATCH_EDGES).best() == 1.0  # nothing seen yet: anything may happen
     assert acc.best() == 1.0  # buckets seen less than TRUSTED times may still be perfect
-    only = AcceptanceTable((5,))  # two buckets, both seen often: the best measured one
+    only = AcceptanceTable((5, 20))  # two buckets seen often (one never: no proposal came from it)
     for _ in range(10):
         only.observe([1, 1], 1)
         only.observe([9, 9], 2)
@@ -168,6 +169,13 @@ def test_controller_keeps_its_costs_measured() -> None:
         else:
             slow.record(1, 1e-3)
     assert waits[:3] == [STALE_FIRST + 1, 2 * STALE_FIRST + 1, 4 * STALE_FIRST + 1]  # plain steps between probes
+    wide = SpeculationController(adaptive=True)  # a probe proposes what the best chance (`hope`) would
+    for _ in range(3):
+        wide.record(64, 10e-3)
+        wide.record(320, 60e-3, speculated=True)
+    for _ in range(STALE_FIRST + 2):
+        assert wide.allocate(64, [(0.5, 4)] * 64, None, hope=0.9) == [0] * 64  # 0.9 cannot pay here either
+        wide.record(64, 10e-3)
     while c.steps % PROBE_PLAIN:
         c.record(1, 1e-3)
     assert c.allocate(1, [(0.5, 4)]) == [0]  # a plain step now and then

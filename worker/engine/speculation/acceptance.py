@@ -42,9 +42,11 @@ class AcceptanceTable:
         return self.hits[b] / self.trials[b]
 
     def best(self) -> float:
-        """The highest chance any bucket may have (what the best proposals could get): a bucket with
-        fewer than TRUSTED trials counts as 1 (too little seen to rule it out)."""
-        return max(h / t if t >= TRUSTED else 1.0 for h, t in zip(self.hits, self.trials, strict=True))
+        """The highest chance any bucket proposals came from may have (what the best proposals could
+        get): one seen fewer than TRUSTED times counts as 1 (too little seen to rule it out), and so
+        does a table that has seen nothing yet."""
+        seen = [(h, t) for h, t in zip(self.hits, self.trials, strict=True) if t > PRIOR_TRIALS]
+        return max((h / t if t >= TRUSTED else 1.0 for h, t in seen), default=1.0)
 
     def overall(self) -> float:
         """The chance over all buckets (a draft's, before it has drafted the token)."""

@@ -133,17 +133,19 @@ class SpeculationController:
         fixed = max(0.0, plain - width * row)
         return [row + fixed * share for share in lead]
 
-    def allocate(self, width: int, chances: list[tuple[float, int]], values: list[float] | None = None) -> list[int]:
+    def allocate(self, width: int, chances: list[tuple[float, int]], values: list[float] | None = None,
+                 hope: float | None = None) -> list[int]:  # fmt: skip
         """K per candidate row of a step of `width` decoding sequences, from (p, cap) per candidate: p
         the chance that each of its proposed tokens is kept given the ones before it were (so its j-th
         token is kept with chance p^j), cap its most tokens; `values` the seconds a kept token of each
         saves (token_values; default: a plain step's cost per token). The candidates' tokens are taken
         by expected saving (chance x value), best first, and the prefix that saves the most time net of
         its extra rows' measured cost is kept; every K is 0 when none saves any, and on every
-        PROBE_PLAIN-th step. Every cap while a probe run lasts, for a width never measured with that
-        many rows, and (starting a probe run) when nothing would be taken and the width last
-        speculated long ago (its costs and acceptance may have moved: 32 steps, doubling up to 1024
-        while the probes end refused, short again once it speculates). Not adaptive: every cap."""
+        PROBE_PLAIN-th step. A probe run of PROBE_RUN steps measures a width: every cap where a cost
+        is unmeasured; where nothing would be taken and the width last speculated long ago (its costs
+        and acceptance may have moved: 32 steps, doubling up to 1024 while the probes end refused,
+        short again once it speculates), what every candidate would take at chance `hope` (the best
+        the proposer may get; no probe when even that takes nothing). Not adaptive: every cap."""
         caps = [k for _, k in chances]
         if not self.adaptive or not caps:
             return caps
@@ -152,21 +154,30 @@ class SpeculationController:
             return [0] * len(caps)  # the plain step is measured first
         if self._probing.get(key, 0) > 0:
             self._probing[key] -= 1
-            return caps
+            return self._probe(width, caps, values, hope)
         take = self._best(width, chances, values)
-        if take is not None and not any(take):
-            last, wait = self._refused.get(key, (None, STALE_FIRST))
-            if last is None:  # refused after speculating (or a probe run): wait, then probe
-                self._refused[key] = (self.steps, wait)
-            elif self.steps - last > wait:
-                self._refused[key] = (None, min(STALE_MAX, 2 * wait))
-                take = None
-        elif take is not None:
-            self._refused.pop(key, None)
         if take is None:
-            self._probing[key] = PROBE_RUN - 1  # measure it: PROBE_RUN speculating steps in a row
+            self._probing[key] = PROBE_RUN - 1
             return caps
-        return take if self.steps % PROBE_PLAIN else [0] * len(caps)
+        if any(take):
+            self._refused.pop(key, None)
+            return take if self.steps % PROBE_PLAIN else [0] * len(caps)
+        last, wait = self._refused.get(key, (None, STALE_FIRST))
+        if last is None:  # refused after speculating (or a probe): wait, then probe
+            self._refused[key] = (self.steps, wait)
+        elif self.steps - last > wait:
+            self._refused[key] = (None, min(STALE_MAX, 2 * wait))
+            probe = self._probe(width, caps, values, hope)
+            if any(probe):
+                self._probing[key] = PROBE_RUN - 1  # measure it: PROBE_RUN speculating steps in a row
+                return probe
+        return take
+
+    def _probe(self, width: int, caps: list[int], values: list[float] | None, hope: float | None) -> list[int]:
+        """A probe step's K per candidate: what each would take at chance `hope` (every cap without one,
+        or where a cost is unmeasured)."""
+        take = None if hope is None else self._best(width, [(hope, k) for k in caps], values)
+        return caps if take is None else take
 
     def could_pay(self, width: int, chance: float, cap: int, value: float) -> bool:
         """Whether one row proposing `cap` tokens at `chance`, each kept token saving `value`, saves
@@ -182,9 +193,15 @@ class SpeculationController:
         v = values or [plain / width] * len(chances)
         gains = sorted(((p**j * v[i], i) for i, (p, k) in enumerate(chances) for j in range(1, k + 1)), reverse=True)
         if len(gains) <= SCALAR_COSTS:
-            curve = [self.cost(width + n, True) for n in range(1, len(gains) + 1)]
+            spec = [self.cost(width + n, True) for n in range(1, len(gains) + 1)]
+            floor = [self.cost(width + n) for n in range(1, len(gains) + 1)]
         else:
-            curve = [None if math.isnan(c) else c for c in self.costs(width + 1, width + len(gains), True).tolist()]
+            spec = [None if math.isnan(c) else c for c in self.costs(width + 1, width + len(gains), True).tolist()]
+            floor = [None if math.isnan(c) else c for c in self.costs(width + 1, width + len(gains)).tolist()]
+        # a speculating step costs at least a plain step of as many rows (where that is known): the
+        # speculating side's table may hold only far-apart widths, and its interpolation must not
+        # price a verify step below the plain step it extends
+        curve = [c if c is None or f is None else max(c, f) for c, f in zip(spec, floor, strict=True)]
         best, take, saved = 0.0, 0, 0.0
         for n, ((gain, _), spec) in enumerate(zip(gains, curve, strict=True), 1):
             if spec is None:

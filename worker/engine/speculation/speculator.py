@@ -53,7 +53,7 @@ class Speculator:
         self.stats = stats or EngineStats()
         self.batch = batch
         self.draft = draft  # method "draft": the draft model proposes, else prompt lookup
-        self.controller = SpeculationController(config.adaptive, separate=draft is not None)
+        self.controller = SpeculationController(config.adaptive, separate=True)
         # by the proposer's signal: prompt lookup's match length, or the draft's top-1 probability
         self.acceptance = AcceptanceTable(MATCH_EDGES if draft is None else CONFIDENCE_EDGES)
         self.plan_seconds = (0.0, 0.0)  # the latest plan's host time: CPU, wall
@@ -147,7 +147,7 @@ class Speculator:
             if e >= 0:
                 found.append((r, seq, e, length, cap, value))
         ks = self.controller.allocate(width, [(self.acceptance.chance(m), cap) for _, _, _, m, cap, _ in found],
-                                      [v for *_, v in found])  # fmt: skip
+                                      [v for *_, v in found], self.acceptance.best())  # fmt: skip
         out = []
         for (r, seq, e, length, _, value), k in zip(found, ks, strict=True):
             draft = self._grammar_cut(seq, NgramIndex.continuation(seq.token_ids, e, k)) if k else []
@@ -160,7 +160,8 @@ class Speculator:
         """The draft's proposals: each candidate's K from the draft's overall acceptance and the rows'
         measured cost (allocate), drafted for all of them at once with the early stop (_go_on)."""
         b = self.batch
-        ks = self.controller.allocate(width, [(self.acceptance.overall(), cap) for _, cap in wanted], values)
+        ks = self.controller.allocate(width, [(self.acceptance.overall(), cap) for _, cap in wanted], values,
+                                      self.acceptance.best())  # fmt: skip
         chosen = [(r, k, v) for (r, _), k, v in zip(wanted, ks, values, strict=True) if k]
         if not chosen:
             return []
