@@ -11,9 +11,10 @@ measured as the engine runs, never a constant:
   (CPU seconds of the process on the CPU, where a shared machine makes wall time noisy; wall time on
   a GPU); another count is interpolated by rows between the measured buckets around it (a bucket's
   cost stands for its lower edge), or extends the slope of the two widest measured ones when it is
-  at most twice the widest (else it is explored). A draft model's forwards make a speculating step
-  cost more than its rows: with `separate` the speculating steps get their own table (the draft's
-  time included), plain steps the other.
+  at most twice the widest (else it is explored). A speculating step costs more than its rows (a
+  draft model's forwards, the verify runs' host work): with `separate` (the Speculator's choice)
+  the speculating steps get their own table, plain steps the other, and a speculating step is
+  never priced below a plain step of as many rows.
 - saving: each proposed token's chance of being kept (the proposer's AcceptanceTable) times the
   seconds a kept token saves (token_values: with requests waiting a plain step's cost per token,
   with none only what the step count can lose).
