@@ -64,10 +64,15 @@ def test_acceptance_table_learns_per_signal_bucket() -> None:
     for _ in range(1000):
         acc.observe([1] * 4, 1)  # keeps 1 of 4: p -> 1/2 whatever came before
     assert acc.trials[acc.bucket(1)] <= HORIZON and acc.chance(1) == pytest.approx(0.5, abs=0.01)
+    assert acc.hope(True) == acc.best()  # prompt lookup knows its signal before proposing
     draft = AcceptanceTable(CONFIDENCE_EDGES)  # a draft's tokens, each with its own confidence
+    assert draft.hope(False) == 1.0  # nothing seen: anything may happen
     draft.observe([0.99, 0.6, 0.1, 0.9], 2)  # kept 0.99 and 0.6, rejected 0.1, 0.9 never judged
     assert draft.chance(0.97) == draft.chance(0.6) == pytest.approx(2 / 3)
     assert draft.chance(0.1) == pytest.approx(1 / 3) and draft.chance(0.9) == 0.5
+    for _ in range(3):
+        draft.observe([0.6, 0.6], 1)
+    assert draft.hope(False) == draft.overall() < 1.0  # 9 trials seen: the overall chance
 
 
 def test_block_rollback_gives_back_trailing_blocks() -> None:

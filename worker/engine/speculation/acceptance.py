@@ -52,6 +52,14 @@ class AcceptanceTable:
         """The chance over all buckets (a draft's, before it has drafted the token)."""
         return sum(self.hits) / sum(self.trials)
 
+    def hope(self, by_signal: bool) -> float:
+        """The best chance a proposal may get before it is made: the best bucket's when the signal is
+        known before proposing (prompt lookup's match length), else the overall chance (a draft's
+        tokens are judged before they are drafted); 1 while too little is seen to rule it out."""
+        if by_signal:
+            return self.best()
+        return self.overall() if sum(self.trials) - PRIOR_TRIALS * len(self.trials) >= TRUSTED else 1.0
+
     def expected(self, signal: float, k: int) -> float:
         """Expected accepted tokens of k tokens proposed with one signal: p + p^2 + ... + p^k."""
         p = self.chance(signal)

@@ -123,14 +123,14 @@ class Speculator:
 
     def _hopeless(self, wanted: list[tuple[int, int]], values: list[float], width: int) -> bool:
         """Speculation cannot pay at this width even for the most valuable candidate proposing K tokens
-        as well as the best proposals may (AcceptanceTable.best): then no proposing for a while (a
+        as well as the best proposals may (AcceptanceTable.hope): then no proposing for a while (a
         back-off that doubles while it repeats: the host work of a large batch's proposing is saved)."""
         if self.controller.should_probe(width):
             return False
         value, k = max(values), self.config.num_tokens  # a row's full K: not one near its length limit
         steps, hope = self._hope.get(width, (-1, True))
         if steps < self.controller.steps:  # the verdict holds for HOPE_STEPS steps (costs move slowly)
-            hope = self.controller.could_pay(width, self.acceptance.best(), k, value)
+            hope = self.controller.could_pay(width, self.acceptance.hope(self.draft is None), k, value)
             self._hope[width] = (self.controller.steps + HOPE_STEPS, hope)
         if hope:
             return False
@@ -147,7 +147,7 @@ class Speculator:
             if e >= 0:
                 found.append((r, seq, e, length, cap, value))
         ks = self.controller.allocate(width, [(self.acceptance.chance(m), cap) for _, _, _, m, cap, _ in found],
-                                      [v for *_, v in found], self.acceptance.best())  # fmt: skip
+                                      [v for *_, v in found], self.acceptance.hope(True))  # fmt: skip
         out = []
         for (r, seq, e, length, _, value), k in zip(found, ks, strict=True):
             draft = self._grammar_cut(seq, NgramIndex.continuation(seq.token_ids, e, k)) if k else []
@@ -161,7 +161,7 @@ class Speculator:
         measured cost (allocate), drafted for all of them at once with the early stop (_go_on)."""
         b = self.batch
         ks = self.controller.allocate(width, [(self.acceptance.overall(), cap) for _, cap in wanted], values,
-                                      self.acceptance.best())  # fmt: skip
+                                      self.acceptance.hope(False))  # fmt: skip
         chosen = [(r, k, v) for (r, _), k, v in zip(wanted, ks, values, strict=True) if k]
         if not chosen:
             return []
@@ -220,16 +220,16 @@ class Speculator:
     def record(self, rows: int, seconds: float, speculated: bool, cpu: bool) -> None:
         """A pure decode / verify step of `rows` rows took `seconds` (CPU seconds on the CPU, else wall).
         A step without speculation is costed without its proposing (so the controller compares with
-        not speculating at all), a step whose draft caught up on a new sequence's prompt not at all
-        (one-time work); a step that proposed is settled by what it saved, host work included
-        (SpeculationController.settle)."""
+        not speculating at all), a step whose draft caught up on many tokens (a new sequence's prompt,
+        or the tokens of a pause) not at all; a step that proposed is settled by what it saved, host
+        work and catch-ups included (SpeculationController.settle)."""
         plan = self.plan_seconds[0 if cpu else 1]
         width, self._planned = self._planned, 0
         saved, self._saved = self._saved, 0.0
-        if self.draft is not None and self.draft.prefilled:  # one-time work: a new sequence's prompt
+        if self.draft is not None and self.draft.prefilled:  # not a step's cost: a catch-up's
             self.draft.prefilled = False
-            return
-        self.controller.record(rows, seconds if speculated else seconds - plan, speculated)
-        plain = self.controller.cost(width) if width else None
+        else:
+            self.controller.record(rows, seconds if speculated else seconds - plan, speculated)
+        plain = self.controller.cost(width) if width else None  # but proposing pays for its catch-ups
         if plain:
             self.controller.settle(width, (saved - (seconds - plain)) / plain)
