@@ -3,7 +3,7 @@
 A forward takes whole sequences, in request order, while the step's token budget
 (max_num_batched_tokens), its row limit (max_num_seqs) and the free KV blocks allow; a sequence longer
 than the budget runs alone, chunk by chunk (its earlier chunks' K/V stay in its blocks until the
-last chunk). Inputs are flat (varlen, no padding): a sequence's last token is simply its final row.
+last chunk, as far as a sliding window still reads them). Inputs are flat (varlen, no padding): a sequence's last token is simply its final row.
 
 KV: each sequence gets fresh blocks from the engine's BlockManager, with no hash, for its first
 forward's tokens; a long one grows chunk by chunk, first releasing the blocks its window has left
