@@ -17,6 +17,8 @@ from engine_oracle import hf_greedy, mixed_prompts
 
 from worker.demo_model import add_pooling_config
 from worker.engine import Engine, EngineConfig, SamplingParams
+from worker.engine.loader import read_config
+from worker.engine.models import ModelConfig
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,8 +28,8 @@ SMALL = dict(kv_cache_bytes=8 << 20, max_num_batched_tokens=64, max_num_seqs=4)
 
 
 def embedding_checkpoint(make_checkpoint, tmp_path: Path, arch: str, pooling: str, normalize: bool,
-                         append_eos: bool = False):  # fmt: skip
-    ckpt = make_checkpoint(arch)
+                         append_eos: bool = False, **overrides: object):  # fmt: skip
+    ckpt = make_checkpoint(arch, **overrides)
     path = shutil.copytree(ckpt.path, tmp_path / f"{arch}-{pooling}")
     add_pooling_config(path, pooling, normalize=normalize, append_eos=append_eos)
     return path, ckpt.model
@@ -168,6 +170,62 @@ def test_stopping_frees_the_blocks(make_checkpoint, tmp_path):
     assert 2 <= len(seen) < len(mixed_prompts())
     engine.block_manager.check_invariants([])
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+# KV budgets, in blocks of one shared pool, whose windowed pool gets what max_num_seqs=2 sequences need
+# under a 32-token window and 32-token chunks (11 blocks, kv_pool_sizes): far fewer than a 900-token
+# input spans (57). Gemma 2's global layers (1 : 1) need the larger budget to hold those 57.
+WINDOWED = [
+    ("gemma3_text", "mean", {"num_hidden_layers": 6, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
+     20),  # two groups: 11 local blocks, the global pool the rest
+    ("mistral", "lasttoken", {"sliding_window": 32}, 20),  # one pool, every layer windowed: 11 blocks
+    ("gemma2", "cls", {}, 40),
+]
+
+
+def _block_bytes(path: Path) -> int:
+    """One fp32 16-token block's K and V over every layer."""
+    cfg = ModelConfig.from_dict(read_config(path))
+    return 2 * 16 * cfg.num_kv_heads * cfg.head_dim * 4 * cfg.num_layers
+
+
+@pytest.mark.parametrize(("arch", "pooling", "overrides", "budget"), WINDOWED, ids=[w[0] for w in WINDOWED])
+def test_long_inputs_hold_only_a_window_of_blocks(make_checkpoint, tmp_path, arch, pooling, overrides, budget):
+    """Between chunks a long input gives back the blocks its window has left, as decode does, so it
+    runs in a windowed pool smaller than its length, with transformers' embedding."""
+    path, model = embedding_checkpoint(make_checkpoint, tmp_path, arch, pooling, True, **overrides)
+    engine = Engine.from_pretrained(path, EngineConfig(kv_cache_bytes=budget * _block_bytes(path),
+                                                       max_num_batched_tokens=32, max_num_seqs=2))  # fmt: skip
+    bm = engine.block_manager
+    pool = bm.local if hasattr(bm, "local") else bm  # the windowed one
+    bound = pool.blocks_needed(10**6, 32)  # 5: 31 keys behind a 32-token chunk, and the chunk
+    assert pool.window == 32 and pool.num_blocks == 2 * bound + 1 == 11
+    peaks: list[int] = []
+    forward = engine.runner.hidden_states
+
+    def watched(*args, **kwargs):
+        peaks.append(pool.num_blocks - pool.num_free_blocks)
+        return forward(*args, **kwargs)
+
+    engine.runner.hidden_states = watched
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(3, 200, n).tolist() for n in (900, 20, 300, 7)]
+    outs = engine.embed(prompts)
+    for out, ids in zip(outs, prompts, strict=True):
+        assert out.error is None, out.error
+        np.testing.assert_allclose(out.embedding, hf_embedding(model, ids, pooling, True).numpy(), atol=1e-5, rtol=0)
+    assert max(peaks) <= bound and len(peaks) > 900 // 32
+    bm.check_invariants([])
+    assert pool.num_free_blocks == pool.num_blocks
+
+
+def test_an_input_the_cache_never_holds_fails_alone(make_checkpoint, tmp_path):
+    path, model = embedding_checkpoint(make_checkpoint, tmp_path, "llama", "lasttoken", True)
+    engine = Engine.from_pretrained(path, EngineConfig(kv_cache_bytes=10 * _block_bytes(path), max_num_batched_tokens=32))
+    prompts = [list(range(3, 300)), list(range(3, 40))]
+    outs = engine.embed(prompts)
+    assert "needs 19 KV blocks" in outs[0].error and "holds 10" in outs[0].error and outs[0].embedding is None
+    np.testing.assert_allclose(outs[1].embedding, hf_embedding(model, prompts[1], "lasttoken", True), atol=1e-5)
 
 
 def _write(path: Path, data: object) -> None:

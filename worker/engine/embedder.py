@@ -3,11 +3,14 @@
 A forward takes whole sequences, in request order, while the step's token budget
 (max_num_batched_tokens), its row limit (max_num_seqs) and the free KV blocks allow; a sequence longer
 than the budget runs alone, chunk by chunk (its earlier chunks' K/V stay in its blocks until the
-last chunk). Inputs are flat (varlen, no padding): a sequence's last token is simply its final row.
+last chunk, as far as a sliding window still reads them). Inputs are flat (varlen, no padding): a sequence's last token is simply its final row.
 
-KV: each sequence gets fresh blocks from the engine's BlockManager, with no hash. Nothing enters the
-prefix cache and nothing is read from it; the blocks are freed once the sequence is pooled, so no KV
-outlives its batch. (Taking a block may evict an unreferenced cached block, as any allocation can.)
+KV: each sequence gets fresh blocks from the engine's BlockManager, with no hash, for its first
+forward's tokens; a long one grows chunk by chunk, first releasing the blocks its window has left
+(BlockManager.release_behind, as the scheduler does: a windowed pool then holds at most
+blocks_needed(...) of them, whatever the input's length). Nothing enters the prefix cache and nothing
+is read from it; the blocks are freed once the sequence is pooled, so no KV outlives its batch.
+(Taking a block may evict an unreferenced cached block, as any allocation can.)
 
 Pooling (worker/engine/pooling.py) reads the final hidden states after the model's norm, never the
 lm_head: for `lasttoken` / `cls` the last layer runs only the one row per sequence it needs
@@ -81,11 +84,12 @@ class Embedder:
             if should_stop is not None and should_stop():
                 return
             head = queue[0]
-            if not self.bm.can_allocate(head.seq, []):  # every block is free now: it never fits
+            need = self.bm.blocks_needed(head.num_tokens, self.max_tokens)  # as the scheduler's admission
+            if need > self.bm.num_blocks:
                 queue.popleft()
                 yield EmbeddingOutput(head.index, None, head.num_tokens, (
-                    f"prompt has {head.num_tokens} tokens, more than the KV cache holds "
-                    f"({self.bm.num_blocks * self.bm.block_size}); shorten it or give the engine more KV memory"))  # fmt: skip
+                    f"prompt has {head.num_tokens} tokens and needs {need} KV blocks; the cache holds "
+                    f"{self.bm.num_blocks}; shorten it or raise kv_cache_bytes"))  # fmt: skip
                 continue
             batch = self._admit(queue)
             try:
@@ -93,7 +97,9 @@ class Embedder:
                     while head.computed < head.num_tokens:
                         if should_stop is not None and should_stop():
                             return
-                        self._forward([(head, head.computed, min(head.num_tokens, head.computed + self.max_tokens))])
+                        lo, hi = head.computed, min(head.num_tokens, head.computed + self.max_tokens)
+                        self._grow(head.seq, lo, hi)
+                        self._forward([(head, lo, hi)])
                 else:
                     self._forward([(p, 0, p.num_tokens) for p in batch])
                 yield from self._finish(batch)
@@ -110,11 +116,20 @@ class Embedder:
             if batch and (tokens + p.num_tokens > self.max_tokens or not self.bm.can_allocate(p.seq, [])):
                 break
             queue.popleft()
-            self.bm.allocate(p.seq, [], [])  # fresh blocks, no hashes: outside the prefix cache
+            # fresh blocks, no hashes (outside the prefix cache), for its first forward's tokens (_grow)
+            self.bm.allocate(p.seq, [], [], min(p.num_tokens, self.max_tokens))
             self.stats.prompt_tokens += p.num_tokens
             batch.append(p)
             tokens += p.num_tokens
         return batch
+
+    def _grow(self, seq: Sequence, lo: int, hi: int) -> None:
+        """Before the chunk [lo, hi) of a long sequence: give back the blocks its window has left (the
+        block manager's rule, as the scheduler's before growth; none without a window, and a model
+        with two KV cache groups keeps its full layers' blocks), then hold blocks up to hi."""
+        self.bm.release_behind(seq, lo)
+        if not self.bm.append_slots(seq, hi):  # it runs alone and its need fits the pools (run)
+            raise RuntimeError(f"no free KV block for positions {lo}..{hi - 1} of a sequence running alone")
 
     @torch.inference_mode()
     def _forward(self, chunks: list[tuple[_Pending, int, int]]) -> None:
