@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -102,13 +103,15 @@ def test_wait_never_polls_a_job_redis_does_not_know(fleet: Fleet, tmp_path: Path
     inp = make_input(tmp_path / "input.parquet", 4)
     sub = submit(fleet.env(), inp, fleet.model, out, 2)
     fleet.live.client.flushall()  # Redis lost everything: the job was queued, then forgotten
-    t0 = time.monotonic()
-    done = freight(["wait", str(out), "--poll", "0.5", "--timeout", "120"], fleet.env(), timeout=150)
-    assert done.returncode == 2 and time.monotonic() - t0 < 60, done.stderr
-    assert f"Redis has no state for job {sub['job_id']} (0 of 2 shards committed" in done.stderr
-    assert "`freight submit` it again" in done.stderr
+    with ThreadPoolExecutor(1) as pool:  # the second case's job (an embedded run) meanwhile
+        second = pool.submit(embedded_run, inp, fleet.model, tmp_path / "emb", 2)
+        t0 = time.monotonic()
+        done = freight(["wait", str(out), "--poll", "0.5", "--timeout", "120"], fleet.env(), timeout=150)
+        assert done.returncode == 2 and time.monotonic() - t0 < 60, done.stderr
+        assert f"Redis has no state for job {sub['job_id']} (0 of 2 shards committed" in done.stderr
+        assert "`freight submit` it again" in done.stderr
+        second.result()
     # a job whose every shard is committed but Redis forgot: wait finalizes it and succeeds
-    embedded_run(inp, fleet.model, tmp_path / "emb", 2)
     (tmp_path / "emb" / "_SUCCESS").unlink()
     (tmp_path / "emb" / "cost.json").unlink()
     done = freight(["wait", str(tmp_path / "emb"), "--poll", "0.5", "--timeout", "120"], fleet.env(), timeout=150)
