@@ -112,8 +112,8 @@ def test_spot_notice_checkpoints_and_resumes_elsewhere(
     out = tmp_path / "out"
     # long rows keep the shard running well past the notice (the engine is fast on the tiny model)
     inp = make_input(tmp_path / "input.parquet", 12, max_tokens=(1, 3, 6, 600, 1000, 1500))
-    spot = fleet.start("spot", FREIGHT_IMDS_URL=imds.url)  # starts up while the reference runs
     reference = embedded_run(inp, job.model, tmp_path / "embedded", 12)
+    spot = fleet.start("spot", FREIGHT_IMDS_URL=imds.url)
     sub = submit(fleet.env(), inp, job.model, out, 12)  # one shard of 12 rows, staggered lengths
     wait_for(lambda: fleet.metric("spot", "freight_rows_total") >= 2, 180, "rows finished on the spot worker")
     imds.announce("terminate")

@@ -83,9 +83,9 @@ def test_a_job_whose_queue_redis_lost_finishes_on_its_own(quick_fleet: Fleet, tm
     run, queue them again, and the job ends equal to an uninterrupted run."""
     fleet = quick_fleet
     inp = make_input(tmp_path / "input.parquet", 12, max_tokens=(2, 30, 300))
-    w = fleet.start("r")  # starts up while the reference runs
     reference = embedded_run(inp, fleet.model, tmp_path / "embedded", 2, max_tokens=300)
     out = tmp_path / "out"
+    w = fleet.start("r")
     sub = submit(fleet.env(), inp, fleet.model, out, 2, max_tokens=300)  # 6 shards, each with a long row
     wait_for(lambda: any(p.suffix == ".parquet" for p in (out / "shards").glob("*")), 120, "one commit")
     assert _flush_queue_keys(fleet) >= 1
