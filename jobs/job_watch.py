@@ -1,6 +1,6 @@
 """`freight wait`'s view of one job: its status, and Redis checked against storage while it waits.
 
-Every RECONCILE_EVERY_S the watch runs the reconciler on its job (jobs/reconcile.py: shards with no
+Every FREIGHT_WAIT_RECONCILE_S (10 s) the watch runs the reconciler on its job (jobs/reconcile.py: shards with no
 message and no live attempt are queued again), so a job whose queue Redis lost finishes while the
 user waits, with or without workers' own checks. A job Redis knows nothing about (never submitted
 to the fleet, or its state lost with Redis's data) is never polled forever: with every shard
@@ -26,7 +26,6 @@ from jobs.storage import ObjectStore
 
 log = get_logger(__name__)
 
-RECONCILE_EVERY_S = 10.0
 UNKNOWN_CONFIRM_S = 2.0  # Redis must not know the job on two checks this far apart
 
 
@@ -40,7 +39,7 @@ class JobWatch:
         self.live = live
         self.settings = settings
         self.manifest: Manifest = read_manifest(store)
-        self._next_reconcile = time.monotonic() + RECONCILE_EVERY_S
+        self._next_reconcile = time.monotonic() + settings.wait_reconcile_s
         self._unknown_since: float | None = None
 
     def check(self) -> FleetStatus:
@@ -56,7 +55,7 @@ class JobWatch:
             return self._unknown(st)
         self._unknown_since = None
         if time.monotonic() >= self._next_reconcile:
-            self._next_reconcile = time.monotonic() + RECONCILE_EVERY_S
+            self._next_reconcile = time.monotonic() + self.settings.wait_reconcile_s
             self._reconcile(st.job_id)
             if self._expire_if_over(st):
                 return fleet_status(self.store, self.live, self.manifest)

@@ -5,9 +5,9 @@ hand-back whose unacked entry was gone). Then a job's shard is "queued" or "runn
 `freight:shards:<job>` while no message for it sits in a queue list or in kombu's `unacked` hash
 and no live worker runs it: nothing would ever run it, and the job would hang. `Reconciler.run`
 finds such shards (one pass over the freight queue lists and `unacked`), and once a shard has been
-seen so for ORPHAN_GRACE_S (a message in flight between BRPOP and kombu's unacked entry, or
-between a submit's state and its publish, is invisible for milliseconds) it asks storage: a
-committed or failed shard gets that state; any other is published again (`shards_requeued` in the
+seen so for FREIGHT_ORPHAN_GRACE_S (10 s; a message in flight between BRPOP and kombu's unacked
+entry, or between a submit's state and its publish, is invisible for milliseconds) it asks storage:
+a committed or failed shard gets that state; any other is published again (`shards_requeued` in the
 log). A job whose shards are all committed but which has neither _SUCCESS nor a finalize message
 gets its freight.finalize; one whose OUT has no manifest any more is marked failed.
 
@@ -37,7 +37,6 @@ from jobs.storage import open_store
 
 log = get_logger(__name__)
 
-ORPHAN_GRACE_S = 10.0
 PRIORITY_SEPARATOR = "\x06\x16"
 PRIORITIES = range(10)
 TASK_FINALIZE = "freight.finalize"
@@ -65,11 +64,11 @@ class _Seen:
 class Reconciler:
     """One pass over the active jobs (or the given ones). `client` publishes what must run again."""
 
-    def __init__(self, client: FleetClient, settings: Settings, *, grace_s: float = ORPHAN_GRACE_S) -> None:
+    def __init__(self, client: FleetClient, settings: Settings) -> None:
         self.client = client
         self.live: LiveState = client.live
         self.settings = settings
-        self.grace_s = grace_s
+        self.grace_s = settings.orphan_grace_s
 
     def run(self, now: float | None = None, job_ids: Iterable[str] | None = None) -> list[Repair]:
         now = time.time() if now is None else now

@@ -33,6 +33,13 @@ class Settings(BaseSettings):
         300, ge=2, description="broker redelivers an unacked shard after this (a backstop: a vanished "
         "worker's shards come back after 60 s without its beat); running shards renew it"
     )
+    orphan_grace_s: float = Field(
+        10.0, gt=0, description="a shard Redis calls queued or running, with no message and no live "
+        "attempt, is published again once it has been seen so this long (jobs/reconcile.py)"
+    )
+    wait_reconcile_s: float = Field(
+        10.0, gt=0, description="how often `freight wait` checks its job's Redis state against storage"
+    )
     max_shard_attempts: int = Field(3, ge=1, le=100, description="attempts that crash before a shard fails")
     max_shard_node_losses: int = Field(
         10, ge=1, le=1000, description="attempts lost with their whole worker (machine gone, no notice) "

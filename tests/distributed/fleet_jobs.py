@@ -75,11 +75,16 @@ class Fleet:
 
     defaults=False shortens the visibility timeout (4 s), heartbeats (0.5 s) and spot polls (0.2 s)
     for the older tests; defaults=True runs workers with freight's default settings (only Redis,
-    the log format, a metrics port and an IMDS address that refuses connections are set)."""
+    the log format, a metrics port and an IMDS address that refuses connections are set) but for
+    `overrides` (FREIGHT_* variables a test shortens, named in its docstring), which every worker
+    and CLI call of the fleet gets."""
 
-    def __init__(self, redis_url: str, tmp: Path, model: Path, *, defaults: bool = False) -> None:
+    def __init__(
+        self, redis_url: str, tmp: Path, model: Path, *, defaults: bool = False,
+        overrides: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
         self.redis_url, self.tmp, self.queue = redis_url, tmp, queue_for_model(str(model))
-        self.model, self.defaults = model, defaults
+        self.model, self.defaults, self.overrides = model, defaults, dict(overrides or {})
         self.workers: list[WorkerProcess] = []
         self.ports: dict[str, int] = {}
         self.live = LiveState(redis_url)
@@ -90,7 +95,7 @@ class Fleet:
         if not self.defaults:
             base |= {"FREIGHT_VISIBILITY_TIMEOUT_S": "4", "FREIGHT_HEARTBEAT_S": "0.5",
                      "FREIGHT_SPOT_POLL_S": "0.2", "FREIGHT_MAX_SHARD_ATTEMPTS": "3"}  # fmt: skip
-        return {**base, **extra}
+        return {**base, **self.overrides, **extra}
 
     def start(
         self,
@@ -130,6 +135,11 @@ class Fleet:
         )
 
     def stop(self) -> None:
+        """Teardown: SIGKILL every worker still running. The test is over; a warm shutdown (about 2 s
+        a worker, more with a shard running) proves nothing here, and the tests of shutdowns (SIGTERM,
+        spot notices) make theirs themselves and assert on them."""
         for w in self.workers:
+            if w.alive():
+                w.kill_all()
             w.stop()
         self.live.close()

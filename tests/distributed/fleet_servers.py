@@ -170,7 +170,10 @@ class WorkerProcess:
         return [int(p) for p in out.split()]
 
     def kill_all(self) -> None:
-        """SIGKILL the main process and its pool children: a machine that vanished."""
+        """SIGKILL the main process and its pool children: a machine that vanished. The main process
+        is frozen first (SIGSTOP), so it cannot fork a replacement for a child killed before it."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGSTOP)
         for pid in [*self.children(), self.proc.pid]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

@@ -76,9 +76,12 @@ def test_two_workers_match_embedded_run(fleet: Fleet, job: Fixture, tmp_path: Pa
     shard_attempts = {s: n for s, n in fleet.live.attempts(sub["job_id"]).items() if s >= 0}
     assert len(shard_attempts) == 20 and set(shard_attempts.values()) == {1}
     assert fleet.metric("a", "freight_rows_total") + fleet.metric("b", "freight_rows_total") == ROWS
-    for w in fleet.workers:  # the engine is loaded once per worker process, then reused shard after shard
-        loads = [e for e in _log_events(w, "model_loaded") if "key" in e]
-        assert len(loads) == 1 and len(_log_events(w, "shard_done")) >= 2
+    # the engine is loaded once per worker process, then reused shard after shard (not "each worker ran
+    # two shards": a worker whose load takes a second or two longer on a busy machine finds the other
+    # one has run all but its first shard, a shard here takes about 0.1 s)
+    for w in fleet.workers:
+        assert len([e for e in _log_events(w, "model_loaded") if "key" in e]) == 1
+    assert sum(len(_log_events(w, "shard_done")) for w in fleet.workers) == 20
 
 
 def test_sigkill_worker_mid_shard(fleet: Fleet, job: Fixture, tmp_path: Path) -> None:

@@ -39,12 +39,14 @@ def _running(fleet: Fleet, worker_id: str) -> WorkerBeat | None:
     return beat if beat is not None and beat.shard is not None else None
 
 
-def _long_job(fleet: Fleet, tmp_path: Path, rows: int, shard_rows: int) -> tuple[dict, Path]:
+def _long_job(
+    fleet: Fleet, tmp_path: Path, rows: int, shard_rows: int, tokens: int = 3000
+) -> tuple[dict, Path]:
     """Rows of 3,000 tokens each on the small model: a shard runs for seconds, long enough to be
     caught mid-way on any machine (a delivered message is leased at once: worker/node.py's poke)."""
-    inp = make_input(tmp_path / "input.parquet", rows, max_tokens=(3000,))
+    inp = make_input(tmp_path / "input.parquet", rows, max_tokens=(tokens,))
     out = tmp_path / "out"
-    return submit(fleet.env(), inp, fleet.model, out, shard_rows, max_tokens=3000), out
+    return submit(fleet.env(), inp, fleet.model, out, shard_rows, max_tokens=tokens), out
 
 
 def _caught(fleet: Fleet, hostname: str) -> tuple[str, int] | None:
@@ -123,7 +125,9 @@ def test_duplicate_delivery_waits_for_the_live_attempt_and_bills_nothing_as_lost
     it waits, sees the commit, and ends."""
     workers = {"a": fleet.start("a"), "b": fleet.start("b")}
     wait_for(lambda: len(fleet.live.client.hgetall("freight:workers")) == 2, 120, "both workers up")
-    sub, out = _long_job(fleet, tmp_path, 4, 4)  # one shard of 4 long rows
+    # one shard of 4 rows of 500 tokens: the duplicate is taken within a second of the first attempt's
+    # start, while that one still loads the model (2 s and more), so rows this long are plenty
+    sub, out = _long_job(fleet, tmp_path, 4, 4, tokens=500)
     holder = wait_for(lambda: next((n for n in workers if _running(fleet, f"{n}@test#0")), None), 120,
                       "a worker running the shard")  # fmt: skip
     client = FleetClient(Settings(redis_url=fleet.redis_url))

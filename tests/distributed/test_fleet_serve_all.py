@@ -1,7 +1,8 @@
 """Workers serve whatever arrives: `freight worker` without --model/--queues on an empty Redis waits,
 takes model A's job, then model B's (queues added and dropped with no restart); `--model` loads the
 model at start, billed to no shard; `freight status` says who serves a job, and when nobody does.
-Real worker processes, default settings, a private redis-server."""
+Real worker processes, a private redis-server, default settings but 1 s heartbeats (10 s by default:
+the tests wait for a beat that shows a change, and for the 10 s they were mostly waiting)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from worker.demo_model import make_demo_model
 
 @pytest.fixture()
 def fleet(redis_url: str, tmp_path: Path, demo_model: Path) -> Iterator[Fleet]:
-    f = Fleet(redis_url, tmp_path, demo_model, defaults=True)
+    f = Fleet(redis_url, tmp_path, demo_model, defaults=True, overrides={"FREIGHT_HEARTBEAT_S": "1"})
     yield f
     f.stop()
 
@@ -36,10 +37,11 @@ def test_a_worker_without_queues_serves_every_model_as_jobs_arrive(fleet: Fleet,
     w = fleet.start("any", serve_all=True)  # Redis is empty: no queue exists yet
     (node,) = wait_for(lambda: live_nodes(fleet.live.client, time.time()), 60, "the worker's node beat")
     assert node.serve_all and node.hostname == "any@test"
-    time.sleep(3)
-    assert w.alive(), w.log_text()[-2000:]  # it waits for work instead of exiting
+    idle_since = time.monotonic()
     model_b = Path(make_demo_model(tmp_path / "model-b", arch="qwen2")).resolve()
     inp = make_input(tmp_path / "input.parquet", 8)
+    time.sleep(max(0.0, idle_since + 3 - time.monotonic()))  # over one queue sync (2 s) with no queue
+    assert w.alive(), w.log_text()[-2000:]  # it waits for work instead of exiting
     for model, out in ((fleet.model, tmp_path / "out-a"), (model_b, tmp_path / "out-b")):
         submit(fleet.env(), inp, model, out, 4)
         done = fleet.wait_done(out, timeout=300)
@@ -78,8 +80,8 @@ def test_model_preload_and_status_lines(fleet: Fleet, tmp_path: Path) -> None:
     # a second job of the same model: status shows the worker consuming its queue, model loaded
     out2 = tmp_path / "out2"
     # 32 shards of 8 rows x 2,000 tokens (the tiny model decodes a shard in about half a second since
-    # the decode stack: the job runs for well over one 10 s beat interval, and a beat lands while a
-    # shard runs; the rest is stopped at teardown)
+    # the decode stack: the job runs for well over one beat interval, 10 s by default, and a beat
+    # lands while a shard runs; the rest is stopped at teardown)
     submit(fleet.env(), make_input(tmp_path / "input2.parquet", 256, max_tokens=(2000,)), fleet.model, out2, 8,
            max_tokens=2000)  # fmt: skip
     wait_for(lambda: fleet.busy("pre@test#0"), 60, "the second job running")
