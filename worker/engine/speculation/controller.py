@@ -69,6 +69,7 @@ class SpeculationController:
         self._curves: dict[bool, tuple] = {}  # side -> its measured buckets, sorted (_curve)
         self._probing: dict[int, int] = {}  # width bucket -> speculating steps left of a probe run
         self._refused: dict[int, tuple[int | None, int]] = {}  # width bucket -> (refused since, wait)
+        self.reprobing = False  # the latest allocate re-probes a refused width (not a first measurement)
 
     def should_propose(self, width: int) -> bool:
         """False while `width` is backing off after speculation was refused there (no host work)."""
@@ -148,6 +149,7 @@ class SpeculationController:
         short again once it speculates), what every candidate would take at chance `hope` (the best
         the proposer may get; no probe when even that takes nothing). Not adaptive: every cap."""
         caps = [k for _, k in chances]
+        self.reprobing = False
         if not self.adaptive or not caps:
             return caps
         key = rows_bucket(width)
@@ -155,6 +157,7 @@ class SpeculationController:
             return [0] * len(caps)  # the plain step is measured first
         if self._probing.get(key, 0) > 0:
             self._probing[key] -= 1
+            self.reprobing = hope is not None
             return self._probe(width, caps, values, hope)
         take = self._best(width, chances, values)
         if take is None:
@@ -171,6 +174,7 @@ class SpeculationController:
             probe = self._probe(width, caps, values, hope)
             if any(probe):
                 self._probing[key] = PROBE_RUN - 1  # measure it: PROBE_RUN speculating steps in a row
+                self.reprobing = True
                 return probe
         return take
 

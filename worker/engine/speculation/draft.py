@@ -130,6 +130,11 @@ class DraftModel:
             states[r].computed = ends[r] + len(out[i]) - 1
         return out, probs
 
+    def in_step(self, seq: Sequence) -> bool:
+        """The draft has computed seq up to a short catch-up (it drafted for it lately)."""
+        st = self.states.get(seq.seq_id)
+        return st is not None and len(seq.token_ids) - st.computed <= FAST_CATCH_UP
+
     def rollback(self, seq: Sequence, accepted: int) -> None:
         """seq (still holding the tokens before its verify run) kept `accepted` proposals: the draft's
         K/V of the rejected ones is forgotten (recomputed by the next catch-up if ever needed)."""

@@ -162,6 +162,9 @@ class Speculator:
         b = self.batch
         ks = self.controller.allocate(width, [(self.acceptance.overall(), cap) for _, cap in wanted], values,
                                       self.acceptance.hope(False))  # fmt: skip
+        if self.controller.reprobing:  # a re-probe drafts only for rows the draft kept up with: a
+            # sequence it has not drafted for lately would first need a prompt-sized catch-up
+            ks = [k if self.draft.in_step(b.seqs[r]) else 0 for (r, _), k in zip(wanted, ks, strict=True)]  # type: ignore[union-attr]
         chosen = [(r, k, v) for (r, _), k, v in zip(wanted, ks, values, strict=True) if k]
         if not chosen:
             return []
