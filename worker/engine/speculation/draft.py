@@ -91,11 +91,11 @@ class DraftModel:
 
     # ---- proposing ------------------------------------------------------------------------
     @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], ks: list[int], go_on: GoOn | None = None
+    def propose(self, seqs: list[Sequence], ks: list[int], go_on: GoOn | None = None, with_probs: bool = False
                 ) -> tuple[list[list[int]], list[list[float]]]:  # fmt: skip
         """Greedy proposals of up to ks[i] tokens for seqs[i] ([] where the draft's cache has no room)
-        and the draft's probability of each token. go_on(i, probabilities so far) says whether
-        seqs[i] drafts another token (None: all ks[i])."""
+        and, with `with_probs` or an early stop, the draft's probability of each token. go_on(i,
+        probabilities so far) says whether seqs[i] drafts another token (None: all ks[i])."""
         self._forget_finished()
         self.prefilled = False
         live, ends = [], []
@@ -108,12 +108,12 @@ class DraftModel:
                 live.append(i)
                 ends.append(n)
         out: list[list[int]] = [[] for _ in seqs]
+        want = with_probs or go_on is not None
         probs: list[list[float]] = [[] for _ in seqs]
         if not live:
             return out, probs
         states = [self.states[seqs[i].seq_id] for i in live]
         rows = list(range(len(live)))
-        want = go_on is not None  # the draft's probabilities are only read by the early stop
         tokens, top = self._catch_up(states, ends, want)
         for j in range(1, max(ks[i] for i in live) + 1):
             for r, t in zip(rows, tokens.tolist(), strict=True):

@@ -170,7 +170,9 @@ class Speculator:
             return []
         seqs = [b.seqs[r] for r, _, _ in chosen]
         go_on = self._go_on(width, [v for *_, v in chosen], sum(ks))
-        proposals, probs = self.draft.propose(seqs, [k for _, k, _ in chosen], go_on)  # type: ignore[union-attr]
+        # the draft's probabilities feed its acceptance table (adaptive) and its early stop
+        proposals, probs = self.draft.propose(seqs, [k for _, k, _ in chosen], go_on,  # type: ignore[union-attr]
+                                              self.config.adaptive)  # fmt: skip
         out = []
         for (r, _, value), seq, p, q in zip(chosen, seqs, proposals, probs, strict=True):
             p = self._grammar_cut(seq, p)
