@@ -10,18 +10,24 @@ from worker.engine import SamplingParams
 from worker.engine.speculation.config import SpeculativeConfig
 
 
+def _propose(index, tokens: list[int], k: int) -> list[int]:  # noqa: ANN001
+    """What the Speculator proposes from prompt lookup: the match's continuation, [] without one."""
+    e, _ = index.match(tokens)
+    return [] if e < 0 else index.continuation(tokens, e, k)
+
+
 def test_ngram_index_proposes_the_latest_longest_match() -> None:
     from worker.engine.speculation.ngram import NgramIndex
 
     index = NgramIndex()
     tokens = [1, 2, 3, 4, 9, 2, 3, 5, 7, 2, 3]
-    assert index.propose(tokens, 3) == [5, 7, 2]  # "2 3": the latest earlier match was followed by 5 7 2
+    assert _propose(index, tokens, 3) == [5, 7, 2]  # "2 3": the latest earlier match was followed by 5 7 2
     tokens += [4]  # "2 3 4" matches the first occurrence only: 9 2 3 follow
-    assert index.propose(tokens, 3) == [9, 2, 3]
-    assert index.propose([8, 6], 2) == []  # a fresh index: nothing occurred before
+    assert _propose(index, tokens, 3) == [9, 2, 3]
+    assert _propose(index, [8, 6], 2) == []  # a fresh index: nothing occurred before
     # a match running into the newest tokens continues with its period
-    assert NgramIndex().propose([5, 5, 5], 4) == [5, 5, 5, 5]
-    assert NgramIndex().propose([1, 7, 8, 7, 8], 5) == [7, 8, 7, 8, 7]
+    assert _propose(NgramIndex(), [5, 5, 5], 4) == [5, 5, 5, 5]
+    assert _propose(NgramIndex(), [1, 7, 8, 7, 8], 5) == [7, 8, 7, 8, 7]
 
 
 def test_ngram_match_length_spans_the_copied_text() -> None:
@@ -44,12 +50,19 @@ def test_acceptance_table_learns_per_signal_bucket() -> None:
     """Each bucket starts at p = 1/2; each kept token is a hit in its bucket, the first rejected one a
     miss, later tokens are not judged; counts fade past HORIZON trials so p follows a changing
     workload."""
-    from worker.engine.speculation.acceptance import CONFIDENCE_EDGES, HORIZON, MATCH_EDGES, AcceptanceTable
+    from worker.engine.speculation.acceptance import (
+        CONFIDENCE_EDGES,
+        HORIZON,
+        MATCH_EDGES,
+        PRIOR_HITS,
+        PRIOR_TRIALS,
+        AcceptanceTable,
+    )
 
     acc = AcceptanceTable(MATCH_EDGES)
     assert [acc.bucket(n) for n in (0, 1, 3, 4, 7, 8, 15, 16, 99)] == [0, 1, 3, 4, 4, 5, 5, 6, 6]
     assert acc.chance(1) == acc.chance(12) == 0.5
-    assert acc.expected(12, 3) == pytest.approx(0.5 + 0.25 + 0.125)
+    assert (acc.hits[acc.bucket(12)], acc.trials[acc.bucket(12)]) == (PRIOR_HITS, PRIOR_TRIALS)
     acc.observe([12] * 4, 4)  # a copied span: all kept, no miss
     acc.observe([1] * 4, 0)  # a one-token guess: a miss at once
     assert acc.chance(12) == pytest.approx(5 / 6) and acc.chance(9) == acc.chance(12)

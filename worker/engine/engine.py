@@ -295,8 +295,6 @@ class Engine:
             cpu = self.config.torch_device.type == "cpu"
             cost = time.process_time() - c0 if cpu else seconds
             self.speculator.record(sched.num_scheduled_tokens, cost, bool(sched.spec), cpu)
-        if self.speculator is not None:
-            self.speculator.plan_seconds = (0.0, 0.0)
         return finished
 
     def _constrain(self, logits: torch.Tensor, sample_rows: np.ndarray) -> None:

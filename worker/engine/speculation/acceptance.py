@@ -4,7 +4,8 @@ Acceptance comes in bursts, and both proposers say when they are in one. Prompt 
 copied span whole proposals are kept, elsewhere the first token is mostly wrong, and the length of
 the match behind a proposal tells them apart (on the reference model, 8-token proposals from matches
 of 8+ tokens kept 73-100% of their tokens, from one-token matches 13-18%). A draft model: its own
-top-1 probability (its tokens at >= 0.3 were kept 88-100% of the time, below 0.3 43%). A sequence's
+top-1 probability (the first, undistilled reference draft's tokens at >= 0.3 were kept 88-100% of the
+time, below 0.3 43%). A sequence's
 running average mixes the two kinds and lags every switch; the signal tells them apart at once. So
 the engine learns, per signal bucket and across its sequences, the chance p that a proposed token
 is accepted given that the ones before it were (each verified token adds a hit, the first rejected
@@ -59,11 +60,6 @@ class AcceptanceTable:
         if by_signal:
             return self.best()
         return self.overall() if sum(self.trials) - PRIOR_TRIALS * len(self.trials) >= TRUSTED else 1.0
-
-    def expected(self, signal: float, k: int) -> float:
-        """Expected accepted tokens of k tokens proposed with one signal: p + p^2 + ... + p^k."""
-        p = self.chance(signal)
-        return sum(p**j for j in range(1, k + 1))
 
     def observe(self, signals: list[float], accepted: int) -> None:
         """A proposal whose tokens came with `signals` kept its first `accepted`: each kept token is a

@@ -1,13 +1,14 @@
 """NgramIndex: prompt lookup, the proposer that needs no model.
 
 For each n in 1..MAX_N it remembers where the latest occurrence of every n-gram of the sequence's
-tokens (prompt and generated) was followed by another token. A proposal matches the sequence's last
-MAX_N tokens first, then shorter suffixes, and offers the up to K tokens that followed the latest
-match (a match close to the end continues periodically: the suffix repeats with that period). The
-match's length (how far back the text before it agrees with the newest tokens, up to MATCH_CAP) is
-what prompt lookup's acceptance is judged by (acceptance.LookupAcceptance): a long match is a copied
-span that tends to go on, a one-token match is a guess. The index grows with the tokens (MAX_N dict
-writes per new token, done when matching), so a step's host cost is O(new tokens) per sequence, not
+tokens (prompt and generated) was followed by another token. A proposal (`match`, then
+`continuation`) matches the sequence's last MAX_N tokens first, then shorter suffixes, and offers
+the up to K tokens that followed the latest match (a match close to the end continues
+periodically: the suffix repeats with that period). The match's length (how far back the text
+before it agrees with the newest tokens, up to MATCH_CAP) is what prompt lookup's acceptance is
+judged by (acceptance.AcceptanceTable): a long match is a copied span that tends to go on, a
+one-token match is a guess. The index grows with the tokens (MAX_N dict writes per new token, done
+when matching), so a step's host cost is O(new tokens) per sequence, not
 O(length); the prompt is indexed once.
 """
 
@@ -56,9 +57,3 @@ class NgramIndex:
             return tokens[e : e + k]
         period = end - e
         return [tokens[e + i % period] for i in range(k)]
-
-    def propose(self, tokens: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed the latest earlier match of the longest matching suffix of
-        `tokens`; [] when not even the last token occurred before."""
-        e, _ = self.match(tokens)
-        return [] if e < 0 else self.continuation(tokens, e, k)
