@@ -105,24 +105,32 @@ def test_block_rollback_gives_back_trailing_blocks() -> None:
 def test_controller_turns_speculation_off_where_it_costs_more() -> None:
     """Before any proposing: could the most valuable row, proposing as well as the best ones do, save
     time at this width? At batch 1 verifying is almost free; at 64 rows it costs more than it saves,
-    and a refusal there backs proposing off for a while, then probes once. A draft's speculating
-    steps are measured apart (its forwards included)."""
+    and a refusal there backs proposing off for a while, twice as long when it repeats. Speculating
+    steps are measured apart from plain ones (a draft's forwards included)."""
     from worker.engine.speculation.controller import SKIP_FIRST, SpeculationController
 
     c = SpeculationController(adaptive=True)
-    # measured: 1 row 1.0 ms, 5 rows 1.2 ms (small batch); 64 rows 10 ms, 320 rows 60 ms (large batch)
+    # measured: 1 row 1.0 ms, 5 rows 1.2 ms (small batch); 64 rows 10 ms, 320 rows 60 ms (large batch);
+    # the 5 and 320 rows were verify steps
     for rows, ms in ((1, 1.0), (5, 1.2), (64, 10.0), (320, 60.0)):
         for _ in range(3):
-            c.record(rows, ms / 1000)
+            c.record(rows, ms / 1000, speculated=rows in (5, 320))
     assert c.could_pay(1, 0.9, 4, 1e-3)
     assert not c.could_pay(64, 0.9, 4, 10e-3 / 64)  # a row costs 0.195 ms, a token saves 0.9 x 0.156
     c.back_off(64)
     assert not c.should_propose(64) and c.should_propose(1)
     for _ in range(SKIP_FIRST):
         c.record(64, 0.01)
-    assert c.should_propose(64) and c.should_probe(64) and not c.should_probe(64)  # one probe
+    assert c.should_propose(64)
+    c.back_off(64)  # refused again: twice as long
+    for _ in range(SKIP_FIRST):
+        c.record(64, 0.01)
+    assert not c.should_propose(64)
+    for _ in range(SKIP_FIRST):
+        c.record(64, 0.01)
+    assert c.should_propose(64)
     assert SpeculationController(adaptive=False).could_pay(64, 0.0, 4, 0.0)
-    draft = SpeculationController(adaptive=True, separate=True)
+    draft = SpeculationController(adaptive=True)
     for _ in range(3):
         draft.record(1, 0.001)
         draft.record(5, 0.004, speculated=True)
@@ -209,10 +217,11 @@ def test_controller_allocates_k_where_the_rows_pay() -> None:
 
     c = SpeculationController(adaptive=True)
     assert c.allocate(1, [(0.9, 4)]) == [0]  # the plain step is measured first
-    # 1 row 1.0 ms, +0.1 ms per row up to 8 rows; 64 rows 10 ms, 128 rows 30 ms
+    # 1 row 1.0 ms, +0.1 ms per row up to 8 rows; 64 rows 10 ms, 128 rows 30 ms; plain and verify alike
     for rows, ms in [(r, 1.0 + 0.1 * (r - 1)) for r in range(1, 9)] + [(64, 10.0), (128, 30.0)]:
         for _ in range(3):
             c.record(rows, ms / 1000)
+            c.record(rows, ms / 1000, speculated=True)
     assert c.allocate(1, [(0.95, 7)]) == [7]
     assert c.allocate(1, [(0.05, 7)]) == [0]  # 5% for 0.1 ms of a 1 ms step
     assert c.allocate(2, [(0.95, 4), (0.05, 4)]) == [4, 0]
@@ -231,9 +240,10 @@ def test_controller_allocates_k_where_the_rows_pay() -> None:
     assert fresh.allocate(1, [(0.1, 4)]) == [4]  # 5 rows: more than twice the widest measured, explored
     assert SpeculationController(adaptive=False).allocate(64, [(0.0, 3), (0.1, 2)]) == [3, 2]
     for ctrl in (c, fresh):  # one estimate, scalar or vectorized: measured, between, below, past the widest
-        want = [ctrl.cost(r) for r in range(1, 300)]
-        got = ctrl.costs(1, 299).tolist()
-        assert [None if g != g else pytest.approx(g) for g in got] == want
+        for side in (False, True):
+            want = [ctrl.cost(r, side) for r in range(1, 300)]
+            got = ctrl.costs(1, 299, side).tolist()
+            assert [None if g != g else pytest.approx(g) for g in got] == want
 
 
 def test_a_draft_stops_where_its_next_token_no_longer_pays() -> None:

@@ -12,9 +12,9 @@ measured as the engine runs, never a constant:
   a GPU); another count is interpolated by rows between the measured buckets around it (a bucket's
   cost stands for its lower edge), or extends the slope of the two widest measured ones when it is
   at most twice the widest (else it is explored). A speculating step costs more than its rows (a
-  draft model's forwards, the verify runs' host work): with `separate` (the Speculator's choice)
-  the speculating steps get their own table, plain steps the other, and a speculating step is
-  never priced below a plain step of as many rows.
+  draft model's forwards, the verify runs' host work), so speculating steps get a table of their
+  own, plain steps the other, and a speculating step is never priced below a plain step of as many
+  rows.
 - saving: each proposed token's chance of being kept (the proposer's AcceptanceTable) times the
   seconds a kept token saves (token_values: with requests waiting a plain step's cost per token,
   with none only what the step count can lose).
@@ -22,8 +22,8 @@ measured as the engine runs, never a constant:
 `allocate` gives each candidate row its K: the candidates' tokens taken best saving first, as many as
 save the most time net of the rows they add. Before any proposing, `could_pay` asks whether the most
 valuable row proposing as well as the best proposals do could save anything at this width; if not,
-no proposing there for a back-off that doubles while it repeats (a large batch's host work saved),
-then one probe. Every step that proposed is settled by what it saved, host work included (`settle`),
+no proposing there for a back-off that doubles while it repeats (a large batch's host work saved).
+Every step that proposed is settled by what it saved, host work included (`settle`),
 and a width whose proposing lost time over JUDGE_STEPS steps backs off too. Measurements are kept
 fresh: a width never measured, or refused for a while (32 steps, doubling), speculates for PROBE_RUN
 steps in a row (one speculating step among plain ones would measure a draft model cold); while
@@ -56,11 +56,8 @@ def rows_bucket(rows: int) -> int:
 
 
 class SpeculationController:
-    def __init__(self, adaptive: bool, separate: bool = False) -> None:
+    def __init__(self, adaptive: bool) -> None:
         self.adaptive = adaptive
-        # separate: speculating steps cost more than their rows (a draft model's forwards), so they are
-        # measured apart from plain steps (keys (True, bucket)); prompt lookup shares one table
-        self.separate = separate
         self.seconds: dict[tuple[bool, int], float] = {}  # (speculating, rows bucket) -> average step seconds
         self.steps = 0
         self._window: dict[tuple[bool, int], deque[float]] = {}  # its latest samples
@@ -73,7 +70,7 @@ class SpeculationController:
 
     def should_propose(self, width: int) -> bool:
         """False while `width` is backing off after speculation was refused there (no host work)."""
-        return not self.adaptive or self.steps >= abs(self._skip.get(rows_bucket(width), (0, 0))[0])
+        return not self.adaptive or self.steps >= self._skip.get(rows_bucket(width), (0, 0))[0]
 
     def settle(self, width: int, gain: float) -> None:
         """A step of `width` decoding sequences that proposed (or tried to: the host work of matching
@@ -93,14 +90,6 @@ class SpeculationController:
             self.back_off(width)
         else:
             self.clear_back_off(width)
-
-    def should_probe(self, width: int) -> bool:
-        """True once when a back-off at `width` ran out (one speculating step re-measures that side)."""
-        key = rows_bucket(width)
-        if not self.adaptive or key not in self._skip or self._skip[key][0] < 0:
-            return False
-        self._skip[key] = (-1, self._skip[key][1])
-        return True
 
     def clear_back_off(self, width: int) -> None:
         """Speculation could pay at `width` again: the next back-off there starts short."""
@@ -225,7 +214,7 @@ class SpeculationController:
         moves it little), the minimum while it has fewer than 3 (a first step pays one-time work:
         indexing a prompt, warming caches); it is used from FIRST_SAMPLES steps on."""
         self.steps += 1
-        key = (speculated and self.separate, rows_bucket(rows))
+        key = (speculated, rows_bucket(rows))
         window = self._window.setdefault(key, deque(maxlen=WINDOW))
         window.append(seconds)
         if len(window) >= FIRST_SAMPLES:
@@ -274,15 +263,13 @@ class SpeculationController:
 
     def _curve(self, speculated: bool) -> tuple[list[int], list[float], tuple[np.ndarray, np.ndarray]]:
         """The measured buckets of a side, sorted (cached until the next record)."""
-        side = speculated and self.separate
-        if side not in self._curves:
-            table = sorted((k, v) for (s, k), v in self.seconds.items() if s == side)
+        if speculated not in self._curves:
+            table = sorted((k, v) for (s, k), v in self.seconds.items() if s == speculated)
             keys, secs = [k for k, _ in table], [v for _, v in table]
-            self._curves[side] = (keys, secs, (np.asarray(keys, np.float64), np.asarray(secs, np.float64)))
-        return self._curves[side]
+            self._curves[speculated] = (keys, secs, (np.asarray(keys, np.float64), np.asarray(secs, np.float64)))
+        return self._curves[speculated]
 
     def table(self, speculated: bool = False) -> dict[int, float]:
         """Measured seconds per step by rows bucket (logging, the bench)."""
-        side = speculated and self.separate
-        return dict(sorted((k, v) for (s, k), v in self.seconds.items() if s == side))
+        return dict(sorted((k, v) for (s, k), v in self.seconds.items() if s == speculated))
 

@@ -53,7 +53,7 @@ class Speculator:
         self.stats = stats or EngineStats()
         self.batch = batch
         self.draft = draft  # method "draft": the draft model proposes, else prompt lookup
-        self.controller = SpeculationController(config.adaptive, separate=True)
+        self.controller = SpeculationController(config.adaptive)
         # by the proposer's signal: prompt lookup's match length, or the draft's top-1 probability
         self.acceptance = AcceptanceTable(MATCH_EDGES if draft is None else CONFIDENCE_EDGES)
         self.plan_seconds = (0.0, 0.0)  # the latest plan's host time: CPU, wall
@@ -125,8 +125,6 @@ class Speculator:
         """Speculation cannot pay at this width even for the most valuable candidate proposing K tokens
         as well as the best proposals may (AcceptanceTable.hope): then no proposing for a while (a
         back-off that doubles while it repeats: the host work of a large batch's proposing is saved)."""
-        if self.controller.should_probe(width):
-            return False
         value, k = max(values), self.config.num_tokens  # a row's full K: not one near its length limit
         steps, hope = self._hope.get(width, (-1, True))
         if steps < self.controller.steps:  # the verdict holds for HOPE_STEPS steps (costs move slowly)
