@@ -30,22 +30,11 @@ static inline vf load_h(const uint16_t *p) {
 #endif
 }
 static inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
-#else
+#else /* no F16C: the compiler's own half type converts (GCC >= 12 and clang on x86-64 and AArch64) */
 static inline float half_to_float(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0x1f) bits = sign | 0x7f800000 | (man << 13); /* inf / nan */
-    else if (exp) bits = sign | ((exp + 112) << 23) | (man << 13);
-    else if (!man) bits = sign; /* zero */
-    else { /* subnormal: normalize */
-        int e = -1;
-        uint32_t m = man;
-        do { e++; m <<= 1; } while (!(m & 0x400));
-        bits = sign | ((uint32_t)(112 - e) << 23) | ((m & 0x3ff) << 13);
-    }
-    float f;
-    __builtin_memcpy(&f, &bits, 4);
-    return f;
+    _Float16 f;
+    __builtin_memcpy(&f, &h, 2);
+    return (float)f;
 }
 static inline vf load_h(const uint16_t *p) {
     vf v;
