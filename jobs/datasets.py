@@ -73,7 +73,6 @@ SAMPLING_COLUMNS = (
 # the job opts in (JobSpec.row_constraints, --row-constraints), else plain data: a dataset's `choice`
 # or `regex` column is as likely to be a quiz answer as a constraint.
 CONSTRAINT_COLUMNS = ("response_format", "json_schema", "regex", "choice")
-OVERRIDE_COLUMNS = SAMPLING_COLUMNS + CONSTRAINT_COLUMNS
 
 
 def result_schema(likelihood: bool, id_type: str = "string") -> pa.Schema:
