@@ -21,9 +21,9 @@ measured as the engine runs, never a constant:
 
 `allocate` gives each candidate row its K: the candidates' tokens taken best saving first, as many as
 save the most time net of the rows they add. Before any proposing, `could_pay` asks whether the most
-valuable row proposing as well as the best proposals do could save anything at this width; if not,
-no proposing there for a back-off that doubles while it repeats (a large batch's host work saved).
-Every step that proposed is settled by what it saved, host work included (`settle`),
+valuable row proposing at the proposer's hope (AcceptanceTable.hope) could save anything at this
+width; if not, no proposing there for a back-off that doubles while it repeats (a large batch's host
+work saved). Every step that proposed is settled by what it saved, host work included (`settle`),
 and a width whose proposing lost time over JUDGE_STEPS steps backs off too. Measurements are kept
 fresh: a width never measured, or refused for a while (32 steps, doubling), speculates for PROBE_RUN
 steps in a row (one speculating step among plain ones would measure a draft model cold); while
@@ -66,7 +66,7 @@ class SpeculationController:
         self._curves: dict[bool, tuple] = {}  # side -> its measured buckets, sorted (_curve)
         self._probing: dict[int, int] = {}  # width bucket -> speculating steps left of a probe run
         self._refused: dict[int, tuple[int | None, int]] = {}  # width bucket -> (refused since, wait)
-        self.reprobing = False  # the latest allocate re-probes a refused width (not a first measurement)
+        self.reprobing = False  # the latest allocate is a probe step but not a width's first measurement
 
     def should_propose(self, width: int) -> bool:
         """False while `width` is backing off after speculation was refused there (no host work)."""
@@ -146,7 +146,7 @@ class SpeculationController:
             return [0] * len(caps)  # the plain step is measured first
         if self._probing.get(key, 0) > 0:
             self._probing[key] -= 1
-            self.reprobing = hope is not None
+            self.reprobing = True
             return self._probe(width, caps, values, hope)
         take = self._best(width, chances, values)
         if take is None:
