@@ -6,8 +6,12 @@
  * ~20% slower), each vector of a row multiplied with the same K slice of all M rows of x into
  * partial sums summed across lanes once per output. A software prefetch runs GEMV_PREFETCH bytes
  * ahead, one per cache line (one per 4 lines was ~25% slower on a loaded machine; on a quiet one
- * the hardware prefetcher alone keeps up). On the bench model's 109 MB of weights this reads at
- * ~85-90% of a plain vectorized sum over the same bytes. Included by gemv.c and decode_stack.c; kernels/cpu/build.py keys its cache on it.
+ * the hardware prefetcher alone keeps up). 8 KB ahead rather than 1 KB: batch-1 decode of the
+ * 109 MB bench model 17-21% faster on a Zen 4 VM (bench/step_overhead.py --batch1-medium
+ * --baseline-rev); 16-32 KB was no better. It reads at ~80-90% of a plain vectorized sum over the
+ * same bytes. Past one row the loop is no longer memory-bound on a core that retires one 512-bit
+ * FMA a cycle (Zen 4): M = 5 costs ~2x M = 1 there (tiles of 2 or 4 weight rows, which load each
+ * x vector once for several rows, measured no faster). Included by gemv.c and decode_stack.c; kernels/cpu/build.py keys its cache on it.
  */
 #ifndef FREIGHT_GEMV_H
 #define FREIGHT_GEMV_H
@@ -17,7 +21,7 @@
 #include "simd.h"
 
 #define GEMV_MAX_ROWS 8
-#define GEMV_PREFETCH 1024 /* bytes ahead in each weight row */
+#define GEMV_PREFETCH 8192 /* bytes ahead in each weight row */
 
 /* One weight row w (K weights) times M rows of x (xs floats apart) -> y[m * ys] (+ *bias). C
  * independent chains of partial sums per x row (C x M >= 4 keeps the FMA latency hidden at M = 1).

@@ -48,17 +48,12 @@ typedef float v4 __attribute__((vector_size(16)));
 
 static inline float hsum(vf v) {
 #if LANES == 16
-    v8 lo, hi;
-    __builtin_memcpy(&lo, &v, 32);
-    __builtin_memcpy(&hi, (char *)&v + 32, 32);
-    const v8 x = lo + hi;
+    const v8 x = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
 #else
     const v8 x = v;
 #endif
-    v4 a, b;
-    __builtin_memcpy(&a, &x, 16);
-    __builtin_memcpy(&b, (const char *)&x + 16, 16);
-    const v4 y = a + b;
+    const v4 y = __builtin_shufflevector(x, x, 0, 1, 2, 3) + __builtin_shufflevector(x, x, 4, 5, 6, 7);
     return (y[0] + y[2]) + (y[1] + y[3]);
 }
 
