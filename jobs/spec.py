@@ -4,11 +4,45 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+from pydantic_core import to_jsonable_python
 
 MANIFEST_SPEC_VERSION = 1
+
+
+class _LaterFields(BaseModel):
+    """A spec whose fields named in LATER were added after manifests were first written: its JSON
+    (manifests, and so the job id) leaves each of them out while it is at its default, so that a
+    worker older than a field reads the manifest of a job that does not use it (a fleet mid-upgrade),
+    and the ids of jobs planned before it stay the same. `all_fields` puts them back (diffs)."""
+
+    LATER: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _leave_out_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for name in self.LATER:
+            if getattr(self, name) == type(self).model_fields[name].default:
+                data.pop(name, None)
+        return data
+
+    def all_fields(self) -> dict[str, Any]:
+        """The JSON dump with every field, those at their default included (nested specs too)."""
+        data = self.model_dump(mode="json")
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            data[name] = value.all_fields() if isinstance(value, _LaterFields) else to_jsonable_python(value)
+        return data
 
 
 MAX_STOP = 16  # stop strings per request (OpenAI takes 4, vLLM any number)
@@ -16,11 +50,16 @@ MAX_LOGPROBS = 20  # top log-probabilities per token (OpenAI's top_logprobs limi
 LOGIT_BIAS_LIMIT = 100.0  # |bias| at most, as OpenAI
 
 
-class SamplingSpec(BaseModel):
+class SamplingSpec(_LaterFields):
     """Job-wide sampling defaults (vLLM's names and meanings); per-row columns and JSONL bodies
     override them field by field. `n` is capped at submit by Settings.max_n (the planner)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    # added after spec version 1: left out of the JSON (and the job id) at their defaults (_LaterFields)
+    LATER: ClassVar[tuple[str, ...]] = (
+        "n", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens",
+        "logit_bias", "json_schema", "regex", "choice",
+    )
 
     max_tokens: int = Field(128, ge=1, le=1_000_000, description="generated tokens per row, at most")
     temperature: float = Field(0.0, ge=0.0, le=100.0, description="0 = greedy")
@@ -103,23 +142,6 @@ def canonical_schema(v: Any) -> str:
     return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
 
-# Sampling fields added after spec version 1 enter the job id only when set, so the ids of jobs
-# planned before them (and their OUT folders) stay the same.
-_LATER_SAMPLING = {
-    "n": 1,
-    "logprobs": None,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "repetition_penalty": 1.0,
-    "min_p": 0.0,
-    "min_tokens": 0,
-    "logit_bias": [],
-    "json_schema": None,
-    "regex": None,
-    "choice": None,
-}
-
-
 def logit_bias_pairs(v: Any) -> Any:
     """A logit_bias given as {token id (int or its string): bias}, its JSON text, or pairs -> sorted
     (id, bias) pairs. ValueError (naming the rule) for a key that is not a token id or a bias beyond
@@ -154,16 +176,7 @@ def _token_id(key: Any) -> int | None:
     return None
 
 
-# JobSpec fields added after jobs were written: left out of job_id while at these values
-_ADDED_DEFAULTS: dict[str, Any] = {
-    "task": "generate",
-    "dimensions": None,
-    "speculative": None,
-    "speculative_tokens": 4,
-}
-
-
-class JobSpec(BaseModel):
+class JobSpec(_LaterFields):
     """One job: which rows, which model, which sampling, where results go, how it is priced.
 
     Two specs with equal fields have the same `job_id`; a rerun into the same OUT with the same spec
@@ -171,6 +184,8 @@ class JobSpec(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    # added after the first manifests: left out of the JSON (and the job id) at their defaults (_LaterFields)
+    LATER: ClassVar[tuple[str, ...]] = ("task", "dimensions", "speculative", "speculative_tokens", "row_constraints")
 
     input: str = Field(..., min_length=1, description="Parquet file, folder/prefix of Parquet, or .jsonl")
     model: str = Field(..., min_length=1, description="HF checkpoint folder or s3://bucket/prefix")
@@ -200,8 +215,6 @@ class JobSpec(BaseModel):
         False,
         description="read a Parquet input's per-row constraint columns (response_format, json_schema, regex, "
         "choice); without it, columns of those names are plain data",
-        # left out of manifests (and the job id) while off, so workers older than the field read them
-        exclude_if=lambda v: not v,
     )
 
     @field_validator("input", "model", "output")
@@ -241,14 +254,7 @@ class JobSpec(BaseModel):
     @property
     def job_id(self) -> str:
         """Stable id: a hash of the canonical JSON of every field (16 hex digits)."""
-        fields = self.model_dump(mode="json")
-        sampling = fields["sampling"]
-        for name, default in _LATER_SAMPLING.items():
-            if sampling[name] == default:
-                del sampling[name]
-        for key, default in _ADDED_DEFAULTS.items():  # fields added later: at their default, ids stay as they were
-            if fields.get(key) == default:
-                del fields[key]
+        fields = self.model_dump(mode="json")  # later fields at their defaults left out (_LaterFields)
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         digest = hashlib.sha256(f"freight-job-v{MANIFEST_SPEC_VERSION}:{canonical}".encode()).hexdigest()
         return digest[:16]
@@ -259,11 +265,7 @@ class JobSpec(BaseModel):
 
     def diff_items(self, other: JobSpec) -> list[tuple[str, Any, Any]]:
         """(field path, this value, other value) of every differing field, in path order."""
-        return _diff(self._all_fields(), other._all_fields(), prefix="")
-
-    def _all_fields(self) -> dict[str, Any]:
-        """The JSON dump with the fields that dumps leave out at their default (exclude_if) put back."""
-        return {**self.model_dump(mode="json"), "row_constraints": self.row_constraints}
+        return _diff(self.all_fields(), other.all_fields(), prefix="")
 
 
 def _diff(a: dict[str, Any], b: dict[str, Any], prefix: str) -> list[tuple[str, Any, Any]]:

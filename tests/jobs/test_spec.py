@@ -91,3 +91,30 @@ def test_bad_sampling_flags_say_why(kw: dict[str, object], expected: str) -> Non
     with pytest.raises(ValidationError) as err:
         SamplingSpec(**kw)  # type: ignore[arg-type]
     assert expected in str(err.value)
+
+
+# the fields of spec version 1, what a worker older than every later field knows
+V1_SPEC = {"input", "model", "output", "prompt_column", "id_column", "continuation_column", "sampling", "shard_rows",
+           "instance_type", "market", "price_per_hour", "quantization"}  # fmt: skip
+V1_SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop"}
+
+
+def test_manifest_json_leaves_later_fields_out_at_their_defaults() -> None:
+    """A job that uses no later field writes only version-1 fields, so an older worker (extra="forbid")
+    reads its manifest; a later field is written once it is set, and the JSON round-trips either way."""
+    plain = _spec()
+    dumped = plain.model_dump(mode="json")
+    assert set(dumped) == V1_SPEC and set(dumped["sampling"]) == V1_SAMPLING
+    assert JobSpec.model_validate_json(plain.model_dump_json()) == plain
+    used = _spec(speculative="ngram", speculative_tokens=6, task="generate",
+                 sampling=SamplingSpec(n=2, logit_bias={"3": 1.5}, choice=("a", "b")))  # fmt: skip
+    dumped = used.model_dump(mode="json")
+    assert set(dumped) == V1_SPEC | {"speculative", "speculative_tokens"}  # task at its default: left out
+    assert set(dumped["sampling"]) == V1_SAMPLING | {"n", "logit_bias", "choice"}
+    assert JobSpec.model_validate_json(used.model_dump_json()) == used
+    # a spec's full view (diffs) still names every field with its value
+    assert plain.all_fields()["speculative_tokens"] == 4 and plain.all_fields()["sampling"]["logit_bias"] == []
+    assert plain.diff(used) == [
+        "sampling.choice: None != ['a', 'b']", "sampling.logit_bias: [] != [[3, 1.5]]", "sampling.n: 1 != 2",
+        "speculative: None != 'ngram'", "speculative_tokens: 4 != 6",
+    ]  # fmt: skip
