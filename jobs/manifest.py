@@ -6,11 +6,12 @@ Also the object keys of the storage layout (docs/ARCHITECTURE.md, "Job pipeline 
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.errors import ObjectNotFoundError, SpecMismatchError
+from jobs.later_fields import LaterFields
 from jobs.spec import JobSpec
 from jobs.storage import ObjectStore
 
@@ -68,10 +69,11 @@ class InputFile(BaseModel):
     size: int = Field(ge=0, description="bytes, to notice an input that changed under a job")
 
 
-class InputPlan(BaseModel):
+class InputPlan(LaterFields):
     """What the planner found in the input."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    LATER: ClassVar[tuple[str, ...]] = ("id_type",)  # added later: left out of manifests at its default
 
     format: Literal["parquet", "jsonl"]
     files: tuple[InputFile, ...]

@@ -6,43 +6,11 @@ import hashlib
 import json
 from typing import Any, ClassVar, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializerFunctionWrapHandler,
-    field_validator,
-    model_serializer,
-    model_validator,
-)
-from pydantic_core import to_jsonable_python
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from jobs.later_fields import LaterFields
 
 MANIFEST_SPEC_VERSION = 1
-
-
-class _LaterFields(BaseModel):
-    """A spec whose fields named in LATER were added after manifests were first written: its JSON
-    (manifests, and so the job id) leaves each of them out while it is at its default, so that a
-    worker older than a field reads the manifest of a job that does not use it (a fleet mid-upgrade),
-    and the ids of jobs planned before it stay the same. `all_fields` puts them back (diffs)."""
-
-    LATER: ClassVar[tuple[str, ...]] = ()
-
-    @model_serializer(mode="wrap")
-    def _leave_out_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = handler(self)
-        for name in self.LATER:
-            if getattr(self, name) == type(self).model_fields[name].default:
-                data.pop(name, None)
-        return data
-
-    def all_fields(self) -> dict[str, Any]:
-        """The JSON dump with every field, those at their default included (nested specs too)."""
-        data = self.model_dump(mode="json")
-        for name in type(self).model_fields:
-            value = getattr(self, name)
-            data[name] = value.all_fields() if isinstance(value, _LaterFields) else to_jsonable_python(value)
-        return data
 
 
 MAX_STOP = 16  # stop strings per request (OpenAI takes 4, vLLM any number)
@@ -50,12 +18,12 @@ MAX_LOGPROBS = 20  # top log-probabilities per token (OpenAI's top_logprobs limi
 LOGIT_BIAS_LIMIT = 100.0  # |bias| at most, as OpenAI
 
 
-class SamplingSpec(_LaterFields):
+class SamplingSpec(LaterFields):
     """Job-wide sampling defaults (vLLM's names and meanings); per-row columns and JSONL bodies
     override them field by field. `n` is capped at submit by Settings.max_n (the planner)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    # added after spec version 1: left out of the JSON (and the job id) at their defaults (_LaterFields)
+    # added after spec version 1: left out of the JSON (and the job id) at their defaults (LaterFields)
     LATER: ClassVar[tuple[str, ...]] = (
         "n", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens",
         "logit_bias", "json_schema", "regex", "choice",
@@ -176,7 +144,7 @@ def _token_id(key: Any) -> int | None:
     return None
 
 
-class JobSpec(_LaterFields):
+class JobSpec(LaterFields):
     """One job: which rows, which model, which sampling, where results go, how it is priced.
 
     Two specs with equal fields have the same `job_id`; a rerun into the same OUT with the same spec
@@ -184,7 +152,7 @@ class JobSpec(_LaterFields):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    # added after the first manifests: left out of the JSON (and the job id) at their defaults (_LaterFields)
+    # added after the first manifests: left out of the JSON (and the job id) at their defaults (LaterFields)
     LATER: ClassVar[tuple[str, ...]] = ("task", "dimensions", "speculative", "speculative_tokens", "row_constraints")
 
     input: str = Field(..., min_length=1, description="Parquet file, folder/prefix of Parquet, or .jsonl")
@@ -254,7 +222,7 @@ class JobSpec(_LaterFields):
     @property
     def job_id(self) -> str:
         """Stable id: a hash of the canonical JSON of every field (16 hex digits)."""
-        fields = self.model_dump(mode="json")  # later fields at their defaults left out (_LaterFields)
+        fields = self.model_dump(mode="json")  # later fields at their defaults left out (LaterFields)
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         digest = hashlib.sha256(f"freight-job-v{MANIFEST_SPEC_VERSION}:{canonical}".encode()).hexdigest()
         return digest[:16]
