@@ -83,6 +83,12 @@ class BlockManager:
         """blocks_needed(...) of this cache (module function)."""
         return blocks_needed(num_tokens, chunk, self.block_size, self.window)
 
+    def never_fits(self, num_tokens: int, chunk: int, pool: str = "the cache") -> str | None:
+        """Why a sequence of num_tokens tokens computed `chunk` at a time can never be held, even
+        alone (its blocks_needed exceeds the pool), or None if it can: the admission bound."""
+        need = self.blocks_needed(num_tokens, chunk)
+        return f"needs {need} KV blocks; {pool} holds {self.num_blocks}" if need > self.num_blocks else None
+
     def behind(self, position: int) -> int:
         """Leading blocks no query at `position` or later reads (all of whose keys are at least a
         window older); 0 without a window."""

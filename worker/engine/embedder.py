@@ -90,12 +90,11 @@ class Embedder:
             if should_stop is not None and should_stop():
                 return
             head = queue[0]
-            need = self.bm.blocks_needed(head.num_tokens, self.max_tokens)  # as the scheduler's admission
-            if need > self.bm.num_blocks:
+            why = self.bm.never_fits(head.num_tokens, self.max_tokens)  # as the scheduler's admission
+            if why is not None:
                 queue.popleft()
-                yield EmbeddingOutput(head.index, None, head.num_tokens, (
-                    f"prompt has {head.num_tokens} tokens and needs {need} KV blocks; the cache holds "
-                    f"{self.bm.num_blocks}; shorten it or raise kv_cache_bytes"))  # fmt: skip
+                yield EmbeddingOutput(head.index, None, head.num_tokens,
+                                      f"prompt has {head.num_tokens} tokens and {why}; shorten it or raise kv_cache_bytes")  # fmt: skip
                 continue
             if self.generating():
                 raise RuntimeError(

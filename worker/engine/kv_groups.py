@@ -89,7 +89,7 @@ class GroupedBlockManager:
                  window: int) -> None:  # fmt: skip
         self.full = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.local = BlockManager(num_local_blocks, block_size, enable_prefix_caching, window=window)
-        self.num_blocks = num_blocks  # group 0's: a sequence longer than it never fits
+        self.num_blocks = num_blocks  # group 0's (the watermark's base); never_fits checks both
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.window = window
@@ -111,9 +111,11 @@ class GroupedBlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return self.full.blocks_for(num_tokens)
 
-    def blocks_needed(self, num_tokens: int, chunk: int) -> int:
-        """Group 0's (every block): the larger need; group 1's is local.blocks_needed."""
-        return self.full.blocks_needed(num_tokens, chunk)
+    def never_fits(self, num_tokens: int, chunk: int) -> str | None:
+        """BlockManager.never_fits over both pools: group 0's need (every block) against its pool, then
+        group 1's (a window's) against the local pool, which may be the smaller of the two."""
+        return self.full.never_fits(num_tokens, chunk) or self.local.never_fits(
+            num_tokens, chunk, "the sliding-window layers' cache")  # fmt: skip
 
     def behind(self, position: int) -> int:
         return self.local.behind(position)

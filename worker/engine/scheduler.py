@@ -288,11 +288,10 @@ class Scheduler:
                 break
             if seq.forks and b.num_active and b.num_active + 1 + len(seq.forks) > self.config.max_num_seqs:
                 break  # rows for every choice (an empty batch forks what fits: _fork)
-            need = self.bm.blocks_needed(seq.num_tokens + 1, self.config.max_num_batched_tokens)
-            if need > self.bm.num_blocks:
+            why = self.bm.never_fits(seq.num_tokens + 1, self.config.max_num_batched_tokens)
+            if why is not None:
                 self.waiting.popleft()
-                self._drop(seq, f"needs {need} KV blocks; the cache holds "
-                           f"{self.bm.num_blocks}; raise kv_cache_bytes or shorten the prompt")  # fmt: skip
+                self._drop(seq, f"{why}; raise kv_cache_bytes or shorten the prompt")
                 out.errored.append(seq)
                 continue
             matched, hashes = self.bm.match_prefix(seq)
