@@ -241,3 +241,20 @@ def test_engine_refuses_per_row_what_the_local_pool_never_holds(make_checkpoint,
     assert "100 tokens and needs 5 KV blocks; the sliding-window layers' cache holds 3" in embeds[0].error
     assert embeds[1].error is None and embeds[1].embedding is not None
     engine.block_manager.check_invariants([])
+
+
+def test_copy_on_write_copies_in_both_groups_or_neither() -> None:
+    bm = GroupedBlockManager(num_blocks=8, num_local_blocks=3, block_size=4, enable_prefix_caching=False, window=4)
+    parent, child, other = _seq(0, list(range(100, 106))), _seq(1, list(range(100, 106))), _seq(2, [5, 6, 7])
+    for seq in (parent, other):  # 2 + 1 blocks in each pool: the local pool is full
+        bm.allocate(seq, [], [])
+    bm.fork(parent, child)
+    tables = (list(child.block_table), list(child.local.block_table))
+    assert bm.copy_on_write(child, 1) is None  # group 0 has free blocks, group 1 none: nothing changes
+    assert (child.block_table, child.local.block_table) == tables and bm.full.num_free_blocks == 5
+    bm.free(other)
+    copies = bm.copy_on_write(child, 1)
+    assert copies == [(0, tables[0][1], child.block_table[1]), (1, tables[1][1], child.local.block_table[1])]
+    assert child.block_table[1] != tables[0][1] and child.local.block_table[1] != tables[1][1]
+    assert bm.copy_on_write(child, 1) == []  # its own now, in both
+    bm.check_invariants([parent, child])

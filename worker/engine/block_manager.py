@@ -204,19 +204,24 @@ class BlockManager:
         child.planned_hashes = list(parent.block_hashes)  # nothing pending: it computes no prompt block
         child.protected_len = parent.protected_len
 
-    def copy_on_write(self, seq: Sequence, index: int) -> tuple[int, int] | None | bool:
+    def copy_on_write(self, seq: Sequence, index: int) -> list[tuple[int, int, int]] | None:
         """Before seq writes into its block `index`: if other sequences share it, seq gets a fresh block
-        and (old, new) is returned for the KV copy; None if seq holds it alone (write in place); False
-        if no block is free (nothing changed)."""
+        and [(group, old, new)] is returned for the KV copy (group 0: this manager has one pool;
+        kv_groups' has two); [] if seq holds it alone (write in place); None if no block is free
+        (nothing changed)."""
         old = seq.block_table[index]
         if self.ref_counts[old] == 1:
-            return None
+            return []
         if not self.num_free_blocks:
-            return False
+            return None
         new = self._take()
         self.ref_counts[old] -= 1
         seq.block_table[index] = new
-        return old, new
+        return [(0, old, new)]
+
+    def shares(self, seq: Sequence, index: int) -> bool:
+        """Other sequences hold seq's block `index` too (copy_on_write would copy it)."""
+        return self.ref_counts[seq.block_table[index]] > 1
 
     def commit_computed(self, seq: Sequence, upto: int) -> None:
         """Hash and cache seq's full blocks below position `upto`: at most its computed (or scheduled)

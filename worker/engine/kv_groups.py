@@ -11,7 +11,8 @@ Both groups' tables stay position-indexed and grow in lockstep (the same number 
 of either covers positions i*B .. i*B+B-1): a sequence's group-0 table is `seq.block_table`, its
 group-1 table `seq.local` (a LocalTable: what BlockManager reads of a sequence, with the tokens read
 through). Every mutation the scheduler asks for (allocate, grow, release, truncate, fork, commit,
-free) is applied to both; only release is group 1's alone, and copy-on-write is asked per group.
+free) is applied to both; only release is group 1's alone. Copy-on-write copies the block in each
+group that shares it, in both or (no free block) in neither.
 
 Prefix caching: both pools key blocks by the same chained hashes. A hit of k blocks must hold in both
 groups: group 0 needs blocks [0, k), group 1 only the ones inside the hit's window (those before it
@@ -177,9 +178,16 @@ class GroupedBlockManager:
         child.local = LocalTable(child)
         self.local.fork(parent.local, child.local)  # type: ignore[arg-type]
 
-    def copy_on_write(self, seq: Sequence, index: int) -> tuple[int, int] | None | bool:
-        """Group 0's copy (BlockManager.copy_on_write); group 1's is local.copy_on_write(seq.local)."""
-        return self.full.copy_on_write(seq, index)
+    def copy_on_write(self, seq: Sequence, index: int) -> list[tuple[int, int, int]] | None:
+        """BlockManager.copy_on_write in each group that shares block `index` (group 0's copy, then
+        group 1's, as (1, old, new)); None, with nothing changed, if either lacks the free block."""
+        local = seq.local
+        if (self.full.shares(seq, index) and not self.full.num_free_blocks) or (
+                self.local.shares(local, index) and not self.local.num_free_blocks):  # type: ignore[arg-type]  # fmt: skip
+            return None
+        copies, local_copies = self.full.copy_on_write(seq, index), self.local.copy_on_write(local, index)  # type: ignore[arg-type]
+        assert copies is not None and local_copies is not None  # their free blocks were checked above
+        return copies + [(1, old, new) for _, old, new in local_copies]
 
     def commit_computed(self, seq: Sequence, upto: int) -> None:
         self.full.commit_computed(seq, upto)
