@@ -84,7 +84,7 @@ def run_command(
     """Run suites: embedded by default (then score and print the report), or queue with --submit."""
     from jobs.evals.collect import collect
     from jobs.evals.plan import start_run
-    from jobs.evals.suite import load_suite_file
+    from jobs.evals.suite_loader import load_suite_file
 
     settings = get_settings()
     try:
@@ -138,7 +138,7 @@ def beat_command(suites: Annotated[Path, typer.Argument(help="the suite file (TO
     from jobs.client import make_client_app
     from jobs.evals.beat import run_beat
     from jobs.evals.lock import BeatLock, LockHeldError
-    from jobs.evals.suite import load_suite_file
+    from jobs.evals.suite_loader import load_suite_file
 
     def stop(signum: int, frame: object) -> None:
         raise SystemExit(0)  # beat's loop ends on SystemExit; the lock is released on the way out

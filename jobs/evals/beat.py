@@ -25,7 +25,8 @@ from jobs.evals.collect import EvalIncompleteError, collect
 from jobs.evals.lock import BeatLock
 from jobs.evals.plan import JobExecutor, new_run_id, start_run
 from jobs.evals.schedule import COLLECT_TASK, SUBMIT_TASK, build_schedule
-from jobs.evals.suite import SuiteError, load_suite_file, parse_suite_text
+from jobs.evals.suite import SuiteError
+from jobs.evals.suite_loader import load_suite_file, parse_suite_text
 from jobs.log import get_logger
 from jobs.storage import open_store
 

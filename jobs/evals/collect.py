@@ -21,7 +21,8 @@ from jobs.evals.history import History, MetricResult, RunRecord, model_key
 from jobs.evals.plan import PlannedModel, PlannedSuite, RunPlan, job_specs, read_plan
 from jobs.evals.report import ReportEntry, compare, report_json, report_markdown
 from jobs.evals.scoring import paired_noise, read_job_results, score_suite
-from jobs.evals.suite import Suite, parse_suite_text
+from jobs.evals.suite import Suite
+from jobs.evals.suite_loader import parse_suite_text
 from jobs.finalize import committed_shards, load_shard_record
 from jobs.log import get_logger
 from jobs.manifest import COST_KEY, SUCCESS_KEY

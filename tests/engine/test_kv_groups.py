@@ -199,3 +199,62 @@ def test_prefix_hit_is_cut_where_the_local_pool_lost_a_block() -> None:
     bm.check_invariants([c])
     bm.free(c)
     bm.check_invariants([])
+
+
+def test_scheduler_refuses_what_the_local_pool_never_holds() -> None:
+    """Group 0's pool holds the 20-token prompt (6 blocks of 16); the local pool's 2 blocks never hold
+    the window behind its chunk (6 blocks): refused at once, not left waiting for blocks forever."""
+    from worker.engine.batch_state import PersistentBatch
+    from worker.engine.scheduler import Scheduler
+
+    bm = GroupedBlockManager(num_blocks=16, num_local_blocks=2, block_size=4, enable_prefix_caching=True, window=8)
+    sched = Scheduler(EngineConfig(max_num_batched_tokens=64, max_num_seqs=4), bm,
+                      PersistentBatch(4, 16, 4, frozenset({2}), grouped=True), 64)  # fmt: skip
+    big, small = _seq(0, list(range(100, 120))), _seq(1, list(range(100, 106)))
+    sched.add(big)
+    sched.add(small)
+    out = sched.schedule()
+    assert out.errored == [big] and big.finish_reason == "error"
+    assert big.error == "needs 6 KV blocks; the sliding-window layers' cache holds 2; raise kv_cache_bytes or shorten the prompt"
+    assert [c.seq for c in out.chunks] == [small]  # 2 blocks in each pool
+    bm.check_invariants([small])
+
+
+def test_engine_refuses_per_row_what_the_local_pool_never_holds(make_checkpoint, tmp_path, monkeypatch) -> None:
+    """An engine whose local pool is smaller than kv_pool_sizes makes it (3 blocks; a 32-token window
+    behind a 32-token chunk spans 4 to 5 of 16 tokens): generate and embed fail the long prompt alone
+    (before, generate waited forever for a fourth local block) and run the short one (3 blocks)."""
+    from test_embeddings import embedding_checkpoint
+
+    import worker.engine.engine as engine_module
+
+    sizes = engine_module.kv_pool_sizes
+    monkeypatch.setattr(engine_module, "kv_pool_sizes", lambda *args: (sizes(*args)[0], 3))
+    path, model = embedding_checkpoint(make_checkpoint, tmp_path, "gemma3_text", "mean", True)
+    engine = Engine.from_pretrained(path, EngineConfig(max_num_batched_tokens=32, max_num_seqs=2))
+    assert engine.block_manager.local.num_blocks == 3
+    long, short = list(range(3, 103)), list(range(3, 40))
+    outs = engine.generate([long, short], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert "needs 5 KV blocks; the sliding-window layers' cache holds 3" in outs[0].error
+    assert outs[1].error is None and outs[1].token_ids == hf_greedy(model, short, 4)
+    embeds = engine.embed([long, short])
+    assert "100 tokens and needs 5 KV blocks; the sliding-window layers' cache holds 3" in embeds[0].error
+    assert embeds[1].error is None and embeds[1].embedding is not None
+    engine.block_manager.check_invariants([])
+
+
+def test_copy_on_write_copies_in_both_groups_or_neither() -> None:
+    bm = GroupedBlockManager(num_blocks=8, num_local_blocks=3, block_size=4, enable_prefix_caching=False, window=4)
+    parent, child, other = _seq(0, list(range(100, 106))), _seq(1, list(range(100, 106))), _seq(2, [5, 6, 7])
+    for seq in (parent, other):  # 2 + 1 blocks in each pool: the local pool is full
+        bm.allocate(seq, [], [])
+    bm.fork(parent, child)
+    tables = (list(child.block_table), list(child.local.block_table))
+    assert bm.copy_on_write(child, 1) is None  # group 0 has free blocks, group 1 none: nothing changes
+    assert (child.block_table, child.local.block_table) == tables and bm.full.num_free_blocks == 5
+    bm.free(other)
+    copies = bm.copy_on_write(child, 1)
+    assert copies == [(0, tables[0][1], child.block_table[1]), (1, tables[1][1], child.local.block_table[1])]
+    assert child.block_table[1] != tables[0][1] and child.local.block_table[1] != tables[1][1]
+    assert bm.copy_on_write(child, 1) == []  # its own now, in both
+    bm.check_invariants([parent, child])

@@ -19,7 +19,7 @@ from jobs.evals.collect import EvalIncompleteError, collect, read_scores
 from jobs.evals.history import History
 from jobs.evals.plan import read_plan, start_run
 from jobs.evals.schedule import COLLECT_TASK, SUBMIT_TASK
-from jobs.evals.suite import load_suite_file
+from jobs.evals.suite_loader import load_suite_file
 from jobs.settings import Settings
 from jobs.spec import JobSpec
 from jobs.storage import LocalStore

@@ -18,7 +18,7 @@ from jobs.evals.beat import scheduler_class
 from jobs.evals.cron import cron_fields, to_crontab
 from jobs.evals.lock import BeatLock, LockHeldError, lock_key
 from jobs.evals.schedule import COLLECT_SECONDS, COLLECT_TASK, SUBMIT_TASK, build_schedule
-from jobs.evals.suite import load_suite_file
+from jobs.evals.suite_loader import load_suite_file
 
 SUITES = """\
 [[suite]]

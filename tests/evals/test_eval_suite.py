@@ -9,7 +9,8 @@ import pytest
 
 from jobs.evals.lines import LineIndex
 from jobs.evals.metrics import Custom, ExactMatch, MultipleChoice
-from jobs.evals.suite import SuiteError, load_suite_file
+from jobs.evals.suite import SuiteError
+from jobs.evals.suite_loader import load_suite_file
 
 VALID = """\
 id = "nightly"

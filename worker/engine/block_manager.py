@@ -83,6 +83,12 @@ class BlockManager:
         """blocks_needed(...) of this cache (module function)."""
         return blocks_needed(num_tokens, chunk, self.block_size, self.window)
 
+    def never_fits(self, num_tokens: int, chunk: int, pool: str = "the cache") -> str | None:
+        """Why a sequence of num_tokens tokens computed `chunk` at a time can never be held, even
+        alone (its blocks_needed exceeds the pool), or None if it can: the admission bound."""
+        need = self.blocks_needed(num_tokens, chunk)
+        return f"needs {need} KV blocks; {pool} holds {self.num_blocks}" if need > self.num_blocks else None
+
     def behind(self, position: int) -> int:
         """Leading blocks no query at `position` or later reads (all of whose keys are at least a
         window older); 0 without a window."""
@@ -198,19 +204,24 @@ class BlockManager:
         child.planned_hashes = list(parent.block_hashes)  # nothing pending: it computes no prompt block
         child.protected_len = parent.protected_len
 
-    def copy_on_write(self, seq: Sequence, index: int) -> tuple[int, int] | None | bool:
+    def copy_on_write(self, seq: Sequence, index: int) -> list[tuple[int, int, int]] | None:
         """Before seq writes into its block `index`: if other sequences share it, seq gets a fresh block
-        and (old, new) is returned for the KV copy; None if seq holds it alone (write in place); False
-        if no block is free (nothing changed)."""
+        and [(group, old, new)] is returned for the KV copy (group 0: this manager has one pool;
+        kv_groups' has two); [] if seq holds it alone (write in place); None if no block is free
+        (nothing changed)."""
         old = seq.block_table[index]
         if self.ref_counts[old] == 1:
-            return None
+            return []
         if not self.num_free_blocks:
-            return False
+            return None
         new = self._take()
         self.ref_counts[old] -= 1
         seq.block_table[index] = new
-        return old, new
+        return [(0, old, new)]
+
+    def shares(self, seq: Sequence, index: int) -> bool:
+        """Other sequences hold seq's block `index` too (copy_on_write would copy it)."""
+        return self.ref_counts[seq.block_table[index]] > 1
 
     def commit_computed(self, seq: Sequence, upto: int) -> None:
         """Hash and cache seq's full blocks below position `upto`: at most its computed (or scheduled)

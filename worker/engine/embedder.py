@@ -10,7 +10,10 @@ forward's tokens; a long one grows chunk by chunk, first releasing the blocks it
 (BlockManager.release_behind, as the scheduler does: a windowed pool then holds at most
 blocks_needed(...) of them, whatever the input's length). Nothing enters the prefix cache and nothing
 is read from it; the blocks are freed once the sequence is pooled, so no KV outlives its batch.
-(Taking a block may evict an unreferenced cached block, as any allocation can.)
+(Taking a block may evict an unreferenced cached block, as any allocation can.) They are freed before
+the batch's outputs are yielded: a stream paused between outputs, closed or garbage collected holds
+no block, so a generate may run to its end meanwhile; a forward due while a generate stream is
+unfinished (its sequences hold blocks the embedder's admission does not count on) raises instead.
 
 Pooling (worker/engine/pooling.py) reads the final hidden states after the model's norm, never the
 lm_head: for `lasttoken` / `cls` the last layer runs only the one row per sequence it needs
@@ -23,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -67,30 +70,36 @@ class _Pending:
 
 class Embedder:
     def __init__(self, runner: ModelRunner, block_manager: BlockManager, pooling: PoolingConfig,
-                 max_tokens: int, max_seqs: int, stats: EngineStats) -> None:  # fmt: skip
+                 max_tokens: int, max_seqs: int, stats: EngineStats, generating: Callable[[], bool]) -> None:  # fmt: skip
         self.runner = runner
         self.bm = block_manager
         self.pooling = pooling
         self.max_tokens = max_tokens  # token budget of one forward
         self.max_seqs = max_seqs
         self.stats = stats
+        self.generating = generating  # True while a generate stream of the engine is unfinished
 
-    def run(self, requests: list[tuple[int, list[int], int | None]],
-            should_stop: Callable[[], bool] | None = None) -> Iterator[EmbeddingOutput]:  # fmt: skip
-        """(index, token ids, dimensions) of valid requests -> their outputs, a forward's worth at a
-        time. should_stop() is checked before each forward; once True the generator returns."""
+    def run(self, requests: list[tuple[int, list[int], int | None]], should_stop: Callable[[], bool] | None = None,
+            errors: Seq[EmbeddingOutput] = ()) -> Generator[EmbeddingOutput, None, None]:  # fmt: skip
+        """`errors` (bad prompts' outputs) first, then (index, token ids, dimensions) of valid requests ->
+        their outputs, a forward's worth at a time. should_stop() is checked before each forward; once True the generator returns. Raises
+        RuntimeError when a forward is due while a generate stream is unfinished (its blocks are held)."""
+        yield from errors
         queue = deque(_Pending(i, Sequence(i, i, ids, _PARAMS, 0), d) for i, ids, d in requests)
         while queue:
             if should_stop is not None and should_stop():
                 return
             head = queue[0]
-            need = self.bm.blocks_needed(head.num_tokens, self.max_tokens)  # as the scheduler's admission
-            if need > self.bm.num_blocks:
+            why = self.bm.never_fits(head.num_tokens, self.max_tokens)  # as the scheduler's admission
+            if why is not None:
                 queue.popleft()
-                yield EmbeddingOutput(head.index, None, head.num_tokens, (
-                    f"prompt has {head.num_tokens} tokens and needs {need} KV blocks; the cache holds "
-                    f"{self.bm.num_blocks}; shorten it or raise kv_cache_bytes"))  # fmt: skip
+                yield EmbeddingOutput(head.index, None, head.num_tokens,
+                                      f"prompt has {head.num_tokens} tokens and {why}; shorten it or raise kv_cache_bytes")  # fmt: skip
                 continue
+            if self.generating():
+                raise RuntimeError(
+                    "a generate stream was started on this engine while this embed_stream was partly read, "
+                    "and it is unfinished; finish or close that stream before reading more embeddings")
             batch = self._admit(queue)
             try:
                 if len(batch) == 1 and head.num_tokens > self.max_tokens:
@@ -102,10 +111,11 @@ class Embedder:
                         self._forward([(head, lo, hi)])
                 else:
                     self._forward([(p, 0, p.num_tokens) for p in batch])
-                yield from self._finish(batch)
-            finally:
+                outs = self._finish(batch)
+            finally:  # before any yield: a paused or abandoned stream holds no KV block
                 for p in batch:
                     self.bm.free(p.seq)
+            yield from outs
 
     def _admit(self, queue: deque[_Pending]) -> list[_Pending]:
         """Pop and allocate the next forward's sequences (at least one: the head fits the cache)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import gc
-import itertools
 import time
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
@@ -252,8 +251,8 @@ class Engine:
                 requests.append((i, ids, d))
         c = self.config
         embedder = Embedder(self.runner, self.block_manager, self.pooling, c.max_num_batched_tokens,
-                            c.max_num_seqs, self.stats)  # fmt: skip
-        return itertools.chain(errors, embedder.run(requests, should_stop))
+                            c.max_num_seqs, self.stats, self.scheduler.has_unfinished)  # fmt: skip
+        return embedder.run(requests, should_stop, errors)
 
     # ---- one step --------------------------------------------------------------------------
     def step(self) -> list[Sequence]:

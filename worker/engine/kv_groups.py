@@ -11,7 +11,8 @@ Both groups' tables stay position-indexed and grow in lockstep (the same number 
 of either covers positions i*B .. i*B+B-1): a sequence's group-0 table is `seq.block_table`, its
 group-1 table `seq.local` (a LocalTable: what BlockManager reads of a sequence, with the tokens read
 through). Every mutation the scheduler asks for (allocate, grow, release, truncate, fork, commit,
-free) is applied to both; only release is group 1's alone, and copy-on-write is asked per group.
+free) is applied to both; only release is group 1's alone. Copy-on-write copies the block in each
+group that shares it, in both or (no free block) in neither.
 
 Prefix caching: both pools key blocks by the same chained hashes. A hit of k blocks must hold in both
 groups: group 0 needs blocks [0, k), group 1 only the ones inside the hit's window (those before it
@@ -89,7 +90,7 @@ class GroupedBlockManager:
                  window: int) -> None:  # fmt: skip
         self.full = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.local = BlockManager(num_local_blocks, block_size, enable_prefix_caching, window=window)
-        self.num_blocks = num_blocks  # group 0's: a sequence longer than it never fits
+        self.num_blocks = num_blocks  # group 0's (the watermark's base); never_fits checks both
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.window = window
@@ -111,9 +112,11 @@ class GroupedBlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return self.full.blocks_for(num_tokens)
 
-    def blocks_needed(self, num_tokens: int, chunk: int) -> int:
-        """Group 0's (every block): the larger need; group 1's is local.blocks_needed."""
-        return self.full.blocks_needed(num_tokens, chunk)
+    def never_fits(self, num_tokens: int, chunk: int) -> str | None:
+        """BlockManager.never_fits over both pools: group 0's need (every block) against its pool, then
+        group 1's (a window's) against the local pool, which may be the smaller of the two."""
+        return self.full.never_fits(num_tokens, chunk) or self.local.never_fits(
+            num_tokens, chunk, "the sliding-window layers' cache")  # fmt: skip
 
     def behind(self, position: int) -> int:
         return self.local.behind(position)
@@ -175,9 +178,16 @@ class GroupedBlockManager:
         child.local = LocalTable(child)
         self.local.fork(parent.local, child.local)  # type: ignore[arg-type]
 
-    def copy_on_write(self, seq: Sequence, index: int) -> tuple[int, int] | None | bool:
-        """Group 0's copy (BlockManager.copy_on_write); group 1's is local.copy_on_write(seq.local)."""
-        return self.full.copy_on_write(seq, index)
+    def copy_on_write(self, seq: Sequence, index: int) -> list[tuple[int, int, int]] | None:
+        """BlockManager.copy_on_write in each group that shares block `index` (group 0's copy, then
+        group 1's, as (1, old, new)); None, with nothing changed, if either lacks the free block."""
+        local = seq.local
+        if (self.full.shares(seq, index) and not self.full.num_free_blocks) or (
+                self.local.shares(local, index) and not self.local.num_free_blocks):  # type: ignore[arg-type]  # fmt: skip
+            return None
+        copies, local_copies = self.full.copy_on_write(seq, index), self.local.copy_on_write(local, index)  # type: ignore[arg-type]
+        assert copies is not None and local_copies is not None  # their free blocks were checked above
+        return copies + [(1, old, new) for _, old, new in local_copies]
 
     def commit_computed(self, seq: Sequence, upto: int) -> None:
         self.full.commit_computed(seq, upto)

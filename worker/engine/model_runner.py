@@ -23,7 +23,7 @@ from worker.engine.host_memory import huge_page_zeros
 from worker.engine.logits_processing import LogitsProcessing
 from worker.engine.models import CausalLM
 from worker.engine.sampler import Sampler, SamplingRows, stop_hits, to_device
-from worker.engine.scheduler import SchedulerOutput
+from worker.engine.scheduler_output import SchedulerOutput
 from worker.engine.speculation.verifier import ConstrainRuns, SpecRun, Verifier
 from worker.engine.step_inputs import PromptScores, StepInputs, build_step
 

@@ -17,14 +17,14 @@ full layers' blocks are all kept, its local layers' (a pool of their own) releas
 A sequence scheduled to sample counts the token it will get at once (num_pending), so the next step
 can be scheduled before this one's tokens reach the host (overlapped steps): its decode input is then
 the sampled id the device already holds. A sequence that leaves the batch with tokens still in flight
-is kept in `departed` until they arrive. A request's n > 1 choices fork from its prefill (fork.py):
-a forked row's first write into a shared block takes its own copy first (`_room`, `out.copies`).
+is kept in `departed` until they arrive (SequenceQueues, sequence_queues.py: the queues and the moves
+out of the batch). A request's n > 1 choices fork from its prefill (fork.py): a forked row's first
+write into a shared block takes its own copy first (`_room`: the block manager's copy_on_write, in
+every KV cache group at once; `out.copies`, `out.local_copies`). The step's plan: scheduler_output.py.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -34,50 +34,9 @@ from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
 from worker.engine.fork import fork
 from worker.engine.kv_groups import GroupedBlockManager
+from worker.engine.scheduler_output import NO_ROWS, ScheduledChunk, SchedulerOutput
 from worker.engine.sequence import Sequence, SequenceStatus
-
-_NO_ROWS = np.zeros(0, np.int64)
-
-
-@dataclass(frozen=True)
-class ScheduledChunk:
-    """seq computes positions [start, start + num_tokens) this step; `samples`: the chunk reaches the
-    sequence's last token, so its logits yield the next one. Positions [prompt_first, prompt_end)
-    have their logits scored for prompt_logprobs (each scores the prompt token after it)."""
-
-    seq: Sequence
-    start: int
-    num_tokens: int
-    samples: bool
-    prompt_first: int = 0
-    prompt_end: int = 0
-    forks: tuple[Sequence, ...] = ()  # choices forked now: they sample from this chunk's last logits too
-    # speculation (SchedulerOutput.spec): seq's newest token then these proposed tokens, positions
-    # start..start+K, each run as a decode row of seq and verified (speculation/verifier.py)
-    draft: tuple[int, ...] = ()
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    chunks: list[ScheduledChunk] = field(default_factory=list)  # prefill part: admitted / prefilling
-    decode_rows: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # batch rows decoding, ascending
-    decode_positions: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # the position each computes
-    errored: list[Sequence] = field(default_factory=list)  # finished with "error" while scheduling
-    admitted: list[Sequence] = field(default_factory=list)  # admitted for the first time this step
-    num_preempted: int = 0
-    copies: list[tuple[int, int]] = field(default_factory=list)  # KV blocks to copy (src, dst) first
-    spec: list[ScheduledChunk] = field(default_factory=list)  # speculation's verify runs (decode rows)
-    local_copies: list[tuple[int, int]] = field(default_factory=list)  # `copies` of the local group's pool
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        """Prompt (or recomputed) tokens this step: the chunks, except single-token chunks of
-        sequences that already generated (those are decodes resumed after a preemption)."""
-        return sum(c.num_tokens for c in self.chunks if c.num_tokens > 1 or c.seq.num_output_tokens == 0)
-
-    @property
-    def num_scheduled_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks) + len(self.decode_rows) + sum(c.num_tokens for c in self.spec)
+from worker.engine.sequence_queues import SequenceQueues
 
 
 class SpeculationPlanner(Protocol):
@@ -89,36 +48,21 @@ class SpeculationPlanner(Protocol):
     def observe(self, seq: Sequence, proposed: int, accepted: int) -> None: ...
 
 
-class Scheduler:
+class Scheduler(SequenceQueues):
+    """The step policy over SequenceQueues' bookkeeping (module docstring)."""
+
     def __init__(self, config: EngineConfig, block_manager: BlockManager | GroupedBlockManager, batch: PersistentBatch,
                  max_model_len: int) -> None:  # fmt: skip
+        super().__init__(block_manager, batch)
         self.config = config
-        self.bm = block_manager
-        self.batch = batch
         self.max_model_len = max_model_len
-        self.waiting: deque[Sequence] = deque()
-        self.prefilling: list[Sequence] = []  # running with > 1 uncomputed token, admission order
-        self.departed: dict[int, Sequence] = {}  # seq_id -> left the batch with sampled tokens in flight
         # Blocks kept free at admission so running sequences can grow without instant preemption.
         self.watermark = block_manager.num_blocks // 100
         self.speculator: SpeculationPlanner | None = None  # set by the engine when speculative decoding is on
 
-    def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
-
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting) or self.batch.num_active > 0
-
-    @property
-    def running(self) -> list[Sequence]:
-        """The running sequences in admission order (tests, debugging; not on the hot path)."""
-        b = self.batch
-        rows = np.flatnonzero(b.active)
-        return b.sequences(rows[np.argsort(b.admitted_at[rows], kind="stable")])
-
     # ---- one step ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput([], _NO_ROWS, _NO_ROWS, [], [], 0, [], [])
+        out = SchedulerOutput([], NO_ROWS, NO_ROWS, [], [], 0, [], [])
         b = self.batch
         budget = self.config.max_num_batched_tokens
         rows = b.decode_rows()
@@ -251,19 +195,13 @@ class Scheduler:
         if not self.bm.append_slots(seq, pos + 1):
             return False
         if self.batch.cow[r]:
-            copy = self.bm.copy_on_write(seq, pos // self.bm.block_size)
-            if copy is False:
+            index = pos // self.bm.block_size
+            copies = self.bm.copy_on_write(seq, index)  # per KV cache group (kv_groups.py)
+            if copies is None:
                 return False
-            if copy is not None:
-                out.copies.append(copy)
-                self.batch.set_block(r, pos // self.bm.block_size, copy[1])
-            if seq.local is not None:  # the local layers' group shares the block too (kv_groups.py)
-                copy = self.bm.local.copy_on_write(seq.local, pos // self.bm.block_size)
-                if copy is False:
-                    return False
-                if copy is not None:
-                    out.local_copies.append(copy)
-                    self.batch.set_block(r, pos // self.bm.block_size, copy[1], local=True)
+            for group, old, new in copies:
+                (out.local_copies if group else out.copies).append((old, new))
+                self.batch.set_block(r, index, new, local=bool(group))
             self.batch.mark_cow(r, False)
         return True
 
@@ -288,11 +226,10 @@ class Scheduler:
                 break
             if seq.forks and b.num_active and b.num_active + 1 + len(seq.forks) > self.config.max_num_seqs:
                 break  # rows for every choice (an empty batch forks what fits: _fork)
-            need = self.bm.blocks_needed(seq.num_tokens + 1, self.config.max_num_batched_tokens)
-            if need > self.bm.num_blocks:
+            why = self.bm.never_fits(seq.num_tokens + 1, self.config.max_num_batched_tokens)
+            if why is not None:
                 self.waiting.popleft()
-                self._drop(seq, f"needs {need} KV blocks; the cache holds "
-                           f"{self.bm.num_blocks}; raise kv_cache_bytes or shorten the prompt")  # fmt: skip
+                self._drop(seq, f"{why}; raise kv_cache_bytes or shorten the prompt")
                 out.errored.append(seq)
                 continue
             matched, hashes = self.bm.match_prefix(seq)
@@ -352,46 +289,3 @@ class Scheduler:
     def _commit(self, seq: Sequence) -> None:
         self.bm.commit_computed(seq, min(seq.num_computed_tokens, len(seq.token_ids)))
         self.batch.num_hashed[seq.row] = len(seq.block_hashes)
-
-    # ---- leaving the batch ---------------------------------------------------------------
-    def _leave(self, seq: Sequence) -> None:
-        self.bm.free(seq)
-        self.batch.remove(seq)
-        if seq in self.prefilling:
-            self.prefilling.remove(seq)
-        if seq.in_flight:
-            self.departed[seq.seq_id] = seq
-
-    def _preempt(self, seq: Sequence) -> None:
-        self._leave(seq)
-        seq.reset_for_recompute()
-        self.waiting.appendleft(seq)
-
-    def _drop(self, seq: Sequence, message: str) -> None:
-        if seq.batch is not None:
-            self._leave(seq)
-        seq.finish("error", message)
-        for child in seq.forks:  # choices not forked yet share the parent's fate
-            child.finish("error", message)
-        seq.forks = []
-
-    def finish(self, seq: Sequence) -> None:
-        """Release a sequence the engine has marked finished: running, or preempted while its last
-        token was in flight (then it waits in the queue)."""
-        if seq.batch is not None:
-            self._leave(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
-
-    def abort_all(self) -> list[Sequence]:
-        """Drop every unfinished sequence (blocks freed); returns them."""
-        dropped = self.running + list(self.waiting)
-        for seq in self.running:
-            self._leave(seq)
-        for seq in dropped:
-            seq.in_flight = 0
-            seq.finish("cancelled")
-        self.prefilling.clear()
-        self.waiting.clear()
-        self.departed.clear()
-        return dropped

@@ -35,7 +35,8 @@ from worker.engine.backends.base import AttentionMetadata
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.device_rows import DeviceRows
 from worker.engine.sampler import to_device
-from worker.engine.scheduler import SchedulerOutput, Sequence
+from worker.engine.scheduler_output import SchedulerOutput
+from worker.engine.sequence import Sequence
 
 
 @dataclass(frozen=True)
