@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from engine_oracle import hf_greedy
 
 from worker.engine import Engine, EngineConfig, SamplingParams
 
@@ -243,3 +244,22 @@ def test_skip_special_tokens_false_keeps_them_in_the_text(engine: Engine) -> Non
     assert engine.generate([PROMPTS[0]], params)[0].text == ""
     kept = engine.generate([PROMPTS[0]], dataclasses.replace(params, skip_special_tokens=False))[0]
     assert kept.token_ids == [eos, eos] and kept.text == engine.tokenizer.decode([eos, eos], skip_special_tokens=False) != ""
+
+
+def test_a_stream_paused_after_its_last_output_leaves_its_step_in_flight_harmless(make_checkpoint) -> None:
+    """With overlapped steps a stream may yield its last output while a step for that (now finished)
+    sequence is still in flight: a stop token cannot be foreseen when the next step is launched. A
+    generate started meanwhile applies that step to a departed sequence (scheduler's departed list)
+    and gives transformers' tokens; the paused stream then ends without yielding anything more."""
+    ckpt = make_checkpoint("llama")
+    engine = Engine.from_pretrained(ckpt.path, EngineConfig(overlap_steps=True, max_num_seqs=4))
+    prompt = list(range(3, 20))
+    stop = hf_greedy(ckpt.model, prompt, 3)[2]
+    paused = engine.stream([prompt], SamplingParams(max_tokens=8, stop_token_ids=[stop]))
+    assert next(paused).token_ids[-1] == stop
+    assert engine._in_flight is not None and not engine.scheduler.has_unfinished()  # the case under test
+    others = [list(range(40, 60)), list(range(7, 30)), list(range(9, 12))]
+    got = engine.generate(others, SamplingParams(max_tokens=6, ignore_eos=True))
+    assert [o.token_ids for o in got] == [hf_greedy(ckpt.model, p, 6) for p in others]
+    assert list(paused) == []
+    engine.block_manager.check_invariants([])
