@@ -6,7 +6,7 @@ import atexit
 import dataclasses
 import gc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from collections.abc import Sequence as Seq
 from pathlib import Path
 
@@ -223,7 +223,7 @@ class Engine:
         prompts: Seq[str] | Seq[Seq[int]],
         dimensions: int | Seq[int | None] | None = None,
         should_stop: Callable[[], bool] | None = None,
-    ) -> Iterator[EmbeddingOutput]:
+    ) -> Generator[EmbeddingOutput, None, None]:
         """Embeddings by the checkpoint's pooling config (worker/engine/pooling.py): batched prefill,
         pooled final hidden states, truncated to `dimensions` (one for all prompts or one each; None:
         the hidden size), then normalized if the config has a Normalize module. Text prompts are
