@@ -28,6 +28,7 @@ from worker.engine.models import ModelConfig
 from worker.engine.ordering import batch_order
 from worker.engine.outputs import RequestOutput
 from worker.engine.pooling import PoolingConfig, PoolingConfigError
+from worker.engine.request_checks import RequestChecks
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence
@@ -84,6 +85,7 @@ class Engine:
         self._applied_early: list[Sequence] = []  # finished by applying _in_flight inside a launch (_constrain)
         self.structured = StructuredOutputs(model_dir, self.vocab_size, tuple(eos), config.max_num_seqs,
                                             config.torch_device, self.stats)  # fmt: skip
+        self.checks = RequestChecks(self.vocab_size, max_model_len, self.structured.error)
         self._next_seq_id = 0
         try:  # embeddings need the checkpoint's sentence-transformers pooling config; generation does not
             self.pooling: PoolingConfig | None = PoolingConfig.from_checkpoint(model_dir, runner.model.cfg.hidden_size)
@@ -168,22 +170,15 @@ class Engine:
         should_stop() is checked before every step; once True, unfinished requests are aborted (their
         blocks freed, nothing yielded for them) and the generator returns.
         """
-        params_list = self._params_for(prompts, params)
+        params_list = self.checks.params_for(prompts, params)
         if self.scheduler.has_unfinished():
             raise RuntimeError("this engine is already running a stream; finish or close it first")
         seqs: list[Sequence] = []
         texts = [p for p in prompts if isinstance(p, str)]
         encoded = iter(self.tokenizer.encode_batch(texts) if texts else [])
         for i, (prompt, p) in enumerate(zip(prompts, params_list, strict=True)):
-            ids, error = self._prompt_ids(prompt, next(encoded) if isinstance(prompt, str) else None)
-            if error is None and p.logit_bias and p.logit_bias[-1][0] >= self.vocab_size:
-                error = (f"logit_bias token id {p.logit_bias[-1][0]} is outside the vocabulary "
-                         f"[0, {self.vocab_size}); use ids the model's tokenizer produces")  # fmt: skip
-            if error is None and p.stop_token_ids and max(p.stop_token_ids) >= self.vocab_size:
-                error = (f"stop_token_ids holds {max(p.stop_token_ids)}, outside the vocabulary "
-                         f"[0, {self.vocab_size}); use ids the model's tokenizer produces")  # fmt: skip
-            if error is None and p.constraint is not None:  # compiled once per distinct constraint
-                error = self.structured.error(p.constraint)
+            ids, error = self.checks.prompt_ids(prompt, next(encoded) if isinstance(prompt, str) else None)
+            error = error or self.checks.params_error(p)
             if error is not None:
                 yield RequestOutput(i, ids, [], "", "error", len(ids), 0, error=error)
                 continue
@@ -234,7 +229,7 @@ class Engine:
         """
         if self.pooling is None:
             raise ValueError(self.pooling_error)
-        self._params_for(prompts, None)  # refuses a single string
+        self.checks.params_for(prompts, None)  # refuses a single string
         if self.scheduler.has_unfinished():
             raise RuntimeError("this engine is running a generate stream; finish or close it first")
         dims = dimensions_per_prompt(dimensions, len(prompts))
@@ -243,7 +238,7 @@ class Engine:
         errors: list[EmbeddingOutput] = []
         requests: list[tuple[int, list[int], int | None]] = []
         for i, (prompt, d) in enumerate(zip(prompts, dims, strict=True)):
-            ids, error = self._prompt_ids(prompt, next(encoded) if isinstance(prompt, str) else None, room=0)
+            ids, error = self.checks.prompt_ids(prompt, next(encoded) if isinstance(prompt, str) else None, room=0)
             error = error or self.pooling.check_dimensions(d)
             if error is not None:
                 errors.append(EmbeddingOutput(i, None, len(ids), error))
@@ -327,38 +322,3 @@ class Engine:
             for seq in group:
                 seq.group = group
         return group[0]
-
-    @staticmethod
-    def _params_for(
-        prompts: Seq, params: SamplingParams | Seq[SamplingParams] | None
-    ) -> list[SamplingParams]:
-        if isinstance(prompts, str):
-            raise ValueError("prompts must be a list of strings or of token-id lists, not one string")
-        if params is None or isinstance(params, SamplingParams):
-            return [params or SamplingParams()] * len(prompts)
-        params = list(params)
-        if len(params) != len(prompts):
-            raise ValueError(
-                f"got {len(params)} SamplingParams for {len(prompts)} prompts; pass one or one each"
-            )
-        return params
-
-    def _prompt_ids(self, prompt: object, encoded: list[int] | None, room: int = 1) -> tuple[list[int], str | None]:
-        """(token ids, None) or (whatever ids there are, why this prompt cannot run). A text prompt
-        comes with `encoded`, its ids from the batch encode in `stream`; `room`: context positions
-        needed after the prompt (1 to generate, 0 to embed)."""
-        if encoded is not None:
-            ids = encoded
-        elif isinstance(prompt, Seq) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            ids = list(prompt)
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                return ids, f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
-        else:
-            return [], f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}"
-        if not ids:
-            return ids, "empty prompt: there is no token to condition on"
-        if len(ids) + room > self.max_model_len:
-            need = " (prompt + at least one generated token)" if room else ""
-            return ids, f"prompt has {len(ids)} tokens but the context holds {self.max_model_len}{need}; shorten it"
-        return ids, None
