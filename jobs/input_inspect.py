@@ -77,6 +77,7 @@ def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[Inpu
     if kind == "messages" and not is_string(prompts.type):
         prompts = pa.chunked_array([pa.array([str(v) for v in prompts.to_pylist()], pa.string())])
     _warn_unread_constraints(spec, names)
+    _note_row_sampling(overrides)
     return input_plan, prompts
 
 
@@ -93,6 +94,19 @@ def override_columns(spec: JobSpec, names: list[str]) -> tuple[str, ...]:
             f"{', '.join(datasets.CONSTRAINT_COLUMNS)}; add one (a constraint per row) or drop the flag"
         )
     return tuple(sampling + (constraint if spec.row_constraints else []))
+
+
+def _note_row_sampling(overrides: tuple[str, ...]) -> None:
+    """Say which of the input's columns set each row's sampling (README "Sampling"): a dataset whose
+    column merely shares such a name (an `n`, a `seed`, a `temperature` of its own) would otherwise
+    change every row's sampling unnoticed."""
+    sampling = [c for c in overrides if c in datasets.SAMPLING_COLUMNS]
+    if sampling:
+        log.info(
+            "row_sampling_columns",
+            columns=sampling,
+            note="each row's value overrides the job's setting; rename a column that is plain data",
+        )
 
 
 def _warn_unread_constraints(spec: JobSpec, names: list[str]) -> None:

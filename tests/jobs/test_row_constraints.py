@@ -16,6 +16,7 @@ from pipeline_data import write_parquet
 from typer.testing import CliRunner
 
 from jobs.cli import app
+from jobs.settings import get_settings
 from jobs.spec import JobSpec
 
 CHOICES = ["red", "green", "blue"]
@@ -115,3 +116,19 @@ def test_a_manifest_without_the_flag_reads_as_before_and_a_rerun_names_the_flag(
     assert "row_constraints" not in off.model_dump(mode="json") and on.model_dump(mode="json")["row_constraints"]
     assert JobSpec.model_validate_json(off.model_dump_json()) == off
     assert off.diff(on) == ["row_constraints: False != True"]
+
+
+def test_the_sampling_columns_a_run_reads_are_named(tmp_path: Path, demo_model_dir: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Per-row sampling columns are read by name (README "Sampling"); the run says which (an info line,
+    the default level), so a dataset column that merely shares such a name (here `n`, the size of a
+    puzzle) does not go unnoticed."""
+    monkeypatch.setenv("FREIGHT_LOG_LEVEL", "info")
+    get_settings.cache_clear()
+    table = pa.table({"prompt": ["Solve for n = 3:", "Solve for n = 2:"], "n": pa.array([3, 2], pa.int64())})
+    out = tmp_path / "out"
+    code, output = _invoke(["run", str(write_parquet(table, tmp_path / "puzzles.parquet")), "--model",
+                            str(demo_model_dir), "--output", str(out), "--max-tokens", "2"])  # fmt: skip
+    assert code == 0, output
+    assert "row_sampling_columns" in output and '"columns": ["n"]' in output and "rename" in output
+    assert json.loads((out / "manifest.json").read_text())["input"]["override_columns"] == ["n"]
