@@ -66,11 +66,20 @@ class Settings(BaseSettings):
         None, description="key of the HMAC-SHA256 signature (X-Freight-Signature) of webhook bodies"
     )
     sns_endpoint_url: str | None = Field(None, description="SNS endpoint (moto, LocalStack); None: AWS")
-    notify_attempts: int = Field(6, ge=1, le=100, description="tries per notification before it is dropped")
+    notify_attempts: int = Field(6, ge=1, le=100, description="tries per send (one try or one redelivery) before that send gives up")
     notify_backoff_s: float = Field(1.0, gt=0, description="first retry delay; doubles each try, 60 s at most")
     notify_timeout_s: float = Field(5.0, gt=0, description="seconds one webhook POST may take")
     notify_drain_s: float = Field(
         5.0, ge=0, description="how long `freight run` / `freight cancel` wait for pending notifications at exit"
+    )
+    notify_redeliver_grace_s: float = Field(
+        120.0, gt=0, description="a claimed notification not yet delivered to a target is sent again by the "
+        "workers' reconcile pass this long after its claim (its claimer died, or every try failed); each "
+        "further redelivery waits twice as long as the one before"
+    )
+    notify_redeliveries: int = Field(
+        5, ge=0, le=20, description="redeliveries per target before it is given up (recorded in "
+        "OUT/notify/ and logged as notify_given_up); 0 = none: at most once"
     )
 
 
