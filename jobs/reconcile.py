@@ -13,8 +13,12 @@ gets its freight.finalize; one whose OUT has no manifest any more is marked fail
 jobs (`job_ids` None) also sends finished jobs' notifications that no target confirmed again
 (jobs/redelivery.py: the claimer died, or every try failed).
 
-It runs in every worker's main process (once a minute, one worker at a time), in
-`freight autoscale`'s tick and in `freight wait` (its own job). Never imports worker/ or torch.
+It runs in every worker's main process: worker/node.py's NodeKeeper ticks every FREIGHT_HEARTBEAT_S
+(10 s; sooner when a message arrives) and runs a pass on the first tick at least RECONCILE_S (15 s)
+after its last one, so about every 20 s per worker with default settings, unless another worker
+took a turn in the last 12 s (`freight:lock:reconcile`, so with several workers the fleet still
+makes about one pass per 12-20 s). Also in `freight autoscale`'s tick and in `freight wait` (its own
+job, every FREIGHT_WAIT_RECONCILE_S). Never imports worker/ or torch.
 """
 
 from __future__ import annotations
