@@ -37,6 +37,10 @@ class Settings(BaseSettings):
         10.0, gt=0, description="a shard Redis calls queued or running, with no message and no live "
         "attempt, is published again once it has been seen so this long (jobs/reconcile.py)"
     )
+    submit_redis_retry_s: float = Field(
+        5.0, ge=0, le=600, description="how long `freight submit` keeps retrying a Redis that does not answer "
+        "(backoff 0.1 s doubling to 2 s) before it fails with a message; 0 = fail at the first refusal"
+    )
     wait_reconcile_s: float = Field(
         10.0, gt=0, description="how often `freight wait` checks its job's Redis state against storage"
     )
