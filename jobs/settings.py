@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -85,6 +85,15 @@ class Settings(BaseSettings):
         5, ge=0, le=20, description="redeliveries per target before it is given up (recorded in "
         "OUT/notify/ and logged as notify_given_up); 0 = none: at most once"
     )
+
+
+def settings_error(exc: ValidationError) -> str:
+    """One line naming each bad FREIGHT_ variable, its value and what it must be."""
+    parts = []
+    for err in exc.errors():
+        name = "FREIGHT_" + str(err["loc"][0]).upper() if err.get("loc") else "a FREIGHT_ variable"
+        parts.append(f"{name}={err.get('input')!r}: {err['msg'].lower()}")
+    return "; ".join(parts) + ": fix or unset it in the environment"
 
 
 @lru_cache(maxsize=1)
