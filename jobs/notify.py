@@ -11,7 +11,7 @@ job; each target that answers 2xx is recorded under `OUT/notify/<state>/<deliver
 jobs/notify_claims.py). A claimer that dies before that (kill -9, spot loss) leaves its claim
 undelivered: the reconcile pass that runs in the workers redelivers it (jobs/redelivery.py), after
 FREIGHT_NOTIFY_REDELIVER_GRACE_S, up to FREIGHT_NOTIFY_REDELIVERIES times, and then records that it
-gave up. `drain(timeout)` lets a short-lived process (`freight run`, `freight cancel`) give pending
+gave up; without a fleet, `freight run` of the complete job again does it once. `drain(timeout)` lets a short-lived process (`freight run`, `freight cancel`) give pending
 deliveries a bounded time before it exits.
 
 Webhook body (JSON, UTF-8, the same bytes on every redelivery): delivery_id, job_id, state, rows,
