@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import queue
 import threading
 import time
@@ -192,14 +193,27 @@ def _shown(target: str) -> str:
     return redact(target)
 
 
-_NOTIFIERS: dict[int, Notifier] = {}
-_NOTIFIERS_LOCK = threading.Lock()
+class _Senders:
+    """This process's senders by settings. A forked child (a Celery pool process forked while the
+    main process's reconcile pass redelivers) starts with none: the parent's sender thread is not in
+    it, and a lock may have been held at the fork."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_settings: dict[int, Notifier] = {}
+
+    def reset(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+_SENDERS = _Senders()
+os.register_at_fork(after_in_child=_SENDERS.reset)
 
 
 def notifier(settings: Settings) -> Notifier:
     """This process's sender for `settings` (one background thread per process and settings)."""
-    with _NOTIFIERS_LOCK:
-        return _NOTIFIERS.setdefault(id(settings), Notifier(settings))
+    with _SENDERS.lock:
+        return _SENDERS.by_settings.setdefault(id(settings), Notifier(settings))
 
 
 def notify_final(

@@ -231,3 +231,22 @@ def test_sns_target_publishes_once(
     assert message["state"] == "expired" and message["job_id"] == prepared.manifest.job_id
     attributes = sent[0][3] or {}
     assert attributes["delivery_id"]["Value"] == message["delivery_id"]  # SNS message attribute
+
+
+def test_a_forked_child_gets_its_own_sender(receiver: Receiver) -> None:
+    """A Celery pool process forked while the main process's sender runs: a sender of its own."""
+    import os
+
+    from jobs.notify import notifier
+
+    settings = get_settings()
+    parent = notifier(settings)
+    parent.send(receiver.url, b"{}", "s")  # the parent's thread is running (first try: a 503)
+    pid = os.fork()
+    if pid == 0:  # the child: a fresh sender whose delivery completes
+        child = notifier(settings)
+        child.send(receiver.url, b'{"from": "child"}', "s")
+        os._exit(0 if child is not parent and child.drain(10) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert parent.drain(10) and sorted(body for _, body in receiver.posts) == sorted([b"{}", b'{"from": "child"}'])
