@@ -10,9 +10,10 @@ runs on a daemon thread with retries and backoff, so neither a slow nor a dead r
 job; each target that answers 2xx is recorded under `OUT/notify/<state>/<delivery id>/` (see
 jobs/notify_claims.py). A claimer that dies before that (kill -9, spot loss) leaves its claim
 undelivered: the reconcile pass that runs in the workers redelivers it (jobs/redelivery.py), after
-FREIGHT_NOTIFY_REDELIVER_GRACE_S, up to FREIGHT_NOTIFY_REDELIVERIES times, and then records that it
-gave up; without a fleet, `freight run` of the complete job again does it once. `drain(timeout)` lets a short-lived process (`freight run`, `freight cancel`) give pending
-deliveries a bounded time before it exits.
+FREIGHT_NOTIFY_REDELIVER_GRACE_S, up to FREIGHT_NOTIFY_REDELIVERIES times, then records that it gave
+up; a claimer that dies before claiming leaves no claim, and the same pass claims for it. Without a
+fleet, `freight run` of the complete job again redelivers once. `drain(timeout)` lets a short-lived
+process (`freight run`, `freight cancel`) give pending deliveries a bounded time before it exits.
 
 Webhook body (JSON, UTF-8, the same bytes on every redelivery): delivery_id, job_id, state, rows,
 rows_total, rows_failed, cost_usd, output, results, finished_at. Headers `X-Freight-Delivery:

@@ -90,7 +90,8 @@ class Reconciler:
         active = [j for j in jobs if states[j] is not None and states[j] not in FINISHED_JOB_STATES]
         repairs = self._active(active, now)
         if job_ids is None:
-            NoticeSweep(self.live, self.settings).run([j for j in jobs if states[j] in FINISHED_JOB_STATES], now)
+            finished = {j: states[j] for j in jobs if states[j] in FINISHED_JOB_STATES}
+            NoticeSweep(self.live, self.settings).run(finished, now)
         return repairs
 
     def _active(self, active: list[str], now: float) -> list[Repair]:

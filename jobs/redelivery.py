@@ -8,26 +8,68 @@ exactly one sends, and sent on this process's background sender with the claim's
 body bytes; a 2xx records `delivered.json`. Once FREIGHT_NOTIFY_REDELIVERIES redeliveries have had
 their wait, the target is given up: `given-up.json` and one `notify_given_up` error in the log.
 
-`NoticeSweep.run(job_ids, now)` is the Redis side, run by the reconcile pass (jobs/reconcile.py) over
+`claim_missing(store, settings, state)` covers a claimer that died before its claim (a worker killed
+between marking the job failed and claiming, `freight cancel` killed after `_CANCELLED`): when
+storage confirms the final `state` Redis gives (`_SUCCESS`, a complete failures.json, `_CANCELLED`,
+`_EXPIRED`), the job has notify targets and no claim for that state, it calls `notify_final` itself
+(the claim's put_if_absent keeps it to one sender), with the report the claimer would have sent.
+
+`NoticeSweep.run(states, now)` is the Redis side, run by the reconcile pass (jobs/reconcile.py) over
 the finished jobs: a job finished at least the grace ago and not yet settled is looked at in
-storage; once every claim of it is delivered or given up (or it has none), `freight:notified:<job>`
-is set and the job is not read again (the key expires with the job's others; a resubmit drops it).
+storage (claim_missing, then redeliver_due); once every claim of it is delivered or given up (or it
+has none), `freight:notified:<job>` is set and the job is not read again (the key expires with the
+job's others; a resubmit drops it). A job whose OUT holds no manifest any more is settled as is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Mapping
+from typing import Any
 
+from jobs.errors import ObjectNotFoundError
+from jobs.expiry import EXPIRED_KEY
+from jobs.finalize import committed_shards, report_now
+from jobs.lifecycle import read_lifecycle
 from jobs.live_state import LiveState
 from jobs.log import get_logger
-from jobs.notify import send_claim
-from jobs.notify_claims import claim_try, mark_given_up, read_claims, try_started_at
+from jobs.manifest import COST_KEY, SUCCESS_KEY, read_manifest
+from jobs.markers import is_cancelled
+from jobs.notify import notify_final, send_claim
+from jobs.notify_claims import claim_key, claim_try, mark_given_up, read_claims, try_started_at
 from jobs.progress import JOB_TTL_S, aux_key, job_key
 from jobs.redact import redact
 from jobs.settings import Settings
+from jobs.status import finished_state
 from jobs.storage import ObjectStore, open_store
 
 log = get_logger(__name__)
+
+
+def claim_missing(store: ObjectStore, settings: Settings, state: str) -> bool:
+    """Claim and send `state`'s notification when its claimer died before claiming (see the module
+    docstring); True if this call claimed it. Raises ObjectNotFoundError when OUT has no manifest."""
+    if store.exists(claim_key(state)) or not read_lifecycle(store).notify:
+        return False
+    manifest = read_manifest(store)
+    confirmed = {
+        "succeeded": lambda: store.exists(SUCCESS_KEY),
+        "failed": lambda: finished_state(store, manifest) == "failed",
+        "cancelled": lambda: is_cancelled(store) and not store.exists(SUCCESS_KEY),
+        "expired": lambda: store.exists(EXPIRED_KEY),
+    }.get(state, lambda: False)()
+    if not confirmed:
+        return False
+    report: dict[str, Any] | None
+    if state in ("succeeded", "expired"):
+        report = json.loads(store.get(COST_KEY))
+    else:
+        report = report_now(store, manifest, sorted(committed_shards(store)))
+    if not notify_final(store, manifest, state, report, settings):
+        return False
+    log.warning("notify_claimed_for_a_dead_claimer", job_id=manifest.job_id, state=state,
+                why="the job ended without a notification claim")  # fmt: skip
+    return True
 
 
 def redeliver_due(store: ObjectStore, settings: Settings, now: float) -> bool:
@@ -64,10 +106,11 @@ class NoticeSweep:
         self.live = live
         self.settings = settings
 
-    def run(self, job_ids: Iterable[str], now: float) -> list[str]:
-        """Redeliver what is due for `job_ids` (finished jobs); returns the jobs settled by this call."""
+    def run(self, states: Mapping[str, str], now: float) -> list[str]:
+        """Claim what no one claimed and redeliver what is due for the finished jobs `states` (job id
+        -> its final state in Redis); returns the jobs settled by this call."""
         r = self.live.client
-        jobs = list(job_ids)
+        jobs = list(states)
         pipe = r.pipeline(transaction=False)
         for job_id in jobs:
             pipe.hget(job_key(job_id), "updated_at")
@@ -82,7 +125,11 @@ class NoticeSweep:
             if now - float(updated) < self.settings.notify_redeliver_grace_s:
                 continue  # just finished: its claimer is sending
             try:
-                finished = redeliver_due(open_store(output, self.settings), self.settings, now)
+                store = open_store(output, self.settings)
+                claim_missing(store, self.settings, states[job_id])
+                finished = redeliver_due(store, self.settings, now)
+            except ObjectNotFoundError:
+                finished = True  # OUT holds no job any more: nothing to tell anyone
             except Exception as exc:  # storage away (a later pass tries again) or a bad record
                 log.warning("notify_sweep_failed", job_id=job_id, output=redact(output), error=str(exc))
                 continue

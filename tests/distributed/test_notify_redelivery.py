@@ -1,7 +1,8 @@
 """Notifications are delivered at least once: a claimer killed (kill -9) mid-delivery leaves its claim,
 and the reconcile pass sends it again, once, with the same delivery id and body bytes; a delivered
 claim is never sent again; reconcilers racing send once; a target that never answers is given up
-after FREIGHT_NOTIFY_REDELIVERIES, recorded. A real loopback receiver, a private redis-server."""
+after FREIGHT_NOTIFY_REDELIVERIES, recorded; a job that ended with no claim at all (its claimer died
+first) is claimed and sent by the pass. A real loopback receiver, a private redis-server."""
 
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ time.sleep(120)  # the delivery hangs on the receiver; the test kills this proce
 """
 
 
-def _failed_job(tmp_path: Path, model: Path, redis_url: str, target: str) -> tuple[Path, str]:
-    """A job that Redis knows as failed, whose submission asked to notify `target`."""
+def _failed_job(tmp_path: Path, model: Path, redis_url: str, target: str, state: str = "failed") -> tuple[Path, str]:
+    """A job that Redis knows as ended (`state`), whose submission asked to notify `target`."""
     from jobs.lifecycle import Lifecycle, write_lifecycle
 
     out = tmp_path / "out"
@@ -53,7 +54,10 @@ def _failed_job(tmp_path: Path, model: Path, redis_url: str, target: str) -> tup
     write_lifecycle(prepared.store, Lifecycle(notify=(target,)))
     live = LiveState(redis_url)
     live.init_job(spec.job_id, output=str(out), queue="q", model=str(model), est_tokens={0: 1})
-    live.set_job_state(spec.job_id, "failed")
+    if state == "cancelled":
+        live.request_cancel(spec.job_id)
+    else:
+        live.set_job_state(spec.job_id, state)
     live.close()
     return out, spec.job_id
 
@@ -180,4 +184,49 @@ def test_a_target_that_never_answers_is_given_up_and_recorded(
         assert len(rx.posts) == 3
     finally:
         client.close()
+        rx.close()
+
+
+def test_a_job_that_ended_without_a_claim_is_claimed_and_sent_by_the_pass(
+    redis_url: str, tmp_path: Path, demo_model: Path
+) -> None:
+    """What `freight cancel` leaves when it is killed after _CANCELLED and the Redis flag, before its
+    claim: the pass claims and sends the "cancelled" notification, once among racing reconcilers."""
+    from jobs.markers import write_cancel
+
+    rx = WebhookReceiver()
+    out, job_id = _failed_job(tmp_path, demo_model, redis_url, rx.url, state="cancelled")
+    assert write_cancel(open_store(str(out), Settings()), job_id)
+    assert not (out / "notify").exists()
+    # real time here (the claim is stamped with it): a grace of 1.5 s, passed before the race
+    racers = [_settings(redis_url, notify_redeliver_grace_s=1.5) for _ in range(3)]
+    clients = [FleetClient(s) for s in racers]
+    barrier = threading.Barrier(len(racers))
+    time.sleep(1.6)
+
+    def race(i: int) -> None:
+        barrier.wait()
+        Reconciler(clients[i], racers[i]).run()
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(len(racers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        (post,) = rx.wait(1)
+        assert all(notifier(s).drain(10) for s in racers)
+        time.sleep(0.3)
+        assert len(rx.posts) == 1
+        body = post.json()
+        claim = json.loads((out / "notify" / "cancelled.json").read_text())
+        assert body["state"] == "cancelled" and body["job_id"] == job_id and body["rows_total"] == 4
+        assert post.delivery_id == body["delivery_id"] == claim["delivery_id"]
+        assert _markers(out) == ["delivered.json"]
+        Reconciler(clients[0], racers[0]).run(time.time() + 1000)  # settled: nothing more
+        time.sleep(0.3)
+        assert len(rx.posts) == 1 and clients[0].live.client.exists(aux_key("notified", job_id))
+    finally:
+        for c in clients:
+            c.close()
         rx.close()
