@@ -230,3 +230,39 @@ def test_a_job_that_ended_without_a_claim_is_claimed_and_sent_by_the_pass(
         for c in clients:
             c.close()
         rx.close()
+
+
+def test_a_worker_killed_mid_delivery_is_made_good_by_the_next_workers_pass(
+    redis_url: str, tmp_path: Path, demo_model: Path
+) -> None:
+    """End to end: the worker that finalizes a job is SIGKILLed (main and pool process: a lost spot
+    machine) while its POST is on the wire; the next worker's own reconcile pass redelivers it, with
+    the same delivery id. FREIGHT_NOTIFY_REDELIVER_GRACE_S is shortened to 1 s (default 120 s)."""
+    from fleet_jobs import Fleet, freight
+
+    rx = WebhookReceiver(hold=1)
+    fleet = Fleet(redis_url, tmp_path, demo_model, overrides={"FREIGHT_NOTIFY_REDELIVER_GRACE_S": "1",
+                                                              "FREIGHT_WEBHOOK_SECRET": SECRET})  # fmt: skip
+    try:
+        out = tmp_path / "out"
+        proc = freight(["submit", str(make_input(tmp_path / "in.parquet", 4)), "--model", str(demo_model),
+                        "--output", str(out), "--shard-rows", "2", "--max-tokens", "2", "--notify", rx.url],
+                       fleet.env())  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        first = fleet.start("a")
+        (held,) = rx.wait(1, delivered=False, timeout=180)  # finalized; the POST is unanswered
+        first.kill_all()
+        rx.release()
+        assert (out / "_SUCCESS").exists() and not list(out.rglob("delivered.json"))
+        fleet.start("b")
+        (post,) = rx.wait(1, timeout=180)
+        assert post.delivery_id == held.delivery_id and post.body == held.body
+        expected = "sha256=" + hmac.new(SECRET.encode(), post.body, hashlib.sha256).hexdigest()
+        assert hmac.compare_digest(post.headers["X-Freight-Signature"], expected)
+        end = time.monotonic() + 30
+        while not list(out.rglob("delivered.json")) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert _markers(out) == ["delivered.json", "try-1.json"] and len(rx.delivered()) == 1
+    finally:
+        fleet.stop()
+        rx.close()
