@@ -146,7 +146,7 @@ class Notifier:
                     self._queue.put(item)
                     continue
                 log.error("notify_failed", target=_shown(item.target), tries=item.tries, error=str(exc),
-                          delivery_id=item.delivery_id, then="the reconcile pass redelivers it")  # fmt: skip
+                          delivery_id=item.delivery_id, then="left to redelivery (jobs/redelivery.py)")  # fmt: skip
             else:
                 self._record(item)
             with self._lock:

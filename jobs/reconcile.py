@@ -253,9 +253,13 @@ def _payload(raw: Any) -> Any:
 
 
 def reconcile_once(settings: Settings, job_ids: Iterable[str] | None = None) -> list[Repair]:
-    """One pass with a client of its own (the CLI's); RedisError when Redis does not answer."""
+    """One pass with a client of its own (the CLI's); RedisError when Redis does not answer. The
+    notifications it redelivered get FREIGHT_NOTIFY_DRAIN_S (`freight autoscale --once` then exits)."""
+    from jobs.notify import notifier
+
     client = FleetClient(settings, retry_for_s=5.0)
     try:
         return Reconciler(client, settings).run(job_ids=job_ids)
     finally:
         client.close()
+        notifier(settings).drain(settings.notify_drain_s)
