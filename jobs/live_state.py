@@ -122,7 +122,7 @@ class LiveState:
         states = {i: done.get(i, "queued") for i in est_tokens}
         queued = [i for i, s in states.items() if s == "queued"]
         pipe = self.client.pipeline()
-        for kind in ("shards", "est", "cancel", "orphans"):
+        for kind in ("shards", "est", "cancel", "orphans", "notified"):
             pipe.delete(aux_key(kind, job_id))
         pipe.delete(job_key(job_id))
         pipe.hset(

@@ -1,46 +1,54 @@
 """Notifications when a job reaches a final state: webhooks (signed JSON POST) and SNS topics.
 
-Once per final state: whoever ends the job (finalize, the failures manifest, `freight cancel`, the
+At least once per final state, with a delivery id that stays the same across redeliveries, so a
+receiver dedupes on it. Whoever ends the job (finalize, the failures manifest, `freight cancel`, the
 expiry) calls `notify_final`, which claims `OUT/notify/<state>.json` with put_if_absent before it
 sends; a second finalizer (a redelivered finalize after a worker crash, two workers racing) finds
-the claim and sends nothing. Delivery runs on a daemon thread with retries and backoff, so neither
-a slow nor a dead receiver delays the job; `drain(timeout)` lets a short-lived process (`freight
-run`, `freight cancel`) give pending deliveries a bounded time before it exits.
+the claim and sends nothing. The claim records the delivery id (new per claim, so a resubmitted
+job's next end has its own), when and by whom it was made, the targets and the payload. Delivery
+runs on a daemon thread with retries and backoff, so neither a slow nor a dead receiver delays the
+job; each target that answers 2xx is recorded under `OUT/notify/<state>/<delivery id>/` (see
+jobs/notify_claims.py). A claimer that dies before that (kill -9, spot loss) leaves its claim
+undelivered: the reconcile pass that runs in the workers redelivers it (jobs/redelivery.py), after
+FREIGHT_NOTIFY_REDELIVER_GRACE_S, up to FREIGHT_NOTIFY_REDELIVERIES times, then records that it gave
+up; a claimer that dies before claiming leaves no claim, and the same pass claims for it. Without a
+fleet, `freight run` of the complete job again redelivers once. `drain(timeout)` lets a short-lived
+process (`freight run`, `freight cancel`) give pending deliveries a bounded time before it exits.
 
-Webhook body (JSON, UTF-8): job_id, state, rows, rows_total, rows_failed, cost_usd, output, results,
-finished_at. Header `X-Freight-Signature: sha256=<hex HMAC-SHA256 of the body bytes>` keyed with
+Webhook body (JSON, UTF-8, the same bytes on every redelivery): delivery_id, job_id, state, rows,
+rows_total, rows_failed, cost_usd, output, results, finished_at. Headers `X-Freight-Delivery:
+<delivery id>` and `X-Freight-Signature: sha256=<hex HMAC-SHA256 of the body bytes>` keyed with
 FREIGHT_WEBHOOK_SECRET (absent secret: sent unsigned, with a warning in the log). SNS: the same JSON
-as the message, subject "freight job <id> <state>".
+as the message, subject "freight job <id> <state>", message attribute `delivery_id`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import json
+import os
 import queue
 import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from jobs.lifecycle import read_lifecycle
 from jobs.log import get_logger
 from jobs.manifest import Manifest
+from jobs.notify_claims import Claim, claim_key, clear_claim, mark_delivered, sender_id
 from jobs.settings import Settings
 from jobs.storage import ObjectStore
 
 log = get_logger(__name__)
 
-NOTIFY_PREFIX = "notify/"
 FINAL_STATES = ("succeeded", "failed", "cancelled", "expired")
 SIGNATURE_HEADER = "X-Freight-Signature"
-
-
-def notify_key(state: str) -> str:
-    return f"{NOTIFY_PREFIX}{state}.json"
+DELIVERY_HEADER = "X-Freight-Delivery"
 
 
 def sign(body: bytes, secret: str) -> str:
@@ -48,10 +56,13 @@ def sign(body: bytes, secret: str) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def payload(manifest: Manifest, state: str, report: dict[str, Any] | None, output: str) -> dict[str, Any]:
+def payload(
+    manifest: Manifest, state: str, report: dict[str, Any] | None, output: str, delivery_id: str
+) -> dict[str, Any]:
     """The notification's JSON: what ended, how many rows, what it cost, where the results are."""
     report = report or {}
     return {
+        "delivery_id": delivery_id,
         "job_id": manifest.job_id,
         "state": state,
         "rows": int(report.get("rows", 0)),
@@ -69,6 +80,8 @@ class _Delivery:
     target: str
     body: bytes
     subject: str
+    delivery_id: str | None = None
+    on_delivered: Callable[[], None] | None = None  # called on the sender thread after a 2xx
     tries: int = 0
     not_before: float = field(default_factory=time.monotonic)
 
@@ -83,13 +96,22 @@ class Notifier:
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def send(self, target: str, body: bytes, subject: str) -> None:
+    def send(
+        self,
+        target: str,
+        body: bytes,
+        subject: str,
+        *,
+        delivery_id: str | None = None,
+        on_delivered: Callable[[], None] | None = None,
+    ) -> None:
+        """Queue one delivery (retried FREIGHT_NOTIFY_ATTEMPTS times); `on_delivered` runs after a 2xx."""
         with self._lock:
             self._pending += 1
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="freight-notify", daemon=True)
                 self._thread.start()
-        self._queue.put(_Delivery(target, body, subject))
+        self._queue.put(_Delivery(target, body, subject, delivery_id, on_delivered))
 
     def drain(self, timeout: float) -> bool:
         """Wait up to `timeout` s for pending deliveries (delivered or given up); True if none is left."""
@@ -113,16 +135,32 @@ class Notifier:
             item.tries += 1
             try:
                 self._deliver(item)
-                log.info("notify_sent", target=_shown(item.target), tries=item.tries)
+                log.info(
+                    "notify_sent", target=_shown(item.target), tries=item.tries, delivery_id=item.delivery_id
+                )
             except Exception as exc:  # any failure of a receiver is retried, then logged and dropped
                 if item.tries < self.settings.notify_attempts:
-                    item.not_before = time.monotonic() + min(60.0, self.settings.notify_backoff_s * 2 ** (item.tries - 1))
+                    item.not_before = time.monotonic() + min(
+                        60.0, self.settings.notify_backoff_s * 2 ** (item.tries - 1)
+                    )
                     self._queue.put(item)
                     continue
-                log.error("notify_failed", target=_shown(item.target), tries=item.tries, error=str(exc))
+                log.error("notify_failed", target=_shown(item.target), tries=item.tries, error=str(exc),
+                          delivery_id=item.delivery_id, then="left to redelivery (jobs/redelivery.py)")  # fmt: skip
+            else:
+                self._record(item)
             with self._lock:
                 self._pending -= 1
                 self._lock.notify_all()
+
+    @staticmethod
+    def _record(item: _Delivery) -> None:
+        if item.on_delivered is None:
+            return
+        try:
+            item.on_delivered()
+        except Exception as exc:  # storage away: the reconcile pass may send it again (same delivery id)
+            log.warning("notify_record_failed", target=_shown(item.target), error=str(exc))
 
     def _deliver(self, item: _Delivery) -> None:
         if item.target.startswith("sns:"):
@@ -131,9 +169,16 @@ class Notifier:
             arn = item.target[4:]
             region = arn.split(":")[3]
             client = boto3.client("sns", region_name=region, endpoint_url=self.settings.sns_endpoint_url)
-            client.publish(TopicArn=arn, Message=item.body.decode(), Subject=item.subject[:100])
+            extra: dict[str, Any] = {}
+            if item.delivery_id:
+                extra["MessageAttributes"] = {
+                    "delivery_id": {"DataType": "String", "StringValue": item.delivery_id}
+                }
+            client.publish(TopicArn=arn, Message=item.body.decode(), Subject=item.subject[:100], **extra)
             return
         headers = {"Content-Type": "application/json", "User-Agent": "freight-notify/1"}
+        if item.delivery_id:
+            headers[DELIVERY_HEADER] = item.delivery_id
         secret = self.settings.webhook_secret
         if secret:
             headers[SIGNATURE_HEADER] = sign(item.body, secret.get_secret_value())
@@ -149,14 +194,27 @@ def _shown(target: str) -> str:
     return redact(target)
 
 
-_NOTIFIERS: dict[int, Notifier] = {}
-_NOTIFIERS_LOCK = threading.Lock()
+class _Senders:
+    """This process's senders by settings. A forked child (a Celery pool process forked while the
+    main process's reconcile pass redelivers) starts with none: the parent's sender thread is not in
+    it, and a lock may have been held at the fork."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_settings: dict[int, Notifier] = {}
+
+    def reset(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+_SENDERS = _Senders()
+os.register_at_fork(after_in_child=_SENDERS.reset)
 
 
 def notifier(settings: Settings) -> Notifier:
     """This process's sender for `settings` (one background thread per process and settings)."""
-    with _NOTIFIERS_LOCK:
-        return _NOTIFIERS.setdefault(id(settings), Notifier(settings))
+    with _SENDERS.lock:
+        return _SENDERS.by_settings.setdefault(id(settings), Notifier(settings))
 
 
 def notify_final(
@@ -166,25 +224,34 @@ def notify_final(
     report: dict[str, Any] | None,
     settings: Settings,
 ) -> bool:
-    """Send the job's notifications for final `state` once (claim first); True if this call sent them."""
+    """Claim `state`'s notification and send it (at least once: see the module docstring); True if
+    this call claimed it, False when the job has no targets or another finalizer claimed it first."""
     if state not in FINAL_STATES:
         raise ValueError(f"unknown final state {state!r}; one of {FINAL_STATES}")
     lifecycle = read_lifecycle(store)
     if not lifecycle.notify:
         return False
-    body = json.dumps(payload(manifest, state, report, manifest.spec.output), sort_keys=True).encode()
-    if not store.put_if_absent(notify_key(state), body):
+    delivery_id = uuid.uuid4().hex
+    body = payload(manifest, state, report, manifest.spec.output, delivery_id)
+    claim = Claim(delivery_id, state, time.time(), sender_id(), tuple(lifecycle.notify), body)
+    if not store.put_if_absent(claim_key(state), claim.to_json()):
         return False  # another finalizer claimed it
     if not settings.webhook_secret and any(not t.startswith("sns:") for t in lifecycle.notify):
         log.warning("webhook_unsigned", job_id=manifest.job_id, why="FREIGHT_WEBHOOK_SECRET is not set")
-    sender = notifier(settings)
-    for target in lifecycle.notify:
-        sender.send(target, body, f"freight job {manifest.job_id} {state}")
+    for target in claim.targets:
+        send_claim(store, claim, target, 0, settings)
     return True
+
+
+def send_claim(store: ObjectStore, claim: Claim, target: str, n: int, settings: Settings) -> None:
+    """Queue try `n` of `claim` to `target` on this process's sender; a 2xx is recorded in storage."""
+    subject = f"freight job {claim.payload.get('job_id')} {claim.state}"
+    notifier(settings).send(target, claim.body(), subject, delivery_id=claim.delivery_id,
+                            on_delivered=lambda: mark_delivered(store, claim, target, n))  # fmt: skip
 
 
 def clear_claims(store: ObjectStore) -> None:
     """A resubmit starts a new submission: its end (failed, cancelled, expired) gets a notification of
     its own. "succeeded" stays claimed: a job that succeeded never runs again."""
     for state in ("failed", "cancelled", "expired"):
-        store.delete(notify_key(state))
+        clear_claim(store, state)

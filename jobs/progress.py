@@ -35,6 +35,8 @@ Keys of the fleet's own upkeep (jobs.leases, worker/node.py, jobs.reconcile):
 - `freight:rates`    HASH model -> completion tokens per engine-second measured on that model (the
                      per-attempt deadline's rate)
 - `freight:orphans:<job>`  HASH shard -> unix time it was first seen with no message and no attempt
+- `freight:notified:<job>` flag: every notification claim of the finished job is delivered or given
+                     up (jobs.redelivery); the reconcile pass reads its storage no more
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ WORKER_GONE_AFTER_S = 60.0  # a worker whose heartbeat is older than this counts
 SHARD_STATES = ("queued", "running", "committed", "failed", "cancelled", "expired")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled", "expired")
 FINISHED_JOB_STATES = frozenset({"succeeded", "failed", "cancelled", "expired"})
-AUX_KINDS = ("shards", "est", "attempts", "strikes", "nodelost", "started", "cancel", "meta", "orphans")
+AUX_KINDS = ("shards", "est", "attempts", "strikes", "nodelost", "started", "cancel", "meta", "orphans",
+             "notified")  # fmt: skip
 JOB_TTL_S = 7 * 24 * 3600  # finished jobs' keys expire after a week
 
 

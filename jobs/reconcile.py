@@ -9,10 +9,16 @@ seen so for FREIGHT_ORPHAN_GRACE_S (10 s; a message in flight between BRPOP and 
 entry, or between a submit's state and its publish, is invisible for milliseconds) it asks storage:
 a committed or failed shard gets that state; any other is published again (`shards_requeued` in the
 log). A job whose shards are all committed but which has neither _SUCCESS nor a finalize message
-gets its freight.finalize; one whose OUT has no manifest any more is marked failed.
+gets its freight.finalize; one whose OUT has no manifest any more is marked failed. A pass over all
+jobs (`job_ids` None) also sends finished jobs' notifications that no target confirmed again
+(jobs/redelivery.py: the claimer died, or every try failed).
 
-It runs in every worker's main process (once a minute, one worker at a time), in
-`freight autoscale`'s tick and in `freight wait` (its own job). Never imports worker/ or torch.
+It runs in every worker's main process: worker/node.py's NodeKeeper ticks every FREIGHT_HEARTBEAT_S
+(10 s; sooner when a message arrives) and runs a pass on the first tick at least RECONCILE_S (15 s)
+after its last one, so about every 20 s per worker with default settings, unless another worker
+took a turn in the last 12 s (`freight:lock:reconcile`, so with several workers the fleet still
+makes about one pass per 12-20 s). Also in `freight autoscale`'s tick and in `freight wait` (its own
+job, every FREIGHT_WAIT_RECONCILE_S). Never imports worker/ or torch.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from jobs.log import get_logger
 from jobs.manifest import SUCCESS_KEY, read_manifest
 from jobs.markers import FAILURES_KEY, failed_shards, is_cancelled, write_failures_manifest
 from jobs.progress import FINISHED_JOB_STATES, JOBS_KEY, QUEUES_KEY, WORKER_GONE_AFTER_S, aux_key, job_key
+from jobs.redelivery import NoticeSweep
 from jobs.settings import Settings
 from jobs.storage import open_store
 
@@ -71,16 +78,26 @@ class Reconciler:
         self.grace_s = settings.orphan_grace_s
 
     def run(self, now: float | None = None, job_ids: Iterable[str] | None = None) -> list[Repair]:
+        """One pass over `job_ids` (None: every job Redis knows; then the finished jobs' undelivered
+        notifications are redelivered too, jobs/redelivery.py)."""
         now = time.time() if now is None else now
         r = self.live.client
         jobs = sorted(job_ids) if job_ids is not None else sorted(r.smembers(JOBS_KEY))
-        active = []
+        pipe = r.pipeline(transaction=False)
         for job_id in jobs:
-            state = r.hget(job_key(job_id), "state")
-            if state is not None and state not in FINISHED_JOB_STATES:
-                active.append(job_id)
+            pipe.hget(job_key(job_id), "state")
+        states = dict(zip(jobs, pipe.execute(), strict=True))
+        active = [j for j in jobs if states[j] is not None and states[j] not in FINISHED_JOB_STATES]
+        repairs = self._active(active, now)
+        if job_ids is None:
+            finished = {j: states[j] for j in jobs if states[j] in FINISHED_JOB_STATES}
+            NoticeSweep(self.live, self.settings).run(finished, now)
+        return repairs
+
+    def _active(self, active: list[str], now: float) -> list[Repair]:
         if not active:
             return []
+        r = self.live.client
         if self._all_accounted(active):
             for job_id in active:  # nothing missing now: forget earlier sightings (the grace restarts)
                 r.delete(aux_key("orphans", job_id))
@@ -236,9 +253,13 @@ def _payload(raw: Any) -> Any:
 
 
 def reconcile_once(settings: Settings, job_ids: Iterable[str] | None = None) -> list[Repair]:
-    """One pass with a client of its own (the CLI's); RedisError when Redis does not answer."""
+    """One pass with a client of its own (the CLI's); RedisError when Redis does not answer. The
+    notifications it redelivered get FREIGHT_NOTIFY_DRAIN_S (`freight autoscale --once` then exits)."""
+    from jobs.notify import notifier
+
     client = FleetClient(settings, retry_for_s=5.0)
     try:
         return Reconciler(client, settings).run(job_ids=job_ids)
     finally:
         client.close()
+        notifier(settings).drain(settings.notify_drain_s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -37,6 +37,10 @@ class Settings(BaseSettings):
         10.0, gt=0, description="a shard Redis calls queued or running, with no message and no live "
         "attempt, is published again once it has been seen so this long (jobs/reconcile.py)"
     )
+    submit_redis_retry_s: float = Field(
+        5.0, ge=0, le=600, description="how long `freight submit` keeps retrying a Redis that does not answer "
+        "(backoff 0.1 s doubling to 2 s) before it fails with a message; 0 = fail at the first refusal"
+    )
     wait_reconcile_s: float = Field(
         10.0, gt=0, description="how often `freight wait` checks its job's Redis state against storage"
     )
@@ -66,12 +70,30 @@ class Settings(BaseSettings):
         None, description="key of the HMAC-SHA256 signature (X-Freight-Signature) of webhook bodies"
     )
     sns_endpoint_url: str | None = Field(None, description="SNS endpoint (moto, LocalStack); None: AWS")
-    notify_attempts: int = Field(6, ge=1, le=100, description="tries per notification before it is dropped")
+    notify_attempts: int = Field(6, ge=1, le=100, description="tries per send (one try or one redelivery) before that send gives up")
     notify_backoff_s: float = Field(1.0, gt=0, description="first retry delay; doubles each try, 60 s at most")
     notify_timeout_s: float = Field(5.0, gt=0, description="seconds one webhook POST may take")
     notify_drain_s: float = Field(
         5.0, ge=0, description="how long `freight run` / `freight cancel` wait for pending notifications at exit"
     )
+    notify_redeliver_grace_s: float = Field(
+        120.0, gt=0, description="a claimed notification not yet delivered to a target is sent again by the "
+        "workers' reconcile pass this long after its claim (its claimer died, or every try failed); each "
+        "further redelivery waits twice as long as the one before"
+    )
+    notify_redeliveries: int = Field(
+        5, ge=0, le=20, description="redeliveries per target before it is given up (recorded in "
+        "OUT/notify/ and logged as notify_given_up); 0 = none: at most once"
+    )
+
+
+def settings_error(exc: ValidationError) -> str:
+    """One line naming each bad FREIGHT_ variable, its value and what it must be."""
+    parts = []
+    for err in exc.errors():
+        name = "FREIGHT_" + str(err["loc"][0]).upper() if err.get("loc") else "a FREIGHT_ variable"
+        parts.append(f"{name}={err.get('input')!r}: {err['msg'].lower()}")
+    return "; ".join(parts) + ": fix or unset it in the environment"
 
 
 @lru_cache(maxsize=1)

@@ -12,7 +12,9 @@ shard names its holder within milliseconds rather than up to a beat later:
 2. renews the leases of the messages this node holds: kombu's `unacked_index` score and the
    `freight:leases` holder, so a running shard is never restored while its node lives;
 3. reaps: restores the unacked messages of nodes whose beat is older than 60 s (jobs/leases.py);
-4. every RECONCILE_S, if no other node took the turn, checks Redis against storage (jobs/reconcile.py).
+4. on the first tick at least RECONCILE_S after its last pass (so about every 20 s with 10 s ticks),
+   unless another node took a turn in the last 12 s, checks Redis against storage and redelivers
+   unconfirmed notifications (jobs/reconcile.py).
 """
 
 from __future__ import annotations

@@ -6,11 +6,13 @@ Commands that run work in process import worker/ lazily, inside the command body
 from __future__ import annotations
 
 import typer
+from pydantic import ValidationError
 
 from jobs.cli import autoscale, estimate, evals, fleet, jobs_list, quantize, run
+from jobs.cli.common import fail
 from jobs.cli.style import FreightGroup, restyle_commands
 from jobs.log import configure_logging
-from jobs.settings import get_settings
+from jobs.settings import get_settings, settings_error
 
 app = typer.Typer(
     name="freight",
@@ -24,7 +26,10 @@ app = typer.Typer(
 
 @app.callback()
 def _setup() -> None:
-    settings = get_settings()
+    try:
+        settings = get_settings()
+    except ValidationError as exc:
+        raise fail(settings_error(exc)) from None
     configure_logging(settings.log_format, settings.log_level)
 
 

@@ -125,7 +125,8 @@ def submit(
         raise fail(str(exc)) from None
     spec = prepared.manifest.spec
     try:
-        sub = submit_job(prepared, settings, priority=priority, deadline=lifecycle.deadline, lifecycle=lifecycle)
+        sub = submit_job(prepared, settings, priority=priority, deadline=lifecycle.deadline, lifecycle=lifecycle,
+                         retry_for_s=settings.submit_redis_retry_s)  # fmt: skip
     except (redis.RedisError, OperationalError) as exc:
         from jobs.redact import redact_url
 

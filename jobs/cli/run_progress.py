@@ -20,6 +20,7 @@ from jobs.log import get_logger
 from jobs.manifest import SUCCESS_KEY
 from jobs.planner import PreparedJob
 from jobs.settings import Settings
+from jobs.storage import ObjectStore
 
 log = get_logger("freight.run")
 
@@ -104,6 +105,7 @@ def run_with_progress(prepared: PreparedJob, settings: Settings, lifecycle: Life
         from jobs.status import read_cost
 
         summary.print(cost_table(read_cost(store) or {}))
+        _redeliver(store, settings, console)
         return 0
     from jobs.expiry import reopen
 
@@ -230,6 +232,15 @@ def _expired(prepared: PreparedJob, settings: Settings, summary: Console) -> int
     )
     _drain_notifications(settings, Console(stderr=True))
     return EXIT_JOB_EXPIRED
+
+
+def _redeliver(store: ObjectStore, settings: Settings, console: Console) -> None:
+    """A complete job run again: send the notification an earlier run left unconfirmed (killed
+    before a 2xx), once its FREIGHT_NOTIFY_REDELIVER_GRACE_S has passed (jobs/redelivery.py)."""
+    from jobs.redelivery import redeliver_due
+
+    redeliver_due(store, settings, time.time())
+    _drain_notifications(settings, console)
 
 
 def _drain_notifications(settings: Settings, console: Console) -> None:

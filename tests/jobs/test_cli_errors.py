@@ -149,6 +149,26 @@ def test_status_of_a_folder_without_a_job(tmp_path: Path) -> None:
     assert code == 2 and "holds no freight job" in output
 
 
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [({"FREIGHT_SUBMIT_REDIS_RETRY_S": "-1"}, "FREIGHT_SUBMIT_REDIS_RETRY_S='-1': input should be greater"),
+     ({"FREIGHT_NOTIFY_REDELIVER_GRACE_S": "soon"}, "FREIGHT_NOTIFY_REDELIVER_GRACE_S='soon': input should be a valid number")],
+)  # fmt: skip
+def test_a_bad_setting_is_one_line_naming_the_variable(
+    env: dict[str, str], expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    try:
+        code, output = _run(["status", str(tmp_path)])
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+    _one_error_line(code, output, expected)
+    assert "fix or unset it" in output
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

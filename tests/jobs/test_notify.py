@@ -1,5 +1,5 @@
-"""Notifications: a loopback webhook receiver gets exactly one signed POST per final state (also when
-a finalizer crashed mid-finalize and another finishes the job), a dead or hanging receiver delays
+"""Notifications: a loopback webhook receiver gets exactly one signed POST per final state, with its
+delivery id (also when a finalizer crashed mid-finalize and another finishes the job), a dead or hanging receiver delays
 nothing, and `sns:ARN` publishes through boto3 (moto's SNS over real HTTP)."""
 
 from __future__ import annotations
@@ -94,6 +94,9 @@ def test_webhook_gets_one_signed_post_when_the_job_succeeds(
     (body,) = receiver.wait_posts(1)  # the first try got a 503: retried, delivered once
     headers, raw = receiver.posts[0]
     _check_signed(headers, raw)
+    claim = json.loads((out / "notify" / "succeeded.json").read_text())
+    assert headers["X-Freight-Delivery"] == body["delivery_id"] == claim["delivery_id"]
+    assert list((out / "notify" / "succeeded").rglob("delivered.json"))  # recorded: never redelivered
     report = json.loads((out / "cost.json").read_text())
     assert body["state"] == "succeeded" and body["job_id"] == report["job_id"]
     assert body["rows"] == 8 and body["rows_failed"] == report["rows_failed"] == 3
@@ -226,3 +229,24 @@ def test_sns_target_publishes_once(
     assert len(sent) == 1
     message = json.loads(sent[0][1])
     assert message["state"] == "expired" and message["job_id"] == prepared.manifest.job_id
+    attributes = sent[0][3] or {}
+    assert attributes["delivery_id"]["Value"] == message["delivery_id"]  # SNS message attribute
+
+
+def test_a_forked_child_gets_its_own_sender(receiver: Receiver) -> None:
+    """A Celery pool process forked while the main process's sender runs: a sender of its own."""
+    import os
+
+    from jobs.notify import notifier
+
+    settings = get_settings()
+    parent = notifier(settings)
+    parent.send(receiver.url, b"{}", "s")  # the parent's thread is running (first try: a 503)
+    pid = os.fork()
+    if pid == 0:  # the child: a fresh sender whose delivery completes
+        child = notifier(settings)
+        child.send(receiver.url, b'{"from": "child"}', "s")
+        os._exit(0 if child is not parent and child.drain(10) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert parent.drain(10) and sorted(body for _, body in receiver.posts) == sorted([b"{}", b'{"from": "child"}'])

@@ -65,8 +65,9 @@ def _closed_port() -> int:
 def test_cli_errors_never_print_the_redis_password(tmp_path: Path, demo_model_dir: Path) -> None:
     inp = tmp_path / "in.parquet"
     pq.write_table(pa.table({"prompt": ["a", "b"]}), inp)
+    # FREIGHT_SUBMIT_REDIS_RETRY_S=0: submit fails at the first refusal instead of retrying for 5 s
     env = {**os.environ, "FREIGHT_REDIS_URL": f"redis://:{SECRET}@127.0.0.1:{_closed_port()}/0",
-           "FREIGHT_LOG_FORMAT": "json"}  # fmt: skip
+           "FREIGHT_LOG_FORMAT": "json", "FREIGHT_SUBMIT_REDIS_RETRY_S": "0"}  # fmt: skip
     exe = Path(sys.executable).with_name("freight")
     out = str(tmp_path / "out")
     runs = [
