@@ -8,7 +8,10 @@ Tasks (greedy, the tokens checked identical to plain decoding's):
 
 At batch 1, 8 and 64 (batch 1: the prompts one at a time; others: that many prompts in one generate
 call, max_num_seqs = the batch), one torch thread, CPU seconds (process time: the work done, whatever
-else runs on a shared machine; --repeats runs per cell and engine, interleaved, the fastest counts).
+else runs on a shared machine). The engines take turns call by call (a batch-1 prompt, or a batch's
+call), their order rotating, so a slow stretch of a shared machine hits them alike; each call's
+fastest of --repeats runs counts, summed over the cell's calls. Acceptance, mean accepted length and
+plan time are over all runs; "same" says every run's tokens equal plain decoding's.
 Engines: plain; ngram (adaptive: per-sequence K and the measured on/off controller); ngram-always
 (adaptive off: every proposal verified, which is what the controller saves at large batch); draft
 and draft-always, the same with the 2-layer draft model examples/models/pycoder-tiny-draft proposing
@@ -80,17 +83,37 @@ class PlanTimer:
             spec.plan = timed  # type: ignore[method-assign]
 
 
-def run(engine: Engine, prompts: list[list[int]], batch: int, tokens: int, timer: PlanTimer) -> tuple:
+def run(engine: Engine, prompts: list[list[int]], tokens: int, timer: PlanTimer) -> tuple:
+    """One generate call: (CPU seconds, token ids per prompt, plan seconds, plan calls)."""
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)
-    before = engine.stats.snapshot()
     s0, n0 = timer.seconds, timer.calls
     c0 = time.process_time()
-    outs = []
-    for i in range(0, len(prompts), batch):
-        outs += engine.generate(prompts[i : i + batch], params)
+    outs = engine.generate(prompts, params)
     cpu = time.process_time() - c0
-    plan_us = (timer.seconds - s0) / max(1, timer.calls - n0) * 1e6
-    return cpu, [o.token_ids for o in outs], engine.stats.snapshot() - before, plan_us
+    return cpu, [o.token_ids for o in outs], timer.seconds - s0, timer.calls - n0
+
+
+def cell(engines: dict[str, Engine], timers: dict[str, PlanTimer], calls: list[list[list[int]]], tokens: int,
+         repeats: int) -> dict[str, tuple]:  # fmt: skip
+    """Each engine's CPU seconds for the cell's generate calls, interleaved call by call (the engines'
+    order rotating), the fastest of `repeats` runs of each call summed; with its speculation stats
+    (all runs), plan microseconds per step and whether every run's tokens equal plain decoding's."""
+    best: dict[str, list[float]] = {name: [float("inf")] * len(calls) for name in engines}
+    start = {name: e.stats.snapshot() for name, e in engines.items()}
+    plan: dict[str, list[float]] = {name: [0.0, 0] for name in engines}
+    same = dict.fromkeys(engines, True)
+    names = list(engines)
+    for r in range(repeats):
+        for i, prompts in enumerate(calls):
+            order = names[(r + i) % len(names):] + names[: (r + i) % len(names)]
+            runs = {name: run(engines[name], prompts, tokens, timers[name]) for name in order}
+            for name, (cpu, toks, plan_s, plan_n) in runs.items():
+                best[name][i] = min(best[name][i], cpu)
+                plan[name][0] += plan_s
+                plan[name][1] += plan_n
+                same[name] = same[name] and toks == runs["plain"][1]
+    return {name: (sum(best[name]), same[name], e.stats.snapshot() - start[name],
+                   plan[name][0] / max(1, plan[name][1]) * 1e6) for name, e in engines.items()}  # fmt: skip
 
 
 def main() -> None:
@@ -99,7 +122,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--k", type=int, default=4, help="speculative tokens K")
     ap.add_argument("--draft", type=Path, default=DRAFT, help="draft checkpoint (skipped when missing)")
-    ap.add_argument("--repeats", type=int, default=2, help="runs per cell and engine, interleaved; the fastest counts")
+    ap.add_argument("--repeats", type=int, default=2, help="runs of each generate call per engine, interleaved call by call; the fastest counts")
     ap.add_argument("--prompts-at-1", type=int, default=8, help="prompts run one at a time for batch 1")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -123,21 +146,16 @@ def main() -> None:
     for task, prompts in work.items():
         for batch in batches:
             chosen = prompts[: args.prompts_at_1] if batch == 1 else prompts[:batch]
-            results: dict[str, tuple] = {}
-            for _ in range(args.repeats):  # interleaved; the fastest run of each engine counts
-                for name, e in engines.items():
-                    r = run(e, chosen, batch, args.tokens, timers[name])
-                    if name not in results or r[0] < results[name][0]:
-                        results[name] = r
+            calls = [[p] for p in chosen] if batch == 1 else [chosen]
+            results = cell(engines, timers, calls, args.tokens, args.repeats)
             plain_rate = len(chosen) * args.tokens / results["plain"][0]
-            for name, (cpu, toks, st, plan_us) in results.items():
+            for name, (cpu, same, st, plan_us) in results.items():
                 rate = len(chosen) * args.tokens / cpu
                 accept = f"{st.spec_acceptance_rate:.2f}" if st.spec_proposed_tokens else "-"
                 mean = f"{st.spec_mean_accepted_length:.2f}" if st.spec_runs else "-"
-                same = "yes" if toks == results["plain"][1] else "NO"
                 plan = f"{plan_us:.0f}" if name != "plain" else "-"
                 print(f"{task:13} {batch:>5} {name:13} {rate:8.0f} {rate / plain_rate:6.2f} {accept:>7} {mean:>8} "
-                      f"{plan:>8} {same:>5}")  # fmt: skip
+                      f"{plan:>8} {'yes' if same else 'NO':>5}")  # fmt: skip
     ctrl = engines["ngram"].speculator.controller  # type: ignore[union-attr]
     print("measured CPU ms per step by rows (the adaptive ngram engine's controller), plain / verify steps:")
     print("  plain: " + ", ".join(f"{rows}: {sec * 1e3:.2f}" for rows, sec in ctrl.table().items()))
