@@ -8,10 +8,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from fleet_jobs import Fleet, freight
 from fleet_servers import wait_for
+from webhook_receiver import WebhookReceiver
 
 from jobs import datasets
 from jobs.progress import WorkerBeat
@@ -35,29 +34,12 @@ def fleet(redis_url: str, tmp_path: Path, small_model: Path) -> Iterator[Fleet]:
     f.stop()
 
 
-class _Hook:
-    def __init__(self) -> None:
-        self.posts: list[tuple[str, bytes]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                outer.posts.append((self.headers.get("X-Freight-Signature", ""), body))
-                self.send_response(200)
-                self.end_headers()
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/done"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def states(self) -> list[str]:
-        for signature, body in self.posts:
-            assert signature == "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
-        return [json.loads(body)["state"] for _, body in self.posts]
+def _states(hook: WebhookReceiver) -> list[str]:
+    """The states of the POSTs the hook received, each checked signed with SECRET."""
+    for post in hook.posts:
+        assert post.headers["X-Freight-Signature"] == "sha256=" + hmac.new(SECRET.encode(), post.body,
+                                                                            hashlib.sha256).hexdigest()  # fmt: skip
+    return [post.json()["state"] for post in hook.posts]
 
 
 def _input(path: Path) -> Path:
@@ -80,7 +62,7 @@ def test_a_fleet_job_expires_mid_run_and_a_resubmit_finishes_it(fleet: Fleet, tm
     from jobs.spec import JobSpec
     from jobs.submission import submit_job
 
-    hook = _Hook()
+    hook = WebhookReceiver()
     env = fleet.env(FREIGHT_WEBHOOK_SECRET=SECRET)
     w = fleet.start("life", model=str(fleet.model), FREIGHT_WEBHOOK_SECRET=SECRET)
     wait_for(lambda: (raw := fleet.live.client.hget("freight:workers", "life@test#0"))
@@ -109,7 +91,7 @@ def test_a_fleet_job_expires_mid_run_and_a_resubmit_finishes_it(fleet: Fleet, tm
     waste = [json.loads(p.read_text()) for p in (out / "waste").glob("*.json")]
     assert len(waste) == 1 and waste[0]["cost_usd"] > 0  # billed (its finished rows kept as partial)
     wait_for(lambda: hook.posts, 15, "the expired webhook")
-    assert hook.states() == ["expired"]
+    assert _states(hook) == ["expired"]
     assert fleet.live.client.hget(f"freight:job:{sub.job_id}", "state") == "expired"
     status = freight(["status", sub.job_id], env)
     assert status.returncode == 0 and "expired" in status.stdout, status.stderr
@@ -132,10 +114,10 @@ def test_a_fleet_job_expires_mid_run_and_a_resubmit_finishes_it(fleet: Fleet, tm
     assert ids == [f"r{i:02d}" for i in range(ROWS)]
     wait_for(lambda: len(hook.posts) == 2, 15, "the succeeded webhook")
     time.sleep(0.5)
-    assert hook.states() == ["expired", "succeeded"]
+    assert _states(hook) == ["expired", "succeeded"]
     listed = json.loads(freight(["jobs", "--json", "--state", "succeeded"], env).stdout)
     assert [r["job_id"] for r in listed] == [sub.job_id]
     cost = freight(["cost", sub.job_id, "--json"], env)
     assert cost.returncode == 0 and json.loads(cost.stdout)["rows"] == ROWS, cost.stderr
     assert w.alive()
-    hook.server.shutdown()
+    hook.close()

@@ -8,15 +8,14 @@ import hashlib
 import hmac
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from pipeline_data import prompts_table, write_parquet
 from typer.testing import CliRunner
+from webhook_receiver import WebhookReceiver
 
 from jobs.cli import app
 from jobs.settings import Settings, get_settings
@@ -26,50 +25,12 @@ pytestmark = pytest.mark.usefixtures("shared_kernels")
 SECRET = "s3cret-for-tests"
 
 
-class Receiver:
-    """A webhook receiver on 127.0.0.1: records (headers, body) of every POST; `fail_first` answers
-    the first N with 503 (the sender must retry)."""
-
-    def __init__(self, fail_first: int = 0) -> None:
-        self.posts: list[tuple[dict[str, str], bytes]] = []
-        self.fail_first = fail_first
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if outer.fail_first > 0:
-                    outer.fail_first -= 1
-                    self.send_response(503)
-                else:
-                    outer.posts.append((dict(self.headers), body))
-                    self.send_response(204)
-                self.end_headers()
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def wait_posts(self, n: int, timeout: float = 10.0) -> list[dict]:
-        end = time.monotonic() + timeout
-        while len(self.posts) < n and time.monotonic() < end:
-            time.sleep(0.02)
-        return [json.loads(body) for _, body in self.posts]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[WebhookReceiver]:
     monkeypatch.setenv("FREIGHT_WEBHOOK_SECRET", SECRET)
     monkeypatch.setenv("FREIGHT_NOTIFY_BACKOFF_S", "0.05")
     get_settings.cache_clear()
-    r = Receiver(fail_first=1)
+    r = WebhookReceiver(fail=1)  # the first try gets a 503: the sender must retry
     yield r
     r.close()
 
@@ -85,15 +46,15 @@ def _check_signed(headers: dict[str, str], body: bytes) -> None:
 
 
 def test_webhook_gets_one_signed_post_when_the_job_succeeds(
-    tmp_path: Path, demo_model_dir: Path, receiver: Receiver
+    tmp_path: Path, demo_model_dir: Path, receiver: WebhookReceiver
 ) -> None:
     data = write_parquet(prompts_table(8), tmp_path / "in.parquet")
     out = tmp_path / "out"
     result = CliRunner().invoke(app, _run_args(data, demo_model_dir, out, "--notify", receiver.url))
     assert result.exit_code == 0, result.output
-    (body,) = receiver.wait_posts(1)  # the first try got a 503: retried, delivered once
-    headers, raw = receiver.posts[0]
-    _check_signed(headers, raw)
+    (post,) = receiver.wait(1)  # the first try got a 503: retried, delivered once
+    headers, body = post.headers, post.json()
+    _check_signed(headers, post.body)
     claim = json.loads((out / "notify" / "succeeded.json").read_text())
     assert headers["X-Freight-Delivery"] == body["delivery_id"] == claim["delivery_id"]
     assert list((out / "notify" / "succeeded").rglob("delivered.json"))  # recorded: never redelivered
@@ -104,7 +65,7 @@ def test_webhook_gets_one_signed_post_when_the_job_succeeds(
     again = CliRunner().invoke(app, _run_args(data, demo_model_dir, out, "--notify", receiver.url))
     assert again.exit_code == 0 and "already complete" in again.output
     time.sleep(0.3)
-    assert len(receiver.posts) == 1  # once per final state
+    assert len(receiver.delivered()) == 1  # once per final state
 
 
 class _CrashOnce:
@@ -125,7 +86,7 @@ class _CrashOnce:
 
 
 def test_one_post_across_a_finalizer_crash_and_failed_state_too(
-    tmp_path: Path, demo_model_dir: Path, receiver: Receiver
+    tmp_path: Path, demo_model_dir: Path, receiver: WebhookReceiver
 ) -> None:
     from jobs.expiry import finalize_and_notify
     from jobs.lifecycle import Lifecycle, write_lifecycle
@@ -145,14 +106,14 @@ def test_one_post_across_a_finalizer_crash_and_failed_state_too(
     with pytest.raises(OSError, match="killed during finalize"):
         run_local(crashing, prepared.manifest, settings=settings)  # type: ignore[arg-type]
     assert (tmp_path / "out" / "cost.json").exists() and not (tmp_path / "out" / "_SUCCESS").exists()
-    assert receiver.wait_posts(1, timeout=0.5) == []
+    assert receiver.wait(1, timeout=0.5) == []
     # the redelivered finalize, twice (two workers racing): one POST
     finalize_and_notify(prepared.store, prepared.manifest, settings)
     finalize_and_notify(prepared.store, prepared.manifest, settings)
-    posts = receiver.wait_posts(1)
+    posts = receiver.wait(1)
     time.sleep(0.3)
-    assert len(receiver.posts) == 1 and posts[0]["state"] == "succeeded"
-    _check_signed(*receiver.posts[0])
+    assert len(receiver.delivered()) == 1 and posts[0].json()["state"] == "succeeded"
+    _check_signed(posts[0].headers, posts[0].body)
 
     # another final state of another job: failed, through the failures path's notify_final
     from jobs.notify import notify_final
@@ -160,7 +121,7 @@ def test_one_post_across_a_finalizer_crash_and_failed_state_too(
     write_failure(prepared.store, {"job_id": spec.job_id, "shard": 0, "rows": 4, "attempts": 3, "reason": "x"})
     assert notify_final(prepared.store, prepared.manifest, "failed", None, settings)
     assert not notify_final(prepared.store, prepared.manifest, "failed", None, settings)
-    assert [p["state"] for p in receiver.wait_posts(2)] == ["succeeded", "failed"]
+    assert [p.json()["state"] for p in receiver.wait(2)] == ["succeeded", "failed"]
 
 
 def test_a_dead_or_hanging_receiver_delays_nothing(tmp_path: Path, demo_model_dir: Path) -> None:
@@ -233,7 +194,7 @@ def test_sns_target_publishes_once(
     assert attributes["delivery_id"]["Value"] == message["delivery_id"]  # SNS message attribute
 
 
-def test_a_forked_child_gets_its_own_sender(receiver: Receiver) -> None:
+def test_a_forked_child_gets_its_own_sender(receiver: WebhookReceiver) -> None:
     """A Celery pool process forked while the main process's sender runs: a sender of its own."""
     import os
 
@@ -249,4 +210,4 @@ def test_a_forked_child_gets_its_own_sender(receiver: Receiver) -> None:
         os._exit(0 if child is not parent and child.drain(10) else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert parent.drain(10) and sorted(body for _, body in receiver.posts) == sorted([b"{}", b'{"from": "child"}'])
+    assert parent.drain(10) and sorted(p.body for p in receiver.delivered()) == sorted([b"{}", b'{"from": "child"}'])
