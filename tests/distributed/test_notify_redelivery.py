@@ -70,6 +70,21 @@ def _markers(out: Path) -> list[str]:
     return sorted(p.name for p in (out / "notify").rglob("*.json") if p.parent != out / "notify")
 
 
+
+def _race(clients: list[FleetClient], racers: list[Settings], now: float | None) -> None:
+    """Reconcile passes of several workers at once (a barrier lines them up), at `now` (None: real time)."""
+    barrier = threading.Barrier(len(racers))
+
+    def race(i: int) -> None:
+        barrier.wait()
+        Reconciler(clients[i], racers[i]).run(now)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(len(racers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
 def test_a_claimer_killed_mid_delivery_is_redelivered_once_with_the_same_delivery_id(
     redis_url: str, tmp_path: Path, demo_model: Path
 ) -> None:
@@ -126,17 +141,7 @@ def test_reconcilers_racing_redeliver_once(redis_url: str, tmp_path: Path, demo_
     now = time.time() + first.notify_redeliver_grace_s + 1
     racers = [_settings(redis_url) for _ in range(4)]  # each its own client, sender and store
     clients = [FleetClient(s) for s in racers]
-    barrier = threading.Barrier(len(racers))
-
-    def race(i: int) -> None:
-        barrier.wait()
-        Reconciler(clients[i], racers[i]).run(now)
-
-    threads = [threading.Thread(target=race, args=(i,)) for i in range(len(racers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _race(clients, racers, now)
     try:
         (post,) = rx.wait(1)
         assert all(notifier(s).drain(10) for s in racers)
@@ -201,18 +206,8 @@ def test_a_job_that_ended_without_a_claim_is_claimed_and_sent_by_the_pass(
     # real time here (the claim is stamped with it): a grace of 1.5 s, passed before the race
     racers = [_settings(redis_url, notify_redeliver_grace_s=1.5) for _ in range(3)]
     clients = [FleetClient(s) for s in racers]
-    barrier = threading.Barrier(len(racers))
     time.sleep(1.6)
-
-    def race(i: int) -> None:
-        barrier.wait()
-        Reconciler(clients[i], racers[i]).run()
-
-    threads = [threading.Thread(target=race, args=(i,)) for i in range(len(racers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _race(clients, racers, None)
     try:
         (post,) = rx.wait(1)
         assert all(notifier(s).drain(10) for s in racers)
