@@ -61,24 +61,21 @@ def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settin
     get_settings.cache_clear()
 
 
+@pytest.fixture(scope="session")
+def kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder of built CPU kernels for the whole session: each test's own FREIGHT_CACHE_DIR would
+    rebuild them (~7 s of gcc per test that runs the CPU engine). Builds are keyed by source, flags,
+    compiler and CPU (kernels/cpu/build.py), so sharing them is what a user's cache does too."""
+    return tmp_path_factory.mktemp("kernels")
+
+
 @pytest.fixture(autouse=True)
-def _fresh_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("FREIGHT_CACHE_DIR", str(tmp_path / "cache"))
+def _fresh_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel_cache: Path) -> Iterator[None]:
+    monkeypatch.setenv("FREIGHT_CACHE_DIR", str(tmp_path / "cache"))  # a fresh model cache and profiles
+    monkeypatch.setenv("FREIGHT_KERNEL_CACHE", str(kernel_cache))
     monkeypatch.setenv("FREIGHT_PROFILES_PATH", str(tmp_path / "cache" / "profiles.json"))
     monkeypatch.setenv("FREIGHT_LOG_FORMAT", "json")
     monkeypatch.setenv("FREIGHT_LOG_LEVEL", "warning")
     get_settings.cache_clear()
     yield
     get_settings.cache_clear()
-
-
-@pytest.fixture(scope="session")
-def kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One folder of built CPU kernels for the tests that opt in (each test's own FREIGHT_CACHE_DIR
-    would rebuild them: seconds per test)."""
-    return tmp_path_factory.mktemp("kernels")
-
-
-@pytest.fixture
-def shared_kernels(kernel_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FREIGHT_KERNEL_CACHE", str(kernel_cache))

@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 
 from jobs.cli import app
 
-pytestmark = pytest.mark.usefixtures("shared_kernels")
 ROWS, SHARD_ROWS, MAX_TOKENS = 128, 32, 96
 
 

@@ -18,8 +18,6 @@ from jobs.cli import app
 from jobs.lifecycle import Lifecycle, parse_window
 from jobs.settings import get_settings
 
-pytestmark = pytest.mark.usefixtures("shared_kernels")
-
 ROWS, SHARD_ROWS = 24, 4
 
 

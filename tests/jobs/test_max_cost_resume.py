@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from pipeline_data import prompts_table, write_parquet
 from typer.testing import CliRunner
 
@@ -17,7 +16,6 @@ from jobs.manifest import read_manifest
 from jobs.settings import get_settings
 from jobs.storage import open_store
 
-pytestmark = pytest.mark.usefixtures("shared_kernels")
 ROWS, KEEP = 8, 2  # one row per shard; the first KEPT shards stay committed
 
 

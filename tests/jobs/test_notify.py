@@ -20,8 +20,6 @@ from webhook_receiver import WebhookReceiver
 from jobs.cli import app
 from jobs.settings import Settings, get_settings
 
-pytestmark = pytest.mark.usefixtures("shared_kernels")
-
 SECRET = "s3cret-for-tests"
 
 

@@ -20,8 +20,6 @@ from webhook_receiver import WebhookReceiver
 from jobs.cli import app
 from jobs.settings import get_settings
 
-pytestmark = pytest.mark.usefixtures("shared_kernels")
-
 REPO = Path(__file__).resolve().parents[2]
 
 
