@@ -37,7 +37,9 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
+        # one write per line (the line and its newline together): a worker's forked pool processes
+        # share its stderr, and a line written in two parts interleaves with another process's line
+        logger_factory=structlog.WriteLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=False,
     )
 
