@@ -27,8 +27,5 @@ class LaterFields(BaseModel):
 
     def all_fields(self) -> dict[str, Any]:
         """The JSON dump with every field, those at their default included (nested specs too)."""
-        data = self.model_dump(mode="json")
-        for name in type(self).model_fields:
-            value = getattr(self, name)
-            data[name] = value.all_fields() if isinstance(value, LaterFields) else to_jsonable_python(value)
-        return data
+        return {name: value.all_fields() if isinstance(value, LaterFields) else to_jsonable_python(value)
+                for name, value in ((n, getattr(self, n)) for n in type(self).model_fields)}  # fmt: skip
