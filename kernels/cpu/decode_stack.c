@@ -260,7 +260,7 @@ int decode_stack_f32(const StackModel *model, Sgemm sgemm, const float *x, int64
     /* Every part of the scratch starts on a 64-byte line (and so does each of its rows where the row
      * length is a multiple of 16 floats, as in every model we know): a GEMV reads each x row once
      * per weight vector, and an x vector that straddles two lines costs two loads (malloc's 16-byte
-     * alignment made a 5-row step's GEMVs ~40% slower, M = 2..8 25-45%, in a one-off C loop). */
+     * alignment made a 5-row step's GEMVs ~40% slower, M = 2..8 10-60%, in a one-off C loop). */
     const int64_t q_part = ALIGN16(rows * nqkv), attn_part = ALIGN16(rows * qd), o_part = ALIGN16(rows * H);
     const int64_t act_part = ALIGN16(rows * 3 * I), down_part = ALIGN16(rows * H);
     const int64_t floats = q_part + attn_part + o_part + act_part + down_part + num_threads * ALIGN16(2 * rows * H);

@@ -7,9 +7,9 @@
  * partial sums summed across lanes once per output. A software prefetch runs GEMV_PREFETCH bytes
  * ahead, one per cache line (one per 4 lines was ~25% slower on a loaded machine; on a quiet one
  * the hardware prefetcher alone keeps up). 8 KB ahead rather than 1 KB: batch-1 decode of the
- * 109 MB bench model 17-21% faster on a Zen 4 VM (bench/step_overhead.py --batch1-medium
- * --baseline-rev); 16-32 KB was no better. It reads at ~80-90% of a plain vectorized sum over the
- * same bytes. Past one row the loop is no longer memory-bound on a core that retires one 512-bit
+ * 109 MB bench model 14-27% faster on a Zen 4 VM (bench/step_overhead.py --batch1-medium
+ * --baseline-rev); 16-32 KB was no better. It reads at ~75-85% of a plain vectorized sum over the
+ * same bytes (that VM). Past one row the loop is no longer memory-bound on a core that retires one 512-bit
  * FMA a cycle (Zen 4): M = 5 costs ~2x M = 1 there (tiles of 2 or 4 weight rows, which load each
  * x vector once for several rows, measured no faster). Included by gemv.c and decode_stack.c; kernels/cpu/build.py keys its cache on it.
  */
