@@ -246,6 +246,23 @@ def test_controller_allocates_k_where_the_rows_pay() -> None:
             assert [None if g != g else pytest.approx(g) for g in got] == want
 
 
+def test_a_probe_of_full_proposals_does_not_price_one_token_as_k() -> None:
+    """Only full proposals measured (a probe: K = 8, 9 rows, a draft's eight forwards included):
+    narrower speculating steps are interpolated from the plain step, so a short proposal that pays
+    is taken (and then measured) instead of every K being priced as the widest and refused."""
+    from worker.engine.speculation.controller import SpeculationController
+
+    c = SpeculationController(adaptive=True)
+    for _ in range(3):
+        c.record(1, 2.7e-3)
+        c.record(9, 9.0e-3, speculated=True)
+    assert c.allocate(1, [(0.65, 8)]) == [2]  # 1.76 + 1.14 ms saved for 2 x 0.79 ms; a third: +0.74 for 0.79
+    assert not any(c.allocate(1, [(0.1, 8)]))  # 0.27 ms saved for 0.79 ms
+    for _ in range(3):
+        c.record(3, 6.5e-3, speculated=True)  # measured dear: the estimate gives way to it
+    assert c.allocate(1, [(0.65, 8)]) == [0]  # 2 rows now 4.6 ms (halfway to 3 rows' 6.5): 1.76 saved
+
+
 def test_a_draft_stops_where_its_next_token_no_longer_pays() -> None:
     """The draft's early stop: a row drafts another token while the chance that all its tokens so far
     are kept (by the draft's probability of each) times the draft's overall chance for the next, times

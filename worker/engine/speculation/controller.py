@@ -14,7 +14,9 @@ measured as the engine runs, never a constant:
   at most twice the widest (else it is explored). A speculating step costs more than its rows (a
   draft model's forwards, the verify runs' host work), so speculating steps get a table of their
   own, plain steps the other, and a speculating step is never priced below a plain step of as many
-  rows.
+  rows. One narrower than every measured speculating step is interpolated from the plain step (no
+  token proposed) to the narrowest measured one (a probe measures full proposals only, and a draft's
+  cost grows with the tokens it drafts).
 - saving: each proposed token's chance of being kept (the proposer's AcceptanceTable) times the
   seconds a kept token saves (token_values: with requests waiting a plain step's cost per token,
   with none only what the step count can lose).
@@ -192,6 +194,7 @@ class SpeculationController:
         else:
             spec = [None if math.isnan(c) else c for c in self.costs(width + 1, width + len(gains), True).tolist()]
             floor = [None if math.isnan(c) else c for c in self.costs(width + 1, width + len(gains)).tolist()]
+        spec = self._from_plain(width, plain, spec)
         # a speculating step costs at least a plain step of as many rows (where that is known): the
         # speculating side's table may hold only far-apart widths, and its interpolation must not
         # price a verify step below the plain step it extends
@@ -207,6 +210,17 @@ class SpeculationController:
         for _, i in gains[:take]:
             out[i] += 1
         return out
+
+    def _from_plain(self, width: int, plain: float, spec: list[float | None]) -> list[float | None]:
+        """spec[n - 1]: a speculating step of width + n rows. Narrower than every measured speculating
+        step it is interpolated from the plain step of `width` (nothing proposed) to the narrowest
+        measured one, not priced as that one: a draft's drafting grows with its tokens, and a probe
+        that measured only full proposals (K + 1 rows) must not make one token cost as much as K."""
+        keys, secs, _ = self._curve(True)
+        if not keys or keys[0] <= width + 1:
+            return spec
+        narrow, at = secs[0], keys[0] - width
+        return [plain + (narrow - plain) * n / at if n < at else c for n, c in enumerate(spec, 1)]
 
     def record(self, rows: int, seconds: float, speculated: bool = False) -> None:
         """A pure decode / verify step of `rows` rows took `seconds` (host work included). A bucket's
