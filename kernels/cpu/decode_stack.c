@@ -283,3 +283,6 @@ int decode_stack_f32(const StackModel *model, Sgemm sgemm, const float *x, int64
     free(buf);
     return 0;
 }
+
+/* A draft model's whole proposal on this stack (speculation's DraftStack.propose). */
+#include "draft_chain.h"

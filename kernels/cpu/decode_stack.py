@@ -132,7 +132,7 @@ class BoundDecodeStack:
     def __init__(self, fn, model: _Model, keep: tuple, hidden: int, sgemm: int | None, gemv_rows: int,
                  max_rows: int) -> None:  # fmt: skip
         self._fn, self._model, self._keep = fn, model, keep  # keep: the tensors the pointers point into
-        self._model_ptr = ctypes.addressof(model)
+        self.model_ptr = ctypes.addressof(model)  # also read by a DraftChain over this stack (draft_chain.py)
         self._sgemm = sgemm
         self.hidden, self.gemv_rows, self.max_rows = hidden, gemv_rows, max_rows
 
@@ -147,7 +147,7 @@ class BoundDecodeStack:
         if not 0 < rows <= self.max_rows:
             raise ValueError(f"the decode stack takes 1 to {self.max_rows} rows, not {rows}; run the layers op by op")
         out = torch.empty(rows, self.hidden, dtype=torch.float32)
-        status = self._fn(self._model_ptr, self._sgemm, x.data_ptr(), rows, positions.data_ptr(), slots.data_ptr(),
+        status = self._fn(self.model_ptr, self._sgemm, x.data_ptr(), rows, positions.data_ptr(), slots.data_ptr(),
                           block_tables.data_ptr(), block_tables.stride(0), context_lens.data_ptr(), out.data_ptr(),
                           torch.get_num_threads())  # fmt: skip
         if status == -2:

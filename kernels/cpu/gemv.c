@@ -79,21 +79,5 @@ float stream_read_f32(const float *a, int64_t n) {
  * a draft model's greedy token and its confidence, straight after its lm_head GEMV (in C: numpy's
  * ufuncs cost several times this when the step has just evicted them from the caches). */
 void top1_f32(const float *x, int64_t rows, int64_t n, int64_t *token, float *prob) {
-    const int64_t nv = n - n % LANES;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *row = x + r * n;
-        vf mx = (vf){0} - INFINITY;
-        for (int64_t i = 0; i < nv; i += LANES) mx = vmax(load(row + i), mx);
-        float top = hmax(mx);
-        for (int64_t i = nv; i < n; i++) top = row[i] > top ? row[i] : top;
-        int64_t best = 0;
-        while (row[best] != top) best++; /* the first maximum */
-        vf acc = {0};
-        int64_t i = 0;
-        for (; i < nv; i += LANES) acc += exp_nonpositive(load(row + i) - top);
-        float sum = hsum(acc);
-        for (; i < n; i++) sum += exp_nonpositive1(row[i] - top);
-        token[r] = best;
-        prob[r] = 1.0f / sum;
-    }
+    for (int64_t r = 0; r < rows; r++) top1_row(x + r * n, n, token + r, prob + r);
 }

@@ -16,6 +16,7 @@
 #ifndef FREIGHT_GEMV_H
 #define FREIGHT_GEMV_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include "simd.h"
@@ -97,6 +98,26 @@ static void gemv_rows(const float *w, const float *bias, int64_t K, const float 
 static void gemv_rows_h(const uint16_t *w, const float *bias, int64_t K, const float *x, int64_t xs, int64_t M,
                         float *y, int64_t ys, int64_t lo, int64_t hi) {
     GEMV_DISPATCH(_h)
+}
+
+/* The argmax of n logits (the first of equal maxima, as torch's and numpy's) into *token and its
+ * softmax probability 1 / sum(e^(x - max)) into *prob: a draft model's greedy token and its
+ * confidence, straight after its lm_head GEMV. */
+static inline void top1_row(const float *row, int64_t n, int64_t *token, float *prob) {
+    const int64_t nv = n - n % LANES;
+    vf mx = (vf){0} - INFINITY;
+    for (int64_t i = 0; i < nv; i += LANES) mx = vmax(load(row + i), mx);
+    float top = hmax(mx);
+    for (int64_t i = nv; i < n; i++) top = row[i] > top ? row[i] : top;
+    int64_t best = 0;
+    while (row[best] != top) best++; /* the first maximum */
+    vf acc = {0};
+    int64_t i = 0;
+    for (; i < nv; i += LANES) acc += exp_nonpositive(load(row + i) - top);
+    float sum = hsum(acc);
+    for (; i < n; i++) sum += exp_nonpositive1(row[i] - top);
+    *token = best;
+    *prob = 1.0f / sum;
 }
 
 #endif

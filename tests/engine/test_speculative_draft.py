@@ -31,31 +31,38 @@ def test_greedy_identical_with_a_draft_model(make_checkpoint, tmp_path, arch: st
 @pytest.mark.parametrize("half", [False, True])
 def test_draft_steps_on_the_c_stack_propose_what_the_generic_path_proposes(make_checkpoint, tmp_path,
                                                                            half: bool) -> None:  # fmt: skip
-    """The draft's greedy steps straight on the C decode stack (DraftStack: short catch-ups as
-    decode rows, the K - 1 steps, an lm_head GEMV) propose the tokens the generic forward proposes:
-    the same acceptance counts, the same outputs. A draft stored in fp16 runs there on fp16 copies of
-    its matrices and lm_head (half the bytes, the same products)."""
+    """The draft on the C decode stack proposes the tokens the generic forward proposes, both as one
+    C call per proposal (DraftChain: the catch-up rows, then every drafting step) and step by step
+    from Python (DraftStack.greedy: short catch-ups as decode rows, the K - 1 steps, an lm_head
+    GEMV): the same acceptance counts, the same outputs. A draft stored in fp16 runs there on fp16
+    copies of its matrices and lm_head (half the bytes, the same products)."""
     path = make_checkpoint("llama").path
     draft = SpeculativeConfig("draft", 4, str(perturbed(path, tmp_path / "draft", half)), adaptive=False)
     counts = {}
     outs = {}
-    for fast in (True, False):
+    for mode in ("chain", "steps", "generic"):
         engine = Engine.from_pretrained(path, EngineConfig(kv_cache_bytes=8 << 20, speculative=draft))
         model = engine.speculator.draft
         assert model.fast is not None and model.fast.half == half  # a Llama on the CPU backend: bound to the stack
-        calls = []
-        if fast:
+        calls: list[tuple[int, int]] = []
+        if mode == "chain":
+            chain = model.fast.chain
+            propose = chain.propose
+            chain.propose = lambda *a, _c=calls, _p=propose, **k: _c.append((a[0].size, a[3].size)) or _p(*a, **k)
+        elif mode == "steps":
+            model.fast.chain.takes = lambda rows: False
             greedy = model.fast.greedy
-            model.fast.greedy = lambda *a, _c=calls, _g=greedy, **k: _c.append(a[0].size) or _g(*a, **k)
+            model.fast.greedy = lambda *a, _c=calls, _g=greedy, **k: _c.append((a[0].size, 0)) or _g(*a, **k)
         else:
             model.fast = None
-        outs[fast] = engine.generate(spec_prompts(), GREEDY)
+        outs[mode] = engine.generate(spec_prompts(), GREEDY)
         s = engine.stats
-        counts[fast] = (s.spec_runs, s.spec_proposed_tokens, s.spec_accepted_tokens)
-        if fast:  # catch-ups of several rows (the target's token and an accepted one) ran there too
-            assert calls and max(calls) > len(spec_prompts())
-    same(outs[True], outs[False])
-    assert counts[True] == counts[False] and counts[True][2] > 0
+        counts[mode] = (s.spec_runs, s.spec_proposed_tokens, s.spec_accepted_tokens)
+        if mode != "generic":  # catch-ups of several rows (the target's token and an accepted one) ran there too
+            assert calls and max(rows for rows, _ in calls) > len(spec_prompts())
+    same(outs["chain"], outs["generic"])
+    same(outs["steps"], outs["generic"])
+    assert counts["chain"] == counts["steps"] == counts["generic"] and counts["chain"][2] > 0
 
 
 def test_a_draft_proposal_ends_where_the_early_stop_says(make_checkpoint, tmp_path) -> None:
@@ -78,6 +85,40 @@ def test_a_draft_proposal_ends_where_the_early_stop_says(make_checkpoint, tmp_pa
     s = engine.stats
     assert s.spec_runs > 0 and s.spec_proposed_tokens <= 2 * s.spec_runs and s.spec_accepted_tokens > 0
     assert {len(p) for p in asked} == {1, 2} and all(0 < q <= 1 for p in asked for q in p)
+
+
+def test_the_chain_stops_where_the_speculators_rule_says(make_checkpoint, tmp_path) -> None:
+    """The early stop (ChainStop: the product of the drafted tokens' chances, by the draft's
+    probability of each, times the overall chance and the row's token value, against a drafted
+    token's cost) decides in C inside DraftChain as it does in Python step by step: the same
+    proposals, some cut short and some drafted to K, and plain decoding's outputs."""
+    from kernels.cpu.draft_chain import ChainStop
+    from worker.engine.speculation.acceptance import CONFIDENCE_EDGES
+
+    path = make_checkpoint("llama").path
+    draft = SpeculativeConfig("draft", 4, str(perturbed(path, tmp_path / "draft")), adaptive=False)
+    chances = (0.5, 0.6, 0.7, 0.8, 0.9, 0.99)
+    counts, outs = {}, {}
+    for mode in ("chain", "steps"):
+        engine = Engine.from_pretrained(path, EngineConfig(kv_cache_bytes=8 << 20, speculative=draft))
+        model = engine.speculator.draft
+        calls: list[int] = []
+        if mode == "chain":
+            propose = model.fast.chain.propose
+            model.fast.chain.propose = lambda *a, _c=calls, _p=propose, **k: _c.append(1) or _p(*a, **k)
+        else:
+            model.fast.chain.takes = lambda rows: False
+        engine.speculator._go_on = lambda width, values, tokens: ChainStop(  # type: ignore[method-assign]
+            CONFIDENCE_EDGES, chances, 0.7, 0.2, tuple(1.0 + 0.1 * i for i in range(len(values))))
+        outs[mode] = engine.generate(spec_prompts(), GREEDY)
+        s = engine.stats
+        counts[mode] = (s.spec_runs, s.spec_proposed_tokens, s.spec_accepted_tokens)
+        assert bool(calls) == (mode == "chain")
+    plain, _ = run(path, spec_prompts(), GREEDY)
+    same(plain, outs["chain"])
+    same(plain, outs["steps"])
+    runs, proposed, _ = counts["chain"]
+    assert counts["chain"] == counts["steps"] and runs < proposed < 4 * runs
 
 
 def test_committed_draft_proposes_for_the_reference_model() -> None:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.cpu.decode_stack import BoundDecodeStack, NativeDecodeStack, StackLayer, StackShape
+from kernels.cpu.draft_chain import DraftChain
 from kernels.reference.attention import decode_shared_blocks
 from worker.engine.backends.base import AttentionMetadata
 
@@ -131,6 +132,11 @@ class ModelDecodeStack:
         if not all(exactly_half(w) for w in mats):
             return None
         return ModelDecodeStack(self._model, self._kv_caches, self._native, half=True)
+
+    def draft_chain(self, head: torch.Tensor) -> DraftChain:
+        """A draft model's whole proposal in one call over this stack (kernels/cpu/draft_chain.py), with
+        its lm_head weight `head` (fp32, or an fp16 copy holding the same values)."""
+        return DraftChain(self._stack, self._embed, head)
 
     def fits(self, rows: int) -> bool:
         """1..gemv_rows rows on any number of threads, up to max_rows on one."""

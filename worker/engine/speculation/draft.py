@@ -25,6 +25,7 @@ import numpy as np
 import structlog
 import torch
 
+from kernels.cpu.draft_chain import ChainStop
 from worker.engine.backends.base import AttentionMetadata, Backend
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
@@ -113,6 +114,8 @@ class DraftModel:
         if not live:
             return out, probs
         states = [self.states[seqs[i].seq_id] for i in live]
+        if self._chained(states, ends, [ks[i] for i in live], go_on, live, out, probs if want else None):
+            return out, probs
         rows = list(range(len(live)))
         tokens, top = self._catch_up(states, ends, want)
         for j in range(1, max(ks[i] for i in live) + 1):
@@ -129,6 +132,29 @@ class DraftModel:
         for r, i in enumerate(live):
             states[r].computed = ends[r] + len(out[i]) - 1
         return out, probs
+
+    def _chained(self, states: list[_DraftSeq], ends: list[int], ks: list[int], go_on: GoOn | None, live: list[int],
+                 out: list[list[int]], probs: list[list[float]] | None) -> bool:  # fmt: skip
+        """The whole proposal in one C call (DraftStack.chain) where the draft runs on the C stack and
+        every catch-up is short: out[live[r]] (and probs[live[r]]) filled, True; else False."""
+        if self.fast is None:
+            return False
+        los = self._short_catch_up(states, ends)
+        if los is None or not self.fast.chain.takes(sum(e - lo for lo, e in zip(los, ends, strict=True))):
+            return False
+        if not self.fast.chain.takes(len(states)) or (go_on is not None and not isinstance(go_on, ChainStop)):
+            return False
+        ids, pos, table, counts = self._rows(states, los, ends, ks)
+        stop = None if go_on is None else dataclasses.replace(go_on, values=tuple(go_on.values[i] for i in live))
+        tokens, top, made = self.fast.chain.propose(ids, pos, np.repeat(table, counts, axis=0), np.cumsum(counts) - 1,
+                                                    np.asarray(ks), stop)  # fmt: skip
+        for r, i in enumerate(live):
+            n = int(made[r])
+            out[i] = tokens[r, :n].tolist()
+            if probs is not None:
+                probs[i] = top[r, :n].tolist()
+            states[r].computed = ends[r] + n - 1
+        return True
 
     def in_step(self, seq: Sequence) -> bool:
         """The draft has computed seq up to a short catch-up (it drafted for it lately)."""
@@ -160,24 +186,40 @@ class DraftModel:
     def _tables(self, states: list[_DraftSeq], width: int) -> torch.Tensor:
         return to_device(self._tables_np(states, width), self.device)
 
+    def _short_catch_up(self, states: list[_DraftSeq], ends: list[int]) -> list[int] | None:
+        """Where each sequence's catch-up starts (its tokens [lo, end) the draft has not computed; the
+        newest always runs) when every one is short enough to run as decode rows (FAST_CATCH_UP) and
+        none rotates a long prompt's own tokens (LongRoPE: the prefill path); else None."""
+        los = [min(st.computed, end - 1) for st, end in zip(states, ends, strict=True)]
+        if max(e - lo for lo, e in zip(los, ends, strict=True)) > FAST_CATCH_UP:
+            return None
+        rope = self.runner.model.rope_offset
+        if any(rope(st.seq.num_prompt_tokens) and lo < st.seq.num_prompt_tokens for lo, st in zip(los, states, strict=True)):
+            return None
+        return los
+
+    def _rows(self, states: list[_DraftSeq], los: list[int], ends: list[int], ks: list[int] | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        """A short catch-up's decode rows: ids and positions int64 [R], the sequences' block tables int32
+        [S, W] (covering the ks[s] - 1 tokens after the catch-up too) and each sequence's row count [S]."""
+        more = ks or [1] * len(ends)
+        table = self._tables_np(states, max(-(-(e + k - 1) // self.block_size) for e, k in zip(ends, more, strict=True)))
+        counts = np.asarray([e - lo for lo, e in zip(los, ends, strict=True)])
+        pos = np.concatenate([np.arange(lo, e, dtype=np.int64) for lo, e in zip(los, ends, strict=True)])
+        ids = np.asarray([t for st, lo, e in zip(states, los, ends, strict=True) for t in st.seq.token_ids[lo:e]],
+                         np.int64)  # fmt: skip
+        return ids, pos, table, counts
+
     def _catch_up(self, states: list[_DraftSeq], ends: list[int], probs: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """One forward over each sequence's uncomputed tokens [computed, end); the greedy next token.
         Short catch-ups (after a verify step: the target's own token, maybe an accepted one) run as
         decode-shaped rows on the C stack where there is one (DraftStack); else one prefill."""
-        los = [min(st.computed, end - 1) for st, end in zip(states, ends, strict=True)]  # the newest token always runs
-        rows = sum(end - lo for lo, end in zip(los, ends, strict=True))
+        los = None if self.fast is None else self._short_catch_up(states, ends)
+        if los is not None and self.fast.takes(sum(e - lo for lo, e in zip(los, ends, strict=True))):  # type: ignore[union-attr]
+            ids, pos, table, counts = self._rows(states, los, ends)
+            return self.fast.greedy(ids, pos, np.repeat(table, counts, axis=0), np.cumsum(counts) - 1, probs)  # type: ignore[union-attr]
+        los = [min(st.computed, end - 1) for st, end in zip(states, ends, strict=True)]
         offsets = [self.runner.model.rope_offset(st.seq.num_prompt_tokens) for st in states]  # LongRoPE drafts
-        # a long prompt's own tokens rotate at their all-long rows: the prefill below (decode rows pass positions)
-        long_prompt = any(off and lo < st.seq.num_prompt_tokens for off, lo, st in zip(offsets, los, states, strict=True))
-        if self.fast is not None and max(e - lo for lo, e in zip(los, ends, strict=True)) <= FAST_CATCH_UP \
-                and self.fast.takes(rows) and not long_prompt:  # fmt: skip
-            bs = self.block_size
-            table = self._tables_np(states, max(-(-e // bs) for e in ends))
-            counts = np.asarray([e - lo for lo, e in zip(los, ends, strict=True)])
-            pos = np.concatenate([np.arange(lo, e, dtype=np.int64) for lo, e in zip(los, ends, strict=True)])
-            ids = np.asarray([t for st, lo, e in zip(states, los, ends, strict=True) for t in st.seq.token_ids[lo:e]],
-                             np.int64)  # fmt: skip
-            return self.fast.greedy(ids, pos, np.repeat(table, counts, axis=0), np.cumsum(counts) - 1, probs)
         self.prefilled = max(e - lo for lo, e in zip(los, ends, strict=True)) > FAST_CATCH_UP
         ids, pos, slots, cu, last = [], [], [], [0], []
         for st, end, lo, off in zip(states, ends, los, offsets, strict=True):

@@ -40,6 +40,7 @@ class DraftStack:
         self._head32 = head  # past the GEMV's rows: F.linear
         self._lm_head = head.half().contiguous() if self.half else head
         self._gemv = NativeGemv()
+        self.chain = self._stack.draft_chain(self._lm_head)  # a whole proposal in one C call
         self.block_size = block_size
 
     @staticmethod

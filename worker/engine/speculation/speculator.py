@@ -16,12 +16,11 @@ The proposers know no grammar: a constrained row's proposal is cut to the prefix
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable
 
 import numpy as np
 
+from kernels.cpu.draft_chain import ChainStop
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.sequence import Sequence
 from worker.engine.speculation.acceptance import CONFIDENCE_EDGES, MATCH_EDGES, AcceptanceTable
@@ -181,24 +180,22 @@ class Speculator:
                 self.draft.rollback(seq, 0)  # type: ignore[union-attr]
         return out
 
-    def _go_on(self, width: int, values: list[float], tokens: int) -> Callable[[int, list[float]], bool] | None:
+    def _go_on(self, width: int, values: list[float], tokens: int) -> ChainStop | None:
         """The draft's early stop: a row drafts another token while its expected saving (the chance that
         all its tokens so far are kept, by the draft's probability of each: AcceptanceTable, times the
         draft's overall chance for the next; times the row's token value) beats what a drafted token
         costs (the slope of the measured speculating steps: a draft step and a verify row). None (every
-        token up to K) when not adaptive or the slope is unmeasured."""
+        token up to K) when not adaptive or the slope is unmeasured. A ChainStop: callable as
+        go_on(row, probabilities so far), and evaluated the same way in C by the draft's DraftChain."""
         if not self.config.adaptive or tokens < 2:
             return None
         lo, hi = self.controller.cost(width + 1, True), self.controller.cost(width + tokens, True)
         if lo is None or hi is None:
             return None
         per_token = max(0.0, (hi - lo) / (tokens - 1))
-        chance, overall = self.acceptance.chance, self.acceptance.overall()
-
-        def go_on(i: int, probs: list[float]) -> bool:
-            return math.prod(chance(q) for q in probs) * overall * values[i] > per_token
-
-        return go_on
+        table = self.acceptance
+        chances = tuple(h / t for h, t in zip(table.hits, table.trials, strict=True))  # table.chance per bucket
+        return ChainStop(tuple(table.edges), chances, table.overall(), per_token, tuple(values))
 
     def _grammar_cut(self, seq: Sequence, draft: list[int]) -> list[int]:
         """A constrained row's proposal up to the first token its grammar refuses."""

@@ -1,0 +1,102 @@
+"""A draft model's whole greedy proposal in one C call (draft_chain.h, built into decode_stack.c).
+
+`DraftChain(stack, embed, head)` binds a draft's BoundDecodeStack, its embedding and its lm_head
+(fp32, or fp16 holding the same values); `propose(...)` runs the catch-up rows, then drafts each
+sequence's tokens until its K or its early stop (`ChainStop`: the speculator's rule, evaluated in C
+as in Python). Same tokens and probabilities as the step-by-step path over the same stack, GEMV
+and top1 kernels.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kernels.cpu.build import load_library
+from kernels.cpu.decode_stack import SOURCE, BoundDecodeStack
+
+_ptr, _i64, _f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
+
+
+class _Head(ctypes.Structure):
+    _fields_ = [("embed", _ptr), ("head", _ptr), ("vocab", _i64), ("head_half", _i64), ("early_stop", _i64),
+                ("edges", _ptr), ("chance", _ptr), ("num_edges", _i64), ("overall", _f64), ("per_token", _f64)]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ChainStop:
+    """The early stop: sequence s drafts token j + 1 while prod(chances[bucket(p_i)], i <= j) x overall
+    x values[s] > per_token, a bucket being how many of `edges` are <= the token's probability."""
+
+    edges: tuple[float, ...]
+    chances: tuple[float, ...]  # len(edges) + 1
+    overall: float
+    per_token: float
+    values: tuple[float, ...]  # per sequence
+
+    def __call__(self, s: int, probs: list[float]) -> bool:
+        """The rule in Python (the step-by-step path): does sequence s, whose tokens so far came with
+        `probs`, draft another?"""
+        chances = (self.chances[bisect.bisect_right(self.edges, q)] for q in probs)
+        return math.prod(chances) * self.overall * self.values[s] > self.per_token
+
+
+class DraftChain:
+    def __init__(self, stack: BoundDecodeStack, embed: torch.Tensor, head: torch.Tensor) -> None:
+        """embed [vocab, hidden] fp32 and head [vocab, hidden] fp32 or fp16, contiguous CPU tensors."""
+        if not (embed.dtype == torch.float32 and head.dtype in (torch.float32, torch.float16)
+                and embed.is_contiguous() and head.is_contiguous() and embed.device.type == head.device.type == "cpu"
+                and embed.dim() == head.dim() == 2 and embed.shape[1] == head.shape[1] == stack.hidden):  # fmt: skip
+            raise ValueError(f"DraftChain takes a contiguous fp32 embedding and an fp32 or fp16 lm_head [vocab, "
+                             f"{stack.hidden}] on the CPU")  # fmt: skip
+        self._fn = load_library(SOURCE).decode_stack_draft
+        self._fn.argtypes = [_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr,
+                             _i64]  # fmt: skip
+        self._fn.restype = ctypes.c_int
+        self._stack, self._embed, self._head = stack, embed, head  # kept alive: the C side holds pointers
+        self.vocab = head.shape[0]
+        self._half = int(head.dtype == torch.float16)
+
+    def takes(self, rows: int) -> bool:
+        """Whether a proposal with `rows` catch-up rows fits (its forwards run on GEMVs only)."""
+        return 0 < rows <= self._stack.gemv_rows
+
+    def propose(self, ids: np.ndarray, positions: np.ndarray, tables: np.ndarray, last_rows: np.ndarray,
+                ks: np.ndarray, stop: ChainStop | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        """Catch-up rows ids, positions int64 [R] and tables int32 [R, W] (each row's sequence's block
+        table, covering its position and the K tokens after its last row), each sequence's last row
+        last_rows int64 [S] (ascending) and its most tokens ks int64 [S] (>= 1) -> tokens int64 [S,
+        max ks], their probabilities fp32 [S, max ks] and counts int64 [S] (the first counts[s] of row s
+        are drafted). Stores every forward's K/V in the draft's cache. Raises IndexError for a value
+        out of range (nothing is drafted then)."""
+        ids, positions, last_rows, ks = (np.ascontiguousarray(a, np.int64) for a in (ids, positions, last_rows, ks))
+        tables = np.ascontiguousarray(tables, np.int32)
+        seqs, kmax = last_rows.size, int(ks.max())
+        if not (rows := ids.size) or stop is not None and len(stop.values) != seqs:
+            raise ValueError("DraftChain.propose needs at least one row and, with a stop, a value per sequence")
+        if not self.takes(rows):
+            raise ValueError(f"a chain's forward takes at most {self._stack.gemv_rows} rows, not {rows}")
+        tokens, probs = np.zeros((seqs, kmax), np.int64), np.zeros((seqs, kmax), np.float32)
+        counts = np.zeros(seqs, np.int64)
+        if stop is None:
+            edges, chances, values, head = np.zeros(0), np.ones(1), np.zeros(seqs), (0, 0, 0.0, 0.0)
+        else:
+            edges, chances = np.asarray(stop.edges, np.float64), np.asarray(stop.chances, np.float64)
+            values, head = np.asarray(stop.values, np.float64), (1, edges.size, stop.overall, stop.per_token)
+        early, num_edges, overall, per_token = head
+        spec = _Head(self._embed.data_ptr(), self._head.data_ptr(), self.vocab, self._half, early,
+                     edges.ctypes.data, chances.ctypes.data, num_edges, overall, per_token)  # fmt: skip
+        status = self._fn(self._stack.model_ptr, ctypes.addressof(spec), rows, ids.ctypes.data, positions.ctypes.data,
+                          tables.ctypes.data, tables.shape[1], seqs, last_rows.ctypes.data, ks.ctypes.data,
+                          values.ctypes.data, kmax, tokens.ctypes.data, probs.ctypes.data, counts.ctypes.data,
+                          torch.get_num_threads())  # fmt: skip
+        if status == -2:
+            raise MemoryError("decode_stack_draft could not allocate its activations")
+        if status:
+            raise IndexError("decode_stack_draft refused the proposal: an id, position, slot or row out of range")
+        return tokens, probs, counts
