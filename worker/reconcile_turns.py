@@ -15,11 +15,11 @@ leases on its own thread, so it only calls `ReconcileTurns.tick(now)`, which ret
 The lock's expiry is shorter than a slow pass: while this node's pass hangs, other nodes take their
 turns, so one stuck node does not stop the fleet's reconciling. Passes of different nodes may then
 overlap, as they already could with `freight autoscale`'s and `freight wait`'s passes, which take no
-turn: a job's repair is under its own lock (`freight:lock:reconcile:<job>`), repeated shard
-transitions are no-ops, a shard published twice costs at most a duplicate attempt (a task for a
-committed shard is acked without work, and the commit is put_if_absent), finalize is idempotent, and
-a notification's claim and each redelivery are taken with put_if_absent (jobs/redelivery.py), so one
-of the racing passes sends.
+turn: a job's repair is under its own lock (`freight:lock:reconcile:<job>`), committed and failed
+shard states stick (jobs/live_state.py), a shard published twice costs at most a duplicate attempt
+(a task for a committed shard is acked without work, and the commit is put_if_absent), finalize is
+idempotent, and a notification's claim and each redelivery are taken with put_if_absent
+(jobs/redelivery.py), so one of the racing passes sends.
 
 `stop` (the worker's exit) leaves a running pass to die with the process: its thread is a daemon.
 """
