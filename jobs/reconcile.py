@@ -14,11 +14,14 @@ jobs (`job_ids` None) also sends finished jobs' notifications that no target con
 (jobs/redelivery.py: the claimer died, or every try failed).
 
 It runs in every worker's main process: worker/node.py's NodeKeeper ticks every FREIGHT_HEARTBEAT_S
-(10 s; sooner when a message arrives) and runs a pass on the first tick at least RECONCILE_S (15 s)
-after its last one, so about every 20 s per worker with default settings, unless another worker
+(10 s; sooner when a message arrives) and starts a pass on the first tick at least RECONCILE_S (15 s)
+after its last turn, so about every 20 s per worker with default settings, unless another worker
 took a turn in the last 12 s (`freight:lock:reconcile`, so with several workers the fleet still
-makes about one pass per 12-20 s). Also in `freight autoscale`'s tick and in `freight wait` (its own
-job, every FREIGHT_WAIT_RECONCILE_S). Never imports worker/ or torch.
+makes about one pass per 12-20 s). The pass runs on a thread of its own (worker/reconcile_turns.py),
+one at a time per worker, so storage that hangs never holds back the node's beat and leases. Also in
+`freight autoscale`'s tick and in `freight wait` (its own job, every FREIGHT_WAIT_RECONCILE_S), which
+take no turn: passes may overlap, and every repair is safe to race (a job's under its own lock).
+Never imports worker/ or torch.
 """
 
 from __future__ import annotations

@@ -12,9 +12,15 @@ shard names its holder within milliseconds rather than up to a beat later:
 2. renews the leases of the messages this node holds: kombu's `unacked_index` score and the
    `freight:leases` holder, so a running shard is never restored while its node lives;
 3. reaps: restores the unacked messages of nodes whose beat is older than 60 s (jobs/leases.py);
-4. on the first tick at least RECONCILE_S after its last pass (so about every 20 s with 10 s ticks),
-   unless another node took a turn in the last 12 s, checks Redis against storage and redelivers
-   unconfirmed notifications (jobs/reconcile.py).
+4. on the first tick at least RECONCILE_S (15 s) after its last turn (so about every 20 s with 10 s
+   ticks), unless another node took a turn in the last 12 s, starts a pass that checks Redis against
+   storage and redelivers unconfirmed notifications (jobs/reconcile.py) on a thread of its own
+   (worker/reconcile_turns.py): the tick does not wait for it, so a hanging storage endpoint never
+   holds back the beat and the lease renewals (a tick only talks to Redis). At most one pass per
+   node runs; while one is still running no other starts here (`reconcile_still_running`).
+
+`stop` (the worker's clean exit) lets the tick under way end (a few seconds at most), then deletes
+the node's entry; it does not wait for a running reconcile pass (a daemon thread).
 """
 
 from __future__ import annotations
@@ -33,11 +39,11 @@ from jobs.log import get_logger
 from jobs.progress import NodeBeat
 from jobs.settings import Settings
 from worker.deadline import AttemptSlots
+from worker.reconcile_turns import RECONCILE_S, ReconcileTurns
 
 log = get_logger(__name__)
 
-RECONCILE_S = 15.0  # how often some node of the fleet checks Redis against storage
-RECONCILE_LOCK = "freight:lock:reconcile"
+STOP_WAIT_S = 5.0  # how long `stop` lets the tick under way end (its Redis calls time out at 10 s)
 
 
 def new_node_id(hostname: str) -> str:
@@ -65,7 +71,13 @@ class NodeState:
 class NodeKeeper:
     """Main-process thread: node beat, lease renewal, reaper, reconcile (see the module docstring)."""
 
-    def __init__(self, node: NodeState, settings: Settings, held_tags: Callable[[], list[str]]) -> None:
+    def __init__(
+        self,
+        node: NodeState,
+        settings: Settings,
+        held_tags: Callable[[], list[str]],
+        reconcile_s: float = RECONCILE_S,
+    ) -> None:
         self.node = node
         self.settings = settings
         self.held_tags = held_tags
@@ -74,11 +86,11 @@ class NodeKeeper:
         )
         self.reaper = LeaseReaper(self.client)
         self.interval_s = max(0.2, min(settings.heartbeat_s, settings.visibility_timeout_s / 4))
-        self._next_reconcile = time.monotonic() + RECONCILE_S / 2
+        self.reconcile_turns = ReconcileTurns(self.client, node.node_id, settings, every_s=reconcile_s)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._delivered: set[str] = set()  # tags poked since the last tick (maybe not yet "reserved")
-        self._fleet = None
+        self._thread: threading.Thread | None = None
 
     def poke(self, tag: str | None) -> None:
         """Run the next tick now: the message `tag` was just delivered, record its lease."""
@@ -91,20 +103,7 @@ class NodeKeeper:
         delivered, self._delivered = self._delivered, set()
         renew_leases(self.client, self.node.node_id, set(self.held_tags()) | delivered, now)
         self.reaper.reap(now)
-        if time.monotonic() >= self._next_reconcile:
-            self._next_reconcile = time.monotonic() + RECONCILE_S
-            self.reconcile(now)
-
-    def reconcile(self, now: float) -> None:
-        """One pass of jobs/reconcile.py, unless another node took this turn."""
-        if not self.client.set(RECONCILE_LOCK, self.node.node_id, nx=True, ex=int(RECONCILE_S * 0.8)):
-            return
-        from jobs.client import FleetClient
-        from jobs.reconcile import Reconciler
-
-        if self._fleet is None:
-            self._fleet = FleetClient(self.settings, retry_for_s=5.0)
-        Reconciler(self._fleet, self.settings).run(now)
+        self.reconcile_turns.tick(now)  # starts a pass on its own thread when due; never waits for one
 
     def run(self) -> None:
         while True:
@@ -112,7 +111,7 @@ class NodeKeeper:
                 self.tick(time.time())
             except (redis.RedisError, RuntimeError) as exc:  # RuntimeError: a set changed size mid-copy
                 log.warning("node_upkeep_failed", error=str(exc))
-            except Exception:  # storage away during a reconcile, or a bug: the next tick tries again
+            except Exception:  # a bug: the next tick tries again
                 log.exception("node_upkeep_error")
             self._wake.wait(self.interval_s)
             self._wake.clear()
@@ -120,13 +119,18 @@ class NodeKeeper:
                 return
 
     def start(self) -> NodeKeeper:
-        threading.Thread(target=self.run, name="freight-node-keeper", daemon=True).start()
+        self._thread = threading.Thread(target=self.run, name="freight-node-keeper", daemon=True)
+        self._thread.start()
         return self
 
     def stop(self) -> None:
-        """A clean exit: the node's entry goes (its unacked messages are restored by kombu)."""
+        """A clean exit: the node's entry goes (its unacked messages are restored by kombu). Waits up
+        to STOP_WAIT_S for the tick under way (a beat after the delete would bring the entry back),
+        never for a reconcile pass."""
         self._stop.set()
         self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(STOP_WAIT_S)
         try:
             forget_node(self.client, self.node.node_id)
         except redis.RedisError as exc:
