@@ -42,6 +42,10 @@ class AcceptanceTable:
         b = self.bucket(signal)
         return self.hits[b] / self.trials[b]
 
+    def chances(self) -> tuple[float, ...]:
+        """chance() of every bucket, in order (what the draft's C chain looks its tokens up in)."""
+        return tuple(h / t for h, t in zip(self.hits, self.trials, strict=True))
+
     def best(self) -> float:
         """The highest chance any bucket proposals came from may have (what the best proposals could
         get): one seen fewer than TRUSTED times counts as 1 (too little seen to rule it out), and so

@@ -194,8 +194,7 @@ class Speculator:
             return None
         per_token = max(0.0, (hi - lo) / (tokens - 1))
         table = self.acceptance
-        chances = tuple(h / t for h, t in zip(table.hits, table.trials, strict=True))  # table.chance per bucket
-        return ChainStop(tuple(table.edges), chances, table.overall(), per_token, tuple(values))
+        return ChainStop(tuple(table.edges), table.chances(), table.overall(), per_token, tuple(values))
 
     def _grammar_cut(self, seq: Sequence, draft: list[int]) -> list[int]:
         """A constrained row's proposal up to the first token its grammar refuses."""
