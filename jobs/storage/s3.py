@@ -21,7 +21,8 @@ PARTIAL_TAGGING = "freight-partial=true"
 _ACCESS_CODES = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
                  "InvalidToken", "AllAccessDisabled", "AccountProblem"}  # fmt: skip
 # Answers that mean "not now" (what botocore's standard mode retries, once its tries are spent):
-# StorageUnavailableError. Any 5xx status counts too.
+# StorageUnavailableError. Any 5xx status counts too, but 501 NotImplemented: the store lacks a
+# feature (a conditional put on an old S3-compatible store), which no retry brings.
 _BUSY_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestThrottled", "TooManyRequestsException",
                "RequestLimitExceeded", "BandwidthLimitExceeded", "RequestTimeout", "RequestTimeoutException",
                "PriorRequestNotComplete", "InternalError", "ServiceUnavailable", "429"}  # fmt: skip
@@ -120,7 +121,7 @@ class S3Store(ObjectStore):
                 raise StorageError(
                     f"access to {self.url} denied ({code}): check the credentials and the bucket's policy"
                 ) from None
-            if code in _BUSY_CODES or status >= 500:
+            if code in _BUSY_CODES or (status >= 500 and code != "NotImplemented" and status != 501):
                 raise StorageUnavailableError(
                     f"{self.url}: S3 answered {code or status} after {self._attempts(exc)} tries (busy or "
                     "failing): a later try may succeed; raise FREIGHT_S3_MAX_ATTEMPTS to wait longer"

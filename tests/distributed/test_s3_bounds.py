@@ -112,6 +112,7 @@ def test_a_closed_port_is_unavailable_not_gone() -> None:
         (503, "SlowDown", StorageUnavailableError),
         (500, "InternalError", StorageUnavailableError),
         (502, "BadGateway", StorageUnavailableError),
+        (501, "NotImplemented", StorageError),  # the store lacks the feature: no later try helps
         (404, "NoSuchBucket", BucketNotFoundError),
         (403, "AccessDenied", StorageError),
         (400, "InvalidRequest", StorageError),
