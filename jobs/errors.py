@@ -30,7 +30,19 @@ class JobIncompleteError(FreightError):
 
 class StorageError(FreightError):
     """Object storage cannot be used at all: a missing bucket, no credentials, an unreachable endpoint,
-    access denied. Distinct from ObjectNotFoundError (one key is absent)."""
+    access denied. Distinct from ObjectNotFoundError (one key is absent). Only two kinds say something
+    definite about what is stored: ObjectNotFoundError and BucketNotFoundError; any other StorageError
+    (StorageUnavailableError, denied access, bad credentials) says only that this process got no
+    answer now, so nothing may be concluded from it about a job's output (jobs/reconcile.py)."""
+
+
+class StorageUnavailableError(StorageError):
+    """Storage did not answer, after the client's retries: a refused or dropped connection, a connect
+    or read timeout, throttling (SlowDown, 429), a 5xx. Transient: try again later."""
+
+
+class BucketNotFoundError(StorageError):
+    """The store answered that the bucket does not exist (NoSuchBucket): whatever was in it is gone."""
 
 
 class ObjectNotFoundError(FreightError, KeyError):

@@ -9,9 +9,13 @@ seen so for FREIGHT_ORPHAN_GRACE_S (10 s; a message in flight between BRPOP and 
 entry, or between a submit's state and its publish, is invisible for milliseconds) it asks storage:
 a committed or failed shard gets that state; any other is published again (`shards_requeued` in the
 log). A job whose shards are all committed but which has neither _SUCCESS nor a finalize message
-gets its freight.finalize; one whose OUT has no manifest any more is marked failed. A pass over all
-jobs (`job_ids` None) also sends finished jobs' notifications that no target confirmed again
-(jobs/redelivery.py: the claimer died, or every try failed).
+gets its freight.finalize; one whose OUT has no manifest any more is marked failed. Only storage's
+own answer fails a job (the manifest or the bucket is gone, the manifest does not parse): storage
+that gives none (StorageUnavailableError: refused, timed out, throttled, 5xx; or denied access, bad
+credentials) leaves the job and its sightings as they are (`reconcile_storage_unavailable`), and the
+next pass tries again. A pass over all jobs (`job_ids` None) also sends finished jobs'
+notifications that no target confirmed again (jobs/redelivery.py: the claimer died, or every try
+failed).
 
 It runs in every worker's main process: worker/node.py's NodeKeeper ticks every FREIGHT_HEARTBEAT_S
 (10 s; sooner when a message arrives) and starts a pass on the first tick at least RECONCILE_S (15 s)
@@ -20,7 +24,8 @@ took a turn in the last 12 s (`freight:lock:reconcile`, so with several workers 
 makes about one pass per 12-20 s). The pass runs on a thread of its own (worker/reconcile_turns.py),
 one at a time per worker, so storage that hangs never holds back the node's beat and leases. Also in
 `freight autoscale`'s tick and in `freight wait` (its own job, every FREIGHT_WAIT_RECONCILE_S), which
-take no turn: passes may overlap, and every repair is safe to race (a job's under its own lock).
+take no turn: passes may overlap, and every repair is safe to race (a job's under its own lock,
+`freight:lock:reconcile:<job>`: a token of the pass, JOB_LOCK_S, released only by its holder).
 Never imports worker/ or torch.
 """
 
@@ -32,8 +37,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import LockError
+
 from jobs.client import FleetClient
-from jobs.errors import FreightError
+from jobs.errors import BucketNotFoundError, ObjectNotFoundError, StorageError, StorageUnavailableError
 from jobs.finalize import committed_shards
 from jobs.leases import UNACKED_KEY, decode_task
 from jobs.live_state import LiveState
@@ -41,6 +48,7 @@ from jobs.log import get_logger
 from jobs.manifest import SUCCESS_KEY, read_manifest
 from jobs.markers import FAILURES_KEY, failed_shards, is_cancelled, write_failures_manifest
 from jobs.progress import FINISHED_JOB_STATES, JOBS_KEY, QUEUES_KEY, WORKER_GONE_AFTER_S, aux_key, job_key
+from jobs.redact import redact
 from jobs.redelivery import NoticeSweep
 from jobs.settings import Settings
 from jobs.storage import open_store
@@ -50,6 +58,7 @@ log = get_logger(__name__)
 PRIORITY_SEPARATOR = "\x06\x16"
 PRIORITIES = range(10)
 TASK_FINALIZE = "freight.finalize"
+JOB_LOCK_S = 30.0  # a job's repair lock (freight:lock:reconcile:<job>) expires after this
 
 
 @dataclass(frozen=True)
@@ -74,11 +83,12 @@ class _Seen:
 class Reconciler:
     """One pass over the active jobs (or the given ones). `client` publishes what must run again."""
 
-    def __init__(self, client: FleetClient, settings: Settings) -> None:
+    def __init__(self, client: FleetClient, settings: Settings, *, job_lock_s: float = JOB_LOCK_S) -> None:
         self.client = client
         self.live: LiveState = client.live
         self.settings = settings
         self.grace_s = settings.orphan_grace_s
+        self.job_lock_s = job_lock_s
 
     def run(self, now: float | None = None, job_ids: Iterable[str] | None = None) -> list[Repair]:
         """One pass over `job_ids` (None: every job Redis knows; then the finished jobs' undelivered
@@ -177,13 +187,25 @@ class Reconciler:
         due = self._due(job_id, missing, now)
         if not due:
             return None
-        lock = self.live.client.set(f"freight:lock:reconcile:{job_id}", "1", nx=True, ex=30)
-        if not lock:
+        # SET NX with a token of this pass; released only while it still holds that token (a pass
+        # that outlived the expiry must not delete the lock another reconciler took since)
+        lock = self.live.client.lock(f"freight:lock:reconcile:{job_id}", timeout=self.job_lock_s)
+        if not lock.acquire(blocking=False):
             return None  # another reconciler is on it
+        started = time.monotonic()
         try:
             return self._repair(job_id, meta, due)
+        except (StorageError, ObjectNotFoundError) as exc:  # no answer (or a key gone mid-pass): no verdict
+            log.warning("reconcile_storage_unavailable", job_id=job_id, output=redact(meta["output"]),
+                        error=str(exc), transient=isinstance(exc, StorageUnavailableError),
+                        then="the job is left as it is; the next pass tries again")  # fmt: skip
+            return None
         finally:
-            self.live.client.delete(f"freight:lock:reconcile:{job_id}")
+            try:
+                lock.release()
+            except LockError:  # it expired under this pass; whoever holds it now keeps it
+                log.warning("reconcile_job_lock_expired", job_id=job_id,
+                            took_s=round(time.monotonic() - started, 1), lock_s=self.job_lock_s)  # fmt: skip
 
     def _due(self, job_id: str, missing: set[int], now: float) -> set[int]:
         """Record when each missing shard was first seen missing; return those missing for the grace."""
@@ -204,7 +226,9 @@ class Reconciler:
         try:
             store = open_store(output, self.settings)
             manifest = read_manifest(store)
-        except (FreightError, ValueError) as exc:
+        except (ObjectNotFoundError, BucketNotFoundError, ValueError) as exc:
+            # storage's own answer (no manifest, no bucket, a manifest that does not parse, a URL that
+            # is none): the job cannot go on. Any other StorageError is no answer: _job leaves it.
             self.live.set_job_state(job_id, "failed")
             log.error("job_output_gone", job_id=job_id, output=output, error=str(exc))
             return Repair(job_id, state="failed")

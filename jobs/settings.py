@@ -16,6 +16,23 @@ class Settings(BaseSettings):
 
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Celery broker and live progress")
     s3_endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, moto, ...)")
+    # the S3 client's bounds (jobs/storage/s3.py, make_s3_client): a hung endpoint costs one call at
+    # most s3_max_attempts x (the timeout that fired + its backoff, <= 20 s), not botocore's 5 x 60 s
+    s3_connect_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="seconds to open a connection to S3; urllib3 also sends each "
+        "request body under it, so it bounds a stalled upload's socket writes too: keep it >= 5 s for "
+        "large result uploads"
+    )
+    s3_read_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="seconds S3 may leave a socket read waiting (for the answer "
+        "to a request, or for the next bytes of a download): per read, not per request, so large "
+        "objects that keep moving never hit it"
+    )
+    s3_max_attempts: int = Field(
+        5, ge=1, le=20, description="tries of one S3 call (the first included), botocore's standard "
+        "retry mode: refused or dropped connections, timeouts, throttling (SlowDown) and 5xx are "
+        "retried with jittered exponential backoff"
+    )
     imds_url: str = Field("http://169.254.169.254", description="EC2 instance metadata service base URL")
     cache_dir: Path = Field(Path.home() / ".cache" / "freight", description="downloaded models, etc.")
     model_cache_bytes: int = Field(

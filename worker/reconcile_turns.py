@@ -1,7 +1,7 @@
 """This node's turns at the fleet's reconcile pass (jobs/reconcile.py), each on a thread of its own.
 
 A pass reads object storage and may take long: a hanging S3 endpoint holds a boto3 call for its
-read timeout (60 s) times its retries. NodeKeeper (worker/node.py) beats the node and renews its
+read timeout times its tries (FREIGHT_S3_READ_TIMEOUT_S x FREIGHT_S3_MAX_ATTEMPTS, 30 s x 5). NodeKeeper (worker/node.py) beats the node and renews its
 leases on its own thread, so it only calls `ReconcileTurns.tick(now)`, which returns at once:
 - on the first tick at least `every_s` (RECONCILE_S, 15 s) after this node's last turn (the first
   one every_s / 2 after the start), a turn is taken when no other node took one within 0.8 x every_s

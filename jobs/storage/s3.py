@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from jobs.errors import ObjectNotFoundError, StorageError
+from jobs.errors import BucketNotFoundError, ObjectNotFoundError, StorageError, StorageUnavailableError
 from jobs.settings import Settings, get_settings
 from jobs.storage.base import ObjectStore, check_key
 
@@ -20,14 +20,32 @@ PARTIAL_TAGGING = "freight-partial=true"
 # Error codes that mean the store as a whole is unusable (not one key): reported as StorageError.
 _ACCESS_CODES = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
                  "InvalidToken", "AllAccessDisabled", "AccountProblem"}  # fmt: skip
+# Answers that mean "not now" (what botocore's standard mode retries, once its tries are spent):
+# StorageUnavailableError. Any 5xx status counts too, but 501 NotImplemented: the store lacks a
+# feature (a conditional put on an old S3-compatible store), which no retry brings.
+_BUSY_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestThrottled", "TooManyRequestsException",
+               "RequestLimitExceeded", "BandwidthLimitExceeded", "RequestTimeout", "RequestTimeoutException",
+               "PriorRequestNotComplete", "InternalError", "ServiceUnavailable", "429"}  # fmt: skip
 
 
 def make_s3_client(settings: Settings | None = None) -> Any:
-    """A boto3 S3 client; endpoint from FREIGHT_S3_ENDPOINT_URL, the rest from the AWS environment."""
+    """A boto3 S3 client; endpoint from FREIGHT_S3_ENDPOINT_URL, the rest from the AWS environment.
+
+    Its timeouts and retries are freight's (FREIGHT_S3_CONNECT_TIMEOUT_S, _READ_TIMEOUT_S,
+    _MAX_ATTEMPTS; standard retry mode), not botocore's 60 s + 60 s x 5 legacy tries. Every S3 byte
+    freight moves goes through this client: results are Parquet bytes put with PutObject, downloads
+    (models) use its transfer manager, inputs are ranged GETs; pyarrow's own S3 filesystem is not used.
+    """
     import boto3
+    from botocore.config import Config
 
     settings = settings or get_settings()
-    return boto3.client("s3", endpoint_url=settings.s3_endpoint_url)
+    config = Config(
+        connect_timeout=settings.s3_connect_timeout_s,
+        read_timeout=settings.s3_read_timeout_s,
+        retries={"total_max_attempts": settings.s3_max_attempts, "mode": "standard"},
+    )
+    return boto3.client("s3", endpoint_url=settings.s3_endpoint_url, config=config)
 
 
 class S3Store(ObjectStore):
@@ -50,15 +68,23 @@ class S3Store(ObjectStore):
         response = getattr(exc, "response", None) or {}
         return str(response.get("Error", {}).get("Code", ""))
 
+    @staticmethod
+    def _status(exc: Exception) -> int:
+        response = getattr(exc, "response", None) or {}
+        return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
     @contextmanager
     def _guard(self) -> Iterator[None]:
-        """Turn the errors that make the whole store unusable into one StorageError line that says what
-        to do; per-key errors (NoSuchKey, 412, ...) pass through to the method's own handling."""
+        """Turn what botocore raises into one StorageError line that says what to do, of the kind that
+        says whether storage answered (jobs/errors.py): BucketNotFoundError (it did: no bucket),
+        StorageUnavailableError (it did not: connection, timeout, throttling, 5xx), plain StorageError
+        (credentials, access, any other refusal). Per-key errors (NoSuchKey, 412, ...) are handled by
+        the method inside the guard before they reach it."""
         from botocore.exceptions import (
             BotoCoreError,
             ClientError,
             ConnectionError,
-            EndpointConnectionError,
+            HTTPClientError,
             NoCredentialsError,
             PartialCredentialsError,
         )
@@ -70,16 +96,24 @@ class S3Store(ObjectStore):
                 f"no AWS credentials to reach {self.url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
                 "(or AWS_PROFILE), or run where an instance role is attached"
             ) from None
-        except (EndpointConnectionError, ConnectionError) as exc:
+        except ConnectionError as exc:  # refused, DNS, TLS, connect timeout
             endpoint = getattr(self._client.meta, "endpoint_url", "S3")
-            raise StorageError(
+            raise StorageUnavailableError(
                 f"cannot reach {endpoint} for {self.url} ({type(exc).__name__}): check the network, or "
-                "FREIGHT_S3_ENDPOINT_URL for an S3-compatible store"
+                "FREIGHT_S3_ENDPOINT_URL for an S3-compatible store; a later try may succeed"
+            ) from None
+        except HTTPClientError as exc:  # read timeout, connection dropped mid-answer
+            endpoint = getattr(self._client.meta, "endpoint_url", "S3")
+            config = self._client.meta.config
+            raise StorageUnavailableError(
+                f"no answer from {endpoint} for {self.url} ({type(exc).__name__}; read timeout "
+                f"{config.read_timeout} s, {(config.retries or {}).get('total_max_attempts', '?')} tries): a later "
+                "try may succeed; FREIGHT_S3_READ_TIMEOUT_S and FREIGHT_S3_MAX_ATTEMPTS set how long it waits"
             ) from None
         except ClientError as exc:
-            code = self._code(exc)
+            code, status = self._code(exc), self._status(exc)
             if code == "NoSuchBucket":
-                raise StorageError(
+                raise BucketNotFoundError(
                     f"bucket {self.bucket!r} does not exist ({self.url}): create it, or check the name "
                     "and FREIGHT_S3_ENDPOINT_URL"
                 ) from None
@@ -87,9 +121,22 @@ class S3Store(ObjectStore):
                 raise StorageError(
                     f"access to {self.url} denied ({code}): check the credentials and the bucket's policy"
                 ) from None
-            raise
+            if code in _BUSY_CODES or (status >= 500 and code != "NotImplemented" and status != 501):
+                raise StorageUnavailableError(
+                    f"{self.url}: S3 answered {code or status} after {self._attempts(exc)} tries (busy or "
+                    "failing): a later try may succeed; raise FREIGHT_S3_MAX_ATTEMPTS to wait longer"
+                ) from None
+            raise StorageError(
+                f"{self.url}: S3 refused the request ({code or status}: {exc}): check the bucket and "
+                "FREIGHT_S3_ENDPOINT_URL"
+            ) from None
         except BotoCoreError as exc:  # anything else botocore raises before a response: one line
             raise StorageError(f"{self.url}: {exc}") from None
+
+    @staticmethod
+    def _attempts(exc: Exception) -> int:
+        response = getattr(exc, "response", None) or {}
+        return int(response.get("ResponseMetadata", {}).get("RetryAttempts", 0) or 0) + 1
 
     def get(self, key: str) -> bytes:
         from botocore.exceptions import ClientError
@@ -172,8 +219,15 @@ class S3Store(ObjectStore):
 
     def download(self, key: str, path: str) -> None:
         """Stream `key` into the local file `path` (multipart for large objects; no full copy in memory)."""
+        from botocore.exceptions import ClientError
+
         with self._guard():
-            self._client.download_file(self.bucket, self._key(key), path)
+            try:
+                self._client.download_file(self.bucket, self._key(key), path)
+            except ClientError as exc:
+                if self._code(exc) in ("404", "NoSuchKey", "NotFound"):
+                    raise ObjectNotFoundError(f"{self.url_of(key)} does not exist") from exc
+                raise
 
     def describe(self, prefix: str = "") -> list[tuple[str, str, int]]:
         """(key, ETag, size in bytes) of every object under `prefix`, sorted by key."""
