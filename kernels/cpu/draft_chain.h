@@ -76,10 +76,13 @@ int decode_stack_draft(const StackModel *model, const DraftHead *head, int64_t r
                        int64_t *tokens, float *probs, int64_t *counts, int64_t num_threads) {
     const int64_t H = model->hidden, V = head->vocab, most = rows > seqs ? rows : seqs;
     if (seqs < 1 || rows < seqs || kmax < 1) return -1;
-    for (int64_t s = 0; s < seqs; s++)
+    for (int64_t s = 0; s < seqs; s++) { /* every later forward's position and block known good now */
         if (last_rows[s] < 0 || last_rows[s] >= rows || (s && last_rows[s] <= last_rows[s - 1]) || ks[s] < 1 ||
             ks[s] > kmax)
             return -1;
+        const int64_t last = positions[last_rows[s]] + ks[s] - 1; /* its last drafting forward's position */
+        if (last >= model->max_positions || last / model->block_size >= bt_stride) return -1;
+    }
     const int64_t part = ALIGN16(most * H); /* every part on a 64-byte line (see decode_stack_f32) */
     float *x = aligned_alloc(64, (size_t)(3 * part + ALIGN16(seqs * V)) * sizeof(float));
     int64_t *ints = malloc((size_t)(4 * seqs + most) * sizeof(int64_t));

@@ -73,7 +73,8 @@ class DraftChain:
         last_rows int64 [S] (ascending) and its most tokens ks int64 [S] (>= 1) -> tokens int64 [S,
         max ks], their probabilities fp32 [S, max ks] and counts int64 [S] (the first counts[s] of row s
         are drafted). Stores every forward's K/V in the draft's cache. Raises IndexError for a value
-        out of range (nothing is drafted then)."""
+        out of range (ids, positions, the tables' width and K are checked before the first forward;
+        a block id per forward, by the stack)."""
         ids, positions, last_rows, ks = (np.ascontiguousarray(a, np.int64) for a in (ids, positions, last_rows, ks))
         tables = np.ascontiguousarray(tables, np.int32)
         seqs, kmax = last_rows.size, int(ks.max())

@@ -121,6 +121,33 @@ def test_the_chain_stops_where_the_speculators_rule_says(make_checkpoint, tmp_pa
     assert counts["chain"] == counts["steps"] and runs < proposed < 4 * runs
 
 
+def test_the_chain_refuses_what_it_cannot_run(make_checkpoint, tmp_path) -> None:
+    """DraftChain.propose refuses before its first forward: a token id or position out of range, a
+    block table too narrow for the tokens after the catch-up (IndexError from C), more rows than its
+    GEMVs take or no row at all (ValueError); a valid call drafts each sequence's ks tokens."""
+    import numpy as np
+
+    path = make_checkpoint("llama").path
+    draft = SpeculativeConfig("draft", 4, str(perturbed(path, tmp_path / "draft")), adaptive=False)
+    engine = Engine.from_pretrained(path, EngineConfig(kv_cache_bytes=8 << 20, speculative=draft))
+    chain = engine.speculator.draft.fast.chain
+    table = np.arange(4, dtype=np.int32)[None, :]  # blocks 0..3 of the draft's cache, one sequence
+    ok = dict(ids=np.array([5]), positions=np.array([3]), tables=table, last_rows=np.array([0]), ks=np.array([4]))
+    tokens, probs, counts = chain.propose(**ok)
+    assert counts.tolist() == [4] and tokens.shape == (1, 4) and (probs > 0).all() and (probs <= 1).all()
+    for bad in (dict(ids=np.array([chain.vocab])), dict(positions=np.array([-1])), dict(tables=table[:, :1],
+                                                                                          positions=np.array([14]))):
+        with pytest.raises(IndexError):
+            chain.propose(**{**ok, **bad})
+    rows = chain._stack.gemv_rows + 1
+    with pytest.raises(ValueError, match="at most"):
+        chain.propose(np.zeros(rows, np.int64), np.arange(rows), np.repeat(table, rows, axis=0),
+                      np.array([rows - 1]), np.array([1]))  # fmt: skip
+    with pytest.raises(ValueError):
+        chain.propose(np.zeros(0, np.int64), np.zeros(0, np.int64), table[:0], np.zeros(0, np.int64),
+                      np.array([1]))  # fmt: skip
+
+
 def test_committed_draft_proposes_for_the_reference_model() -> None:
     """examples/models/pycoder-tiny-draft (bench/train_reference.py's draft recipe) shares the
     reference model's tokenizer, loads as its draft and keeps its greedy tokens."""
