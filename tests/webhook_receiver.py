@@ -4,10 +4,10 @@ hold requests unanswered (a sender killed mid-delivery) or answer 503 (a receive
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from loopback_server import LoopbackServer, QuietHandler
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Post:
         return json.loads(self.body)
 
 
-class WebhookReceiver:
+class WebhookReceiver(LoopbackServer):
     """`hold` requests are read and then left unanswered until `release()`; `fail` more are answered
     503; the rest 204. `posts` has every request in arrival order; `delivered()` the 2xx ones."""
 
@@ -32,24 +32,19 @@ class WebhookReceiver:
         self.posts: list[Post] = []
         self.hold = hold
         self.fail = fail
-        self._released = threading.Event()
-        self._lock = threading.Lock()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                with outer._lock:
+                with outer.lock:
                     held, failing = outer.hold > 0, outer.hold <= 0 and outer.fail > 0
                     outer.hold -= held
                     outer.fail -= failing
                     status = 0 if held else 503 if failing else 204
                     outer.posts.append(Post(dict(self.headers), body, status))
                 if held:
-                    outer._released.wait(60)
+                    outer.released.wait(60)
                     status = 503
                 try:
                     self.send_response(status)
@@ -57,10 +52,7 @@ class WebhookReceiver:
                 except OSError:
                     pass  # the sender is gone
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__(Handler, "/hook")
 
     def delivered(self) -> list[Post]:
         return [p for p in self.posts if 200 <= p.status < 300]
@@ -74,11 +66,3 @@ class WebhookReceiver:
                 return got
             time.sleep(0.02)
         return self.delivered() if delivered else list(self.posts)
-
-    def release(self) -> None:
-        self._released.set()
-
-    def close(self) -> None:
-        self.release()
-        self.server.shutdown()
-        self.server.server_close()
