@@ -8,8 +8,9 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import gc
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
 import structlog
 import torch
@@ -24,15 +25,13 @@ from worker.engine.models import ModelConfig
 from worker.engine.speculation.draft import DraftModel
 from worker.engine.tokenizer import Tokenizer
 
-if TYPE_CHECKING:
-    from worker.engine.engine import Engine
-
 log = structlog.get_logger(__name__)
 
 CPU_DEFAULT_KV_BYTES = 1 << 30
+E = TypeVar("E")  # Engine (not imported: engine.py imports this module)
 
 
-def build_engine(engine_cls: type[Engine], model_dir: Path, config: EngineConfig) -> Engine:
+def build_engine(engine_cls: Callable[..., E], model_dir: Path, config: EngineConfig) -> E:
     """engine_cls (Engine) over the checkpoint in model_dir, loaded as `config` says."""
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("device='cuda' but torch sees no CUDA device; use device='cpu'")
