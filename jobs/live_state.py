@@ -149,7 +149,7 @@ class LiveState:
             mapping={"output": output, "queue": queue, "model": model, "submitted_at": time.time(),
                      "priority": priority},
         )
-        for kind in ("attempts", "strikes", "nodelost", "started", "meta"):
+        for kind in ("attempts", "strikes", "nodelost", "outages", "started", "meta"):
             pipe.persist(aux_key(kind, job_id))  # a resubmitted job is live again
         pipe.sadd(JOBS_KEY, job_id)
         pipe.sadd(QUEUES_KEY, queue)
@@ -238,7 +238,7 @@ class LiveState:
 
     def reset_strikes(self, job_id: str) -> None:
         """A resubmit gives failed shards a fresh budget (attempt numbers keep counting up)."""
-        self.client.delete(aux_key("strikes", job_id), aux_key("nodelost", job_id))
+        self.client.delete(aux_key("strikes", job_id), aux_key("nodelost", job_id), aux_key("outages", job_id))
 
     def count_node_loss(self, job_id: str, shard: int) -> None:
         """An attempt of `shard` was lost with its whole worker (the lease reaper restored it)."""
@@ -247,6 +247,18 @@ class LiveState:
     def node_losses(self, job_id: str, shard: int) -> int:
         """Attempts of `shard` lost with their whole worker (count_node_loss)."""
         return int(self.client.hget(aux_key("nodelost", job_id), str(shard)) or 0)
+
+    def count_storage_outage(self, job_id: str, shard: int) -> int:
+        """An attempt of `shard` ended because storage did not answer: not the shard's fault, so it
+        takes its strike back and counts as an outage instead, atomically. Returns the shard's outages."""
+        pipe = self.client.pipeline()
+        pipe.hincrby(aux_key("strikes", job_id), str(shard), -1)
+        pipe.hincrby(aux_key("outages", job_id), str(shard), 1)
+        return int(pipe.execute()[1])
+
+    def storage_outages(self, job_id: str, shard: int) -> int:
+        """Attempts of `shard` that ended because storage did not answer (count_storage_outage)."""
+        return int(self.client.hget(aux_key("outages", job_id), str(shard)) or 0)
 
     def attempts(self, job_id: str) -> dict[int, int]:
         return {int(k): int(v) for k, v in self.client.hgetall(aux_key("attempts", job_id)).items()}

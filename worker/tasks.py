@@ -36,6 +36,7 @@ from worker.attempts import attempt_alive, model_rate, record_rate, unfinished_s
 from worker.celery_app import app
 from worker.deadline import attempt_deadline
 from worker.local import load_engine
+from worker.outages import after_outage, finalize_outage, storage_outage
 from worker.outcomes import (
     expire_if_over,
     finish_if_done,
@@ -142,7 +143,10 @@ def _after_error(
     entered: float,
     exc: Exception,
 ) -> dict[str, Any]:
-    """Bill the failed attempt as an error, then give the shard up after the last attempt, or requeue it."""
+    """Bill the failed attempt as an error, then give the shard up after the last attempt, or requeue it.
+    An attempt that storage did not answer is no strike: worker/outages.py."""
+    if (outage := storage_outage(exc)) is not None:
+        return after_outage(rt, app, job_id, output, shard, attempt, entered, outage)
     try:
         store = open_store(output, rt.settings)
         manifest = read_manifest(store)
@@ -290,7 +294,8 @@ def _attempt(
 @app.task(name=TASK_FINALIZE, bind=True)
 def finalize_task(self: Any, job_id: str, output: str) -> dict[str, Any]:
     """Idempotent: cost.json and _SUCCESS are written with put_if_absent, so a repeat changes nothing.
-    A failure (storage away) is requeued after a backoff, `max_shard_attempts` times at most."""
+    A failure is requeued after a backoff, `max_shard_attempts` times at most; storage that does not
+    answer is no strike but an outage, `max_shard_storage_outages` at most (worker/outages.py)."""
     rt = runtime()
     with structlog.contextvars.bound_contextvars(job_id=job_id):
         _, strikes = rt.live.begin_attempt(job_id, FINALIZE_SLOT)
@@ -299,7 +304,7 @@ def finalize_task(self: Any, job_id: str, output: str) -> dict[str, Any]:
             report = finalize_and_notify(store, read_manifest(store), rt.settings)
         except Exception as exc:
             log.exception("finalize_error", error=str(exc))
-            if strikes >= rt.settings.max_shard_attempts:
+            if finalize_outage(rt, job_id, FINALIZE_SLOT, exc) or strikes >= rt.settings.max_shard_attempts:
                 raise  # logged and acked; `freight submit` of the job again retries finalize
             time.sleep(min(ERROR_BACKOFF_CAP_S, 2.0**strikes))
             raise Reject(f"finalize failed: {exc}", requeue=True) from exc
