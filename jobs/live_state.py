@@ -71,6 +71,14 @@ return 0
 """
 
 
+# An attempt storage did not answer: its strike back (never below 0: the attempt may have taken it back
+# already, ending cleanly before a storage call failed), one outage more. KEYS: strikes, outages. ARGV: shard.
+_OUTAGE = """
+if tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') > 0 then redis.call('HINCRBY', KEYS[1], ARGV[1], -1) end
+return redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+"""
+
+
 class LiveState:
     """Reads and writes freight's Redis keys. Cheap to construct; holds one connection pool."""
 
@@ -101,6 +109,7 @@ class LiveState:
     def _register(self) -> None:
         self._transition = self.client.register_script(_TRANSITION)
         self._end_start = self.client.register_script(_END_START)
+        self._outage = self.client.register_script(_OUTAGE)
 
     # ----- jobs -----------------------------------------------------------------------------------
     def init_job(
@@ -251,10 +260,8 @@ class LiveState:
     def count_storage_outage(self, job_id: str, shard: int) -> int:
         """An attempt of `shard` ended because storage did not answer: not the shard's fault, so it
         takes its strike back and counts as an outage instead, atomically. Returns the shard's outages."""
-        pipe = self.client.pipeline()
-        pipe.hincrby(aux_key("strikes", job_id), str(shard), -1)
-        pipe.hincrby(aux_key("outages", job_id), str(shard), 1)
-        return int(pipe.execute()[1])
+        keys = [aux_key("strikes", job_id), aux_key("outages", job_id)]
+        return int(self._outage(keys=keys, args=[shard]))
 
     def storage_outages(self, job_id: str, shard: int) -> int:
         """Attempts of `shard` that ended because storage did not answer (count_storage_outage)."""
