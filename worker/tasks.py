@@ -10,7 +10,7 @@ run_shard, every delivery (Celery on Redis may deliver one shard more than once)
    shutdown -> the finished rows are in OUT/partial/, the shard is handed back (requeued) for another
    worker; stopped by cancel -> done; an exception -> the attempt billed as waste (reason "error"),
    then requeued (after a backoff) until the attempts run out, then failed with the exception as
-   the reason.
+   the reason; an exception that says storage did not answer is no strike (worker/outages.py).
 """
 
 from __future__ import annotations
