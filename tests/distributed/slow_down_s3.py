@@ -1,6 +1,7 @@
 """An S3 endpoint on 127.0.0.1 in front of a real one (moto): it forwards every request, but answers
 503 SlowDown to the PUTs of the keys a test names, for the first `times` PUTs of each such key (None:
-for ever), the way an overloaded S3 prefix throttles large writes while small ones get through."""
+for ever), the way an overloaded S3 prefix throttles large writes while small ones get through; and
+to every request at all while `down` is set (a store that is away as a whole)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer",
 
 
 class SlowDownS3:
-    """`puts`: PUTs seen per path; `refused`: of them answered SlowDown. `fail_path` picks the keys."""
+    """`puts`: PUTs seen per path; `refused`: of them answered SlowDown. `fail_path` picks the keys.
+    `down`: while True every request is answered SlowDown (`refused_down` counts them)."""
 
-    def __init__(self, upstream: str, fail_path: str, times: int | None) -> None:
+    def __init__(self, upstream: str, fail_path: str, times: int | None, *, down: bool = False) -> None:
+        self.down = down
+        self.refused_down = 0
         self.puts: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -31,16 +35,16 @@ class SlowDownS3:
                 pass
 
             def do_GET(self) -> None:  # noqa: N802
-                self._forward()
-
-            do_HEAD = do_POST = do_DELETE = do_GET  # noqa: N815
-
-            def do_PUT(self) -> None:  # noqa: N802
-                path = urlsplit(self.path).path
+                refuse = False
                 with outer._lock:
-                    outer.puts[path] += 1
-                    refuse = fail_path in path and (times is None or outer.puts[path] <= times)
-                    outer.refused[path] += refuse
+                    if outer.down:
+                        outer.refused_down += 1
+                        refuse = True
+                    elif self.command == "PUT":
+                        path = urlsplit(self.path).path
+                        outer.puts[path] += 1
+                        refuse = fail_path in path and (times is None or outer.puts[path] <= times)
+                        outer.refused[path] += refuse
                 if not refuse:
                     self._forward()
                     return
@@ -49,7 +53,10 @@ class SlowDownS3:
                 self.send_header("Content-Type", "application/xml")
                 self.send_header("Content-Length", str(len(_SLOW_DOWN)))
                 self.end_headers()
-                self.wfile.write(_SLOW_DOWN)
+                if self.command != "HEAD":
+                    self.wfile.write(_SLOW_DOWN)
+
+            do_HEAD = do_PUT = do_POST = do_DELETE = do_GET  # noqa: N815
 
             def _body(self) -> bytes:
                 if "chunked" in self.headers.get("Transfer-Encoding", ""):

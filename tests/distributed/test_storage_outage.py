@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from fleet_jobs import Fleet, make_input, submit
-from fleet_servers import free_port
+from fleet_servers import free_port, wait_for
 from slow_down_s3 import SlowDownS3
 
 from jobs import datasets
@@ -41,16 +41,23 @@ def moto_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     server.stop()
 
 
+def _fleet(
+    redis_url: str, tmp: Path, model: Path, proxy: SlowDownS3, monkeypatch: pytest.MonkeyPatch, **env: str
+) -> Fleet:
+    """A fleet (no worker yet) whose storage is `proxy`, this process's too."""
+    monkeypatch.setenv("FREIGHT_S3_ENDPOINT_URL", proxy.url)
+    get_settings.cache_clear()
+    overrides = {"FREIGHT_S3_ENDPOINT_URL": proxy.url, "FREIGHT_S3_MAX_ATTEMPTS": "1",
+                 "FREIGHT_STORAGE_OUTAGE_BACKOFF_CAP_S": "0.1", **env}  # fmt: skip
+    return Fleet(redis_url, tmp, model, overrides=overrides)
+
+
 def _run_job(
     redis_url: str, tmp: Path, model: Path, proxy: SlowDownS3, monkeypatch: pytest.MonkeyPatch, out: str,
     **env: str,
 ) -> tuple[Fleet, int]:
     """Submit 4 rows in 2 shards through `proxy`; one worker; returns the fleet and `freight wait`'s code."""
-    monkeypatch.setenv("FREIGHT_S3_ENDPOINT_URL", proxy.url)
-    get_settings.cache_clear()
-    overrides = {"FREIGHT_S3_ENDPOINT_URL": proxy.url, "FREIGHT_S3_MAX_ATTEMPTS": "1",
-                 "FREIGHT_STORAGE_OUTAGE_BACKOFF_CAP_S": "0.1", **env}  # fmt: skip
-    fleet = Fleet(redis_url, tmp, model, overrides=overrides)
+    fleet = _fleet(redis_url, tmp, model, proxy, monkeypatch, **env)
     fleet.start("a")
     submit(fleet.env(), make_input(tmp / "input.parquet", 4), model, out, 2)
     done = fleet.wait_done(out, timeout=60)
@@ -114,4 +121,32 @@ def test_a_store_that_never_recovers_fails_the_shard_past_the_outage_budget(
     finally:
         if fleet is not None:
             fleet.stop()
+        proxy.close()
+
+
+def test_a_store_away_as_a_whole_costs_no_strikes(
+    redis_url: str, tmp_path: Path, demo_model: Path, moto_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Submitted, then every request refused (the manifest read of each attempt, the waste record):
+    each shard's attempts end at their first storage call, past FREIGHT_MAX_SHARD_ATTEMPTS; storage
+    back, the job succeeds with every row once and no strike left."""
+    proxy, out = SlowDownS3(moto_url, "/shards/", times=0), OUT.format("away")
+    fleet = _fleet(redis_url, tmp_path, demo_model, proxy, monkeypatch)
+    try:
+        job_id = submit(fleet.env(), make_input(tmp_path / "input.parquet", 4), demo_model, out, 2)["job_id"]
+        proxy.down = True
+        fleet.start("a")
+        wait_for(lambda: all(fleet.live.storage_outages(job_id, n) > MAX_ATTEMPTS for n in (0, 1)), 60,
+                 "both shards past the attempt limit in outages")  # fmt: skip
+        proxy.down = False
+        done = fleet.wait_done(out, timeout=60)
+        assert done.returncode == 0, fleet.workers[0].log_text()[-3000:]
+        store = open_store(out, Settings())
+        assert not store.list("failures/")
+        assert sorted(datasets.read_results(store).column("id").to_pylist()) == ["0", "1", "2", "3"]
+        assert set(_counts(fleet, out, "strikes").values()) == {0}
+        assert all(n > MAX_ATTEMPTS for n in _counts(fleet, out, "outages").values())
+        assert proxy.refused_down > 0
+    finally:
+        fleet.stop()
         proxy.close()
