@@ -7,8 +7,9 @@ retries) says nothing about the shard: like a machine loss it takes its strike b
 `freight:outages:<job>` instead, against the larger FREIGHT_MAX_SHARD_STORAGE_OUTAGES. It is requeued
 after a backoff that grows to FREIGHT_STORAGE_OUTAGE_BACKOFF_CAP_S (minutes: an outage lasts minutes,
 not seconds). Past the budget the shard fails with a message that says storage was away and what to
-do; if storage cannot even take that failure record, the shard stays queued and the next attempt
-(one per backoff cap, failing fast at the manifest read) tries again, so nothing is acked unrecorded.
+do; if storage cannot even take that failure record, the shard stays queued (nothing is acked
+unrecorded) and each later delivery, before its engine runs, only tries to record the failure again
+(`outages_spent`, one try per backoff cap).
 """
 
 from __future__ import annotations
@@ -56,13 +57,15 @@ def outage_backoff_s(settings: Settings, outages: int) -> float:
     return min(settings.storage_outage_backoff_cap_s, 2.0 ** min(outages, 30))
 
 
-def outage_verdict(outages: int, limit: int, exc: BaseException) -> str | None:
-    """Why the shard fails for good after its `outages`-th storage outage, or None to requeue it."""
+def outage_verdict(outages: int, limit: int, exc: BaseException | None) -> str | None:
+    """Why the shard fails for good after its `outages`-th storage outage (`exc`, when known), or
+    None to requeue it."""
     if outages < limit:
         return None
+    last = f"; the last: {exc}" if exc is not None else ""
     return (
         f"storage was unavailable for {outages} attempts of this shard (FREIGHT_MAX_SHARD_STORAGE_OUTAGES="
-        f"{limit}); the last: {exc}. Its rows are not lost for good: check the storage endpoint "
+        f"{limit}){last}. Its rows are not lost for good: check the storage endpoint "
         "(FREIGHT_S3_ENDPOINT_URL), the network and the credentials, then submit the job again "
         "(`freight submit` with the same arguments) to retry this shard"
     )
@@ -74,6 +77,13 @@ def back_off(rt: ProcessRuntime, seconds: float) -> None:
     end = time.monotonic() + seconds
     while (left := end - time.monotonic()) > 0 and not rt.stopping():
         time.sleep(min(BACKOFF_SLICE_S, left))
+
+
+def outages_spent(rt: ProcessRuntime, job_id: str, shard: int) -> str | None:
+    """Before an attempt runs: why the shard fails for good because its outage budget is spent (an
+    earlier attempt could not record the failure: storage refused that write too), or None to run it.
+    Past the budget the engine does not run again; only the failure record is written."""
+    return outage_verdict(rt.live.storage_outages(job_id, shard), rt.settings.max_shard_storage_outages, None)
 
 
 def count_outage(rt: ProcessRuntime, job_id: str, shard: int) -> int | None:
@@ -102,7 +112,9 @@ def after_outage(
     s = rt.settings
     outages = count_outage(rt, job_id, shard)
     verdict = outage_verdict(outages, s.max_shard_storage_outages, exc) if outages is not None else None
-    log.warning("shard_storage_unavailable", outages=outages, limit=s.max_shard_storage_outages, error=str(exc))
+    log.warning(
+        "shard_storage_unavailable", outages=outages, limit=s.max_shard_storage_outages, error=str(exc)
+    )
     try:
         store = open_store(output, s)
         manifest = read_manifest(store)

@@ -36,7 +36,7 @@ from worker.attempts import attempt_alive, model_rate, record_rate, unfinished_s
 from worker.celery_app import app
 from worker.deadline import attempt_deadline
 from worker.local import load_engine
-from worker.outages import after_outage, finalize_outage, storage_outage
+from worker.outages import after_outage, finalize_outage, outages_spent, storage_outage
 from worker.outcomes import (
     expire_if_over,
     finish_if_done,
@@ -164,9 +164,13 @@ def _after_error(
 
 
 def _poison(rt: ProcessRuntime, job_id: str, shard: int, strikes: int) -> str | None:
-    """worker.outcomes.poison_verdict with this job's node-loss count and the settings' limits."""
+    """Why the shard fails before this attempt runs: worker.outcomes.poison_verdict with this job's
+    node-loss count and the settings' limits, or its storage outages past their budget (worker/outages.py)."""
     s = rt.settings
-    return poison_verdict(strikes, rt.live.node_losses(job_id, shard), s.max_shard_attempts, s.max_shard_node_losses)
+    if strikes > 1 and (verdict := poison_verdict(strikes, rt.live.node_losses(job_id, shard),
+                                                  s.max_shard_attempts, s.max_shard_node_losses)) is not None:  # fmt: skip
+        return verdict
+    return outages_spent(rt, job_id, shard)
 
 
 def _run(
@@ -208,7 +212,7 @@ def _run(
     elif read_lifecycle(store).past_due():
         rt.live.transition(job_id, shard, "expired")
         skip = "expired"
-    elif strikes > 1 and (poison := _poison(rt, job_id, shard, strikes)) is not None:
+    elif (poison := _poison(rt, job_id, shard, strikes)) is not None:
         mark_failed(rt, store, manifest, shard, attempt, poison)
         skip = "failed"
     if skip is not None:

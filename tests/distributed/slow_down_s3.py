@@ -1,6 +1,6 @@
 """An S3 endpoint on 127.0.0.1 in front of a real one (moto): it forwards every request, but answers
-503 SlowDown to the PUTs of the keys a test names, for the first `times` PUTs of each such key (None:
-for ever), the way an overloaded S3 prefix throttles large writes while small ones get through; and
+503 SlowDown to the PUTs of the keys a test names (a part of the path -> refuse the first so many
+PUTs of each such key; None: for ever), the way an overloaded S3 prefix throttles large writes while small ones get through; and
 to every request at all while `down` is set (a store that is away as a whole)."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer",
 
 
 class SlowDownS3:
-    """`puts`: PUTs seen per path; `refused`: of them answered SlowDown. `fail_path` picks the keys.
+    """`puts`: PUTs seen per path; `refused`: of them answered SlowDown. `refuse` picks the keys.
     `down`: while True every request is answered SlowDown (`refused_down` counts them)."""
 
-    def __init__(self, upstream: str, fail_path: str, times: int | None, *, down: bool = False) -> None:
+    def __init__(self, upstream: str, refuse: dict[str, int | None], *, down: bool = False) -> None:
         self.down = down
         self.refused_down = 0
         self.puts: Counter[str] = Counter()
@@ -35,17 +35,18 @@ class SlowDownS3:
                 pass
 
             def do_GET(self) -> None:  # noqa: N802
-                refuse = False
+                refused = False
                 with outer._lock:
                     if outer.down:
                         outer.refused_down += 1
-                        refuse = True
+                        refused = True
                     elif self.command == "PUT":
                         path = urlsplit(self.path).path
                         outer.puts[path] += 1
-                        refuse = fail_path in path and (times is None or outer.puts[path] <= times)
-                        outer.refused[path] += refuse
-                if not refuse:
+                        limits = [n for part, n in refuse.items() if part in path]
+                        refused = bool(limits) and (limits[0] is None or outer.puts[path] <= limits[0])
+                        outer.refused[path] += refused
+                if not refused:
                     self._forward()
                     return
                 self._body()  # read what the client sent, then refuse it

@@ -52,6 +52,8 @@ def test_the_backoff_grows_to_its_cap_and_the_verdict_comes_at_the_budget() -> N
     verdict = outage_verdict(5, 5, exc)
     assert verdict is not None and verdict.startswith("storage was unavailable for 5 attempts")
     assert "cannot reach http://s3.example" in verdict and "freight submit" in verdict
+    spent = outage_verdict(5, 5, None)  # found spent before an attempt runs: no last error to name
+    assert spent is not None and "the last" not in spent and "FREIGHT_MAX_SHARD_STORAGE_OUTAGES=5" in spent
 
 
 @pytest.fixture()

@@ -53,7 +53,12 @@ def _fleet(
 
 
 def _run_job(
-    redis_url: str, tmp: Path, model: Path, proxy: SlowDownS3, monkeypatch: pytest.MonkeyPatch, out: str,
+    redis_url: str,
+    tmp: Path,
+    model: Path,
+    proxy: SlowDownS3,
+    monkeypatch: pytest.MonkeyPatch,
+    out: str,
     **env: str,
 ) -> tuple[Fleet, int]:
     """Submit 4 rows in 2 shards through `proxy`; one worker; returns the fleet and `freight wait`'s code."""
@@ -67,7 +72,9 @@ def _run_job(
 def _counts(fleet: Fleet, out: str, kind: str) -> dict[int, int]:
     job_id = fleet.live.find_job(out)
     assert job_id is not None
-    return {int(k): int(v) for k, v in fleet.live.client.hgetall(aux_key(kind, job_id)).items() if int(k) >= 0}
+    return {
+        int(k): int(v) for k, v in fleet.live.client.hgetall(aux_key(kind, job_id)).items() if int(k) >= 0
+    }
 
 
 def test_outages_past_the_attempt_limit_are_no_strikes(
@@ -75,7 +82,7 @@ def test_outages_past_the_attempt_limit_are_no_strikes(
 ) -> None:
     """Each result PUT is refused 4 times (more than FREIGHT_MAX_SHARD_ATTEMPTS): both shards commit
     on their 5th attempt, every row once; the outages were counted, the strikes are all taken back."""
-    proxy, out = SlowDownS3(moto_url, "/shards/", times=MAX_ATTEMPTS + 1), OUT.format("recovers")
+    proxy, out = SlowDownS3(moto_url, {"/shards/": MAX_ATTEMPTS + 1}), OUT.format("recovers")
     fleet = None
     try:
         fleet, code = _run_job(redis_url, tmp_path, demo_model, proxy, monkeypatch, out)
@@ -101,7 +108,7 @@ def test_a_store_that_never_recovers_fails_the_shard_past_the_outage_budget(
 ) -> None:
     """Every result PUT is refused: with FREIGHT_MAX_SHARD_STORAGE_OUTAGES=5 each shard fails after its
     5th attempt (not the 3rd), and failures/<n>.json says storage was unavailable and what to do."""
-    proxy, out = SlowDownS3(moto_url, "/shards/", times=None), OUT.format("never")
+    proxy, out = SlowDownS3(moto_url, {"/shards/": None}), OUT.format("never")
     fleet = None
     try:
         fleet, code = _run_job(
@@ -130,7 +137,7 @@ def test_a_store_away_as_a_whole_costs_no_strikes(
     """Submitted, then every request refused (the manifest read of each attempt, the waste record):
     each shard's attempts end at their first storage call, past FREIGHT_MAX_SHARD_ATTEMPTS; storage
     back, the job succeeds with every row once and no strike left."""
-    proxy, out = SlowDownS3(moto_url, "/shards/", times=0), OUT.format("away")
+    proxy, out = SlowDownS3(moto_url, {}), OUT.format("away")
     fleet = _fleet(redis_url, tmp_path, demo_model, proxy, monkeypatch)
     try:
         job_id = submit(fleet.env(), make_input(tmp_path / "input.parquet", 4), demo_model, out, 2)["job_id"]
@@ -149,4 +156,32 @@ def test_a_store_away_as_a_whole_costs_no_strikes(
         assert proxy.refused_down > 0
     finally:
         fleet.stop()
+        proxy.close()
+
+
+def test_past_the_budget_the_engine_does_not_run_again(
+    redis_url: str, tmp_path: Path, demo_model: Path, moto_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Result PUTs refused for ever, and the first PUT of each failure record too: the attempt that
+    spends the budget (FREIGHT_MAX_SHARD_STORAGE_OUTAGES=3) cannot record the failure, so the shard
+    is requeued; the next attempt records it before the engine runs: 3 result PUTs per shard, no 4th."""
+    proxy, out = SlowDownS3(moto_url, {"/shards/": None, "/failures/": 1}), OUT.format("spent")
+    fleet = None
+    try:
+        fleet, code = _run_job(
+            redis_url, tmp_path, demo_model, proxy, monkeypatch, out, FREIGHT_MAX_SHARD_STORAGE_OUTAGES="3"
+        )
+        assert code == 1, fleet.workers[0].log_text()[-3000:]
+        store = open_store(out, Settings())
+        for shard in (0, 1):
+            failure = json.loads(store.get(f"failures/{shard:05d}.json"))
+            assert failure["attempts"] == 4
+            assert failure["reason"].startswith("storage was unavailable for 3 attempts of this shard")
+        results = {p: n for p, n in proxy.puts.items() if "/shards/" in p}
+        failures = {p: n for p, n in proxy.puts.items() if "/failures/" in p}
+        assert sorted(results.values()) == [3, 3] and sorted(failures.values()) == [2, 2], proxy.puts
+        assert _counts(fleet, out, "outages") == {0: 3, 1: 3}
+    finally:
+        if fleet is not None:
+            fleet.stop()
         proxy.close()
