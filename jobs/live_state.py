@@ -71,6 +71,14 @@ return 0
 """
 
 
+# An attempt storage did not answer: its strike back (never below 0: the attempt may have taken it back
+# already, ending cleanly before a storage call failed), one outage more. KEYS: strikes, outages. ARGV: shard.
+_OUTAGE = """
+if tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') > 0 then redis.call('HINCRBY', KEYS[1], ARGV[1], -1) end
+return redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+"""
+
+
 class LiveState:
     """Reads and writes freight's Redis keys. Cheap to construct; holds one connection pool."""
 
@@ -101,6 +109,7 @@ class LiveState:
     def _register(self) -> None:
         self._transition = self.client.register_script(_TRANSITION)
         self._end_start = self.client.register_script(_END_START)
+        self._outage = self.client.register_script(_OUTAGE)
 
     # ----- jobs -----------------------------------------------------------------------------------
     def init_job(
@@ -149,7 +158,7 @@ class LiveState:
             mapping={"output": output, "queue": queue, "model": model, "submitted_at": time.time(),
                      "priority": priority},
         )
-        for kind in ("attempts", "strikes", "nodelost", "started", "meta"):
+        for kind in ("attempts", "strikes", "nodelost", "outages", "started", "meta"):
             pipe.persist(aux_key(kind, job_id))  # a resubmitted job is live again
         pipe.sadd(JOBS_KEY, job_id)
         pipe.sadd(QUEUES_KEY, queue)
@@ -238,7 +247,7 @@ class LiveState:
 
     def reset_strikes(self, job_id: str) -> None:
         """A resubmit gives failed shards a fresh budget (attempt numbers keep counting up)."""
-        self.client.delete(aux_key("strikes", job_id), aux_key("nodelost", job_id))
+        self.client.delete(aux_key("strikes", job_id), aux_key("nodelost", job_id), aux_key("outages", job_id))
 
     def count_node_loss(self, job_id: str, shard: int) -> None:
         """An attempt of `shard` was lost with its whole worker (the lease reaper restored it)."""
@@ -247,6 +256,16 @@ class LiveState:
     def node_losses(self, job_id: str, shard: int) -> int:
         """Attempts of `shard` lost with their whole worker (count_node_loss)."""
         return int(self.client.hget(aux_key("nodelost", job_id), str(shard)) or 0)
+
+    def count_storage_outage(self, job_id: str, shard: int) -> int:
+        """An attempt of `shard` ended because storage did not answer: not the shard's fault, so it
+        takes its strike back and counts as an outage instead, atomically. Returns the shard's outages."""
+        keys = [aux_key("strikes", job_id), aux_key("outages", job_id)]
+        return int(self._outage(keys=keys, args=[shard]))
+
+    def storage_outages(self, job_id: str, shard: int) -> int:
+        """Attempts of `shard` that ended because storage did not answer (count_storage_outage)."""
+        return int(self.client.hget(aux_key("outages", job_id), str(shard)) or 0)
 
     def attempts(self, job_id: str) -> dict[int, int]:
         return {int(k): int(v) for k, v in self.client.hgetall(aux_key("attempts", job_id)).items()}

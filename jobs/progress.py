@@ -20,7 +20,9 @@ Keys of LiveState only (other prefixes, so a SCAN of `freight:job:*` meets only 
 failed|cancelled), `freight:est:<job>` (HASH shard -> estimated tokens), `freight:attempts:<job>` and
 `freight:strikes:<job>` (HASH shard -> count), `freight:nodelost:<job>` (HASH shard -> attempts lost
 with their whole worker: the lease reaper restored their message because the worker's main process
-stopped beating; a machine loss, not evidence against the shard), `freight:started:<job>` (HASH shard -> JSON of the
+stopped beating; a machine loss, not evidence against the shard), `freight:outages:<job>` (HASH shard
+-> attempts that ended because storage did not answer; not evidence against the shard either; shard
+-1 counts finalize's), `freight:started:<job>` (HASH shard -> JSON of the
 last attempt's start; dropped when that attempt raised and was billed as an error, so only a start
 whose attempt vanished is left for the next attempt to bill as lost), `freight:cancel:<job>` (flag),
 `freight:meta:<job>` (HASH output, queue, model, submitted_at, priority).
@@ -55,8 +57,8 @@ WORKER_GONE_AFTER_S = 60.0  # a worker whose heartbeat is older than this counts
 SHARD_STATES = ("queued", "running", "committed", "failed", "cancelled", "expired")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled", "expired")
 FINISHED_JOB_STATES = frozenset({"succeeded", "failed", "cancelled", "expired"})
-AUX_KINDS = ("shards", "est", "attempts", "strikes", "nodelost", "started", "cancel", "meta", "orphans",
-             "notified")  # fmt: skip
+AUX_KINDS = ("shards", "est", "attempts", "strikes", "nodelost", "outages", "started", "cancel", "meta",
+             "orphans", "notified")  # fmt: skip
 JOB_TTL_S = 7 * 24 * 3600  # finished jobs' keys expire after a week
 
 

@@ -66,6 +66,15 @@ class Settings(BaseSettings):
         10, ge=1, le=1000, description="attempts lost with their whole worker (machine gone, no notice) "
         "before a shard fails; a shard that takes its machine down every time is poison too"
     )
+    max_shard_storage_outages: int = Field(
+        20, ge=1, le=1000, description="attempts that end because storage did not answer (unreachable, "
+        "timeouts, SlowDown, 5xx) before a shard fails; not the shard's fault, so they use none of "
+        "FREIGHT_MAX_SHARD_ATTEMPTS (worker/outages.py)"
+    )
+    storage_outage_backoff_cap_s: float = Field(
+        300.0, gt=0, le=3600, description="most seconds a worker waits before requeueing an attempt that "
+        "storage did not answer: 2, 4, 8 ... s up to this (20 outages at the defaults span about an hour)"
+    )
     spot_poll_s: float = Field(5.0, gt=0, description="seconds between instance-metadata polls")
     metrics_port: int = Field(9450, ge=0, le=65535, description="Prometheus port of a worker; 0 = off")
     heartbeat_s: float = Field(10.0, gt=0, description="seconds between worker heartbeats in Redis")

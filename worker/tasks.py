@@ -10,7 +10,7 @@ run_shard, every delivery (Celery on Redis may deliver one shard more than once)
    shutdown -> the finished rows are in OUT/partial/, the shard is handed back (requeued) for another
    worker; stopped by cancel -> done; an exception -> the attempt billed as waste (reason "error"),
    then requeued (after a backoff) until the attempts run out, then failed with the exception as
-   the reason.
+   the reason; an exception that says storage did not answer is no strike (worker/outages.py).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from worker.attempts import attempt_alive, model_rate, record_rate, unfinished_s
 from worker.celery_app import app
 from worker.deadline import attempt_deadline
 from worker.local import load_engine
+from worker.outages import after_outage, finalize_outage, outages_spent, storage_outage
 from worker.outcomes import (
     expire_if_over,
     finish_if_done,
@@ -142,7 +143,10 @@ def _after_error(
     entered: float,
     exc: Exception,
 ) -> dict[str, Any]:
-    """Bill the failed attempt as an error, then give the shard up after the last attempt, or requeue it."""
+    """Bill the failed attempt as an error, then give the shard up after the last attempt, or requeue it.
+    An attempt that storage did not answer is no strike: worker/outages.py."""
+    if (outage := storage_outage(exc)) is not None:
+        return after_outage(rt, app, job_id, output, shard, attempt, entered, outage)
     try:
         store = open_store(output, rt.settings)
         manifest = read_manifest(store)
@@ -160,9 +164,13 @@ def _after_error(
 
 
 def _poison(rt: ProcessRuntime, job_id: str, shard: int, strikes: int) -> str | None:
-    """worker.outcomes.poison_verdict with this job's node-loss count and the settings' limits."""
+    """Why the shard fails before this attempt runs: worker.outcomes.poison_verdict with this job's
+    node-loss count and the settings' limits, or its storage outages past their budget (worker/outages.py)."""
     s = rt.settings
-    return poison_verdict(strikes, rt.live.node_losses(job_id, shard), s.max_shard_attempts, s.max_shard_node_losses)
+    if strikes > 1 and (verdict := poison_verdict(strikes, rt.live.node_losses(job_id, shard),
+                                                  s.max_shard_attempts, s.max_shard_node_losses)) is not None:  # fmt: skip
+        return verdict
+    return outages_spent(rt, job_id, shard)
 
 
 def _run(
@@ -204,7 +212,7 @@ def _run(
     elif read_lifecycle(store).past_due():
         rt.live.transition(job_id, shard, "expired")
         skip = "expired"
-    elif strikes > 1 and (poison := _poison(rt, job_id, shard, strikes)) is not None:
+    elif (poison := _poison(rt, job_id, shard, strikes)) is not None:
         mark_failed(rt, store, manifest, shard, attempt, poison)
         skip = "failed"
     if skip is not None:
@@ -290,7 +298,8 @@ def _attempt(
 @app.task(name=TASK_FINALIZE, bind=True)
 def finalize_task(self: Any, job_id: str, output: str) -> dict[str, Any]:
     """Idempotent: cost.json and _SUCCESS are written with put_if_absent, so a repeat changes nothing.
-    A failure (storage away) is requeued after a backoff, `max_shard_attempts` times at most."""
+    A failure is requeued after a backoff, `max_shard_attempts` times at most; storage that does not
+    answer is no strike but an outage, `max_shard_storage_outages` at most (worker/outages.py)."""
     rt = runtime()
     with structlog.contextvars.bound_contextvars(job_id=job_id):
         _, strikes = rt.live.begin_attempt(job_id, FINALIZE_SLOT)
@@ -299,7 +308,7 @@ def finalize_task(self: Any, job_id: str, output: str) -> dict[str, Any]:
             report = finalize_and_notify(store, read_manifest(store), rt.settings)
         except Exception as exc:
             log.exception("finalize_error", error=str(exc))
-            if strikes >= rt.settings.max_shard_attempts:
+            if finalize_outage(rt, job_id, FINALIZE_SLOT, exc) or strikes >= rt.settings.max_shard_attempts:
                 raise  # logged and acked; `freight submit` of the job again retries finalize
             time.sleep(min(ERROR_BACKOFF_CAP_S, 2.0**strikes))
             raise Reject(f"finalize failed: {exc}", requeue=True) from exc
