@@ -6,16 +6,16 @@ to every request at all while `down` is set (a store that is away as a whole).""
 from __future__ import annotations
 
 import http.client
-import threading
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
+
+from loopback_server import LoopbackServer, QuietHandler
 
 _SLOW_DOWN = b"<?xml version='1.0'?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "content-length"}
 
 
-class SlowDownS3:
+class SlowDownS3(LoopbackServer):
     """`puts`: PUTs seen per path; `refused`: of them answered SlowDown. `refuse` picks the keys.
     `down`: while True every request is answered SlowDown (`refused_down` counts them)."""
 
@@ -24,19 +24,15 @@ class SlowDownS3:
         self.refused_down = 0
         self.puts: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
-        self._lock = threading.Lock()
         up = urlsplit(upstream)
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
 
             def do_GET(self) -> None:  # noqa: N802
                 refused = False
-                with outer._lock:
+                with outer.lock:
                     if outer.down:
                         outer.refused_down += 1
                         refused = True
@@ -89,11 +85,4 @@ class SlowDownS3:
                 finally:
                     conn.close()
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)

@@ -5,10 +5,10 @@ GET of a key 404 NoSuchKey, a ListObjectsV2 an empty listing."""
 
 from __future__ import annotations
 
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+from loopback_server import LoopbackServer, QuietHandler
 
 _NO_SUCH_KEY = b"<?xml version='1.0'?><Error><Code>NoSuchKey</Code><Message>none</Message></Error>"
 _EMPTY_LISTING = (
@@ -18,20 +18,15 @@ _EMPTY_LISTING = (
 )
 
 
-class StuckS3:
+class StuckS3(LoopbackServer):
     """`requests`: (method, path) of every request in arrival order; `held` of them unanswered now."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, str]] = []
         self.held = 0
-        self._released = threading.Event()
-        self._lock = threading.Lock()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_HEAD(self) -> None:  # noqa: N802
                 self._answer(with_body=False)
 
@@ -40,11 +35,11 @@ class StuckS3:
 
             def _answer(self, *, with_body: bool) -> None:
                 url = urlsplit(self.path)
-                with outer._lock:
+                with outer.lock:
                     outer.requests.append((self.command, self.path))
                     outer.held += 1
-                outer._released.wait(60)
-                with outer._lock:
+                outer.released.wait(60)
+                with outer.lock:
                     outer.held -= 1
                 query = parse_qs(url.query)
                 if with_body and "list-type" in query:
@@ -63,10 +58,7 @@ class StuckS3:
                 except OSError:
                     pass  # the client gave up
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__(Handler)
 
     def wait_held(self, n: int = 1, timeout: float = 10.0) -> bool:
         """Wait until `n` requests are held unanswered."""
@@ -77,11 +69,3 @@ class StuckS3:
             time.sleep(0.02)
         return False
 
-    def release(self) -> None:
-        """Answer what is held, and everything after at once."""
-        self._released.set()
-
-    def close(self) -> None:
-        self.release()
-        self.server.shutdown()
-        self.server.server_close()

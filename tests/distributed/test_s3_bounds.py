@@ -5,13 +5,12 @@ BucketNotFoundError, a refusal is a plain StorageError."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from fleet_servers import free_port
+from loopback_server import LoopbackServer, QuietHandler
 from stuck_s3 import StuckS3
 
 from jobs.errors import BucketNotFoundError, StorageError, StorageUnavailableError
@@ -27,7 +26,7 @@ def _aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
 
 
-class _Answers:
+class _Answers(LoopbackServer):
     """An S3 endpoint that answers every request with one status and error code; counts them."""
 
     def __init__(self, status: int, code: str) -> None:
@@ -35,10 +34,7 @@ class _Answers:
         body = f"<?xml version='1.0'?><Error><Code>{code}</Code><Message>m</Message></Error>".encode()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:  # noqa: N802
                 outer.requests += 1
                 self.send_response(status)
@@ -47,13 +43,7 @@ class _Answers:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture()
