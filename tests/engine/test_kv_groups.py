@@ -226,7 +226,7 @@ def test_engine_refuses_per_row_what_the_local_pool_never_holds(make_checkpoint,
     (before, generate waited forever for a fourth local block) and run the short one (3 blocks)."""
     from test_embeddings import embedding_checkpoint
 
-    import worker.engine.engine as engine_module
+    import worker.engine.engine_build as engine_module
 
     sizes = engine_module.kv_pool_sizes
     monkeypatch.setattr(engine_module, "kv_pool_sizes", lambda *args: (sizes(*args)[0], 3))
