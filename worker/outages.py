@@ -14,20 +14,14 @@ unrecorded) and each later delivery, before its engine runs, only tries to recor
 
 from __future__ import annotations
 
-import contextlib
 import time
-from typing import Any
 
 import redis
-from celery import Celery
 from celery.exceptions import Reject
 
 from jobs.errors import StorageUnavailableError
 from jobs.log import get_logger
-from jobs.manifest import read_manifest
 from jobs.settings import Settings
-from jobs.storage import open_store
-from worker.outcomes import finish_if_done, mark_failed, record_failed_attempt
 from worker.runtime import ProcessRuntime
 
 log = get_logger(__name__)
@@ -96,39 +90,17 @@ def count_outage(rt: ProcessRuntime, job_id: str, shard: int) -> int | None:
         return None
 
 
-def after_outage(
-    rt: ProcessRuntime,
-    app: Celery,
-    job_id: str,
-    output: str,
-    shard: int,
-    attempt: int,
-    entered: float,
-    exc: StorageUnavailableError,
-) -> dict[str, Any]:
-    """An attempt of `shard` (started at unix time `entered`) ended because storage did not answer:
-    count it as an outage, not a strike; fail the shard past FREIGHT_MAX_SHARD_STORAGE_OUTAGES, else
-    bill it as an error (if storage takes the record now), back off and requeue (raises Reject)."""
+def outage_decision(rt: ProcessRuntime, job_id: str, shard: int, exc: StorageUnavailableError
+                    ) -> tuple[int | None, str | None, float]:  # fmt: skip
+    """An attempt of `shard` (or finalize's slot) ended because storage did not answer: count it as an
+    outage, not a strike -> (its outages, None when Redis did not count it; the failure verdict past
+    FREIGHT_MAX_SHARD_STORAGE_OUTAGES, else None; the seconds to back off before requeueing)."""
     s = rt.settings
     outages = count_outage(rt, job_id, shard)
     verdict = outage_verdict(outages, s.max_shard_storage_outages, exc) if outages is not None else None
-    log.warning(
-        "shard_storage_unavailable", outages=outages, limit=s.max_shard_storage_outages, error=str(exc)
-    )
-    try:
-        store = open_store(output, s)
-        manifest = read_manifest(store)
-        record_failed_attempt(rt, store, manifest, shard, attempt, entered)
-        if verdict is not None:
-            mark_failed(rt, store, manifest, shard, attempt, verdict)
-            finish_if_done(rt, store, manifest, app)
-            return {"status": "failed"}
-    except Exception:  # storage still away: requeue, never ack a shard whose end is not recorded; the
-        log.exception("outage_handling_failed")  # next delivery counts its own outage and tries again
-    with contextlib.suppress(redis.RedisError):
-        rt.live.transition(job_id, shard, "queued")
-    back_off(rt, outage_backoff_s(s, outages if outages is not None else 30))
-    raise Reject(f"attempt {attempt}: storage unavailable ({outages} outages): {exc}", requeue=True) from exc
+    log.warning("shard_storage_unavailable", shard=shard, outages=outages, limit=s.max_shard_storage_outages,
+                error=str(exc))  # fmt: skip
+    return outages, verdict, outage_backoff_s(s, outages if outages is not None else 30)
 
 
 def finalize_outage(rt: ProcessRuntime, job_id: str, slot: int, exc: Exception) -> bool:
@@ -136,10 +108,12 @@ def finalize_outage(rt: ProcessRuntime, job_id: str, slot: int, exc: Exception) 
     an outage; True past FREIGHT_MAX_SHARD_STORAGE_OUTAGES (the caller gives finalize up), else back
     off and requeue (raises Reject). False for any other failure: the caller's strike rules apply."""
     outage = storage_outage(exc)
-    outages = count_outage(rt, job_id, slot) if outage is not None else None
-    if outage is None or outages is None:
+    if outage is None:
         return False
-    if outage_verdict(outages, rt.settings.max_shard_storage_outages, outage) is not None:
+    outages, verdict, wait = outage_decision(rt, job_id, slot, outage)
+    if outages is None:
+        return False
+    if verdict is not None:
         return True
-    back_off(rt, outage_backoff_s(rt.settings, outages))
+    back_off(rt, wait)
     raise Reject(f"finalize: storage unavailable ({outages} outages): {exc}", requeue=True) from exc

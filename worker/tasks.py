@@ -36,7 +36,7 @@ from worker.attempts import attempt_alive, model_rate, record_rate, unfinished_s
 from worker.celery_app import app
 from worker.deadline import attempt_deadline
 from worker.local import load_engine
-from worker.outages import after_outage, finalize_outage, outages_spent, storage_outage
+from worker.outages import back_off, finalize_outage, outage_decision, outages_spent, storage_outage
 from worker.outcomes import (
     expire_if_over,
     finish_if_done,
@@ -143,23 +143,28 @@ def _after_error(
     entered: float,
     exc: Exception,
 ) -> dict[str, Any]:
-    """Bill the failed attempt as an error, then give the shard up after the last attempt, or requeue it.
-    An attempt that storage did not answer is no strike: worker/outages.py."""
-    if (outage := storage_outage(exc)) is not None:
-        return after_outage(rt, app, job_id, output, shard, attempt, entered, outage)
+    """Bill the failed attempt as an error, then give the shard up past its budget, or requeue it after a
+    backoff. The budget: FREIGHT_MAX_SHARD_ATTEMPTS strikes less node losses; an attempt that storage
+    did not answer is no strike but an outage, against FREIGHT_MAX_SHARD_STORAGE_OUTAGES (worker/outages.py)."""
+    outage = storage_outage(exc)
+    verdict, wait = None, min(ERROR_BACKOFF_CAP_S, 2.0**strikes)  # a transient cause may pass
+    if outage is not None:
+        _, verdict, wait = outage_decision(rt, job_id, shard, outage)
     try:
         store = open_store(output, rt.settings)
         manifest = read_manifest(store)
         record_failed_attempt(rt, store, manifest, shard, attempt, entered)
-        if strikes - rt.live.node_losses(job_id, shard) >= rt.settings.max_shard_attempts:
-            mark_failed(rt, store, manifest, shard, attempt, f"{type(exc).__name__}: {exc}")
+        if outage is None and strikes - rt.live.node_losses(job_id, shard) >= rt.settings.max_shard_attempts:
+            verdict = f"{type(exc).__name__}: {exc}"
+        if verdict is not None:
+            mark_failed(rt, store, manifest, shard, attempt, verdict)
             finish_if_done(rt, store, manifest, app)
             return {"status": "failed"}
     except Exception:  # storage or Redis down too: requeue, never ack a lost shard; the next delivery
         log.exception("error_handling_failed")  # bills this attempt as lost and gives up past the limit
     with contextlib.suppress(redis.RedisError):
         rt.live.transition(job_id, shard, "queued")
-    time.sleep(min(ERROR_BACKOFF_CAP_S, 2.0**strikes))  # a transient cause may pass
+    back_off(rt, wait)  # in slices: a shutdown or spot notice does not wait it out
     raise Reject(f"attempt {attempt} failed: {exc}", requeue=True) from exc
 
 
