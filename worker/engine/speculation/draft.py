@@ -114,10 +114,11 @@ class DraftModel:
         if not live:
             return out, probs
         states = [self.states[seqs[i].seq_id] for i in live]
-        if self._chained(states, ends, [ks[i] for i in live], go_on, live, out, probs if want else None):
+        short = None if self.fast is None else self._short_catch_up(states, ends)  # decode rows, or a prefill
+        if self._chained(states, ends, short, [ks[i] for i in live], go_on, live, out, probs if want else None):
             return out, probs
         rows = list(range(len(live)))
-        tokens, top = self._catch_up(states, ends, want)
+        tokens, top = self._catch_up(states, ends, short, want)
         for j in range(1, max(ks[i] for i in live) + 1):
             for r, t in zip(rows, tokens.tolist(), strict=True):
                 out[live[r]].append(t)
@@ -133,14 +134,15 @@ class DraftModel:
             states[r].computed = ends[r] + len(out[i]) - 1
         return out, probs
 
-    def _chained(self, states: list[_DraftSeq], ends: list[int], ks: list[int], go_on: GoOn | None, live: list[int],
-                 out: list[list[int]], probs: list[list[float]] | None) -> bool:  # fmt: skip
+    def _chained(self, states: list[_DraftSeq], ends: list[int], los: list[int] | None, ks: list[int],
+                 go_on: GoOn | None, live: list[int], out: list[list[int]], probs: list[list[float]] | None
+                 ) -> bool:  # fmt: skip
         """The whole proposal in one C call (DraftStack.chain) where the draft runs on the C stack and
-        every catch-up is short: out[live[r]] (and probs[live[r]]) filled, True; else False."""
-        if self.fast is None:
+        every catch-up is short (`los`: _short_catch_up's): out[live[r]] (and probs[live[r]]) filled,
+        True; else False."""
+        if self.fast is None or los is None:
             return False
-        los = self._short_catch_up(states, ends)
-        if los is None or not self.fast.chain.takes(sum(e - lo for lo, e in zip(los, ends, strict=True))):
+        if not self.fast.chain.takes(sum(e - lo for lo, e in zip(los, ends, strict=True))):
             return False
         if not self.fast.chain.takes(len(states)) or (go_on is not None and not isinstance(go_on, ChainStop)):
             return False
@@ -210,13 +212,14 @@ class DraftModel:
                          np.int64)  # fmt: skip
         return ids, pos, table, counts
 
-    def _catch_up(self, states: list[_DraftSeq], ends: list[int], probs: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    def _catch_up(self, states: list[_DraftSeq], ends: list[int], short: list[int] | None, probs: bool
+                  ) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
         """One forward over each sequence's uncomputed tokens [computed, end); the greedy next token.
         Short catch-ups (after a verify step: the target's own token, maybe an accepted one) run as
-        decode-shaped rows on the C stack where there is one (DraftStack); else one prefill."""
-        los = None if self.fast is None else self._short_catch_up(states, ends)
-        if los is not None and self.fast.takes(sum(e - lo for lo, e in zip(los, ends, strict=True))):  # type: ignore[union-attr]
-            ids, pos, table, counts = self._rows(states, los, ends)
+        decode-shaped rows on the C stack where there is one (DraftStack; `short`: _short_catch_up's starts, None
+        where it found none or there is no stack); else one prefill."""
+        if short is not None and self.fast.takes(sum(e - lo for lo, e in zip(short, ends, strict=True))):  # type: ignore[union-attr]
+            ids, pos, table, counts = self._rows(states, short, ends)
             return self.fast.greedy(ids, pos, np.repeat(table, counts, axis=0), np.cumsum(counts) - 1, probs)  # type: ignore[union-attr]
         los = [min(st.computed, end - 1) for st, end in zip(states, ends, strict=True)]
         offsets = [self.runner.model.rope_offset(st.seq.num_prompt_tokens) for st in states]  # LongRoPE drafts
