@@ -77,6 +77,7 @@ class NativeDecodeStack:
         self._fn = lib.decode_stack_f32
         self._fn.argtypes = [_ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64]
         self._fn.restype = ctypes.c_int
+        self._draft = lib.decode_stack_draft  # a DraftChain's call (draft_chain.py sets its argtypes)
         self._fits = lib.decode_stack_supports
         self._fits.argtypes = [_i64, _i64, _i64, _i64]
         self._fits.restype = ctypes.c_int
@@ -123,16 +124,17 @@ class NativeDecodeStack:
                        ctypes.cast(structs, _ptr), final_norm.data_ptr(), cos_sin.data_ptr())  # fmt: skip
         keep = (layers, final_norm, cos_sin, structs)
         sgemm, most = (None, self.gemv_rows) if half else (self.sgemm, self.max_rows)
-        return BoundDecodeStack(self._fn, model, keep, h, sgemm, self.gemv_rows, most)
+        return BoundDecodeStack(self._fn, model, keep, h, sgemm, self.gemv_rows, most, self._draft)
 
 
 class BoundDecodeStack:
     """A model's tensors bound to the kernel; call it once per decode step."""
 
     def __init__(self, fn, model: _Model, keep: tuple, hidden: int, sgemm: int | None, gemv_rows: int,
-                 max_rows: int) -> None:  # fmt: skip
+                 max_rows: int, draft_fn=None) -> None:  # fmt: skip
         self._fn, self._model, self._keep = fn, model, keep  # keep: the tensors the pointers point into
-        self.model_ptr = ctypes.addressof(model)  # also read by a DraftChain over this stack (draft_chain.py)
+        # for a DraftChain over this stack (draft_chain.py): the model and the library's draft call
+        self.model_ptr, self.draft_fn = ctypes.addressof(model), draft_fn
         self._sgemm = sgemm
         self.hidden, self.gemv_rows, self.max_rows = hidden, gemv_rows, max_rows
 

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kernels.cpu.build import load_library
-from kernels.cpu.decode_stack import SOURCE, BoundDecodeStack
+from kernels.cpu.decode_stack import BoundDecodeStack
 
 _ptr, _i64, _f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 
@@ -54,7 +53,7 @@ class DraftChain:
                 and embed.dim() == head.dim() == 2 and embed.shape[1] == head.shape[1] == stack.hidden):  # fmt: skip
             raise ValueError(f"DraftChain takes a contiguous fp32 embedding and an fp32 or fp16 lm_head [vocab, "
                              f"{stack.hidden}] on the CPU")  # fmt: skip
-        self._fn = load_library(SOURCE).decode_stack_draft
+        self._fn = stack.draft_fn  # the library the stack was bound from, not loaded again
         self._fn.argtypes = [_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr,
                              _i64]  # fmt: skip
         self._fn.restype = ctypes.c_int
