@@ -85,10 +85,18 @@ def decode_tables(dev: DeviceRows, rows: np.ndarray, rows_dev: torch.Tensor, wid
     return table.index_select(0, rows_dev)[:, :width]
 
 
+def _gather(dev: DeviceRows, rows: np.ndarray, width: int, name: str = "block_table") -> torch.Tensor:
+    """The block tables [M, width] of `rows` (any order, repeats allowed: a verify run's rows), gathered
+    on the host when the device's table is the host's array (a few us; torch's gather takes ~30)."""
+    if not dev.copy:
+        return torch.from_numpy(getattr(dev.batch, name)[rows, :width])
+    return getattr(dev, name).index_select(0, to_device(rows, dev.device))[:, :width]
+
+
 def _row_slots(table: np.ndarray, batch: PersistentBatch, rows: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """Decode rows' slots in one group's table; -1 below the protected (cached) positions."""
     bs = batch.block_size
-    slots = table[rows, pos // bs].astype(np.int64) * bs + pos % bs
+    slots = table.reshape(-1).take(rows * table.shape[1] + pos // bs).astype(np.int64) * bs + pos % bs
     slots[pos < batch.protected[rows]] = -1
     return slots
 
@@ -99,11 +107,18 @@ def _local(meta: AttentionMetadata, slots: np.ndarray, device: torch.device, **t
 
 
 def verify_rows(sched: SchedulerOutput) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(batch row, position, input id) int64 [M] of every row of the verify runs."""
-    rows = np.concatenate([np.full(c.num_tokens, c.seq.row, np.int64) for c in sched.spec])
-    pos = np.concatenate([np.arange(c.start, c.start + c.num_tokens, dtype=np.int64) for c in sched.spec])
-    ids = np.asarray([t for c in sched.spec for t in (c.seq.token_ids[c.start], *c.draft)], np.int64)
-    return rows, pos, ids
+    """(batch row, position, input id) int64 [M] of every row of the verify runs (Python lists: a
+    handful of runs of a few rows each, where numpy's per-call cost would dominate)."""
+    rows: list[int] = []
+    pos: list[int] = []
+    ids: list[int] = []
+    for c in sched.spec:
+        lo, n = c.start, c.num_tokens
+        rows += [c.seq.row] * n
+        pos += range(lo, lo + n)
+        ids.append(c.seq.token_ids[lo])
+        ids += c.draft
+    return np.array(rows, np.int64), np.array(pos, np.int64), np.array(ids, np.int64)
 
 
 def decode_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) -> StepInputs:
@@ -140,24 +155,23 @@ def decode_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows)
 
 def _with_verify(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) -> StepInputs:
     """A pure decode step whose last rows are verify runs (see the module docstring)."""
-    bs, device = batch.block_size, dev.device
+    bs, device, d = batch.block_size, dev.device, sched.decode_rows.size
     vrows, vpos, vids = verify_rows(sched)
-    rows = np.concatenate([sched.decode_rows, vrows])
-    pos = np.concatenate([sched.decode_positions, vpos])
+    rows = np.concatenate([sched.decode_rows, vrows]) if d else vrows
+    pos = np.concatenate([sched.decode_positions, vpos]) if d else vpos
     slots = _row_slots(batch.block_table, batch, rows, pos)
-    rows_dev = to_device(rows, device)
     ids = to_device(vids, device)
-    if sched.decode_rows.size:
-        ids = torch.cat([dev.last_token.index_select(0, rows_dev[: sched.decode_rows.size]), ids])
+    if d:
+        ids = torch.cat([dev.last_token.index_select(0, to_device(sched.decode_rows, device)), ids])
+    width = int(pos.max()) // bs + 1
     meta = AttentionMetadata(
         slot_mapping=to_device(slots, device), num_prefill_tokens=0,
         decode_context_lens=to_device((pos + 1).astype(np.int32), device),
-        decode_block_tables=dev.block_table.index_select(0, rows_dev)[:, : int(pos.max()) // bs + 1],
+        decode_block_tables=_gather(dev, rows, width),
     )  # fmt: skip
     if batch.local_table is not None:
-        ltables = dev.local_table.index_select(0, rows_dev)[:, : int(pos.max()) // bs + 1]
         meta = dataclasses.replace(meta, local=_local(meta, _row_slots(batch.local_table, batch, rows, pos), device,
-                                                      decode_block_tables=ltables))  # fmt: skip
+                                                      decode_block_tables=_gather(dev, rows, width, "local_table")))  # fmt: skip
     return StepInputs(ids, to_device(pos, device), meta, None, sched.decode_rows, True, [], 0, sched.decode_rows,
                       sched.decode_positions, tuple(sched.spec), vrows.size)  # fmt: skip
 

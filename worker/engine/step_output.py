@@ -52,30 +52,28 @@ class StepOutputs:
             self.stats.spec_accepted_tokens += run.accepted
             if sched.speculator is not None:
                 sched.speculator.observe(seq, run.proposed, run.accepted)
-            stops = b.stop_ids[row]
-            done = None
+            stops = b.stop_ids[row].tolist()  # (a list: `in` on a few ids beats a numpy comparison per token)
+            done, limit, last = None, int(b.limit[row]), len(run.tokens) - 1
             for i, token in enumerate(run.tokens):
                 seq.token_ids.append(token)
-                b.num_tokens[row] += 1
-                if i == 0:
-                    b.num_pending[row] -= 1
-                else:
-                    b.num_computed[row] += 1  # the K/V of the accepted token before this one stays
-                self.stats.decode_tokens += 1
                 if run.logprobs is not None and seq.logprobs is not None:
                     seq.logprobs.append(run.logprobs[i])
                 verdict = None
                 if seq.constraint_state is not None:  # the grammar check of a plain step's token
-                    last = i == len(run.tokens) - 1
-                    verdict = run.failure if last and run.failure else StructuredOutputs.check(seq, token)
+                    verdict = run.failure if i == last and run.failure else StructuredOutputs.check(seq, token)
                 if verdict is not None and verdict != "finished":
                     done = "error"
-                elif (stops == token).any() or verdict or (seq.params.stop and self.stop_string(seq)):
+                elif token in stops or verdict or (seq.params.stop and self.stop_string(seq)):
                     done = "stop"
-                elif len(seq.token_ids) >= b.limit[row]:
+                elif len(seq.token_ids) >= limit:
                     done = "length"
                 if done is not None:
                     break
+            kept = len(seq.token_ids) - int(b.num_tokens[row])  # the row's counters, once per run
+            b.num_tokens[row] += kept
+            b.num_pending[row] -= 1  # the newest token's K/V, and that of each accepted token before the last
+            b.num_computed[row] += kept - 1
+            self.stats.decode_tokens += kept
             if done is not None:
                 seq.finish(done, verdict if done == "error" else None)
                 sched.finish(seq)
@@ -84,7 +82,7 @@ class StepOutputs:
             sched.bm.truncate(seq, len(seq.token_ids))  # rollback: the rejected tokens' blocks
             b.trim_blocks(seq)
             if sched.bm.enable_prefix_caching:
-                sched.commit_rows(np.array([row]))
+                sched.commit_row(row)
         return finished
 
     def _apply(self, step: InFlightStep) -> list[Sequence]:

@@ -111,13 +111,15 @@ class ModelDecodeStack:
         if not (tables.dtype == lens.dtype == torch.int32 and tables.stride(1) == 1 and lens.is_contiguous()
                 and slots.dtype == torch.int64 and slots.is_contiguous()):  # fmt: skip
             return False
-        if any(m._forward_hooks or m._forward_pre_hooks for m in self._projections):
-            return False
+        for m in self._projections:  # (a plain loop: this runs every step)
+            if m._forward_hooks or m._forward_pre_hooks:
+                return False
         if rows > 1 and tables.device.type == "cpu" and not self._windowed:
-            first = tables[:, 0].numpy()
+            host = tables.numpy()  # numpy: a few us for what torch's comparisons take ~30 us
+            first = host[:, 0]
             # a prefix shared by several sequences: the op-by-op cascade reads it once; the rows of one
             # sequence (speculation's verify rows: identical tables) read it per row here, still cheaper
-            if ((first == first[0]).all() and not (tables == tables[0]).all()
+            if ((first == first[0]).all() and not (host == host[0]).all()
                     and decode_shared_blocks(tables, lens.tolist(), self._block_size)):  # fmt: skip
                 return False
         return True

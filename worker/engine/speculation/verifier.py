@@ -21,6 +21,7 @@ already dropped the proposals the grammar refuses, so this cut is a safeguard or
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -68,9 +69,11 @@ class Verifier:
         each row's newest token (host and device) and counts the kept tokens for the penalties.
         `constrain_runs` masks the constrained chunks' rows in place (structured outputs)."""
         b, device = self.batch, self.dev.device
-        rows = np.fromiter((c.seq.row for c in chunks), np.int64, len(chunks))
-        sizes = np.fromiter((c.num_tokens for c in chunks), np.int64, len(chunks))
-        starts = np.cumsum(sizes) - sizes
+        row_list = [c.seq.row for c in chunks]  # (lists: a few runs, where numpy's per-call cost dominates)
+        size_list = [c.num_tokens for c in chunks]
+        start_list = [0, *itertools.accumulate(size_list)][:-1]
+        rows = np.array(row_list, np.int64)
+        sizes, starts = np.array(size_list, np.int64), np.array(start_list, np.int64)
         raw, cuts = logits, {}
         if constrain_runs is not None and b.num_constrained and b.constrained[rows].any():
             which = np.flatnonzero(b.constrained[rows]).tolist()
@@ -97,16 +100,17 @@ class Verifier:
                 x, penalized = self.processing.apply(logits, per, counter, extra)
             targets = self.sampler.sample(x, params).cpu().numpy()
         runs = []
+        targets = targets.tolist()
         for i, c in enumerate(chunks):
-            t = targets[starts[i] : starts[i] + sizes[i]]
+            t = targets[start_list[i] : start_list[i] + size_list[i]]
             a = 0
             cut = cuts.get(i)
             allowed = len(c.draft) if cut is None else cut.allowed  # how many proposals the grammar allows
             while a < allowed and t[a] == c.draft[a]:
                 a += 1
             failed = cut.failure if cut is not None and a == cut.allowed else None
-            runs.append(SpecRun(c.seq, int(rows[i]), len(c.draft), t[: a + 1].tolist(), None, failed))
-        last = np.fromiter((r.tokens[-1] for r in runs), np.int64, len(runs))
+            runs.append(SpecRun(c.seq, row_list[i], len(c.draft), t[: a + 1], None, failed))
+        last = np.array([r.tokens[-1] for r in runs], np.int64)
         b.last_token[rows] = last  # the next decode step's input
         if self.dev.copy:
             self.dev.last_token.index_copy_(0, to_device(rows, device), to_device(last, device))
