@@ -9,7 +9,8 @@ measured as the engine runs, never a constant:
 - step cost: the median seconds of the latest pure decode / verify steps (no prefill chunk)
   per number of rows (exact up to 8 rows, then buckets a quarter octave wide), host work included
   (CPU seconds of the process on the CPU, where a shared machine makes wall time noisy; wall time on
-  a GPU); another count is interpolated by rows between the measured buckets around it (a bucket's
+  a GPU), made non-decreasing in rows (`monotone`: medians measured apart can read out of order);
+  another count is interpolated by rows between the measured buckets around it (a bucket's
   cost stands for its lower edge), or extends the slope of the two widest measured ones when it is
   at most twice the widest (else it is explored). A speculating step costs more than its rows (a
   draft model's forwards, the verify runs' host work), so speculating steps get a table of their
@@ -40,6 +41,8 @@ from collections import deque
 
 import numpy as np
 
+from worker.engine.speculation.step_costs import monotone, rows_bucket
+
 WINDOW = 9  # latest steps per rows bucket whose median is its cost
 FIRST_SAMPLES = 2  # steps of a rows bucket measured before its cost is used (their minimum)
 SKIP_FIRST, SKIP_MAX = 8, 512  # steps a refused width skips proposing: first, longest
@@ -48,13 +51,6 @@ SCALAR_COSTS = 32  # allocate: up to this many tokens one cost() each, past it o
 STALE_FIRST, STALE_MAX = 32, 1024  # a width refused this long (doubling while probes confirm it) is re-measured
 PROBE_RUN = WINDOW  # ... by this many speculating steps in a row
 JUDGE_STEPS = 32  # planned steps at a width before their measured gain can turn proposing off there
-
-
-def rows_bucket(rows: int) -> int:
-    """Exact up to 8 rows, then the lower edge of a quarter-octave bucket."""
-    if rows <= 8:
-        return rows
-    return int(2 ** (math.floor(4 * math.log2(rows)) / 4))
 
 
 class SpeculationController:
@@ -66,6 +62,7 @@ class SpeculationController:
         self._skip: dict[int, tuple[int, int]] = {}  # width -> (skip proposing until step, back-off)
         self._gain: dict[int, tuple[int, float]] = {}  # width -> (planned steps, their summed gain)
         self._curves: dict[bool, tuple] = {}  # side -> its measured buckets, sorted (_curve)
+        self._prices: dict[tuple[int, int], list[float | None]] = {}  # (width, n) -> _best's step prices
         self._probing: dict[int, int] = {}  # width bucket -> speculating steps left of a probe run
         self._refused: dict[int, tuple[int | None, int]] = {}  # width bucket -> (refused since, wait)
         self.reprobing = False  # the latest allocate is a probe step but not a width's first measurement
@@ -188,17 +185,9 @@ class SpeculationController:
             return None
         v = values or [plain / width] * len(chances)
         gains = sorted(((p**j * v[i], i) for i, (p, k) in enumerate(chances) for j in range(1, k + 1)), reverse=True)
-        if len(gains) <= SCALAR_COSTS:
-            spec = [self.cost(width + n, True) for n in range(1, len(gains) + 1)]
-            floor = [self.cost(width + n) for n in range(1, len(gains) + 1)]
-        else:
-            spec = [None if math.isnan(c) else c for c in self.costs(width + 1, width + len(gains), True).tolist()]
-            floor = [None if math.isnan(c) else c for c in self.costs(width + 1, width + len(gains)).tolist()]
-        spec = self._from_plain(width, plain, spec)
-        # a speculating step costs at least a plain step of as many rows (where that is known): the
-        # speculating side's table may hold only far-apart widths, and its interpolation must not
-        # price a verify step below the plain step it extends
-        curve = [c if c is None or f is None else max(c, f) for c, f in zip(spec, floor, strict=True)]
+        curve = self._prices.get((width, len(gains)))
+        if curve is None:  # (kept until a measured cost changes: record)
+            curve = self._prices[(width, len(gains))] = self._price(width, plain, len(gains))
         best, take, saved = 0.0, 0, 0.0
         for n, ((gain, _), spec) in enumerate(zip(gains, curve, strict=True), 1):
             if spec is None:
@@ -210,6 +199,20 @@ class SpeculationController:
         for _, i in gains[:take]:
             out[i] += 1
         return out
+
+    def _price(self, width: int, plain: float, n: int) -> list[float | None]:
+        """[i]: the price of a speculating step of width + i + 1 rows (None: unmeasured)."""
+        if n <= SCALAR_COSTS:
+            spec = [self.cost(width + i, True) for i in range(1, n + 1)]
+            floor = [self.cost(width + i) for i in range(1, n + 1)]
+        else:
+            spec = [None if math.isnan(c) else c for c in self.costs(width + 1, width + n, True).tolist()]
+            floor = [None if math.isnan(c) else c for c in self.costs(width + 1, width + n).tolist()]
+        spec = self._from_plain(width, plain, spec)
+        # a speculating step costs at least a plain step of as many rows (where that is known): the
+        # speculating side's table may hold only far-apart widths, and its interpolation must not
+        # price a verify step below the plain step it extends
+        return [c if c is None or f is None else max(c, f) for c, f in zip(spec, floor, strict=True)]
 
     def _from_plain(self, width: int, plain: float, spec: list[float | None]) -> list[float | None]:
         """spec[n - 1]: a speculating step of width + n rows. Narrower than every measured speculating
@@ -232,8 +235,11 @@ class SpeculationController:
         window = self._window.setdefault(key, deque(maxlen=WINDOW))
         window.append(seconds)
         if len(window) >= FIRST_SAMPLES:
-            self.seconds[key] = min(window) if len(window) < 3 else sorted(window)[len(window) // 2]
-            self._curves.clear()
+            cost = min(window) if len(window) < 3 else sorted(window)[len(window) // 2]
+            if self.seconds.get(key) != cost:  # (the median often stays: the curves stay cached)
+                self.seconds[key] = cost
+                self._curves.pop(speculated, None)
+                self._prices.clear()
 
     def cost(self, rows: int, speculated: bool = False) -> float | None:
         """Estimated seconds of a step of `rows` rows: measured, interpolated, or None (see costs)."""
@@ -276,10 +282,12 @@ class SpeculationController:
         return out
 
     def _curve(self, speculated: bool) -> tuple[list[int], list[float], tuple[np.ndarray, np.ndarray]]:
-        """The measured buckets of a side, sorted (cached until the next record)."""
+        """The measured buckets of a side, sorted, their costs made non-decreasing in rows (`monotone`;
+        cached until a measured cost changes)."""
         if speculated not in self._curves:
             table = sorted((k, v) for (s, k), v in self.seconds.items() if s == speculated)
-            keys, secs = [k for k, _ in table], [v for _, v in table]
+            keys = [k for k, _ in table]
+            secs = monotone([v for _, v in table], [len(self._window.get((speculated, k), ())) or 1 for k in keys])
             self._curves[speculated] = (keys, secs, (np.asarray(keys, np.float64), np.asarray(secs, np.float64)))
         return self._curves[speculated]
 
