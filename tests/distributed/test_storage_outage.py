@@ -7,12 +7,11 @@ FREIGHT_STORAGE_OUTAGE_BACKOFF_CAP_S=0.1; FREIGHT_MAX_SHARD_ATTEMPTS is the flee
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fleet_jobs import Fleet, make_input, submit
-from fleet_servers import free_port, wait_for
+from fleet_servers import wait_for
 from slow_down_s3 import SlowDownS3
 
 from jobs import datasets
@@ -22,23 +21,6 @@ from jobs.storage import open_store
 
 OUT = "s3://fleet/jobs/outage-{}"  # moto keeps its buckets across servers in one process
 MAX_ATTEMPTS = 3
-
-
-@pytest.fixture()
-def moto_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():  # fmt: skip
-        monkeypatch.setenv(k, v)
-    url = f"http://127.0.0.1:{port}"
-    boto3.client("s3", endpoint_url=url).create_bucket(Bucket="fleet")
-    yield url
-    server.stop()
 
 
 def _fleet(
