@@ -79,6 +79,10 @@ def test_outages_past_the_attempt_limit_are_no_strikes(
         assert _counts(fleet, out, "attempts") == {0: 5, 1: 5}
         assert set(_counts(fleet, out, "strikes").values()) == {0}
         assert len(store.list("waste/")) == 8  # each refused attempt billed once, as an error
+        # the worker's metrics count them as storage outages, not errors
+        assert fleet.metric("a", 'freight_shard_outcomes_total{outcome="storage_outage"}') == 8
+        assert fleet.metric("a", 'freight_shard_outcomes_total{outcome="error"}') == 0
+        assert fleet.metric("a", 'freight_shard_outcomes_total{outcome="committed"}') == 2
     finally:
         if fleet is not None:
             fleet.stop()
