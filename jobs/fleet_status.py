@@ -2,6 +2,7 @@
 
 end states from storage: succeeded (_SUCCESS), failed (failures.json: every shard ended, some failed),
 expired (_EXPIRED: past its completion window), cancelled (_CANCELLED). Otherwise Redis says queued / running with per-state shard counts.
+Redis also says which attempts storage did not answer (`freight:outages:<job>`, worker/outages.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from jobs.leases import live_nodes
 from jobs.live_state import LiveState
 from jobs.manifest import SUCCESS_KEY, Manifest, read_manifest
 from jobs.markers import FAILURES_KEY, is_cancelled, read_failures
-from jobs.progress import FINISHED_JOB_STATES
+from jobs.progress import FINISHED_JOB_STATES, aux_key
 from jobs.storage import ObjectStore
 
 
@@ -44,6 +45,9 @@ class FleetStatus:
     workers_consuming: int = 0  # of those, the ones consuming the job's queue now
     workers_ready: int = 0  # pool processes with the job's model loaded (ready to serve it)
     workers_serving_all: int = 0  # live workers that add any queue with work (no --model/--queues)
+    # shard -> its attempts that ended because storage did not answer (no strikes: their own budget,
+    # FREIGHT_MAX_SHARD_STORAGE_OUTAGES a shard); -1: finalize's. Only shards with one at least.
+    storage_outages: dict[int, int] = field(default_factory=dict)
 
     @property
     def done(self) -> bool:
@@ -60,9 +64,12 @@ def fleet_status(store: ObjectStore, live: LiveState | None, manifest: Manifest 
     failures = read_failures(store)
     counts: dict[str, Any] = {}
     meta: dict[str, str] = {}
+    outages: dict[int, int] = {}
     if live is not None:
         try:
             counts, meta = live.job(job_id), live.job_meta(job_id)
+            raw = live.client.hgetall(aux_key("outages", job_id))
+            outages = {int(k): int(v) for k, v in sorted(raw.items(), key=lambda kv: int(kv[0])) if int(v) > 0}
         except redis.RedisError:
             counts = {}
     failed = {int(f["shard"]) for f in failures} - committed
@@ -103,6 +110,7 @@ def fleet_status(store: ObjectStore, live: LiveState | None, manifest: Manifest 
         eta_seconds=eta,
         failures=failures,
         live=bool(counts),
+        storage_outages=outages,
         **workers,
     )
 
@@ -139,4 +147,26 @@ def worker_lines(st: FleetStatus, model: str) -> list[str]:
                          f"(serves every queue) or `freight worker --model {model}`")  # fmt: skip
     lines.append(f"workers: {st.workers_live} live, {st.workers_consuming} consuming {st.queue}, "
                  f"{st.workers_ready} with the model loaded")  # fmt: skip
+    return lines
+
+
+def outage_lines(st: FleetStatus, budget: int, shown: int = 8) -> list[str]:
+    """The status lines about storage outages, when the job had any: attempts in all, shards hit, then
+    each shard's outages against `budget` (FREIGHT_MAX_SHARD_STORAGE_OUTAGES), most first, `shown` at most."""
+    if not st.storage_outages:
+        return []
+    shards = [s for s in st.storage_outages if s >= 0]
+    total = sum(st.storage_outages.values())
+    hit = " and ".join(([f"{len(shards)} shard{'s' if len(shards) != 1 else ''}"] if shards else [])
+                       + (["finalize"] if -1 in st.storage_outages else []))  # fmt: skip
+    lines = [f"storage outages: {total} attempt{'s' if total != 1 else ''} of {hit} found storage unavailable "
+             f"(no strikes; a shard fails after {budget}, FREIGHT_MAX_SHARD_STORAGE_OUTAGES)"]  # fmt: skip
+    worst = sorted(st.storage_outages.items(), key=lambda kv: (-kv[1], kv[0]))
+    parts = [f"{'finalize' if s < 0 else f'shard {s}'} {n}/{budget}" for s, n in worst[:shown]]
+    if len(worst) > shown:
+        parts.append(f"{len(worst) - shown} more")
+    lines.append("  " + ", ".join(parts))
+    if not st.done:
+        lines.append("  storage did not answer those attempts: check the storage endpoint "
+                     "(FREIGHT_S3_ENDPOINT_URL), the network and the credentials if this count grows")  # fmt: skip
     return lines

@@ -23,6 +23,11 @@ SUCCESS_KEY = "_SUCCESS"
 # A committed result's Parquet schema metadata carries its shard record under this key, so the record
 # commits atomically with the rows (OUT/costs/<n>.json is written right after, for people and tools).
 RECORD_METADATA_KEY = b"freight.shard_record"
+# ... and a token unique to the commit that wrote it (uuid4 hex), so an attempt whose conditional PUT
+# stored the object but lost its response (the client's retry then meets its own object: 412) can
+# tell its own commit from another attempt's. Kept out of ShardRecord: that model refuses unknown
+# fields, and workers of an older version still read costs/<n>.json.
+COMMIT_TOKEN_KEY = b"freight.commit_token"
 
 # OUT/shards/ holds the result Parquet files and nothing else, so pandas, pyarrow.dataset, DuckDB and
 # Spark read the folder as one table with no flags; the shard records live in OUT/costs/.

@@ -30,6 +30,9 @@ class WorkerMetrics:
             buckets=SHARD_SECONDS_BUCKETS, registry=r,
         )  # fmt: skip
         self.attempts = Counter("freight_shard_attempts", "shard attempts started", registry=r)
+        # outcome: run_shard's status (committed, already_committed, lost_race, interrupted), error (the
+        # attempt raised: a strike), storage_outage (it raised because storage did not answer: no
+        # strike, worker/outages.py), failed (the shard given up for good)
         self.outcomes = Counter(
             "freight_shard_outcomes", "shard attempts by outcome", ["outcome"], registry=r
         )

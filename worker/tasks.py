@@ -129,7 +129,7 @@ def run_shard_task(self: Any, job_id: str, output: str, shard: int) -> dict[str,
                 raise
             except Exception as exc:  # this attempt failed: requeue it, or give up after the last one
                 log.exception("shard_error", error=str(exc))
-                rt.metrics.outcomes.labels("error").inc()
+                rt.metrics.outcomes.labels("error" if storage_outage(exc) is None else "storage_outage").inc()
                 return _after_error(rt, job_id, output, shard, attempt, strikes, entered, exc)
 
 

@@ -274,8 +274,8 @@ def _notify_cancelled(store: ObjectStore, settings: Any) -> None:
 
 def print_fleet_status(store: ObjectStore) -> None:
     """Live lines under `freight status` for a distributed job: shards by state, rows/s, ETA, failures,
-    cancel. Prints nothing for an embedded job; never waits on an absent Redis (1 s timeout)."""
-    from jobs.fleet_status import fleet_status, worker_lines
+    storage outages, cancel. Prints nothing for an embedded job; never waits on an absent Redis (1 s timeout)."""
+    from jobs.fleet_status import fleet_status, outage_lines, worker_lines
     from jobs.live_state import LiveState
     from jobs.manifest import read_manifest
 
@@ -296,8 +296,9 @@ def print_fleet_status(store: ObjectStore) -> None:
     console.print(line)
     for f in st.failures:
         console.print(f"  shard {f['shard']} failed after {f['attempts']} attempts: {f['reason']}")
-    for extra in worker_lines(st, read_manifest(store).spec.model):  # who serves it; none: say so
-        console.print(extra, soft_wrap=True)
+    budget = get_settings().max_shard_storage_outages  # this process's setting; workers should share it
+    for extra in [*outage_lines(st, budget), *worker_lines(st, read_manifest(store).spec.model)]:
+        console.print(extra, soft_wrap=True)  # worker lines: who serves it; none: say so
 
 
 def register(app: typer.Typer) -> None:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fleet_servers import FakeImds, RedisServer
+from fleet_servers import FakeImds, RedisServer, free_port
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +47,22 @@ def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from worker.demo_model import make_demo_model
 
     return Path(make_demo_model(tmp_path_factory.mktemp("small") / "model", size="small")).resolve()
+
+
+@pytest.fixture()
+def moto_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """moto's S3 on a free loopback port with bucket "fleet" (moto keeps buckets across servers in one
+    process), and this process's AWS variables set for it."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():  # fmt: skip
+        monkeypatch.setenv(k, v)
+    url = f"http://127.0.0.1:{port}"
+    boto3.client("s3", endpoint_url=url).create_bucket(Bucket="fleet")
+    yield url
+    server.stop()

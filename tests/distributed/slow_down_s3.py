@@ -5,14 +5,13 @@ to every request at all while `down` is set (a store that is away as a whole).""
 
 from __future__ import annotations
 
-import http.client
 from collections import Counter
 from urllib.parse import urlsplit
 
 from loopback_server import LoopbackServer, QuietHandler
+from s3_forward import answer, read_body, send_upstream
 
 _SLOW_DOWN = b"<?xml version='1.0'?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
-_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "content-length"}
 
 
 class SlowDownS3(LoopbackServer):
@@ -45,7 +44,7 @@ class SlowDownS3(LoopbackServer):
                 if not refused:
                     self._forward()
                     return
-                self._body()  # read what the client sent, then refuse it
+                read_body(self)  # read what the client sent, then refuse it
                 self.send_response(503)
                 self.send_header("Content-Type", "application/xml")
                 self.send_header("Content-Length", str(len(_SLOW_DOWN)))
@@ -55,34 +54,7 @@ class SlowDownS3(LoopbackServer):
 
             do_HEAD = do_PUT = do_POST = do_DELETE = do_GET  # noqa: N815
 
-            def _body(self) -> bytes:
-                if "chunked" in self.headers.get("Transfer-Encoding", ""):
-                    data = b""
-                    while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
-                        data += self.rfile.read(size)
-                        self.rfile.readline()
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass  # trailers
-                    return data
-                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
             def _forward(self) -> None:
-                body = self._body()
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
-                conn = http.client.HTTPConnection(up.hostname, up.port, timeout=30)
-                try:
-                    conn.request(self.command, self.path, body=body or None, headers=headers)
-                    resp = conn.getresponse()
-                    data = resp.read()
-                    self.send_response(resp.status)
-                    for k, v in resp.getheaders():
-                        if k.lower() not in _HOP_BY_HOP:
-                            self.send_header(k, v)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    if self.command != "HEAD":
-                        self.wfile.write(data)
-                finally:
-                    conn.close()
+                answer(self, *send_upstream(self, up, read_body(self)))
 
         super().__init__(Handler)

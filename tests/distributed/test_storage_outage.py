@@ -7,12 +7,11 @@ FREIGHT_STORAGE_OUTAGE_BACKOFF_CAP_S=0.1; FREIGHT_MAX_SHARD_ATTEMPTS is the flee
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fleet_jobs import Fleet, make_input, submit
-from fleet_servers import free_port, wait_for
+from fleet_servers import wait_for
 from slow_down_s3 import SlowDownS3
 
 from jobs import datasets
@@ -22,23 +21,6 @@ from jobs.storage import open_store
 
 OUT = "s3://fleet/jobs/outage-{}"  # moto keeps its buckets across servers in one process
 MAX_ATTEMPTS = 3
-
-
-@pytest.fixture()
-def moto_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():  # fmt: skip
-        monkeypatch.setenv(k, v)
-    url = f"http://127.0.0.1:{port}"
-    boto3.client("s3", endpoint_url=url).create_bucket(Bucket="fleet")
-    yield url
-    server.stop()
 
 
 def _fleet(
@@ -97,6 +79,10 @@ def test_outages_past_the_attempt_limit_are_no_strikes(
         assert _counts(fleet, out, "attempts") == {0: 5, 1: 5}
         assert set(_counts(fleet, out, "strikes").values()) == {0}
         assert len(store.list("waste/")) == 8  # each refused attempt billed once, as an error
+        # the worker's metrics count them as storage outages, not errors
+        assert fleet.metric("a", 'freight_shard_outcomes_total{outcome="storage_outage"}') == 8
+        assert fleet.metric("a", 'freight_shard_outcomes_total{outcome="error"}') == 0
+        assert fleet.metric("a", 'freight_shard_outcomes_total{outcome="committed"}') == 2
     finally:
         if fleet is not None:
             fleet.stop()
