@@ -107,7 +107,7 @@ def test_a_pass_stuck_on_storage_leaves_beats_and_leases_going(redis_url: str, s
             stuck.release()  # the endpoint answers: an empty bucket, nothing to notify
             _wait(lambda: r.exists(aux_key("notified", "job-one")), 5, "the stuck pass to end")
             _wait(lambda: not keeper.reconcile_turns.running, 2, "the pass thread to end")
-            assert any(e["event"] == "reconcile_pass_slow" and e["took_s"] > 2 for e in logs)
+            assert any(e["event"] == "reconcile_pass_slow" and e["took_s"] >= 2 for e in logs)  # held >= 10 x 0.2 s (rounded to 0.1)
             _finished_job(redis_url, "job-two")  # the next pass reads it
             _wait(lambda: r.exists(aux_key("notified", "job-two")), 5, "the next pass")
             assert any("job-two" in path for _, path in stuck.requests)
