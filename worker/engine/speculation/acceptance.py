@@ -9,9 +9,11 @@ time, below 0.3 43%). A sequence's
 running average mixes the two kinds and lags every switch; the signal tells them apart at once. So
 the engine learns, per signal bucket and across its sequences, the chance p that a proposed token
 is accepted given that the ones before it were (each verified token adds a hit, the first rejected
-one a miss); the j-th token of a prompt lookup proposal is then kept with chance p^j, a draft's with
-the product of its tokens' chances: what SpeculationController.allocate and the draft's early stop
-weigh against the measured cost of a row. Counts fade (HORIZON) so the estimate follows a changing
+one a miss). Prompt lookup's j-th token is judged at the match its kept predecessors made (a match
+of m tokens is one of m + j - 1 once j - 1 proposed tokens were kept: its chance grows along a
+copied span), so a proposal's j-th token is kept with the product of the chances at m .. m + j - 1;
+a draft's with the product of its tokens' chances: what SpeculationController.allocate and the
+draft's early stop weigh against the measured cost of a row. Counts fade (HORIZON) so the estimate follows a changing
 workload.
 """
 

@@ -43,6 +43,8 @@ import numpy as np
 
 from worker.engine.speculation.step_costs import monotone, rows_bucket
 
+Chance = float | tuple[float, ...]  # a row's chance per proposed token (allocate)
+
 WINDOW = 9  # latest steps per rows bucket whose median is its cost
 FIRST_SAMPLES = 2  # steps of a rows bucket measured before its cost is used (their minimum)
 SKIP_FIRST, SKIP_MAX = 8, 512  # steps a refused width skips proposing: first, longest
@@ -123,11 +125,12 @@ class SpeculationController:
         fixed = max(0.0, plain - width * row)
         return [row + fixed * share for share in lead]
 
-    def allocate(self, width: int, chances: list[tuple[float, int]], values: list[float] | None = None,
+    def allocate(self, width: int, chances: list[tuple[Chance, int]], values: list[float] | None = None,
                  hope: float | None = None) -> list[int]:  # fmt: skip
         """K per candidate row of a step of `width` decoding sequences, from (p, cap) per candidate: p
         the chance that each of its proposed tokens is kept given the ones before it were (so its j-th
-        token is kept with chance p^j), cap its most tokens; `values` the seconds a kept token of each
+        token is kept with chance p^j), or one such chance per token (p[j - 1] for the j-th: prompt
+        lookup's match grows with each kept token), cap its most tokens; `values` the seconds a kept token of each
         saves (token_values; default: a plain step's cost per token). The candidates' tokens are taken
         by expected saving (chance x value), best first, and the prefix that saves the most time net of
         its extra rows' measured cost is kept; every K is 0 when none saves any, and on every
@@ -178,13 +181,19 @@ class SpeculationController:
         take = self._best(width, [(chance, cap)], [value]) if self.adaptive else [cap]
         return take is None or any(take)
 
-    def _best(self, width: int, chances: list[tuple[float, int]], values: list[float] | None) -> list[int] | None:
+    def _best(self, width: int, chances: list[tuple[Chance, int]], values: list[float] | None) -> list[int] | None:
         """allocate's choice from the measured costs alone; None where a cost is unmeasured."""
         plain = self.cost(width)
         if plain is None:
             return None
         v = values or [plain / width] * len(chances)
-        gains = sorted(((p**j * v[i], i) for i, (p, k) in enumerate(chances) for j in range(1, k + 1)), reverse=True)
+        gains = []
+        for i, (p, k) in enumerate(chances):
+            kept = 1.0  # the chance that the row's first j tokens are all kept
+            for j in range(k):
+                kept *= p if isinstance(p, float) else p[j]
+                gains.append((kept * v[i], i))
+        gains.sort(reverse=True)
         curve = self._prices.get((width, len(gains)))
         if curve is None:  # (kept until a measured cost changes: record)
             curve = self._prices[(width, len(gains))] = self._price(width, plain, len(gains))
@@ -209,10 +218,14 @@ class SpeculationController:
             spec = [None if math.isnan(c) else c for c in self.costs(width + 1, width + n, True).tolist()]
             floor = [None if math.isnan(c) else c for c in self.costs(width + 1, width + n).tolist()]
         spec = self._from_plain(width, plain, spec)
-        # a speculating step costs at least a plain step of as many rows (where that is known): the
-        # speculating side's table may hold only far-apart widths, and its interpolation must not
-        # price a verify step below the plain step it extends
-        return [c if c is None or f is None else max(c, f) for c, f in zip(spec, floor, strict=True)]
+        # an estimated speculating step costs at least a plain step of as many rows (where that is
+        # known): the speculating side's table may hold only far-apart widths, and its interpolation
+        # must not price a verify step below the plain step it extends. A measured one stands as
+        # measured: verify rows of one sequence share its host work, and cost less than as many
+        # sequences' rows (seen at batch 1: 5 verify rows 1.06 ms, a 5-sequence plain step 1.33 ms)
+        keys = set(self._curve(True)[0])
+        return [c if c is None or f is None or width + i in keys else max(c, f)
+                for i, (c, f) in enumerate(zip(spec, floor, strict=True), 1)]  # fmt: skip
 
     def _from_plain(self, width: int, plain: float, spec: list[float | None]) -> list[float | None]:
         """spec[n - 1]: a speculating step of width + n rows. Narrower than every measured speculating

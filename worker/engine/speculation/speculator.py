@@ -143,7 +143,8 @@ class Speculator:
             e, length = seq.spec.index.match(seq.token_ids)
             if e >= 0:
                 found.append((r, seq, e, length, cap, value))
-        ks = self.controller.allocate(width, [(self.acceptance.chance(m), cap) for _, _, _, m, cap, _ in found],
+        chance = self.acceptance.chance  # each kept token lengthens the match: token j is judged at m + j - 1
+        ks = self.controller.allocate(width, [(tuple(chance(m + j) for j in range(cap)), cap) for *_, m, cap, _ in found],
                                       [v for *_, v in found], self.acceptance.hope(True))  # fmt: skip
         out = []
         for (r, seq, e, length, _, value), k in zip(found, ks, strict=True):
@@ -214,7 +215,10 @@ class Speculator:
         if not isinstance(st, SpecState):
             return
         self._saved += accepted * st.value
-        self.acceptance.observe(st.signals if self.draft is not None else [st.matched] * proposed, accepted)
+        # prompt lookup: token j of the proposal was judged with a match of matched + j - 1 (the tokens
+        # before it kept, the match had grown by them)
+        signals = st.signals if self.draft is not None else [st.matched + j for j in range(proposed)]
+        self.acceptance.observe(signals, accepted)
 
     def record(self, rows: int, seconds: float, speculated: bool, cpu: bool) -> None:
         """A pure decode / verify step of `rows` rows took `seconds` (CPU seconds on the CPU, else wall).
