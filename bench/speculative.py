@@ -10,7 +10,10 @@ At batch 1, 8 and 64 (batch 1: the prompts one at a time; others: that many prom
 call, max_num_seqs = the batch), one torch thread, CPU seconds (process time: the work done, whatever
 else runs on a shared machine). The engines take turns call by call (a batch-1 prompt, or a batch's
 call), their order rotating, so a slow stretch of a shared machine hits them alike; each call's
-fastest of --repeats runs counts, summed over the cell's calls. Acceptance, mean accepted length and
+fastest of --repeats runs counts, summed over the cell's calls ("tok/s", and "ratio" to plain's);
+"paired" is the median over rounds of each round's ratio (plain's and the engine's runs of a round
+ran side by side, so a slow stretch of the machine, which can move a best-of-3 cell by 10% at batch
+64, mostly cancels). Acceptance, mean accepted length and
 plan time are over all runs; "same" says every run's tokens equal plain decoding's.
 Engines: plain; ngram (adaptive: per-sequence K and the measured on/off controller); ngram-always
 (adaptive off: every proposal verified, which is what the controller saves at large batch); draft
@@ -24,6 +27,7 @@ draft, its forwards included). Both sides run in this one process, interleaved p
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -96,9 +100,12 @@ def run(engine: Engine, prompts: list[list[int]], tokens: int, timer: PlanTimer)
 def cell(engines: dict[str, Engine], timers: dict[str, PlanTimer], calls: list[list[list[int]]], tokens: int,
          repeats: int) -> dict[str, tuple]:  # fmt: skip
     """Each engine's CPU seconds for the cell's generate calls, interleaved call by call (the engines'
-    order rotating), the fastest of `repeats` runs of each call summed; with its speculation stats
-    (all runs), plan microseconds per step and whether every run's tokens equal plain decoding's."""
+    order rotating), the fastest of `repeats` runs of each call summed; its ratio to plain decoding
+    paired by round (the median over rounds of plain's seconds over the engine's, both summed over
+    the round's calls, which ran side by side); with its speculation stats (all runs), plan
+    microseconds per step and whether every run's tokens equal plain decoding's."""
     best: dict[str, list[float]] = {name: [float("inf")] * len(calls) for name in engines}
+    rounds: dict[str, list[float]] = {name: [0.0] * repeats for name in engines}
     start = {name: e.stats.snapshot() for name, e in engines.items()}
     plan: dict[str, list[float]] = {name: [0.0, 0] for name in engines}
     same = dict.fromkeys(engines, True)
@@ -109,10 +116,13 @@ def cell(engines: dict[str, Engine], timers: dict[str, PlanTimer], calls: list[l
             runs = {name: run(engines[name], prompts, tokens, timers[name]) for name in order}
             for name, (cpu, toks, plan_s, plan_n) in runs.items():
                 best[name][i] = min(best[name][i], cpu)
+                rounds[name][r] += cpu
                 plan[name][0] += plan_s
                 plan[name][1] += plan_n
                 same[name] = same[name] and toks == runs["plain"][1]
-    return {name: (sum(best[name]), same[name], e.stats.snapshot() - start[name],
+    paired = {name: statistics.median(p / t for p, t in zip(rounds["plain"], rounds[name], strict=True))
+              for name in engines}  # fmt: skip
+    return {name: (sum(best[name]), paired[name], same[name], e.stats.snapshot() - start[name],
                    plan[name][0] / max(1, plan[name][1]) * 1e6) for name, e in engines.items()}  # fmt: skip
 
 
@@ -141,21 +151,21 @@ def main() -> None:
     timers = {name: PlanTimer(e) for name, e in engines.items()}
     work = tasks(engines["plain"], max(top, args.prompts_at_1))  # batch 1 runs --prompts-at-1 of them
     print(f"model {MODEL.name}, {args.tokens} tokens per prompt, K = {args.k}, CPU seconds, 1 thread")
-    print(f"{'task':13} {'batch':>5} {'engine':13} {'tok/s':>8} {'ratio':>6} {'accept':>7} {'mean len':>8} "
-          f"{'plan us':>8} {'same':>5}")  # fmt: skip
+    print(f"{'task':13} {'batch':>5} {'engine':13} {'tok/s':>8} {'ratio':>6} {'paired':>6} {'accept':>7} "
+          f"{'mean len':>8} {'plan us':>8} {'same':>5}")  # fmt: skip
     for task, prompts in work.items():
         for batch in batches:
             chosen = prompts[: args.prompts_at_1] if batch == 1 else prompts[:batch]
             calls = [[p] for p in chosen] if batch == 1 else [chosen]
             results = cell(engines, timers, calls, args.tokens, args.repeats)
             plain_rate = len(chosen) * args.tokens / results["plain"][0]
-            for name, (cpu, same, st, plan_us) in results.items():
+            for name, (cpu, paired, same, st, plan_us) in results.items():
                 rate = len(chosen) * args.tokens / cpu
                 accept = f"{st.spec_acceptance_rate:.2f}" if st.spec_proposed_tokens else "-"
                 mean = f"{st.spec_mean_accepted_length:.2f}" if st.spec_runs else "-"
                 plan = f"{plan_us:.0f}" if name != "plain" else "-"
-                print(f"{task:13} {batch:>5} {name:13} {rate:8.0f} {rate / plain_rate:6.2f} {accept:>7} {mean:>8} "
-                      f"{plan:>8} {'yes' if same else 'NO':>5}")  # fmt: skip
+                print(f"{task:13} {batch:>5} {name:13} {rate:8.0f} {rate / plain_rate:6.2f} {paired:6.2f} {accept:>7} "
+                      f"{mean:>8} {plan:>8} {'yes' if same else 'NO':>5}")  # fmt: skip
     ctrl = engines["ngram"].speculator.controller  # type: ignore[union-attr]
     print("measured CPU ms per step by rows (the adaptive ngram engine's controller), plain / verify steps:")
     print("  plain: " + ", ".join(f"{rows}: {sec * 1e3:.2f}" for rows, sec in ctrl.table().items()))

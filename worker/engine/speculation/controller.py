@@ -6,7 +6,8 @@ accepted tokens on top; at a large batch the extra rows cost more than the accep
 Where the crossover lies depends on the machine, the model and the workload's acceptance, so it is
 measured as the engine runs, never a constant:
 
-- step cost: the median seconds of the latest pure decode / verify steps (no prefill chunk)
+- step cost: the median seconds of the latest pure decode / verify steps (no prefill chunk; a move
+  under 1% is ignored)
   per number of rows (exact up to 8 rows, then buckets a quarter octave wide), host work included
   (CPU seconds of the process on the CPU, where a shared machine makes wall time noisy; wall time on
   a GPU), made non-decreasing in rows (`monotone`: medians measured apart can read out of order);
@@ -249,7 +250,9 @@ class SpeculationController:
         window.append(seconds)
         if len(window) >= FIRST_SAMPLES:
             cost = min(window) if len(window) < 3 else sorted(window)[len(window) // 2]
-            if self.seconds.get(key) != cost:  # (the median often stays: the curves stay cached)
+            old = self.seconds.get(key)
+            # a move under 1% (far below a step's noise) keeps the old cost: the prices stay cached
+            if old is None or abs(cost - old) > 0.01 * old:
                 self.seconds[key] = cost
                 self._curves.pop(speculated, None)
                 self._prices.clear()
