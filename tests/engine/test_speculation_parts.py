@@ -158,7 +158,8 @@ def test_steps_that_proposed_are_judged_by_what_they_saved() -> None:
 def test_controller_keeps_its_costs_measured() -> None:
     """A width refused for STALE_FIRST steps speculates PROBE_RUN steps in a row to re-measure its cost
     (one speculating step among plain ones would run a draft model cold); a probe that ends refused
-    doubles the wait; while speculation pays, every PROBE_PLAIN-th step runs plain."""
+    doubles the wait; while speculation pays, every PROBE_PLAIN-th step runs plain unless a plain step
+    of its width ran within PROBE_PLAIN steps."""
     from worker.engine.speculation.controller import (
         PROBE_PLAIN,
         PROBE_RUN,
@@ -203,8 +204,11 @@ def test_controller_keeps_its_costs_measured() -> None:
         assert wide.allocate(64, [(0.5, 4)] * 64, None, hope=0.9) == [0] * 64  # 0.9 cannot pay here either
         wide.record(64, 10e-3)
     while c.steps % PROBE_PLAIN:
-        c.record(1, 1e-3)
-    assert c.allocate(1, [(0.5, 4)]) == [0]  # a plain step now and then
+        c.record(1, 1e-3)  # plain steps (steps whose rows found nothing to propose) keep it measured
+    assert c.allocate(1, [(0.5, 4)]) == [4]
+    for _ in range(PROBE_PLAIN):
+        c.record(5, 1.2e-3, speculated=True)
+    assert c.allocate(1, [(0.5, 4)]) == [0]  # none for PROBE_PLAIN steps: a plain step now and then
 
 
 def test_controller_allocates_k_where_the_rows_pay() -> None:

@@ -31,41 +31,35 @@ work saved). Every step that proposed is settled by what it saved, host work inc
 and a width whose proposing lost time over JUDGE_STEPS steps backs off too. Measurements are kept
 fresh: a width never measured, or refused for a while (32 steps, doubling), speculates for PROBE_RUN
 steps in a row (one speculating step among plain ones would measure a draft model cold); while
-speculation pays, every PROBE_PLAIN-th step runs plain.
+speculation pays, every PROBE_PLAIN-th step runs plain unless a plain step of its width ran lately.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
-from collections import deque
 
-import numpy as np
-
-from worker.engine.speculation.step_costs import monotone, rows_bucket
+from worker.engine.speculation.step_costs import WINDOW, StepCosts, rows_bucket
 
 Chance = float | tuple[float, ...]  # a row's chance per proposed token (allocate)
 
-WINDOW = 9  # latest steps per rows bucket whose median is its cost
-FIRST_SAMPLES = 2  # steps of a rows bucket measured before its cost is used (their minimum)
 SKIP_FIRST, SKIP_MAX = 8, 512  # steps a refused width skips proposing: first, longest
-PROBE_PLAIN = 64  # while speculation pays, every 64th step runs plain (its cost stays measured)
+PROBE_PLAIN = 64  # while speculation pays, every 64th step runs plain (its cost stays measured), unless
+# a plain step of that width ran in the last 64 (steps without a proposal measure it for free)
 SCALAR_COSTS = 32  # allocate: up to this many tokens one cost() each, past it one vectorized costs()
 STALE_FIRST, STALE_MAX = 32, 1024  # a width refused this long (doubling while probes confirm it) is re-measured
 PROBE_RUN = WINDOW  # ... by this many speculating steps in a row
 JUDGE_STEPS = 32  # planned steps at a width before their measured gain can turn proposing off there
 
 
-class SpeculationController:
+class SpeculationController(StepCosts):
     def __init__(self, adaptive: bool) -> None:
+        super().__init__()
         self.adaptive = adaptive
-        self.seconds: dict[tuple[bool, int], float] = {}  # (speculating, rows bucket) -> average step seconds
         self.steps = 0
-        self._window: dict[tuple[bool, int], deque[float]] = {}  # its latest samples
         self._skip: dict[int, tuple[int, int]] = {}  # width -> (skip proposing until step, back-off)
         self._gain: dict[int, tuple[int, float]] = {}  # width -> (planned steps, their summed gain)
-        self._curves: dict[bool, tuple] = {}  # side -> its measured buckets, sorted (_curve)
         self._prices: dict[tuple[int, int], list[float | None]] = {}  # (width, n) -> _best's step prices
+        self._plain_at: dict[int, int] = {}  # rows bucket -> the step its latest plain step was recorded at
         self._probing: dict[int, int] = {}  # width bucket -> speculating steps left of a probe run
         self._refused: dict[int, tuple[int | None, int]] = {}  # width bucket -> (refused since, wait)
         self.reprobing = False  # the latest allocate is a probe step but not a width's first measurement
@@ -135,7 +129,7 @@ class SpeculationController:
         saves (token_values; default: a plain step's cost per token). The candidates' tokens are taken
         by expected saving (chance x value), best first, and the prefix that saves the most time net of
         its extra rows' measured cost is kept; every K is 0 when none saves any, and on every
-        PROBE_PLAIN-th step. A probe run of PROBE_RUN steps measures a width: every cap where a cost
+        PROBE_PLAIN-th step that no plain step of its width preceded within PROBE_PLAIN. A probe run of PROBE_RUN steps measures a width: every cap where a cost
         is unmeasured; where nothing would be taken and the width last speculated long ago (its costs
         and acceptance may have moved: 32 steps, doubling up to 1024 while the probes end refused,
         short again once it speculates), what every candidate would take at chance `hope` (the best
@@ -157,7 +151,8 @@ class SpeculationController:
             return caps
         if any(take):
             self._refused.pop(key, None)
-            return take if self.steps % PROBE_PLAIN else [0] * len(caps)
+            due = not self.steps % PROBE_PLAIN and self.steps - self._plain_at.get(key, -PROBE_PLAIN) >= PROBE_PLAIN
+            return [0] * len(caps) if due else take
         last, wait = self._refused.get(key, (None, STALE_FIRST))
         if last is None:  # refused after speculating (or a probe): wait, then probe
             self._refused[key] = (self.steps, wait)
@@ -240,74 +235,10 @@ class SpeculationController:
         return [plain + (narrow - plain) * n / at if n < at else c for n, c in enumerate(spec, 1)]
 
     def record(self, rows: int, seconds: float, speculated: bool = False) -> None:
-        """A pure decode / verify step of `rows` rows took `seconds` (host work included). A bucket's
-        cost is the median of its last WINDOW steps (a step slowed by a neighbour on a shared machine
-        moves it little), the minimum while it has fewer than 3 (a first step pays one-time work:
-        indexing a prompt, warming caches); it is used from FIRST_SAMPLES steps on."""
+        """A pure decode / verify step of `rows` rows took `seconds` (host work included): StepCosts.measure;
+        the cached prices follow a cost that moved."""
         self.steps += 1
-        key = (speculated, rows_bucket(rows))
-        window = self._window.setdefault(key, deque(maxlen=WINDOW))
-        window.append(seconds)
-        if len(window) >= FIRST_SAMPLES:
-            cost = min(window) if len(window) < 3 else sorted(window)[len(window) // 2]
-            old = self.seconds.get(key)
-            # a move under 1% (far below a step's noise) keeps the old cost: the prices stay cached
-            if old is None or abs(cost - old) > 0.01 * old:
-                self.seconds[key] = cost
-                self._curves.pop(speculated, None)
-                self._prices.clear()
-
-    def cost(self, rows: int, speculated: bool = False) -> float | None:
-        """Estimated seconds of a step of `rows` rows: measured, interpolated, or None (see costs)."""
-        keys, secs, _ = self._curve(speculated)
-        if not keys:
-            return None
-        at = bisect.bisect_right(keys, rows)  # keys[:at] <= rows < keys[at:]
-        if at == len(keys):  # at or past the widest bucket
-            if rows == keys[-1]:
-                return secs[-1]
-            edge = rows_bucket(rows)
-            if len(keys) < 2:
-                return secs[-1] if edge == keys[-1] else None
-            slope = max(0.0, (secs[-1] - secs[-2]) / (keys[-1] - keys[-2]))
-            return secs[-1] + slope * (rows - keys[-1]) if keys[-1] >= edge / 2 else None
-        if at == 0:
-            return secs[0]
-        f = (rows - keys[at - 1]) / (keys[at] - keys[at - 1])
-        return (1 - f) * secs[at - 1] + f * secs[at]
-
-    def costs(self, lo: int, hi: int, speculated: bool = False) -> np.ndarray:
-        """Estimated seconds of steps of lo..hi rows (NaN: explore). A bucket's cost stands for its
-        lower edge; between two measured buckets a count is interpolated by rows (a row more always
-        costs more), below the narrowest it costs that one; past the widest it extends the slope of the
-        two widest while its bucket is at most twice the widest's, else it is unknown."""
-        keys, secs, arrays = self._curve(speculated)
-        rows = np.arange(lo, hi + 1, dtype=np.float64)
-        if not keys:
-            return np.full(rows.size, np.nan)
-        k, v = arrays
-        out = np.interp(rows, k, v)
-        past = rows > keys[-1]
-        if past.any():
-            edge = np.array([rows_bucket(int(r)) for r in rows[past]], np.float64)
-            if len(keys) >= 2:
-                slope = max(0.0, (secs[-1] - secs[-2]) / (keys[-1] - keys[-2]))
-                out[past] = np.where(keys[-1] >= edge / 2, secs[-1] + slope * (rows[past] - keys[-1]), np.nan)
-            else:  # one bucket measured: only its own rows are known
-                out[past] = np.where(edge == keys[-1], secs[-1], np.nan)
-        return out
-
-    def _curve(self, speculated: bool) -> tuple[list[int], list[float], tuple[np.ndarray, np.ndarray]]:
-        """The measured buckets of a side, sorted, their costs made non-decreasing in rows (`monotone`;
-        cached until a measured cost changes)."""
-        if speculated not in self._curves:
-            table = sorted((k, v) for (s, k), v in self.seconds.items() if s == speculated)
-            keys = [k for k, _ in table]
-            secs = monotone([v for _, v in table], [len(self._window.get((speculated, k), ())) or 1 for k in keys])
-            self._curves[speculated] = (keys, secs, (np.asarray(keys, np.float64), np.asarray(secs, np.float64)))
-        return self._curves[speculated]
-
-    def table(self, speculated: bool = False) -> dict[int, float]:
-        """Measured seconds per step by rows bucket (logging, the bench)."""
-        return dict(sorted((k, v) for (s, k), v in self.seconds.items() if s == speculated))
-
+        if not speculated:
+            self._plain_at[rows_bucket(rows)] = self.steps
+        if self.measure(rows, seconds, speculated):
+            self._prices.clear()
