@@ -76,13 +76,20 @@ class Speculator:
         if extra < 1 or not self.controller.should_propose(rows.size):
             return []
         wanted = self._candidates(rows, extra)  # (row, most tokens)
+        found = None
+        if self.draft is None and wanted:  # prompt lookup: rows without a match drop out before pricing
+            found = self._matches(wanted)
+            if not found:  # the lookups' host time is this step's loss (settle)
+                self._planned = rows.size
+                return []
+            wanted = [(r, cap) for r, _, _, _, cap in found]
         values = self._values(rows, wanted, queued) if wanted else None
         # could it pay at all here, the most valuable row proposing as well as the best ones do?
         if values is None or self._hopeless(wanted, values, rows.size):
             return []
         self._planned = rows.size
-        if self.draft is None:
-            return self._lookup(wanted, values, rows.size)
+        if found is not None:
+            return self._lookup(found, values, rows.size)
         return self._drafts(wanted, values, rows.size)
 
     def _candidates(self, rows: np.ndarray, extra: int) -> list[tuple[int, int]]:
@@ -134,20 +141,26 @@ class Speculator:
         self.controller.back_off(width)
         return True
 
-    def _lookup(self, wanted: list[tuple[int, int]], values: list[float], width: int) -> list[tuple[int, list[int]]]:
-        """Prompt lookup's proposals: each candidate's match, its K from the match's acceptance chance
-        and the rows' measured cost (SpeculationController.allocate)."""
+    def _matches(self, wanted: list[tuple[int, int]]) -> list[tuple[int, Sequence, int, int, int]]:
+        """(row, sequence, match end, match length, most tokens) of the candidates whose newest tokens
+        occurred before (NgramIndex.match)."""
         b, found = self.batch, []
-        for (r, cap), value in zip(wanted, values, strict=True):
+        for r, cap in wanted:
             seq = b.seqs[r]
             e, length = seq.spec.index.match(seq.token_ids)
             if e >= 0:
-                found.append((r, seq, e, length, cap, value))
+                found.append((r, seq, e, length, cap))
+        return found
+
+    def _lookup(self, found: list[tuple[int, Sequence, int, int, int]], values: list[float],
+                width: int) -> list[tuple[int, list[int]]]:  # fmt: skip
+        """Prompt lookup's proposals: each matched candidate's K from its match's acceptance chance and
+        the rows' measured cost (SpeculationController.allocate)."""
         chance = self.acceptance.chance  # each kept token lengthens the match: token j is judged at m + j - 1
-        ks = self.controller.allocate(width, [(tuple(chance(m + j) for j in range(cap)), cap) for *_, m, cap, _ in found],
-                                      [v for *_, v in found], self.acceptance.hope(True))  # fmt: skip
+        ks = self.controller.allocate(width, [(tuple(chance(m + j) for j in range(cap)), cap) for *_, m, cap in found],
+                                      values, self.acceptance.hope(True))  # fmt: skip
         out = []
-        for (r, seq, e, length, _, value), k in zip(found, ks, strict=True):
+        for (r, seq, e, length, _), value, k in zip(found, values, ks, strict=True):
             draft = self._grammar_cut(seq, NgramIndex.continuation(seq.token_ids, e, k)) if k else []
             if draft:
                 seq.spec.matched, seq.spec.value = length, value
