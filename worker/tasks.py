@@ -46,6 +46,7 @@ from worker.outcomes import (
 )
 from worker.runtime import ProcessRuntime, runtime
 from worker.shard_stop import ShardStop
+from worker.strike import Strike
 
 log = get_logger(__name__)
 FINALIZE_SLOT = -1  # attempts of finalize are counted under this shard index
@@ -71,16 +72,17 @@ def run_shard_task(self: Any, job_id: str, output: str, shard: int) -> dict[str,
             attempt, strikes = rt.live.begin_attempt(job_id, shard)
         except redis.RedisError as exc:  # an uncounted attempt must not run, nor be acked and lost
             raise Reject(f"cannot count the attempt ({exc})", requeue=True) from exc
+        strike = Strike(rt.live, job_id, shard, strikes)
         rt.metrics.attempts.inc()
         with structlog.contextvars.bound_contextvars(attempt=attempt):
             try:
-                return _run(self, rt, job_id, output, shard, attempt, strikes, entered)
+                return _run(self, rt, job_id, output, shard, attempt, strike, entered)
             except Reject:
                 raise
             except Exception as exc:  # this attempt failed: requeue it, or give up after the last one
                 log.exception("shard_error", error=str(exc))
                 rt.metrics.outcomes.labels("error" if storage_outage(exc) is None else "storage_outage").inc()
-                return _after_error(rt, job_id, output, shard, attempt, strikes, entered, exc)
+                return _after_error(rt, job_id, output, shard, attempt, strike, entered, exc)
 
 
 def _after_error(
@@ -89,22 +91,25 @@ def _after_error(
     output: str,
     shard: int,
     attempt: int,
-    strikes: int,
+    strike: Strike,
     entered: float,
     exc: Exception,
 ) -> dict[str, Any]:
     """Bill the failed attempt as an error, then give the shard up past its budget, or requeue it after a
     backoff. The budget: FREIGHT_MAX_SHARD_ATTEMPTS strikes less node losses; an attempt that storage
-    did not answer is no strike but an outage, against FREIGHT_MAX_SHARD_STORAGE_OUTAGES (worker/outages.py)."""
+    did not answer is no strike but an outage, against FREIGHT_MAX_SHARD_STORAGE_OUTAGES (worker/outages.py).
+    An exception after the attempt took its strike back (it ended cleanly, then finishing up failed)
+    counts no strike: `strike.unclean` leaves it out."""
     outage = storage_outage(exc)
-    verdict, wait = None, min(ERROR_BACKOFF_CAP_S, 2.0**strikes)  # a transient cause may pass
+    verdict, wait = None, min(ERROR_BACKOFF_CAP_S, 2.0**strike.count)  # a transient cause may pass
     if outage is not None:
-        _, verdict, wait = outage_decision(rt, job_id, shard, outage)
+        _, verdict, wait = outage_decision(rt, strike, outage)
     try:
         store = open_store(output, rt.settings)
         manifest = read_manifest(store)
         record_failed_attempt(rt, store, manifest, shard, attempt, entered)
-        if outage is None and strikes - rt.live.node_losses(job_id, shard) >= rt.settings.max_shard_attempts:
+        struck = strike.unclean - rt.live.node_losses(job_id, shard)
+        if outage is None and struck >= rt.settings.max_shard_attempts:
             verdict = f"{type(exc).__name__}: {exc}"
         if verdict is not None:
             mark_failed(rt, store, manifest, shard, attempt, verdict)
@@ -135,9 +140,10 @@ def _run(
     output: str,
     shard: int,
     attempt: int,
-    strikes: int,
+    strike: Strike,
     entered: float,
 ) -> dict[str, Any]:
+    strikes = strike.count
     store = open_store(output, rt.settings)
     manifest = read_manifest(store)
     committed = store.exists(shard_result_key(shard))
@@ -150,7 +156,7 @@ def _run(
             stop = ShardStop(rt, job_id, engine_steps=False)
             waited = wait_for_previous(rt, store, job_id, shard, previous, stop)
             if waited == "stopped" and stop.reason != "cancelled":
-                rt.live.end_attempt_clean(job_id, shard)
+                strike.release()
                 raise Reject(f"shard handed back: {rt.stop_reason()}", requeue=True)
             committed = waited == "committed"
         if waited == "gone" and unfinished_strikes(rt, job_id, shard) > 1:  # the last attempt died mid-shard
@@ -171,14 +177,14 @@ def _run(
         mark_failed(rt, store, manifest, shard, attempt, poison)
         skip = "failed"
     if skip is not None:
-        rt.live.end_attempt_clean(job_id, shard)
+        strike.release()
         log.info("shard_skipped", status=skip)
         if skip == "expired":
             expire_if_over(rt, store, manifest)
         else:
             finish_if_done(rt, store, manifest, app)
         return {"status": skip}
-    return _attempt(task, rt, store, manifest, shard, attempt, entered)
+    return _attempt(task, rt, store, manifest, shard, attempt, strike, entered)
 
 
 def _attempt(
@@ -188,6 +194,7 @@ def _attempt(
     manifest: Manifest,
     shard: int,
     attempt: int,
+    strike: Strike,
     entered: float,
 ) -> dict[str, Any]:
     from worker.shard import run_shard  # lazy: pulls the engine's request types
@@ -220,7 +227,7 @@ def _attempt(
         rt.metrics.busy.set(0)
         rt.end_attempt()
     seconds = time.perf_counter() - start
-    rt.live.end_attempt_clean(job_id, shard)
+    strike.release()
     # alive after all: a duplicate delivery that judged this attempt gone must not have it billed twice
     store.delete(waste_key(shard, attempt, "lost"))
     rt.metrics.shard_seconds.labels(outcome.status).observe(seconds)
@@ -258,16 +265,17 @@ def finalize_task(self: Any, job_id: str, output: str) -> dict[str, Any]:
     rt = runtime()
     with structlog.contextvars.bound_contextvars(job_id=job_id):
         _, strikes = rt.live.begin_attempt(job_id, FINALIZE_SLOT)
+        strike = Strike(rt.live, job_id, FINALIZE_SLOT, strikes)
         try:
             store = open_store(output, rt.settings)
             report = finalize_and_notify(store, read_manifest(store), rt.settings)
         except Exception as exc:
             log.exception("finalize_error", error=str(exc))
-            if finalize_outage(rt, job_id, FINALIZE_SLOT, exc) or strikes >= rt.settings.max_shard_attempts:
+            if finalize_outage(rt, strike, exc) or strikes >= rt.settings.max_shard_attempts:
                 raise  # logged and acked; `freight submit` of the job again retries finalize
             time.sleep(min(ERROR_BACKOFF_CAP_S, 2.0**strikes))
             raise Reject(f"finalize failed: {exc}", requeue=True) from exc
-        rt.live.end_attempt_clean(job_id, FINALIZE_SLOT)
+        strike.release()
         rt.live.set_job_state(job_id, "succeeded")
         log.info("job_finalized", rows=report.get("rows"), cost_usd=report.get("cost_usd"))
         return {"status": "succeeded"}
