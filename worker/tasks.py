@@ -33,7 +33,7 @@ from jobs.markers import is_failed
 from jobs.storage import ObjectStore, open_store
 from worker.attempts import attempt_alive, model_rate, record_rate, unfinished_strikes, wait_for_previous
 from worker.celery_app import app
-from worker.deadline import attempt_deadline
+from worker.deadline import ProgressDeadline, attempt_deadline
 from worker.local import load_engine
 from worker.outages import back_off, finalize_outage, outage_decision, outages_spent, storage_outage
 from worker.outcomes import (
@@ -197,7 +197,7 @@ def _attempt(
     strike: Strike,
     entered: float,
 ) -> dict[str, Any]:
-    from worker.shard import run_shard  # lazy: pulls the engine's request types
+    from worker.shard import RowProgress, run_shard  # lazy: pulls the engine's request types
 
     job_id = manifest.job_id
     enqueued_at = (task.request.headers or {}).get("enqueued_at") or getattr(
@@ -218,10 +218,17 @@ def _attempt(
     rt.begin_attempt(job_id, shard, attempt, attempt_deadline(rt.settings, time.time(), None, None))
     try:
         engine, load_s = _engine_for(rt, manifest)
-        est = manifest.shards[shard].rows * manifest.spec.sampling.max_tokens
-        rt.set_deadline(attempt_deadline(rt.settings, time.time(), est, model_rate(rt, manifest)))
+        rows, max_tokens = manifest.shards[shard].rows, manifest.spec.sampling.max_tokens
+        rate = model_rate(rt, manifest)
+        rt.set_deadline(attempt_deadline(rt.settings, time.time(), rows * max_tokens, rate))
+        progress = ProgressDeadline(rt.settings, rows, max_tokens, rate, rt.extend_deadline)
+
+        def on_row(row: RowProgress) -> None:
+            rt.record_row(row)
+            progress()  # a finished row: the deadline counts the rows left from now
+
         outcome = run_shard(engine, store, manifest, shard, attempt=attempt, should_stop=stop,
-                            load_seconds=load_s, on_row=rt.record_row, settings=rt.settings)  # fmt: skip
+                            load_seconds=load_s, on_row=on_row, settings=rt.settings)  # fmt: skip
     finally:
         rt.busy = False
         rt.metrics.busy.set(0)
