@@ -10,20 +10,22 @@ run_shard, every delivery (Celery on Redis may deliver one shard more than once)
    shutdown -> the finished rows are in OUT/partial/, the shard is handed back (requeued) for another
    worker; stopped by cancel -> done; an exception -> the attempt billed as waste (reason "error"),
    then requeued (after a backoff) until the attempts run out, then failed with the exception as
-   the reason; an exception that says storage did not answer is no strike (worker/outages.py).
+   the reason; an exception that says storage did not answer is no strike (worker/outages.py), nor
+   is a manifest that a newer freight wrote (handed back for a newer worker).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 import structlog
 from celery.exceptions import Reject
 
 from jobs.client import TASK_FINALIZE, TASK_RUN_SHARD
+from jobs.errors import NewerManifestError
 from jobs.expiry import finalize_and_notify
 from jobs.lifecycle import read_lifecycle
 from jobs.log import get_logger
@@ -35,12 +37,12 @@ from worker.attempts import attempt_alive, model_rate, record_rate, unfinished_s
 from worker.celery_app import app
 from worker.deadline import ProgressDeadline, attempt_deadline
 from worker.local import load_engine
-from worker.outages import back_off, finalize_outage, outage_decision, outages_spent, storage_outage
+from worker.outages import back_off, finalize_outage, outage_decision, storage_outage
 from worker.outcomes import (
     expire_if_over,
     finish_if_done,
     mark_failed,
-    poison_verdict,
+    poison_reason,
     record_failed_attempt,
     record_lost_attempt,
 )
@@ -79,6 +81,8 @@ def run_shard_task(self: Any, job_id: str, output: str, shard: int) -> dict[str,
                 return _run(self, rt, job_id, output, shard, attempt, strike, entered)
             except Reject:
                 raise
+            except NewerManifestError as exc:
+                _newer_job(rt, strike, exc)
             except Exception as exc:  # this attempt failed: requeue it, or give up after the last one
                 log.exception("shard_error", error=str(exc))
                 rt.metrics.outcomes.labels("error" if storage_outage(exc) is None else "storage_outage").inc()
@@ -123,14 +127,14 @@ def _after_error(
     raise Reject(f"attempt {attempt} failed: {exc}", requeue=True) from exc
 
 
-def _poison(rt: ProcessRuntime, job_id: str, shard: int, strikes: int) -> str | None:
-    """Why the shard fails before this attempt runs: worker.outcomes.poison_verdict with this job's
-    node-loss count and the settings' limits, or its storage outages past their budget (worker/outages.py)."""
-    s = rt.settings
-    if strikes > 1 and (verdict := poison_verdict(strikes, rt.live.node_losses(job_id, shard),
-                                                  s.max_shard_attempts, s.max_shard_node_losses)) is not None:  # fmt: skip
-        return verdict
-    return outages_spent(rt, job_id, shard)
+def _newer_job(rt: ProcessRuntime, strike: Strike, exc: NewerManifestError) -> NoReturn:
+    """A newer freight wrote the job's manifest (a fleet mid-upgrade): not the shard's fault, so no
+    strike (a newer worker must not find its budget spent); handed back after a backoff, for a newer
+    worker to take. Raises Reject."""
+    log.warning("shard_manifest_newer", error=str(exc), then="handed back for a newer worker; upgrade this one")
+    strike.release()
+    back_off(rt, ERROR_BACKOFF_CAP_S)
+    raise Reject(f"shard handed back: {exc}", requeue=True) from exc
 
 
 def _run(
@@ -173,7 +177,7 @@ def _run(
     elif read_lifecycle(store).past_due():
         rt.live.transition(job_id, shard, "expired")
         skip = "expired"
-    elif (poison := _poison(rt, job_id, shard, strikes)) is not None:
+    elif (poison := poison_reason(rt, job_id, shard, strikes)) is not None:
         mark_failed(rt, store, manifest, shard, attempt, poison)
         skip = "failed"
     if skip is not None:
@@ -276,6 +280,8 @@ def finalize_task(self: Any, job_id: str, output: str) -> dict[str, Any]:
         try:
             store = open_store(output, rt.settings)
             report = finalize_and_notify(store, read_manifest(store), rt.settings)
+        except NewerManifestError as exc:
+            _newer_job(rt, strike, exc)
         except Exception as exc:
             log.exception("finalize_error", error=str(exc))
             if finalize_outage(rt, strike, exc) or strikes >= rt.settings.max_shard_attempts:

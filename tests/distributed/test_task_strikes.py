@@ -4,6 +4,7 @@ to fail. test_storage_outage.py and test_fleet_deadline.py run the same rules in
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,3 +68,28 @@ def test_an_outage_after_a_hand_back_keeps_an_earlier_crash_strike(
     counts = {kind: rt.live.client.hget(aux_key(kind, job_id), "0") for kind in ("attempts", "strikes", "outages")}
     assert counts == {"attempts": "2", "strikes": "1", "outages": "1"}  # before the fix: strikes "0"
     assert open_store(str(out)).exists("waste/00000-2-error.json")  # billed as any failed attempt
+
+
+def test_a_newer_freights_job_is_handed_back_without_a_strike(
+    rt: ProcessRuntime, tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet mid-upgrade: a newer freight wrote the manifest (a field this worker does not know).
+    This worker's attempts and its finalize hand the job back for a newer worker, taking no strike, so
+    the newer worker does not find the shard's budget spent; no failure is recorded."""
+    out = tmp_path / "out"
+    spec = JobSpec(input=str(make_input(tmp_path / "in.parquet", 4)), model=str(demo_model), output=str(out),
+                   shard_rows=2)  # fmt: skip
+    job_id = prepare_job(spec).manifest.job_id
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, "retention_days": 7}))
+    monkeypatch.setattr(worker.tasks, "runtime", lambda: rt)
+    monkeypatch.setattr(worker.tasks, "ERROR_BACKOFF_CAP_S", 0.01)
+    for _ in range(rt.settings.max_shard_attempts + 1):
+        with pytest.raises(Reject, match="newer freight"):
+            worker.tasks.run_shard_task(job_id, str(out), 0)
+    with pytest.raises(Reject, match="newer freight"):
+        worker.tasks.finalize_task(job_id, str(out))
+    strikes = rt.live.client.hgetall(aux_key("strikes", job_id))
+    assert strikes == {"0": "0", "-1": "0"}  # before: 4 strikes on shard 0 (a newer worker then fails it)
+    assert rt.live.client.hget(aux_key("attempts", job_id), "0") == "4"
+    assert not (out / "failures").exists()
