@@ -45,6 +45,21 @@ class BucketNotFoundError(StorageError):
     """The store answered that the bucket does not exist (NoSuchBucket): whatever was in it is gone."""
 
 
+class ManifestError(FreightError, ValueError):
+    """OUT/manifest.json is there but this freight cannot read it (a ValueError too, as pydantic's and
+    json's errors are, so code that catches those still catches it)."""
+
+
+class NewerManifestError(ManifestError):
+    """The manifest was written by a newer freight: a format version, fields or values this version does
+    not know. Nothing is wrong with the job; a newer freight runs it (a fleet mid-upgrade)."""
+
+
+class CorruptManifestError(ManifestError):
+    """The manifest is damaged: not JSON, not an object, or missing or mistyped fields that no freight
+    writes. The job cannot run from it."""
+
+
 class ObjectNotFoundError(FreightError, KeyError):
     """An object store key does not exist."""
 

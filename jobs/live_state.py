@@ -71,10 +71,14 @@ return 0
 """
 
 
-# An attempt storage did not answer: its strike back (never below 0: the attempt may have taken it back
-# already, ending cleanly before a storage call failed), one outage more. KEYS: strikes, outages. ARGV: shard.
+# An attempt storage did not answer: one outage more and, when the attempt still holds its strike
+# (ARGV[2] = 1), that strike back (never below 0). An attempt that already took its strike back (it ended
+# cleanly, then a storage call failed) passes 0: taking one more would erase another attempt's strike,
+# an earlier crash's. KEYS: strikes, outages. ARGV: shard, holds strike (1 | 0).
 _OUTAGE = """
-if tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') > 0 then redis.call('HINCRBY', KEYS[1], ARGV[1], -1) end
+if ARGV[2] == '1' and tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') > 0 then
+  redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
+end
 return redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
 """
 
@@ -257,11 +261,12 @@ class LiveState:
         """Attempts of `shard` lost with their whole worker (count_node_loss)."""
         return int(self.client.hget(aux_key("nodelost", job_id), str(shard)) or 0)
 
-    def count_storage_outage(self, job_id: str, shard: int) -> int:
+    def count_storage_outage(self, job_id: str, shard: int, *, holds_strike: bool) -> int:
         """An attempt of `shard` ended because storage did not answer: not the shard's fault, so it
-        takes its strike back and counts as an outage instead, atomically. Returns the shard's outages."""
+        counts as an outage and, if it still `holds_strike` (it has not ended cleanly: no
+        end_attempt_clean yet), takes that strike back, atomically. Returns the shard's outages."""
         keys = [aux_key("strikes", job_id), aux_key("outages", job_id)]
-        return int(self._outage(keys=keys, args=[shard]))
+        return int(self._outage(keys=keys, args=[shard, 1 if holds_strike else 0]))
 
     def storage_outages(self, job_id: str, shard: int) -> int:
         """Attempts of `shard` that ended because storage did not answer (count_storage_outage)."""

@@ -6,11 +6,18 @@ Also the object keys of the storage layout (docs/ARCHITECTURE.md, "Job pipeline 
 from __future__ import annotations
 
 import json
-from typing import ClassVar, Literal
+import re
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from jobs.errors import ObjectNotFoundError, SpecMismatchError
+from jobs.errors import (
+    CorruptManifestError,
+    ManifestError,
+    NewerManifestError,
+    ObjectNotFoundError,
+    SpecMismatchError,
+)
 from jobs.later_fields import LaterFields
 from jobs.spec import JobSpec
 from jobs.storage import ObjectStore
@@ -129,12 +136,55 @@ class Manifest(BaseModel):
 
 
 def read_manifest(store: ObjectStore) -> Manifest:
-    """The job's manifest; ObjectNotFoundError if OUT holds none."""
+    """The job's manifest; ObjectNotFoundError if OUT holds none; NewerManifestError if a newer freight
+    wrote it; CorruptManifestError if it is damaged."""
     try:
         data = store.get(MANIFEST_KEY)
     except ObjectNotFoundError as exc:
         raise ObjectNotFoundError(f"{store.url} holds no freight job (no {MANIFEST_KEY})") from exc
-    return Manifest.from_json(data)
+    try:
+        return Manifest.from_json(data)
+    except ValueError as exc:  # json.JSONDecodeError, pydantic's ValidationError
+        raise manifest_error(f"{store.url.rstrip('/')}/{MANIFEST_KEY}", data, exc) from exc
+
+
+_FORMAT = re.compile(r"freight\.manifest/(\d+)")
+# what a newer freight's manifest can hold that this one refuses: fields it added (at a value other than
+# their default: jobs/later_fields.py), values it added to a closed set (a new quantization, a new task)
+_NEWER_ERRORS = frozenset({"extra_forbidden", "literal_error", "enum"})
+
+
+def manifest_error(where: str, data: bytes, exc: ValueError) -> ManifestError:
+    """Why the manifest at `where` (its bytes: `data`) failed to parse with `exc`: written by a newer
+    freight (NewerManifestError: nothing wrong with the job) or damaged (CorruptManifestError)."""
+    damaged = ("the job cannot run from it; submit the job again with a new --output "
+               "(its committed shards stay readable)")
+    try:
+        raw: Any = json.loads(data)
+    except ValueError as bad:
+        return CorruptManifestError(f"{where} is not JSON ({bad}): it is damaged or was cut short; {damaged}")
+    if not isinstance(raw, dict):
+        return CorruptManifestError(f"{where} holds a JSON {type(raw).__name__}, not an object: {damaged}")
+    fmt = raw.get("format", MANIFEST_FORMAT)
+    if fmt != MANIFEST_FORMAT:
+        version = _FORMAT.fullmatch(fmt) if isinstance(fmt, str) else None
+        if version is not None and int(version[1]) > 1:
+            return NewerManifestError(
+                f"{where} was written by a newer freight (format {fmt}; this freight reads {MANIFEST_FORMAT}): "
+                "upgrade this freight (workers and CLI) to run or inspect the job")
+        return CorruptManifestError(
+            f"{where} has an unknown format {fmt!r} (freight writes {MANIFEST_FORMAT}): {damaged}")
+    problems = exc.errors() if isinstance(exc, ValidationError) else []
+    if problems and all(p["type"] in _NEWER_ERRORS for p in problems):
+        fields = ", ".join(".".join(str(part) for part in p["loc"]) for p in problems[:5])
+        return NewerManifestError(
+            f"{where} holds fields or values this freight does not know ({fields}): a newer freight wrote it; "
+            "upgrade this freight (workers and CLI) to run or inspect the job")
+    first = problems[0] if problems else None
+    what = f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}" if first else str(exc)
+    return CorruptManifestError(
+        f"{where} does not parse as a freight manifest ({len(problems) or 1} problem(s), first: {what}): "
+        f"it is damaged or was edited by hand; {damaged}")
 
 
 def write_or_match(store: ObjectStore, manifest: Manifest) -> tuple[Manifest, bool]:

@@ -10,7 +10,9 @@ entry, or between a submit's state and its publish, is invisible for millisecond
 a committed or failed shard gets that state; any other is published again (`shards_requeued` in the
 log). A job whose shards are all committed but which has neither _SUCCESS nor a finalize message
 gets its freight.finalize; one whose OUT has no manifest any more is marked failed. Only storage's
-own answer fails a job (the manifest or the bucket is gone, the manifest does not parse): storage
+own answer fails a job (the manifest or the bucket is gone, the manifest is damaged); a manifest that
+a newer freight wrote (jobs/manifest.py's NewerManifestError: a fleet mid-upgrade) leaves the job as it
+is (`reconcile_manifest_newer`), for a newer reconciler to repair. Storage
 that gives none (StorageUnavailableError: refused, timed out, throttled, 5xx; or denied access, bad
 credentials) leaves the job and its sightings as they are (`reconcile_storage_unavailable`), and the
 next pass tries again. A pass over all jobs (`job_ids` None) also sends finished jobs'
@@ -40,7 +42,13 @@ from typing import Any
 from redis.exceptions import LockError
 
 from jobs.client import FleetClient
-from jobs.errors import BucketNotFoundError, ObjectNotFoundError, StorageError, StorageUnavailableError
+from jobs.errors import (
+    BucketNotFoundError,
+    NewerManifestError,
+    ObjectNotFoundError,
+    StorageError,
+    StorageUnavailableError,
+)
 from jobs.finalize import committed_shards
 from jobs.leases import UNACKED_KEY, decode_task
 from jobs.live_state import LiveState
@@ -221,16 +229,24 @@ class Reconciler:
         pipe.execute()
         return {s for s in missing if s in first and now - first[s] >= self.grace_s}
 
-    def _repair(self, job_id: str, meta: dict[str, str], due: set[int]) -> Repair:
+    def _repair(self, job_id: str, meta: dict[str, str], due: set[int]) -> Repair | None:
         output = meta["output"]
         try:
             store = open_store(output, self.settings)
             manifest = read_manifest(store)
+        except NewerManifestError as exc:
+            # a newer freight wrote it (a fleet mid-upgrade): nothing is wrong with the job, this
+            # process just cannot read it. Left as it is, sightings too; a newer reconciler repairs it.
+            log.warning("reconcile_manifest_newer", job_id=job_id, output=redact(output), error=str(exc),
+                        then="the job is left as it is; upgrade this worker")  # fmt: skip
+            return None
         except (ObjectNotFoundError, BucketNotFoundError, ValueError) as exc:
-            # storage's own answer (no manifest, no bucket, a manifest that does not parse, a URL that
-            # is none): the job cannot go on. Any other StorageError is no answer: _job leaves it.
+            # storage's own answer (no manifest, no bucket, a damaged manifest: CorruptManifestError, a
+            # URL that is none): the job cannot go on. Any other StorageError is no answer: _job leaves it.
             self.live.set_job_state(job_id, "failed")
-            log.error("job_output_gone", job_id=job_id, output=output, error=str(exc))
+            gone = isinstance(exc, (ObjectNotFoundError, BucketNotFoundError))
+            log.error("job_output_gone" if gone else "job_manifest_unreadable", job_id=job_id,
+                      output=redact(output), error=str(exc))  # fmt: skip
             return Repair(job_id, state="failed")
         if is_cancelled(store):
             self.live.set_job_state(job_id, "cancelled")

@@ -12,6 +12,12 @@ The deadline (`attempt_deadline`): until the engine is ready (model load include
 FREIGHT_SHARD_DEADLINE_UNMEASURED_S; then max(FREIGHT_SHARD_DEADLINE_FLOOR_S, FREIGHT_SHARD_DEADLINE_MARGIN
 x the shard's completion-token estimate (rows x max_tokens) / the model's measured completion
 tokens per engine-second), or the unmeasured allowance while the model has no measured rate.
+Progress moves it (`ProgressDeadline`): each finished row sets it to no earlier than the same
+allowance for the rows still to do, counted from that row, so an attempt that keeps finishing rows
+is never killed for being slower than the estimate; one that stops finishing rows (a hang, or steps
+that never end a row) is killed that allowance after its last row. After the last row the commit
+gets one row's allowance, at least the floor, which is above the S3 client's own bound on a storage
+call: a commit that hangs ends as a storage outage, not a kill.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.sharedctypes import RawArray
 
@@ -44,6 +51,25 @@ def attempt_deadline(
         return now + max(settings.shard_deadline_floor_s, settings.shard_deadline_unmeasured_s)
     expected = est_tokens / tokens_per_second
     return now + max(settings.shard_deadline_floor_s, settings.shard_deadline_margin * expected)
+
+
+class ProgressDeadline:
+    """Called as each row of an attempt finishes (its `on_row`): moves the attempt's deadline, through
+    `extend` (never earlier), to the allowance `attempt_deadline` gives the rows still to do, counted
+    from now. `rows`: the shard's rows (rows done by earlier attempts are not reported, so this
+    over-counts what is left: a later deadline, never an earlier one)."""
+
+    def __init__(self, settings: Settings, rows: int, max_tokens: int, tokens_per_second: float | None,
+                 extend: Callable[[float], None], clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+        self.settings, self.rows_left, self.max_tokens = settings, rows, max_tokens
+        self.tokens_per_second, self.extend, self.clock = tokens_per_second, extend, clock
+
+    def __call__(self) -> None:
+        self.rows_left = max(self.rows_left - 1, 1)  # after the last row: one row's allowance to commit
+        deadline = attempt_deadline(self.settings, self.clock(), self.rows_left * self.max_tokens,
+                                    self.tokens_per_second)  # fmt: skip
+        if deadline is not None:
+            self.extend(deadline)
 
 
 @dataclass(frozen=True)
@@ -76,6 +102,11 @@ class AttemptSlots:
 
     def set_deadline(self, index: int, deadline: float) -> None:
         if 0 <= index < self.slots and self._f[index * _F] > 0:
+            self._f[index * _F] = deadline
+
+    def extend(self, index: int, deadline: float) -> None:
+        """Move the running attempt's deadline to `deadline` if that is later (ProgressDeadline)."""
+        if 0 <= index < self.slots and 0 < self._f[index * _F] < deadline:
             self._f[index * _F] = deadline
 
     def step(self, index: int, now: float) -> None:
@@ -115,6 +146,8 @@ class DeadlineWatch:
             current = self.slots.get(late.index)
             if current is None or current.pid != late.pid or current.attempt != late.attempt:
                 continue  # it ended (or the next one began) since the scan
+            if now <= current.deadline:
+                continue  # a finished row moved its deadline since the scan
             if not _is_child(late.pid):
                 self.slots.end(late.index)
                 continue

@@ -23,6 +23,7 @@ from jobs.errors import StorageUnavailableError
 from jobs.log import get_logger
 from jobs.settings import Settings
 from worker.runtime import ProcessRuntime
+from worker.strike import Strike
 
 log = get_logger(__name__)
 
@@ -80,37 +81,40 @@ def outages_spent(rt: ProcessRuntime, job_id: str, shard: int) -> str | None:
     return outage_verdict(rt.live.storage_outages(job_id, shard), rt.settings.max_shard_storage_outages, None)
 
 
-def count_outage(rt: ProcessRuntime, job_id: str, shard: int) -> int | None:
-    """Take the attempt's strike back and count an outage instead (LiveState.count_storage_outage);
-    None when Redis does not answer either (the strike then stays: nothing better is known)."""
+def count_outage(strike: Strike) -> int | None:
+    """Count an outage instead of the attempt's strike (Strike.to_outage: its own strike back, if it still
+    holds it); None when Redis does not answer either (the strike then stays: nothing better is known)."""
     try:
-        return rt.live.count_storage_outage(job_id, shard)
+        return strike.to_outage()
     except redis.RedisError:
         log.exception("storage_outage_not_counted")
         return None
 
 
-def outage_decision(rt: ProcessRuntime, job_id: str, shard: int, exc: StorageUnavailableError
+def outage_decision(rt: ProcessRuntime, strike: Strike, exc: StorageUnavailableError
                     ) -> tuple[int | None, str | None, float]:  # fmt: skip
-    """An attempt of `shard` (or finalize's slot) ended because storage did not answer: count it as an
-    outage, not a strike -> (its outages, None when Redis did not count it; the failure verdict past
-    FREIGHT_MAX_SHARD_STORAGE_OUTAGES, else None; the seconds to back off before requeueing)."""
+    """The attempt that took `strike` (a shard's, or finalize's slot) ended because storage did not
+    answer: count it as an outage, not a strike -> (its outages, None when Redis did not count it; the
+    failure verdict past FREIGHT_MAX_SHARD_STORAGE_OUTAGES, else None; the seconds to back off before
+    requeueing)."""
     s = rt.settings
-    outages = count_outage(rt, job_id, shard)
+    held = strike.held
+    outages = count_outage(strike)
     verdict = outage_verdict(outages, s.max_shard_storage_outages, exc) if outages is not None else None
-    log.warning("shard_storage_unavailable", shard=shard, outages=outages, limit=s.max_shard_storage_outages,
+    log.warning("shard_storage_unavailable", shard=strike.shard, outages=outages,
+                limit=s.max_shard_storage_outages, strike_taken_back=held and outages is not None,
                 error=str(exc))  # fmt: skip
     return outages, verdict, outage_backoff_s(s, outages if outages is not None else 30)
 
 
-def finalize_outage(rt: ProcessRuntime, job_id: str, slot: int, exc: Exception) -> bool:
-    """finalize raised `exc`. Storage did not answer (and Redis counted it under `slot`): no strike,
+def finalize_outage(rt: ProcessRuntime, strike: Strike, exc: Exception) -> bool:
+    """finalize raised `exc`. Storage did not answer (and Redis counted it under `strike`'s slot): no strike,
     an outage; True past FREIGHT_MAX_SHARD_STORAGE_OUTAGES (the caller gives finalize up), else back
     off and requeue (raises Reject). False for any other failure: the caller's strike rules apply."""
     outage = storage_outage(exc)
     if outage is None:
         return False
-    outages, verdict, wait = outage_decision(rt, job_id, slot, outage)
+    outages, verdict, wait = outage_decision(rt, strike, outage)
     if outages is None:
         return False
     if verdict is not None:

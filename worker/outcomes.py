@@ -21,6 +21,7 @@ from jobs.manifest import SUCCESS_KEY, Manifest, waste_key
 from jobs.markers import failed_shards, is_cancelled, write_failure, write_failures_manifest
 from jobs.notify import notify_final
 from jobs.storage import ObjectStore
+from worker.outages import outages_spent
 from worker.runtime import ProcessRuntime
 from worker.shard import default_pricing
 
@@ -50,6 +51,16 @@ def poison_verdict(strikes: int, node_losses: int, max_crashes: int, max_node_lo
             "each time). Check the fleet's instances and this shard's rows, then resubmit to retry it."
         )
     return None
+
+
+def poison_reason(rt: ProcessRuntime, job_id: str, shard: int, strikes: int) -> str | None:
+    """Why the shard fails before this attempt runs: poison_verdict with this job's
+    node-loss count and the settings' limits, or its storage outages past their budget (worker/outages.py)."""
+    s = rt.settings
+    if strikes > 1 and (verdict := poison_verdict(strikes, rt.live.node_losses(job_id, shard),
+                                                  s.max_shard_attempts, s.max_shard_node_losses)) is not None:  # fmt: skip
+        return verdict
+    return outages_spent(rt, job_id, shard)
 
 
 def mark_failed(rt: ProcessRuntime, store: ObjectStore, manifest: Manifest, shard: int, attempt: int,

@@ -145,6 +145,11 @@ class ProcessRuntime:
         if self.node is not None and deadline is not None:
             self.node.slots.set_deadline(self.index, deadline)
 
+    def extend_deadline(self, deadline: float) -> None:
+        """Move the running attempt's deadline later (never earlier): a row finished (ProgressDeadline)."""
+        if self.node is not None:
+            self.node.slots.extend(self.index, deadline)
+
     def note_step(self, now: float) -> None:
         """Before every engine step of the running attempt (ShardStop)."""
         self.last_step = now

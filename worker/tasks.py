@@ -10,21 +10,22 @@ run_shard, every delivery (Celery on Redis may deliver one shard more than once)
    shutdown -> the finished rows are in OUT/partial/, the shard is handed back (requeued) for another
    worker; stopped by cancel -> done; an exception -> the attempt billed as waste (reason "error"),
    then requeued (after a backoff) until the attempts run out, then failed with the exception as
-   the reason; an exception that says storage did not answer is no strike (worker/outages.py).
+   the reason; an exception that says storage did not answer is no strike (worker/outages.py), nor
+   is a manifest that a newer freight wrote (handed back for a newer worker).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections import deque
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 import structlog
 from celery.exceptions import Reject
 
 from jobs.client import TASK_FINALIZE, TASK_RUN_SHARD
+from jobs.errors import NewerManifestError
 from jobs.expiry import finalize_and_notify
 from jobs.lifecycle import read_lifecycle
 from jobs.log import get_logger
@@ -34,72 +35,24 @@ from jobs.markers import is_failed
 from jobs.storage import ObjectStore, open_store
 from worker.attempts import attempt_alive, model_rate, record_rate, unfinished_strikes, wait_for_previous
 from worker.celery_app import app
-from worker.deadline import attempt_deadline
+from worker.deadline import ProgressDeadline, attempt_deadline
 from worker.local import load_engine
-from worker.outages import back_off, finalize_outage, outage_decision, outages_spent, storage_outage
+from worker.outages import back_off, finalize_outage, outage_decision, storage_outage
 from worker.outcomes import (
     expire_if_over,
     finish_if_done,
     mark_failed,
-    poison_verdict,
+    poison_reason,
     record_failed_attempt,
     record_lost_attempt,
 )
 from worker.runtime import ProcessRuntime, runtime
+from worker.shard_stop import ShardStop
+from worker.strike import Strike
 
 log = get_logger(__name__)
-CANCEL_CHECK_S = 0.05  # how often should_stop asks Redis about cancel (a step takes 0.5 ms on a tiny model on the CPU to ~100 ms on a large one)
-REDIS_DOWN_BACKOFF_S = 5.0
 FINALIZE_SLOT = -1  # attempts of finalize are counted under this shard index
 ERROR_BACKOFF_CAP_S = 30.0  # sleep before requeueing a failed attempt: 2, 4, 8 ... s
-
-
-class ShardStop:
-    """`should_stop` for one shard attempt: a spot notice or shutdown (local, free), the job's
-    deadline passed (reason "expired"), or a cancel flag in Redis (asked at most every CANCEL_CHECK_S). Remembers why it stopped and, for a cancel, how
-    many engine steps ran after the cancel was requested (`steps_after_cancel`)."""
-
-    def __init__(
-        self, rt: ProcessRuntime, job_id: str, *, engine_steps: bool = True, due: float | None = None
-    ) -> None:
-        self.rt = rt
-        self.job_id = job_id
-        self.due = due  # the job's deadline (unix s, OUT/lifecycle.json): past it the attempt stops
-        self.engine_steps = engine_steps  # False: not called before engine steps (a wait loop)
-        self.reason: str | None = None
-        self.checks = 0
-        self.steps_after_cancel: int | None = None
-        self._recent: deque[float] = deque(maxlen=4096)  # unix time of each check (one per engine step)
-        self._next_redis = 0.0
-
-    def __call__(self) -> bool:
-        self.checks += 1
-        if self.reason is not None:
-            return True
-        now_s = time.time()
-        self._recent.append(now_s)
-        if self.engine_steps:
-            self.rt.note_step(now_s)  # the heartbeat's last engine step
-        if self.rt.stopping():
-            self.reason = "interrupted"
-            return True
-        if self.due is not None and now_s >= self.due:
-            self.reason = "expired"
-            return True
-        now = time.monotonic()
-        if now >= self._next_redis:
-            self._next_redis = now + CANCEL_CHECK_S
-            try:
-                cancelled_at = self.rt.live_fast.cancelled_at(self.job_id)
-            except redis.RedisError:
-                cancelled_at = None  # Redis away: keep computing (the commit goes to storage); ask later
-                self._next_redis = now + REDIS_DOWN_BACKOFF_S
-            if cancelled_at is not None:
-                self.reason = "cancelled"
-                # checks after the request, minus this one (it stops before its step)
-                self.steps_after_cancel = sum(1 for t in self._recent if t >= cancelled_at) - 1
-                return True
-        return False
 
 
 def _engine_for(rt: ProcessRuntime, manifest: Manifest) -> tuple[Any, float]:
@@ -121,16 +74,19 @@ def run_shard_task(self: Any, job_id: str, output: str, shard: int) -> dict[str,
             attempt, strikes = rt.live.begin_attempt(job_id, shard)
         except redis.RedisError as exc:  # an uncounted attempt must not run, nor be acked and lost
             raise Reject(f"cannot count the attempt ({exc})", requeue=True) from exc
+        strike = Strike(rt.live, job_id, shard, strikes)
         rt.metrics.attempts.inc()
         with structlog.contextvars.bound_contextvars(attempt=attempt):
             try:
-                return _run(self, rt, job_id, output, shard, attempt, strikes, entered)
+                return _run(self, rt, job_id, output, shard, attempt, strike, entered)
             except Reject:
                 raise
+            except NewerManifestError as exc:
+                _newer_job(rt, strike, exc)
             except Exception as exc:  # this attempt failed: requeue it, or give up after the last one
                 log.exception("shard_error", error=str(exc))
                 rt.metrics.outcomes.labels("error" if storage_outage(exc) is None else "storage_outage").inc()
-                return _after_error(rt, job_id, output, shard, attempt, strikes, entered, exc)
+                return _after_error(rt, job_id, output, shard, attempt, strike, entered, exc)
 
 
 def _after_error(
@@ -139,22 +95,25 @@ def _after_error(
     output: str,
     shard: int,
     attempt: int,
-    strikes: int,
+    strike: Strike,
     entered: float,
     exc: Exception,
 ) -> dict[str, Any]:
     """Bill the failed attempt as an error, then give the shard up past its budget, or requeue it after a
     backoff. The budget: FREIGHT_MAX_SHARD_ATTEMPTS strikes less node losses; an attempt that storage
-    did not answer is no strike but an outage, against FREIGHT_MAX_SHARD_STORAGE_OUTAGES (worker/outages.py)."""
+    did not answer is no strike but an outage, against FREIGHT_MAX_SHARD_STORAGE_OUTAGES (worker/outages.py).
+    An exception after the attempt took its strike back (it ended cleanly, then finishing up failed)
+    counts no strike: `strike.unclean` leaves it out."""
     outage = storage_outage(exc)
-    verdict, wait = None, min(ERROR_BACKOFF_CAP_S, 2.0**strikes)  # a transient cause may pass
+    verdict, wait = None, min(ERROR_BACKOFF_CAP_S, 2.0**strike.count)  # a transient cause may pass
     if outage is not None:
-        _, verdict, wait = outage_decision(rt, job_id, shard, outage)
+        _, verdict, wait = outage_decision(rt, strike, outage)
     try:
         store = open_store(output, rt.settings)
         manifest = read_manifest(store)
         record_failed_attempt(rt, store, manifest, shard, attempt, entered)
-        if outage is None and strikes - rt.live.node_losses(job_id, shard) >= rt.settings.max_shard_attempts:
+        struck = strike.unclean - rt.live.node_losses(job_id, shard)
+        if outage is None and struck >= rt.settings.max_shard_attempts:
             verdict = f"{type(exc).__name__}: {exc}"
         if verdict is not None:
             mark_failed(rt, store, manifest, shard, attempt, verdict)
@@ -168,14 +127,14 @@ def _after_error(
     raise Reject(f"attempt {attempt} failed: {exc}", requeue=True) from exc
 
 
-def _poison(rt: ProcessRuntime, job_id: str, shard: int, strikes: int) -> str | None:
-    """Why the shard fails before this attempt runs: worker.outcomes.poison_verdict with this job's
-    node-loss count and the settings' limits, or its storage outages past their budget (worker/outages.py)."""
-    s = rt.settings
-    if strikes > 1 and (verdict := poison_verdict(strikes, rt.live.node_losses(job_id, shard),
-                                                  s.max_shard_attempts, s.max_shard_node_losses)) is not None:  # fmt: skip
-        return verdict
-    return outages_spent(rt, job_id, shard)
+def _newer_job(rt: ProcessRuntime, strike: Strike, exc: NewerManifestError) -> NoReturn:
+    """A newer freight wrote the job's manifest (a fleet mid-upgrade): not the shard's fault, so no
+    strike (a newer worker must not find its budget spent); handed back after a backoff, for a newer
+    worker to take. Raises Reject."""
+    log.warning("shard_manifest_newer", error=str(exc), then="handed back for a newer worker; upgrade this one")
+    strike.release()
+    back_off(rt, ERROR_BACKOFF_CAP_S)
+    raise Reject(f"shard handed back: {exc}", requeue=True) from exc
 
 
 def _run(
@@ -185,9 +144,10 @@ def _run(
     output: str,
     shard: int,
     attempt: int,
-    strikes: int,
+    strike: Strike,
     entered: float,
 ) -> dict[str, Any]:
+    strikes = strike.count
     store = open_store(output, rt.settings)
     manifest = read_manifest(store)
     committed = store.exists(shard_result_key(shard))
@@ -200,7 +160,7 @@ def _run(
             stop = ShardStop(rt, job_id, engine_steps=False)
             waited = wait_for_previous(rt, store, job_id, shard, previous, stop)
             if waited == "stopped" and stop.reason != "cancelled":
-                rt.live.end_attempt_clean(job_id, shard)
+                strike.release()
                 raise Reject(f"shard handed back: {rt.stop_reason()}", requeue=True)
             committed = waited == "committed"
         if waited == "gone" and unfinished_strikes(rt, job_id, shard) > 1:  # the last attempt died mid-shard
@@ -217,18 +177,18 @@ def _run(
     elif read_lifecycle(store).past_due():
         rt.live.transition(job_id, shard, "expired")
         skip = "expired"
-    elif (poison := _poison(rt, job_id, shard, strikes)) is not None:
+    elif (poison := poison_reason(rt, job_id, shard, strikes)) is not None:
         mark_failed(rt, store, manifest, shard, attempt, poison)
         skip = "failed"
     if skip is not None:
-        rt.live.end_attempt_clean(job_id, shard)
+        strike.release()
         log.info("shard_skipped", status=skip)
         if skip == "expired":
             expire_if_over(rt, store, manifest)
         else:
             finish_if_done(rt, store, manifest, app)
         return {"status": skip}
-    return _attempt(task, rt, store, manifest, shard, attempt, entered)
+    return _attempt(task, rt, store, manifest, shard, attempt, strike, entered)
 
 
 def _attempt(
@@ -238,9 +198,10 @@ def _attempt(
     manifest: Manifest,
     shard: int,
     attempt: int,
+    strike: Strike,
     entered: float,
 ) -> dict[str, Any]:
-    from worker.shard import run_shard  # lazy: pulls the engine's request types
+    from worker.shard import RowProgress, run_shard  # lazy: pulls the engine's request types
 
     job_id = manifest.job_id
     enqueued_at = (task.request.headers or {}).get("enqueued_at") or getattr(
@@ -261,16 +222,23 @@ def _attempt(
     rt.begin_attempt(job_id, shard, attempt, attempt_deadline(rt.settings, time.time(), None, None))
     try:
         engine, load_s = _engine_for(rt, manifest)
-        est = manifest.shards[shard].rows * manifest.spec.sampling.max_tokens
-        rt.set_deadline(attempt_deadline(rt.settings, time.time(), est, model_rate(rt, manifest)))
+        rows, max_tokens = manifest.shards[shard].rows, manifest.spec.sampling.max_tokens
+        rate = model_rate(rt, manifest)
+        rt.set_deadline(attempt_deadline(rt.settings, time.time(), rows * max_tokens, rate))
+        progress = ProgressDeadline(rt.settings, rows, max_tokens, rate, rt.extend_deadline)
+
+        def on_row(row: RowProgress) -> None:
+            rt.record_row(row)
+            progress()  # a finished row: the deadline counts the rows left from now
+
         outcome = run_shard(engine, store, manifest, shard, attempt=attempt, should_stop=stop,
-                            load_seconds=load_s, on_row=rt.record_row, settings=rt.settings)  # fmt: skip
+                            load_seconds=load_s, on_row=on_row, settings=rt.settings)  # fmt: skip
     finally:
         rt.busy = False
         rt.metrics.busy.set(0)
         rt.end_attempt()
     seconds = time.perf_counter() - start
-    rt.live.end_attempt_clean(job_id, shard)
+    strike.release()
     # alive after all: a duplicate delivery that judged this attempt gone must not have it billed twice
     store.delete(waste_key(shard, attempt, "lost"))
     rt.metrics.shard_seconds.labels(outcome.status).observe(seconds)
@@ -308,16 +276,19 @@ def finalize_task(self: Any, job_id: str, output: str) -> dict[str, Any]:
     rt = runtime()
     with structlog.contextvars.bound_contextvars(job_id=job_id):
         _, strikes = rt.live.begin_attempt(job_id, FINALIZE_SLOT)
+        strike = Strike(rt.live, job_id, FINALIZE_SLOT, strikes)
         try:
             store = open_store(output, rt.settings)
             report = finalize_and_notify(store, read_manifest(store), rt.settings)
+        except NewerManifestError as exc:
+            _newer_job(rt, strike, exc)
         except Exception as exc:
             log.exception("finalize_error", error=str(exc))
-            if finalize_outage(rt, job_id, FINALIZE_SLOT, exc) or strikes >= rt.settings.max_shard_attempts:
+            if finalize_outage(rt, strike, exc) or strikes >= rt.settings.max_shard_attempts:
                 raise  # logged and acked; `freight submit` of the job again retries finalize
             time.sleep(min(ERROR_BACKOFF_CAP_S, 2.0**strikes))
             raise Reject(f"finalize failed: {exc}", requeue=True) from exc
-        rt.live.end_attempt_clean(job_id, FINALIZE_SLOT)
+        strike.release()
         rt.live.set_job_state(job_id, "succeeded")
         log.info("job_finalized", rows=report.get("rows"), cost_usd=report.get("cost_usd"))
         return {"status": "succeeded"}

@@ -1,6 +1,6 @@
 """worker/outages.py's parts: which errors are storage outages (anywhere in the chain), the backoff,
-the verdict past FREIGHT_MAX_SHARD_STORAGE_OUTAGES, and the Redis count (a strike taken back, never
-below zero; a resubmit clears it). test_storage_outage.py runs them in a real worker."""
+the verdict past FREIGHT_MAX_SHARD_STORAGE_OUTAGES, and the Redis count (the attempt's own strike taken
+back, never another's, never below zero; a resubmit clears it). test_storage_outage.py runs them in a real worker."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from jobs.errors import BucketNotFoundError, StorageError, StorageUnavailableErr
 from jobs.live_state import LiveState
 from jobs.settings import Settings
 from worker.outages import finalize_outage, outage_backoff_s, outage_verdict, storage_outage
+from worker.strike import Strike
 
 
 def _wrapped(inner: BaseException, *, implicit: bool) -> RuntimeError:
@@ -65,23 +66,44 @@ def live(redis_url: str) -> Iterator[LiveState]:
 
 def test_an_outage_takes_the_strike_back_and_counts_itself(live: LiveState) -> None:
     assert live.begin_attempt("j", 0) == (1, 1)
-    assert live.count_storage_outage("j", 0) == 1
+    assert live.count_storage_outage("j", 0, holds_strike=True) == 1
     assert live.begin_attempt("j", 0) == (2, 1)  # the outage left no strike
     live.end_attempt_clean("j", 0)  # ended cleanly, then a storage call failed: no strike left to take
-    assert live.count_storage_outage("j", 0) == 2
-    assert live.begin_attempt("j", 0) == (3, 1)  # strikes never go below zero
-    assert live.storage_outages("j", 0) == 2 and live.storage_outages("j", 1) == 0
+    assert live.count_storage_outage("j", 0, holds_strike=False) == 2
+    assert live.begin_attempt("j", 0) == (3, 1)
+    live.end_attempt_clean("j", 0)
+    assert live.count_storage_outage("j", 0, holds_strike=True) == 3  # a stray one: never below zero
+    assert live.begin_attempt("j", 0) == (4, 1)
+    assert live.storage_outages("j", 0) == 3 and live.storage_outages("j", 1) == 0
     live.reset_strikes("j")  # a resubmit: a fresh budget
     assert live.storage_outages("j", 0) == 0
+
+
+def test_an_outage_after_a_clean_end_keeps_an_earlier_crash_strike(live: LiveState) -> None:
+    """Attempt 1 crashes (its strike stays); attempt 2 ends cleanly (handed back), then deleting a
+    stale record meets a storage outage. The outage must not take back attempt 1's strike: a shard
+    that crashes, meets an outage, and crashes again would otherwise never fail."""
+    assert live.begin_attempt("j", 0) == (1, 1)  # crashes: never ends
+    _, strikes = live.begin_attempt("j", 0)
+    strike = Strike(live, "j", 0, strikes)
+    assert (strike.count, strike.unclean) == (2, 2)
+    strike.release()
+    strike.release()  # once only
+    assert strike.unclean == 1 and strike.to_outage() == 1
+    assert live.begin_attempt("j", 0) == (3, 2)  # the crash still counts
+    # an attempt that still holds its strike gives back its own, and only that
+    strike = Strike(live, "j", 0, 2)
+    assert strike.to_outage() == 2 and not strike.held
+    assert live.begin_attempt("j", 0) == (4, 2)
 
 
 def test_finalize_outages_requeue_until_the_budget_then_give_up(live: LiveState) -> None:
     rt = SimpleNamespace(live=live, settings=Settings(max_shard_storage_outages=2, storage_outage_backoff_cap_s=0.01),
                          stopping=lambda: False)  # fmt: skip
-    assert finalize_outage(rt, "j", -1, ValueError("a bug")) is False  # the strike rules apply
-    live.begin_attempt("j", -1)
+    assert finalize_outage(rt, Strike(live, "j", -1, 1), ValueError("a bug")) is False  # the strike rules apply
+    _, strikes = live.begin_attempt("j", -1)
     with pytest.raises(Reject):
-        finalize_outage(rt, "j", -1, _wrapped(StorageUnavailableError("503"), implicit=True))
-    live.begin_attempt("j", -1)
-    assert finalize_outage(rt, "j", -1, StorageUnavailableError("503")) is True  # the budget is spent
+        finalize_outage(rt, Strike(live, "j", -1, strikes), _wrapped(StorageUnavailableError("503"), implicit=True))
+    _, strikes = live.begin_attempt("j", -1)
+    assert finalize_outage(rt, Strike(live, "j", -1, strikes), StorageUnavailableError("503")) is True  # spent
     assert live.storage_outages("j", -1) == 2

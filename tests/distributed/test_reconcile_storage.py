@@ -5,6 +5,7 @@ bucket). A job's repair lock is released only by the pass that holds it. A priva
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -189,4 +190,35 @@ def test_a_job_lock_is_released_only_by_its_holder(redis_url: str, tmp_path: Pat
     assert len(expired) == 1 and expired[0]["job_id"] == job_id and expired[0]["lock_s"] == 0.3
     for client in clients:
         client.close()
+    live.close()
+
+
+def test_a_newer_freights_manifest_leaves_its_job_and_a_damaged_one_fails_it(
+    redis_url: str, tmp_path: Path, demo_model: Path
+) -> None:
+    """A rolling upgrade: a newer freight wrote the manifest (a field, then a format version, this one
+    does not know). The pass leaves the job and its sightings as they are, with a warning that says to
+    upgrade; once the manifest is really damaged (cut short), the job fails with a reason to act on."""
+    settings = Settings(redis_url=redis_url)
+    out = tmp_path / "out"
+    job_id = _orphaned_job(settings, make_input(tmp_path / "in.parquet", 4), demo_model, str(out))
+    manifest = json.loads((out / "manifest.json").read_text())
+    live = LiveState(redis_url)
+    now = time.time()
+    assert _pass(settings, now)[0] == []  # first seen missing: the grace starts
+    sightings = live.client.hgetall(aux_key("orphans", job_id))
+    for step, newer in enumerate(({**manifest, "retention_days": 7}, {**manifest, "format": "freight.manifest/2"})):
+        (out / "manifest.json").write_text(json.dumps(newer))
+        repairs, logs = _pass(settings, now + GRACE_S + 1 + step)
+        assert repairs == [] and live.job(job_id)["state"] == "queued"
+        assert live.client.hgetall(aux_key("orphans", job_id)) == sightings  # still due next pass
+        (warning,) = [e for e in logs if e["event"] == "reconcile_manifest_newer"]
+        assert "newer freight" in warning["error"] and "upgrade this worker" in warning["then"], warning
+        assert not [e for e in logs if e["log_level"] == "error"]
+
+    (out / "manifest.json").write_text(json.dumps(manifest)[:100])  # damaged: cut short
+    (failed,), logs = _pass(settings, now + GRACE_S + 3)
+    assert failed.state == "failed" and live.job(job_id)["state"] == "failed"
+    (error,) = [e for e in logs if e["event"] == "job_manifest_unreadable"]
+    assert "manifest.json is not JSON" in error["error"] and "new --output" in error["error"], error
     live.close()

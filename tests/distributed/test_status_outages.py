@@ -50,7 +50,7 @@ def _submitted(tmp_path: Path, model: Path, redis_url: str) -> tuple[str, Path]:
 def _outages(live: LiveState, job_id: str, shard: int, n: int) -> None:
     for _ in range(n):  # each attempt counted at its start, then its strike turned into an outage
         live.begin_attempt(job_id, shard)
-        live.count_storage_outage(job_id, shard)
+        live.count_storage_outage(job_id, shard, holds_strike=True)
 
 
 def test_status_shows_outages_against_the_budget(fleet_env: str, tmp_path: Path, demo_model: Path) -> None:
