@@ -3,8 +3,10 @@
 A pure decode step then runs its whole layer stack in one C call: the step's ~12 ops a layer
 (norms, qkv, rotary + K/V store, attention, o_proj, gate_up, SiLU * up, down) without Python or
 torch's dispatch between them. Up to 15 rows the matmuls are GEMVs streaming the weights once (on
-torch's thread count); more rows take torch's own sgemm and run on one thread, so they go through
-the stack only when torch runs one thread (with more, the op-by-op path threads attention too).
+torch's thread count); more rows run on one thread, so they go through the stack only when torch runs
+one thread (with more, the op-by-op path threads attention too). From 9 rows the matmuls use a copy of
+the four matrices packed for the stack's register-tiled product (kernels/cpu/gemm.h), made at bind time
+when they total at most PACK_LIMIT_BYTES (else torch's own sgemm from 16 rows, as before).
 Everything else runs the layers op by op as before: a prefill chunk in the step, hooks on a
 projection, or rows that all share leading blocks (the op-by-op attention reads a shared prefix
 once for the whole batch, the stack once per row).
@@ -29,6 +31,11 @@ from kernels.cpu.decode_stack import BoundDecodeStack, NativeDecodeStack, StackL
 from kernels.cpu.draft_chain import DraftChain
 from kernels.reference.attention import decode_shared_blocks
 from worker.engine.backends.base import AttentionMetadata
+
+# The packed copies cost the matrices' bytes once more in host memory: made for models whose qkv,
+# o_proj, gate_up and down total at most this (every model the CPU decode stack is fast for; a larger
+# one keeps torch's sgemm past 15 rows).
+PACK_LIMIT_BYTES = 1 << 30
 
 
 def ineligible(model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
@@ -86,8 +93,10 @@ class ModelDecodeStack:
                 mat(attn.o_proj.weight), layer.post_attention_layernorm.weight.detach(),
                 mat(mlp.gate_up_proj.weight), mat(mlp.down_proj.weight), k_cache, v_cache, attn.window,
             ))  # fmt: skip
+        matrix_bytes = sum(t.numel() * 4 for layer in layers for t in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
+        self.packed = not half and matrix_bytes <= PACK_LIMIT_BYTES
         self._stack: BoundDecodeStack = native.bind(_shape(model), layers, body.norm.weight.detach(), model.cos_sin,
-                                                    half=half)  # fmt: skip
+                                                    half=half, packed=self.packed)  # fmt: skip
         self._model, self._native = model, native
         self._embed = body.embed_tokens.weight
         self._kv_caches = kv_caches
