@@ -32,16 +32,14 @@
 
 /* out [mr, GEMM_NB] <- x rows [0, MR) (row stride xs) . the packed tile wp [K, GEMM_NB]. */
 #define DEFINE_GEMM_TILE(MR)                                                                            \
-    static inline void gemm_tile_##MR(const float *wp, const float *next, int64_t K, const float *x, int64_t xs, \
-                                      float *out) {                                                    \
+    static inline void gemm_tile_##MR(const float *wp, const float *pf, int64_t npf, int64_t K, const float *x, \
+                                      int64_t xs, float *out) {                                        \
         vf acc[MR][GEMM_V];                                                                            \
         _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++)                                          \
             _Pragma("GCC unroll 4") for (int v = 0; v < GEMM_V; v++) acc[m][v] = (vf){0};             \
         for (int64_t k = 0; k < K; k++) {                                                              \
             vf wv[GEMM_V];                                                                             \
-            if (next)                                                                                  \
-                _Pragma("GCC unroll 4") for (int v = 0; v < GEMM_V; v++)                               \
-                    __builtin_prefetch(next + k * GEMM_NB + v * LANES, 0, 2);                          \
+            if (k < npf) __builtin_prefetch(pf + k * 16, 0, 2); /* a 64-byte line */                  \
             _Pragma("GCC unroll 4") for (int v = 0; v < GEMM_V; v++) wv[v] = load(wp + k * GEMM_NB + v * LANES); \
             _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++) {                                    \
                 const float xm = x[m * xs + k];                                                        \
@@ -70,16 +68,21 @@ static void gemm_packed(const float *packed, const float *bias, int64_t K, const
         for (int64_t m0 = 0; m0 < M; m0 += GEMM_MR) {
             const int64_t mr = M - m0 < GEMM_MR ? M - m0 : GEMM_MR;
             const float *xm = x + m0 * xs;
-            /* the first block of rows fetches the next tile into L2 as it goes: its weights arrive from
-             * L3 or memory while this tile computes */
-            const float *next = m0 == 0 && (t + 1) * GEMM_NB < hi ? wp + K * GEMM_NB : 0;
+            /* Each block of rows fetches its share of the next tile into L2, one line per k: its weights
+             * arrive from L3 or memory while this tile computes. (The whole next tile from the first
+             * block, four lines per k, was slower: 45 against 55 FLOP a cycle at 16 rows, a C loop over
+             * the reference model's matrices.) Past K lines a block, the rest is left to the hardware. */
+            const int64_t blocks = (M + GEMM_MR - 1) / GEMM_MR, lines = K * GEMM_NB / 16;
+            const int64_t share = (lines + blocks - 1) / blocks, first = m0 / GEMM_MR * share;
+            const int64_t npf = (t + 1) * GEMM_NB >= hi || first >= lines ? 0 : share < lines - first ? share : lines - first;
+            const float *pf = wp + K * GEMM_NB + first * 16;
             switch (mr) {
-                case 1: gemm_tile_1(wp, next, K, xm, xs, out); break;
-                case 2: gemm_tile_2(wp, next, K, xm, xs, out); break;
-                case 3: gemm_tile_3(wp, next, K, xm, xs, out); break;
-                case 4: gemm_tile_4(wp, next, K, xm, xs, out); break;
-                case 5: gemm_tile_5(wp, next, K, xm, xs, out); break;
-                default: gemm_tile_6(wp, next, K, xm, xs, out); break;
+                case 1: gemm_tile_1(wp, pf, npf, K, xm, xs, out); break;
+                case 2: gemm_tile_2(wp, pf, npf, K, xm, xs, out); break;
+                case 3: gemm_tile_3(wp, pf, npf, K, xm, xs, out); break;
+                case 4: gemm_tile_4(wp, pf, npf, K, xm, xs, out); break;
+                case 5: gemm_tile_5(wp, pf, npf, K, xm, xs, out); break;
+                default: gemm_tile_6(wp, pf, npf, K, xm, xs, out); break;
             }
             for (int64_t m = 0; m < mr; m++) {
                 float *ym = y + (m0 + m) * ys + (a - col0);
