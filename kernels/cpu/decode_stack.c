@@ -12,7 +12,8 @@
  * Matmuls: GEMVs (gemv.h) up to STACK_GEMV_ROWS rows; beyond, the caller's sgemm (torch's BLAS: the
  * same GEMM as F.linear) on one thread, the elementwise layers and attention still in this call. A
  * model bound with packed copies of its matrices (gemm.h) multiplies steps of STACK_PACKED_ROWS rows
- * or more with those instead: register tiles at ~1.5x sgemm's rate at 16 rows on the session-14 Xeon.
+ * or more with those instead: register tiles at ~1.5x sgemm's rate at 16 rows on the session-14 Xeon;
+ * with fp16 matrices, from fp16 packed copies (the same floats as their fp32 copies').
  *
  * Threads (up to STACK_GEMV_ROWS rows): a team of num_threads pthreads for the whole call. Each
  * GEMV's output rows are split between them (gate_up by intermediate columns, so each thread also
@@ -39,7 +40,8 @@
 
 /* One decoder layer's tensors; qkv_bias, q_norm and k_norm may be 0 (no bias / no qk-norm). window:
  * the layer's sliding window (its queries read their last `window` keys; 0: the whole context).
- * *_packed: the four matrices packed for gemm.h ([ceil(N / GEMM_NB)][K][GEMM_NB] fp32), or 0. */
+ * *_packed: the four matrices packed for gemm.h ([ceil(N / GEMM_NB)][K][GEMM_NB], fp32 or with
+ * half_weights fp16), or 0. */
 typedef struct {
     const float *input_norm, *qkv, *qkv_bias, *q_norm, *k_norm, *o_proj, *post_norm, *gate_up, *down;
     float *k_cache, *v_cache;
@@ -53,7 +55,7 @@ typedef struct {
     float eps, scale;
     const StackLayer *layers;
     const float *final_norm, *cos_sin;
-    int64_t packed; /* every layer has its *_packed matrices (fp32 weights only) */
+    int64_t packed; /* every layer has its *_packed matrices */
 } StackModel;
 
 /* The Fortran BLAS sgemm (column-major, arguments by pointer), passed in by the caller (kernels.cpu.blas
@@ -65,11 +67,12 @@ typedef void (*Sgemm)(const char *transa, const char *transb, const int64_t *m, 
 
 /* Up to this many rows the matmuls are GEMVs (in passes of at most GEMV_MAX_ROWS rows, re-reading
  * the weights: at 9-15 rows still faster than sgemm here); from 16 rows sgemm, when there is one. A
- * model bound with packed matrices takes gemm.h's products from STACK_PACKED_ROWS rows instead (up to
- * 8 rows the GEMV streams the weights as fast: both are bound by reading them) and any number of rows
- * up to STACK_MAX_ROWS. */
+ * model bound with packed matrices takes gemm.h's products from STACK_PACKED_ROWS rows instead, and
+ * any number of rows up to STACK_MAX_ROWS (1-2 rows: the GEMV's four or two chains per row stream the
+ * weights as fast; from 3 rows the fp16 GEMV is no longer bound by their bytes, at 6-8 not the fp32
+ * one, and the packed tiles are faster). */
 #define STACK_GEMV_ROWS 15
-#define STACK_PACKED_ROWS (GEMV_MAX_ROWS + 1)
+#define STACK_PACKED_ROWS 3
 #define STACK_MAX_ROWS 4096
 #define ALIGN16(n) (((n) + 15) / 16 * 16) /* floats, rounded up to a 64-byte line */
 
@@ -99,14 +102,18 @@ typedef struct {
 
 /* y[:, lo:hi] <- x [rows, K] (row stride xs) . w[lo:hi]^T (+ bias[lo:hi]), y's row stride ys; w
  * starts `at` weights into the tensor (fp32, or fp16 with the model's half_weights: GEMVs only);
- * packed: the same tensor packed for gemm.h, or 0. */
+ * packed: the same tensor packed for gemm.h (of the same dtype), or 0. */
 static void linear(const Step *s, const float *w, const float *packed, int64_t at, const float *bias, int64_t K,
                    const float *x, int64_t xs, float *y, int64_t ys, int64_t lo, int64_t hi) {
     const int64_t M = s->rows;
     if (hi <= lo) return;
     if (packed && M >= STACK_PACKED_ROWS) { /* weight rows at / K + [lo, hi) into y's columns [lo, hi) */
         const int64_t row0 = at / K;
-        gemm_packed(packed, bias ? bias - row0 : 0, K, x, xs, M, y, ys, row0 + lo, row0 + hi, row0);
+        if (s->model->half_weights)
+            gemm_packed_h((const uint16_t *)(const void *)packed, bias ? bias - row0 : 0, K, x, xs, M, y, ys, row0 + lo,
+                          row0 + hi, row0);
+        else
+            gemm_packed(packed, bias ? bias - row0 : 0, K, x, xs, M, y, ys, row0 + lo, row0 + hi, row0);
         return;
     }
     if (s->model->half_weights) {
@@ -268,7 +275,7 @@ int decode_stack_f32(const StackModel *model, Sgemm sgemm, const float *x, int64
                      const int64_t *slots, const int32_t *block_tables, int64_t bt_stride, const int32_t *context_lens,
                      float *out, int64_t num_threads) {
     const StackModel *m = model;
-    if (model->half_weights) sgemm = 0; /* fp16 weights: GEMVs only */
+    if (model->half_weights) sgemm = 0; /* fp16 weights: GEMVs or packed tiles only */
     if (rows < 1 || rows > decode_stack_max_rows(sgemm != 0 || m->packed) ||
         !decode_stack_supports(m->num_heads, m->num_kv_heads, m->head_dim, m->block_size))
         return -1;

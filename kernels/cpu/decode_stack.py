@@ -8,7 +8,8 @@ matmuls are C GEMVs (another summation order); beyond, torch's own sgemm (kernel
 same floats as F.linear), on one thread, up to `max_rows`. Bound with `packed=True` the stack keeps a
 copy of its four matrices packed for gemm.h (the weights' bytes once more) and multiplies every step
 of `packed_rows` rows or more with it, up to `max_rows` rows with or without an sgemm (another
-summation order again: one FMA chain over k per output).
+summation order again: one FMA chain over k per output; with half=True the copies are fp16, the same
+floats from half the bytes).
 """
 
 from __future__ import annotations
@@ -103,11 +104,9 @@ class NativeDecodeStack:
         """A callable stack over these tensors. Raises ValueError naming the first tensor that is not
         fp32 (half: the four matrices qkv, o_proj, gate_up and down fp16 instead, widened exactly in
         the GEMVs: half the bytes, the products of their fp32 copies; up to gemv_rows rows), contiguous
-        and shaped for `shape` (callers check eligibility first; this is the guard). packed (fp32
-        only): the four matrices also copied in gemm.h's packed layout, for steps of packed_rows rows
-        or more, up to 4096 rows."""
-        if half and packed:
-            raise ValueError("packed matrices are fp32: bind with half=False to pack")
+        and shaped for `shape` (callers check eligibility first; this is the guard). packed: the four
+        matrices also copied in gemm.h's packed layout (in their dtype), for steps of packed_rows rows
+        or more, up to 4096 rows (with half too)."""
         h, d, inter = shape.hidden, shape.head_dim, shape.intermediate
         q, kv = shape.num_heads * d, shape.num_kv_heads * d
         want = {"input_norm": (h,), "qkv": (q + 2 * kv, h), "qkv_bias": (q + 2 * kv,), "q_norm": (d,), "k_norm": (d,),
@@ -179,10 +178,10 @@ class BoundDecodeStack:
 
 def pack_rows(w: torch.Tensor, width: int) -> torch.Tensor:
     """An nn.Linear weight [N, K] packed as gemm.h reads it: [ceil(N / width), K, width] (rows past N
-    zero), contiguous fp32."""
+    zero), contiguous, in w's dtype."""
     n, k = w.shape
     tiles = -(-n // width)
-    padded = torch.zeros(tiles * width, k, dtype=torch.float32)
+    padded = torch.zeros(tiles * width, k, dtype=w.dtype)
     padded[:n] = w
     return padded.view(tiles, width, k).transpose(1, 2).contiguous()
 

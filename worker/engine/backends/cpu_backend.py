@@ -87,7 +87,7 @@ class CpuBackend(TorchBackend):
         if reason is not None:
             log.info("decode_stack_off", reason=reason)
             return None
-        return ModelDecodeStack(model, kv_caches, self.stack)
+        return ModelDecodeStack.for_engine(model, kv_caches, self.stack)
 
     def rms_norm(  # type: ignore[override]
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
