@@ -25,11 +25,13 @@ backend.decode_stack(model, kv_caches)`) or set it to None.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cpu.decode_stack import BoundDecodeStack, NativeDecodeStack, StackLayer, StackShape
+from kernels.cpu.decode_stack import BoundDecodeStack, NativeDecodeStack, StackLayer, StackShape, pack_rows
 from kernels.cpu.draft_chain import DraftChain
 from kernels.reference.attention import decode_shared_blocks
 from worker.engine.backends.base import AttentionMetadata
@@ -171,6 +173,26 @@ class ModelDecodeStack:
         """__call__ without AttentionMetadata (speculation's DraftStack): int64 ids, positions and
         slots, int32 tables [rows, W] and context lengths, in the layouts `takes` checks."""
         return self._stack(F.embedding(input_ids, self._embed), positions, slots, tables, context_lens)
+
+
+@dataclass(frozen=True)
+class HeadCopies:
+    """The lm_head's copies for the CPU backend's `project`, made beside the engine's stack: fp16 when
+    every value is an fp16 value (the 1-2 row GEMVs' bytes halved, the same products) and packed for
+    gemm.h (steps of 3 rows or more: ~2x torch's GEMM at 16 rows on the reference model's [4096, 256])."""
+
+    module: nn.Linear
+    half: torch.Tensor | None
+    packed: torch.Tensor
+
+    @classmethod
+    def of(cls, head: nn.Linear, pack_width: int) -> HeadCopies | None:
+        """The copies of a plain nn.Linear's fp32 weight, or None over COPY_LIMIT_BYTES."""
+        w = head.weight.detach()
+        if w.numel() * 4 > COPY_LIMIT_BYTES:
+            return None
+        half = w.half().contiguous() if exactly_half(w) else None
+        return cls(head, half, pack_rows(w if half is None else half, pack_width))
 
 
 def _matrices(model: nn.Module) -> list[torch.Tensor]:
