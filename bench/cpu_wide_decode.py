@@ -10,7 +10,9 @@ contexts of 96-159 tokens on distinct KV blocks, called directly (`ModelDecodeSt
 every layer, the final norm; no scheduler, no sampling): CPU ms per call (time.process_time, best of
 --repeats runs of a loop), and the lm_head after it (`compute_logits`). tok/s = B / (stack + lm_head).
 The peer: torch's F.linear over the same 16 matrices in layer order (qkv, o_proj, gate_up, down; B
-rows each), and the FLOP rate of the stack (2 x B x its matrices' weights per step).
+rows each), and the FLOP rate of the stack (2 x B x its matrices' weights per step). "engine": the
+whole engine's plain greedy decode, B prompts of 96-159 random tokens in one generate call: CPU ms
+per step as the difference of max_tokens 4 and 36 over 32 steps (best of --repeats each), and B over it.
 
 --baseline-rev REV exports that git revision with `git archive` and runs the same measurement there
 in a subprocess (PYTHONPATH at the export), printed beside this tree's.
@@ -64,7 +66,7 @@ def measure(batches: list[int], repeats: int) -> dict:
     import torch.nn.functional as F
 
     import worker
-    from worker.engine import Engine, EngineConfig
+    from worker.engine import Engine, EngineConfig, SamplingParams
 
     torch.set_num_threads(1)
     engine = Engine.from_pretrained(MODEL, EngineConfig(kv_cache_bytes=96 << 20, max_num_seqs=max(batches),
@@ -77,7 +79,7 @@ def measure(batches: list[int], repeats: int) -> dict:
     mats = [w for layer in model.model.layers for w in (layer.self_attn.qkv_proj.weight, layer.self_attn.o_proj.weight,
                                                         layer.mlp.gate_up_proj.weight, layer.mlp.down_proj.weight)]  # fmt: skip
     gen = torch.Generator().manual_seed(0)
-    out: dict = {"stack": {}, "lm_head": {}, "linear": {}, "flops": {},
+    out: dict = {"stack": {}, "lm_head": {}, "linear": {}, "flops": {}, "engine": {},
                  "where": str(Path(worker.__file__).parent.parent)}  # fmt: skip
     with torch.inference_mode():
         for rows in batches:
@@ -91,6 +93,19 @@ def measure(batches: list[int], repeats: int) -> dict:
             out["lm_head"][rows] = _best(lambda hidden=hidden: model.compute_logits(hidden), loops, repeats)
             out["linear"][rows] = _best(lambda xs=xs: [F.linear(xs[w.shape[1]], w) for w in mats], loops, repeats)
             out["flops"][rows] = 2 * rows * sum(w.numel() for w in mats)
+    for rows in batches:
+        prompts = [torch.randint(3, 4096, (96 + (37 * r) % 64,), generator=gen).tolist() for r in range(rows)]
+        cost = {}
+        for tokens in (4, 36):
+            params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+            engine.generate(prompts, params)  # warm
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.process_time()
+                engine.generate(prompts, params)
+                best = min(best, time.process_time() - t0)
+            cost[tokens] = best
+        out["engine"][rows] = 1e3 * (cost[36] - cost[4]) / 32
     return out
 
 
@@ -128,17 +143,20 @@ def main() -> None:
     if not now["where"].startswith(str(ROOT)):
         raise RuntimeError(f"worker was imported from {now['where']}, not this tree: run with PYTHONPATH={ROOT}")
     print(f"CPU ms per decode step, {MODEL.name} (fp32, 1 thread), contexts 96-159; best of {args.repeats}")
-    head = f"{'batch':>5} {'stack':>7} {'GF/s':>5} {'lm_head':>7} {'tok/s':>7} {'F.linear':>8} {'GF/s':>5}"
+    head = f"{'batch':>5} {'stack':>7} {'GF/s':>5} {'lm_head':>7} {'tok/s':>7} {'F.linear':>8} {'GF/s':>5} {'engine':>6} {'tok/s':>6}"
     if base:
-        head += f" | {'base stack':>10} {'base tok/s':>10} {'stack x':>7}"
+        head += f" | {'base stack':>10} {'base tok/s':>10} {'stack x':>7} {'base engine':>11} {'tok/s':>6}"
     print(head + (f"   (base = {args.baseline_rev})" if base else ""))
-    print(" " * 6 + "(stack: the decoder layers' call; F.linear: the same 16 matrices alone through torch)")
+    print(" " * 6 + "(stack: the decoder layers' call; F.linear: the same 16 matrices alone through torch; "
+          "engine: a whole plain greedy decode step)")  # fmt: skip
     for b in args.batches:
         s, lm, lin, fl = now["stack"][b], now["lm_head"][b], now["linear"][b], now["flops"][b]
-        line = f"{b:>5} {s:>7.3f} {fl / s / 1e6:>5.0f} {lm:>7.3f} {1e3 * b / (s + lm):>7.0f} {lin:>8.3f} {fl / lin / 1e6:>5.0f}"
+        eng = now["engine"][b]
+        line = (f"{b:>5} {s:>7.3f} {fl / s / 1e6:>5.0f} {lm:>7.3f} {1e3 * b / (s + lm):>7.0f} {lin:>8.3f} "
+                f"{fl / lin / 1e6:>5.0f} {eng:>6.2f} {1e3 * b / eng:>6.0f}")  # fmt: skip
         if base:
-            bs, blm = base["stack"][b], base["lm_head"][b]
-            line += f" | {bs:>10.3f} {1e3 * b / (bs + blm):>10.0f} {bs / s:>6.2f}x"
+            bs, blm, beng = base["stack"][b], base["lm_head"][b], base["engine"][b]
+            line += f" | {bs:>10.3f} {1e3 * b / (bs + blm):>10.0f} {bs / s:>6.2f}x {beng:>11.2f} {1e3 * b / beng:>6.0f}"
         print(line)
 
 
