@@ -10,7 +10,10 @@
  * except for the matmuls' summation order (gemv.h against torch's GEMM).
  *
  * Matmuls: GEMVs (gemv.h) up to STACK_GEMV_ROWS rows; beyond, the caller's sgemm (torch's BLAS: the
- * same GEMM as F.linear) on one thread, the elementwise layers and attention still in this call.
+ * same GEMM as F.linear) on one thread, the elementwise layers and attention still in this call. A
+ * model bound with packed copies of its matrices (gemm.h) multiplies steps of STACK_PACKED_ROWS rows
+ * or more with those instead: register tiles at ~1.5x sgemm's rate at 16 rows on the session-14 Xeon;
+ * with fp16 matrices, from fp16 packed copies (the same floats as their fp32 copies').
  *
  * Threads (up to STACK_GEMV_ROWS rows): a team of num_threads pthreads for the whole call. Each
  * GEMV's output rows are split between them (gate_up by intermediate columns, so each thread also
@@ -30,16 +33,20 @@
 #include <string.h>
 
 #include "decode_attention.h"
+#include "gemm.h"
 #include "gemv.h"
 #include "layer_rows.h"
 #include "threads.h"
 
 /* One decoder layer's tensors; qkv_bias, q_norm and k_norm may be 0 (no bias / no qk-norm). window:
- * the layer's sliding window (its queries read their last `window` keys; 0: the whole context). */
+ * the layer's sliding window (its queries read their last `window` keys; 0: the whole context).
+ * *_packed: the four matrices packed for gemm.h ([ceil(N / GEMM_NB)][K][GEMM_NB], fp32 or with
+ * half_weights fp16), or 0. */
 typedef struct {
     const float *input_norm, *qkv, *qkv_bias, *q_norm, *k_norm, *o_proj, *post_norm, *gate_up, *down;
     float *k_cache, *v_cache;
     int64_t window;
+    const float *qkv_packed, *o_proj_packed, *gate_up_packed, *down_packed;
 } StackLayer;
 
 typedef struct {
@@ -48,6 +55,7 @@ typedef struct {
     float eps, scale;
     const StackLayer *layers;
     const float *final_norm, *cos_sin;
+    int64_t packed; /* every layer has its *_packed matrices */
 } StackModel;
 
 /* The Fortran BLAS sgemm (column-major, arguments by pointer), passed in by the caller (kernels.cpu.blas
@@ -58,8 +66,13 @@ typedef void (*Sgemm)(const char *transa, const char *transb, const int64_t *m, 
                       const float *beta, float *c, const int64_t *ldc);
 
 /* Up to this many rows the matmuls are GEMVs (in passes of at most GEMV_MAX_ROWS rows, re-reading
- * the weights: at 9-15 rows still faster than a GEMM here); from 16 rows sgemm, when there is one. */
+ * the weights: at 9-15 rows still faster than sgemm here); from 16 rows sgemm, when there is one. A
+ * model bound with packed matrices takes gemm.h's products from STACK_PACKED_ROWS rows instead, and
+ * any number of rows up to STACK_MAX_ROWS (1-2 rows: the GEMV's four or two chains per row stream the
+ * weights as fast; from 3 rows the fp16 GEMV is no longer bound by their bytes, at 6-8 not the fp32
+ * one, and the packed tiles are faster). */
 #define STACK_GEMV_ROWS 15
+#define STACK_PACKED_ROWS 3
 #define STACK_MAX_ROWS 4096
 #define ALIGN16(n) (((n) + 15) / 16 * 16) /* floats, rounded up to a 64-byte line */
 
@@ -88,11 +101,21 @@ typedef struct {
 } Member;
 
 /* y[:, lo:hi] <- x [rows, K] (row stride xs) . w[lo:hi]^T (+ bias[lo:hi]), y's row stride ys; w
- * starts `at` weights into the tensor (fp32, or fp16 with the model's half_weights: GEMVs only). */
-static void linear(const Step *s, const float *w, int64_t at, const float *bias, int64_t K, const float *x, int64_t xs,
-                   float *y, int64_t ys, int64_t lo, int64_t hi) {
+ * starts `at` weights into the tensor (fp32, or fp16 with the model's half_weights: GEMVs only);
+ * packed: the same tensor packed for gemm.h (of the same dtype), or 0. */
+static void linear(const Step *s, const float *w, const float *packed, int64_t at, const float *bias, int64_t K,
+                   const float *x, int64_t xs, float *y, int64_t ys, int64_t lo, int64_t hi) {
     const int64_t M = s->rows;
     if (hi <= lo) return;
+    if (packed && M >= STACK_PACKED_ROWS) { /* weight rows at / K + [lo, hi) into y's columns [lo, hi) */
+        const int64_t row0 = at / K;
+        if (s->model->half_weights)
+            gemm_packed_h((const uint16_t *)(const void *)packed, bias ? bias - row0 : 0, K, x, xs, M, y, ys, row0 + lo,
+                          row0 + hi, row0);
+        else
+            gemm_packed(packed, bias ? bias - row0 : 0, K, x, xs, M, y, ys, row0 + lo, row0 + hi, row0);
+        return;
+    }
     if (s->model->half_weights) {
         const uint16_t *wh = (const uint16_t *)(const void *)w + at;
         for (int64_t r = 0; r < M; r += GEMV_MAX_ROWS) {
@@ -145,7 +168,7 @@ static void *run_member(void *arg) {
                 rms_norm_row(s->down + m * H, res + m * H, L->input_norm, H, eps, h + m * H, res + m * H);
             }
         }
-        linear(s, L->qkv, 0, L->qkv_bias, H, h, H, s->qkv, nqkv, SLICE_LO(nqkv, s, tid), SLICE_HI(nqkv, s, tid));
+        linear(s, L->qkv, L->qkv_packed, 0, L->qkv_bias, H, h, H, s->qkv, nqkv, SLICE_LO(nqkv, s, tid), SLICE_HI(nqkv, s, tid));
         sync_team(s);
         const int64_t kv_row = hkv * D;
         for (int64_t m = tid; m < M; m += n) { /* this thread's rows: q/k norm, rotary, K/V store */
@@ -166,7 +189,7 @@ static void *run_member(void *arg) {
                                mdl->block_size, s->bt_stride, 0, mdl->scale, s->attn, 0, tid, n, L->window, 0.0f};
         decode_job_run((void *)&job); /* rows tid, tid + n, ...: each row reads only its own sequence */
         sync_team(s);
-        linear(s, L->o_proj, 0, 0, qd, s->attn, qd, s->o, H, SLICE_LO(H, s, tid), SLICE_HI(H, s, tid));
+        linear(s, L->o_proj, L->o_proj_packed, 0, 0, qd, s->attn, qd, s->o, H, SLICE_LO(H, s, tid), SLICE_HI(H, s, tid));
         sync_team(s);
         for (int64_t m = 0; m < M; m++)
             rms_norm_row(s->o + m * H, res + m * H, L->post_norm, H, eps, h + m * H, res + m * H);
@@ -174,11 +197,11 @@ static void *run_member(void *arg) {
         const int64_t a = SLICE_LO(I, s, tid), b = SLICE_HI(I, s, tid), w = b - a;
         float *gu = s->act + M * I; /* scratch after act: [rows, 2 * (b - a)] for this thread's slice */
         gu += M * 2 * a;
-        linear(s, L->gate_up, a * H, 0, H, h, H, gu, 2 * w, 0, w);
-        linear(s, L->gate_up, (I + a) * H, 0, H, h, H, gu + w, 2 * w, 0, w);
+        linear(s, L->gate_up, L->gate_up_packed, a * H, 0, H, h, H, gu, 2 * w, 0, w);
+        linear(s, L->gate_up, L->gate_up_packed, (I + a) * H, 0, H, h, H, gu + w, 2 * w, 0, w);
         for (int64_t m = 0; m < M; m++) silu_mul_row(gu + m * 2 * w, gu + m * 2 * w + w, w, s->act + m * I + a);
         sync_team(s);
-        linear(s, L->down, 0, 0, I, s->act, I, s->down, H, SLICE_LO(H, s, tid), SLICE_HI(H, s, tid));
+        linear(s, L->down, L->down_packed, 0, 0, I, s->act, I, s->down, H, SLICE_LO(H, s, tid), SLICE_HI(H, s, tid));
         sync_team(s);
     }
     if (tid == 0)
@@ -232,20 +255,28 @@ int decode_stack_supports(int64_t num_heads, int64_t num_kv_heads, int64_t head_
     return decode_attention_fits(num_heads, num_kv_heads, head_dim, block_size) && head_dim % 2 == 0;
 }
 
-/* Rows a call takes: STACK_GEMV_ROWS on GEMVs alone, more with an sgemm (on one thread). */
+/* Rows a call takes: STACK_GEMV_ROWS on GEMVs alone, more with an sgemm or packed matrices (on one
+ * thread). */
 int decode_stack_max_rows(int with_sgemm) { return with_sgemm ? STACK_MAX_ROWS : STACK_GEMV_ROWS; }
+
+/* Weight rows per packed tile: a matrix [N, K] is packed as [ceil(N / this)][K][this] (gemm.h). */
+int decode_stack_pack_width(void) { return GEMM_NB; }
+
+/* Rows from which a step multiplies with the packed matrices, where bound. */
+int decode_stack_packed_rows(void) { return STACK_PACKED_ROWS; }
 
 /* out [rows, hidden] <- the final-normed hidden states of the decoder stack over x [rows, hidden];
  * each layer's K/V of the rows stored at slots (-1: not stored). With more than STACK_GEMV_ROWS rows
- * the matmuls are sgemm's (required then) and the call runs on one thread (sgemm may thread itself).
+ * the matmuls are the packed matrices' or else sgemm's (one of them required then) and the call runs
+ * on one thread (sgemm may thread itself).
  * Returns 0; -1 (nothing done) when rows is outside 1..decode_stack_max_rows, the sizes do not fit
  * or a position or slot is out of range; -2 when out of memory. */
 int decode_stack_f32(const StackModel *model, Sgemm sgemm, const float *x, int64_t rows, const int64_t *positions,
                      const int64_t *slots, const int32_t *block_tables, int64_t bt_stride, const int32_t *context_lens,
                      float *out, int64_t num_threads) {
     const StackModel *m = model;
-    if (model->half_weights) sgemm = 0; /* fp16 weights: GEMVs only */
-    if (rows < 1 || rows > decode_stack_max_rows(sgemm != 0) ||
+    if (model->half_weights) sgemm = 0; /* fp16 weights: GEMVs or packed tiles only */
+    if (rows < 1 || rows > decode_stack_max_rows(sgemm != 0 || m->packed) ||
         !decode_stack_supports(m->num_heads, m->num_kv_heads, m->head_dim, m->block_size))
         return -1;
     for (int64_t r = 0; r < rows; r++)

@@ -5,7 +5,11 @@ returned `BoundDecodeStack`); each decode step then is one call with the step's 
 positions, slots, block tables and context lengths. Same result as running the layers op by op
 with the CPU kernels (kernels.cpu) and F.linear, to fp32 rounding: up to `gemv_rows` (15) rows the
 matmuls are C GEMVs (another summation order); beyond, torch's own sgemm (kernels.cpu.blas: the
-same floats as F.linear), on one thread, up to `max_rows`.
+same floats as F.linear), on one thread, up to `max_rows`. Bound with `packed=True` the stack keeps a
+copy of its four matrices packed for gemm.h (the weights' bytes once more) and multiplies every step
+of `packed_rows` rows or more with it, up to `max_rows` rows with or without an sgemm (another
+summation order again: one FMA chain over k per output; with half=True the copies are fp16, the same
+floats from half the bytes).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from kernels.cpu.blas import torch_sgemm
 from kernels.cpu.build import load_library
 
 SOURCE = Path(__file__).with_suffix(".c")
-HALF_MATRICES = ("qkv", "o_proj", "gate_up", "down")  # fp16 in a stack bound with half=True
+HALF_MATRICES = ("qkv", "o_proj", "gate_up", "down")  # fp16 in a stack bound with half=True (packed: copied)
 
 _ptr, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
@@ -29,6 +33,7 @@ class _Layer(ctypes.Structure):
     _fields_ = [(name, _ptr) for name in ("input_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o_proj", "post_norm",
                                           "gate_up", "down", "k_cache", "v_cache")]  # fmt: skip
     _fields_ += [("window", _i64)]
+    _fields_ += [(f"{name}_packed", _ptr) for name in ("qkv", "o_proj", "gate_up", "down")]
 
 
 class _Model(ctypes.Structure):
@@ -36,6 +41,7 @@ class _Model(ctypes.Structure):
                                           "intermediate", "block_size", "num_slots", "max_positions",
                                           "half_weights")]  # fmt: skip
     _fields_ += [("eps", _f32), ("scale", _f32), ("layers", _ptr), ("final_norm", _ptr), ("cos_sin", _ptr)]
+    _fields_ += [("packed", _i64)]
 
 
 @dataclass(frozen=True)
@@ -82,8 +88,11 @@ class NativeDecodeStack:
         self._fits.argtypes = [_i64, _i64, _i64, _i64]
         self._fits.restype = ctypes.c_int
         lib.decode_stack_max_rows.argtypes = [ctypes.c_int]
+        self.pack_width: int = lib.decode_stack_pack_width()  # weight rows per packed tile (gemm.h)
+        self.packed_rows: int = lib.decode_stack_packed_rows()  # steps of this many rows or more: packed
         self.sgemm: int | None = torch_sgemm() if use_sgemm else None
         self.gemv_rows: int = lib.decode_stack_max_rows(0)  # on any number of threads
+        self._most_rows = lib.decode_stack_max_rows
         self.max_rows: int = lib.decode_stack_max_rows(int(self.sgemm is not None))  # past gemv_rows: one thread
 
     def supports(self, shape: StackShape, block_size: int) -> bool:
@@ -91,17 +100,20 @@ class NativeDecodeStack:
         return bool(self._fits(shape.num_heads, shape.num_kv_heads, shape.head_dim, block_size))
 
     def bind(self, shape: StackShape, layers: list[StackLayer], final_norm: torch.Tensor,
-             cos_sin: torch.Tensor, half: bool = False) -> BoundDecodeStack:  # fmt: skip
+             cos_sin: torch.Tensor, half: bool = False, packed: bool = False) -> BoundDecodeStack:  # fmt: skip
         """A callable stack over these tensors. Raises ValueError naming the first tensor that is not
         fp32 (half: the four matrices qkv, o_proj, gate_up and down fp16 instead, widened exactly in
         the GEMVs: half the bytes, the products of their fp32 copies; up to gemv_rows rows), contiguous
-        and shaped for `shape` (callers check eligibility first; this is the guard)."""
+        and shaped for `shape` (callers check eligibility first; this is the guard). packed: the four
+        matrices also copied in gemm.h's packed layout (in their dtype), for steps of packed_rows rows
+        or more, up to 4096 rows (with half too)."""
         h, d, inter = shape.hidden, shape.head_dim, shape.intermediate
         q, kv = shape.num_heads * d, shape.num_kv_heads * d
         want = {"input_norm": (h,), "qkv": (q + 2 * kv, h), "qkv_bias": (q + 2 * kv,), "q_norm": (d,), "k_norm": (d,),
                 "o_proj": (h, q), "post_norm": (h,), "gate_up": (2 * inter, h), "down": (h, inter)}  # fmt: skip
         cache = layers[0].k_cache.shape if layers else None
         structs = (_Layer * len(layers))()
+        packs: list[list[torch.Tensor]] = []  # the packed copies, kept alive with the stack
         for i, layer in enumerate(layers):
             for name, size in want.items():
                 _check(f"layer {i} {name}", getattr(layer, name), size, optional=name in ("qkv_bias", "q_norm", "k_norm"),
@@ -111,8 +123,11 @@ class NativeDecodeStack:
                 _check(f"layer {i} {name}", t, tuple(cache))
                 if t.shape[2:] != (shape.num_kv_heads, d):
                     raise ValueError(f"layer {i} {name}: shape {tuple(t.shape)} has not [.., .., {shape.num_kv_heads}, {d}]")
-            structs[i] = _Layer(*(None if getattr(layer, f) is None else getattr(layer, f).data_ptr()
-                                  for f, kind in _Layer._fields_ if kind is _ptr), layer.window)  # fmt: skip
+            pointers = [None if getattr(layer, f) is None else getattr(layer, f).data_ptr()
+                        for f, kind in _Layer._fields_[:11]]  # fmt: skip
+            copies = [pack_rows(getattr(layer, name), self.pack_width) for name in HALF_MATRICES] if packed else []
+            packs.append(copies)
+            structs[i] = _Layer(*pointers, layer.window, *(t.data_ptr() for t in copies))
         _check("final_norm", final_norm, (h,))
         if not (cos_sin.dtype == torch.float32 and cos_sin.is_contiguous() and cos_sin.dim() == 2 and cos_sin.shape[1] == d):
             raise ValueError(f"cos_sin must be a contiguous fp32 [max_positions, {d}] tensor")
@@ -121,9 +136,11 @@ class NativeDecodeStack:
                              f"{shape.num_kv_heads} KV heads and blocks of {cache[1]}")  # fmt: skip
         model = _Model(len(layers), h, shape.num_heads, shape.num_kv_heads, d, inter, cache[1] if cache else 1,
                        cache[0] * cache[1] if cache else 0, cos_sin.shape[0], int(half), shape.eps, shape.scale,
-                       ctypes.cast(structs, _ptr), final_norm.data_ptr(), cos_sin.data_ptr())  # fmt: skip
-        keep = (layers, final_norm, cos_sin, structs)
+                       ctypes.cast(structs, _ptr), final_norm.data_ptr(), cos_sin.data_ptr(), int(packed))  # fmt: skip
+        keep = (layers, final_norm, cos_sin, structs, packs)
         sgemm, most = (None, self.gemv_rows) if half else (self.sgemm, self.max_rows)
+        if packed:
+            most = self._most_rows(1)
         return BoundDecodeStack(self._fn, model, keep, h, sgemm, self.gemv_rows, most, self._draft)
 
 
@@ -157,6 +174,16 @@ class BoundDecodeStack:
         if status:
             raise IndexError("decode_stack_f32 refused the step: a position, slot or context length out of range")
         return out
+
+
+def pack_rows(w: torch.Tensor, width: int) -> torch.Tensor:
+    """An nn.Linear weight [N, K] packed as gemm.h reads it: [ceil(N / width), K, width] (rows past N
+    zero), contiguous, in w's dtype."""
+    n, k = w.shape
+    tiles = -(-n // width)
+    padded = torch.zeros(tiles * width, k, dtype=w.dtype)
+    padded[:n] = w
+    return padded.view(tiles, width, k).transpose(1, 2).contiguous()
 
 
 def _check(name: str, t: torch.Tensor | None, shape: tuple, optional: bool = False,

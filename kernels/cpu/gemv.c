@@ -1,12 +1,15 @@
 /* gemv_f32: an nn.Linear on a few rows of activations (y = x W^T + bias, M <= GEMV_MAX_ROWS), the
  * weight streamed once (gemv.h); output rows split over num_threads pthreads when W is large enough
  * to pay for them. gemv_f16: the same with fp16 weights (raw half bits, widened exactly: half the
- * bytes to stream, the same products). Built by kernels/cpu/build.py with -O3 -march=native.
+ * bytes to stream, the same products). gemm_packed_f32: any number of rows over a weight packed for
+ * gemm.h's register tiles (the decode stack's product; the engine's lm_head from 3 rows). Built by
+ * kernels/cpu/build.py with -O3 -march=native.
  */
 #include <stdint.h>
 
 #include <math.h>
 
+#include "gemm.h"
 #include "gemv.h"
 #include "threads.h"
 
@@ -55,6 +58,42 @@ int gemv_f32(const float *w, const float *bias, int64_t N, int64_t K, const floa
 int gemv_f16(const uint16_t *w, const float *bias, int64_t N, int64_t K, const float *x, int64_t xs, int64_t M,
              float *y, int64_t ys, int64_t num_threads) {
     return gemv_any(w, 1, bias, N, K, x, xs, M, y, ys, num_threads);
+}
+
+typedef struct {
+    const void *packed;
+    const float *bias, *x;
+    float *y;
+    int64_t K, xs, M, ys, lo, hi, half;
+} PackedTask;
+
+static void *packed_task(void *arg) {
+    const PackedTask *t = (const PackedTask *)arg;
+    if (t->half)
+        gemm_packed_h((const uint16_t *)t->packed, t->bias, t->K, t->x, t->xs, t->M, t->y, t->ys, t->lo, t->hi, 0);
+    else
+        gemm_packed((const float *)t->packed, t->bias, t->K, t->x, t->xs, t->M, t->y, t->ys, t->lo, t->hi, 0);
+    return 0;
+}
+
+int gemm_pack_width(void) { return GEMM_NB; }
+
+/* y [M, N] (row stride ys) = x [M, K] (row stride xs) . w^T (+ bias [N], or 0) for any M >= 1, w [N, K]
+ * given packed as [ceil(N / GEMM_NB)][K][GEMM_NB] (fp32, or fp16 raw half bits with half); whole tiles
+ * split over num_threads. Returns 0, or -1 when M < 1. */
+int gemm_packed_f32(const void *packed, int64_t half, const float *bias, int64_t N, int64_t K, const float *x,
+                    int64_t xs, int64_t M, float *y, int64_t ys, int64_t num_threads) {
+    if (M < 1) return -1;
+    const int64_t tiles = (N + GEMM_NB - 1) / GEMM_NB;
+    int64_t n = threads_for(N * K, MIN_WEIGHTS_PER_THREAD, num_threads);
+    if (n > tiles) n = tiles;
+    PackedTask tasks[MAX_THREADS];
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t lo = tiles * i / n * GEMM_NB, hi = i + 1 == n ? N : tiles * (i + 1) / n * GEMM_NB;
+        tasks[i] = (PackedTask){packed, bias, x, y, K, xs, M, ys, lo, hi, half};
+    }
+    run_tasks(packed_task, tasks, sizeof(PackedTask), n);
+    return 0;
 }
 
 /* The sum of n floats, read once in order with 4 vector accumulators: the rate a single core streams

@@ -2,7 +2,8 @@
 
 At M <= 8 rows a linear layer is a stream over its weight; the C kernel (gemv.h) reads it once with
 all M rows in registers and prefetches ahead in each weight row. Same result as F.linear to fp32
-rounding (a different summation order). Larger M belongs to torch's GEMM, which is compute-bound there.
+rounding (a different summation order). Larger M is compute-bound: `packed` multiplies any number of
+rows with a weight packed once (kernels.cpu.decode_stack.pack_rows) in gemm.h's register tiles.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ class NativeGemv:
             fn.argtypes = [_ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64, _i64]
             fn.restype = ctypes.c_int
         self.max_rows: int = lib.gemv_max_rows()
+        self.pack_width: int = lib.gemm_pack_width()  # the width pack_rows must be given
+        self._packed = lib.gemm_packed_f32
+        self._packed.argtypes = [_ptr, _i64, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64, _i64]
+        self._packed.restype = ctypes.c_int
         self._top1 = lib.top1_f32
         self._top1.argtypes, self._top1.restype = [_ptr, _i64, _i64, _ptr, _ptr], None
         self._read = lib.stream_read_f32
@@ -61,6 +66,22 @@ class NativeGemv:
         fn = self._fn_h if weight.dtype == torch.float16 else self._fn
         fn(weight.data_ptr(), None if bias is None else bias.data_ptr(), n, k, x.data_ptr(), x.stride(0), rows,
                  out.data_ptr(), n, torch.get_num_threads())  # fmt: skip
+        return out
+
+    def packed(self, x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """F.linear(x, w, bias) -> [M, n] fp32 for any M >= 1, with w [n, K] given as pack_rows(w,
+        pack_width) (fp32, or fp16: widened exactly). x [M, K] fp32 CPU with a dense last dim; bias
+        contiguous fp32 [n] or None. Raises ValueError otherwise."""
+        rows, k = x.shape
+        if not (x.dtype == torch.float32 and x.device.type == packed.device.type == "cpu" and x.stride(1) == 1
+                and rows >= 1 and packed.dtype in (torch.float32, torch.float16) and packed.is_contiguous()
+                and packed.shape == (-(-n // self.pack_width), k, self.pack_width)
+                and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (n,)))):  # fmt: skip
+            raise ValueError(f"packed takes fp32 rows [M, K] and a weight packed as [ceil(n / {self.pack_width}), K, "
+                             f"{self.pack_width}], got {tuple(x.shape)} and {tuple(packed.shape)} {packed.dtype}")  # fmt: skip
+        out = torch.empty(rows, n, dtype=torch.float32)
+        self._packed(packed.data_ptr(), int(packed.dtype == torch.float16), None if bias is None else bias.data_ptr(),
+                     n, k, x.data_ptr(), x.stride(0), rows, out.data_ptr(), n, torch.get_num_threads())  # fmt: skip
         return out
 
     def top1(self, logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:

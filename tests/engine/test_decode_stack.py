@@ -1,8 +1,10 @@
-"""The CPU backend's whole-stack decode path (one C call per decode step of <= 8 rows): greedy tokens
+"""The CPU backend's whole-stack decode path (one C call per pure decode step): greedy tokens
 equal transformers' with it on and off, on every architecture; the models and steps it must not
 take fall back to the op-by-op layers; the weights it streams sit packed on huge pages."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -73,6 +75,8 @@ def test_hooks_threads_and_shared_prefixes_run_op_by_op(make_checkpoint, expecte
     on a projection sends every step op by op (the hook fires); past 15 rows the stack runs only on
     one torch thread; rows that all share their leading blocks go op by op (the cascade)."""
     engine = _engine(make_checkpoint("llama").path, max_num_seqs=32)
+    stack = engine.runner.model.decode_stack
+    assert stack.packed and not stack.half  # fp32 values: fp32 packed copies multiply steps of 3+ rows
     rows = _count_stack_calls(engine, monkeypatch)
     prompts = mixed_prompts() * 2
     params = [SamplingParams(max_tokens=1 + i % MAX_NEW, ignore_eos=True) for i in range(len(prompts))]
@@ -99,6 +103,26 @@ def test_hooks_threads_and_shared_prefixes_run_op_by_op(make_checkpoint, expecte
     outs = engine.generate(shared, SamplingParams(max_tokens=4, ignore_eos=True))
     assert all(len(o.token_ids) == 4 for o in outs)
     assert not rows
+
+
+def test_an_fp16_checkpoint_runs_on_fp16_copies_with_the_same_tokens(monkeypatch) -> None:
+    """examples/models/pycoder-tiny is stored in fp16: the engine's stack multiplies with fp16 copies
+    (GEMVs at 1-2 rows, packed tiles from 3, the products of the fp32 weights) on steps of 1 to 12
+    rows, and greedy decoding gives the op-by-op path's tokens."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "models" / "pycoder-tiny"
+    before = torch.get_num_threads()
+    try:
+        on = _engine(path, max_num_seqs=12, num_threads=1)
+        stack = on.runner.model.decode_stack
+        assert stack.half and stack.packed
+        off = _engine(path, max_num_seqs=12, num_threads=1, decode_stack=False)
+        rows = _count_stack_calls(on, monkeypatch)
+        prompts = [list(range(5 + i, 40 + 3 * i)) for i in range(12)]
+        params = [SamplingParams(max_tokens=4 + 2 * i, ignore_eos=True) for i in range(12)]
+        assert [o.token_ids for o in on.generate(prompts, params)] == [o.token_ids for o in off.generate(prompts, params)]
+    finally:
+        torch.set_num_threads(before)
+    assert max(rows) == 12 and min(rows) == 1
 
 
 def test_quantized_models_run_op_by_op(make_checkpoint) -> None:

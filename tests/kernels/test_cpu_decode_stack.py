@@ -9,7 +9,7 @@ from kernel_cases import assert_close, randn
 from paged_cases import block_tables_for, random_cache
 
 from kernels import reference
-from kernels.cpu.decode_stack import NativeDecodeStack, StackLayer, StackShape
+from kernels.cpu.decode_stack import NativeDecodeStack, StackLayer, StackShape, pack_rows
 from worker.engine.models.rotary import cos_sin_cache
 
 EPS = 1e-6
@@ -165,3 +165,76 @@ def test_fp16_matrices_give_the_fp32_matrices_floats(native) -> None:
     assert stack.max_rows == stack.gemv_rows
     with pytest.raises(ValueError, match="float16"):
         native.bind(shape, layers, final_norm, cos_sin, half=True)
+
+
+def test_pack_rows_lays_tiles_of_pack_width_rows_by_k(native) -> None:
+    width = native.pack_width
+    w = randn(width + 3, 5)  # a second tile with 3 real rows, zeros after
+    packed = pack_rows(w, width)
+    assert packed.shape == (2, 5, width) and packed.is_contiguous()
+    assert torch.equal(packed[1, :, :3], w[width:].T) and torch.equal(packed[0], w[:width].T)
+    assert not packed[1, :, 3:].any()
+
+
+@pytest.mark.parametrize(
+    ("hidden", "heads", "kv_heads", "head_dim", "inter", "lens", "bias", "qk_norm"),
+    [
+        (64, 4, 2, 16, 128, [1 + (7 * i) % 50 for i in range(40)], True, True),  # 40 rows: 6 + 6 + ... + 4
+        (72, 4, 2, 16, 40, [3, 19, 7, 1, 30, 12, 5, 8, 22], True, False),  # 9 rows, widths not a tile's
+        (256, 8, 4, 32, 768, [1 + (5 * i) % 90 for i in range(16)], False, False),  # the reference model's shape
+    ],
+)
+def test_packed_matrices_match_the_layers_op_by_op(native, hidden, heads, kv_heads, head_dim, inter, lens, bias,
+                                                   qk_norm) -> None:  # fmt: skip
+    """From packed_rows rows a stack bound with packed=True multiplies with its packed copies (gemm.h);
+    the result is the op-by-op path's to fp32 rounding, K/V stores included, on any number of rows."""
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(
+        hidden, heads, kv_heads, head_dim, inter, 16, lens, bias, qk_norm
+    )
+    assert len(lens) >= native.packed_rows
+    ref_layers = _copy_caches(layers)
+    want = _reference(shape, ref_layers, final_norm, cos_sin, x, positions, slots, tables, cl)
+    stack = native.bind(shape, layers, final_norm, cos_sin, packed=True)
+    assert stack.max_rows == 4096
+    assert_close(stack(x, positions, slots, tables, cl), want, atol=2e-4, rtol=1e-4)
+    for mine, theirs in zip(layers, ref_layers, strict=True):
+        assert_close(mine.k_cache, theirs.k_cache, atol=2e-4, rtol=1e-4)
+        assert_close(mine.v_cache, theirs.v_cache, atol=2e-4, rtol=1e-4)
+
+
+def test_packed_rows_give_the_same_floats_on_any_threads_and_batch(native) -> None:
+    """Each packed output is one FMA chain over k: the same floats on 1, 2 or 3 threads (whose slices cut
+    tiles) and whichever other rows share the step (from packed_rows rows on)."""
+    lens = [37, 5, 90, 12, 64, 3, 18, 44, 7, 29, 51, 2, 8]
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(200, 4, 2, 16, 300, 16, lens, True)
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append(native.bind(shape, _copy_caches(layers), final_norm, cos_sin, packed=True)(
+                x, positions, slots, tables, cl))  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
+    few = native.packed_rows
+    stack = native.bind(shape, _copy_caches(layers), final_norm, cos_sin, packed=True)
+    got = stack(x[:few], positions[:few], slots[:few], tables[:few], cl[:few])
+    assert torch.equal(got, outs[0][:few])
+
+
+def test_fp16_packed_matrices_give_the_fp32_packed_floats(native) -> None:
+    """Packed fp16 copies (half=True, packed=True) widen exactly: the fp32 packed stack's floats, bit for
+    bit, on 3 to 13 rows (past gemv_rows too: no sgemm needed)."""
+    lens = [3, 19, 7, 1, 30, 12, 5, 8, 22, 4, 9, 11, 6]
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(72, 4, 2, 16, 40, 4, lens, True, True)
+    mats = ("qkv", "o_proj", "gate_up", "down")
+    layers = [StackLayer(**{n: t.half().float() if n in mats else t for n, t in vars(layer).items()})
+              for layer in layers]  # fmt: skip
+    halves = [StackLayer(**{n: t.half() if n in mats else t for n, t in vars(layer).items()}) for layer in layers]
+    full = native.bind(shape, _copy_caches(layers), final_norm, cos_sin, packed=True)
+    half = native.bind(shape, _copy_caches(halves), final_norm, cos_sin, half=True, packed=True)
+    assert half.max_rows == 4096
+    for rows in (native.packed_rows, 13):
+        step = (x[:rows], positions[:rows], slots[:rows], tables[:rows], cl[:rows])
+        assert torch.equal(half(*step), full(*step))

@@ -88,3 +88,23 @@ def test_top1_is_the_argmax_and_its_softmax_probability(gemv) -> None:
     token, prob = gemv.top1(logits)
     assert torch.equal(torch.from_numpy(token), logits.argmax(-1)) and token[0] == 5
     assert_close(torch.from_numpy(prob), torch.softmax(logits, -1).max(-1).values, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("rows", "n", "k"), [(1, 37, 5), (3, 64, 72), (7, 130, 256), (16, 4096, 256), (40, 100, 33)])
+def test_packed_matches_linear_and_fp16_gives_the_fp32_floats(gemv, rows: int, n: int, k: int) -> None:
+    """gemm.h over a weight packed by pack_rows (partial last tiles, K tails, any rows); its fp16 copy
+    widens exactly: the same floats; so do 2 threads (whole tiles each)."""
+    from kernels.cpu.decode_stack import pack_rows
+
+    x, w, b = randn(rows, k), randn(n, k, scale=0.1).half().float(), randn(n)
+    got = gemv.packed(x, pack_rows(w, gemv.pack_width), n, b)
+    assert_close(got, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+    assert torch.equal(gemv.packed(x, pack_rows(w.half(), gemv.pack_width), n, b), got)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert torch.equal(gemv.packed(x, pack_rows(w, gemv.pack_width), n, b), got)
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="packed"):
+        gemv.packed(x, w, n, b)  # not packed

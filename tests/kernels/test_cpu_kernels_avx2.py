@@ -108,3 +108,16 @@ def test_decode_stack_matches_layers(avx2_build) -> None:
     want = _reference(shape, _copy_caches(layers), final_norm, cos_sin, x, positions, slots, tables, cl)
     got = avx2_build[5].bind(shape, layers, final_norm, cos_sin)(x, positions, slots, tables, cl)
     assert_close(got, want, atol=2e-4, rtol=1e-4)
+
+
+def test_decode_stack_packed_matches_layers(avx2_build) -> None:
+    """The 8-lane packed products (tiles of 2 vectors) against the same reference, on 11 rows."""
+    from test_cpu_decode_stack import _case, _copy_caches, _reference
+
+    lens = [3, 19, 7, 1, 30, 12, 5, 8, 22, 2, 9]
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(72, 4, 2, 8, 40, 4, lens, True, True)
+    want = _reference(shape, _copy_caches(layers), final_norm, cos_sin, x, positions, slots, tables, cl)
+    stack = avx2_build[5]
+    assert stack.pack_width == 16
+    got = stack.bind(shape, layers, final_norm, cos_sin, packed=True)(x, positions, slots, tables, cl)
+    assert_close(got, want, atol=2e-4, rtol=1e-4)

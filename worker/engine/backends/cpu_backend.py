@@ -11,7 +11,8 @@ RMSNorm (with its residual add), SiLU * up and rotary run one C pass each instea
 reference's chains of torch ops; any tensor the kernels don't take falls back to the reference.
 Projections of at most 8 rows (decode at small batches, the logits of a few rows) are C GEMVs that
 stream the weight once (torch's GEMM is 1.6-2x slower at 4-8 rows here), and pure decode steps run
-the whole decoder stack in one C call (cpu_decode_stack: GEMVs up to 15 rows, torch's sgemm beyond).
+the whole decoder stack in one C call (cpu_decode_stack: GEMVs at 1-2 rows, packed register tiles
+from 3; the lm_head of a model bound to it likewise, through HeadCopies).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from kernels.reference.attention import (
 )
 from kernels.reference.fused_moe import expert_mlp, grouped_moe
 from worker.engine.backends.base import AttentionMetadata
-from worker.engine.backends.cpu_decode_stack import ModelDecodeStack, ineligible
+from worker.engine.backends.cpu_decode_stack import HeadCopies, ModelDecodeStack, ineligible
 from worker.engine.backends.torch_backend import TorchBackend
 
 log = structlog.get_logger(__name__)
@@ -56,6 +57,8 @@ class CpuBackend(TorchBackend):
         # whether the C kernel takes tensors of a (shapes, strides, dtypes) signature: checked once
         # per batch shape, not at each of the ~5 calls per layer
         self._fits: dict[tuple, bool] = {}
+        # lm_head copies by id(module) (bound with a model's decode stack): see HeadCopies
+        self._heads: dict[int, HeadCopies] = {}
 
     def _fit(self, key: tuple, check: Callable[[], bool]) -> bool:
         fits = self._fits.get(key)
@@ -70,13 +73,21 @@ class CpuBackend(TorchBackend):
         return device.type == "cpu"
 
     def project(self, linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """Backend.project, with a plain fp32 nn.Linear on at most gemv.max_rows rows as a C GEMV."""
+        """Backend.project, with a plain fp32 nn.Linear on at most gemv.max_rows rows as a C GEMV (an
+        lm_head with HeadCopies: its fp16 copy there, its packed copy from 3 rows)."""
         if type(linear) is nn.Linear and not (linear._forward_hooks or linear._forward_pre_hooks):
             w, b = linear.weight, linear.bias
+            g = w
+            head = self._heads.get(id(linear))
+            if head is not None and head.module is linear and x.dim() == 2 and x.dtype == torch.float32 \
+                    and x.stride(1) == 1 and x.device.type == "cpu" and x.shape[0] > 0:  # fmt: skip
+                if x.shape[0] >= self.stack.packed_rows:
+                    return self.gemv.packed(x, head.packed, w.shape[0], b)
+                g = w if head.half is None else head.half  # the same products from half the bytes
             if x.dim() == 2 and x.shape[0] <= self.gemv.max_rows:
-                key = ("gemv", x.shape, x.stride(), x.dtype, w.shape, w.stride(), w.dtype, None if b is None else b.dtype)
-                if self._fit(key, lambda: self.gemv.supports(x, w, b)):
-                    return self.gemv(x, w, b, checked=True)  # type: ignore[return-value]
+                key = ("gemv", x.shape, x.stride(), x.dtype, g.shape, g.stride(), g.dtype, None if b is None else b.dtype)
+                if self._fit(key, lambda: self.gemv.supports(x, g, b)):
+                    return self.gemv(x, g, b, checked=True)  # type: ignore[return-value]
             return F.linear(x, w, b)
         return linear(x)
 
@@ -87,7 +98,13 @@ class CpuBackend(TorchBackend):
         if reason is not None:
             log.info("decode_stack_off", reason=reason)
             return None
-        return ModelDecodeStack(model, kv_caches, self.stack)
+        stack = ModelDecodeStack.for_engine(model, kv_caches, self.stack)
+        head = getattr(model, "lm_head", None)
+        if stack.packed and type(head) is nn.Linear and head.weight.dtype == torch.float32:
+            copies = HeadCopies.of(head, self.gemv.pack_width)
+            if copies is not None:
+                self._heads[id(head)] = copies
+        return stack
 
     def rms_norm(  # type: ignore[override]
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None

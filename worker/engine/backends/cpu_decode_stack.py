@@ -2,9 +2,13 @@
 
 A pure decode step then runs its whole layer stack in one C call: the step's ~12 ops a layer
 (norms, qkv, rotary + K/V store, attention, o_proj, gate_up, SiLU * up, down) without Python or
-torch's dispatch between them. Up to 15 rows the matmuls are GEMVs streaming the weights once (on
-torch's thread count); more rows take torch's own sgemm and run on one thread, so they go through
-the stack only when torch runs one thread (with more, the op-by-op path threads attention too).
+torch's dispatch between them. Up to 15 rows the stack runs on torch's thread count; more rows run on
+one thread, so they go through the stack only when torch runs one thread (with more, the op-by-op path
+threads attention too). The engine's stack (`for_engine`) keeps its own copies of the four matrices:
+fp16 when every value is an fp16 value (a checkpoint stored in fp16: the same products from half the
+bytes), and packed for the register-tiled product of kernels/cpu/gemm.h, which multiplies every step
+of 3 rows or more (1-2 rows: GEMVs streaming the weights once). Without the copies (over
+COPY_LIMIT_BYTES) the matmuls are fp32 GEMVs up to 15 rows and torch's own sgemm beyond.
 Everything else runs the layers op by op as before: a prefill chunk in the step, hooks on a
 projection, or rows that all share leading blocks (the op-by-op attention reads a shared prefix
 once for the whole batch, the stack once per row).
@@ -21,14 +25,21 @@ backend.decode_stack(model, kv_caches)`) or set it to None.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cpu.decode_stack import BoundDecodeStack, NativeDecodeStack, StackLayer, StackShape
+from kernels.cpu.decode_stack import BoundDecodeStack, NativeDecodeStack, StackLayer, StackShape, pack_rows
 from kernels.cpu.draft_chain import DraftChain
 from kernels.reference.attention import decode_shared_blocks
 from worker.engine.backends.base import AttentionMetadata
+
+# The engine's stack copies the matrices (fp16 for the GEMVs plus fp16 packed, or fp32 packed: their
+# fp32 bytes once more in host memory) when their fp32 copies total at most this: every model the CPU
+# decode stack is fast for. A larger one keeps fp32 GEMVs and torch's sgemm past 15 rows.
+COPY_LIMIT_BYTES = 1 << 30
 
 
 def ineligible(model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
@@ -71,9 +82,9 @@ class ModelDecodeStack:
     """Call `takes` then the instance (CausalLM.forward does, for every step)."""
 
     def __init__(self, model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 native: NativeDecodeStack, half: bool = False) -> None:  # fmt: skip
+                 native: NativeDecodeStack, half: bool = False, packed: bool = False) -> None:  # fmt: skip
         """Binds the model's tensors (see the module docstring; check `ineligible` first). half: its
-        matrices as fp16 copies (`halved`)."""
+        matrices as fp16 copies (`halved`); packed: also copied packed (NativeDecodeStack.bind)."""
         body = model.model
         layers = []
         mat = (lambda w: w.detach().half().contiguous()) if half else (lambda w: w.detach())
@@ -86,8 +97,9 @@ class ModelDecodeStack:
                 mat(attn.o_proj.weight), layer.post_attention_layernorm.weight.detach(),
                 mat(mlp.gate_up_proj.weight), mat(mlp.down_proj.weight), k_cache, v_cache, attn.window,
             ))  # fmt: skip
+        self.half, self.packed = half, packed
         self._stack: BoundDecodeStack = native.bind(_shape(model), layers, body.norm.weight.detach(), model.cos_sin,
-                                                    half=half)  # fmt: skip
+                                                    half=half, packed=self.packed)  # fmt: skip
         self._model, self._native = model, native
         self._embed = body.embed_tokens.weight
         self._kv_caches = kv_caches
@@ -124,14 +136,21 @@ class ModelDecodeStack:
                 return False
         return True
 
+    @classmethod
+    def for_engine(cls, model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                   native: NativeDecodeStack) -> ModelDecodeStack:  # fmt: skip
+        """The stack the CPU backend binds: fp16 matrices when they hold fp16 values exactly, packed
+        copies (both within COPY_LIMIT_BYTES; see the module docstring)."""
+        mats = _matrices(model)
+        if sum(w.numel() * 4 for w in mats) > COPY_LIMIT_BYTES:
+            return cls(model, kv_caches, native)
+        return cls(model, kv_caches, native, half=all(exactly_half(w) for w in mats), packed=True)
+
     def halved(self) -> ModelDecodeStack | None:
         """The same stack with its matrices (qkv, o_proj, gate_up, down) as fp16 copies, when every
         one of them holds fp16 values exactly (a checkpoint stored in fp16): the same products from
         half the bytes (up to gemv_rows rows). None when a value would round."""
-        mats = [w for layer in self._model.model.layers for w in (
-            layer.self_attn.qkv_proj.weight, layer.self_attn.o_proj.weight, layer.mlp.gate_up_proj.weight,
-            layer.mlp.down_proj.weight)]  # fmt: skip
-        if not all(exactly_half(w) for w in mats):
+        if not all(exactly_half(w) for w in _matrices(self._model)):
             return None
         return ModelDecodeStack(self._model, self._kv_caches, self._native, half=True)
 
@@ -154,6 +173,32 @@ class ModelDecodeStack:
         """__call__ without AttentionMetadata (speculation's DraftStack): int64 ids, positions and
         slots, int32 tables [rows, W] and context lengths, in the layouts `takes` checks."""
         return self._stack(F.embedding(input_ids, self._embed), positions, slots, tables, context_lens)
+
+
+@dataclass(frozen=True)
+class HeadCopies:
+    """The lm_head's copies for the CPU backend's `project`, made beside the engine's stack: fp16 when
+    every value is an fp16 value (the 1-2 row GEMVs' bytes halved, the same products) and packed for
+    gemm.h (steps of 3 rows or more: ~2x torch's GEMM at 16 rows on the reference model's [4096, 256])."""
+
+    module: nn.Linear
+    half: torch.Tensor | None
+    packed: torch.Tensor
+
+    @classmethod
+    def of(cls, head: nn.Linear, pack_width: int) -> HeadCopies | None:
+        """The copies of a plain nn.Linear's fp32 weight, or None over COPY_LIMIT_BYTES."""
+        w = head.weight.detach()
+        if w.numel() * 4 > COPY_LIMIT_BYTES:
+            return None
+        half = w.half().contiguous() if exactly_half(w) else None
+        return cls(head, half, pack_rows(w if half is None else half, pack_width))
+
+
+def _matrices(model: nn.Module) -> list[torch.Tensor]:
+    """Every layer's qkv, o_proj, gate_up and down weights."""
+    return [w for layer in model.model.layers for w in (layer.self_attn.qkv_proj.weight, layer.self_attn.o_proj.weight,
+                                                        layer.mlp.gate_up_proj.weight, layer.mlp.down_proj.weight)]  # fmt: skip
 
 
 def _detach(t: torch.Tensor | None) -> torch.Tensor | None:
