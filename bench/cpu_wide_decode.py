@@ -22,13 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
+
+from revision_run import run_at_revision  # bench/ (the script's folder) is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "examples" / "models" / "pycoder-tiny"
@@ -111,21 +108,9 @@ def measure(batches: list[int], repeats: int) -> dict:
 
 def measure_revision(rev: str, args: argparse.Namespace) -> dict:
     """The same measurement on `git archive rev`, in a subprocess whose `worker` is that export."""
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
-        tar_path = Path(tmp) / "rev.tar"
-        tar_path.write_bytes(archive)
-        export = Path(tmp) / "src"
-        with tarfile.open(tar_path) as tar:
-            tar.extractall(export, filter="data")
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--json", "--repeats", str(args.repeats),
-               "--batches", *map(str, args.batches)]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(export)}
-        text = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=export).stdout
-        result = json.loads(text.strip().splitlines()[-1])
-        if not result["where"].startswith(str(export)):
-            raise RuntimeError(f"the baseline run imported worker from {result['where']}, not the export")
-        return {key: {int(b): v for b, v in val.items()} if isinstance(val, dict) else val for key, val in result.items()}
+    result = run_at_revision(rev, __file__, ["--json", "--repeats", str(args.repeats), "--batches",
+                                             *map(str, args.batches)])  # fmt: skip
+    return {key: {int(b): v for b, v in val.items()} if isinstance(val, dict) else val for key, val in result.items()}
 
 
 def main() -> None:

@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
-import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
+
+from revision_run import run_at_revision  # bench/ (the script's folder) is on sys.path
 
 SHORT = 4  # max_tokens of the reference run
 STEPS = 64  # extra decode steps of the measured run
@@ -186,24 +184,10 @@ def measure(batches: list[int], repeats: int, batch1_medium: bool, host_only: bo
 
 def measure_revision(rev: str, args: argparse.Namespace) -> dict:
     """The same measurement on `git archive rev`, in a subprocess whose `worker` is that export."""
-    root = Path(__file__).resolve().parent.parent
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(["git", "-C", str(root), "archive", rev], check=True, capture_output=True).stdout
-        tar_path = Path(tmp) / "rev.tar"
-        tar_path.write_bytes(archive)
-        export = Path(tmp) / "src"
-        with tarfile.open(tar_path) as tar:
-            tar.extractall(export, filter="data")
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--json", "--repeats", str(args.repeats),
-               "--batches", *map(str, args.batches)] + (["--batch1-medium"] if args.batch1_medium else []) + (
-               ["--host-only"] if args.host_only else []) + (
-               ["--sampling", args.sampling] if args.sampling else [])  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(export)}
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=export).stdout
-        result = json.loads(out.strip().splitlines()[-1])
-        if not result["where"].startswith(str(export)):
-            raise RuntimeError(f"the baseline run imported worker from {result['where']}, not the export")
-        return result
+    flags = (["--batch1-medium"] if args.batch1_medium else []) + (["--host-only"] if args.host_only else []) + (
+        ["--sampling", args.sampling] if args.sampling else [])  # fmt: skip
+    return run_at_revision(rev, __file__, ["--json", "--repeats", str(args.repeats), "--batches",
+                                           *map(str, args.batches), *flags])  # fmt: skip
 
 
 def main() -> None:
