@@ -96,14 +96,7 @@ def test_a_hung_attempt_is_killed_retried_and_struck(fleet: Fleet, tmp_path: Pat
     rate, is cut at the floor (not at the allowance). The allowance covers the model load of each
     fresh pool process, which took over 8 s on a loaded 2-core machine (every attempt was cut then).
     Everything else runs with default settings."""
-    out = tmp_path / "out"
-    inp = make_input(tmp_path / "input.parquet", 4, max_tokens=(2,))
-    w = fleet.start("h", poison_shard=1, poison_kind="hang_once", serve_all=True,
-                    FREIGHT_SHARD_DEADLINE_FLOOR_S="4", FREIGHT_SHARD_DEADLINE_UNMEASURED_S="30")  # fmt: skip
-    sub = submit(fleet.env(), inp, fleet.model, out, 2, max_tokens=2)
-    done = fleet.wait_done(out, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert len(result_rows(out)) == 4
+    w, sub, out = _four_rows_poisoning_shard_1(fleet, tmp_path, "hang_once", timeout=300)
     (late,) = [json.loads(line) for line in w.log_text().splitlines() if '"attempt_deadline_exceeded"' in line]
     assert (late["job_id"], late["shard"], late["attempt"]) == (sub["job_id"], 1, 1)
     assert late["last_step_age_s"] is None  # not one engine step in that attempt
@@ -120,16 +113,24 @@ def test_a_slow_attempt_that_keeps_finishing_rows_is_not_killed(fleet: Fleet, tm
     """As above, shard 0 measures the rate; attempt 1 of shard 1 then finishes a row only every 2.5 s
     (the test-only worker sleeps before reporting each row), so with the 4 s floor it runs past its
     first deadline. Each finished row moves the deadline: no kill, one attempt, no strike."""
-    out = tmp_path / "out"
-    inp = make_input(tmp_path / "input.parquet", 4, max_tokens=(2,))
-    w = fleet.start("s", poison_shard=1, poison_kind="slow_rows_once", serve_all=True,
-                    FREIGHT_SHARD_DEADLINE_FLOOR_S="4", FREIGHT_SHARD_DEADLINE_UNMEASURED_S="30")  # fmt: skip
-    sub = submit(fleet.env(), inp, fleet.model, out, 2, max_tokens=2)
-    done = fleet.wait_done(out, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert len(result_rows(out)) == 4
+    w, sub, out = _four_rows_poisoning_shard_1(fleet, tmp_path, "slow_rows_once", timeout=120)
     log = w.log_text()
     assert '"attempt_deadline_exceeded"' not in log and "test poison: slow row" in log
     attempts = {s: n for s, n in fleet.live.attempts(sub["job_id"]).items() if s >= 0}
     assert attempts == {0: 1, 1: 1}
     assert int(fleet.live.client.hget(f"freight:strikes:{sub['job_id']}", "1")) == 0
+
+
+def _four_rows_poisoning_shard_1(fleet: Fleet, tmp_path: Path, kind: str, timeout: float) -> tuple:
+    """A 4-row job of 2 shards on one worker whose first attempt of shard 1 misbehaves as `kind`, with
+    the deadline floor at 4 s and the unmeasured allowance at 30 s; waits for it to finish with every
+    row. (worker, submission, output folder)."""
+    out = tmp_path / "out"
+    inp = make_input(tmp_path / "input.parquet", 4, max_tokens=(2,))
+    w = fleet.start(kind[0], poison_shard=1, poison_kind=kind, serve_all=True,
+                    FREIGHT_SHARD_DEADLINE_FLOOR_S="4", FREIGHT_SHARD_DEADLINE_UNMEASURED_S="30")  # fmt: skip
+    sub = submit(fleet.env(), inp, fleet.model, out, 2, max_tokens=2)
+    done = fleet.wait_done(out, timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    assert len(result_rows(out)) == 4
+    return w, sub, out
