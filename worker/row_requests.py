@@ -1,7 +1,7 @@
 """A shard's input rows -> engine requests (prompt + per-row sampling), or a row error.
 
 Parquet rows: the prompt column (text or chat messages) and the per-row columns the job planned to
-read (jobs/input_inspect.py override_columns: jobs/datasets.py SAMPLING_COLUMNS, and
+read (jobs/row_columns.py override_columns: jobs/datasets.py SAMPLING_COLUMNS, and
 CONSTRAINT_COLUMNS with --row-constraints; constraints: worker/row_constraint.py). OpenAI-Batch rows:
 each line's body, checked field by field for its url's endpoint (worker/request_body.py). Either way a value wins over the job's flag, and a bad
 row (null prompt, bad value, unknown field, unrenderable messages) is that row's error, never the
