@@ -123,7 +123,7 @@ def status(
     out: str = typer.Argument(..., metavar="OUT", help="the job's OUT (or a distributed job's id)"),
 ) -> None:
     """State of a job: shards committed / total, rows, errors."""
-    from jobs.cli.fleet import print_fleet_status
+    from jobs.cli.fleet_status_lines import print_fleet_status
     from jobs.status import job_status
     from jobs.storage import open_store
     from jobs.tables import status_table
