@@ -34,7 +34,9 @@ class DraftStack:
         the L2 cache across a proposal's steps (the target's step between proposals evicts it)."""
         stack: ModelDecodeStack = model.decode_stack  # the ModelDecodeStack the backend bound
         head = model.lm_head.weight.detach()
-        half = stack.halved() if exactly_half(head) else None
+        # the engine's stack is fp16 already when the matrices are (ModelDecodeStack.for_engine: with
+        # packed copies too, which a catch-up of 3+ rows takes); else a halved copy of an fp32 one
+        half = (stack if stack.half else stack.halved()) if exactly_half(head) else None
         self.half = half is not None
         self._stack = half or stack
         self._head32 = head  # past the GEMV's rows: F.linear
