@@ -20,7 +20,7 @@ from jobs.leases import live_nodes
 from jobs.live_state import LiveState
 from jobs.manifest import SUCCESS_KEY, Manifest, read_manifest
 from jobs.markers import FAILURES_KEY, is_cancelled, read_failures
-from jobs.progress import FINISHED_JOB_STATES, aux_key
+from jobs.progress import FINISHED_JOB_STATES
 from jobs.storage import ObjectStore
 
 
@@ -68,8 +68,7 @@ def fleet_status(store: ObjectStore, live: LiveState | None, manifest: Manifest 
     if live is not None:
         try:
             counts, meta = live.job(job_id), live.job_meta(job_id)
-            raw = live.client.hgetall(aux_key("outages", job_id))
-            outages = {int(k): int(v) for k, v in sorted(raw.items(), key=lambda kv: int(kv[0])) if int(v) > 0}
+            outages = live.all_storage_outages(job_id)
         except redis.RedisError:
             counts = {}
     failed = {int(f["shard"]) for f in failures} - committed

@@ -272,6 +272,11 @@ class LiveState:
         """Attempts of `shard` that ended because storage did not answer (count_storage_outage)."""
         return int(self.client.hget(aux_key("outages", job_id), str(shard)) or 0)
 
+    def all_storage_outages(self, job_id: str) -> dict[int, int]:
+        """storage_outages of every shard that had one, by shard (finalize's under its slot, -1)."""
+        raw = self.client.hgetall(aux_key("outages", job_id))
+        return {int(k): int(v) for k, v in sorted(raw.items(), key=lambda kv: int(kv[0])) if int(v) > 0}
+
     def attempts(self, job_id: str) -> dict[int, int]:
         return {int(k): int(v) for k, v in self.client.hgetall(aux_key("attempts", job_id)).items()}
 

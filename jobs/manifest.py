@@ -149,6 +149,7 @@ def read_manifest(store: ObjectStore) -> Manifest:
 
 
 _FORMAT = re.compile(r"freight\.manifest/(\d+)")
+_VERSION = int(_FORMAT.fullmatch(MANIFEST_FORMAT)[1])  # type: ignore[index]  # this freight's: 1
 # what a newer freight's manifest can hold that this one refuses: fields it added (at a value other than
 # their default: jobs/later_fields.py), values it added to a closed set (a new quantization, a new task)
 _NEWER_ERRORS = frozenset({"extra_forbidden", "literal_error", "enum"})
@@ -168,7 +169,7 @@ def manifest_error(where: str, data: bytes, exc: ValueError) -> ManifestError:
     fmt = raw.get("format", MANIFEST_FORMAT)
     if fmt != MANIFEST_FORMAT:
         version = _FORMAT.fullmatch(fmt) if isinstance(fmt, str) else None
-        if version is not None and int(version[1]) > 1:
+        if version is not None and int(version[1]) > _VERSION:
             return NewerManifestError(
                 f"{where} was written by a newer freight (format {fmt}; this freight reads {MANIFEST_FORMAT}): "
                 "upgrade this freight (workers and CLI) to run or inspect the job")

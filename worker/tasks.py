@@ -286,7 +286,7 @@ def finalize_task(self: Any, job_id: str, output: str) -> dict[str, Any]:
             log.exception("finalize_error", error=str(exc))
             if finalize_outage(rt, strike, exc) or strikes >= rt.settings.max_shard_attempts:
                 raise  # logged and acked; `freight submit` of the job again retries finalize
-            time.sleep(min(ERROR_BACKOFF_CAP_S, 2.0**strikes))
+            back_off(rt, min(ERROR_BACKOFF_CAP_S, 2.0**strikes))  # in slices, as a shard's: a shutdown does not wait
             raise Reject(f"finalize failed: {exc}", requeue=True) from exc
         strike.release()
         rt.live.set_job_state(job_id, "succeeded")
