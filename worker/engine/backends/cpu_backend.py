@@ -78,8 +78,8 @@ class CpuBackend(TorchBackend):
         if type(linear) is nn.Linear and not (linear._forward_hooks or linear._forward_pre_hooks):
             w, b = linear.weight, linear.bias
             g = w
-            head = self._heads.get(id(linear))
-            if head is not None and head.module is linear and x.dim() == 2 and x.dtype == torch.float32 \
+            head = self.head_copies(linear)
+            if head is not None and x.dim() == 2 and x.dtype == torch.float32 \
                     and x.stride(1) == 1 and x.device.type == "cpu" and x.shape[0] > 0:  # fmt: skip
                 if x.shape[0] >= self.stack.packed_rows:
                     return self.gemv.packed(x, head.packed, w.shape[0], b)
@@ -90,6 +90,11 @@ class CpuBackend(TorchBackend):
                     return self.gemv(x, g, b, checked=True)  # type: ignore[return-value]
             return F.linear(x, w, b)
         return linear(x)
+
+    def head_copies(self, head: nn.Module) -> HeadCopies | None:
+        """The copies `decode_stack` made of this lm_head (None: it made none)."""
+        copies = self._heads.get(id(head))
+        return copies if copies is not None and copies.module is head else None
 
     def decode_stack(self, model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> ModelDecodeStack | None:
         """The whole-stack C decode for pure decode steps (cpu_decode_stack), or None (logged) when

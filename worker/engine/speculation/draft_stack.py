@@ -34,13 +34,16 @@ class DraftStack:
         the L2 cache across a proposal's steps (the target's step between proposals evicts it)."""
         stack: ModelDecodeStack = model.decode_stack  # the ModelDecodeStack the backend bound
         head = model.lm_head.weight.detach()
+        # the backend's fp16 copy of the head where it made one (CpuBackend.head_copies), else our own
+        copies = model.backend.head_copies(model.lm_head) if hasattr(model.backend, "head_copies") else None
+        head16 = copies.half if copies is not None else (head.half().contiguous() if exactly_half(head) else None)
         # the engine's stack is fp16 already when the matrices are (ModelDecodeStack.for_engine: with
         # packed copies too, which a catch-up of 3+ rows takes); else a halved copy of an fp32 one
-        half = (stack if stack.half else stack.halved()) if exactly_half(head) else None
+        half = (stack if stack.half else stack.halved()) if head16 is not None else None
         self.half = half is not None
         self._stack = half or stack
         self._head32 = head  # past the GEMV's rows: F.linear
-        self._lm_head = head.half().contiguous() if self.half else head
+        self._lm_head = head16 if self.half else head
         self._gemv = NativeGemv()
         self.chain = self._stack.draft_chain(self._lm_head)  # a whole proposal in one C call
         self.block_size = block_size
