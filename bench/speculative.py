@@ -5,6 +5,8 @@ Tasks (greedy, the tokens checked identical to plain decoding's):
   prompts, the model continues them;
 - copy: prompts that hold the text the continuation repeats (a held-out code span, a comment asking
   for it again, and the span's first tokens), the shape of extraction, code edits and RAG answers.
+  The first line printed says how much of the span plain greedy decoding really repeats: with a
+  model that cannot copy in context, this task only measures how it repeats its own text.
 
 At batch 1, 8 and 64 (batch 1: the prompts one at a time; others: that many prompts in one generate
 call, max_num_seqs = the batch), one torch thread, CPU seconds (process time: the work done, whatever
@@ -43,6 +45,7 @@ from worker.engine.speculation.config import SpeculativeConfig  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "examples" / "models" / "pycoder-tiny"
 DRAFT = ROOT / "examples" / "models" / "pycoder-tiny-draft"  # bench/train_reference.py's draft recipe
+ASK = "\n\n# The code above, repeated exactly:\n"
 
 
 def stream(engine: Engine, need: int) -> list[int]:
@@ -58,13 +61,30 @@ def stream(engine: Engine, need: int) -> list[int]:
 def tasks(engine: Engine, n: int) -> dict[str, list[list[int]]]:
     """n prompts per task, disjoint held-out spans."""
     ids = stream(engine, n * 256 + 256)
-    ask = engine.tokenizer.encode("\n\n# The code above, repeated exactly:\n")
+    ask = engine.tokenizer.encode(ASK)
     cont, copy = [], []
     for i in range(n):
         span = ids[i * 256 : i * 256 + 128]
         cont.append(span)
         copy.append(span[:96] + ask + span[:16])
     return {"continuation": cont, "copy": copy}
+
+
+def copied(engine: Engine, prompts: list[list[int]], tokens: int) -> tuple[float, int]:
+    """Whether the copy task copies: over the copy prompts, the mean number of the 80 span tokens still
+    to repeat (span[16:96]) that plain greedy decoding repeats before it first differs, and how many
+    prompts repeat all of them. A model without in-context copying scores ~0 (it then only tests
+    the model's repetition of its own text)."""
+    n_ask = len(engine.tokenizer.encode(ASK))
+    outs = engine.generate(prompts, SamplingParams(max_tokens=min(tokens, 80), ignore_eos=True))
+    runs = []
+    for prompt, out in zip(prompts, outs, strict=True):
+        want = prompt[16 : len(prompt) - n_ask - 16]  # span[16:96]
+        n = 0
+        while n < min(len(want), len(out.token_ids)) and out.token_ids[n] == want[n]:
+            n += 1
+        runs.append(n)
+    return sum(runs) / len(runs), sum(n == min(80, tokens) for n in runs)
 
 
 class PlanTimer:
@@ -151,6 +171,9 @@ def main() -> None:
     timers = {name: PlanTimer(e) for name, e in engines.items()}
     work = tasks(engines["plain"], max(top, args.prompts_at_1))  # batch 1 runs --prompts-at-1 of them
     print(f"model {MODEL.name}, {args.tokens} tokens per prompt, K = {args.k}, CPU seconds, 1 thread")
+    mean, whole = copied(engines["plain"], work["copy"][: args.prompts_at_1], args.tokens)
+    print(f"copy task: plain greedy repeats {mean:.1f} of the span's 80 remaining tokens before it first differs "
+          f"(mean over {args.prompts_at_1} prompts); {whole} repeat them all")  # fmt: skip
     print(f"{'task':13} {'batch':>5} {'engine':13} {'tok/s':>8} {'ratio':>6} {'paired':>6} {'accept':>7} "
           f"{'mean len':>8} {'plan us':>8} {'same':>5}")  # fmt: skip
     for task, prompts in work.items():

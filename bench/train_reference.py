@@ -38,28 +38,29 @@ the reference model's tokenizer reused as is:
 `--distill-from` trains on the target's next-token distribution (forward KL, the target's logits
 computed in the same step) instead of the corpus' next tokens: a draft is judged by how often it
 agrees with its target, not with the data (DistillSpec, Zhou et al. 2023).
+
+`--init-from DIR` starts from a checkpoint of the same shape (a fine-tune; its training.json is kept
+in the new one's), `--copy-fraction F` mixes in windows that repeat their own text
+(bench/copy_windows.py; they have not yet taught this recipe to copy). Every run records in
+training.json the held-out loss on a span and on its repeat (`copy_losses`): equal losses mean the
+model cannot copy in context. The corpus and its split live in bench/stdlib_corpus.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import sys
-import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from copy_windows import copy_batch, copy_losses
+from stdlib_corpus import EOS, HELDOUT_THRESHOLD, heldout_files, token_stream, train_files
 
-EOS = "<|endoftext|>"
 SPECIAL_TOKENS = [EOS, "<|user|>", "<|assistant|>", "<|system|>"]
-SKIP_DIRS = {"site-packages", "test", "tests", "idlelib", "__pycache__", "encodings", "pydoc_data"}
-SKIP_FILES = {"html/entities.py"}  # a table of character names
-SKIP_PREFIXES = ("_sysconfigdata",)  # build settings as one dict literal
-HELDOUT_THRESHOLD = 26  # first sha256 byte < 26 -> held out (26/256 ~ 10% of files)
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
@@ -91,64 +92,10 @@ class TrainConfig:
             raise ValueError(f"steps ({self.steps}) must exceed warmup ({self.warmup})")
 
 
-def stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
-def is_heldout(rel_path: str) -> bool:
-    """The split: held out iff sha256(relative POSIX path)[0] < HELDOUT_THRESHOLD."""
-    return hashlib.sha256(rel_path.encode()).digest()[0] < HELDOUT_THRESHOLD
-
-
-def corpus_files(root: Path | None = None) -> list[tuple[str, Path]]:
-    """(relative path, absolute path) of every corpus file, sorted by relative path."""
-    root = root or stdlib_root()
-    out = []
-    for path in root.rglob("*.py"):
-        rel = path.relative_to(root).as_posix()
-        if (
-            SKIP_DIRS.intersection(rel.split("/")[:-1])
-            or rel in SKIP_FILES
-            or path.name.startswith(SKIP_PREFIXES)
-        ):
-            continue
-        out.append((rel, path))
-    return sorted(out)
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (UnicodeDecodeError, OSError):
-        return None
-
-
-def train_files(root: Path | None = None) -> list[str]:
-    """Texts of the training files, in sorted path order."""
-    texts = (_read(p) for rel, p in corpus_files(root) if not is_heldout(rel))
-    return [t for t in texts if t]
-
-
-def heldout_files(root: Path | None = None) -> list[tuple[str, str]]:
-    """(relative path, text) of the held-out files, in sorted path order."""
-    pairs = ((rel, _read(p)) for rel, p in corpus_files(root) if is_heldout(rel))
-    return [(rel, t) for rel, t in pairs if t]
-
-
 def train_tokenizer(texts: list[str], vocab_size: int):
     from worker.demo_model import train_byte_level_bpe
 
     return train_byte_level_bpe(texts, vocab_size, SPECIAL_TOKENS, isolate_newlines=True)
-
-
-def token_stream(tok, texts: list[str]) -> torch.Tensor:
-    """All texts encoded and joined, each followed by EOS: int64 [total_tokens]."""
-    eos = tok.token_to_id(EOS)
-    ids: list[int] = []
-    for enc in tok.encode_batch(texts):
-        ids.extend(enc.ids)
-        ids.append(eos)
-    return torch.tensor(ids, dtype=torch.int64)
 
 
 def build_model(cfg: TrainConfig, eos_id: int):
@@ -228,6 +175,11 @@ def main() -> None:
                     help="reuse this checkpoint's tokenizer.json (a draft model shares its target's tokenizer)")
     ap.add_argument("--distill-from", type=Path, default=None,
                     help="a teacher checkpoint (the draft's target): train on its next-token distribution")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="start from this checkpoint's weights and tokenizer (same shape) instead of random ones")
+    ap.add_argument("--copy-fraction", type=float, default=0.0,
+                    help="share of each batch's windows that repeat a span of their own text (bench/copy_windows.py)")
+    ap.add_argument("--lr", type=float, default=TrainConfig.lr)
     args = ap.parse_args()
     cfg = TrainConfig(
         num_layers=args.num_layers,
@@ -238,6 +190,7 @@ def main() -> None:
         steps=args.steps,
         batch_size=args.batch_size,
         warmup=args.warmup,
+        lr=args.lr,
         threads=args.threads,
         bf16=not args.fp32,
     )
@@ -247,10 +200,11 @@ def main() -> None:
     torch.use_deterministic_algorithms(True)
     t0 = time.time()
     texts = train_files()
-    if args.tokenizer_from is not None:
+    tok_from = args.tokenizer_from or args.init_from
+    if tok_from is not None:
         from tokenizers import Tokenizer
 
-        tok = Tokenizer.from_file(str(args.tokenizer_from / "tokenizer.json"))
+        tok = Tokenizer.from_file(str(tok_from / "tokenizer.json"))
     else:
         tok = train_tokenizer(texts, cfg.vocab_size)
     data = token_stream(tok, texts)
@@ -260,6 +214,8 @@ def main() -> None:
     )
 
     model = build_model(cfg, tok.token_to_id(EOS))
+    if args.init_from is not None:
+        model.load_state_dict(_weights(args.init_from, model))
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f}M parameters", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -284,7 +240,7 @@ def main() -> None:
     for step in range(n_steps):
         starts = torch.randint(0, data.numel() - cfg.context - 1, (cfg.batch_size,), generator=gen)
         idx = starts[:, None] + torch.arange(cfg.context + 1)  # (B, T+1)
-        batch = data[idx]
+        batch = copy_batch(data[idx], data, args.copy_fraction, gen, cfg.vocab_size)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
@@ -302,6 +258,10 @@ def main() -> None:
             )
     if args.measure:
         return
+    model.eval()
+    heldout = token_stream(tok, [text for _, text in heldout_files()])
+    first, again = copy_losses(model, heldout)
+    print(f"held-out loss: a span {first:.3f}, its repeat {again:.3f}", flush=True)
     meta = {
         "config": cfg.__dict__,
         "parameters": n_params,
@@ -309,6 +269,9 @@ def main() -> None:
         "train_tokens": int(data.numel()),
         "objective": "cross entropy on the corpus" if teacher is None else f"KL to {args.distill_from.name}",
         "final_loss": round(loss.item(), 4),
+        "copy_fraction": args.copy_fraction,
+        "init_from": args.init_from and _provenance(args.init_from),
+        "heldout_loss": {"span": round(first, 4), "repeat": round(again, 4)},
         "train_seconds": round(time.time() - t_start),
         "torch": torch.__version__,
         "heldout_rule": f"sha256(relpath)[0] < {HELDOUT_THRESHOLD}",
@@ -316,6 +279,25 @@ def main() -> None:
     }
     save(model, tok, cfg, args.output, meta)
     print(f"saved to {args.output}", flush=True)
+
+
+def _weights(path: Path, model) -> dict[str, torch.Tensor]:
+    """The fp32 state dict of checkpoint `path`, refused unless it has exactly `model`'s tensors and shapes."""
+    from safetensors.torch import load_file
+
+    state = {k: v.float() for k, v in load_file(str(path / "model.safetensors")).items()}
+    want = {k: v.shape for k, v in model.state_dict().items()}
+    have = {k: v.shape for k, v in state.items()}
+    if want != have:
+        raise SystemExit(f"--init-from {path}: its tensors do not match this shape; pass the same --num-layers, "
+                         "--hidden-size, --intermediate-size and head counts it was trained with")
+    return state
+
+
+def _provenance(path: Path) -> dict:
+    """Where a fine-tune started: the checkpoint's path and its own training.json (when it has one)."""
+    meta = path / "training.json"
+    return {"path": str(path), "training": json.loads(meta.read_text()) if meta.is_file() else None}
 
 
 def _loss(model, batch: torch.Tensor) -> torch.Tensor:

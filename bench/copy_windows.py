@@ -1,0 +1,79 @@
+"""Training windows that repeat a span of their own text, and the loss that shows a model copies.
+
+Real language models copy: once the last few tokens match an earlier stretch of the context they
+continue it (induction heads, Olsson et al. 2022). Extraction, code edits and RAG answers lean on
+that, and it is what prompt lookup proposes. The committed pycoder-tiny (4 layers, 1,600 steps, ~1
+epoch of the standard library) never learned it: `copy_losses` gives 3.55 nats on held-out spans and
+3.52 on their repeats, and bench/speculative.py's copy prompts are repeated for ~1 token of 80.
+
+`copy_batch` replaces a fraction of a batch's windows with copy windows: half a corpus stretch of
+T + 1 - L tokens then L of them again from a random point (L uniform in [8, T / 2]; nothing marks
+where the repeat starts), half random tokens repeated with a period in [8, 64) (only looking back
+predicts those). train_reference.py's `--copy-fraction` mixes them in; `--init-from` fine-tunes.
+
+What these windows have taught so far (2026-12-02, one seed each; docs/PERFORMANCE.md has the runs):
+nothing. Fine-tuning pycoder-tiny 150-700 steps with 25-100% copy windows, and training it or the
+2-layer draft from scratch with 30%, left a repeat's loss within 0.1 nat of a first occurrence's.
+A fresh 2-layer model on random tokens with a fixed period of 32 learned to copy after ~230 steps;
+with this mix of periods it had not by 300. The recipe that makes the reference pair copy is open.
+
+`copy_losses` measures the skill on held-out text: mean next-token loss on a span's first occurrence
+and on its repeat, in windows of span + span.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MIN_SPAN = 8
+
+
+def copy_window(data: torch.Tensor, length: int, gen: torch.Generator) -> torch.Tensor:
+    """One window of `length` tokens whose last L tokens repeat L tokens from its first part."""
+    span = int(torch.randint(MIN_SPAN, max(MIN_SPAN + 1, length // 2 + 1), (1,), generator=gen))
+    head = length - span
+    start = int(torch.randint(0, data.numel() - head, (1,), generator=gen))
+    first = data[start : start + head]
+    at = int(torch.randint(0, head - span + 1, (1,), generator=gen))
+    return torch.cat([first, first[at : at + span]])
+
+
+def repeat_window(vocab: int, length: int, gen: torch.Generator) -> torch.Tensor:
+    """One window of `length` tokens: a sequence of random tokens (L in [8, 64)) over and over. Only
+    looking back predicts it, so it is the fastest teacher of the skill (a fresh 2-layer model of
+    this recipe learns it in ~200 steps of such windows alone; natural text alone taught none)."""
+    period = int(torch.randint(MIN_SPAN, 64, (1,), generator=gen))
+    seq = torch.randint(0, vocab, (period,), generator=gen)
+    return seq.repeat(length // period + 1)[:length]
+
+
+def copy_batch(batch: torch.Tensor, data: torch.Tensor, fraction: float, gen: torch.Generator,
+               vocab: int = 0) -> torch.Tensor:  # fmt: skip
+    """`batch` (B, T+1) with each window replaced, with probability `fraction`, by a copy window;
+    with a `vocab`, half of those are random-token repeat windows instead."""
+    if fraction <= 0:
+        return batch
+    pick = torch.rand(batch.shape[0], generator=gen) < fraction
+    out = batch.clone()
+    for row in pick.nonzero().flatten().tolist():
+        if vocab and torch.rand(1, generator=gen).item() < 0.5:
+            out[row] = repeat_window(vocab, batch.shape[1], gen)
+        else:
+            out[row] = copy_window(data, batch.shape[1], gen)
+    return out
+
+
+@torch.no_grad()
+def copy_losses(model, data: torch.Tensor, span: int = 96, windows: int = 24) -> tuple[float, float]:
+    """(loss on a span's first occurrence, loss on its repeat): mean next-token cross entropy in
+    nats over `windows` evenly spaced held-out spans, each run as one window span + span."""
+    step = max(1, (data.numel() - span) // windows)
+    first, again = [], []
+    for i in range(windows):
+        s = data[i * step : i * step + span]
+        ids = torch.cat([s, s])[None]
+        logits = model(input_ids=ids[:, :-1]).logits.float()[0]
+        nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none")
+        first.append(nll[: span - 1].mean())
+        again.append(nll[span:].mean())  # the repeat's tokens after its first one
+    return torch.stack(first).mean().item(), torch.stack(again).mean().item()

@@ -1,0 +1,84 @@
+"""bench/copy_windows.py: training windows that repeat a span of their own text, and the loss that
+tells whether a model copies in context (bench/train_reference.py records it in training.json)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+import copy_windows  # noqa: E402
+
+
+def test_copy_window_repeats_a_span_of_itself() -> None:
+    gen = torch.Generator().manual_seed(0)
+    data = torch.arange(10_000)
+    for _ in range(20):
+        w = copy_windows.copy_window(data, 257, gen)
+        assert w.shape == (257,)
+        head = int(torch.nonzero(w[1:] != w[:-1] + 1)[0]) + 1  # the corpus stretch ends where the repeat starts
+        tail = w[head:]
+        assert copy_windows.MIN_SPAN <= tail.numel() <= 257 // 2
+        assert torch.equal(tail, torch.arange(int(tail[0]), int(tail[0]) + tail.numel()))  # a contiguous span
+        assert int(w[0]) <= int(tail[0]) and int(tail[-1]) <= int(w[head - 1])  # taken from the window's own head
+
+
+def test_repeat_window_is_periodic() -> None:
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        w = copy_windows.repeat_window(4096, 257, gen)
+        period = next(p for p in range(copy_windows.MIN_SPAN, 64) if torch.equal(w[p:], w[:-p]))
+        assert w.shape == (257,) and int(w.max()) < 4096 and period < 64
+
+
+def test_copy_batch_fraction() -> None:
+    gen = torch.Generator().manual_seed(2)
+    data = torch.arange(100_000)
+    batch = torch.stack([torch.arange(s, s + 257) for s in range(0, 64 * 300, 300)])
+    assert copy_batch_is(batch, data, 0.0, gen) == 0
+    replaced = copy_batch_is(batch, data, 0.5, gen)
+    assert 16 <= replaced <= 48  # ~32 of 64
+
+
+def copy_batch_is(batch: torch.Tensor, data: torch.Tensor, fraction: float, gen: torch.Generator) -> int:
+    out = copy_windows.copy_batch(batch, data, fraction, gen, vocab=4096)
+    return int((out != batch).any(dim=1).sum())
+
+
+class _Copier(torch.nn.Module):
+    """A stand-in language model that predicts each next token by induction where it can: after
+    token t it puts its mass on whatever followed t's latest earlier occurrence, else uniform."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, input_ids: torch.Tensor) -> SimpleNamespace:
+        ids = input_ids[0].tolist()
+        logits = torch.zeros(1, len(ids), self.vocab)
+        for i, t in enumerate(ids):
+            before = [j for j in range(i) if ids[j] == t]
+            if before:
+                logits[0, i, ids[before[-1] + 1]] = 30.0
+        return SimpleNamespace(logits=logits)
+
+
+class _Unigram(_Copier):
+    """Knows nothing of its context: the same (uniform) prediction everywhere."""
+
+    def forward(self, input_ids: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(logits=torch.zeros(1, input_ids.shape[1], self.vocab))
+
+
+def test_copy_losses_tell_a_copier_from_a_model_that_cannot() -> None:
+    data = torch.randperm(4096)[:2000]  # no token twice: only the repeat can be predicted
+    first, again = copy_windows.copy_losses(_Copier(4096), data, span=32, windows=4)
+    assert first == pytest.approx(math.log(4096), rel=1e-4) and again < 1e-6
+    first, again = copy_windows.copy_losses(_Unigram(4096), data, span=32, windows=4)
+    assert first == pytest.approx(again) == pytest.approx(math.log(4096), rel=1e-4)
