@@ -14,8 +14,10 @@ predicts those). train_reference.py's `--copy-fraction` mixes them in; `--init-f
 What these windows have taught so far (2026-12-02, one seed each; docs/PERFORMANCE.md has the runs):
 nothing. Fine-tuning pycoder-tiny 150-700 steps with 25-100% copy windows, and training it or the
 2-layer draft from scratch with 30%, left a repeat's loss within 0.1 nat of a first occurrence's.
-A fresh 2-layer model on random tokens with a fixed period of 32 learned to copy after ~230 steps;
-with this mix of periods it had not by 300. The recipe that makes the reference pair copy is open.
+A fresh 2-layer model on random tokens with a fixed period of 32 learned them in ~230 steps, but
+by position (the token 32 back), not by content: on other periods it then scored worse than
+uniform. With this mix of periods nothing was learned within 300-600 steps. The recipe that makes
+the reference pair copy is open.
 
 `copy_losses` measures the skill on held-out text: mean next-token loss on a span's first occurrence
 and on its repeat, in windows of span + span.
