@@ -12,12 +12,13 @@ where the repeat starts), half random tokens repeated with a period in [8, 64) (
 predicts those). train_reference.py's `--copy-fraction` mixes them in; `--init-from` fine-tunes.
 
 What these windows have taught so far (2026-12-02, one seed each; docs/PERFORMANCE.md has the runs):
-nothing. Fine-tuning pycoder-tiny 150-700 steps with 25-100% copy windows, and training it or the
+no model that copies natural text. Fine-tuning pycoder-tiny 150-700 steps with 25-100% copy windows, and training it or the
 2-layer draft from scratch with 30%, left a repeat's loss within 0.1 nat of a first occurrence's.
 A fresh 2-layer model on random tokens with a fixed period of 32 learned them in ~230 steps, but
 by position (the token 32 back), not by content: on other periods it then scored worse than
-uniform. With this mix of periods nothing was learned within 300-600 steps. The recipe that makes
-the reference pair copy is open.
+uniform. Windows of this mix of periods alone taught a fresh model of the draft's shape to copy by
+content, after a plateau of ~1,300 steps (loss 0.14 nats by step 2,200; PERFORMANCE.md, session
+15). Keeping that skill through training on natural text is the open step.
 
 `copy_losses` measures the skill on held-out text: mean next-token loss on a span's first occurrence
 and on its repeat, in windows of span + span.
