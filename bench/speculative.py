@@ -75,11 +75,10 @@ def copied(engine: Engine, prompts: list[list[int]], tokens: int) -> tuple[float
     to repeat (span[16:96]) that plain greedy decoding repeats before it first differs, and how many
     prompts repeat all of them. A model without in-context copying scores ~0 (it then only tests
     the model's repetition of its own text)."""
-    n_ask = len(engine.tokenizer.encode(ASK))
     outs = engine.generate(prompts, SamplingParams(max_tokens=min(tokens, 80), ignore_eos=True))
     runs = []
     for prompt, out in zip(prompts, outs, strict=True):
-        want = prompt[16 : len(prompt) - n_ask - 16]  # span[16:96]
+        want = prompt[16:96]  # a copy prompt starts with span[:96] (tasks)
         n = 0
         while n < min(len(want), len(out.token_ids)) and out.token_ids[n] == want[n]:
             n += 1

@@ -215,7 +215,7 @@ def main() -> None:
 
     model = build_model(cfg, tok.token_to_id(EOS))
     if args.init_from is not None:
-        model.load_state_dict(_weights(args.init_from, model))
+        _init_from(args.init_from, model)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f}M parameters", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -281,17 +281,15 @@ def main() -> None:
     print(f"saved to {args.output}", flush=True)
 
 
-def _weights(path: Path, model) -> dict[str, torch.Tensor]:
-    """The fp32 state dict of checkpoint `path`, refused unless it has exactly `model`'s tensors and shapes."""
+def _init_from(path: Path, model) -> None:
+    """Load checkpoint `path` into `model` (strict: the same tensors and shapes, else a clear exit)."""
     from safetensors.torch import load_file
 
-    state = {k: v.float() for k, v in load_file(str(path / "model.safetensors")).items()}
-    want = {k: v.shape for k, v in model.state_dict().items()}
-    have = {k: v.shape for k, v in state.items()}
-    if want != have:
-        raise SystemExit(f"--init-from {path}: its tensors do not match this shape; pass the same --num-layers, "
-                         "--hidden-size, --intermediate-size and head counts it was trained with")
-    return state
+    try:
+        model.load_state_dict(load_file(str(path / "model.safetensors")))
+    except RuntimeError as exc:
+        raise SystemExit(f"--init-from {path}: its tensors do not match this shape ({(str(exc).splitlines()[1:] or [str(exc)])[0].strip()[:160]}); "
+                         "pass the same --num-layers, --hidden-size, --intermediate-size and head counts") from None
 
 
 def _provenance(path: Path) -> dict:
