@@ -23,7 +23,7 @@ and draft-always, the same with the 2-layer draft model examples/models/pycoder-
 (greedy). "plan us": host CPU microseconds per step spent choosing rows and proposing (for the
 draft, its forwards included). Both sides run in this one process, interleaved per cell.
 
-    .venv/bin/python bench/speculative.py [--tokens 96] [--batches 1,8,64] [--k 4]
+    .venv/bin/python bench/speculative.py [--tokens 96] [--batches 1,8,64] [--k 4] [--model DIR] [--draft DIR]
 """
 
 from __future__ import annotations
@@ -150,6 +150,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96, help="generated tokens per prompt")
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--k", type=int, default=4, help="speculative tokens K")
+    ap.add_argument("--model", type=Path, default=MODEL, help="target checkpoint")
     ap.add_argument("--draft", type=Path, default=DRAFT, help="draft checkpoint (skipped when missing)")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each generate call per engine, interleaved call by call; the fastest counts")
     ap.add_argument("--prompts-at-1", type=int, default=8, help="prompts run one at a time for batch 1")
@@ -166,10 +167,10 @@ def main() -> None:
     if args.draft.is_dir():
         configs["draft"] = SpeculativeConfig("draft", args.k, str(args.draft))
         configs["draft-always"] = SpeculativeConfig("draft", args.k, str(args.draft), adaptive=False)
-    engines = {name: Engine.from_pretrained(MODEL, EngineConfig(speculative=s, **base)) for name, s in configs.items()}
+    engines = {name: Engine.from_pretrained(args.model, EngineConfig(speculative=s, **base)) for name, s in configs.items()}
     timers = {name: PlanTimer(e) for name, e in engines.items()}
     work = tasks(engines["plain"], max(top, args.prompts_at_1))  # batch 1 runs --prompts-at-1 of them
-    print(f"model {MODEL.name}, {args.tokens} tokens per prompt, K = {args.k}, CPU seconds, 1 thread")
+    print(f"model {args.model.name}, draft {args.draft.name if args.draft.is_dir() else '-'}, {args.tokens} tokens per prompt, K = {args.k}, CPU seconds, 1 thread")
     mean, whole = copied(engines["plain"], work["copy"][: args.prompts_at_1], args.tokens)
     print(f"copy task: plain greedy repeats {mean:.1f} of the span's 80 remaining tokens before it first differs "
           f"(mean over {args.prompts_at_1} prompts); {whole} repeat them all")  # fmt: skip

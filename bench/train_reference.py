@@ -41,9 +41,15 @@ agrees with its target, not with the data (DistillSpec, Zhou et al. 2023).
 
 `--init-from DIR` starts from a checkpoint of the same shape (a fine-tune; its training.json is kept
 in the new one's), `--copy-fraction F` mixes in windows that repeat their own text
-(bench/copy_windows.py; they have not yet taught this recipe to copy). Every run records in
-training.json the held-out loss on a span and on its repeat (`copy_losses`): equal losses mean the
-model cannot copy in context. The corpus and its split live in bench/stdlib_corpus.py.
+(bench/copy_windows.py). `--copy-warmup N` first trains on random-token repeat windows only (a
+period of 8-63 tokens, so only looking back by content predicts them) at a constant `--copy-warmup-lr`
+until their loss falls below `--copy-warmup-until` (or N steps): the loss sits at ln(4096) = 8.3 for
+a plateau of a thousand steps or more, then falls once the model has an induction head. Natural text
+alone, and copy windows mixed into it, never taught this recipe to copy in context; the warm-up taught
+the draft's shape (the target's not yet: docs/PERFORMANCE.md, sessions 15-16). `--save-warmup DIR` keeps the weights the warm-up left.
+Every run records in training.json the held-out loss on a span and on its repeat (`copy_losses`,
+also printed every `--report-every` steps): equal losses mean the model cannot copy in context. The
+corpus and its split live in bench/stdlib_corpus.py.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from copy_windows import copy_batch, copy_losses
+from copy_windows import copy_batch, copy_losses, warm_up
 from stdlib_corpus import EOS, HELDOUT_THRESHOLD, heldout_files, token_stream, train_files
 
 SPECIAL_TOKENS = [EOS, "<|user|>", "<|assistant|>", "<|system|>"]
@@ -180,6 +186,18 @@ def main() -> None:
     ap.add_argument("--copy-fraction", type=float, default=0.0,
                     help="share of each batch's windows that repeat a span of their own text (bench/copy_windows.py)")
     ap.add_argument("--lr", type=float, default=TrainConfig.lr)
+    ap.add_argument("--copy-warmup", type=int, default=0,
+                    help="before the corpus, up to this many steps on random-token repeat windows only "
+                         "(bench/copy_windows.py): what taught a fresh model to copy by content")
+    ap.add_argument("--copy-warmup-lr", type=float, default=1e-3, help="the warm-up's constant learning rate")
+    ap.add_argument("--copy-warmup-until", type=float, default=1.5,
+                    help="end the warm-up early once its mean loss over 20 steps falls below this (nats; "
+                         "a window's first period is unpredictable: ~14%% of its tokens at 8.3, a floor of ~1.15)")
+    ap.add_argument("--save-warmup", type=Path, default=None,
+                    help="also write the weights as the warm-up left them (DIR/model.safetensors, fp32, and "
+                         "DIR/training.json) for a later --init-from")
+    ap.add_argument("--report-every", type=int, default=200,
+                    help="print the held-out span / repeat losses every this many corpus steps")
     args = ap.parse_args()
     cfg = TrainConfig(
         num_layers=args.num_layers,
@@ -234,6 +252,19 @@ def main() -> None:
             raise SystemExit(f"--distill-from {args.distill_from}: vocabulary {teacher.config.vocab_size} "
                              f"!= the draft's {cfg.vocab_size}; pass the teacher's tokenizer with --tokenizer-from")
     gen = torch.Generator().manual_seed(cfg.seed)
+    heldout = token_stream(tok, [text for _, text in heldout_files()])
+    warm = None
+    if args.copy_warmup and not args.measure:
+        model.train()
+        warm = warm_up(lambda batch, lr: _step(model, opt, batch, lr, cfg.bf16), cfg.batch_size, cfg.context + 1,
+                       cfg.vocab_size, gen, steps=args.copy_warmup, lr=args.copy_warmup_lr, ramp=cfg.warmup,
+                       until=args.copy_warmup_until)  # fmt: skip
+    if warm and args.save_warmup:
+        from safetensors.torch import save_file
+
+        args.save_warmup.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(args.save_warmup / "model.safetensors"))
+        (args.save_warmup / "training.json").write_text(json.dumps({"copy_warmup": warm, "command": sys.argv[1:]}, indent=2) + "\n")
     n_steps = args.measure or cfg.steps
     model.train()
     t_start = time.time()
@@ -241,14 +272,7 @@ def main() -> None:
         starts = torch.randint(0, data.numel() - cfg.context - 1, (cfg.batch_size,), generator=gen)
         idx = starts[:, None] + torch.arange(cfg.context + 1)  # (B, T+1)
         batch = copy_batch(data[idx], data, args.copy_fraction, gen, cfg.vocab_size)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            loss = _loss(model, batch) if teacher is None else _distill_loss(model, teacher, batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = _step(model, opt, batch, lr_at(step, cfg), cfg.bf16, teacher)
         if step % 10 == 0 or step == n_steps - 1:
             el = time.time() - t_start
             print(
@@ -256,10 +280,14 @@ def main() -> None:
                 f"{el / (step + 1):.2f}s/step elapsed {el:.0f}s",
                 flush=True,
             )
+        if args.report_every and step % args.report_every == args.report_every - 1 and not args.measure:
+            model.eval()
+            first, again = copy_losses(model, heldout)
+            model.train()
+            print(f"step {step:5d} held-out loss: a span {first:.3f}, its repeat {again:.3f}", flush=True)
     if args.measure:
         return
     model.eval()
-    heldout = token_stream(tok, [text for _, text in heldout_files()])
     first, again = copy_losses(model, heldout)
     print(f"held-out loss: a span {first:.3f}, its repeat {again:.3f}", flush=True)
     meta = {
@@ -271,6 +299,7 @@ def main() -> None:
         "final_loss": round(loss.item(), 4),
         "copy_fraction": args.copy_fraction,
         "init_from": args.init_from and _provenance(args.init_from),
+        "copy_warmup": warm,
         "heldout_loss": {"span": round(first, 4), "repeat": round(again, 4)},
         "train_seconds": round(time.time() - t_start),
         "torch": torch.__version__,
@@ -279,6 +308,19 @@ def main() -> None:
     }
     save(model, tok, cfg, args.output, meta)
     print(f"saved to {args.output}", flush=True)
+
+
+def _step(model, opt, batch: torch.Tensor, lr: float, bf16: bool, teacher=None) -> torch.Tensor:
+    """One optimizer step on a (B, T+1) batch at learning rate `lr`; returns the loss."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss = _loss(model, batch) if teacher is None else _distill_loss(model, teacher, batch)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss
 
 
 def _init_from(path: Path, model) -> None:

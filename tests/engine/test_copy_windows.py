@@ -37,6 +37,13 @@ def test_repeat_window_is_periodic() -> None:
         assert w.shape == (257,) and int(w.max()) < 4096 and period < 64
 
 
+def test_repeat_batch_is_all_repeat_windows_of_varying_periods() -> None:
+    batch = copy_windows.repeat_batch(16, 257, 4096, torch.Generator().manual_seed(3))
+    assert batch.shape == (16, 257) and int(batch.max()) < 4096
+    periods = {next(p for p in range(copy_windows.MIN_SPAN, 64) if torch.equal(w[p:], w[:-p])) for w in batch}
+    assert len(periods) > 4  # no single offset predicts the batch: only content does
+
+
 def test_copy_batch_fraction() -> None:
     gen = torch.Generator().manual_seed(2)
     data = torch.arange(100_000)
