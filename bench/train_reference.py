@@ -65,6 +65,7 @@ from pathlib import Path
 import torch
 from copy_windows import copy_batch, copy_losses, warm_up
 from stdlib_corpus import EOS, HELDOUT_THRESHOLD, heldout_files, token_stream, train_files
+from train_step import step as train_step
 
 SPECIAL_TOKENS = [EOS, "<|user|>", "<|assistant|>", "<|system|>"]
 CHAT_TEMPLATE = (
@@ -256,7 +257,7 @@ def main() -> None:
     warm = None
     if args.copy_warmup and not args.measure:
         model.train()
-        warm = warm_up(lambda batch, lr: _step(model, opt, batch, lr, cfg.bf16), cfg.batch_size, cfg.context + 1,
+        warm = warm_up(lambda batch, lr: train_step(model, opt, batch, lr, cfg.bf16), cfg.batch_size, cfg.context + 1,
                        cfg.vocab_size, gen, steps=args.copy_warmup, lr=args.copy_warmup_lr, ramp=cfg.warmup,
                        until=args.copy_warmup_until)  # fmt: skip
     if warm and args.save_warmup:
@@ -272,7 +273,7 @@ def main() -> None:
         starts = torch.randint(0, data.numel() - cfg.context - 1, (cfg.batch_size,), generator=gen)
         idx = starts[:, None] + torch.arange(cfg.context + 1)  # (B, T+1)
         batch = copy_batch(data[idx], data, args.copy_fraction, gen, cfg.vocab_size)
-        loss = _step(model, opt, batch, lr_at(step, cfg), cfg.bf16, teacher)
+        loss = train_step(model, opt, batch, lr_at(step, cfg), cfg.bf16, teacher)
         if step % 10 == 0 or step == n_steps - 1:
             el = time.time() - t_start
             print(
@@ -310,19 +311,6 @@ def main() -> None:
     print(f"saved to {args.output}", flush=True)
 
 
-def _step(model, opt, batch: torch.Tensor, lr: float, bf16: bool, teacher=None) -> torch.Tensor:
-    """One optimizer step on a (B, T+1) batch at learning rate `lr`; returns the loss."""
-    for group in opt.param_groups:
-        group["lr"] = lr
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        loss = _loss(model, batch) if teacher is None else _distill_loss(model, teacher, batch)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    return loss
-
-
 def _init_from(path: Path, model) -> None:
     """Load checkpoint `path` into `model` (strict: the same tensors and shapes, else a clear exit)."""
     from safetensors.torch import load_file
@@ -338,21 +326,6 @@ def _provenance(path: Path) -> dict:
     """Where a fine-tune started: the checkpoint's path and its own training.json (when it has one)."""
     meta = path / "training.json"
     return {"path": str(path), "training": json.loads(meta.read_text()) if meta.is_file() else None}
-
-
-def _loss(model, batch: torch.Tensor) -> torch.Tensor:
-    """Next-token cross entropy over a (B, T+1) batch of windows."""
-    logits = model(input_ids=batch[:, :-1]).logits  # (B, T, V)
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-
-
-def _distill_loss(model, teacher, batch: torch.Tensor) -> torch.Tensor:
-    """Forward KL(teacher || model) of the next-token distributions over a (B, T+1) batch's first T
-    positions, per position (the teacher's forward without gradients)."""
-    with torch.no_grad():
-        target = torch.log_softmax(teacher(input_ids=batch[:, :-1]).logits.float(), -1)
-    logp = torch.log_softmax(model(input_ids=batch[:, :-1]).logits.float(), -1)
-    return torch.nn.functional.kl_div(logp.flatten(0, 1), target.flatten(0, 1), log_target=True, reduction="batchmean")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 import copy_windows  # noqa: E402
 import train_reference  # noqa: E402
+import train_step  # noqa: E402
 
 
 def _tiny(vocab: int = 64):
@@ -25,7 +26,7 @@ def _tiny(vocab: int = 64):
 
 def _warm(cfg, model, opt, steps: int, until: float) -> dict:
     def step(batch: torch.Tensor, lr: float) -> torch.Tensor:
-        return train_reference._step(model, opt, batch, lr, bf16=False)
+        return train_step.step(model, opt, batch, lr, bf16=False)
 
     return copy_windows.warm_up(step, cfg.batch_size, cfg.context + 1, cfg.vocab_size, torch.Generator().manual_seed(1),
                                 steps=steps, lr=1e-3, ramp=cfg.warmup, until=until)  # fmt: skip
