@@ -22,18 +22,24 @@ under bf16 autocast (fp32 master weights and loss; AMX / AVX512-BF16 make a step
 fp32 on the dev CPU). Deterministic: fixed seeds, fixed thread count, deterministic torch
 algorithms, a fixed batch order from a seeded generator. The result (fp16 safetensors, tokenizer, a
 chat template) is written in Hugging Face format so freight's engine and transformers both load it.
-The defaults are the recipe of the committed examples/models/pycoder-tiny; its training.json holds
-the loss, the step count and the seconds it took.
+The defaults are the first pycoder-tiny's recipe (its tokenizer is the one every later model reuses).
+The committed pair copies in context, which that recipe never taught (below), so it is made in
+three runs; each checkpoint's training.json holds its loss, step count and seconds:
 
-    .venv/bin/python bench/train_reference.py --output examples/models/pycoder-tiny
+    DRAFT_SHAPE="--num-layers 2 --hidden-size 128 --intermediate-size 384 --num-heads 4 --num-kv-heads 2"
+    # 1. a model of the draft's shape learns to copy (random-token repeat windows), keeps those
+    #    weights, then reads the corpus with 30% copy windows (the draft's starting point)
+    .venv/bin/python bench/train_reference.py --output /tmp/draft-copy $DRAFT_SHAPE \
+        --tokenizer-from examples/models/pycoder-tiny --copy-warmup 3000 --save-warmup /tmp/draft-warm \
+        --copy-fraction 0.3 --lr 2e-3
+    # 2. the target: the warmed-up weights grown into the default shape, then the corpus
+    .venv/bin/python bench/train_reference.py --output examples/models/pycoder-tiny \
+        --grow-from /tmp/draft-warm --tokenizer-from examples/models/pycoder-tiny --copy-fraction 0.3 --lr 2e-3
+    # 3. the draft: step 1's model distilled from the target
+    .venv/bin/python bench/train_reference.py --output examples/models/pycoder-tiny-draft $DRAFT_SHAPE \
+        --init-from /tmp/draft-copy --distill-from examples/models/pycoder-tiny --copy-fraction 0.3 \
+        --steps 600 --lr 1e-3
     .venv/bin/python bench/train_reference.py --measure 5      # seconds per step, then exit
-
-The draft model for speculative decoding (examples/models/pycoder-tiny-draft): 2 layers, hidden 128,
-the reference model's tokenizer reused as is:
-
-    .venv/bin/python bench/train_reference.py --output examples/models/pycoder-tiny-draft \
-        --num-layers 2 --hidden-size 128 --intermediate-size 384 --num-heads 4 --num-kv-heads 2 \
-        --tokenizer-from examples/models/pycoder-tiny --distill-from examples/models/pycoder-tiny
 
 `--distill-from` trains on the target's next-token distribution (forward KL, the target's logits
 computed in the same step) instead of the corpus' next tokens: a draft is judged by how often it
@@ -46,7 +52,11 @@ period of 8-63 tokens, so only looking back by content predicts them) at a const
 until their loss falls below `--copy-warmup-until` (or N steps): the loss sits at ln(4096) = 8.3 for
 a plateau of a thousand steps or more, then falls once the model has an induction head. Natural text
 alone, and copy windows mixed into it, never taught this recipe to copy in context; the warm-up taught
-the draft's shape (the target's not yet: docs/PERFORMANCE.md, sessions 15-16). `--save-warmup DIR` keeps the weights the warm-up left.
+the draft's shape; the target's stayed on the plateau (docs/PERFORMANCE.md, sessions 15-16).
+`--save-warmup DIR` keeps the weights the warm-up left.
+`--grow-from DIR` starts from a smaller checkpoint (such as a warm-up's) grown into this run's shape
+so that it computes the same function (bench/grow_model.py): the target's shape inherits the
+draft's induction circuit instead of waiting out a plateau it never left.
 Every run records in training.json the held-out loss on a span and on its repeat (`copy_losses`,
 also printed every `--report-every` steps): equal losses mean the model cannot copy in context. The
 corpus and its split live in bench/stdlib_corpus.py.
@@ -64,14 +74,11 @@ from pathlib import Path
 
 import torch
 from copy_windows import copy_batch, copy_losses, warm_up
+from reference_checkpoint import grow_from, init_from, provenance, save
 from stdlib_corpus import EOS, HELDOUT_THRESHOLD, heldout_files, token_stream, train_files
 from train_step import step as train_step
 
 SPECIAL_TOKENS = [EOS, "<|user|>", "<|assistant|>", "<|system|>"]
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
 
 
 @dataclass(frozen=True)
@@ -134,36 +141,6 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def save(model, tok, cfg: TrainConfig, out: Path, meta: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    model = model.to(torch.float16)
-    model.config.torch_dtype = "float16"
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "bos_token": EOS,
-                "eos_token": EOS,
-                "pad_token": EOS,
-                "unk_token": None,
-                "add_bos_token": False,
-                "add_eos_token": False,
-                "model_max_length": cfg.context * 2,
-                "chat_template": CHAT_TEMPLATE,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
-    eos = tok.token_to_id(EOS)
-    (out / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos}, indent=2) + "\n"
-    )
-    (out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--output", type=Path, default=Path("examples/models/pycoder-tiny"))
@@ -184,6 +161,9 @@ def main() -> None:
                     help="a teacher checkpoint (the draft's target): train on its next-token distribution")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="start from this checkpoint's weights and tokenizer (same shape) instead of random ones")
+    ap.add_argument("--grow-from", type=Path, default=None,
+                    help="start from this smaller checkpoint grown into this shape (bench/grow_model.py: the "
+                         "same function at step 0, e.g. a draft that copies grown into the target's shape)")
     ap.add_argument("--copy-fraction", type=float, default=0.0,
                     help="share of each batch's windows that repeat a span of their own text (bench/copy_windows.py)")
     ap.add_argument("--lr", type=float, default=TrainConfig.lr)
@@ -219,7 +199,12 @@ def main() -> None:
     torch.use_deterministic_algorithms(True)
     t0 = time.time()
     texts = train_files()
-    tok_from = args.tokenizer_from or args.init_from
+    if args.init_from and args.grow_from:
+        raise SystemExit("pass --init-from (the same shape) or --grow-from (a smaller one), not both")
+    tok_from = args.tokenizer_from or args.init_from or args.grow_from
+    if tok_from is not None and not (tok_from / "tokenizer.json").is_file():
+        raise SystemExit(f"{tok_from} has no tokenizer.json (a --save-warmup checkpoint has none): pass the "
+                         "tokenizer its weights are indexed by with --tokenizer-from")
     if tok_from is not None:
         from tokenizers import Tokenizer
 
@@ -234,7 +219,10 @@ def main() -> None:
 
     model = build_model(cfg, tok.token_to_id(EOS))
     if args.init_from is not None:
-        _init_from(args.init_from, model)
+        init_from(args.init_from, model)
+    grown = args.grow_from and grow_from(args.grow_from, model)
+    if grown:
+        print(f"grown from {args.grow_from}: {grown}", flush=True)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f}M parameters", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -299,7 +287,8 @@ def main() -> None:
         "objective": "cross entropy on the corpus" if teacher is None else f"KL to {args.distill_from.name}",
         "final_loss": round(loss.item(), 4),
         "copy_fraction": args.copy_fraction,
-        "init_from": args.init_from and _provenance(args.init_from),
+        "init_from": args.init_from and provenance(args.init_from),
+        "grow_from": args.grow_from and {**provenance(args.grow_from), "shape": grown},
         "copy_warmup": warm,
         "heldout_loss": {"span": round(first, 4), "repeat": round(again, 4)},
         "train_seconds": round(time.time() - t_start),
@@ -307,25 +296,8 @@ def main() -> None:
         "heldout_rule": f"sha256(relpath)[0] < {HELDOUT_THRESHOLD}",
         "command": sys.argv[1:],
     }
-    save(model, tok, cfg, args.output, meta)
+    save(model, tok, cfg.context, args.output, meta)
     print(f"saved to {args.output}", flush=True)
-
-
-def _init_from(path: Path, model) -> None:
-    """Load checkpoint `path` into `model` (strict: the same tensors and shapes, else a clear exit)."""
-    from safetensors.torch import load_file
-
-    try:
-        model.load_state_dict(load_file(str(path / "model.safetensors")))
-    except RuntimeError as exc:
-        raise SystemExit(f"--init-from {path}: its tensors do not match this shape ({(str(exc).splitlines()[1:] or [str(exc)])[0].strip()[:160]}); "
-                         "pass the same --num-layers, --hidden-size, --intermediate-size and head counts") from None
-
-
-def _provenance(path: Path) -> dict:
-    """Where a fine-tune started: the checkpoint's path and its own training.json (when it has one)."""
-    meta = path / "training.json"
-    return {"path": str(path), "training": json.loads(meta.read_text()) if meta.is_file() else None}
 
 
 if __name__ == "__main__":

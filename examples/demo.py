@@ -51,10 +51,16 @@ def describe(model: Path) -> str:
     info = json.loads(training.read_text())
     cfg = info.get("config", {})
     minutes = round(info.get("train_seconds", 0) / 60)
+    warm = ((info.get("grow_from") or {}).get("training") or {}).get("copy_warmup") or {}
+    grown = (
+        f", grown from a smaller model taught to copy in {round(warm.get('seconds', 0) / 60)} minutes more"
+        if warm
+        else ""
+    )
     return (
         f"pycoder-tiny, a {info.get('parameters', 0) / 1e6:.1f}M-parameter Llama that "
         f"bench/train_reference.py trained on one CPU core in {minutes} minutes ({cfg.get('steps')} steps) on "
-        "the Python standard library. It writes Python that reads plausibly, not programs that work: "
+        f"the Python standard library{grown}. It writes Python that reads plausibly, not programs that work: "
         "real models are 1,000 to 100,000 times its size."
     )
 
