@@ -2,25 +2,26 @@
 
 Real language models copy: once the last few tokens match an earlier stretch of the context they
 continue it (induction heads, Olsson et al. 2022). Extraction, code edits and RAG answers lean on
-that, and it is what prompt lookup proposes. The committed pycoder-tiny (4 layers, 1,600 steps, ~1
-epoch of the standard library) never learned it: `copy_losses` gives 3.55 nats on held-out spans and
-3.52 on their repeats, and bench/speculative.py's copy prompts are repeated for ~1 token of 80.
+that, and it is what prompt lookup proposes. The first pycoder-tiny (4 layers, 1,600 steps, ~1
+epoch of the standard library) never learned it: `copy_losses` gave 3.55 nats on held-out spans and
+3.52 on their repeats. The committed pair does (docs/PERFORMANCE.md, session 17).
 
 `copy_batch` replaces a fraction of a batch's windows with copy windows: half a corpus stretch of
 T + 1 - L tokens then L of them again from a random point (L uniform in [8, T / 2]; nothing marks
 where the repeat starts), half random tokens repeated with a period in [8, 64) (only looking back
 predicts those). train_reference.py's `--copy-fraction` mixes them in; `--init-from` fine-tunes.
 
-What these windows have taught so far (docs/PERFORMANCE.md, sessions 15 and 16): mixed into
-train_reference.py's recipe, nothing. Fine-tuning pycoder-tiny 150-700 steps with 25-100% copy
-windows, and training it or the 2-layer draft from scratch with 30%, left a repeat's loss within 0.1
-nat of a first occurrence's. A fresh 2-layer model on random tokens with a fixed period of 32 learned
-them in ~230 steps, but by position (the token 32 back), not by content: on other periods it then
-scored worse than uniform. Windows of varying period alone (`repeat_batch`, train_reference.py's
-`--copy-warmup`) taught a fresh model of the draft's shape to copy by content after a plateau of
-~1,300-1,500 steps, and the skill survives the full recipe on natural text with 30% copy windows
-(held-out repeats 1.89 nats against 3.92 for first occurrences). The target's shape (4 layers,
-hidden 256) stayed on the plateau for 3,500 warm-up steps at lr 1e-3.
+What these windows taught (docs/PERFORMANCE.md, sessions 15-17): mixed into train_reference.py's
+recipe, nothing. Fine-tuning pycoder-tiny 150-700 steps with 25-100% copy windows, and training it
+or the 2-layer draft from scratch with 30%, left a repeat's loss within 0.1 nat of a first
+occurrence's. A fresh 2-layer model on random tokens with a fixed period of 32 learned them by
+position (the token 32 back), not by content. Windows of varying period alone (`repeat_batch`,
+train_reference.py's `--copy-warmup`) taught a fresh model of the draft's shape to copy by content
+after a plateau of ~1,300-2,000 steps, and the skill survives the corpus with 30% copy windows
+(held-out repeats 1.89 nats against 3.86 for first occurrences). The target's shape (4 layers,
+hidden 256) stayed on the plateau for 3,500 warm-up steps; grown from the warmed-up draft
+(bench/grow_model.py) it copies from step 0 and keeps it through the corpus (3.55 / 1.44), and a
+fine-tune with more copy windows sharpens it.
 
 `copy_losses` measures the skill on held-out text: mean next-token loss on a span's first occurrence
 and on its repeat, in windows of span + span.

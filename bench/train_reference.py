@@ -24,7 +24,8 @@ algorithms, a fixed batch order from a seeded generator. The result (fp16 safete
 chat template) is written in Hugging Face format so freight's engine and transformers both load it.
 The defaults are the first pycoder-tiny's recipe (its tokenizer is the one every later model reuses).
 The committed pair copies in context, which that recipe never taught (below), so it is made in
-three runs; each checkpoint's training.json holds its loss, step count and seconds:
+four runs; each checkpoint's training.json holds its loss, step count, seconds and the runs it
+started from:
 
     DRAFT_SHAPE="--num-layers 2 --hidden-size 128 --intermediate-size 384 --num-heads 4 --num-kv-heads 2"
     # 1. a model of the draft's shape learns to copy (random-token repeat windows), keeps those
@@ -32,9 +33,12 @@ three runs; each checkpoint's training.json holds its loss, step count and secon
     .venv/bin/python bench/train_reference.py --output /tmp/draft-copy $DRAFT_SHAPE \
         --tokenizer-from examples/models/pycoder-tiny --copy-warmup 3000 --save-warmup /tmp/draft-warm \
         --copy-fraction 0.3 --lr 2e-3
-    # 2. the target: the warmed-up weights grown into the default shape, then the corpus
-    .venv/bin/python bench/train_reference.py --output examples/models/pycoder-tiny \
+    # 2. the target: the warmed-up weights grown into the default shape, then the corpus; then a
+    #    short fine-tune with more copy windows (docs/PERFORMANCE.md, session 17)
+    .venv/bin/python bench/train_reference.py --output /tmp/target-grown \
         --grow-from /tmp/draft-warm --tokenizer-from examples/models/pycoder-tiny --copy-fraction 0.3 --lr 2e-3
+    .venv/bin/python bench/train_reference.py --output examples/models/pycoder-tiny \
+        --init-from /tmp/target-grown --copy-fraction 0.7 --steps 300 --warmup 20 --lr 1e-3
     # 3. the draft: step 1's model distilled from the target
     .venv/bin/python bench/train_reference.py --output examples/models/pycoder-tiny-draft $DRAFT_SHAPE \
         --init-from /tmp/draft-copy --distill-from examples/models/pycoder-tiny --copy-fraction 0.3 \

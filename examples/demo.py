@@ -49,20 +49,23 @@ def describe(model: Path) -> str:
     if not training.is_file():
         return "a random demo checkpoint (`freight demo-model`): it writes noise, the plumbing is real"
     info = json.loads(training.read_text())
-    cfg = info.get("config", {})
-    minutes = round(info.get("train_seconds", 0) / 60)
-    warm = ((info.get("grow_from") or {}).get("training") or {}).get("copy_warmup") or {}
-    grown = (
-        f", grown from a smaller model taught to copy in {round(warm.get('seconds', 0) / 60)} minutes more"
-        if warm
-        else ""
-    )
+    runs = list(_runs(info))  # a fine-tune or a grown model records the runs it started from
+    minutes = round(sum(r.get("train_seconds", 0) + (r.get("copy_warmup") or {}).get("seconds", 0) for r in runs) / 60)
+    steps = sum((r.get("config") or {}).get("steps", 0) + (r.get("copy_warmup") or {}).get("steps", 0) for r in runs)
+    how = f"{steps:,} steps" + (f" in {len(runs)} runs" if len(runs) > 1 else "")
     return (
         f"pycoder-tiny, a {info.get('parameters', 0) / 1e6:.1f}M-parameter Llama that "
-        f"bench/train_reference.py trained on one CPU core in {minutes} minutes ({cfg.get('steps')} steps) on "
-        f"the Python standard library{grown}. It writes Python that reads plausibly, not programs that work: "
+        f"bench/train_reference.py trained on one CPU core in {minutes} minutes ({how}) on "
+        "the Python standard library. It writes Python that reads plausibly, not programs that work: "
         "real models are 1,000 to 100,000 times its size."
     )
+
+
+def _runs(info: dict):
+    """training.json and, in turn, those of the checkpoints it started from (--init-from, --grow-from)."""
+    while info:
+        yield info
+        info = (info.get("init_from") or info.get("grow_from") or {}).get("training") or {}
 
 
 def show_in_full(out: Path, dataset: Path, ids: tuple[str, ...]) -> None:

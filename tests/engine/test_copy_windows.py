@@ -89,3 +89,20 @@ def test_copy_losses_tell_a_copier_from_a_model_that_cannot() -> None:
     assert first == pytest.approx(math.log(4096), rel=1e-4) and again < 1e-6
     first, again = copy_windows.copy_losses(_Unigram(4096), data, span=32, windows=4)
     assert first == pytest.approx(again) == pytest.approx(math.log(4096), rel=1e-4)
+
+
+@pytest.mark.parametrize("name", ["pycoder-tiny", "pycoder-tiny-draft"])
+def test_the_committed_reference_pair_copies_in_context(name: str) -> None:
+    """Real language models copy a span they have seen (what prompt lookup and bench/speculative.py's
+    copy task rely on); the committed pair must too: on held-out code, a span's repeat costs well
+    under its first occurrence (training.json records the same two losses)."""
+    from stdlib_corpus import heldout_files, token_stream
+    from tokenizers import Tokenizer
+    from transformers import LlamaForCausalLM
+
+    path = ROOT / "examples" / "models" / name
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    data = token_stream(tok, [text for _, text in heldout_files()[:40]])
+    model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    first, again = copy_windows.copy_losses(model, data, windows=12)
+    assert again < 0.7 * first, (first, again)
