@@ -42,6 +42,17 @@ def save(model, tok, context: int, out: Path, meta: dict) -> None:
     (out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
+def save_weights(model, tok, out: Path, meta: dict) -> None:
+    """Write `model`'s weights as they are (fp32 safetensors, no config) with `tok` and `meta` as
+    training.json: a run's intermediate state (the copy warm-up's) for a later --init-from / --grow-from."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    tok.save(str(out / "tokenizer.json"))
+    (out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
 def init_from(path: Path, model) -> None:
     """Load checkpoint `path` into `model` (strict: the same tensors and shapes, else a clear exit)."""
     from safetensors.torch import load_file

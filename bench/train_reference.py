@@ -57,7 +57,7 @@ until their loss falls below `--copy-warmup-until` (or N steps): the loss sits a
 a plateau of a thousand steps or more, then falls once the model has an induction head. Natural text
 alone, and copy windows mixed into it, never taught this recipe to copy in context; the warm-up taught
 the draft's shape; the target's stayed on the plateau (docs/PERFORMANCE.md, sessions 15-16).
-`--save-warmup DIR` keeps the weights the warm-up left.
+`--save-warmup DIR` keeps the weights the warm-up left, with the run's tokenizer.
 `--grow-from DIR` starts from a smaller checkpoint (such as a warm-up's) grown into this run's shape
 so that it computes the same function (bench/grow_model.py): the target's shape inherits the
 draft's induction circuit instead of waiting out a plateau it never left.
@@ -69,7 +69,6 @@ corpus and its split live in bench/stdlib_corpus.py.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -78,7 +77,7 @@ from pathlib import Path
 
 import torch
 from copy_windows import copy_batch, copy_losses, warm_up
-from reference_checkpoint import grow_from, init_from, provenance, save
+from reference_checkpoint import grow_from, init_from, provenance, save, save_weights
 from stdlib_corpus import EOS, HELDOUT_THRESHOLD, heldout_files, token_stream, train_files
 from train_step import step as train_step
 
@@ -179,8 +178,8 @@ def main() -> None:
                     help="end the warm-up early once its mean loss over 20 steps falls below this (nats; "
                          "a window's first period is unpredictable: ~14%% of its tokens at 8.3, a floor of ~1.15)")
     ap.add_argument("--save-warmup", type=Path, default=None,
-                    help="also write the weights as the warm-up left them (DIR/model.safetensors, fp32, and "
-                         "DIR/training.json) for a later --init-from")
+                    help="also write the weights as the warm-up left them (DIR/model.safetensors, fp32, the "
+                         "run's tokenizer.json and DIR/training.json) for a later --init-from or --grow-from")
     ap.add_argument("--report-every", type=int, default=200,
                     help="print the held-out span / repeat losses every this many corpus steps")
     args = ap.parse_args()
@@ -207,8 +206,8 @@ def main() -> None:
         raise SystemExit("pass --init-from (the same shape) or --grow-from (a smaller one), not both")
     tok_from = args.tokenizer_from or args.init_from or args.grow_from
     if tok_from is not None and not (tok_from / "tokenizer.json").is_file():
-        raise SystemExit(f"{tok_from} has no tokenizer.json (a --save-warmup checkpoint has none): pass the "
-                         "tokenizer its weights are indexed by with --tokenizer-from")
+        raise SystemExit(f"{tok_from} has no tokenizer.json: pass the tokenizer its weights are indexed by "
+                         "with --tokenizer-from")
     if tok_from is not None:
         from tokenizers import Tokenizer
 
@@ -245,7 +244,7 @@ def main() -> None:
             raise SystemExit(f"--distill-from {args.distill_from}: vocabulary {teacher.config.vocab_size} "
                              f"!= the draft's {cfg.vocab_size}; pass the teacher's tokenizer with --tokenizer-from")
     gen = torch.Generator().manual_seed(cfg.seed)
-    heldout = token_stream(tok, [text for _, text in heldout_files()])
+    heldout = None if args.measure else token_stream(tok, [text for _, text in heldout_files()])
     warm = None
     if args.copy_warmup and not args.measure:
         model.train()
@@ -253,11 +252,7 @@ def main() -> None:
                        cfg.vocab_size, gen, steps=args.copy_warmup, lr=args.copy_warmup_lr, ramp=cfg.warmup,
                        until=args.copy_warmup_until)  # fmt: skip
     if warm and args.save_warmup:
-        from safetensors.torch import save_file
-
-        args.save_warmup.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(args.save_warmup / "model.safetensors"))
-        (args.save_warmup / "training.json").write_text(json.dumps({"copy_warmup": warm, "command": sys.argv[1:]}, indent=2) + "\n")
+        save_weights(model, tok, args.save_warmup, {"copy_warmup": warm, "command": sys.argv[1:]})
     n_steps = args.measure or cfg.steps
     model.train()
     t_start = time.time()

@@ -3,6 +3,7 @@ what the larger model adds still learns (its new parts receive gradients)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -75,9 +76,13 @@ def test_train_reference_grows_a_checkpoint_and_refuses_one_that_does_not_fit(tm
     larger than the run's shape exits with what was wrong instead of a traceback."""
     import reference_checkpoint
     from safetensors.torch import save_file
+    from tokenizers import Tokenizer, models
 
     small, large = _model(0, **SMALL), _model(1, **LARGE)
-    save_file({k: v.contiguous() for k, v in small.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "a": 1}, unk_token="<unk>"))
+    reference_checkpoint.save_weights(small, tok, tmp_path, {"copy_warmup": {"steps": 3}})  # --save-warmup's writer
+    assert (tmp_path / "tokenizer.json").is_file()  # a later --grow-from needs no --tokenizer-from
+    assert json.loads((tmp_path / "training.json").read_text()) == {"copy_warmup": {"steps": 3}}
     assert reference_checkpoint.grow_from(tmp_path, large)["hidden"] == 32
     torch.testing.assert_close(large.state_dict()["model.layers.0.self_attn.o_proj.weight"][:32, :32],
                                small.state_dict()["model.layers.0.self_attn.o_proj.weight"])  # fmt: skip
