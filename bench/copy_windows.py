@@ -23,6 +23,14 @@ hidden 256) stayed on the plateau for 3,500 warm-up steps; grown from the warmed
 (bench/grow_model.py) it copies from step 0 and keeps it through the corpus (3.55 / 1.44), and a
 fine-tune with more copy windows sharpens it.
 
+That model still copied one token and then followed the latest occurrence of it: greedy decoding
+repeated 3.5 of 80 span tokens, then its own last line. Random tokens never repeat within a period,
+so one token of context always named the place to copy from; code repeats "\n", indents and "#"
+everywhere. `text_repeat_window` repeats a corpus stretch instead, where only the last several
+tokens say which earlier place continues: 1,900 fine-tuning steps with 50-60% of them
+(train_reference.py's `--copy-text`) took the repeat's loss from 1.17 to 0.28 nats and greedy runs
+from 3.5 to ~38 tokens, the first occurrences' loss 3.55 -> 3.51 (docs/PERFORMANCE.md, session 18).
+
 `copy_losses` measures the skill on held-out text: mean next-token loss on a span's first occurrence
 and on its repeat, in windows of span + span.
 """
@@ -56,6 +64,17 @@ def repeat_window(vocab: int, length: int, gen: torch.Generator) -> torch.Tensor
     return seq.repeat(length // period + 1)[:length]
 
 
+def text_repeat_window(data: torch.Tensor, length: int, gen: torch.Generator) -> torch.Tensor:
+    """One window of `length` tokens: a corpus stretch of P tokens (P in [16, 128)) over and over. Code
+    repeats tokens within a line and across lines ("\n", indents, "#"), so the token before a
+    position names many earlier places: only matching the last several tokens says which one
+    continues. Random-token windows (repeat_window) never ask that, and a model trained on them alone
+    copies one token then follows the latest occurrence of it (its own last line)."""
+    period = int(torch.randint(2 * MIN_SPAN, 128, (1,), generator=gen))
+    start = int(torch.randint(0, data.numel() - period, (1,), generator=gen))
+    return data[start : start + period].repeat(length // period + 1)[:length]
+
+
 def repeat_batch(rows: int, length: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
     """(rows, length): a batch of repeat windows only (train_reference.py's `--copy-warmup`)."""
     return torch.stack([repeat_window(vocab, length, gen) for _ in range(rows)])
@@ -82,13 +101,23 @@ def warm_up(step: Callable[[torch.Tensor, float], torch.Tensor], rows: int, leng
 
 
 def copy_batch(batch: torch.Tensor, data: torch.Tensor, fraction: float, gen: torch.Generator,
-               vocab: int = 0) -> torch.Tensor:  # fmt: skip
+               vocab: int = 0, text: float = 0.0) -> torch.Tensor:  # fmt: skip
     """`batch` (B, T+1) with each window replaced, with probability `fraction`, by a copy window;
-    with a `vocab`, half of those are random-token repeat windows instead."""
-    if fraction <= 0:
+    with a `vocab`, half of those are random-token repeat windows instead. With `text` > 0, each
+    window is first replaced with that probability by a text repeat window (text_repeat_window);
+    the others are drawn as before."""
+    if fraction <= 0 and text <= 0:
         return batch
-    pick = torch.rand(batch.shape[0], generator=gen) < fraction
     out = batch.clone()
+    if text > 0:
+        texts = (torch.rand(batch.shape[0], generator=gen) < text).nonzero().flatten().tolist()
+        for row in texts:
+            out[row] = text_repeat_window(data, batch.shape[1], gen)
+        if fraction <= 0:
+            return out
+    pick = torch.rand(batch.shape[0], generator=gen) < fraction
+    if text > 0:
+        pick[texts] = False
     for row in pick.nonzero().flatten().tolist():
         if vocab and torch.rand(1, generator=gen).item() < 0.5:
             out[row] = repeat_window(vocab, batch.shape[1], gen)

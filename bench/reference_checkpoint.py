@@ -43,12 +43,14 @@ def save(model, tok, context: int, out: Path, meta: dict) -> None:
 
 
 def save_weights(model, tok, out: Path, meta: dict) -> None:
-    """Write `model`'s weights as they are (fp32 safetensors, no config) with `tok` and `meta` as
-    training.json: a run's intermediate state (the copy warm-up's) for a later --init-from / --grow-from."""
+    """Write `model`'s weights as they are (fp32 safetensors) with its config.json, `tok` and `meta` as
+    training.json: a run's intermediate state (the copy warm-up's) for a later --init-from / --grow-from
+    (which reads the source's head size from the config)."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    model.config.to_json_file(str(out / "config.json"))
     tok.save(str(out / "tokenizer.json"))
     (out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
 
@@ -75,6 +77,14 @@ def grow_from(path: Path, model) -> dict:
 
     src = load_file(str(path / "model.safetensors"))
     head_dim = model.config.hidden_size // model.config.num_attention_heads
+    config = path / "config.json"  # (a warm-up saved before save_weights wrote one has none: assumed equal)
+    if config.is_file():
+        cfg = json.loads(config.read_text())
+        theirs = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        if theirs != head_dim:
+            raise SystemExit(f"--grow-from {path}: its attention heads are {theirs} wide, this model's "
+                             f"{head_dim}; growing keeps each head, so pick --hidden-size / --num-heads "
+                             f"with hidden / heads = {theirs}")  # fmt: skip
     try:
         model.load_state_dict(grow(src, model.state_dict(), head_dim))
     except (ValueError, KeyError) as exc:

@@ -24,7 +24,7 @@ algorithms, a fixed batch order from a seeded generator. The result (fp16 safete
 chat template) is written in Hugging Face format so freight's engine and transformers both load it.
 The defaults are the first pycoder-tiny's recipe (its tokenizer is the one every later model reuses).
 The committed pair copies in context, which that recipe never taught (below), so it is made in
-four runs; each checkpoint's training.json holds its loss, step count, seconds and the runs it
+a chain of runs; each checkpoint's training.json holds its loss, step count, seconds and the runs it
 started from:
 
     DRAFT_SHAPE="--num-layers 2 --hidden-size 128 --intermediate-size 384 --num-heads 4 --num-kv-heads 2"
@@ -37,12 +37,25 @@ started from:
     #    short fine-tune with more copy windows (docs/PERFORMANCE.md, session 17)
     .venv/bin/python bench/train_reference.py --output /tmp/target-grown \
         --grow-from /tmp/draft-warm --tokenizer-from examples/models/pycoder-tiny --copy-fraction 0.3 --lr 2e-3
-    .venv/bin/python bench/train_reference.py --output examples/models/pycoder-tiny \
+    .venv/bin/python bench/train_reference.py --output /tmp/target-copy \
         --init-from /tmp/target-grown --copy-fraction 0.7 --steps 300 --warmup 20 --lr 1e-3
-    # 3. the draft: step 1's model distilled from the target
+    # 3. fine-tunes with text repeat windows (`--copy-text`: a corpus stretch over and over, where
+    #    only several tokens of context say where to copy from; docs/PERFORMANCE.md, session 18)
+    .venv/bin/python bench/train_reference.py --output /tmp/target-text-1 --init-from /tmp/target-copy \
+        --copy-text 0.5 --copy-fraction 0.3 --steps 400 --warmup 20 --lr 2e-3
+    for i in 2 3 4; do  # the last one is examples/models/pycoder-tiny
+        .venv/bin/python bench/train_reference.py --output /tmp/target-text-$i --init-from /tmp/target-text-$((i - 1)) \
+            --copy-text 0.6 --copy-fraction 0.3 --steps 500 --warmup 20 --lr 1e-3
+    done
+    # 4. the draft: step 1's model distilled from /tmp/target-copy, then on text repeats from
+    #    target-text-2, then from target-text-4
+    .venv/bin/python bench/train_reference.py --output /tmp/draft-17 $DRAFT_SHAPE --init-from /tmp/draft-copy \
+        --distill-from /tmp/target-copy --copy-fraction 0.3 --steps 600 --lr 1e-3
+    .venv/bin/python bench/train_reference.py --output /tmp/draft-text-2 $DRAFT_SHAPE --init-from /tmp/draft-17 \
+        --distill-from /tmp/target-text-2 --copy-text 0.5 --copy-fraction 0.3 --steps 800 --warmup 20 --lr 1e-3
     .venv/bin/python bench/train_reference.py --output examples/models/pycoder-tiny-draft $DRAFT_SHAPE \
-        --init-from /tmp/draft-copy --distill-from examples/models/pycoder-tiny --copy-fraction 0.3 \
-        --steps 600 --lr 1e-3
+        --init-from /tmp/draft-text-2 --distill-from /tmp/target-text-4 --copy-text 0.5 --copy-fraction 0.3 \
+        --steps 800 --warmup 20 --lr 1e-3
     .venv/bin/python bench/train_reference.py --measure 5      # seconds per step, then exit
 
 `--distill-from` trains on the target's next-token distribution (forward KL, the target's logits
@@ -50,18 +63,16 @@ computed in the same step) instead of the corpus' next tokens: a draft is judged
 agrees with its target, not with the data (DistillSpec, Zhou et al. 2023).
 
 `--init-from DIR` starts from a checkpoint of the same shape (a fine-tune; its training.json is kept
-in the new one's), `--copy-fraction F` mixes in windows that repeat their own text
-(bench/copy_windows.py). `--copy-warmup N` first trains on random-token repeat windows only (a
-period of 8-63 tokens, so only looking back by content predicts them) at a constant `--copy-warmup-lr`
-until their loss falls below `--copy-warmup-until` (or N steps): the loss sits at ln(4096) = 8.3 for
-a plateau of a thousand steps or more, then falls once the model has an induction head. Natural text
-alone, and copy windows mixed into it, never taught this recipe to copy in context; the warm-up taught
-the draft's shape; the target's stayed on the plateau (docs/PERFORMANCE.md, sessions 15-16).
-`--save-warmup DIR` keeps the weights the warm-up left, with the run's tokenizer.
-`--grow-from DIR` starts from a smaller checkpoint (such as a warm-up's) grown into this run's shape
-so that it computes the same function (bench/grow_model.py): the target's shape inherits the
-draft's induction circuit instead of waiting out a plateau it never left.
-Every run records in training.json the held-out loss on a span and on its repeat (`copy_losses`,
+in the new one's). Windows that repeat their own text (bench/copy_windows.py): `--copy-fraction F`
+mixes in corpus spans repeated once and random-token repeats, `--copy-text F` corpus stretches
+repeated over and over (what taught greedy copying beyond one token). `--copy-warmup N` first trains
+on random-token repeats only, at a constant `--copy-warmup-lr`, until their loss falls below
+`--copy-warmup-until` (or N steps): ln(4096) = 8.3 for a plateau of a thousand steps or more, then a
+fall once the model has an induction head (the draft's shape left it; the target's did not in 3,500
+steps: docs/PERFORMANCE.md, sessions 15-16). `--save-warmup DIR` keeps the warm-up's weights, config
+and tokenizer. `--grow-from DIR` grows a smaller checkpoint (such as a warm-up's) into this run's
+shape computing the same function (bench/grow_model.py): the target inherits the draft's induction
+circuit instead of waiting out the plateau. Every run records in training.json the held-out loss on a span and on its repeat (`copy_losses`,
 also printed every `--report-every` steps): equal losses mean the model cannot copy in context. The
 corpus and its split live in bench/stdlib_corpus.py.
 """
@@ -169,6 +180,8 @@ def main() -> None:
                          "same function at step 0, e.g. a draft that copies grown into the target's shape)")
     ap.add_argument("--copy-fraction", type=float, default=0.0,
                     help="share of each batch's windows that repeat a span of their own text (bench/copy_windows.py)")
+    ap.add_argument("--copy-text", type=float, default=0.0,
+                    help="share of windows that repeat a corpus stretch over and over (text_repeat_window)")
     ap.add_argument("--lr", type=float, default=TrainConfig.lr)
     ap.add_argument("--copy-warmup", type=int, default=0,
                     help="before the corpus, up to this many steps on random-token repeat windows only "
@@ -259,7 +272,7 @@ def main() -> None:
     for step in range(n_steps):
         starts = torch.randint(0, data.numel() - cfg.context - 1, (cfg.batch_size,), generator=gen)
         idx = starts[:, None] + torch.arange(cfg.context + 1)  # (B, T+1)
-        batch = copy_batch(data[idx], data, args.copy_fraction, gen, cfg.vocab_size)
+        batch = copy_batch(data[idx], data, args.copy_fraction, gen, cfg.vocab_size, args.copy_text)
         loss = train_step(model, opt, batch, lr_at(step, cfg), cfg.bf16, teacher)
         if step % 10 == 0 or step == n_steps - 1:
             el = time.time() - t_start
@@ -286,6 +299,7 @@ def main() -> None:
         "objective": "cross entropy on the corpus" if teacher is None else f"KL to {args.distill_from.name}",
         "final_loss": round(loss.item(), 4),
         "copy_fraction": args.copy_fraction,
+        "copy_text": args.copy_text,
         "init_from": args.init_from and provenance(args.init_from),
         "grow_from": args.grow_from and {**provenance(args.grow_from), "shape": grown},
         "copy_warmup": warm,

@@ -91,3 +91,7 @@ def test_train_reference_grows_a_checkpoint_and_refuses_one_that_does_not_fit(tm
         reference_checkpoint.grow_from(tmp_path, _model(2, **SMALL))
     with pytest.raises(SystemExit, match="do not match this shape"):
         reference_checkpoint.init_from(tmp_path, _model(2, **SMALL))
+    # heads of another width would be read as another head count: refused by the source's config.json
+    reference_checkpoint.save_weights(_model(3, **{**SMALL, "num_heads": 4, "num_kv_heads": 2}), tok, tmp_path, {})
+    with pytest.raises(SystemExit, match="heads are 8 wide, this model's 16"):
+        reference_checkpoint.grow_from(tmp_path, _model(4, **LARGE))
