@@ -53,7 +53,7 @@ def speculative_case(chk, device: torch.device, folder: Path, vocab: int) -> Non
     engines = {
         "plain": Engine.from_pretrained(folder, EngineConfig(**base)),
         "ngram": Engine.from_pretrained(  # dry: every proposal verified, so the Triton verify path runs
-            folder, EngineConfig(**base, speculative=SpeculativeConfig("ngram", 4, adaptive=not dry))
+            folder, EngineConfig(**base, speculative=SpeculativeConfig("ngram", adaptive=not dry))
         ),
     }
     report: dict = {"batches": {}}

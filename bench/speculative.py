@@ -23,7 +23,9 @@ and draft-always, the same with the 2-layer draft model examples/models/pycoder-
 (greedy). "plan us": host CPU microseconds per step spent choosing rows and proposing (for the
 draft, its forwards included). Both sides run in this one process, interleaved per cell.
 
-    .venv/bin/python bench/speculative.py [--tokens 96] [--batches 1,8,64] [--k 4] [--model DIR] [--draft DIR]
+    .venv/bin/python bench/speculative.py [--tokens 96] [--batches 1,8,64] [--k K] [--model DIR] [--draft DIR]
+
+K: each method's default (SpeculativeConfig: prompt lookup 8, draft 4) unless --k sets one for both.
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=96, help="generated tokens per prompt")
     ap.add_argument("--batches", default="1,8,64")
-    ap.add_argument("--k", type=int, default=4, help="speculative tokens K")
+    ap.add_argument("--k", type=int, default=None, help="speculative tokens K (default: each method's own)")
     ap.add_argument("--model", type=Path, default=MODEL, help="target checkpoint")
     ap.add_argument("--draft", type=Path, default=DRAFT, help="draft checkpoint (skipped when missing)")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each generate call per engine, interleaved call by call; the fastest counts")
@@ -170,7 +172,9 @@ def main() -> None:
     engines = {name: Engine.from_pretrained(args.model, EngineConfig(speculative=s, **base)) for name, s in configs.items()}
     timers = {name: PlanTimer(e) for name, e in engines.items()}
     work = tasks(engines["plain"], max(top, args.prompts_at_1))  # batch 1 runs --prompts-at-1 of them
-    print(f"model {args.model.name}, draft {args.draft.name if args.draft.is_dir() else '-'}, {args.tokens} tokens per prompt, K = {args.k}, CPU seconds, 1 thread")
+    ks = ", ".join(f"{name} {c.num_tokens}" for name, c in configs.items() if c is not None and c.adaptive)
+    print(f"model {args.model.name}, draft {args.draft.name if args.draft.is_dir() else '-'}, {args.tokens} tokens per prompt, "
+          f"K: {ks}, CPU seconds, 1 thread")  # fmt: skip
     mean, whole = copied(engines["plain"], work["copy"][: args.prompts_at_1], args.tokens)
     print(f"copy task: plain greedy repeats {mean:.1f} of the span's 80 remaining tokens before it first differs "
           f"(mean over {args.prompts_at_1} prompts); {whole} repeat them all")  # fmt: skip
@@ -193,10 +197,11 @@ def main() -> None:
     print("measured CPU ms per step by rows (the adaptive ngram engine's controller), plain / verify steps:")
     print("  plain: " + ", ".join(f"{rows}: {sec * 1e3:.2f}" for rows, sec in ctrl.table().items()))
     print("  verify: " + ", ".join(f"{rows}: {sec * 1e3:.2f}" for rows, sec in ctrl.table(True).items()))
-    print(f"crossover: a verify step of every sequence with K = {args.k} pays when a sequence gains more tokens"
+    k = configs["ngram"].num_tokens  # type: ignore[union-attr]
+    print(f"crossover: a verify step of every sequence with K = {k} pays when a sequence gains more tokens"
           " per step than cost(B x (K + 1)) / cost(B):")  # fmt: skip
     for batch in batches:
-        wide, narrow = ctrl.cost(batch * (args.k + 1), True), ctrl.cost(batch)
+        wide, narrow = ctrl.cost(batch * (k + 1), True), ctrl.cost(batch)
         if wide and narrow:
             print(f"  batch {batch:>3}: break-even mean accepted length {wide / narrow:.2f}")
 

@@ -178,7 +178,10 @@ class JobSpec(LaterFields):
     speculative: str | None = Field(
         None, description='speculative decoding: "ngram" (prompt lookup) or "draft:PATH" (a draft checkpoint)'
     )
-    speculative_tokens: int = Field(4, ge=1, le=16, description="speculative decoding: tokens proposed per step (K)")
+    speculative_tokens: int | None = Field(
+        None, ge=1, le=16, description="speculative decoding: most tokens proposed per step (K); default: "
+        "the method's (ngram 8, draft 4)"
+    )
     row_constraints: bool = Field(
         False,
         description="read a Parquet input's per-row constraint columns (response_format, json_schema, regex, "

@@ -47,7 +47,7 @@ def load_engine(
 
 def load_model_engine(
     model: str, quantization: str | None, settings: Settings | None = None, device: str | None = None,
-    speculative: str | None = None, speculative_tokens: int = 4,
+    speculative: str | None = None, speculative_tokens: int | None = None,
 ) -> tuple[Any, float]:
     """(engine, seconds it took to load) for `model` (a folder or s3:// prefix, as a job spec names it);
     speculative: the job spec's "ngram" | "draft:PATH" (None: off)."""

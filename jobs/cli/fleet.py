@@ -95,7 +95,7 @@ def submit(
     prices: PricesOpt = None,
     quantization: QuantizationOpt = None,
     speculative: SpeculativeOpt = None,
-    speculative_tokens: SpeculativeTokensOpt = 4,
+    speculative_tokens: SpeculativeTokensOpt = None,
     priority: int = typer.Option(0, help="0 (taken first) .. 9 (last)"),
     deadline: DeadlineOpt = None,
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary before the job id"),

@@ -144,7 +144,10 @@ SpeculativeOpt = Annotated[
         "same tokenizer. Outputs are unchanged; it turns itself off where it does not pay",
     ),
 ]
-SpeculativeTokensOpt = Annotated[int, typer.Option(metavar="K", help="speculative decoding: tokens proposed per step")]
+SpeculativeTokensOpt = Annotated[
+    int | None,
+    typer.Option(metavar="K", help="speculative decoding: most tokens proposed per step (default: ngram 8, draft 4)"),
+]
 DeadlineOpt = Annotated[
     str | None,
     typer.Option(
@@ -279,7 +282,7 @@ def spec_from_options(
     price_per_hour: float | None,
     quantization: str | None,
     speculative: str | None = None,
-    speculative_tokens: int = 4,
+    speculative_tokens: int | None = None,
 ) -> JobSpec:
     """The JobSpec of `run` / `submit` / `estimate`'s flags; FreightError with one line if invalid."""
     from jobs.spec import JobSpec, SamplingSpec

@@ -95,7 +95,7 @@ def run(
     prices: PricesOpt = None,
     quantization: QuantizationOpt = None,
     speculative: SpeculativeOpt = None,
-    speculative_tokens: SpeculativeTokensOpt = 4,
+    speculative_tokens: SpeculativeTokensOpt = None,
     completion_window: CompletionWindowOpt = None,
     deadline: RunDeadlineOpt = None,
     notify: NotifyOpt = None,

@@ -55,7 +55,7 @@ class Suite:
     shard_rows: int | None
     metrics: tuple[Metric, ...]
     speculative: str | None = None  # "ngram" | "draft:PATH" (a path resolved like the models)
-    speculative_tokens: int = 4
+    speculative_tokens: int | None = None  # None: the method's default K
 
     @property
     def needs_generation(self) -> bool:

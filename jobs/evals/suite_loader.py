@@ -43,7 +43,7 @@ class _SuiteFields(BaseModel):
     metrics: list[dict[str, Any]] = Field(min_length=1)
     # speculative decoding of the generate jobs ("ngram" | "draft:PATH"; outputs unchanged, faster)
     speculative: str | None = Field(None, pattern=r"^(ngram|draft:.+)$")
-    speculative_tokens: int = Field(4, ge=1, le=16)
+    speculative_tokens: int | None = Field(None, ge=1, le=16)
 
     @model_validator(mode="after")
     def _one_prompt_source(self) -> _SuiteFields:

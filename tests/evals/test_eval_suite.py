@@ -71,7 +71,7 @@ def test_valid_file_loads_with_defaults_and_resolved_paths(qa_dataset: Path, wri
     assert qa.needs_generation and qa.needs_likelihood
     assert contains.metrics[0].column == "has_answer" and contains.schedule is None
     assert loaded.suite("qa-contains") is contains
-    assert (qa.speculative, qa.speculative_tokens) == (None, 4)
+    assert (qa.speculative, qa.speculative_tokens) == (None, None)
     assert (contains.speculative, contains.speculative_tokens) == ("draft:" + str(path.parent / "models" / "draft"), 3)
     from jobs.evals.plan import _job_specs
     from jobs.storage import LocalStore

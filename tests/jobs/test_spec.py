@@ -114,7 +114,7 @@ def test_manifest_json_leaves_later_fields_out_at_their_defaults() -> None:
     assert set(dumped["sampling"]) == V1_SAMPLING | {"n", "logit_bias", "choice"}
     assert JobSpec.model_validate_json(used.model_dump_json()) == used
     # a spec's full view (diffs) still names every field with its value
-    assert plain.all_fields()["speculative_tokens"] == 4 and plain.all_fields()["sampling"]["logit_bias"] == []
+    assert plain.all_fields()["speculative_tokens"] is None and plain.all_fields()["sampling"]["logit_bias"] == []
     # the manifest's input plan likewise: id_type came later
     plan = InputPlan(format="parquet", files=(InputFile(url="a", rows=1, size=1),), rows=1, prompt_column="prompt",
                      prompt_kind="text", id_column=None)  # fmt: skip
@@ -122,5 +122,5 @@ def test_manifest_json_leaves_later_fields_out_at_their_defaults() -> None:
     assert plan.model_copy(update={"id_type": "int64"}).model_dump()["id_type"] == "int64"
     assert plain.diff(used) == [
         "sampling.choice: None != ['a', 'b']", "sampling.logit_bias: [] != [[3, 1.5]]", "sampling.n: 1 != 2",
-        "speculative: None != 'ngram'", "speculative_tokens: 4 != 6",
+        "speculative: None != 'ngram'", "speculative_tokens: None != 6",
     ]  # fmt: skip

@@ -5,24 +5,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 METHODS = ("ngram", "draft")
+# K when none is given: prompt lookup's proposals cost nothing to make, so a long cap only adds the
+# verify rows the controller prices (and on copy-heavy work its runs are long); each draft token
+# costs a forward of the draft, so its cap stays short (docs/PERFORMANCE.md, session 18)
+DEFAULT_TOKENS = {"ngram": 8, "draft": 4}
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """method "ngram": prompt lookup (the last 1-4 tokens matched against the prompt and the text so
     far; the tokens that followed are proposed); "draft": a smaller checkpoint with the same tokenizer
-    (draft_model, a folder) proposes. num_tokens: K, the most tokens proposed per sequence and step.
+    (draft_model, a folder) proposes. num_tokens: K, the most tokens proposed per sequence and step
+    (None: the method's default, DEFAULT_TOKENS).
     adaptive: K shrinks and speculation pauses for sequences whose proposals are rejected, and whole
     steps run without speculation at batch sizes where the engine measured it not to pay."""
 
     method: str = "ngram"
-    num_tokens: int = 4
+    num_tokens: int | None = None
     draft_model: str | None = None
     adaptive: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"speculative method must be one of {METHODS}, got {self.method!r}")
+        if self.num_tokens is None:
+            object.__setattr__(self, "num_tokens", DEFAULT_TOKENS[self.method])
         if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1:
             raise ValueError(f"speculative num_tokens (K) must be an int >= 1, got {self.num_tokens!r}")
         if self.num_tokens > 16:
@@ -34,8 +41,8 @@ class SpeculativeConfig:
             raise ValueError("draft_model is only read by method 'draft'; drop it or set method='draft'")
 
     @classmethod
-    def parse(cls, spec: str, num_tokens: int = 4) -> SpeculativeConfig:
-        """From the CLI's form: "ngram" or "draft:PATH"."""
+    def parse(cls, spec: str, num_tokens: int | None = None) -> SpeculativeConfig:
+        """From the CLI's form: "ngram" or "draft:PATH" (num_tokens None: the method's default)."""
         if spec == "ngram":
             return cls("ngram", num_tokens)
         if spec.startswith("draft:") and len(spec) > len("draft:"):
