@@ -53,6 +53,34 @@ def test_copy_batch_fraction() -> None:
     assert 16 <= replaced <= 48  # ~32 of 64
 
 
+def test_text_repeat_window_repeats_a_corpus_stretch() -> None:
+    gen = torch.Generator().manual_seed(4)
+    data = torch.arange(10_000)
+    periods = set()
+    for _ in range(20):
+        w = copy_windows.text_repeat_window(data, 257, gen)
+        period = int(torch.nonzero(w[1:] != w[:-1] + 1)[0]) + 1  # the stretch ends where it starts again
+        assert w.shape == (257,) and 2 * copy_windows.MIN_SPAN <= period < 128
+        assert torch.equal(w[:period], torch.arange(int(w[0]), int(w[0]) + period))  # consecutive corpus tokens
+        assert torch.equal(w[period:], w[:-period])  # then the same stretch over and over
+        periods.add(period)
+    assert len(periods) > 4
+
+
+def test_copy_batch_mixes_text_repeats_with_the_other_windows() -> None:
+    gen = torch.Generator().manual_seed(5)
+    data = torch.arange(100_000)
+    batch = torch.stack([torch.arange(s, s + 257) for s in range(0, 64 * 300, 300)])
+    only = copy_windows.copy_batch(batch, data, 0.0, gen, vocab=4096, text=0.5)
+    changed = (only != batch).any(dim=1)
+    assert 16 <= int(changed.sum()) <= 48
+    for w in only[changed]:  # every replaced window is a text repeat (a stretch of the corpus, periodic)
+        period = int(torch.nonzero(w[1:] != w[:-1] + 1)[0]) + 1
+        assert torch.equal(w[period:], w[:-period]) and int(w.max()) < 100_000
+    both = copy_windows.copy_batch(batch, data, 0.5, gen, vocab=4096, text=0.5)
+    assert int((both != batch).any(dim=1).sum()) > int(changed.sum())  # ~48 of 64: the two shares add up
+
+
 def copy_batch_is(batch: torch.Tensor, data: torch.Tensor, fraction: float, gen: torch.Generator) -> int:
     out = copy_windows.copy_batch(batch, data, fraction, gen, vocab=4096)
     return int((out != batch).any(dim=1).sum())
@@ -95,7 +123,8 @@ def test_copy_losses_tell_a_copier_from_a_model_that_cannot() -> None:
 def test_the_committed_reference_pair_copies_in_context(name: str) -> None:
     """Real language models copy a span they have seen (what prompt lookup and bench/speculative.py's
     copy task rely on); the committed pair must too: on held-out code, a span's repeat costs well
-    under its first occurrence (training.json records the same two losses)."""
+    under its first occurrence (training.json records the same two losses): under a quarter of it
+    (the pair before `--copy-text` fine-tuning, 0.33 and 0.46 of it, did not pass)."""
     from stdlib_corpus import heldout_files, token_stream
     from tokenizers import Tokenizer
     from transformers import LlamaForCausalLM
@@ -105,4 +134,20 @@ def test_the_committed_reference_pair_copies_in_context(name: str) -> None:
     data = token_stream(tok, [text for _, text in heldout_files()[:40]])
     model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     first, again = copy_windows.copy_losses(model, data, windows=12)
-    assert again < 0.7 * first, (first, again)
+    assert again < 0.25 * first, (first, again)
+
+
+def test_the_committed_target_greedily_repeats_a_span_it_was_shown() -> None:
+    """bench/speculative.py's copy task through freight's engine: a held-out span, a comment asking
+    for it again and its first 16 tokens; plain greedy decoding must go on repeating it (mean over 8
+    prompts of the span tokens repeated before the first difference). A model that copies one token
+    and then its own last line (the pair before `--copy-text`: 3.5 of 80) fails; the committed one
+    repeats ~38."""
+    import speculative
+
+    from worker.engine import Engine, EngineConfig
+
+    engine = Engine.from_pretrained(ROOT / "examples" / "models" / "pycoder-tiny",
+                                    EngineConfig(num_threads=1, max_num_seqs=8, max_model_len=512))  # fmt: skip
+    mean, _ = speculative.copied(engine, speculative.tasks(engine, 8)["copy"], 80)
+    assert mean >= 20, mean
