@@ -72,9 +72,9 @@ fall once the model has an induction head (the draft's shape left it; the target
 steps: docs/PERFORMANCE.md, sessions 15-16). `--save-warmup DIR` keeps the warm-up's weights, config
 and tokenizer. `--grow-from DIR` grows a smaller checkpoint (such as a warm-up's) into this run's
 shape computing the same function (bench/grow_model.py): the target inherits the draft's induction
-circuit instead of waiting out the plateau. Every run records in training.json the held-out loss on a span and on its repeat (`copy_losses`,
-also printed every `--report-every` steps): equal losses mean the model cannot copy in context. The
-corpus and its split live in bench/stdlib_corpus.py.
+circuit instead of waiting out the plateau. Every run records in training.json the held-out loss on
+a span and on its repeat (`copy_losses`, also printed every `--report-every` steps): equal losses
+mean the model cannot copy in context. The corpus and its split live in bench/stdlib_corpus.py.
 """
 
 from __future__ import annotations
