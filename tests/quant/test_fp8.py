@@ -59,19 +59,26 @@ def test_module_matches_the_reference_and_keeps_its_dtypes() -> None:
 
 
 def test_quantize_at_load_stays_close_to_fp32(reference_model: Path) -> None:
-    """Greedy tokens of the fp8 model (on the fly) against the fp32 model's: e4m3 rounds the
-    weights and every activation row (3 mantissa bits), so a near-tie can flip a token and the row
-    continues differently from there. Measured on this model (6 prompts x 24 tokens): 5 of 6 rows
-    identical, 127 of 144 positions (88%) equal; the bounds below leave room for BLAS and
-    summation-order changes."""
+    """The fp8 model (on the fly) against the fp32 model. e4m3 rounds the weights and every
+    activation row (3 mantissa bits), so a near-tie can flip a greedy token and the row continues
+    differently from there: greedy agreement measures where the near-ties are as much as fp8's
+    error (6 prompts x 24 tokens: the session-17 model 5 of 6 rows identical, 88% of positions; the
+    committed one 2 of 6, 76%, one row's first token a near-tie). The cascade-free measure: on the
+    fp32 model's greedy text, each token's log-probability under the two models (mean difference
+    0.037 nats on both models); a broken fp8 path moves it by nats."""
     base = _greedy(_engine(reference_model))
     fp8 = _engine(reference_model, quantization="fp8")
     assert sum(isinstance(m, Fp8Linear) for m in fp8.runner.model.modules()) == 16  # 4 layers x (qkv, o, gate_up, down)
     got = _greedy(fp8)
     same = sum(a == b for row, ref in zip(got, base, strict=True) for a, b in zip(row, ref, strict=True))
     total = sum(len(r) for r in base)
-    rows = sum(g == b for g, b in zip(got, base, strict=True))
-    assert rows >= 4 and same / total >= 0.75, (rows, same, total)
+    assert same / total >= 0.6, (same, total)
+    texts = [fp8.tokenizer.encode(p) + row for p, row in zip(PROMPTS, base, strict=True)]
+    scored = SamplingParams(max_tokens=1, prompt_logprobs=True)
+    want = [o.prompt_logprobs[1:] for o in _engine(reference_model).generate(texts, scored)]
+    have = [o.prompt_logprobs[1:] for o in fp8.generate(texts, scored)]
+    diffs = [abs(a - b) for x, y in zip(have, want, strict=True) for a, b in zip(x, y, strict=True)]
+    assert sum(diffs) / len(diffs) < 0.1 and max(diffs) < 1.0, (sum(diffs) / len(diffs), max(diffs))
 
 
 def test_fp8_checkpoint_loads_the_same_model(reference_model: Path, tmp_path: Path) -> None:
