@@ -108,16 +108,13 @@ def copy_batch(batch: torch.Tensor, data: torch.Tensor, fraction: float, gen: to
     the others are drawn as before."""
     if fraction <= 0 and text <= 0:
         return batch
-    out = batch.clone()
+    out, texts = batch.clone(), []
     if text > 0:
         texts = (torch.rand(batch.shape[0], generator=gen) < text).nonzero().flatten().tolist()
         for row in texts:
             out[row] = text_repeat_window(data, batch.shape[1], gen)
-        if fraction <= 0:
-            return out
     pick = torch.rand(batch.shape[0], generator=gen) < fraction
-    if text > 0:
-        pick[texts] = False
+    pick[texts] = False
     for row in pick.nonzero().flatten().tolist():
         if vocab and torch.rand(1, generator=gen).item() < 0.5:
             out[row] = repeat_window(vocab, batch.shape[1], gen)

@@ -16,13 +16,18 @@ sys.path.insert(0, str(ROOT / "bench"))
 import copy_windows  # noqa: E402
 
 
+def _stretch(w: torch.Tensor) -> int:
+    """The length of the run of consecutive corpus tokens (torch.arange data) a window starts with."""
+    return int(torch.nonzero(w[1:] != w[:-1] + 1)[0]) + 1
+
+
 def test_copy_window_repeats_a_span_of_itself() -> None:
     gen = torch.Generator().manual_seed(0)
     data = torch.arange(10_000)
     for _ in range(20):
         w = copy_windows.copy_window(data, 257, gen)
         assert w.shape == (257,)
-        head = int(torch.nonzero(w[1:] != w[:-1] + 1)[0]) + 1  # the corpus stretch ends where the repeat starts
+        head = _stretch(w)  # the corpus stretch ends where the repeat starts
         tail = w[head:]
         assert copy_windows.MIN_SPAN <= tail.numel() <= 257 // 2
         assert torch.equal(tail, torch.arange(int(tail[0]), int(tail[0]) + tail.numel()))  # a contiguous span
@@ -59,7 +64,7 @@ def test_text_repeat_window_repeats_a_corpus_stretch() -> None:
     periods = set()
     for _ in range(20):
         w = copy_windows.text_repeat_window(data, 257, gen)
-        period = int(torch.nonzero(w[1:] != w[:-1] + 1)[0]) + 1  # the stretch ends where it starts again
+        period = _stretch(w)  # the stretch ends where it starts again
         assert w.shape == (257,) and 2 * copy_windows.MIN_SPAN <= period < 128
         assert torch.equal(w[:period], torch.arange(int(w[0]), int(w[0]) + period))  # consecutive corpus tokens
         assert torch.equal(w[period:], w[:-period])  # then the same stretch over and over
@@ -75,7 +80,7 @@ def test_copy_batch_mixes_text_repeats_with_the_other_windows() -> None:
     changed = (only != batch).any(dim=1)
     assert 16 <= int(changed.sum()) <= 48
     for w in only[changed]:  # every replaced window is a text repeat (a stretch of the corpus, periodic)
-        period = int(torch.nonzero(w[1:] != w[:-1] + 1)[0]) + 1
+        period = _stretch(w)
         assert torch.equal(w[period:], w[:-period]) and int(w.max()) < 100_000
     both = copy_windows.copy_batch(batch, data, 0.5, gen, vocab=4096, text=0.5)
     assert int((both != batch).any(dim=1).sum()) > int(changed.sum())  # ~48 of 64: the two shares add up

@@ -63,7 +63,8 @@ def test_quantize_at_load_stays_close_to_fp32(reference_model: Path) -> None:
     activation row (3 mantissa bits), so a near-tie can flip a greedy token and the row continues
     differently from there: greedy agreement measures where the near-ties are as much as fp8's
     error (6 prompts x 24 tokens: the session-17 model 5 of 6 rows identical, 88% of positions; the
-    committed one 2 of 6, 76%, one row's first token a near-tie). The cascade-free measure: on the
+    committed one 2 of 6, 76%, one row's first token a near-tie): so every row that differs must
+    first differ at a near-tie. The cascade-free measure: on the
     fp32 model's greedy text, each token's log-probability under the two models (mean difference
     0.037 nats on both models); a broken fp8 path moves it by nats."""
     base = _greedy(_engine(reference_model))
@@ -73,9 +74,18 @@ def test_quantize_at_load_stays_close_to_fp32(reference_model: Path) -> None:
     same = sum(a == b for row, ref in zip(got, base, strict=True) for a, b in zip(row, ref, strict=True))
     total = sum(len(r) for r in base)
     assert same / total >= 0.6, (same, total)
-    texts = [fp8.tokenizer.encode(p) + row for p, row in zip(PROMPTS, base, strict=True)]
+    fp32 = _engine(reference_model)
     scored = SamplingParams(max_tokens=1, prompt_logprobs=True)
-    want = [o.prompt_logprobs[1:] for o in _engine(reference_model).generate(texts, scored)]
+    # each row is identical, or first differs at a near-tie: the fp32 model rates its own token and
+    # fp8's within 0.3 nats there (measured 0.01-0.04 on the committed model, 0.08-0.09 on session 17's)
+    for p, ref, row in zip(PROMPTS, base, got, strict=True):
+        if row != ref:
+            n = next(i for i, (a, b) in enumerate(zip(ref, row, strict=True)) if a != b)
+            ids = fp32.tokenizer.encode(p) + ref[:n]
+            mine, theirs = fp32.generate([ids + [ref[n]], ids + [row[n]]], scored)
+            assert mine.prompt_logprobs[-1] - theirs.prompt_logprobs[-1] < 0.3, (p, n)
+    texts = [fp8.tokenizer.encode(p) + row for p, row in zip(PROMPTS, base, strict=True)]
+    want = [o.prompt_logprobs[1:] for o in fp32.generate(texts, scored)]
     have = [o.prompt_logprobs[1:] for o in fp8.generate(texts, scored)]
     diffs = [abs(a - b) for x, y in zip(have, want, strict=True) for a, b in zip(x, y, strict=True)]
     assert sum(diffs) / len(diffs) < 0.1 and max(diffs) < 1.0, (sum(diffs) / len(diffs), max(diffs))
