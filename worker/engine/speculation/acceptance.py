@@ -67,6 +67,13 @@ class AcceptanceTable:
             return self.best()
         return self.overall() if sum(self.trials) - PRIOR_TRIALS * len(self.trials) >= TRUSTED else 1.0
 
+    def fade(self, keep: float) -> None:
+        """Keeps the `keep` share of every bucket's counts (its chance unchanged): evidence grows old
+        while nothing is proposed, and a bucket that falls under TRUSTED trials can no longer rule
+        speculation out (hope: 1, so a probe measures it again)."""
+        self.hits = [h * keep for h in self.hits]
+        self.trials = [t * keep for t in self.trials]
+
     def observe(self, signals: list[float], accepted: int) -> None:
         """A proposal whose tokens came with `signals` kept its first `accepted`: each kept token is a
         hit in its bucket, the first rejected one a miss; the tokens after it were never judged."""

@@ -31,6 +31,7 @@ from worker.engine.speculation.ngram import NgramIndex
 from worker.engine.stats import EngineStats
 
 HOPE_STEPS = 16  # steps a width's "could it pay at all" verdict is kept
+FADE_KEEP = 0.5  # the share of the acceptance counts each "it cannot pay" verdict keeps (AcceptanceTable.fade)
 
 
 class SpecState:
@@ -130,7 +131,10 @@ class Speculator:
     def _hopeless(self, wanted: list[tuple[int, int]], values: list[float], width: int) -> bool:
         """Speculation cannot pay at this width even for the most valuable candidate proposing K tokens
         as well as the best proposals may (AcceptanceTable.hope): then no proposing for a while (a
-        back-off that doubles while it repeats: the host work of a large batch's proposing is saved)."""
+        back-off that doubles while it repeats: the host work of a large batch's proposing is saved).
+        Each fresh such verdict fades the acceptance evidence (FADE_KEEP): judged only on what it saw
+        before proposing stopped, a proposer refused after a bad start (the reference draft's first
+        proposals of a prompt) would never be measured again."""
         value, k = max(values), self.config.num_tokens  # a row's full K: not one near its length limit
         steps, hope = self._hope.get(width, (-1, True))
         if steps < self.controller.steps:  # the verdict holds for HOPE_STEPS steps (costs move slowly)
@@ -138,6 +142,8 @@ class Speculator:
             self._hope[width] = (self.controller.steps + HOPE_STEPS, hope)
         if hope:
             return False
+        if steps < self.controller.steps:  # a fresh verdict: the evidence behind it ages (FADE_KEEP)
+            self.acceptance.fade(FADE_KEEP)
         self.controller.back_off(width)
         return True
 
@@ -173,9 +179,12 @@ class Speculator:
         b = self.batch
         ks = self.controller.allocate(width, [(self.acceptance.overall(), cap) for _, cap in wanted], values,
                                       self.acceptance.hope(False))  # fmt: skip
-        if self.controller.reprobing:  # a re-probe drafts only for rows the draft kept up with: a
-            # sequence it has not drafted for lately would first need a prompt-sized catch-up
-            ks = [k if self.draft.in_step(b.seqs[r]) else 0 for (r, _), k in zip(wanted, ks, strict=True)]  # type: ignore[union-attr]
+        if self.controller.reprobing:  # a re-probe drafts only for rows the draft kept up with where
+            # there are some: a sequence it has not drafted for lately first needs a prompt-sized
+            # catch-up (where none is, as at batch 1 after a pause, the probe pays one)
+            kept = [self.draft.in_step(b.seqs[r]) for r, _ in wanted]  # type: ignore[union-attr]
+            if any(kept):
+                ks = [k if ok else 0 for k, ok in zip(ks, kept, strict=True)]
         chosen = [(r, k, v) for (r, _), k, v in zip(wanted, ks, values, strict=True) if k]
         if not chosen:
             return []

@@ -48,14 +48,15 @@ class StepCosts:
     def measure(self, rows: int, seconds: float, speculated: bool = False) -> bool:
         """A pure decode / verify step of `rows` rows took `seconds` (host work included); True when
         its bucket's cost moved. A bucket's cost is the median of its last WINDOW steps (a step slowed
-        by a neighbour on a shared machine moves it little), the minimum while it has fewer than 3 (a
-        first step pays one-time work: indexing a prompt, warming caches); it is used from
-        FIRST_SAMPLES steps on."""
+        by a neighbour on a shared machine moves it little), the minimum until it has WINDOW (a first
+        step pays one-time work: indexing a prompt, warming caches; an engine's first speculating
+        steps ran ~40% slower than its later ones, and a width priced by them may be refused and never
+        measured again: optimism while little is seen); it is used from FIRST_SAMPLES steps on."""
         key = (speculated, rows_bucket(rows))
         window = self._window.setdefault(key, deque(maxlen=WINDOW))
         window.append(seconds)
         if len(window) >= FIRST_SAMPLES:
-            cost = min(window) if len(window) < 3 else sorted(window)[len(window) // 2]
+            cost = min(window) if len(window) < WINDOW else sorted(window)[WINDOW // 2]
             old = self.seconds.get(key)
             # a move under 1% (far below a step's noise) keeps the old cost: the prices stay cached
             if old is None or abs(cost - old) > 0.01 * old:
