@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from worker.engine.speculation.acceptance import CONFIDENCE_EDGES, MATCH_EDGES, TRUSTED, AcceptanceTable
+from worker.engine.speculation.acceptance import CONFIDENCE_EDGES, MATCH_EDGES, AcceptanceTable
 from worker.engine.speculation.config import SpeculativeConfig
 from worker.engine.speculation.step_costs import WINDOW, StepCosts
 
