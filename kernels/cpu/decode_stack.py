@@ -7,7 +7,7 @@ with the CPU kernels (kernels.cpu) and F.linear, to fp32 rounding: up to `gemv_r
 matmuls are C GEMVs (another summation order); beyond, torch's own sgemm (kernels.cpu.blas: the
 same floats as F.linear), on one thread, up to `max_rows`. Bound with `packed=True` the stack keeps a
 copy of its four matrices packed for gemm.h (the weights' bytes once more) and multiplies every step
-of `packed_rows` rows or more with it, up to `max_rows` rows with or without an sgemm (another
+of `packed_rows` rows or more (1: every step) with it, up to `max_rows` rows with or without an sgemm (another
 summation order again: one FMA chain over k per output; with half=True the copies are fp16, the same
 floats from half the bytes).
 """

@@ -14,15 +14,19 @@
  * The early stop is the speculator's (Speculator._go_on): sequence s drafts token j + 1 while
  * prod(chance[bucket(p_i)], i <= j) * overall * value[s] > per_token, in doubles, in that order, so
  * it decides as the Python rule does. Same floats as DraftStack's step-by-step path (the same
- * kernels; the lm_head always by gemv.h in passes of GEMV_MAX_ROWS rows).
+ * kernels; the lm_head by gemm.h over its packed copy where it has one, else by gemv.h in passes of
+ * GEMV_MAX_ROWS rows). A frequent-token head (head_ids: FR-Spec) holds only some tokens' rows: the
+ * draft proposes among them, each forward reading a fraction of the head's bytes.
  */
 #ifndef FREIGHT_DRAFT_CHAIN_H
 #define FREIGHT_DRAFT_CHAIN_H
 
 typedef struct {
-    const float *embed; /* [vocab, hidden] fp32 */
-    const void *head;   /* the lm_head [vocab, hidden]: fp32, or raw fp16 bits with head_half */
-    int64_t vocab, head_half;
+    const float *embed;       /* [vocab, hidden] fp32 */
+    const void *head;         /* the lm_head's rows [rows, hidden]: fp32, or raw fp16 bits with head_half */
+    const void *packed;       /* the same packed for gemm.h (head's dtype), or 0: GEMVs over head */
+    const int64_t *head_ids;  /* the token of each head row (a frequent-token head), or 0: rows = vocab */
+    int64_t vocab, rows, head_half;
     int64_t early_stop;           /* 0: every sequence drafts its ks tokens */
     const double *edges, *chance; /* the early stop's buckets: num_edges edges, num_edges + 1 chances */
     int64_t num_edges;
@@ -35,19 +39,26 @@ static double draft_chance(const DraftHead *hd, float p) {
     return hd->chance[b];
 }
 
-/* hs [n, hidden] -> logits [n, vocab] -> each row's argmax and probability. */
+/* hs [n, hidden] -> logits [n, rows] -> each row's argmax token (head_ids mapped) and its probability
+ * (a softmax over the head's rows). */
 static void draft_top1(const DraftHead *hd, int64_t H, const float *hs, int64_t n, float *logits, int64_t *tok,
                        float *prob) {
-    for (int64_t r = 0; r < n; r += GEMV_MAX_ROWS) {
+    const int64_t R = hd->rows;
+    if (hd->packed && hd->head_half)
+        gemm_packed_h((const uint16_t *)hd->packed, 0, H, hs, H, n, logits, R, 0, R, 0);
+    else if (hd->packed)
+        gemm_packed((const float *)hd->packed, 0, H, hs, H, n, logits, R, 0, R, 0);
+    for (int64_t r = 0; r < n && !hd->packed; r += GEMV_MAX_ROWS) {
         const int64_t m = n - r < GEMV_MAX_ROWS ? n - r : GEMV_MAX_ROWS;
         if (hd->head_half)
-            gemv_rows_h((const uint16_t *)hd->head, 0, H, hs + r * H, H, m, logits + r * hd->vocab, hd->vocab, 0,
-                        hd->vocab);
+            gemv_rows_h((const uint16_t *)hd->head, 0, H, hs + r * H, H, m, logits + r * R, R, 0, R);
         else
-            gemv_rows((const float *)hd->head, 0, H, hs + r * H, H, m, logits + r * hd->vocab, hd->vocab, 0,
-                      hd->vocab);
+            gemv_rows((const float *)hd->head, 0, H, hs + r * H, H, m, logits + r * R, R, 0, R);
     }
-    for (int64_t r = 0; r < n; r++) top1_row(logits + r * hd->vocab, hd->vocab, tok + r, prob + r);
+    for (int64_t r = 0; r < n; r++) {
+        top1_row(logits + r * R, R, tok + r, prob + r);
+        if (hd->head_ids) tok[r] = hd->head_ids[tok[r]];
+    }
 }
 
 /* One forward of n decode-shaped rows (ids at positions, each row's block table at tables + r *

@@ -1,9 +1,11 @@
 """A draft model's whole greedy proposal in one C call (draft_chain.h, built into decode_stack.c).
 
-`DraftChain(stack, embed, head)` binds a draft's BoundDecodeStack, its embedding and its lm_head
-(fp32, or fp16 holding the same values); `propose(...)` runs the catch-up rows, then drafts each
-sequence's tokens until its K or its early stop (`ChainStop`: the speculator's rule, evaluated in C
-as in Python). Same tokens and probabilities as the step-by-step path over the same stack, GEMV
+`DraftChain(stack, embed, head, packed, head_ids)` binds a draft's BoundDecodeStack, its embedding
+and its lm_head (fp32, or fp16 holding the same values; `packed`: the same as pack_rows lays it out,
+for gemm.h's products; `head_ids`: the token of each head row when the head holds only some tokens,
+FR-Spec's frequent-token head); `propose(...)` runs the catch-up rows, then drafts each sequence's
+tokens until its K or its early stop (`ChainStop`: the speculator's rule, evaluated in C as in
+Python). Same tokens and probabilities as the step-by-step path over the same stack, head product
 and top1 kernels.
 """
 
@@ -23,7 +25,8 @@ _ptr, _i64, _f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 
 
 class _Head(ctypes.Structure):
-    _fields_ = [("embed", _ptr), ("head", _ptr), ("vocab", _i64), ("head_half", _i64), ("early_stop", _i64),
+    _fields_ = [("embed", _ptr), ("head", _ptr), ("packed", _ptr), ("head_ids", _ptr), ("vocab", _i64), ("rows", _i64),
+                ("head_half", _i64), ("early_stop", _i64),
                 ("edges", _ptr), ("chance", _ptr), ("num_edges", _i64), ("overall", _f64), ("per_token", _f64)]  # fmt: skip
 
 
@@ -46,19 +49,36 @@ class ChainStop:
 
 
 class DraftChain:
-    def __init__(self, stack: BoundDecodeStack, embed: torch.Tensor, head: torch.Tensor) -> None:
-        """embed [vocab, hidden] fp32 and head [vocab, hidden] fp32 or fp16, contiguous CPU tensors."""
+    def __init__(self, stack: BoundDecodeStack, embed: torch.Tensor, head: torch.Tensor,
+                 packed: torch.Tensor | None = None, head_ids: np.ndarray | None = None) -> None:  # fmt: skip
+        """embed [vocab, hidden] fp32 and head [rows, hidden] fp32 or fp16, contiguous CPU tensors;
+        packed: pack_rows(head, width) (gemm.h's width) or None (the head's products by GEMVs);
+        head_ids: the token id of each head row (distinct, in the vocabulary), or None: rows = vocab."""
         if not (embed.dtype == torch.float32 and head.dtype in (torch.float32, torch.float16)
                 and embed.is_contiguous() and head.is_contiguous() and embed.device.type == head.device.type == "cpu"
-                and embed.dim() == head.dim() == 2 and embed.shape[1] == head.shape[1] == stack.hidden):  # fmt: skip
+                and embed.dim() == head.dim() == 2 and embed.shape[1] == head.shape[1] == stack.hidden
+                and head.shape[0] <= embed.shape[0]):  # fmt: skip
             raise ValueError(f"DraftChain takes a contiguous fp32 embedding and an fp32 or fp16 lm_head [vocab, "
-                             f"{stack.hidden}] on the CPU")  # fmt: skip
+                             f"{stack.hidden}] (or some of its rows) on the CPU")  # fmt: skip
+        if head_ids is not None:
+            head_ids = np.ascontiguousarray(head_ids, np.int64)
+            if not (head_ids.shape == (head.shape[0],) and np.unique(head_ids).size == head_ids.size
+                    and head_ids.min() >= 0 and head_ids.max() < embed.shape[0]):  # fmt: skip
+                raise ValueError("DraftChain's head_ids must give each head row a distinct token of the vocabulary")
+        elif head.shape[0] != embed.shape[0]:
+            raise ValueError("a DraftChain head with fewer rows than the vocabulary needs head_ids")
+        if packed is not None and not (packed.dtype == head.dtype and packed.is_contiguous() and packed.dim() == 3
+                                       and packed.shape[0] * packed.shape[2] >= head.shape[0] > (packed.shape[0] - 1)
+                                       * packed.shape[2] and packed.shape[1] == head.shape[1]):  # fmt: skip
+            raise ValueError(f"DraftChain's packed head must be pack_rows(head) in {head.dtype}, "
+                             f"got {tuple(packed.shape)} {packed.dtype}")  # fmt: skip
         self._fn = stack.draft_fn  # the library the stack was bound from, not loaded again
         self._fn.argtypes = [_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr,
                              _i64]  # fmt: skip
         self._fn.restype = ctypes.c_int
         self._stack, self._embed, self._head = stack, embed, head  # kept alive: the C side holds pointers
-        self.vocab = head.shape[0]
+        self._packed, self._head_ids = packed, head_ids
+        self.vocab = embed.shape[0]
         self._half = int(head.dtype == torch.float16)
 
     def takes(self, rows: int) -> bool:
@@ -89,7 +109,10 @@ class DraftChain:
             edges, chances = np.asarray(stop.edges, np.float64), np.asarray(stop.chances, np.float64)
             values, head = np.asarray(stop.values, np.float64), (1, edges.size, stop.overall, stop.per_token)
         early, num_edges, overall, per_token = head
-        spec = _Head(self._embed.data_ptr(), self._head.data_ptr(), self.vocab, self._half, early,
+        packed = None if self._packed is None else self._packed.data_ptr()
+        ids_ptr = None if self._head_ids is None else self._head_ids.ctypes.data
+        spec = _Head(self._embed.data_ptr(), self._head.data_ptr(), packed, ids_ptr, self.vocab, self._head.shape[0],
+                     self._half, early,
                      edges.ctypes.data, chances.ctypes.data, num_edges, overall, per_token)  # fmt: skip
         status = self._fn(self._stack.model_ptr, ctypes.addressof(spec), rows, ids.ctypes.data, positions.ctypes.data,
                           tables.ctypes.data, tables.shape[1], seqs, last_rows.ctypes.data, ks.ctypes.data,

@@ -217,6 +217,12 @@ def test_bad_configuration_refused(make_checkpoint, tmp_path) -> None:
     vocab["renamed"] = vocab.pop(name)
     (other / "tokenizer.json").write_text(json.dumps(tok))
     refused(other, "another tokenizer")
+    listed = tmp_path / "bad-draft-vocab"
+    shutil.copytree(path, listed)
+    vocab_size = json.loads((path / "config.json").read_text())["vocab_size"]
+    for bad in ("[1, 2]", '{"token_ids": []}', '{"token_ids": [1, 1]}', f'{{"token_ids": [{vocab_size}]}}', "{"):
+        (listed / "draft_vocab.json").write_text(bad)
+        refused(listed, "draft_vocab.json must hold")
 
 
 def test_constrained_rows_beside_speculating_rows(make_checkpoint) -> None:

@@ -5,6 +5,7 @@ committed draft for the reference model."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -28,22 +29,34 @@ def test_greedy_identical_with_a_draft_model(make_checkpoint, tmp_path, arch: st
     speculated(engine)
 
 
-@pytest.mark.parametrize("half", [False, True])
-def test_draft_steps_on_the_c_stack_propose_what_the_generic_path_proposes(make_checkpoint, tmp_path,
-                                                                           half: bool) -> None:  # fmt: skip
+@pytest.mark.parametrize(("half", "frequent"), [(False, False), (True, False), (True, True)])
+def test_draft_steps_on_the_c_stack_propose_what_the_generic_path_proposes(make_checkpoint, tmp_path, half: bool,
+                                                                           frequent: bool) -> None:  # fmt: skip
     """The draft on the C decode stack proposes the tokens the generic forward proposes, both as one
     C call per proposal (DraftChain: the catch-up rows, then every drafting step) and step by step
-    from Python (DraftStack.greedy: short catch-ups as decode rows, the K - 1 steps, an lm_head
-    GEMV): the same acceptance counts, the same outputs. A draft stored in fp16 runs there on fp16
-    copies of its matrices and lm_head (half the bytes, the same products)."""
+    from Python (DraftStack.greedy: short catch-ups as decode rows, the K - 1 steps, the lm_head's
+    product): the same acceptance counts, the same outputs. A draft stored in fp16 runs there on fp16
+    copies of its matrices and lm_head (half the bytes, the same products). With draft_vocab.json
+    (FR-Spec: the tokens the draft may propose, here every other id) every path proposes among those
+    tokens only, and the outputs are still plain decoding's."""
     path = make_checkpoint("llama").path
-    draft = SpeculativeConfig("draft", 4, str(perturbed(path, tmp_path / "draft", half)), adaptive=False)
+    folder = perturbed(path, tmp_path / "draft", half)
+    allowed = None
+    if frequent:
+        vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+        allowed = set(range(0, vocab, 2))
+        (folder / "draft_vocab.json").write_text(json.dumps({"token_ids": sorted(allowed, reverse=True)}))
+    draft = SpeculativeConfig("draft", 4, str(folder), adaptive=False)
     counts = {}
     outs = {}
     for mode in ("chain", "steps", "generic"):
         engine = Engine.from_pretrained(path, EngineConfig(kv_cache_bytes=8 << 20, speculative=draft))
         model = engine.speculator.draft
         assert model.fast is not None and model.fast.half == half  # a Llama on the CPU backend: bound to the stack
+        proposed: list[int] = []
+        model_propose = model.propose
+        model.propose = lambda *a, _p=model_propose, _o=proposed, **k: (r := _p(*a, **k), _o.extend(
+            t for row in r[0] for t in row))[0]  # fmt: skip
         calls: list[tuple[int, int]] = []
         if mode == "chain":
             chain = model.fast.chain
@@ -60,9 +73,13 @@ def test_draft_steps_on_the_c_stack_propose_what_the_generic_path_proposes(make_
         counts[mode] = (s.spec_runs, s.spec_proposed_tokens, s.spec_accepted_tokens)
         if mode != "generic":  # catch-ups of several rows (the target's token and an accepted one) ran there too
             assert calls and max(rows for rows, _ in calls) > len(spec_prompts())
+        assert proposed and (allowed is None or set(proposed) <= allowed)
     same(outs["chain"], outs["generic"])
     same(outs["steps"], outs["generic"])
     assert counts["chain"] == counts["steps"] == counts["generic"] and counts["chain"][2] > 0
+    if frequent:
+        same(outs["chain"], Engine.from_pretrained(path, EngineConfig(kv_cache_bytes=8 << 20)).generate(
+            spec_prompts(), GREEDY))  # fmt: skip
 
 
 def test_a_draft_proposal_ends_where_the_early_stop_says(make_checkpoint, tmp_path) -> None:
@@ -124,8 +141,11 @@ def test_the_chain_stops_where_the_speculators_rule_says(make_checkpoint, tmp_pa
 def test_the_chain_refuses_what_it_cannot_run(make_checkpoint, tmp_path) -> None:
     """DraftChain.propose refuses before its first forward: a token id or position out of range, a
     block table too narrow for the tokens after the catch-up (IndexError from C), more rows than its
-    GEMVs take or no row at all (ValueError); a valid call drafts each sequence's ks tokens."""
+    GEMVs take or no row at all (ValueError); a valid call drafts each sequence's ks tokens. A chain
+    over some of the head's rows needs their distinct token ids, and proposes among them only."""
     import numpy as np
+
+    from kernels.cpu.draft_chain import DraftChain
 
     path = make_checkpoint("llama").path
     draft = SpeculativeConfig("draft", 4, str(perturbed(path, tmp_path / "draft")), adaptive=False)
@@ -146,6 +166,14 @@ def test_the_chain_refuses_what_it_cannot_run(make_checkpoint, tmp_path) -> None
     with pytest.raises(ValueError):
         chain.propose(np.zeros(0, np.int64), np.zeros(0, np.int64), table[:0], np.zeros(0, np.int64),
                       np.array([1]))  # fmt: skip
+    # a frequent-token head: its rows' token ids must be distinct tokens of the vocabulary, and given
+    head = chain._head[:8].contiguous()
+    for ids in (np.arange(7), np.array([0, 1, 2, 3, 4, 5, 6, 6]), np.arange(8) + chain.vocab - 4, None):
+        with pytest.raises(ValueError, match="head"):
+            DraftChain(chain._stack, chain._embed, head, None, ids)
+    sub = DraftChain(chain._stack, chain._embed, head, None, np.arange(8) * 3)
+    tokens, _, counts = sub.propose(**ok)
+    assert counts.tolist() == [4] and set(tokens[0].tolist()) <= set(range(0, 24, 3))
 
 
 def test_committed_draft_proposes_for_the_reference_model() -> None:

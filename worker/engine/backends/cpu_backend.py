@@ -11,8 +11,8 @@ RMSNorm (with its residual add), SiLU * up and rotary run one C pass each instea
 reference's chains of torch ops; any tensor the kernels don't take falls back to the reference.
 Projections of at most 8 rows (decode at small batches, the logits of a few rows) are C GEMVs that
 stream the weight once (torch's GEMM is 1.6-2x slower at 4-8 rows here), and pure decode steps run
-the whole decoder stack in one C call (cpu_decode_stack: GEMVs at 1-2 rows, packed register tiles
-from 3; the lm_head of a model bound to it likewise, through HeadCopies).
+the whole decoder stack in one C call (cpu_decode_stack: packed register tiles at every row count;
+the lm_head of a model bound to it likewise, through HeadCopies).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class CpuBackend(TorchBackend):
 
     def project(self, linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Backend.project, with a plain fp32 nn.Linear on at most gemv.max_rows rows as a C GEMV (an
-        lm_head with HeadCopies: its fp16 copy there, its packed copy from 3 rows)."""
+        lm_head with HeadCopies: its packed copy from stack.packed_rows rows (1), its fp16 copy below)."""
         if type(linear) is nn.Linear and not (linear._forward_hooks or linear._forward_pre_hooks):
             w, b = linear.weight, linear.bias
             g = w

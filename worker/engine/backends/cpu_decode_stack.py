@@ -7,7 +7,8 @@ one thread, so they go through the stack only when torch runs one thread (with m
 threads attention too). The engine's stack (`for_engine`) keeps its own copies of the four matrices:
 fp16 when every value is an fp16 value (a checkpoint stored in fp16: the same products from half the
 bytes), and packed for the register-tiled product of kernels/cpu/gemm.h, which multiplies every step
-of 3 rows or more (1-2 rows: GEMVs streaming the weights once). Without the copies (over
+of any number of rows (kernels/cpu/decode_stack.c's STACK_PACKED_ROWS: one layout, the same floats
+for a token in a plain step as in a verify step). Without the copies (over
 COPY_LIMIT_BYTES) the matmuls are fp32 GEMVs up to 15 rows and torch's own sgemm beyond.
 Everything else runs the layers op by op as before: a prefill chunk in the step, hooks on a
 projection, or rows that all share leading blocks (the op-by-op attention reads a shared prefix
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -154,10 +156,12 @@ class ModelDecodeStack:
             return None
         return ModelDecodeStack(self._model, self._kv_caches, self._native, half=True)
 
-    def draft_chain(self, head: torch.Tensor) -> DraftChain:
+    def draft_chain(self, head: torch.Tensor, packed: torch.Tensor | None = None,
+                    head_ids: np.ndarray | None = None) -> DraftChain:  # fmt: skip
         """A draft model's whole proposal in one call over this stack (kernels/cpu/draft_chain.py), with
-        its lm_head weight `head` (fp32, or an fp16 copy holding the same values)."""
-        return DraftChain(self._stack, self._embed, head)
+        its lm_head weight `head` (fp32, or an fp16 copy holding the same values; or the rows of the
+        tokens head_ids) and its packed copy (pack_rows, in head's dtype) or None."""
+        return DraftChain(self._stack, self._embed, head, packed, head_ids)
 
     def fits(self, rows: int) -> bool:
         """1..gemv_rows rows on any number of threads, up to max_rows on one."""
@@ -178,8 +182,9 @@ class ModelDecodeStack:
 @dataclass(frozen=True)
 class HeadCopies:
     """The lm_head's copies for the CPU backend's `project`, made beside the engine's stack: fp16 when
-    every value is an fp16 value (the 1-2 row GEMVs' bytes halved, the same products) and packed for
-    gemm.h (steps of 3 rows or more: ~2x torch's GEMM at 16 rows on the reference model's [4096, 256])."""
+    every value is an fp16 value (the GEMVs' bytes halved, the same products) and packed for gemm.h
+    (steps of packed_rows rows or more, every step: ~2x torch's GEMM at 16 rows on the reference
+    model's [4096, 256])."""
 
     module: nn.Linear
     half: torch.Tensor | None

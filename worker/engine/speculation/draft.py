@@ -11,13 +11,20 @@ accepted tokens (`rollback`). On the CPU's C decode stack those forwards run thr
 deterministic (q is one-hot), so the verifier's rule keeps the target's distribution exactly also
 for sampled rows.
 
+A folder with draft_vocab.json (FR-Spec, Zhao et al. 2025) proposes only the tokens it lists (the
+corpus's most frequent; bench/draft_vocab.py): every drafting forward then reads those rows of the
+lm_head, not the whole vocabulary's (the reference draft's head is over half its weights). A token
+outside the list is never proposed, so a proposal ends before it; what the target outputs is the same.
+
 Refused before any row runs (ValueError): a folder that does not load, another vocabulary size, a
-tokenizer with another vocabulary or other EOS ids.
+tokenizer with another vocabulary or other EOS ids, a draft_vocab.json that is not a list of
+distinct token ids of the vocabulary.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,6 +46,7 @@ from worker.engine.tokenizer import Tokenizer
 log = structlog.get_logger(__name__)
 
 FAST_CATCH_UP = 16  # tokens per sequence up to which a catch-up runs as decode rows on the C stack
+DRAFT_VOCAB = "draft_vocab.json"  # in the draft's folder: the tokens it may propose (frequent_tokens)
 GoOn = Callable[[int, list[float]], bool]  # (sequence index, its tokens' probabilities) -> draft one more?
 
 
@@ -83,7 +91,8 @@ class DraftModel:
                                   config.decode_stack)  # fmt: skip
         self.bm = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)
         # the draft's steps straight on the C decode stack where the backend bound it (CPU), else None
-        self.fast = DraftStack(model, config.block_size) if DraftStack.usable(model) else None
+        self.head_ids = frequent_tokens(folder, vocab_size)  # FR-Spec: the tokens it may propose (None: all)
+        self.fast = DraftStack(model, config.block_size, self.head_ids) if DraftStack.usable(model) else None
         self.kv_bytes = num_blocks * per_block  # taken out of the target's KV budget
         self.device = config.torch_device
         self.states: dict[int, _DraftSeq] = {}  # target seq_id -> the draft's copy
@@ -262,4 +271,26 @@ class DraftModel:
     def _greedy(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, probs: bool
                 ) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
         hidden = self.runner.hidden_states(ids, positions, meta)
-        return top1(self.runner.model.compute_logits(hidden).float().cpu(), probs)
+        logits = self.runner.model.compute_logits(hidden).float().cpu()
+        if self.head_ids is None:
+            return top1(logits, probs)
+        token, prob = top1(logits[:, torch.from_numpy(self.head_ids)].contiguous(), probs)
+        return self.head_ids[token], prob
+
+
+def frequent_tokens(folder: Path, vocab_size: int) -> np.ndarray | None:
+    """The token ids of the draft folder's draft_vocab.json ({"token_ids": [...]}: the tokens the draft
+    may propose, FR-Spec's frequency-ranked subset; bench/draft_vocab.py writes it), sorted; None
+    without the file. Raises ValueError for a file that is not such a list."""
+    path = folder / DRAFT_VOCAB
+    if not path.is_file():
+        return None
+    try:
+        ids = json.loads(path.read_text())["token_ids"]
+        ok = isinstance(ids, list) and ids and all(type(t) is int and 0 <= t < vocab_size for t in ids)
+    except (ValueError, KeyError, TypeError):
+        ok = False
+    if not ok or len(set(ids)) != len(ids):
+        raise ValueError(f"{path} must hold {{\"token_ids\": [...]}}: distinct token ids below the vocabulary "
+                         f"size {vocab_size}; fix or delete it (without it the draft proposes any token)")  # fmt: skip
+    return np.asarray(sorted(ids), np.int64)

@@ -23,15 +23,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu.decode_stack import pack_rows
 from kernels.cpu.gemv import NativeGemv
 from worker.engine.backends.cpu_decode_stack import ModelDecodeStack, exactly_half
 
 
 class DraftStack:
-    def __init__(self, model: nn.Module, block_size: int) -> None:
+    def __init__(self, model: nn.Module, block_size: int, head_ids: np.ndarray | None = None) -> None:
         """Call `usable(model)` first. A draft stored in fp16 (every matrix and the lm_head exactly fp16
         values) runs on fp16 copies: the same products from half the bytes, so the small model stays in
-        the L2 cache across a proposal's steps (the target's step between proposals evicts it)."""
+        the L2 cache across a proposal's steps (the target's step between proposals evicts it).
+        head_ids: the tokens it may propose (a frequent-token head: only their lm_head rows are read),
+        or None: every token."""
         stack: ModelDecodeStack = model.decode_stack  # the ModelDecodeStack the backend bound
         head = model.lm_head.weight.detach()
         # the backend's fp16 copy of the head where it made one (CpuBackend.head_copies), else our own
@@ -42,10 +45,19 @@ class DraftStack:
         half = (stack if stack.half else stack.halved()) if head16 is not None else None
         self.half = half is not None
         self._stack = half or stack
-        self._head32 = head  # past the GEMV's rows: F.linear
-        self._lm_head = head16 if self.half else head
         self._gemv = NativeGemv()
-        self.chain = self._stack.draft_chain(self._lm_head)  # a whole proposal in one C call
+        self.head_ids = head_ids
+        if head_ids is None:
+            self._head32 = head  # past the GEMV's rows: F.linear
+            self._lm_head = head16 if self.half else head
+            # the backend's packed copy of the head where it is of the head used here (gemm.h)
+            self._packed = None if copies is None or (copies.half is not None) != self.half else copies.packed
+        else:  # the frequent tokens' rows only, packed here
+            rows = torch.from_numpy(head_ids)
+            self._head32 = head[rows].contiguous()
+            self._lm_head = head16[rows].contiguous() if self.half else self._head32  # type: ignore[index]
+            self._packed = pack_rows(self._lm_head, self._gemv.pack_width)
+        self.chain = self._stack.draft_chain(self._lm_head, self._packed, head_ids)  # a whole proposal in one C call
         self.block_size = block_size
 
     @staticmethod
@@ -76,13 +88,17 @@ class DraftStack:
         if out_rows is not None:
             hidden = hidden[torch.from_numpy(out_rows)]
         logits = None
-        if hidden.shape[0] <= self._gemv.max_rows:
+        if self._packed is not None:
+            logits = self._gemv.packed(hidden.contiguous(), self._packed, self._lm_head.shape[0])
+        elif hidden.shape[0] <= self._gemv.max_rows:
             logits = self._gemv(hidden, self._lm_head, checked=True)
         if logits is None:
             logits = F.linear(hidden, self._head32)
         if not probs:
-            return logits.numpy().argmax(-1), None
-        return self._gemv.top1(logits)
+            token, prob = logits.numpy().argmax(-1), None
+        else:
+            token, prob = self._gemv.top1(logits)
+        return (token, prob) if self.head_ids is None else (self.head_ids[token], prob)
 
 
 def top1(logits: torch.Tensor, probs: bool) -> tuple[np.ndarray, np.ndarray | None]:
