@@ -104,7 +104,8 @@ def _kv(engine: Engine, seq) -> list[torch.Tensor]:
 
 def test_kv_cache_after_rejections_equals_plain_decoding(make_checkpoint) -> None:
     """Step by step: the rows' bookkeeping holds after every verify step, the rejected tokens' blocks
-    are given back, and the K/V kept equals plain decoding's for the same (identical) tokens."""
+    are given back, and the K/V kept equals plain decoding's for the same (identical) tokens (bit for
+    bit on the CPU's decode stack)."""
     path = make_checkpoint("qwen2").path
     prompt = spec_prompts()[-1]
     seqs = {}
@@ -124,8 +125,11 @@ def test_kv_cache_after_rejections_equals_plain_decoding(make_checkpoint) -> Non
     n = len(prompt) + 40
     assert seqs["plain"].token_ids[:n] == seqs["spec"].token_ids[:n]
     upto = min(seqs["plain"].num_computed_tokens, seqs["spec"].num_computed_tokens)
+    # on the CPU's decode stack bit for bit: one-row steps and verify rows take the same packed
+    # products (decode_stack.c, STACK_PACKED_ROWS); elsewhere to rounding
+    exact = all(e.runner.model.decode_stack is not None for e in engines.values())
     for a, b in zip(_kv(engines["plain"], seqs["plain"]), _kv(engines["spec"], seqs["spec"]), strict=True):
-        assert torch.allclose(a[:upto], b[:upto], atol=1e-5)
+        assert torch.equal(a[:upto], b[:upto]) if exact else torch.allclose(a[:upto], b[:upto], atol=1e-5)
 
 
 def test_verify_rows_on_a_thread_team(make_checkpoint) -> None:
