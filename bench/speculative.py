@@ -25,7 +25,7 @@ draft, its forwards included). Both sides run in this one process, interleaved p
 
     .venv/bin/python bench/speculative.py [--tokens 96] [--batches 1,8,64] [--k K] [--model DIR] [--draft DIR]
 
-K: each method's default (SpeculativeConfig: prompt lookup 8, draft 4) unless --k sets one for both.
+K: each method's default (SpeculativeConfig: prompt lookup 8, draft 6) unless --k sets one for both.
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ class JobSpec(LaterFields):
     )
     speculative_tokens: int | None = Field(
         None, ge=1, le=16, description="speculative decoding: most tokens proposed per step (K); default: "
-        "the method's (ngram 8, draft 4)"
+        "the method's (ngram 8, draft 6)"
     )
     row_constraints: bool = Field(
         False,

@@ -146,7 +146,7 @@ SpeculativeOpt = Annotated[
 ]
 SpeculativeTokensOpt = Annotated[
     int | None,
-    typer.Option(metavar="K", help="speculative decoding: most tokens proposed per step (default: ngram 8, draft 4)"),
+    typer.Option(metavar="K", help="speculative decoding: most tokens proposed per step (default: ngram 8, draft 6)"),
 ]
 DeadlineOpt = Annotated[
     str | None,

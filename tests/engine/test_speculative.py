@@ -203,7 +203,7 @@ def test_bad_configuration_refused(make_checkpoint, tmp_path) -> None:
         SpeculativeConfig.parse("draft:")
     assert SpeculativeConfig.parse("draft:/m", 3) == SpeculativeConfig("draft", 3, "/m")
     # without K, each method's default: prompt lookup's proposals are free, a draft's tokens are not
-    assert SpeculativeConfig.parse("ngram").num_tokens == 8 and SpeculativeConfig("draft", None, "/m").num_tokens == 4
+    assert SpeculativeConfig.parse("ngram").num_tokens == 8 and SpeculativeConfig("draft", None, "/m").num_tokens == 6
     path = make_checkpoint("llama").path
 
     def refused(draft: object, match: str) -> None:

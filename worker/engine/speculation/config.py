@@ -7,8 +7,10 @@ from dataclasses import dataclass
 METHODS = ("ngram", "draft")
 # K when none is given: prompt lookup's proposals cost nothing to make, so a long cap only adds the
 # verify rows the controller prices (and on copy-heavy work its runs are long); each draft token
-# costs a forward of the draft, so its cap stays short (docs/PERFORMANCE.md, session 18)
-DEFAULT_TOKENS = {"ngram": 8, "draft": 4}
+# costs a forward of the draft, and the adaptive draft stops early where its confidence says the
+# next token does not pay: 6 read 1.45-1.64x at batch 1 against 4's 1.37-1.52x (docs/PERFORMANCE.md,
+# session 19; 8 no better)
+DEFAULT_TOKENS = {"ngram": 8, "draft": 6}
 
 
 @dataclass(frozen=True)
