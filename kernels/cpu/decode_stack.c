@@ -9,11 +9,12 @@
  * (layer_rows.h, decode_attention.h, gemv.h), so each layer computes what the op-by-op path computes,
  * except for the matmuls' summation order (gemv.h against torch's GEMM).
  *
- * Matmuls (stack_step.h's `linear`, with the types): GEMVs (gemv.h) up to STACK_GEMV_ROWS rows; beyond, the caller's sgemm (torch's BLAS: the
- * same GEMM as F.linear) on one thread, the elementwise layers and attention still in this call. A
- * model bound with packed copies of its matrices (gemm.h) multiplies steps of STACK_PACKED_ROWS rows
- * or more with those instead: register tiles at ~1.5x sgemm's rate at 16 rows on the session-14 Xeon;
- * with fp16 matrices, from fp16 packed copies (the same floats as their fp32 copies').
+ * Matmuls (stack_step.h's `linear`, beside the types): GEMVs (gemv.h) up to STACK_GEMV_ROWS rows;
+ * beyond, the caller's sgemm (torch's BLAS: the same GEMM as F.linear) on one thread, the elementwise
+ * layers and attention still in this call. A model bound with packed copies of its matrices (gemm.h)
+ * multiplies steps of STACK_PACKED_ROWS rows or more (every step) with those instead: register tiles
+ * at ~1.5x sgemm's rate at 16 rows on the session-14 Xeon; with fp16 matrices, from fp16 packed
+ * copies (the same floats as their fp32 copies').
  *
  * Threads (up to STACK_GEMV_ROWS rows): a team of num_threads pthreads for the whole call. Each
  * GEMV's output rows are split between them (gate_up by intermediate columns, so each thread also
