@@ -15,6 +15,7 @@ floats from half the bytes).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,7 +107,8 @@ class NativeDecodeStack:
         the GEMVs: half the bytes, the products of their fp32 copies; up to gemv_rows rows), contiguous
         and shaped for `shape` (callers check eligibility first; this is the guard). packed: the four
         matrices also copied in gemm.h's packed layout (in their dtype), for steps of packed_rows rows
-        or more, up to 4096 rows (with half too)."""
+        or more, up to 4096 rows (with half too); with packed_rows 1 (every step) the stack then keeps
+        only the packed copies of the four matrices: a caller's fp16 copies are freed with the call."""
         h, d, inter = shape.hidden, shape.head_dim, shape.intermediate
         q, kv = shape.num_heads * d, shape.num_kv_heads * d
         want = {"input_norm": (h,), "qkv": (q + 2 * kv, h), "qkv_bias": (q + 2 * kv,), "q_norm": (d,), "k_norm": (d,),
@@ -114,6 +116,7 @@ class NativeDecodeStack:
         cache = layers[0].k_cache.shape if layers else None
         structs = (_Layer * len(layers))()
         packs: list[list[torch.Tensor]] = []  # the packed copies, kept alive with the stack
+        kept: list[StackLayer] = []  # the layers' tensors the stack reads, kept alive with it
         for i, layer in enumerate(layers):
             for name, size in want.items():
                 _check(f"layer {i} {name}", getattr(layer, name), size, optional=name in ("qkv_bias", "q_norm", "k_norm"),
@@ -126,6 +129,11 @@ class NativeDecodeStack:
             pointers = [None if getattr(layer, f) is None else getattr(layer, f).data_ptr()
                         for f, kind in _Layer._fields_[:11]]  # fmt: skip
             copies = [pack_rows(getattr(layer, name), self.pack_width) for name in HALF_MATRICES] if packed else []
+            if copies and self.packed_rows == 1:  # every step takes the packed copies: the unpacked
+                # matrices are never read (NULL), nor kept (a caller's fp16 copies are freed with it)
+                pointers = [None if f in HALF_MATRICES else ptr for (f, _), ptr in zip(_Layer._fields_[:11], pointers, strict=True)]
+                layer = dataclasses.replace(layer, **dict.fromkeys(HALF_MATRICES))
+            kept.append(layer)
             packs.append(copies)
             structs[i] = _Layer(*pointers, layer.window, *(t.data_ptr() for t in copies))
         _check("final_norm", final_norm, (h,))
@@ -137,7 +145,7 @@ class NativeDecodeStack:
         model = _Model(len(layers), h, shape.num_heads, shape.num_kv_heads, d, inter, cache[1] if cache else 1,
                        cache[0] * cache[1] if cache else 0, cos_sin.shape[0], int(half), shape.eps, shape.scale,
                        ctypes.cast(structs, _ptr), final_norm.data_ptr(), cos_sin.data_ptr(), int(packed))  # fmt: skip
-        keep = (layers, final_norm, cos_sin, structs, packs)
+        keep = (kept, final_norm, cos_sin, structs, packs)
         sgemm, most = (None, self.gemv_rows) if half else (self.sgemm, self.max_rows)
         if packed:
             most = self._most_rows(1)

@@ -4,11 +4,12 @@ A pure decode step then runs its whole layer stack in one C call: the step's ~12
 (norms, qkv, rotary + K/V store, attention, o_proj, gate_up, SiLU * up, down) without Python or
 torch's dispatch between them. Up to 15 rows the stack runs on torch's thread count; more rows run on
 one thread, so they go through the stack only when torch runs one thread (with more, the op-by-op path
-threads attention too). The engine's stack (`for_engine`) keeps its own copies of the four matrices:
-fp16 when every value is an fp16 value (a checkpoint stored in fp16: the same products from half the
-bytes), and packed for the register-tiled product of kernels/cpu/gemm.h, which multiplies every step
-of any number of rows (kernels/cpu/decode_stack.c's STACK_PACKED_ROWS: one layout, the same floats
-for a token in a plain step as in a verify step). Without the copies (over
+threads attention too). The engine's stack (`for_engine`) keeps its own copies of the four matrices,
+packed for the register-tiled product of kernels/cpu/gemm.h: fp16 when every value is an fp16 value
+(a checkpoint stored in fp16: the same products from half the bytes), else fp32. They multiply every
+step of any number of rows (stack_step.h's STACK_PACKED_ROWS: one layout, the same floats for a token
+in a plain step as in a verify step), so the unpacked fp16 copies made on the way are not kept
+(NativeDecodeStack.bind). Without the copies (over
 COPY_LIMIT_BYTES) the matmuls are fp32 GEMVs up to 15 rows and torch's own sgemm beyond.
 Everything else runs the layers op by op as before: a prefill chunk in the step, hooks on a
 projection, or rows that all share leading blocks (the op-by-op attention reads a shared prefix
@@ -38,8 +39,8 @@ from kernels.cpu.draft_chain import DraftChain
 from kernels.reference.attention import decode_shared_blocks
 from worker.engine.backends.base import AttentionMetadata
 
-# The engine's stack copies the matrices (fp16 for the GEMVs plus fp16 packed, or fp32 packed: their
-# fp32 bytes once more in host memory) when their fp32 copies total at most this: every model the CPU
+# The engine's stack copies the matrices (fp16 packed, or fp32 packed: at most their fp32 bytes once
+# more in host memory) when their fp32 copies total at most this: every model the CPU
 # decode stack is fast for. A larger one keeps fp32 GEMVs and torch's sgemm past 15 rows.
 COPY_LIMIT_BYTES = 1 << 30
 
