@@ -149,7 +149,9 @@ class NativeDecodeStack:
         sgemm, most = (None, self.gemv_rows) if half else (self.sgemm, self.max_rows)
         if packed:
             most = self._most_rows(1)
-        return BoundDecodeStack(self._fn, model, keep, h, sgemm, self.gemv_rows, most, self._draft)
+        bound = BoundDecodeStack(self._fn, model, keep, h, sgemm, self.gemv_rows, most, self._draft)
+        bound.pack_width = self.pack_width  # what a DraftChain's packed head must be packed with
+        return bound
 
 
 class BoundDecodeStack:
@@ -162,6 +164,7 @@ class BoundDecodeStack:
         self.model_ptr, self.draft_fn = ctypes.addressof(model), draft_fn
         self._sgemm = sgemm
         self.hidden, self.gemv_rows, self.max_rows = hidden, gemv_rows, max_rows
+        self.pack_width = 0  # gemm.h's tile width (NativeDecodeStack.bind sets it)
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor) -> torch.Tensor:  # fmt: skip

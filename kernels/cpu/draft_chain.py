@@ -67,9 +67,9 @@ class DraftChain:
                 raise ValueError("DraftChain's head_ids must give each head row a distinct token of the vocabulary")
         elif head.shape[0] != embed.shape[0]:
             raise ValueError("a DraftChain head with fewer rows than the vocabulary needs head_ids")
-        if packed is not None and not (packed.dtype == head.dtype and packed.is_contiguous() and packed.dim() == 3
-                                       and packed.shape[0] * packed.shape[2] >= head.shape[0] > (packed.shape[0] - 1)
-                                       * packed.shape[2] and packed.shape[1] == head.shape[1]):  # fmt: skip
+        width = stack.pack_width
+        if packed is not None and not (packed.dtype == head.dtype and packed.is_contiguous()
+                                       and packed.shape == (-(-head.shape[0] // width), head.shape[1], width)):  # fmt: skip
             raise ValueError(f"DraftChain's packed head must be pack_rows(head) in {head.dtype}, "
                              f"got {tuple(packed.shape)} {packed.dtype}")  # fmt: skip
         self._fn = stack.draft_fn  # the library the stack was bound from, not loaded again

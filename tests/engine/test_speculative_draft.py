@@ -171,6 +171,8 @@ def test_the_chain_refuses_what_it_cannot_run(make_checkpoint, tmp_path) -> None
     for ids in (np.arange(7), np.array([0, 1, 2, 3, 4, 5, 6, 6]), np.arange(8) + chain.vocab - 4, None):
         with pytest.raises(ValueError, match="head"):
             DraftChain(chain._stack, chain._embed, head, None, ids)
+    with pytest.raises(ValueError, match="packed head"):  # not pack_rows(head): the C product would misread it
+        DraftChain(chain._stack, chain._embed, head, head.unsqueeze(0).contiguous(), np.arange(8) * 3)
     sub = DraftChain(chain._stack, chain._embed, head, None, np.arange(8) * 3)
     tokens, _, counts = sub.propose(**ok)
     assert counts.tolist() == [4] and set(tokens[0].tolist()) <= set(range(0, 24, 3))
