@@ -182,23 +182,23 @@ class ModelDecodeStack:
 
 @dataclass(frozen=True)
 class HeadCopies:
-    """The lm_head's copies for the CPU backend's `project`, made beside the engine's stack: fp16 when
-    every value is an fp16 value (the GEMVs' bytes halved, the same products) and packed for gemm.h
-    (steps of packed_rows rows or more, every step: ~2x torch's GEMM at 16 rows on the reference
-    model's [4096, 256])."""
+    """The lm_head's copy for the CPU backend's `project`, made beside the engine's stack: packed for
+    gemm.h (steps of packed_rows rows or more, every step: ~2x torch's GEMM at 16 rows on the
+    reference model's [4096, 256]), in fp16 when every value is an fp16 value (`half`: half the bytes,
+    the same products). No unpacked fp16 copy is kept: every step takes the packed one."""
 
     module: nn.Linear
-    half: torch.Tensor | None
+    half: bool
     packed: torch.Tensor
 
     @classmethod
     def of(cls, head: nn.Linear, pack_width: int) -> HeadCopies | None:
-        """The copies of a plain nn.Linear's fp32 weight, or None over COPY_LIMIT_BYTES."""
+        """The copy of a plain nn.Linear's fp32 weight, or None over COPY_LIMIT_BYTES."""
         w = head.weight.detach()
         if w.numel() * 4 > COPY_LIMIT_BYTES:
             return None
-        half = w.half().contiguous() if exactly_half(w) else None
-        return cls(head, half, pack_rows(w if half is None else half, pack_width))
+        half = exactly_half(w)
+        return cls(head, half, pack_rows(w.half() if half else w, pack_width))
 
 
 def _matrices(model: nn.Module) -> list[torch.Tensor]:

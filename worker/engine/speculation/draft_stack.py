@@ -37,9 +37,10 @@ class DraftStack:
         or None: every token."""
         stack: ModelDecodeStack = model.decode_stack  # the ModelDecodeStack the backend bound
         head = model.lm_head.weight.detach()
-        # the backend's fp16 copy of the head where it made one (CpuBackend.head_copies), else our own
+        # the backend's packed copy of the head where it made one (CpuBackend.head_copies; `half`: in
+        # fp16), and our own fp16 copy of the small head for the GEMV paths
         copies = model.backend.head_copies(model.lm_head) if hasattr(model.backend, "head_copies") else None
-        head16 = copies.half if copies is not None else (head.half().contiguous() if exactly_half(head) else None)
+        head16 = head.half().contiguous() if (copies.half if copies is not None else exactly_half(head)) else None
         # the engine's stack is fp16 already when the matrices are (ModelDecodeStack.for_engine: with
         # packed copies too, which a catch-up of 3+ rows takes); else a halved copy of an fp32 one
         half = (stack if stack.half else stack.halved()) if head16 is not None else None
@@ -51,7 +52,7 @@ class DraftStack:
             self._head32 = head  # past the GEMV's rows: F.linear
             self._lm_head = head16 if self.half else head
             # the backend's packed copy of the head where it is of the head used here (gemm.h)
-            self._packed = None if copies is None or (copies.half is not None) != self.half else copies.packed
+            self._packed = None if copies is None or copies.half != self.half else copies.packed
         else:  # the frequent tokens' rows only, packed here
             rows = torch.from_numpy(head_ids)
             self._head32 = head[rows].contiguous()
