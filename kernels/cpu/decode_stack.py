@@ -149,22 +149,20 @@ class NativeDecodeStack:
         sgemm, most = (None, self.gemv_rows) if half else (self.sgemm, self.max_rows)
         if packed:
             most = self._most_rows(1)
-        bound = BoundDecodeStack(self._fn, model, keep, h, sgemm, self.gemv_rows, most, self._draft)
-        bound.pack_width = self.pack_width  # what a DraftChain's packed head must be packed with
-        return bound
+        return BoundDecodeStack(self._fn, model, keep, h, sgemm, self.gemv_rows, most, self._draft, self.pack_width)
 
 
 class BoundDecodeStack:
     """A model's tensors bound to the kernel; call it once per decode step."""
 
     def __init__(self, fn, model: _Model, keep: tuple, hidden: int, sgemm: int | None, gemv_rows: int,
-                 max_rows: int, draft_fn=None) -> None:  # fmt: skip
+                 max_rows: int, draft_fn=None, pack_width: int = 0) -> None:  # fmt: skip
         self._fn, self._model, self._keep = fn, model, keep  # keep: the tensors the pointers point into
         # for a DraftChain over this stack (draft_chain.py): the model and the library's draft call
         self.model_ptr, self.draft_fn = ctypes.addressof(model), draft_fn
         self._sgemm = sgemm
         self.hidden, self.gemv_rows, self.max_rows = hidden, gemv_rows, max_rows
-        self.pack_width = 0  # gemm.h's tile width (NativeDecodeStack.bind sets it)
+        self.pack_width = pack_width  # gemm.h's tile width: what a DraftChain's packed head is packed with
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor) -> torch.Tensor:  # fmt: skip

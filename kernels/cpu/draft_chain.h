@@ -23,8 +23,8 @@
 
 typedef struct {
     const float *embed;       /* [vocab, hidden] fp32 */
-    const void *head;         /* the lm_head's rows [rows, hidden]: fp32, or raw fp16 bits with head_half */
-    const void *packed;       /* the same packed for gemm.h (head's dtype), or 0: GEMVs over head */
+    const void *head;         /* the lm_head's rows [rows, hidden]: fp32, or raw fp16 bits with head_half; 0 with packed */
+    const void *packed;       /* the rows packed for gemm.h (fp16 with head_half), or 0: GEMVs over head */
     const int64_t *head_ids;  /* the token of each head row (a frequent-token head), or 0: rows = vocab */
     int64_t vocab, rows, head_half;
     int64_t early_stop;           /* 0: every sequence drafts its ks tokens */

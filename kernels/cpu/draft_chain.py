@@ -1,11 +1,11 @@
 """A draft model's whole greedy proposal in one C call (draft_chain.h, built into decode_stack.c).
 
 `DraftChain(stack, embed, head, packed, head_ids)` binds a draft's BoundDecodeStack, its embedding
-and its lm_head (fp32, or fp16 holding the same values; `packed`: the same as pack_rows lays it out,
-for gemm.h's products; `head_ids`: the token of each head row when the head holds only some tokens,
-FR-Spec's frequent-token head); `propose(...)` runs the catch-up rows, then drafts each sequence's
-tokens until its K or its early stop (`ChainStop`: the speculator's rule, evaluated in C as in
-Python). Same tokens and probabilities as the step-by-step path over the same stack, head product
+and its lm_head (fp32, or fp16 holding the same values: `head` for GEMVs or `packed`, as pack_rows
+lays it out, for gemm.h's products; `head_ids`: the token of each head row when the head holds only
+some tokens, FR-Spec's frequent-token head); `propose(...)` runs the catch-up rows, then drafts each
+sequence's tokens until its K or its early stop (`ChainStop`: the speculator's rule, evaluated in C
+as in Python). Same tokens and probabilities as the step-by-step path over the same stack, head product
 and top1 kernels.
 """
 
@@ -49,37 +49,40 @@ class ChainStop:
 
 
 class DraftChain:
-    def __init__(self, stack: BoundDecodeStack, embed: torch.Tensor, head: torch.Tensor,
+    def __init__(self, stack: BoundDecodeStack, embed: torch.Tensor, head: torch.Tensor | None,
                  packed: torch.Tensor | None = None, head_ids: np.ndarray | None = None) -> None:  # fmt: skip
-        """embed [vocab, hidden] fp32 and head [rows, hidden] fp32 or fp16, contiguous CPU tensors;
-        packed: pack_rows(head, width) (gemm.h's width) or None (the head's products by GEMVs);
-        head_ids: the token id of each head row (distinct, in the vocabulary), or None: rows = vocab."""
-        if not (embed.dtype == torch.float32 and head.dtype in (torch.float32, torch.float16)
-                and embed.is_contiguous() and head.is_contiguous() and embed.device.type == head.device.type == "cpu"
-                and embed.dim() == head.dim() == 2 and embed.shape[1] == head.shape[1] == stack.hidden
-                and head.shape[0] <= embed.shape[0]):  # fmt: skip
-            raise ValueError(f"DraftChain takes a contiguous fp32 embedding and an fp32 or fp16 lm_head [vocab, "
-                             f"{stack.hidden}] (or some of its rows) on the CPU")  # fmt: skip
+        """embed [vocab, hidden] fp32, contiguous on the CPU; the lm_head's rows as `head` [rows,
+        hidden] (fp32 or fp16, contiguous: GEMVs) or `packed` (pack_rows of them at the stack's tile
+        width, fp32 or fp16: gemm.h; head may then be None); head_ids: the token id of each row
+        (distinct, in the vocabulary), or None: rows = vocab."""
+        if not (embed.dtype == torch.float32 and embed.is_contiguous() and embed.device.type == "cpu"
+                and embed.dim() == 2 and embed.shape[1] == stack.hidden):  # fmt: skip
+            raise ValueError(f"DraftChain takes a contiguous fp32 CPU embedding [vocab, {stack.hidden}]")
+        vocab, weight = embed.shape[0], packed if packed is not None else head
+        rows = vocab if head_ids is None else len(head_ids)
+        if weight is None or weight.dtype not in (torch.float32, torch.float16) or weight.device.type != "cpu":
+            raise ValueError("DraftChain takes its lm_head as an fp32 or fp16 CPU tensor (head or packed)")
+        if head is not None and not (head.dtype == weight.dtype and head.is_contiguous()
+                                     and head.shape == (rows, stack.hidden)):  # fmt: skip
+            raise ValueError(f"DraftChain's lm_head must be [{rows}, {stack.hidden}] contiguous (one row per token "
+                             f"it proposes), got {tuple(head.shape)} {head.dtype}")  # fmt: skip
+        width = stack.pack_width
+        if packed is not None and not (packed.is_contiguous()
+                                       and packed.shape == (-(-rows // width), stack.hidden, width)):  # fmt: skip
+            raise ValueError(f"DraftChain's packed head must be pack_rows of its {rows} rows, got {tuple(packed.shape)}")
         if head_ids is not None:
             head_ids = np.ascontiguousarray(head_ids, np.int64)
-            if not (head_ids.shape == (head.shape[0],) and np.unique(head_ids).size == head_ids.size
-                    and head_ids.min() >= 0 and head_ids.max() < embed.shape[0]):  # fmt: skip
+            if not (head_ids.ndim == 1 and 0 < rows <= vocab and np.unique(head_ids).size == rows
+                    and head_ids.min() >= 0 and head_ids.max() < vocab):  # fmt: skip
                 raise ValueError("DraftChain's head_ids must give each head row a distinct token of the vocabulary")
-        elif head.shape[0] != embed.shape[0]:
-            raise ValueError("a DraftChain head with fewer rows than the vocabulary needs head_ids")
-        width = stack.pack_width
-        if packed is not None and not (packed.dtype == head.dtype and packed.is_contiguous()
-                                       and packed.shape == (-(-head.shape[0] // width), head.shape[1], width)):  # fmt: skip
-            raise ValueError(f"DraftChain's packed head must be pack_rows(head) in {head.dtype}, "
-                             f"got {tuple(packed.shape)} {packed.dtype}")  # fmt: skip
         self._fn = stack.draft_fn  # the library the stack was bound from, not loaded again
         self._fn.argtypes = [_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr,
                              _i64]  # fmt: skip
         self._fn.restype = ctypes.c_int
-        self._stack, self._embed, self._head = stack, embed, head  # kept alive: the C side holds pointers
-        self._packed, self._head_ids = packed, head_ids
-        self.vocab = embed.shape[0]
-        self._half = int(head.dtype == torch.float16)
+        # kept alive: the C side holds pointers
+        self._stack, self._embed, self._head, self._packed, self._head_ids = stack, embed, head, packed, head_ids
+        self.vocab, self.rows = vocab, rows
+        self._half = int(weight.dtype == torch.float16)
 
     def takes(self, rows: int) -> bool:
         """Whether a proposal with `rows` catch-up rows fits (its forwards run on GEMVs only)."""
@@ -109,10 +112,10 @@ class DraftChain:
             edges, chances = np.asarray(stop.edges, np.float64), np.asarray(stop.chances, np.float64)
             values, head = np.asarray(stop.values, np.float64), (1, edges.size, stop.overall, stop.per_token)
         early, num_edges, overall, per_token = head
+        head_ptr = None if self._head is None else self._head.data_ptr()
         packed = None if self._packed is None else self._packed.data_ptr()
         ids_ptr = None if self._head_ids is None else self._head_ids.ctypes.data
-        spec = _Head(self._embed.data_ptr(), self._head.data_ptr(), packed, ids_ptr, self.vocab, self._head.shape[0],
-                     self._half, early,
+        spec = _Head(self._embed.data_ptr(), head_ptr, packed, ids_ptr, self.vocab, self.rows, self._half, early,
                      edges.ctypes.data, chances.ctypes.data, num_edges, overall, per_token)  # fmt: skip
         status = self._fn(self._stack.model_ptr, ctypes.addressof(spec), rows, ids.ctypes.data, positions.ctypes.data,
                           tables.ctypes.data, tables.shape[1], seqs, last_rows.ctypes.data, ks.ctypes.data,

@@ -167,7 +167,7 @@ def test_the_chain_refuses_what_it_cannot_run(make_checkpoint, tmp_path) -> None
         chain.propose(np.zeros(0, np.int64), np.zeros(0, np.int64), table[:0], np.zeros(0, np.int64),
                       np.array([1]))  # fmt: skip
     # a frequent-token head: its rows' token ids must be distinct tokens of the vocabulary, and given
-    head = chain._head[:8].contiguous()
+    head = engine.speculator.draft.runner.model.lm_head.weight.detach()[:8].contiguous()
     for ids in (np.arange(7), np.array([0, 1, 2, 3, 4, 5, 6, 6]), np.arange(8) + chain.vocab - 4, None):
         with pytest.raises(ValueError, match="head"):
             DraftChain(chain._stack, chain._embed, head, None, ids)

@@ -77,15 +77,14 @@ class CpuBackend(TorchBackend):
         lm_head with HeadCopies: its packed copy from stack.packed_rows rows, 1: every step)."""
         if type(linear) is nn.Linear and not (linear._forward_hooks or linear._forward_pre_hooks):
             w, b = linear.weight, linear.bias
-            g = w
             head = self.head_copies(linear)
             if head is not None and x.dim() == 2 and x.dtype == torch.float32 and x.stride(1) == 1 \
                     and x.device.type == "cpu" and x.shape[0] >= max(1, self.stack.packed_rows):  # fmt: skip
                 return self.gemv.packed(x, head.packed, w.shape[0], b)
             if x.dim() == 2 and x.shape[0] <= self.gemv.max_rows:
-                key = ("gemv", x.shape, x.stride(), x.dtype, g.shape, g.stride(), g.dtype, None if b is None else b.dtype)
-                if self._fit(key, lambda: self.gemv.supports(x, g, b)):
-                    return self.gemv(x, g, b, checked=True)  # type: ignore[return-value]
+                key = ("gemv", x.shape, x.stride(), x.dtype, w.shape, w.stride(), w.dtype, None if b is None else b.dtype)
+                if self._fit(key, lambda: self.gemv.supports(x, w, b)):
+                    return self.gemv(x, w, b, checked=True)  # type: ignore[return-value]
             return F.linear(x, w, b)
         return linear(x)
 

@@ -37,27 +37,25 @@ class DraftStack:
         or None: every token."""
         stack: ModelDecodeStack = model.decode_stack  # the ModelDecodeStack the backend bound
         head = model.lm_head.weight.detach()
-        # the backend's packed copy of the head where it made one (CpuBackend.head_copies; `half`: in
-        # fp16), and our own fp16 copy of the small head for the GEMV paths
+        # the backend's packed copy of the head where it made one (CpuBackend.head_copies; `half`: in fp16)
         copies = model.backend.head_copies(model.lm_head) if hasattr(model.backend, "head_copies") else None
-        head16 = head.half().contiguous() if (copies.half if copies is not None else exactly_half(head)) else None
+        fp16 = copies.half if copies is not None else exactly_half(head)
         # the engine's stack is fp16 already when the matrices are (ModelDecodeStack.for_engine: with
-        # packed copies too, which a catch-up of 3+ rows takes); else a halved copy of an fp32 one
-        half = (stack if stack.half else stack.halved()) if head16 is not None else None
+        # packed copies too, which every row count takes); else a halved copy of an fp32 one
+        half = (stack if stack.half else stack.halved()) if fp16 else None
         self.half = half is not None
         self._stack = half or stack
         self._gemv = NativeGemv()
         self.head_ids = head_ids
-        if head_ids is None:
-            self._head32 = head  # past the GEMV's rows: F.linear
-            self._lm_head = head16 if self.half else head
-            # the backend's packed copy of the head where it is of the head used here (gemm.h)
-            self._packed = None if copies is None or copies.half != self.half else copies.packed
-        else:  # the frequent tokens' rows only, packed here
-            rows = torch.from_numpy(head_ids)
-            self._head32 = head[rows].contiguous()
-            self._lm_head = head16[rows].contiguous() if self.half else self._head32  # type: ignore[index]
-            self._packed = pack_rows(self._lm_head, self._gemv.pack_width)
+        self._head32 = head  # past the GEMV's rows, without a packed head: F.linear
+        self._lm_head: torch.Tensor | None = None  # the GEMVs' head, where there is no packed one
+        if head_ids is not None:  # the frequent tokens' rows only, packed here
+            rows = head[torch.from_numpy(head_ids)]
+            self._packed = pack_rows(rows.half() if self.half else rows.contiguous(), self._gemv.pack_width)
+        elif copies is not None and copies.half == self.half:  # the backend's packed head (gemm.h)
+            self._packed = copies.packed
+        else:
+            self._packed, self._lm_head = None, head.half().contiguous() if self.half else head
         self.chain = self._stack.draft_chain(self._lm_head, self._packed, head_ids)  # a whole proposal in one C call
         self.block_size = block_size
 
@@ -90,7 +88,7 @@ class DraftStack:
             hidden = hidden[torch.from_numpy(out_rows)]
         logits = None
         if self._packed is not None:
-            logits = self._gemv.packed(hidden.contiguous(), self._packed, self._lm_head.shape[0])
+            logits = self._gemv.packed(hidden.contiguous(), self._packed, self.chain.rows)
         elif hidden.shape[0] <= self._gemv.max_rows:
             logits = self._gemv(hidden, self._lm_head, checked=True)
         if logits is None:

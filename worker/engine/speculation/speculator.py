@@ -137,12 +137,13 @@ class Speculator:
         proposals of a prompt) would never be measured again."""
         value, k = max(values), self.config.num_tokens  # a row's full K: not one near its length limit
         steps, hope = self._hope.get(width, (-1, True))
-        if steps < self.controller.steps:  # the verdict holds for HOPE_STEPS steps (costs move slowly)
+        fresh = steps < self.controller.steps  # the verdict holds for HOPE_STEPS steps (costs move slowly)
+        if fresh:
             hope = self.controller.could_pay(width, self.acceptance.hope(self.draft is None), k, value)
             self._hope[width] = (self.controller.steps + HOPE_STEPS, hope)
         if hope:
             return False
-        if steps < self.controller.steps:  # a fresh verdict: the evidence behind it ages (FADE_KEEP)
+        if fresh:  # the evidence behind a fresh "cannot pay" ages (FADE_KEEP)
             self.acceptance.fade(FADE_KEEP)
         self.controller.back_off(width)
         return True
