@@ -6,6 +6,8 @@ resumed), so they live beside the manifest in `OUT/lifecycle.json`, replaced by 
     {"deadline": unix seconds | null, "notify": ["https://...", "sns:arn:aws:sns:..."],
      "submitted_at": unix seconds}
 
+A webhook URL that carries a credential is stored sealed (jobs/notify_targets.py).
+
 The deadline also goes to Redis (`freight:job:<id>` field `deadline`), where the autoscaler reads it.
 """
 
@@ -39,7 +41,7 @@ class Lifecycle(BaseModel):
     @classmethod
     def _check_targets(cls, targets: tuple[str, ...]) -> tuple[str, ...]:
         for target in targets:
-            check_notify_target(target)
+            check_notify_target(target.split(" sealed:", 1)[0])  # a sealed URL: jobs/notify_targets.py
         return targets
 
     def past_due(self, now: float | None = None) -> bool:
@@ -69,6 +71,8 @@ def check_notify_target(target: str) -> str:
             )
         return target
     scheme, sep, rest = target.partition("://")
+    if any(c.isspace() or not c.isprintable() for c in target):
+        raise ValueError(f"--notify {target!r}: a URL holds no spaces or control characters: percent-encode them")
     if not sep or scheme.lower() not in ("http", "https") or not rest.split("/", 1)[0]:
         raise ValueError(f"--notify {target!r}: give an http(s):// webhook URL or sns:<topic ARN>")
     return target

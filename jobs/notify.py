@@ -25,15 +25,15 @@ as the message, subject "freight job <id> <state>", message attribute `delivery_
 from __future__ import annotations
 
 import hashlib
+import heapq
 import hmac
+import itertools
 import os
-import queue
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,8 +41,11 @@ from jobs.lifecycle import read_lifecycle
 from jobs.log import get_logger
 from jobs.manifest import Manifest
 from jobs.notify_claims import Claim, claim_key, clear_claim, mark_delivered, sender_id
+from jobs.notify_targets import open_target, shown_target
 from jobs.settings import Settings
 from jobs.storage import ObjectStore
+from jobs.webhook_address import Resolver, system_resolver
+from jobs.webhook_post import post_webhook
 
 log = get_logger(__name__)
 
@@ -77,24 +80,31 @@ def payload(
 
 @dataclass
 class _Delivery:
-    target: str
+    target: str  # as stored (jobs/notify_targets.py): a sealed webhook URL is opened at send
     body: bytes
     subject: str
     delivery_id: str | None = None
-    on_delivered: Callable[[], None] | None = None  # called on the sender thread after a 2xx
+    on_delivered: Callable[[], None] | None = None  # called on a sender thread after a 2xx
     tries: int = 0
     not_before: float = field(default_factory=time.monotonic)
 
 
 class Notifier:
-    """A background sender: deliveries retried with exponential backoff, never on the caller's thread."""
+    """A background sender: deliveries retried with exponential backoff, never on the caller's thread.
 
-    def __init__(self, settings: Settings) -> None:
+    A scheduler thread hands each due try to a pool of FREIGHT_NOTIFY_CONCURRENCY sender threads, so
+    receivers are sent to concurrently: a slow one holds one sender for at most its try's deadline
+    (FREIGHT_NOTIFY_TIMEOUT_S) and delays no other delivery while senders are free."""
+
+    def __init__(self, settings: Settings, resolver: Resolver = system_resolver) -> None:
         self.settings = settings
-        self._queue: queue.Queue[_Delivery] = queue.Queue()
+        self.resolver = resolver
+        self._due: list[tuple[float, int, _Delivery]] = []  # heap by not_before
+        self._seq = itertools.count()
         self._pending = 0
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
     def send(
         self,
@@ -109,9 +119,10 @@ class Notifier:
         with self._lock:
             self._pending += 1
             if self._thread is None or not self._thread.is_alive():
+                self._pool = ThreadPoolExecutor(self.settings.notify_concurrency, thread_name_prefix="freight-notify")
                 self._thread = threading.Thread(target=self._loop, name="freight-notify", daemon=True)
                 self._thread.start()
-        self._queue.put(_Delivery(target, body, subject, delivery_id, on_delivered))
+            self._push(_Delivery(target, body, subject, delivery_id, on_delivered))
 
     def drain(self, timeout: float) -> bool:
         """Wait up to `timeout` s for pending deliveries (delivered or given up); True if none is left."""
@@ -124,34 +135,38 @@ class Notifier:
                 self._lock.wait(left)
         return True
 
+    def _push(self, item: _Delivery) -> None:  # under self._lock
+        heapq.heappush(self._due, (item.not_before, next(self._seq), item))
+        self._lock.notify_all()
+
     def _loop(self) -> None:
         while True:
-            item = self._queue.get()
-            wait = item.not_before - time.monotonic()
-            if wait > 0:
-                time.sleep(min(wait, 1.0))
-                self._queue.put(item)  # others due sooner go first
-                continue
-            item.tries += 1
-            try:
-                self._deliver(item)
-                log.info(
-                    "notify_sent", target=_shown(item.target), tries=item.tries, delivery_id=item.delivery_id
-                )
-            except Exception as exc:  # any failure of a receiver is retried, then logged and dropped
-                if item.tries < self.settings.notify_attempts:
-                    item.not_before = time.monotonic() + min(
-                        60.0, self.settings.notify_backoff_s * 2 ** (item.tries - 1)
-                    )
-                    self._queue.put(item)
-                    continue
-                log.error("notify_failed", target=_shown(item.target), tries=item.tries, error=str(exc),
-                          delivery_id=item.delivery_id, then="left to redelivery (jobs/redelivery.py)")  # fmt: skip
-            else:
-                self._record(item)
             with self._lock:
-                self._pending -= 1
-                self._lock.notify_all()
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._lock.wait(None if not self._due else self._due[0][0] - time.monotonic())
+                item = heapq.heappop(self._due)[2]
+            assert self._pool is not None
+            self._pool.submit(self._try, item)
+
+    def _try(self, item: _Delivery) -> None:
+        item.tries += 1
+        try:
+            self._deliver(item)
+            log.info("notify_sent", target=shown_target(item.target), tries=item.tries, delivery_id=item.delivery_id)
+        except Exception as exc:  # any failure of a receiver is retried, then logged and dropped
+            final = isinstance(exc, ValueError)  # a refused address or a sealed URL no key opens
+            if not final and item.tries < self.settings.notify_attempts:
+                item.not_before = time.monotonic() + min(60.0, self.settings.notify_backoff_s * 2 ** (item.tries - 1))
+                with self._lock:
+                    self._push(item)
+                return
+            log.error("notify_failed", target=shown_target(item.target), tries=item.tries, error=str(exc),
+                      delivery_id=item.delivery_id, then="left to redelivery (jobs/redelivery.py)")  # fmt: skip
+        else:
+            self._record(item)
+        with self._lock:
+            self._pending -= 1
+            self._lock.notify_all()
 
     @staticmethod
     def _record(item: _Delivery) -> None:
@@ -160,7 +175,7 @@ class Notifier:
         try:
             item.on_delivered()
         except Exception as exc:  # storage away: the reconcile pass may send it again (same delivery id)
-            log.warning("notify_record_failed", target=_shown(item.target), error=str(exc))
+            log.warning("notify_record_failed", target=shown_target(item.target), error=str(exc))
 
     def _deliver(self, item: _Delivery) -> None:
         if item.target.startswith("sns:"):
@@ -179,19 +194,12 @@ class Notifier:
         headers = {"Content-Type": "application/json", "User-Agent": "freight-notify/1"}
         if item.delivery_id:
             headers[DELIVERY_HEADER] = item.delivery_id
-        secret = self.settings.webhook_secret
+        secret = self.settings.webhook_secret.get_secret_value() if self.settings.webhook_secret else None
         if secret:
-            headers[SIGNATURE_HEADER] = sign(item.body, secret.get_secret_value())
-        request = urllib.request.Request(item.target, data=item.body, headers=headers, method="POST")
-        with urllib.request.urlopen(request, timeout=self.settings.notify_timeout_s) as response:
-            if response.status >= 300:
-                raise urllib.error.HTTPError(item.target, response.status, "not 2xx", response.headers, None)
-
-
-def _shown(target: str) -> str:
-    from jobs.redact import redact
-
-    return redact(target)
+            headers[SIGNATURE_HEADER] = sign(item.body, secret)
+        url = open_target(item.target, secret)
+        post_webhook(url, item.body, headers, self.settings.notify_timeout_s,
+                     self.settings.notify_allow_networks, self.resolver)  # fmt: skip
 
 
 class _Senders:

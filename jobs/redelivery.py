@@ -37,6 +37,7 @@ from jobs.manifest import COST_KEY, SUCCESS_KEY, read_manifest
 from jobs.markers import is_cancelled
 from jobs.notify import notify_final, send_claim
 from jobs.notify_claims import claim_key, claim_try, mark_given_up, read_claims, try_started_at
+from jobs.notify_targets import shown_target
 from jobs.progress import JOB_TTL_S, aux_key, job_key
 from jobs.redact import redact
 from jobs.settings import Settings
@@ -86,9 +87,9 @@ def redeliver_due(store: ObjectStore, settings: Settings, now: float) -> bool:
                 settled = False  # the latest try may still be under way (its own retries)
                 continue
             fields = {"job_id": claim.payload.get("job_id"), "state": claim.state,
-                      "delivery_id": claim.delivery_id, "target": redact(target)}  # fmt: skip
+                      "delivery_id": claim.delivery_id, "target": shown_target(target)}  # fmt: skip
             if n >= settings.notify_redeliveries:
-                if mark_given_up(store, claim, target, n + 1, redact(target)):
+                if mark_given_up(store, claim, target, n + 1, shown_target(target)):
                     log.error("notify_given_up", **fields, tries=n + 1, claimed_at=claim.claimed_at,
                               why="no 2xx answer to any try; raise FREIGHT_NOTIFY_REDELIVERIES to try longer")  # fmt: skip
                 continue

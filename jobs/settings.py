@@ -5,8 +5,10 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from jobs.webhook_address import IPNetwork, parse_allow
 
 
 class Settings(BaseSettings):
@@ -98,7 +100,19 @@ class Settings(BaseSettings):
     sns_endpoint_url: str | None = Field(None, description="SNS endpoint (moto, LocalStack); None: AWS")
     notify_attempts: int = Field(6, ge=1, le=100, description="tries per send (one try or one redelivery) before that send gives up")
     notify_backoff_s: float = Field(1.0, gt=0, description="first retry delay; doubles each try, 60 s at most")
-    notify_timeout_s: float = Field(5.0, gt=0, description="seconds one webhook POST may take")
+    notify_timeout_s: float = Field(
+        5.0, gt=0, le=300, description="seconds one webhook try may take in all (connect, TLS, send, the "
+        "answer's status and headers): a total deadline, however slowly the receiver trickles bytes"
+    )
+    notify_concurrency: int = Field(
+        8, ge=1, le=256, description="webhook tries one process sends at once: a slow receiver holds one "
+        "sender at most FREIGHT_NOTIFY_TIMEOUT_S and never delays the others"
+    )
+    notify_allow: str = Field(
+        "", description="addresses and CIDR networks (comma separated: 10.2.3.4,192.168.0.0/16) a webhook "
+        "may reach although not public; every other loopback, private, link-local (instance metadata) "
+        "or reserved address is refused at submit and at each send (jobs/webhook_address.py)"
+    )
     notify_drain_s: float = Field(
         5.0, ge=0, description="how long `freight run` / `freight cancel` wait for pending notifications at exit"
     )
@@ -111,6 +125,17 @@ class Settings(BaseSettings):
         5, ge=0, le=20, description="redeliveries per target before it is given up (recorded in "
         "OUT/notify/ and logged as notify_given_up); 0 = none: at most once"
     )
+
+    @field_validator("notify_allow")
+    @classmethod
+    def _check_allow(cls, text: str) -> str:
+        parse_allow(text)
+        return text
+
+    @property
+    def notify_allow_networks(self) -> tuple[IPNetwork, ...]:
+        """FREIGHT_NOTIFY_ALLOW as networks."""
+        return parse_allow(self.notify_allow)
 
 
 def settings_error(exc: ValidationError) -> str:

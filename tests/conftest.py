@@ -30,6 +30,10 @@ def _import_triton_interpreted() -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     _import_triton_interpreted()
+    # The suite's webhook receivers listen on 127.0.0.1, which freight refuses to send to unless
+    # allowed (jobs/webhook_address.py); worker subprocesses inherit the variable. Tests of the
+    # refusal build their Settings with notify_allow="".
+    os.environ.setdefault("FREIGHT_NOTIFY_ALLOW", "127.0.0.1")
     """Finished jobs feed `freight estimate`'s profile store: keep the suite's (and its worker
     subprocesses') profiles out of the user's ~/.cache/freight/profiles.json."""
     if "FREIGHT_PROFILES_PATH" not in os.environ:

@@ -12,6 +12,8 @@ import typer
 from jobs.cli.job_options import parse_deadline
 from jobs.errors import FreightError
 from jobs.lifecycle import MIN_WINDOW_S, Lifecycle, check_notify_target, parse_window
+from jobs.notify_targets import submit_targets
+from jobs.settings import get_settings
 
 CompletionWindowOpt = Annotated[
     str | None,
@@ -55,6 +57,7 @@ def lifecycle_from_options(
                 raise ValueError(f"--deadline {deadline!r} is under a minute away: give a later time")
         for target in notify or ():
             check_notify_target(target)
+        targets = submit_targets(notify or (), get_settings())
     except ValueError as exc:
         raise FreightError(str(exc)) from None
-    return Lifecycle(deadline=due, notify=tuple(notify or ()), submitted_at=now)
+    return Lifecycle(deadline=due, notify=targets, submitted_at=now)
