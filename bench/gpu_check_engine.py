@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from contracts.constraint import Constraint
 from worker.demo_model import make_demo_model
 from worker.engine import Engine, EngineConfig, SamplingParams
-from worker.engine.constraint import Constraint
 
 LLAMA_1B = {
     "hidden_size": 2048,

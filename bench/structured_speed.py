@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from engine_vs_hf import workloads
 
+from contracts.constraint import Constraint
 from worker.demo_model import make_demo_model
 from worker.engine import Engine, EngineConfig, SamplingParams
-from worker.engine.constraint import Constraint
 
 SCHEMA = json.loads((Path(__file__).parent / "nested_schema.json").read_text())
 

@@ -36,7 +36,7 @@ def stamp(msg, *args):
 
 billiard.util.debug = billiard.pool.debug = stamp
 atexit.register(lambda: stamp("atexit"))
-from jobs.cli import main
+from freight_cli import main
 sys.argv = ["freight", *sys.argv[1:]]
 main()
 """

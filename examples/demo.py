@@ -23,7 +23,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]  # run from a checkout without inst
 
 from demo_data import EXTRACT_SCHEMA, SNIPPETS, make_demo_dataset, make_extract_dataset  # noqa: E402
 
-from jobs.cli import app  # noqa: E402
+from freight_cli import app  # noqa: E402
 
 TRAINED_MODEL = HERE / "models" / "pycoder-tiny"
 # Sampling that suits a model this small: greedy decoding repeats itself (every docstring the same

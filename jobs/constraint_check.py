@@ -2,13 +2,12 @@
 planning (run, submit, estimate and eval runs alike) so that a pattern or schema the engine cannot
 compile is refused before anything is written, instead of failing every row on a worker.
 
-Submit and worker agree on what is valid because both use the same code: the worker's own mapping
-from SamplingSpec to the engine's Constraint (worker/row_constraint.py `job_constraint`), the
-engine's grammar text for it (worker/engine/grammar_cache.py `grammar_text`), and llguidance's
-grammar check, which the engine's compile runs too. The check needs no tokenizer (a grammar's
-validity does not depend on the vocabulary), so it reads no model files and stays fast (a
-millisecond or so). These modules are torch-free and imported lazily, as jobs/model_check.py
-imports the engine's architecture rules: jobs/ loads no worker code at module level.
+Submit and worker agree on what is valid because both use the same code: the mapping from
+SamplingSpec to a Constraint (contracts/row_constraint.py `job_constraint`), its grammar text
+(contracts/grammar.py `grammar_text`, which the engine compiles), and llguidance's grammar check,
+which the engine's compile runs too. The check needs no tokenizer (a grammar's validity does not
+depend on the vocabulary), so it reads no model files and stays fast (a millisecond or so). The
+grammar modules are imported on the first constraint: a job without one loads no llguidance.
 
 A row's own constraint (a Parquet constraint column, a JSONL body's response_format or guided_*)
 is not checked here: a bad one is that row's error, and the job goes on.
@@ -39,8 +38,8 @@ def constraint_problem(sampling: SamplingSpec) -> str | None:
         return None  # nothing to compile, nothing imported
     import llguidance
 
-    from worker.engine.grammar_cache import grammar_text  # torch-free: see the module docstring
-    from worker.row_constraint import job_constraint
+    from contracts.grammar import grammar_text
+    from contracts.row_constraint import job_constraint
 
     try:
         constraint = job_constraint(sampling)

@@ -69,7 +69,7 @@ SAMPLING_COLUMNS = (
     "min_tokens",
     "logit_bias",
 )
-# Per-row structured-output columns (worker/row_constraint.py; at most one per row): read only when
+# Per-row structured-output columns (contracts/row_constraint.py; at most one per row): read only when
 # the job opts in (JobSpec.row_constraints, --row-constraints), else plain data: a dataset's `choice`
 # or `regex` column is as likely to be a quiz answer as a constraint.
 CONSTRAINT_COLUMNS = ("response_format", "json_schema", "regex", "choice")

@@ -8,7 +8,7 @@
     cost_usd = billed_seconds / 3600 x price per hour (on-demand and spot both given)
 
 as cost.json bills a run (each shard's wall time plus the model load). No torch here: the counts come
-out of worker.estimate_tokens, which the CLI imports lazily.
+out of worker.estimate_tokens, which the CLI (freight_cli/estimate.py) runs and hands in.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ tokenizer and safetensors headers, without torch and without reading the weights
 
 A model the engine would refuse at load is refused here instead, before OUT/manifest.json exists,
 so the user fixes the model and reruns the same command. The architecture list and the config
-rules are the engine's own (worker/engine/models/architectures.py, a module without torch).
+rules are the engine's own (contracts/checkpoint/architectures.py, torch-free).
 Checks on the weights read only each file's header (8 bytes of length, then JSON): the tensors'
 dtypes, shapes and byte ranges must fit the file, which is how a truncated download shows.
 """
@@ -15,6 +15,8 @@ import re
 import struct
 from typing import Any
 
+from contracts.checkpoint.architectures import config_problem
+from contracts.checkpoint.pooling import PoolingConfig, PoolingConfigError
 from jobs.errors import ModelNotFoundError
 from jobs.settings import Settings
 from jobs.storage import ObjectStore, open_store
@@ -39,7 +41,6 @@ def check_model(model: str, settings: Settings | None = None, embed: bool = Fals
     with the config; with `embed`, also a sentence-transformers pooling config the engine follows.
     Reads config.json, the tokenizer files, the pooling files and each weight file's header. Returns
     config.json's contents."""
-    from worker.engine.models.architectures import config_problem  # torch-free: see its docstring
 
     store = open_store(model, settings)
     config = _config(store, model)
@@ -108,8 +109,6 @@ def _check_tokenizer(store: ObjectStore, model: str) -> None:
 
 
 def _check_pooling(store: ObjectStore, model: str, config: dict[str, Any]) -> None:
-    from worker.engine.pooling import PoolingConfig, PoolingConfigError  # torch-free: see its docstring
-
     try:
         PoolingConfig.parse(lambda name: store.get(name) if store.exists(name) else None, model,
                             int(config["hidden_size"]))  # fmt: skip

@@ -43,7 +43,7 @@ def synthetic_prompts(rows: int, seed: int = 0) -> list[str]:
 
 
 def _freight_run(args: list[str], model: str) -> None:
-    cmd = [sys.executable, "-c", "from jobs.cli import main; main()", "run", *args]
+    cmd = [sys.executable, "-c", "from freight_cli import main; main()", "run", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "FREIGHT_LOG_LEVEL": "warning"})
     if proc.returncode != 0:
         said = proc.stderr.strip()[-500:].removeprefix("error: ")  # the child's own one-line error

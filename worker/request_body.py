@@ -34,7 +34,7 @@ _NOT_RUN = {
     "modalities": "only text output is supported",
     "guided_whitespace_pattern": "not supported (JSON whitespace is the grammar engine's)",
 }
-# The fields of a body that ask for structured output (worker/row_constraint.py checks their values).
+# The fields of a body that ask for structured output (contracts/row_constraint.py checks their values).
 CONSTRAINT_FIELDS = (
     "response_format",
     "guided_json",
@@ -104,7 +104,7 @@ class _Request(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
     user: str | None = None  # ignored, as OpenAI does for inference
     stream: bool | None = None
-    # structured output (CONSTRAINT_FIELDS): values checked by worker/row_constraint.py
+    # structured output (CONSTRAINT_FIELDS): values checked by contracts/row_constraint.py
     response_format: Any = None
     guided_json: Any = None
     guided_regex: Any = None
@@ -165,7 +165,7 @@ class RowColumns(SamplingFields):
 
     logprobs: bool | int | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    # structured output: values checked by worker/row_constraint.py (column_constraint)
+    # structured output: values checked by contracts/row_constraint.py (column_constraint)
     response_format: Any = None
     json_schema: Any = None
     regex: Any = None

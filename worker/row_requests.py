@@ -2,7 +2,7 @@
 
 Parquet rows: the prompt column (text or chat messages) and the per-row columns the job planned to
 read (jobs/row_columns.py override_columns: jobs/datasets.py SAMPLING_COLUMNS, and
-CONSTRAINT_COLUMNS with --row-constraints; constraints: worker/row_constraint.py). OpenAI-Batch rows:
+CONSTRAINT_COLUMNS with --row-constraints; constraints: contracts/row_constraint.py). OpenAI-Batch rows:
 each line's body, checked field by field for its url's endpoint (worker/request_body.py). Either way a value wins over the job's flag, and a bad
 row (null prompt, bad value, unknown field, unrenderable messages) is that row's error, never the
 shard's.
@@ -18,13 +18,14 @@ from typing import Any
 
 import pyarrow as pa
 
+from contracts.constraint import Constraint
+from contracts.row_constraint import body_constraint, column_constraint
 from jobs.endpoints import ENDPOINT_OF_URL
 from jobs.errors import InputError
 from jobs.manifest import InputPlan
 from jobs.settings import get_settings
 from jobs.spec import JobSpec
 from worker.chat_messages import chat_messages
-from worker.engine.constraint import Constraint
 from worker.request_body import (
     ChatBody,
     CompletionBody,
@@ -32,7 +33,6 @@ from worker.request_body import (
     parse_body,
     parse_columns,
 )
-from worker.row_constraint import body_constraint, column_constraint
 from worker.row_sampling import RowSampling, column_logprobs, resolve_sampling
 
 

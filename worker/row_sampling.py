@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.constraint import Constraint
+from contracts.row_constraint import TEXT, RowConstraint, job_constraint
 from jobs.spec import MAX_LOGPROBS, JobSpec, row_seed
-from worker.engine.constraint import Constraint
 from worker.request_body import SamplingFields
-from worker.row_constraint import TEXT, RowConstraint, job_constraint
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def resolve_sampling(
 ) -> RowSampling:
     """The job's sampling with a row's checked fields `f` (None = the job's); the rules that need the
     job: n <= max_n, min_tokens <= max_tokens, token ids inside the vocabulary. `constraint`: the
-    row's structured output (worker/row_constraint.py): None takes the job's, TEXT none."""
+    row's structured output (contracts/row_constraint.py): None takes the job's, TEXT none."""
     s = spec.sampling
     n = s.n if f.n is None else f.n
     if n > max_n:

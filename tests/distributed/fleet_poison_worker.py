@@ -46,7 +46,7 @@ def _poisoned_run_shard(engine, store, manifest, shard_index, **kwargs):  # noqa
 shard_module.run_shard = _poisoned_run_shard
 
 if __name__ == "__main__":
-    from jobs.cli import main
+    from freight_cli import main
 
     sys.argv = ["freight", *sys.argv[3:]]
     main()  # `freight worker ...`: the CLI sets the worker up, then runs this app with the wrapper

@@ -52,7 +52,7 @@ def test_only_json_is_accepted_and_acks_are_late() -> None:
 
 
 def test_client_imports_neither_worker_nor_torch() -> None:
-    code = ("import sys, jobs.client, jobs.progress, jobs.cli.fleet, jobs.fleet_status; "
+    code = ("import sys, jobs.client, jobs.progress, freight_cli.fleet, jobs.fleet_status; "
             "bad = [m for m in sys.modules if m == 'torch' or m.startswith('worker')]; print(bad)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 from jobs.client import FleetClient
 from jobs.fleet_status import fleet_status, outage_lines
 from jobs.live_state import LiveState

@@ -8,8 +8,8 @@ import re
 
 import jsonschema
 
-from worker.engine.constraint import Constraint
-from worker.engine.grammar_cache import strict_schema
+from contracts.constraint import Constraint
+from contracts.grammar import strict_schema
 
 _PERSON = {
     "type": "object",

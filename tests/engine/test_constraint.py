@@ -2,8 +2,8 @@
 
 import pytest
 
+from contracts.constraint import Constraint
 from worker.engine import SamplingParams
-from worker.engine.constraint import Constraint
 
 
 def test_equal_schemas_written_differently_are_one_constraint() -> None:

@@ -232,7 +232,7 @@ def test_bad_configuration_refused(make_checkpoint, tmp_path) -> None:
 def test_constrained_rows_beside_speculating_rows(make_checkpoint) -> None:
     """Structured-output rows speculate beside unconstrained ones (their verify rows are masked along
     the run; more in test_speculative_structured.py): every row's tokens equal plain decoding's."""
-    from worker.engine.constraint import Constraint
+    from contracts.constraint import Constraint
 
     path = make_checkpoint("llama").path
     prompts = spec_prompts()

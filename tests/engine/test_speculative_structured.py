@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from structured_cases import constraints, satisfies
 
+from contracts.constraint import Constraint
 from worker.engine import Engine, EngineConfig, SamplingParams
-from worker.engine.constraint import Constraint
 from worker.engine.speculation.config import SpeculativeConfig
 
 NGRAM = SpeculativeConfig("ngram", 4, adaptive=False)  # every proposal verified

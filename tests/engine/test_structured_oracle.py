@@ -10,9 +10,9 @@ import torch
 from engine_oracle import VOCAB
 from structured_cases import constraints, satisfies
 
+from contracts.grammar import grammar_text
 from kernels.reference.token_bitmask import apply_token_bitmask_
 from worker.engine import Engine, EngineConfig, SamplingParams
-from worker.engine.grammar_cache import grammar_text
 
 transformers = pytest.importorskip("transformers")
 

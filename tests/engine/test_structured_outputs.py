@@ -11,8 +11,8 @@ import torch
 from engine_oracle import VOCAB
 from structured_cases import constraints, satisfies
 
+from contracts.constraint import Constraint
 from worker.engine import Engine, EngineConfig, SamplingParams
-from worker.engine.constraint import Constraint
 
 STOPS = tuple(range(3, VOCAB, 6))  # a sixth of the vocabulary
 

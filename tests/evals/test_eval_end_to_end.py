@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 from jobs.evals.beat import PENDING_PREFIX, make_handlers
 from jobs.evals.collect import EvalIncompleteError, collect, read_scores
 from jobs.evals.history import History
@@ -165,7 +165,7 @@ def test_bad_suite_file_fails_before_any_work(workdir: Path) -> None:
 
 
 def test_beat_handlers_submit_then_collect(workdir: Path) -> None:
-    from jobs.cli.evals import embedded_executor
+    from freight_cli.evals import embedded_executor
 
     handlers = make_handlers(embedded_executor(Settings()))  # the fleet's client in production
     suites = str(workdir / "suites.toml")

@@ -17,7 +17,7 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 from jobs.client import queue_for_model
 from jobs.evals.collect import read_scores
 from jobs.evals.plan import job_specs, read_plan

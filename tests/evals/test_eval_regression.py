@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 from jobs.evals.plan import read_plan
 from jobs.evals.scoring import read_job_results
 from jobs.storage import open_store

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 from jobs.evals.history import History
 from jobs.settings import get_settings
 from jobs.storage import open_store

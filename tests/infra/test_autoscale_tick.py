@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from jobs.autoscale.config import AutoscaleConfig
 from jobs.autoscale.controller import build_autoscaler
 from jobs.autoscale.policy import ScalingLimits
-from jobs.cli import app
+from freight_cli import app
 from jobs.settings import get_settings
 
 GROUP = "freight-workers"

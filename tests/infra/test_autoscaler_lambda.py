@@ -57,7 +57,7 @@ def run_isolated(code: str, package: Path, runtime: Path, env: dict[str, str]) -
 def test_package_holds_only_what_the_handler_needs(package):
     files = {p.relative_to(package).as_posix() for p in package.rglob("*.py")}
     assert {"jobs/autoscale/lambda_handler.py", "jobs/log.py", "jobs/progress.py"} <= files
-    assert not any(f.startswith(("worker/", "kernels/", "jobs/cli/")) for f in files)
+    assert not any(f.startswith(("worker/", "kernels/", "freight_cli/")) for f in files)
     assert not list(package.rglob("*.so"))
     build = json.loads((package / "BUILD.json").read_text())
     assert build["dependencies"] == {"redis": "8.1.0", "structlog": "26.1.0"}

@@ -15,8 +15,8 @@ import pytest
 from pipeline_data import write_parquet
 from typer.testing import CliRunner
 
+from freight_cli import app
 from jobs import datasets
-from jobs.cli import app
 from jobs.manifest import partial_key, shard_result_key
 from jobs.planner import prepare_job
 from jobs.spec import JobSpec, SamplingSpec

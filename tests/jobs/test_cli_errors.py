@@ -11,7 +11,7 @@ import pytest
 from pipeline_data import prompts_table, write_parquet
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 from jobs.settings import Settings, get_settings
 
 

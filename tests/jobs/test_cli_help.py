@@ -14,7 +14,7 @@ import typer.main
 from typer._click.core import Context
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 
 ROOT = typer.main.get_command(app)
 

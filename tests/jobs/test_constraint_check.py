@@ -35,8 +35,8 @@ SAMPLINGS = {
 
 @pytest.mark.parametrize("case", list(SAMPLINGS))
 def test_planning_and_the_engine_agree(case: str, demo_model_dir: Path) -> None:
+    from contracts.row_constraint import job_constraint
     from worker.engine.grammar_cache import GrammarCache
-    from worker.row_constraint import job_constraint
 
     config = json.loads((demo_model_dir / "config.json").read_text())
     grammars = GrammarCache(demo_model_dir, config["vocab_size"], (config["eos_token_id"],))

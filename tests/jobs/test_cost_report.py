@@ -12,7 +12,7 @@ import pytest
 from pipeline_data import write_parquet
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 from jobs.cost import split_cost
 
 

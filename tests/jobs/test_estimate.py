@@ -14,7 +14,7 @@ import pytest
 from pipeline_data import prompts_table, write_parquet
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 
 ROWS, SHARD_ROWS, MAX_TOKENS = 128, 32, 96
 
@@ -24,7 +24,7 @@ def _job(data: Path, model: Path) -> list[str]:
 
 
 def _freight(*args: str) -> str:
-    cmd = [sys.executable, "-c", "from jobs.cli import main; main()", *args]
+    cmd = [sys.executable, "-c", "from freight_cli import main; main()", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout

@@ -14,7 +14,7 @@ from openai_check import parse_errors, parse_output
 from pipeline_data import prompts_table, write_parquet
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 from jobs.lifecycle import Lifecycle, parse_window
 from jobs.settings import get_settings
 
@@ -50,8 +50,8 @@ def _ids(out: Path) -> list[str]:
 def test_expired_run_keeps_committed_rows_and_a_rerun_runs_only_the_rest(
     tmp_path: Path, demo_model_dir: Path
 ) -> None:
-    from jobs.cli.job_options import prepare_from_options
-    from jobs.cli.run_progress import run_with_progress
+    from freight_cli.job_options import prepare_from_options
+    from freight_cli.run_progress import run_with_progress
 
     data = write_parquet(prompts_table(ROWS), tmp_path / "in.parquet")
     out = tmp_path / "out"
@@ -119,8 +119,8 @@ def test_expired_run_keeps_committed_rows_and_a_rerun_runs_only_the_rest(
 
 def test_a_deadline_passing_stops_the_run_by_the_clock(tmp_path: Path, demo_model_dir: Path) -> None:
     """The real clock: a deadline already behind when the first engine step asks."""
-    from jobs.cli.job_options import prepare_from_options
-    from jobs.cli.run_progress import run_with_progress
+    from freight_cli.job_options import prepare_from_options
+    from freight_cli.run_progress import run_with_progress
 
     data = write_parquet(prompts_table(8), tmp_path / "in.parquet")
     out = tmp_path / "out"

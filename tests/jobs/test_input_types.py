@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 
 
 def _run(*args: str) -> tuple[int, str]:

@@ -15,7 +15,7 @@ import pytest
 from pipeline_data import prompts_table, write_parquet
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 from jobs.errors import ModelNotFoundError
 from jobs.model_check import check_model
 from jobs.settings import Settings

@@ -17,7 +17,7 @@ from pipeline_data import prompts_table, write_parquet
 from typer.testing import CliRunner
 from webhook_receiver import WebhookReceiver
 
-from jobs.cli import app
+from freight_cli import app
 from jobs.settings import get_settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from openai_check import parse_errors, parse_output
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "sort a list"}]

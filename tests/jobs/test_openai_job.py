@@ -12,7 +12,7 @@ from openai_check import parse_errors, parse_output
 from pipeline_data import prompts_table, write_parquet
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 
 
 def _invoke(args: list[str]) -> str:

@@ -16,8 +16,8 @@ import pytest
 from openai_check import parse_errors, parse_output
 from typer.testing import CliRunner
 
+from freight_cli import app
 from jobs import datasets
-from jobs.cli import app
 from jobs.cost import ShardRecord
 from jobs.manifest import InputFile, InputPlan, Manifest, ShardPlan, shard_record_key, shard_result_key
 from jobs.spec import JobSpec

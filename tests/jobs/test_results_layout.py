@@ -13,7 +13,7 @@ import pyarrow.dataset as ds
 from pipeline_data import prompts_table, write_parquet
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 
 ROWS, SHARD_ROWS = 6, 2
 

@@ -16,7 +16,7 @@ import pytest
 from pipeline_data import prompts_table, write_parquet
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 
 ROWS, SHARD_ROWS = 40, 4
 
@@ -41,7 +41,7 @@ def _args(data: Path, model: Path, out: Path) -> list[str]:
 
 
 def _start(args: list[str]) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-c", "from jobs.cli import main; main()", *args]
+    cmd = [sys.executable, "-c", "from freight_cli import main; main()", *args]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))
 
 

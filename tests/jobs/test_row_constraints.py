@@ -15,7 +15,7 @@ import pytest
 from pipeline_data import write_parquet
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 from jobs.settings import get_settings
 from jobs.spec import JobSpec
 

@@ -13,14 +13,14 @@ import pytest
 from pipeline_data import prompts_table, write_parquet
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 
 
 def test_summary_on_stdout_logs_on_stderr(tmp_path: Path, demo_model_dir: Path) -> None:
     data = write_parquet(prompts_table(4, bad=False), tmp_path / "in.parquet")
     out = tmp_path / "out"
     env = {**os.environ, "FREIGHT_LOG_FORMAT": "json", "FREIGHT_LOG_LEVEL": "info"}
-    cmd = [sys.executable, "-c", "from jobs.cli import main; main()", "run", str(data), "--model",
+    cmd = [sys.executable, "-c", "from freight_cli import main; main()", "run", str(data), "--model",
            str(demo_model_dir), "--output", str(out), "--max-tokens", "2"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -124,7 +124,7 @@ def test_progress_counts_speculation_per_row() -> None:
     the acceptance once something was proposed, nothing before."""
     from types import SimpleNamespace
 
-    from jobs.cli.run_progress import _Counters
+    from freight_cli.run_progress import _Counters
     from worker.shard import _RowReporter
 
     stats = SimpleNamespace(spec_proposed_tokens=10, spec_accepted_tokens=4)  # from earlier shards

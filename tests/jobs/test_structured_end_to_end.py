@@ -20,8 +20,8 @@ from openai_check import parse_output
 from pipeline_data import write_parquet
 from typer.testing import CliRunner
 
+from freight_cli import app
 from jobs import datasets
-from jobs.cli import app
 
 NAMED = {
     "type": "object",

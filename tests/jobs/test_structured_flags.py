@@ -12,7 +12,7 @@ from pipeline_data import prompts_table, write_parquet
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 from jobs.spec import JobSpec, SamplingSpec
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
@@ -76,7 +76,7 @@ def test_bad_flags_exit_nonzero_with_one_line_and_write_nothing(
 
 
 def test_the_flags_land_in_the_manifest(tmp_path: Path, demo_model_dir: Path, dataset: Path) -> None:
-    from jobs.cli.job_options import prepare_from_options
+    from freight_cli.job_options import prepare_from_options
     from jobs.settings import get_settings
 
     schema = tmp_path / "schema.json"

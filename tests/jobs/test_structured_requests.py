@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 from batch_rows import USER, job_spec, one_request
 
+from contracts.constraint import Constraint
 from jobs.manifest import InputFile, InputPlan
 from jobs.spec import JobSpec
-from worker.engine.constraint import Constraint
 from worker.row_engine import sampling_params
 from worker.row_requests import RowRequest, build_requests
 

@@ -9,9 +9,9 @@ import json
 import pyarrow as pa
 import pytest
 
+from contracts.constraint import Constraint
 from jobs import datasets
 from jobs.cost import ShardRecord, build_report
-from worker.engine.constraint import Constraint
 from worker.engine.outputs import CompletionOutput, RequestOutput
 from worker.row_requests import RowRequest, RowSampling
 from worker.shard_rows import from_output, parsed_value, result_row, rows_table

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from freight_cli import app
 from jobs.log import configure_logging
 from worker.demo_model import make_demo_model
 from worker.engine import Engine, EngineConfig, SamplingParams

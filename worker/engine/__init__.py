@@ -1,7 +1,7 @@
 """freight's inference engine: a plain library (no jobs/, no Celery). See docs/ARCHITECTURE.md.
 
 Exports resolve on first use (PEP 562): importing a torch-free module of the engine (e.g.
-`worker.engine.models.architectures`, which jobs/ reads) does not import torch.
+`worker.engine.sampling_params`) does not import torch.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ the batch's outputs are yielded: a stream paused between outputs, closed or garb
 no block, so a generate may run to its end meanwhile; a forward due while a generate stream is
 unfinished (its sequences hold blocks the embedder's admission does not count on) raises instead.
 
-Pooling (worker/engine/pooling.py) reads the final hidden states after the model's norm, never the
+Pooling (contracts/checkpoint/pooling.py) reads the final hidden states after the model's norm, never the
 lm_head: for `lasttoken` / `cls` the last layer runs only the one row per sequence it needs
 (AttentionMetadata.output_rows, as generation does for its logits rows); for `mean` every row,
 summed per sequence on the device. Truncation and normalization follow.
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from contracts.checkpoint.pooling import PoolingConfig
 from worker.engine.backends.base import AttentionMetadata
 from worker.engine.block_manager import BlockManager
 from worker.engine.model_runner import ModelRunner
-from worker.engine.pooling import PoolingConfig
 from worker.engine.sampler import to_device
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.sequence import Sequence
@@ -217,12 +217,21 @@ class Embedder:
         vectors = []
         for p in batch:
             pooled = p.acc / p.num_tokens if self.pooling.mode == "mean" else p.acc
-            vectors.append(self.pooling.finish(pooled, p.dimensions))
+            vectors.append(_truncate_normalize(pooled, p.dimensions, self.pooling.normalize))
         host = [v.cpu().numpy() for v in vectors] if len(set(v.shape for v in vectors)) > 1 else list(
             torch.stack(vectors).cpu().numpy())  # fmt: skip
         self.stats.add_busy(time.perf_counter() - t0, 0, 0)  # waits for the device: prefill time
         return [EmbeddingOutput(p.index, np.ascontiguousarray(v, np.float32), p.num_tokens)
                 for p, v in zip(batch, host, strict=True)]  # fmt: skip
+
+
+def _truncate_normalize(pooled: torch.Tensor, dimensions: int | None, normalize: bool) -> torch.Tensor:
+    """Truncate to `dimensions` (None: all), then L2-normalize if the checkpoint has a Normalize
+    module (PoolingConfig.normalize). [H] -> [d]."""
+    out = pooled[:dimensions] if dimensions is not None else pooled
+    if normalize:  # torch.nn.functional.normalize(out, dim=0): x / max(||x||, 1e-12)
+        out = out / out.norm(p=2).clamp_min(1e-12)
+    return out
 
 
 def dimensions_per_prompt(dimensions: int | Seq[int | None] | None, n: int) -> list[int | None]:

@@ -11,6 +11,7 @@ import numpy as np
 import structlog
 import torch
 
+from contracts.checkpoint.pooling import PoolingConfig, PoolingConfigError
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.block_manager import BlockManager
 from worker.engine.completion_texts import CompletionTexts
@@ -21,7 +22,6 @@ from worker.engine.kv_groups import GroupedBlockManager
 from worker.engine.model_runner import InFlightStep, ModelRunner
 from worker.engine.ordering import batch_order
 from worker.engine.outputs import RequestOutput
-from worker.engine.pooling import PoolingConfig, PoolingConfigError
 from worker.engine.request_checks import RequestChecks
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler
@@ -158,7 +158,7 @@ class Engine:
         dimensions: int | Seq[int | None] | None = None,
         should_stop: Callable[[], bool] | None = None,
     ) -> Generator[EmbeddingOutput, None, None]:
-        """Embeddings by the checkpoint's pooling config (worker/engine/pooling.py): batched prefill,
+        """Embeddings by the checkpoint's pooling config (contracts/checkpoint/pooling.py): batched prefill,
         pooled final hidden states, truncated to `dimensions` (one for all prompts or one each; None:
         the hidden size), then normalized if the config has a Normalize module. Text prompts are
         tokenized as the tokenizer does (its post-processor may append an EOS). Bad prompts come

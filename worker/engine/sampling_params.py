@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker.engine.constraint import Constraint
+from contracts.constraint import Constraint
 
 
 def _bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
@@ -67,7 +67,7 @@ class SamplingParams:
     min_tokens: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()
     skip_special_tokens: bool = True
-    constraint: Constraint | None = None  # structured output (worker/engine/constraint.py)
+    constraint: Constraint | None = None  # structured output (contracts/constraint.py)
 
     def __post_init__(self) -> None:
         # Accept lists and dicts for convenience; store tuples so the object stays hashable and frozen.

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from worker.engine.constraint import Constraint
+from contracts.constraint import Constraint
 from worker.engine.constraint_state import ConstraintState
 from worker.engine.grammar_cache import GrammarCache
 from worker.engine.sequence import Sequence

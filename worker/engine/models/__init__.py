@@ -1,6 +1,8 @@
-"""Model implementations. One decoder covers every supported architecture (see architectures).
+"""Model implementations. One decoder covers every supported architecture.
 
-Exports resolve on first use (PEP 562), so `worker.engine.models.architectures` imports without torch.
+The config.json rules (supported architectures, required keys, rope and window layouts) are
+contracts/checkpoint/'s, shared with the control plane's model check. Exports resolve on first use
+(PEP 562), so `worker.engine.models.moe_config` imports without torch.
 """
 
 from __future__ import annotations
@@ -9,12 +11,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from worker.engine.models.architectures import SUPPORTED_ARCHITECTURES
+    from contracts.checkpoint.architectures import SUPPORTED_ARCHITECTURES
     from worker.engine.models.decoder import CausalLM
     from worker.engine.models.model_config import ModelConfig
 
 _EXPORTS = {
-    "SUPPORTED_ARCHITECTURES": "worker.engine.models.architectures",
+    "SUPPORTED_ARCHITECTURES": "contracts.checkpoint.architectures",
     "CausalLM": "worker.engine.models.decoder",
     "ModelConfig": "worker.engine.models.model_config",
 }

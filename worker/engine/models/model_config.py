@@ -5,16 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from worker.engine.models.architectures import (
+from contracts.checkpoint.architectures import (
     BIAS_KEYS,
     SUPPORTED_ARCHITECTURES,
     config_problem,
     hidden_act,
     supported_architecture,
 )
-from worker.engine.models.layer_types import FULL, SLIDING, has_local_rope, layer_windows, rope_for, rope_kind
+from contracts.checkpoint.layer_types import FULL, SLIDING, has_local_rope, layer_windows, rope_for, rope_kind
+from contracts.checkpoint.rope_config import rope_scaling, rope_settings, rotary_dim
 from worker.engine.models.moe_config import MoeConfig
-from worker.engine.models.rope_config import rope_scaling, rope_settings, rotary_dim
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from worker.engine.models.architectures import moe_keys
+from contracts.checkpoint.architectures import moe_keys
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ from kombu.exceptions import OperationalError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from jobs.cli.common import EXIT_JOB_EXPIRED, EXIT_JOB_FAILED, fail, resolve_job
-from jobs.cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt, RowConstraintsOpt
-from jobs.cli.estimate import MaxCostOpt, max_cost_check
-from jobs.cli.job_options import (
+from freight_cli.common import EXIT_JOB_EXPIRED, EXIT_JOB_FAILED, fail, resolve_job
+from freight_cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt, RowConstraintsOpt
+from freight_cli.estimate import MaxCostOpt, max_cost_check
+from freight_cli.job_options import (
     ContinuationColumnOpt,
     DeadlineOpt,
     DimensionsOpt,
@@ -55,7 +55,7 @@ from jobs.cli.job_options import (
     absolute,
     prepare_from_options,
 )
-from jobs.cli.lifecycle_options import CompletionWindowOpt, NotifyOpt, lifecycle_from_options
+from freight_cli.lifecycle_options import CompletionWindowOpt, NotifyOpt, lifecycle_from_options
 from jobs.errors import FreightError
 from jobs.settings import get_settings
 from jobs.storage import ObjectStore

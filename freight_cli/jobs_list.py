@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from jobs.cli.common import fail
+from freight_cli.common import fail
 from jobs.errors import FreightError
 from jobs.settings import get_settings
 

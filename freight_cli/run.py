@@ -13,10 +13,10 @@ from typing import Any, BinaryIO, Literal
 import typer
 from rich.console import Console
 
-from jobs.cli.common import fail, plural, resolve_out
-from jobs.cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt, RowConstraintsOpt
-from jobs.cli.estimate import MaxCostOpt, max_cost_check
-from jobs.cli.job_options import (
+from freight_cli.common import fail, plural, resolve_out
+from freight_cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt, RowConstraintsOpt
+from freight_cli.estimate import MaxCostOpt, max_cost_check
+from freight_cli.job_options import (
     ContinuationColumnOpt,
     DimensionsOpt,
     FrequencyPenaltyOpt,
@@ -49,7 +49,7 @@ from jobs.cli.job_options import (
     TopPOpt,
     prepare_from_options,
 )
-from jobs.cli.lifecycle_options import (
+from freight_cli.lifecycle_options import (
     CompletionWindowOpt,
     NotifyOpt,
     RunDeadlineOpt,
@@ -112,7 +112,7 @@ def run(
         prepared = prepare_from_options(settings, **options, check=check)
     except FreightError as exc:
         raise fail(str(exc)) from None
-    from jobs.cli.run_progress import run_with_progress
+    from freight_cli.run_progress import run_with_progress
 
     code = run_with_progress(prepared, settings, lifecycle)
     if code:
@@ -123,7 +123,7 @@ def status(
     out: str = typer.Argument(..., metavar="OUT", help="the job's OUT (or a distributed job's id)"),
 ) -> None:
     """State of a job: shards committed / total, rows, errors."""
-    from jobs.cli.fleet_status_lines import print_fleet_status
+    from freight_cli.fleet_status_lines import print_fleet_status
     from jobs.status import job_status
     from jobs.storage import open_store
     from jobs.tables import status_table

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 from pydantic import ValidationError
 
-from jobs.cli.constraint_options import constraint_fields
+from freight_cli.constraint_options import constraint_fields
 from jobs.constraint_check import check_constraint
 from jobs.errors import FreightError, SpecMismatchError
 from jobs.manifest import Manifest

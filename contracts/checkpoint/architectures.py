@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.engine.models.layer_types import SLIDING, has_local_rope, layer_types_problem, rope_for, rope_kind
-from worker.engine.models.rope_config import ROPE_TYPES, rope_problem
+from contracts.checkpoint.layer_types import SLIDING, has_local_rope, layer_types_problem, rope_for, rope_kind
+from contracts.checkpoint.rope_config import ROPE_TYPES, rope_problem
 
 # Hugging Face architecture name -> the flags our one decoder implementation needs. `moe`: sparse
-# mixture-of-experts MLPs (their keys: models/moe_config.py); `sinks`: attention sinks and an o_proj
+# mixture-of-experts MLPs (their keys: worker/engine/models/moe_config.py); `sinks`: attention sinks and an o_proj
 # bias with the q/k/v one (gpt-oss); `gemma`: the Gemma 2/3 block ((1 + w) RMSNorm weights, norms
 # after attention and after the MLP too, embeddings times sqrt(hidden), soft-capping).
 SUPPORTED_ARCHITECTURES: dict[str, dict[str, bool]] = {

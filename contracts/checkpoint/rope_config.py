@@ -1,7 +1,7 @@
 """The rotary embedding's settings from config.json, whichever key and transformers version wrote them.
 
 Plain data, no torch (jobs/model_check.py reads it through architectures.config_problem). The
-engine's rope table (models/rotary.py) takes the normalized dict `rope_scaling` returns: every
+engine's rope table (worker/engine/models/rotary.py) takes the normalized dict `rope_scaling` returns: every
 derived number (LongRoPE's and YaRN's attention factor, the threshold between LongRoPE's short and
 long factors) is computed here once, from the same keys and defaults as transformers 5.24's
 modeling_rope_utils.

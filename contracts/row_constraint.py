@@ -1,10 +1,10 @@
-"""One row's structured-output Constraint (worker/engine/constraint.py) from the fields that ask for it.
+"""One row's structured-output Constraint (contracts/constraint.py) from the fields that ask for it.
 
 OpenAI-Batch bodies: `response_format` ({"type": "text" | "json_object" | "json_schema"}, checked as
 OpenAI checks it), vLLM's `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar` and its
 newer `structured_outputs` {json | regex | choice | grammar | json_object}. Parquet rows: the
 `response_format` (the OpenAI JSON, as text or a struct), `json_schema` (JSON text), `regex` and
-`choice` (a list of strings, or its JSON text) columns. The job's flags (SamplingSpec) apply to a
+`choice` (a list of strings, or its JSON text) columns. The job's flags (job_constraint) apply to a
 row that gives none; a row's response_format {"type": "text"} (alone) asks for plain text, the job's
 flags notwithstanding. A row gives at most one; two are its error naming both. Each problem raises
 ValueError naming the field (the row's error); whether a schema, pattern or grammar compiles is the
@@ -18,8 +18,7 @@ import json
 import re
 from typing import Any, Literal
 
-from jobs.spec import SamplingSpec
-from worker.engine.constraint import Constraint
+from contracts.constraint import Constraint
 
 TEXT: Literal["text"] = "text"  # a row's explicit plain text (response_format type text): no constraint
 RowConstraint = Constraint | Literal["text"] | None  # None: the row asks nothing (the job's applies)
@@ -31,9 +30,10 @@ _STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")
 
 
 @functools.lru_cache(maxsize=16)
-def job_constraint(sampling: SamplingSpec) -> Constraint | None:
-    """The job-wide constraint of --json-schema / --regex / --choice, or None (cached: every row of
-    a job asks, and a schema is parsed and canonicalized once)."""
+def job_constraint(sampling: Any) -> Constraint | None:
+    """The job-wide constraint of --json-schema / --regex / --choice (the job's sampling: its
+    `json_schema`, `regex` and `choice`, at most one set), or None. Cached: every row of a job asks,
+    and a schema is parsed and canonicalized once; `sampling` is frozen and hashable."""
     if sampling.json_schema is not None:
         return Constraint.json_schema(sampling.json_schema)
     if sampling.regex is not None:

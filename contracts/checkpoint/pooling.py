@@ -13,7 +13,8 @@ sentence-transformers' `encode(truncate_dim=d, normalize_embeddings=normalize)` 
 checkpoint has a Normalize module (normalizing before truncating too would change nothing: the
 result is scale-free).
 
-Torch-free at import (jobs/model_check.py reads the config at submit without torch).
+Torch-free: jobs/model_check.py reads the config at submit with the same rules the engine loads it
+with; the engine applies the truncation and normalization (worker/engine/embedder.py).
 """
 
 from __future__ import annotations
@@ -22,10 +23,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    import torch
+from typing import Any
 
 MODES = ("lasttoken", "mean", "cls")
 # 1_Pooling/config.json's boolean per mode (sentence-transformers' Pooling.config_keys)
@@ -102,13 +100,6 @@ class PoolingConfig:
                 f"size is {hidden_size}"
             )
         return cls(mode=mode, normalize="Normalize" in kinds, dimension=hidden_size)
-
-    def finish(self, pooled: torch.Tensor, dimensions: int | None) -> torch.Tensor:
-        """Truncate to `dimensions` (None: all), then normalize if the checkpoint says so. [H] -> [d]."""
-        out = pooled[:dimensions] if dimensions is not None else pooled
-        if self.normalize:  # torch.nn.functional.normalize(out, dim=0): x / max(||x||, 1e-12)
-            out = out / out.norm(p=2).clamp_min(1e-12)
-        return out
 
     def check_dimensions(self, dimensions: Any) -> str | None:
         """Why `dimensions` cannot be used (None: it can)."""

@@ -17,9 +17,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from jobs.cli.common import fail
-from jobs.cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt, RowConstraintsOpt
-from jobs.cli.job_options import (
+from freight_cli.common import fail
+from freight_cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt, RowConstraintsOpt
+from freight_cli.job_options import (
     ContinuationColumnOpt,
     DimensionsOpt,
     FrequencyPenaltyOpt,

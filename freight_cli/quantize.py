@@ -8,7 +8,7 @@ from typing import Literal
 
 import typer
 
-from jobs.cli.common import fail
+from freight_cli.common import fail
 from jobs.errors import FreightError
 
 
@@ -31,7 +31,7 @@ def quantize(
     --calibration (e.g. a sample of the job's own dataset). fp8: e4m3 weights with one fp32 scale
     per output channel, activations quantized per token at run time (GPUs of compute capability
     8.9+: L4, L40S, H100, H200; the CPU runs it exactly but at fp32 speed)."""
-    # torch and the engine are imported here, not at module level: jobs/ stays light.
+    # torch and the engine are imported here, not at module level: the other commands stay light.
     from worker.engine.quant.calibration import read_calibration_texts
     from worker.engine.quant.checkpoint import QuantizeSpec, quantize_checkpoint
 

@@ -23,7 +23,7 @@ from typer._click import exceptions as click_exceptions
 from typer._click.core import Context, Parameter
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-from jobs.cli.common import EXIT_USER_ERROR, fail
+from freight_cli.common import EXIT_USER_ERROR, fail
 
 
 class _Option(TyperOption):

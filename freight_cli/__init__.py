@@ -1,6 +1,9 @@
-"""The `freight` command. Each module in this package registers one group of commands.
+"""The `freight` command: the composition root, the one part that joins the control plane (jobs/)
+to the data plane (worker/). Each module in this package registers one group of commands.
 
-Commands that run work in process import worker/ lazily, inside the command body.
+Commands that run work in process import worker/ inside the command body, so `freight submit`,
+`status` and `--help` load no torch (tests/jobs/test_import_graph.py). Nothing else imports this
+package.
 """
 
 from __future__ import annotations
@@ -8,9 +11,9 @@ from __future__ import annotations
 import typer
 from pydantic import ValidationError
 
-from jobs.cli import autoscale, estimate, evals, fleet, jobs_list, quantize, run
-from jobs.cli.common import fail
-from jobs.cli.style import FreightGroup, restyle_commands
+from freight_cli import autoscale, estimate, evals, fleet, jobs_list, quantize, run
+from freight_cli.common import fail
+from freight_cli.style import FreightGroup, restyle_commands
 from jobs.log import configure_logging
 from jobs.settings import get_settings, settings_error
 
@@ -35,7 +38,7 @@ def _setup() -> None:
 
 for _module in (run, fleet, jobs_list, estimate, quantize, evals, autoscale):
     _module.register(app)
-restyle_commands(app)  # capital metavars, no <bool>, one-line errors (jobs/cli/style.py)
+restyle_commands(app)  # capital metavars, no <bool>, one-line errors (freight_cli/style.py)
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ def embedded_executor(settings: Settings, device: str | None = None) -> JobExecu
     import gc
 
     from jobs.planner import prepare_job
-    from worker.local import load_engine, run_local  # lazy: jobs/ never imports worker at module level
+    from worker.local import load_engine, run_local  # in the command: the CLI loads torch only to run
 
     loaded: dict[str, Any] = {}  # at most one entry: model -> engine
 

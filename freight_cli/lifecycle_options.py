@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from jobs.cli.job_options import parse_deadline
+from freight_cli.job_options import parse_deadline
 from jobs.errors import FreightError
 from jobs.lifecycle import MIN_WINDOW_S, Lifecycle, check_notify_target, parse_window
 from jobs.notify_targets import submit_targets

@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from jobs.cli.common import EXIT_INTERRUPTED, EXIT_JOB_EXPIRED, fail, plural
+from freight_cli.common import EXIT_INTERRUPTED, EXIT_JOB_EXPIRED, fail, plural
 from jobs.errors import FreightError
 from jobs.lifecycle import Lifecycle, write_lifecycle
 from jobs.log import get_logger

@@ -1,0 +1,11 @@
+"""Rules the control plane (jobs/) and the data plane (worker/) must agree on, in one torch-free place.
+
+A job is refused at submit by the same code that would refuse it on a worker, so a user learns of a
+bad model, constraint or sampling field before anything is written. Both planes import this
+package; it imports neither of them, nor kernels/ or torch (tests/jobs/test_import_graph.py):
+
+    checkpoint/        what a model folder's config.json and pooling files must say
+    constraint         Constraint: the structured-output rule one request's text follows
+    grammar            the llguidance grammar text of each Constraint kind
+    row_constraint     a row's Constraint from its body fields or Parquet columns
+"""
