@@ -21,7 +21,7 @@ from pipeline_data import prompts_table, write_parquet
 from typer.testing import CliRunner
 from webhook_receiver import WebhookReceiver
 
-from jobs.cli import app
+from freight_cli import app
 from jobs.notify import Notifier
 from jobs.notify_targets import open_target, seal_target, shown_target, submit_targets
 from jobs.settings import Settings, get_settings
