@@ -16,7 +16,10 @@ Sections, each failing soft (an error is recorded and the next section runs):
       Mixtral-8x7B and gpt-oss-20b shapes (gpt-oss: expert biases, clamped SwiGLU; bench/gpu_check_moe.py);
   (c') a few launch configs around those three kernels' defaults (bench/gpu_check_sweep.py);
   (d) the engine on a random ~1B-parameter Llama (bf16), a mixed batch, tokens/s (bench/gpu_check_engine.py);
-  (e) everything into the JSON file named on the command line.
+  (e) exactness on the device: every architecture's greedy tokens against transformers on the same
+      GPU, CUDA-graph decode against eager, overlapped against serial steps (bench/gpu_check_exactness.py);
+  (f) everything into the JSON file named on the command line.
+On a lent GPU the whole check is one command, bench/gpu_run.sh (its header says how).
 --dry-run sets TRITON_INTERPRET=1 before triton is imported and runs every section on tiny CPU
 shapes with a wall-clock timer: it checks the plumbing; its speed figures mean nothing.
 Exit status 1 when a section failed or a kernel missed its error bound (a missed speed target is
@@ -175,6 +178,8 @@ def _main() -> int:
     )
     parser.add_argument("--skip-engine", action="store_true", help="leave out section (d)")
     parser.add_argument("--skip-sweep", action="store_true", help="leave out the launch-config sweep")
+    parser.add_argument("--skip-kernels", action="store_true", help="leave out sections (a) to (c)")
+    parser.add_argument("--skip-exactness", action="store_true", help="leave out section (e)")
     args = parser.parse_args()
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"  # read by triton when the kernels are decorated (import)
@@ -193,12 +198,17 @@ def _main() -> int:
     chk.report["device"] = "cpu (interpreter)" if args.dry_run else torch.cuda.get_device_name(device)
     chk.report["versions"] = {"torch": torch.__version__, "python": platform.python_version()}
     started = time.perf_counter()
-    chk.section("(a) ceilings", ceilings, device)
-    chk.section("(b, c) attention kernels", attention_kernels, device)
-    chk.section("(b, c) quantized matmuls", matmul_kernels, device)
-    chk.section("(b, c) fp8 matmul", fp8_kernels, device)
-    chk.section("(b, c) small kernels", small_kernels, device)
-    chk.section("(b, c) fused MoE", moe_kernels, device)
+    if not args.skip_exactness:  # first: a wrong token matters more than a slow one
+        from gpu_check_exactness import exactness
+
+        chk.section("(e) exactness on the device", exactness, device)
+    if not args.skip_kernels:
+        chk.section("(a) ceilings", ceilings, device)
+        chk.section("(b, c) attention kernels", attention_kernels, device)
+        chk.section("(b, c) quantized matmuls", matmul_kernels, device)
+        chk.section("(b, c) fp8 matmul", fp8_kernels, device)
+        chk.section("(b, c) small kernels", small_kernels, device)
+        chk.section("(b, c) fused MoE", moe_kernels, device)
     if not args.skip_sweep:
         chk.section("(c') launch-config sweep", sweeps, device)
     if not args.skip_engine:

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 
-VOCAB = 1024  # the demo tokenizer's size (tests/engine/conftest.py checkpoints use it)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from tiny_checkpoints import VOCAB, hf_greedy, mixed_prompts  # noqa: E402, F401  (the tests' oracle and prompt mix)
+
 MAX_NEW = 8  # greedy tokens per prompt in the exactness tests (conftest's `expected`)
-
-
-@torch.no_grad()
-def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """Greedy continuation with transformers' own KV cache, EOS ignored."""
-    out = model(torch.tensor([prompt]), use_cache=True)
-    tokens: list[int] = []
-    for _ in range(max_new_tokens):
-        nxt = int(out.logits[0, -1].argmax())
-        tokens.append(nxt)
-        out = model(torch.tensor([[nxt]]), cache=out.cache, use_cache=True)
-    return tokens
 
 
 @torch.no_grad()
@@ -25,28 +18,6 @@ def hf_prompt_logprobs(model: torch.nn.Module, prompt: list[int]) -> list[float]
     """log p(prompt[i] | prompt[:i]) for i >= 1."""
     logp = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), dim=-1)
     return logp[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0].tolist()
-
-
-def mixed_prompts(seed: int = 0) -> list[list[int]]:
-    """Lengths 1..300; some share long prefixes (block-aligned and not), one exact duplicate."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rand(n: int) -> list[int]:
-        return torch.randint(3, VOCAB, (n,), generator=g).tolist()
-
-    base = rand(200)
-    return [
-        rand(1),
-        rand(2),
-        rand(17),
-        base[:64] + rand(9),
-        base + rand(100),
-        base[:100],
-        rand(33),
-        base[:64] + rand(40),
-        base[:100],
-        rand(300),
-    ]
 
 
 def greedy_run(path: object, **config: object) -> tuple[list[list[int]], object]:

@@ -1,8 +1,10 @@
 """bench/gpu_check.py --dry-run: the GPU check's plumbing on the CPU (Triton interpreter, tiny sizes):
-every section runs, every kernel meets its error bound against the reference, the JSON is complete.
-Its speed figures mean nothing and are not looked at."""
+every section runs, every kernel meets its error bound against the reference, the engine's tokens
+equal transformers' and each decode mode's, the JSON is complete. Its speed figures mean nothing and
+are not looked at. The prepared command for a lent GPU, bench/gpu_run.sh, runs it the same way."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +27,7 @@ def _dry_run(tmp_path: Path, *flags: str) -> dict:
 
 
 def test_dry_run_kernels(tmp_path: Path) -> None:
-    report = _dry_run(tmp_path, "--skip-engine", "--skip-sweep")
+    report = _dry_run(tmp_path, "--skip-engine", "--skip-sweep", "--skip-exactness")
     assert report["mode"] == "interpret" and report["errors"] == []
     assert set(report["ceilings"]) == {"copy_gbps", "matmul_tflops"}
     assert {k["name"] for k in report["kernels"]} == KERNELS
@@ -43,6 +45,21 @@ def test_dry_run_kernels(tmp_path: Path) -> None:
     assert all(k["speedup_vs_bf16"] > 0 and k["of_roofline"] > 0 and k["timing"] == "cuda graph" for k in decode)
     fp8 = [t for t in report["targets"] if t["name"].startswith("fp8")]
     assert [t["goal"] for t in fp8] == [1.6] and "M=70" in fp8[0]["name"]
+
+
+def test_prepared_gpu_command_dry_run_exactness(tmp_path: Path) -> None:
+    """bench/gpu_run.sh --dry-run: the exactness section through the one prepared command."""
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    proc = subprocess.run([str(ROOT / "bench" / "gpu_run.sh"), "--dry-run", "--skip-kernels", "--skip-sweep",
+                           "--skip-engine"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    exact = report["exactness"]
+    assert report["errors"] == [] and set(exact["archs"]) == {"llama", "qwen3_moe"}
+    assert set(exact["modes"]) == {"graphs vs eager", "overlapped vs serial"}
+    assert all(row["exact"] and row["identical"] == row["rows"] == 4 for row in [*exact["archs"].values(),
+                                                                                 *exact["modes"].values()])
+    assert "torch" in (tmp_path / "gpu_check.log").read_text()
 
 
 @pytest.mark.slow
