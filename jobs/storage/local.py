@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from jobs.errors import ObjectNotFoundError
-from jobs.storage.base import ObjectStore, check_key
+from jobs.storage.base import READ_CHUNK, ObjectStore, ObjectWriter, check_key
 
 _TMP_PREFIX = ".tmp-"
 
@@ -38,6 +40,18 @@ class LocalStore(ObjectStore):
                 return f.read(length)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
             raise ObjectNotFoundError(f"{self.url_of(key)} does not exist") from exc
+
+    def read_chunks(self, key: str, chunk: int = READ_CHUNK) -> Iterator[bytes]:
+        try:
+            f = self._path(key).open("rb")
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            raise ObjectNotFoundError(f"{self.url_of(key)} does not exist") from exc
+        with f:
+            while piece := f.read(chunk):
+                yield piece
+
+    def writer(self, key: str) -> ObjectWriter:
+        return _LocalWriter(self._path(key))
 
     def size(self, key: str) -> int:
         path = self._path(key)
@@ -100,3 +114,40 @@ class LocalStore(ObjectStore):
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+
+class _LocalWriter(ObjectWriter):
+    """A temp file beside the key's path (hidden from `list`), renamed over it at commit."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = path.parent / f"{_TMP_PREFIX}{path.name}.{uuid.uuid4().hex}"
+        self._file: BinaryIO | None = open(self.tmp, "xb")  # noqa: SIM115 (closed by commit / abort)
+        self.bytes_written = 0
+
+    def write(self, data: bytes) -> int:
+        if self._file is None:
+            raise ValueError(f"{self.path}: the writer is closed")
+        self._file.write(data)
+        self.bytes_written += len(data)
+        return len(data)
+
+    def commit(self) -> None:
+        if self._file is None:
+            raise ValueError(f"{self.path}: the writer is closed")
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.tmp.unlink(missing_ok=True)

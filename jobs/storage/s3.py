@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -9,7 +10,7 @@ from typing import Any
 
 from jobs.errors import BucketNotFoundError, ObjectNotFoundError, StorageError, StorageUnavailableError
 from jobs.settings import Settings, get_settings
-from jobs.storage.base import ObjectStore, check_key
+from jobs.storage.base import READ_CHUNK, ObjectStore, ObjectWriter, check_key
 
 # 412: the key exists. 409: another conditional write to the key is in flight (retry, then look).
 _EXISTS_CODES = {"PreconditionFailed", "412"}
@@ -20,6 +21,9 @@ PARTIAL_TAGGING = "freight-partial=true"
 # Error codes that mean the store as a whole is unusable (not one key): reported as StorageError.
 _ACCESS_CODES = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
                  "InvalidToken", "AllAccessDisabled", "AccountProblem"}  # fmt: skip
+# An ObjectWriter's part size: S3 takes 5 MiB at least (but the last part), 10,000 parts at most, so
+# objects up to 80 GiB; one part is the writer's whole buffer.
+PART_BYTES = 8 << 20
 # Answers that mean "not now" (what botocore's standard mode retries, once its tries are spent):
 # StorageUnavailableError. Any 5xx status counts too, but 501 NotImplemented: the store lacks a
 # feature (a conditional put on an old S3-compatible store), which no retry brings.
@@ -179,6 +183,32 @@ class S3Store(ObjectStore):
                     raise ObjectNotFoundError(f"{self.url_of(key)} does not exist") from exc
                 raise
 
+    def read_chunks(self, key: str, chunk: int = READ_CHUNK) -> Iterator[bytes]:
+        from botocore.exceptions import ClientError
+
+        with self._guard():
+            try:
+                body = self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+            except ClientError as exc:
+                if self._code(exc) in ("NoSuchKey", "404", "NotFound"):
+                    raise ObjectNotFoundError(f"{self.url_of(key)} does not exist") from exc
+                raise
+        try:
+            while True:
+                with self._guard():
+                    piece = body.read(chunk)
+                if not piece:
+                    return
+                yield piece
+        finally:
+            body.close()
+
+    def writer(self, key: str) -> ObjectWriter:
+        return _S3Writer(self, key)
+
+    def sizes(self, prefix: str = "") -> list[tuple[str, int]]:
+        return [(key, size) for key, _, size in self.describe(prefix)]
+
     def put(self, key: str, data: bytes) -> None:
         extra = {"Tagging": PARTIAL_TAGGING} if key.startswith("partial/") else {}
         with self._guard():
@@ -251,3 +281,72 @@ class S3Store(ObjectStore):
     def delete(self, key: str) -> None:
         with self._guard():
             self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+
+class _S3Writer(ObjectWriter):
+    """A multipart upload, PART_BYTES buffered at a time; an object that ends under one part is a plain
+    PutObject at commit. S3 shows the key only when the upload completes; an abort (or a process that
+    dies) leaves no object (the bucket's AbortIncompleteMultipartUpload rule reclaims dead uploads'
+    parts)."""
+
+    def __init__(self, store: S3Store, key: str) -> None:
+        self.store, self.key = store, key
+        self.full_key = store._key(key)
+        self._buffer = bytearray()
+        self._upload_id: str | None = None
+        self._parts: list[dict[str, Any]] = []
+        self._closed = False
+        self.bytes_written = 0
+
+    def write(self, data: bytes) -> int:
+        if self._closed:
+            raise ValueError(f"{self.store.url_of(self.key)}: the writer is closed")
+        self._buffer += data
+        self.bytes_written += len(data)
+        while len(self._buffer) >= PART_BYTES:
+            self._send(bytes(self._buffer[:PART_BYTES]))
+            del self._buffer[:PART_BYTES]
+        return len(data)
+
+    def _send(self, part: bytes) -> None:
+        client = self.store._client
+        with self.store._guard():
+            if self._upload_id is None:
+                self._upload_id = client.create_multipart_upload(Bucket=self.store.bucket, Key=self.full_key)[
+                    "UploadId"
+                ]
+            number = len(self._parts) + 1
+            answer = client.upload_part(
+                Bucket=self.store.bucket, Key=self.full_key, UploadId=self._upload_id, PartNumber=number, Body=part
+            )
+        self._parts.append({"PartNumber": number, "ETag": answer["ETag"]})
+
+    def commit(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self.store.url_of(self.key)}: the writer is closed")
+        try:
+            if self._upload_id is None:
+                self.store.put(self.key, bytes(self._buffer))
+            else:
+                if self._buffer:
+                    self._send(bytes(self._buffer))
+                with self.store._guard():
+                    self.store._client.complete_multipart_upload(
+                        Bucket=self.store.bucket, Key=self.full_key, UploadId=self._upload_id,
+                        MultipartUpload={"Parts": self._parts},
+                    )  # fmt: skip
+            self._closed = True
+            self._buffer = bytearray()
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        self._closed = True
+        self._buffer = bytearray()
+        if self._upload_id is not None:
+            upload, self._upload_id = self._upload_id, None
+            with contextlib.suppress(Exception):  # the bucket's rule reclaims what this leaves
+                self.store._client.abort_multipart_upload(
+                    Bucket=self.store.bucket, Key=self.full_key, UploadId=upload
+                )

@@ -102,3 +102,44 @@ def test_s3_partial_checkpoints_are_tagged_for_expiry(s3_env: Settings, tmp_path
 
     assert tags("partial/00003/1.parquet") == {"freight-partial": "true"}
     assert tags("shards/00003.json") == {}
+
+
+def test_a_writer_publishes_at_commit_and_aborts_without_a_trace(store: ObjectStore) -> None:
+    """Pieces written through `writer` appear under the key only at commit, whole; an exception in
+    the block discards them and leaves the key as it was. 20 MiB crosses S3's multipart threshold."""
+    from jobs.storage.s3 import PART_BYTES
+
+    piece = bytes(range(256)) * 4096  # 1 MiB
+    with store.writer("files/big.jsonl") as w:
+        for _ in range(20):
+            w.write(piece)
+            assert not store.exists("files/big.jsonl")
+    assert w.bytes_written == 20 * len(piece) > 2 * PART_BYTES
+    assert store.size("files/big.jsonl") == 20 * len(piece)
+    assert store.get("files/big.jsonl") == piece * 20
+    assert b"".join(store.read_chunks("files/big.jsonl", chunk=3 << 20)) == piece * 20
+    assert [len(c) for c in store.read_chunks("files/big.jsonl", chunk=3 << 20)][:2] == [3 << 20, 3 << 20]
+
+    store.put("files/small.jsonl", b"old")
+    with pytest.raises(RuntimeError), store.writer("files/small.jsonl") as w:
+        w.write(piece * 10)
+        raise RuntimeError("the client went away")
+    assert store.get("files/small.jsonl") == b"old"
+    with pytest.raises(RuntimeError), store.writer("files/never.jsonl") as w:
+        w.write(b"{}\n")
+        raise RuntimeError("the client went away")
+    assert not store.exists("files/never.jsonl")
+    assert store.list("files/") == ["files/big.jsonl", "files/small.jsonl"]  # no temp file shows
+    assert store.sizes("files/") == [("files/big.jsonl", 20 * len(piece)), ("files/small.jsonl", 3)]
+    with pytest.raises(ObjectNotFoundError):
+        next(store.read_chunks("files/missing"))
+
+
+def test_a_local_writer_leaves_no_temp_file(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "out")
+    with pytest.raises(ValueError), store.writer("a/b.jsonl") as w:
+        w.write(b"x")
+        raise ValueError("stop")
+    with store.writer("a/c.jsonl") as w:
+        w.write(b"y")
+    assert sorted(p.name for p in (tmp_path / "out" / "a").iterdir()) == ["c.jsonl"]

@@ -1,0 +1,56 @@
+"""`Authorization: Bearer KEY` -> the key's tenant, or 401 with OpenAI's body.
+
+Lookups are reused for at most `ttl` seconds (ServeConfig.key_cache_s, <= 1 s), so a key created or
+revoked while the server runs takes effect within a second, with no restart, while a busy client
+costs the store one read per key per `ttl`. The cache holds hashes, never keys; neither is logged.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+
+from jobs.api.errors import APIError
+from jobs.api.keys import KeyRecord, hash_key, lookup_key
+from jobs.storage import ObjectStore
+
+CACHE_ENTRIES = 10_000
+
+MISSING = (
+    "You didn't provide an API key. You need to provide your API key in an Authorization header using "
+    "Bearer auth (i.e. Authorization: Bearer YOUR_KEY). Keys are made with `freight keys create`."
+)
+INCORRECT = "Incorrect API key provided. Keys are made with `freight keys create`; see `freight keys list`."
+
+
+class Authenticator:
+    def __init__(self, store: ObjectStore, ttl: float) -> None:
+        self.store, self.ttl = store, ttl
+        self._cache: OrderedDict[str, tuple[float, KeyRecord | None]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def tenant_of(self, authorization: str | None) -> str:
+        """The tenant of the request's key; APIError 401 without a key, or with a wrong or revoked one."""
+        scheme, _, key = (authorization or "").partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            raise APIError(401, MISSING, code=None)
+        record = self._lookup(hash_key(key), key)
+        if record is None or not record.active:
+            raise APIError(401, INCORRECT, code="invalid_api_key")
+        return record.tenant
+
+    def _lookup(self, digest: str, key: str) -> KeyRecord | None:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(digest)
+            if hit is not None and now - hit[0] < self.ttl:
+                return hit[1]
+        record = lookup_key(self.store, key)
+        with self._lock:
+            self._cache[digest] = (now, record)
+            self._cache.move_to_end(digest)
+            while len(self._cache) > CACHE_ENTRIES:
+                self._cache.popitem(last=False)
+        return record
