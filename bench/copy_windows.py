@@ -2,34 +2,30 @@
 
 Real language models copy: once the last few tokens match an earlier stretch of the context they
 continue it (induction heads, Olsson et al. 2022). Extraction, code edits and RAG answers lean on
-that, and it is what prompt lookup proposes. The first pycoder-tiny (4 layers, 1,600 steps, ~1
-epoch of the standard library) never learned it: `copy_losses` gave 3.55 nats on held-out spans and
-3.52 on their repeats. The committed pair does (docs/PERFORMANCE.md, session 17).
+that, and it is what prompt lookup proposes. A small model trained on the corpus alone does not
+learn it: its loss on a span's repeat stays at its loss on the first occurrence. The committed pair
+(examples/models/pycoder-tiny and -draft) copies; each one's training.json records its
+`copy_losses`.
 
 `copy_batch` replaces a fraction of a batch's windows with copy windows: half a corpus stretch of
 T + 1 - L tokens then L of them again from a random point (L uniform in [8, T / 2]; nothing marks
 where the repeat starts), half random tokens repeated with a period in [8, 64) (only looking back
 predicts those). train_reference.py's `--copy-fraction` mixes them in; `--init-from` fine-tunes.
 
-What these windows taught (docs/PERFORMANCE.md, sessions 15-17): mixed into train_reference.py's
-recipe, nothing. Fine-tuning pycoder-tiny 150-700 steps with 25-100% copy windows, and training it
-or the 2-layer draft from scratch with 30%, left a repeat's loss within 0.1 nat of a first
-occurrence's. A fresh 2-layer model on random tokens with a fixed period of 32 learned them by
-position (the token 32 back), not by content. Windows of varying period alone (`repeat_batch`,
-train_reference.py's `--copy-warmup`) taught a fresh model of the draft's shape to copy by content
-after a plateau of ~1,300-2,000 steps, and the skill survives the corpus with 30% copy windows
-(held-out repeats 1.89 nats against 3.86 for first occurrences). The target's shape (4 layers,
-hidden 256) stayed on the plateau for 3,500 warm-up steps; grown from the warmed-up draft
-(bench/grow_model.py) it copies from step 0 and keeps it through the corpus (3.55 / 1.44), and a
-fine-tune with more copy windows sharpens it.
-
-That model still copied one token and then followed the latest occurrence of it: greedy decoding
-repeated 3.5 of 80 span tokens, then its own last line. Random tokens never repeat within a period,
-so one token of context always named the place to copy from; code repeats "\n", indents and "#"
-everywhere. `text_repeat_window` repeats a corpus stretch instead, where only the last several
-tokens say which earlier place continues: 1,900 fine-tuning steps with 50-60% of them
-(train_reference.py's `--copy-text`) took the repeat's loss from 1.17 to 0.28 nats and greedy runs
-from 3.5 to ~38 tokens, the first occurrences' loss 3.55 -> 3.51 (docs/PERFORMANCE.md, session 18).
+Which windows teach what:
+- Copy windows mixed into corpus training, or a fine-tune with them, leave a small model's repeat
+  loss near its first-occurrence loss: the corpus gives it no reason to look back.
+- Random tokens with one fixed period are learned by position (the token 32 back), not by content;
+  windows of varying period alone (`repeat_batch`, train_reference.py's `--copy-warmup`) teach a
+  fresh model of the draft's shape to copy by content after a plateau, and the skill survives corpus
+  training with 30% copy windows. The target's shape stays on that plateau far longer, so it is grown
+  from the warmed-up draft (bench/grow_model.py) and copies from step 0.
+- Random tokens never repeat within a period, so one token of context always names the place to copy
+  from, and a model taught only by them follows the latest occurrence of the last token; code repeats
+  "\n", indents and "#" everywhere. `text_repeat_window` repeats a corpus stretch instead, where only
+  the last several tokens say which earlier place continues: fine-tuning with it
+  (train_reference.py's `--copy-text`) is what makes greedy decoding repeat long spans
+  (bench/speculative.py's first line prints how many span tokens plain greedy decoding repeats).
 
 `copy_losses` measures the skill on held-out text: mean next-token loss on a span's first occurrence
 and on its repeat, in windows of span + span.

@@ -8,7 +8,7 @@ is what the targets are about and what a graph-captured decode step pays). int4 
 through the wrappers' choice and through each kernel forced (the GEMV of quant_gemv.py, the
 tensor-core kernel of quant_matmul.py), so one run shows where the GEMV stops paying
 (INT4_GEMV_MAX_M / INT8_GEMV_MAX_M). Roofline = bytes the call must read (packed weights, scales,
-x) / the measured copy bandwidth. Targets (issue 14): int4 and int8 >= 1.5x bf16 at M 1..16
+x) / the measured copy bandwidth. Targets: int4 and int8 >= 1.5x bf16 at M 1..16
 (kernels alone); fp8 >= 1.6x bf16 at M 4096.
 
 Imported by gpu_check.py after TRITON_INTERPRET is settled; `chk` is its Check.

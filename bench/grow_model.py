@@ -1,8 +1,8 @@
 """Grow a small Llama checkpoint into a wider, deeper one that computes the same function.
 
-Why: a fresh model of pycoder-tiny's shape (4 layers, hidden 256) never learned to copy in context
-(docs/PERFORMANCE.md, sessions 15-16: 3,500 warm-up steps on the plateau), while the draft's shape
-(2 layers, hidden 128) learned it in ~1,800. Growing the copying draft into the target's shape keeps
+Why: a fresh model of pycoder-tiny's shape (4 layers, hidden 256) stays on the copy warm-up's
+plateau for thousands of steps (train_reference.py --copy-warmup), while one of the draft's shape
+(2 layers, hidden 128) leaves it within about two thousand. Growing the copying draft into the target's shape keeps
 its induction circuit intact at step 0; training on the corpus then fills in the new capacity
 (Net2Net, Chen et al. 2016; the same idea as stacking/width growth in LLM pre-training).
 

@@ -199,8 +199,8 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--big-hidden", type=int, default=2048)
     ap.add_argument("--big-layers", type=int, default=2)
-    # 1: on a shared 2-core machine, 2 torch threads wait on each other (a 768x256 int4 Linear: 46 us
-    # wall with 1 thread, 700 us with 2), which hides what the weights cost.
+    # 1: on a shared 2-core machine, 2 torch threads spin-wait on each other (`--threads 2` shows it on
+    # the small Linears), which hides what the weights cost.
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--skip-quality", action="store_true")
     ap.add_argument(

@@ -5,8 +5,8 @@ judged on a model this script trains itself, on a real corpus every machine has.
 
 Corpus: every `*.py` file of the running interpreter's standard library (`sysconfig` "stdlib"),
 skipping site-packages, test suites (`test/`, `tests/`), idlelib and the files that are data rather
-than code (`encodings/`: codec tables, one commented literal per line, 13% of the bytes, which taught
-the first model to answer "#\n#\n#"; `pydoc_data/`: help text; `html/entities.py`;
+than code (`encodings/`: codec tables, one commented literal per line, 13% of the bytes, which
+teach a model to answer "#\n#\n#"; `pydoc_data/`: help text; `html/entities.py`;
 `_sysconfigdata*`), read as UTF-8. The split is
 fixed and independent of file order: a file is held out when the first byte of
 sha256(its path relative to the stdlib, POSIX separators) is below 26 (about 10% of files);
@@ -18,14 +18,14 @@ untied 4096-token embeddings; about 5.3M parameters: 10.5 MB in fp16, under the 
 allows a committed model), a byte-level BPE tokenizer of its own (4096 tokens) in which every
 newline is a token of its own (worker.demo_model.train_byte_level_bpe, isolate_newlines), so a
 prompt ending in "\n" is followed by indentation as it is in the corpus. Forward and backward run
-under bf16 autocast (fp32 master weights and loss; AMX / AVX512-BF16 make a step ~1.6x cheaper than
-fp32 on the dev CPU). Deterministic: fixed seeds, fixed thread count, deterministic torch
+under bf16 autocast (fp32 master weights and loss; AMX / AVX512-BF16 make a step cheaper than fp32;
+`--measure 5` prints the seconds per step). Deterministic: fixed seeds, fixed thread count, deterministic torch
 algorithms, a fixed batch order from a seeded generator. The result (fp16 safetensors, tokenizer, a
 chat template) is written in Hugging Face format so freight's engine and transformers both load it.
-The defaults are the first pycoder-tiny's recipe (its tokenizer is the one every later model reuses).
-The committed pair copies in context, which that recipe never taught (below), so it is made in
-a chain of runs; each checkpoint's training.json holds its loss, step count, seconds and the runs it
-started from:
+The defaults train a model of pycoder-tiny's shape on the corpus alone, and make the tokenizer every
+committed model uses. Corpus training alone does not teach a model to copy in context (below), so the
+committed pair is made in a chain of runs; each checkpoint's training.json holds its loss, step
+count, seconds and the runs it started from:
 
     DRAFT_SHAPE="--num-layers 2 --hidden-size 128 --intermediate-size 384 --num-heads 4 --num-kv-heads 2"
     # 1. a model of the draft's shape learns to copy (random-token repeat windows), keeps those
@@ -34,13 +34,13 @@ started from:
         --tokenizer-from examples/models/pycoder-tiny --copy-warmup 3000 --save-warmup /tmp/draft-warm \
         --copy-fraction 0.3 --lr 2e-3
     # 2. the target: the warmed-up weights grown into the default shape, then the corpus; then a
-    #    short fine-tune with more copy windows (docs/PERFORMANCE.md, session 17)
+    #    short fine-tune with more copy windows
     .venv/bin/python bench/train_reference.py --output /tmp/target-grown \
         --grow-from /tmp/draft-warm --tokenizer-from examples/models/pycoder-tiny --copy-fraction 0.3 --lr 2e-3
     .venv/bin/python bench/train_reference.py --output /tmp/target-copy \
         --init-from /tmp/target-grown --copy-fraction 0.7 --steps 300 --warmup 20 --lr 1e-3
     # 3. fine-tunes with text repeat windows (`--copy-text`: a corpus stretch over and over, where
-    #    only several tokens of context say where to copy from; docs/PERFORMANCE.md, session 18)
+    #    only several tokens of context say where to copy from)
     .venv/bin/python bench/train_reference.py --output /tmp/target-text-1 --init-from /tmp/target-copy \
         --copy-text 0.5 --copy-fraction 0.3 --steps 400 --warmup 20 --lr 2e-3
     for i in 2 3 4; do  # the last one is examples/models/pycoder-tiny
@@ -65,11 +65,11 @@ agrees with its target, not with the data (DistillSpec, Zhou et al. 2023).
 `--init-from DIR` starts from a checkpoint of the same shape (a fine-tune; its training.json is kept
 in the new one's). Windows that repeat their own text (bench/copy_windows.py): `--copy-fraction F`
 mixes in corpus spans repeated once and random-token repeats, `--copy-text F` corpus stretches
-repeated over and over (what taught greedy copying beyond one token). `--copy-warmup N` first trains
+repeated over and over (what teaches greedy copying beyond one token). `--copy-warmup N` first trains
 on random-token repeats only, at a constant `--copy-warmup-lr`, until their loss falls below
 `--copy-warmup-until` (or N steps): ln(4096) = 8.3 for a plateau of a thousand steps or more, then a
-fall once the model has an induction head (the draft's shape left it; the target's did not in 3,500
-steps: docs/PERFORMANCE.md, sessions 15-16). `--save-warmup DIR` keeps the warm-up's weights, config
+fall once the model has an induction head (a model of the draft's shape leaves the plateau; one of
+the target's shape stays on it far longer, hence `--grow-from`). `--save-warmup DIR` keeps the warm-up's weights, config
 and tokenizer. `--grow-from DIR` grows a smaller checkpoint (such as a warm-up's) into this run's
 shape computing the same function (bench/grow_model.py): the target inherits the draft's induction
 circuit instead of waiting out the plateau. Every run records in training.json the held-out loss on
@@ -105,12 +105,12 @@ class TrainConfig:
     intermediate_size: int = 768  # divisible by 128: every Linear's K fits int4 group 32/64/128
     context: int = 256  # tokens per training window (and max_position_embeddings)
     batch_size: int = 16  # windows per step: 4096 tokens
-    steps: int = 1600  # 6.6M tokens, ~1 epoch of the filtered corpus; bf16: ~0.7 CPU-s a step
+    steps: int = 1600  # 6.6M tokens, ~1 epoch of the filtered corpus (`--measure 5`: CPU seconds a step)
     lr: float = 3e-3
     warmup: int = 50
     weight_decay: float = 0.1
     seed: int = 1234
-    threads: int = 1  # two threads ran ~10x slower per step on a busy 2-core machine
+    threads: int = 1  # on a busy 2-core machine two threads spin-wait on each other (--measure shows it)
     bf16: bool = True  # autocast forward/backward to bf16 (fp32 master weights, loss and optimizer)
 
     def __post_init__(self) -> None:

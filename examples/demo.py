@@ -28,8 +28,8 @@ from freight_cli import app  # noqa: E402
 TRAINED_MODEL = HERE / "models" / "pycoder-tiny"
 # Sampling that suits a model this small: greedy decoding repeats itself (every docstring the same
 # sentence), a temperature of 0.7 breaks the syntax; 0.4 over the likeliest 90% of the mass reads
-# best (measured over the 32 demo prompts). Each row is seeded from the job seed and its id, so a
-# rerun prints the same text.
+# best over the 32 demo prompts (tests/jobs/test_demo.py's `reads_as_python` counts the completions
+# that parse). Each row is seeded from the job seed and its id, so a rerun prints the same text.
 TEMPERATURE = "0.4"
 TOP_P = "0.9"
 SHOWN_IN_FULL = ("fn-00", "fn-13", "code-01")
