@@ -19,7 +19,7 @@ Sections, each failing soft (an error is recorded and the next section runs):
   (e) exactness on the device: every architecture's greedy tokens against transformers on the same
       GPU, CUDA-graph decode against eager, overlapped against serial steps (bench/gpu_check_exactness.py);
   (f) everything into the JSON file named on the command line.
-On a lent GPU the whole check is one command, bench/gpu_run.sh (its header says how).
+On a GPU machine the whole check is one command, bench/gpu_run.sh (its header says how).
 --dry-run sets TRITON_INTERPRET=1 before triton is imported and runs every section on tiny CPU
 shapes with a wall-clock timer: it checks the plumbing; its speed figures mean nothing.
 Exit status 1 when a section failed or a kernel missed its error bound (a missed speed target is

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The GPU check as one command on a lent GPU machine, run from the repository root:
+# The GPU check as one command on a GPU machine, run from the repository root:
 #
-#   bench/gpu_wheels.sh                    # here, first: the wheels its image lacks, into .whl/
-#   device run: command "bench/gpu_run.sh", carry [".whl"], timeout_s 590
+#   bench/gpu_wheels.sh     # on the dev machine, first: the wheels the GPU image lacks, into .whl/
+#   bench/gpu_run.sh        # on the GPU machine, with .whl/ copied beside the checkout (< 10 minutes)
 #
-# It installs the carried wheels, prints the card and the versions, then runs bench/gpu_check.py
+# It installs the wheels in .whl/, prints the card and the versions, then runs bench/gpu_check.py
 # (exactness on the device first, then every kernel against its reference and its roofline, the
-# launch sweep, the engine end to end); the JSON report and the log land in $OUT (the device tool's
-# output folder; /tmp/gpu-check elsewhere). Extra arguments go to gpu_check.py.
+# launch sweep, the engine end to end); the JSON report and the log land in $OUT when it is set,
+# else /tmp/gpu-check. Extra arguments go to gpu_check.py.
 # `bench/gpu_run.sh --dry-run` runs the same on this machine's CPU with .venv's Python (Triton
 # interpreted, tiny shapes): it checks the plumbing, its speeds mean nothing.
 set -uo pipefail

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The wheels a lent GPU machine's image lacks (it has torch, triton, transformers, numpy, safetensors,
+# The wheels a GPU machine's image lacks (it has torch, triton, transformers, numpy, safetensors,
 # tokenizers, jinja2, rich; not these), for its Python 3.12, into .whl/ at the repository root, at
-# the versions this checkout's .venv holds. Run here, once, before bench/gpu_run.sh travels there.
+# the versions this checkout's .venv holds. Run on the dev machine, once, before bench/gpu_run.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exclude=$(git rev-parse --git-path info/exclude)
