@@ -31,6 +31,11 @@ DTYPE_BYTES = {
     "I32": 4, "U32": 4, "F32": 4,
     "I64": 8, "U64": 8, "F64": 8,
 }  # fmt: skip
+KNOWN_DTYPES = frozenset(DTYPE_BYTES) | {"F8_E4M3FNUZ", "F8_E5M2FNUZ"}  # what safetensors loads into torch
+# A config implying more parameters than this x the checkpoint's elements describes another model (a
+# 4-bit GPTQ checkpoint packs 8 weights in an int32 element, MXFP4 two in a byte: 16 covers both);
+# worker/engine/model_size.py makes the same check on the model as built.
+PACKING_MAX = 16
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
@@ -170,6 +175,11 @@ def _header(store: ObjectStore, model: str, name: str) -> dict[str, Any]:
             dtype = str(info["dtype"])
         except (KeyError, TypeError, ValueError):
             raise ModelNotFoundError(f"{where}: tensor {tensor} has a malformed header entry: {redownload}") from None
+        if dtype not in KNOWN_DTYPES:
+            raise ModelNotFoundError(
+                f"{where}: tensor {tensor} has dtype {dtype[:40]!r}, which freight cannot load (it loads "
+                f"{', '.join(sorted(KNOWN_DTYPES))}): convert the checkpoint, or {redownload} if it is damaged"
+            )
         numel = 1
         for d in shape:
             numel *= d
@@ -199,6 +209,14 @@ def _check_against_config(model: str, config: dict[str, Any], headers: dict[str,
             f"model {model}: model.embed_tokens.weight is {list(embed['shape'])} but config.json says "
             f"vocab_size x hidden_size = {want}: the weights and config.json are of different models"
         )
+    stored = sum(_numel(info["shape"]) for info in tensors.values())
+    implied = _implied_parameters(config)
+    if implied > PACKING_MAX * stored + (1 << 20):
+        raise ModelNotFoundError(
+            f"model {model}: config.json implies {implied:,} parameters, the weights hold {stored:,} values: "
+            "config.json (hidden_size, intermediate_size, num_hidden_layers, vocab_size) and the weights "
+            "are of different models"
+        )
     layers = {int(m.group(1)) for t in tensors if (m := _LAYER.match(t))}
     if layers and len(layers) != config["num_hidden_layers"]:
         raise ModelNotFoundError(
@@ -206,3 +224,25 @@ def _check_against_config(model: str, config: dict[str, Any], headers: dict[str,
             f"num_hidden_layers = {config['num_hidden_layers']}: the weights and config.json are of "
             "different models"
         )
+
+
+def _numel(shape: Any) -> int:
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    return numel
+
+
+def _implied_parameters(config: dict[str, Any]) -> int:
+    """A lower bound of a decoder's parameters from config.json: the embedding and, per layer, the
+    attention projections and one dense MLP (experts counted once)."""
+    try:
+        hidden, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
+        heads = int(config["num_attention_heads"])
+        head_dim = int(config.get("head_dim") or hidden // max(1, heads))
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        inter = int(config.get("intermediate_size") or 0)
+    except (KeyError, TypeError, ValueError):  # shapes the architecture's own rules judge
+        return 0
+    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    return int(config["vocab_size"]) * hidden + layers * (attention + 3 * hidden * inter)

@@ -49,6 +49,7 @@ def count_tokens(manifest: Manifest, tokenizer: Any, settings: Settings | None =
     """Read every shard's rows and count (see the module docstring). A prompt of `max_model_len`
     tokens or more is a bad row, as the engine refuses it."""
     reader = InputReader(manifest.input, settings)
+    max_chars = tokenizer.max_text_chars(max_model_len) if max_model_len is not None else None
     seen: set[int] = set()  # hashes of full prefix blocks computed so far (chained with the parent)
     rows = bad = prompt = computed = max_out = 0
     expected = 0.0
@@ -58,12 +59,12 @@ def count_tokens(manifest: Manifest, tokenizer: Any, settings: Settings | None =
         indices = shard.row_indices()
         table = reader.read(shard.ranges)
         requests = build_requests(table, indices, manifest.spec, manifest.input, tokenizer)
-        texts = [r.prompt for r in requests if isinstance(r.prompt, str)]
+        texts = [r.prompt for r in requests if _encodable(r.prompt, max_chars)]
         encoded = iter(tokenizer.encode_batch(texts)) if texts else iter(())
         for req in requests:
             rows += 1
-            if req.error is not None:
-                bad += 1
+            if req.error is not None or (isinstance(req.prompt, str) and not _encodable(req.prompt, max_chars)):
+                bad += 1  # a text longer than any that fits: refused untokenized, as the engine does
                 continue
             ids = next(encoded) if isinstance(req.prompt, str) else list(req.prompt or [])
             # as the engine refuses prompts: a generation needs room for one token, an embedding not
@@ -92,3 +93,7 @@ def count_tokens(manifest: Manifest, tokenizer: Any, settings: Settings | None =
     return TokenCounts(rows=rows, rows_bad=bad, prompt_tokens=prompt, computed_prompt_tokens=computed,
                        max_completion_tokens=max_out, shards=len(manifest.shards), expected_completion_tokens=expected,
                        decode_context_tokens=sum(c for _, c in per_shard), shard_decode=tuple(per_shard))  # fmt: skip
+
+
+def _encodable(prompt: object, max_chars: int | None) -> bool:
+    return isinstance(prompt, str) and (max_chars is None or len(prompt) <= max_chars)

@@ -53,7 +53,22 @@ def _wrong_vocab(model: Path) -> None:
     _edit_config(model, lambda c: c.update(vocab_size=c["vocab_size"] + 7))
 
 
+def _unknown_dtype(model: Path) -> None:
+    """One tensor's dtype renamed to one safetensors does not know (the header keeps its length)."""
+    data = (model / "model.safetensors").read_bytes()
+    header_len = struct.unpack("<Q", data[:8])[0]
+    header = data[8 : 8 + header_len].decode()
+    patched = header.replace('"dtype":"F16"', '"dtype":"Q7X"', 1).replace('"dtype":"F32"', '"dtype":"Q7X"', 1)
+    assert patched != header and len(patched) == len(header)
+    (model / "model.safetensors").write_bytes(data[:8] + patched.encode() + data[8 + header_len :])
+
+
 BROKEN: dict[str, tuple[Callable[[Path], None], str]] = {
+    "unknown dtype": (_unknown_dtype, "has dtype 'Q7X', which freight cannot load"),
+    "config implies terabytes (intermediate_size)": (
+        lambda m: _edit_config(m, lambda c: c.update(intermediate_size=10**9)),
+        "parameters, the weights hold",
+    ),
     "unknown architecture": (
         lambda m: _edit_config(m, lambda c: c.update(architectures=["GPT2LMHeadModel"])),
         "config.json names architecture ['GPT2LMHeadModel'], which freight does not support",
@@ -114,7 +129,8 @@ def test_the_engine_refuses_configs_with_the_same_words(tmp_path: Path, demo_mod
 
 
 @pytest.mark.parametrize("command", ["run", "submit"])
-@pytest.mark.parametrize("case", ["unknown architecture", "missing hidden_size", "missing tokenizer", "truncated weights"])
+@pytest.mark.parametrize("case", ["unknown architecture", "missing hidden_size", "missing tokenizer", "truncated weights",
+                                  "unknown dtype", "config implies terabytes (intermediate_size)"])
 def test_run_and_submit_refuse_a_broken_model_before_the_manifest(
     command: str, case: str, tmp_path: Path, demo_model_dir: Path, broken_model: Callable[[str], Path],
     monkeypatch: pytest.MonkeyPatch,

@@ -77,7 +77,8 @@ class Engine:
         self._applied_early: list[Sequence] = []  # finished by applying _in_flight inside a launch (_constrain)
         self.structured = StructuredOutputs(model_dir, self.vocab_size, tuple(eos), config.max_num_seqs,
                                             config.torch_device, self.stats)  # fmt: skip
-        self.checks = RequestChecks(self.vocab_size, max_model_len, self.structured.error)
+        self.checks = RequestChecks(self.vocab_size, max_model_len, self.structured.error,
+                                    self.tokenizer.max_text_chars(max_model_len))  # fmt: skip
         self._next_seq_id = 0
         try:  # embeddings need the checkpoint's sentence-transformers pooling config; generation does not
             self.pooling: PoolingConfig | None = PoolingConfig.from_checkpoint(model_dir, runner.model.cfg.hidden_size)
@@ -113,10 +114,10 @@ class Engine:
         if self.scheduler.has_unfinished():
             raise RuntimeError("this engine is already running a stream; finish or close it first")
         seqs: list[Sequence] = []
-        texts = [p for p in prompts if isinstance(p, str)]
+        texts = [p for p in prompts if self.checks.encodable(p)]
         encoded = iter(self.tokenizer.encode_batch(texts) if texts else [])
         for i, (prompt, p) in enumerate(zip(prompts, params_list, strict=True)):
-            ids, error = self.checks.prompt_ids(prompt, next(encoded) if isinstance(prompt, str) else None)
+            ids, error = self.checks.prompt_ids(prompt, next(encoded) if self.checks.encodable(prompt) else None)
             error = error or self.checks.params_error(p)
             if error is not None:
                 yield RequestOutput(i, ids, [], "", "error", len(ids), 0, error=error)
@@ -172,12 +173,12 @@ class Engine:
         if self.scheduler.has_unfinished():
             raise RuntimeError("this engine is running a generate stream; finish or close it first")
         dims = dimensions_per_prompt(dimensions, len(prompts))
-        texts = [p for p in prompts if isinstance(p, str)]
+        texts = [p for p in prompts if self.checks.encodable(p)]
         encoded = iter(self.tokenizer.encode_batch(texts) if texts else [])
         errors: list[EmbeddingOutput] = []
         requests: list[tuple[int, list[int], int | None]] = []
         for i, (prompt, d) in enumerate(zip(prompts, dims, strict=True)):
-            ids, error = self.checks.prompt_ids(prompt, next(encoded) if isinstance(prompt, str) else None, room=0)
+            ids, error = self.checks.prompt_ids(prompt, next(encoded) if self.checks.encodable(prompt) else None, room=0)
             error = error or self.pooling.check_dimensions(d)
             if error is not None:
                 errors.append(EmbeddingOutput(i, None, len(ids), error))

@@ -18,7 +18,7 @@ import torch
 from worker.engine.backends import select_backend
 from worker.engine.config import EngineConfig
 from worker.engine.decode_graphs import activation_bytes
-from worker.engine.kv_groups import kv_pool_sizes
+from worker.engine.kv_groups import kv_context_bound, kv_pool_sizes
 from worker.engine.loader import load_model, read_config
 from worker.engine.model_runner import ModelRunner
 from worker.engine.models import ModelConfig
@@ -44,7 +44,10 @@ def build_engine(engine_cls: Callable[..., E], model_dir: Path, config: EngineCo
         log.warning("cuda_graphs_off", reason="mixture-of-experts routing syncs with the host")
         config = dataclasses.replace(config, cuda_graphs=False, static_decode=False)
     # a sliding window does not cap the context: blocks its window left are released (block_manager)
-    max_len = min(mcfg.max_position_embeddings, config.max_model_len or 1 << 62)
+    # and no sequence outgrows the KV pool: the context served (and the rotary tables built for it)
+    # is at most what the KV budget holds, whatever max_position_embeddings says
+    max_len = min(mcfg.max_position_embeddings, config.max_model_len or 1 << 62,
+                  kv_context_bound(mcfg, config.torch_dtype, kv_budget(config)) or 1 << 62)  # fmt: skip
     tokenizer = Tokenizer(model_dir)  # before the weights: a folder without one fails at once
     backend = select_backend(config.backend, config.torch_device)
     draft = None

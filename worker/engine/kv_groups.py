@@ -31,7 +31,9 @@ from worker.engine.sampling_params import SamplingParams
 from worker.engine.sequence import Sequence
 
 if TYPE_CHECKING:  # models import torch; this module stays light
-    from worker.engine.models import CausalLM
+    import torch
+
+    from worker.engine.models import CausalLM, ModelConfig
 
 _PLACEHOLDER = 0  # the id in a local table's slots behind a prefix hit's window: never read
 
@@ -212,6 +214,17 @@ class GroupedBlockManager:
 def _local(matched: list[int]) -> list[int]:
     """Group 1's part of a match (a plain empty list: no hit, as the embedder passes)."""
     return matched.local if isinstance(matched, PrefixMatch) else []
+
+
+def kv_context_bound(cfg: ModelConfig, dtype: torch.dtype, budget: int) -> int | None:
+    """The most tokens one sequence's KV can hold in `budget` bytes: every token takes k and v in each
+    full-attention layer, and at most the whole budget goes to them. None when every layer has a window
+    (blocks behind it are released: the pool does not bound the context)."""
+    if cfg.kv_window is not None:
+        return None
+    full_layers = sum(1 for i in range(cfg.num_layers) if cfg.kv_group(i) == 0)
+    per_token = 2 * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize * max(1, full_layers)
+    return max(2, budget // per_token)
 
 
 def kv_pool_sizes(model: CausalLM, config: EngineConfig, budget: int, max_len: int) -> tuple[int, int | None]:

@@ -21,6 +21,7 @@ from safetensors import safe_open
 from worker.engine.backends.base import Backend
 from worker.engine.config import EngineConfig
 from worker.engine.host_memory import pack_parameters
+from worker.engine.model_size import check_model_size
 from worker.engine.models import CausalLM, ModelConfig
 from worker.engine.models.expert_weights import expert_pieces, expert_tensor, moe_name
 from worker.engine.models.gpt_oss_weights import GptOssTensors
@@ -120,6 +121,7 @@ def load_model(model_dir: Path, config: EngineConfig, backend: Backend, max_posi
         from worker.engine.quant import check_quantization
 
         check_quantization(model, config.quantization, config.torch_device)  # before any weight loads
+    check_model_size(model, files, config.torch_device, model.rotary_bytes())  # before anything is allocated
     model.to_empty(device=config.torch_device)
     model.to(config.torch_dtype)  # floating-point tensors only; packed integer weights keep theirs
     model.tie_weights()

@@ -16,11 +16,25 @@ from worker.engine.sampling_params import SamplingParams
 
 
 class RequestChecks:
-    def __init__(self, vocab_size: int, max_model_len: int, constraint_error: Callable[[object], str | None]) -> None:
-        """constraint_error(constraint): why it cannot run (StructuredOutputs.error), or None."""
+    def __init__(
+        self,
+        vocab_size: int,
+        max_model_len: int,
+        constraint_error: Callable[[object], str | None],
+        max_prompt_chars: int | None = None,
+    ) -> None:
+        """constraint_error(constraint): why it cannot run (StructuredOutputs.error), or None.
+        max_prompt_chars: the most characters a text prompt that fits the context can have
+        (Tokenizer.max_text_chars); a longer one is refused without being tokenized."""
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.constraint_error = constraint_error
+        self.max_prompt_chars = max_prompt_chars
+
+    def encodable(self, prompt: object) -> bool:
+        """Whether `prompt` is a text to tokenize (a text over max_prompt_chars is not: prompt_ids
+        refuses it as it is)."""
+        return isinstance(prompt, str) and (self.max_prompt_chars is None or len(prompt) <= self.max_prompt_chars)
 
     @staticmethod
     def params_for(prompts: Seq, params: SamplingParams | Seq[SamplingParams] | None) -> list[SamplingParams]:
@@ -42,6 +56,10 @@ class RequestChecks:
         needed after the prompt (1 to generate, 0 to embed)."""
         if encoded is not None:
             ids = encoded
+        elif isinstance(prompt, str) and not self.encodable(prompt):
+            return [], (f"prompt has {len(prompt)} characters, more than the {self.max_prompt_chars} any "
+                        f"text of {self.max_model_len} tokens (the context) can have with this tokenizer; "
+                        "shorten it")  # fmt: skip
         elif isinstance(prompt, Seq) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             ids = list(prompt)
             bad = [t for t in ids if not 0 <= t < self.vocab_size]

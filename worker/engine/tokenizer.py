@@ -53,6 +53,10 @@ class Tokenizer:
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eos))
         self._bos_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
         self.vocab_size = self._tok.get_vocab_size()
+        # The longest token string (byte-level BPE: one char a byte; SentencePiece: "<0x0A>" for one
+        # byte): no token decodes to more characters, so a text of more than n x this characters
+        # needs more than n tokens (up to normalizers that drop characters: max_text_chars' margin).
+        self.max_token_chars = max((len(t) for t in self._tok.get_vocab(with_added_tokens=True)), default=1)
 
     def vocab(self) -> dict[str, int]:
         """Token string -> id, added tokens included (a draft model's tokenizer must equal its target's)."""
@@ -65,6 +69,13 @@ class Tokenizer:
     @staticmethod
     def _raise(message: str) -> None:
         raise ValueError(f"chat template: {message}")
+
+    def max_text_chars(self, tokens: int) -> int:
+        """The most characters a text of at most `tokens` tokens can have: `tokens` x the longest
+        token, x 2 for normalizers that merge or drop characters (NFC composition, stripped accents).
+        A longer text is refused before it is tokenized: tokenizing costs ~200 bytes of memory a
+        character, so a 50 MB prompt would take ~10 GB to learn it does not fit."""
+        return max(1, tokens) * self.max_token_chars * 2
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Like transformers' `tokenizer(text)`: tokenizer.json's post-processor may add a BOS; a text

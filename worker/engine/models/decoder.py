@@ -186,6 +186,13 @@ class CausalLM(nn.Module):
         threshold = self.cfg.longrope_threshold
         return self.long_rope_rows if self.long_rope_rows and num_prompt_tokens > threshold else 0
 
+    def rotary_bytes(self) -> int:
+        """Bytes init_rotary's fp32 tables take (each [max_positions (+ LongRoPE's all-long half),
+        head_dim]), x 2 for the positions x frequencies products built on the way (host memory)."""
+        rows = self.max_positions + self.long_rope_rows
+        tables = 2 if self.cfg.local_rope_theta is not None else 1
+        return 2 * tables * rows * self.cfg.head_dim * 4
+
     def init_rotary(self, device: torch.device) -> None:
         cfg = self.cfg
         self.cos_sin = cos_sin_cache(
