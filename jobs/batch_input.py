@@ -5,8 +5,10 @@ field by field per row (worker/request_body.py). Problems are sorted by reach:
 
 - The whole file (refused at plan time, nothing written): empty, no line is a usable request (not
   JSONL at all), or a custom_id that repeats (OpenAI refuses such a file too).
-- One line (that row's error, the job goes on): not JSON, not an object, no custom_id, an unknown
-  line field, a method other than POST, an unsupported url, a body that is not an object. A line
+- One line (that row's error, the job goes on): not JSON, not UTF-8, nested deeper than MAX_DEPTH,
+  a lone surrogate escape ("\ud800"), a number past Python's 4,300 digits, not an object, no
+  custom_id, an unknown line field, a method other than POST, an unsupported url, a body that is
+  not an object. A line
   without a usable custom_id gets the id "line-N" (N: its line number in the file, from 1); a real
   custom_id equal to such a placeholder is refused with the file.
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +35,12 @@ LINE_FIELDS = ("custom_id", "method", "url", "body")
 LINE_SHAPE = "each line must be one JSON object {custom_id, method, url, body}"
 BATCH_COLUMNS = ("custom_id", "url", "body", "line_error")
 SHOW = 5  # repeated ids named in a message, at most
+# A batch file is parsed whole in memory (about 3-4x its bytes as Python objects): OpenAI takes
+# files up to 200 MB; a gzipped one is measured decompressed.
+DEFAULT_MAX_BYTES = 256 << 20
+# The deepest a line's JSON may nest: JSON schemas in response_format run a few dozen levels deep; the
+# worker's schema handling recurses per level, so a deeper line would exhaust Python's stack there.
+MAX_DEPTH = 128
 
 
 @dataclass(frozen=True)
@@ -53,13 +62,13 @@ class _Line:
     text: str
 
 
-def read_batch(url: str, data: bytes) -> BatchFile:
-    """Parse a batch file's bytes (gzipped when `url` ends in .gz). InputError for a whole-file problem."""
+def read_batch(url: str, data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> BatchFile:
+    """Parse a batch file's bytes (gzipped when `url` ends in .gz). InputError for a whole-file problem,
+    among them a file over `max_bytes` once decompressed (FREIGHT_MAX_BATCH_FILE_BYTES)."""
     if url.endswith(".gz"):
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise InputError(f"{url} is not a gzip file ({exc}): name it .jsonl, or gzip it") from None
+        data = _gunzip(url, data, max_bytes)
+    elif len(data) > max_bytes:
+        raise InputError(_too_big(url, len(data), max_bytes))
     lines: list[_Line] = []
     numbers: list[int] = []
     for lineno, raw in enumerate(io.BytesIO(data), start=1):
@@ -80,6 +89,25 @@ def read_batch(url: str, data: bytes) -> BatchFile:
         }
     )
     return BatchFile(table=table, prompt_texts=[line.text for line in lines])
+
+
+def _gunzip(url: str, data: bytes, max_bytes: int) -> bytes:
+    """`data` decompressed, in pieces, stopping at `max_bytes` + 1: a small file that expands a
+    thousandfold is refused after `max_bytes` of output, not after all of it."""
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+            out = f.read(max_bytes + 1)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InputError(f"{url} is not a gzip file ({exc}): name it .jsonl, or gzip it") from None
+    if len(out) > max_bytes:
+        raise InputError(_too_big(url, None, max_bytes, len(data)))
+    return out
+
+
+def _too_big(url: str, size: int | None, max_bytes: int, compressed: int | None = None) -> str:
+    what = f"expands from {compressed} bytes to more than" if compressed is not None else f"has {size} bytes, more than"
+    return (f"{url} {what} {max_bytes} (FREIGHT_MAX_BATCH_FILE_BYTES): split it into smaller batch "
+            "files, or raise the limit on a machine with the memory for it")  # fmt: skip
 
 
 def _ids(url: str, lines: list[_Line], numbers: list[int]) -> list[str]:
@@ -114,9 +142,22 @@ def _ids(url: str, lines: list[_Line], numbers: list[int]) -> list[str]:
 def _parse_line(lineno: int, raw: bytes) -> _Line:
     try:
         obj = json.loads(raw)
-    except ValueError as exc:  # JSONDecodeError, or bytes that are no Unicode text
-        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
-        return _Line(None, CHAT_URL, None, f"line {lineno}: not JSON ({msg}): {LINE_SHAPE}", "")
+    except json.JSONDecodeError as exc:
+        return _Line(None, CHAT_URL, None, f"line {lineno}: not JSON ({exc.msg}): {LINE_SHAPE}", "")
+    except UnicodeDecodeError:
+        return _Line(None, CHAT_URL, None, f"line {lineno}: not UTF-8 text: {LINE_SHAPE}", "")
+    except ValueError:  # Python's int() limit: a number of more than 4,300 digits
+        why = "a number has more than 4,300 digits: no request field takes one"
+        return _Line(None, CHAT_URL, None, f"line {lineno}: {why}", "")
+    except RecursionError:
+        why = f"JSON nested deeper than {MAX_DEPTH} levels: no request needs that"
+        return _Line(None, CHAT_URL, None, f"line {lineno}: {why}", "")
+    if not _unicode(obj):  # "\ud800": a JSON escape of half a UTF-16 pair, which no UTF-8 text holds
+        why = r"holds a lone surrogate escape (such as \ud800), which is not Unicode text: escape whole characters"
+        return _Line(None, CHAT_URL, None, f"line {lineno}: {why}", "")
+    if _depth(obj) > MAX_DEPTH:
+        why = f"JSON nested deeper than {MAX_DEPTH} levels: no request needs that"
+        return _Line(None, CHAT_URL, None, f"line {lineno}: {why}", "")
     if not isinstance(obj, dict):
         return _Line(None, CHAT_URL, None, f"line {lineno}: a JSON {type(obj).__name__}: {LINE_SHAPE}", "")
     custom_id = obj.get("custom_id")
@@ -133,6 +174,36 @@ def _parse_line(lineno: int, raw: bytes) -> _Line:
         return _Line(custom_id, endpoint, None, error, "")
     text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
     return _Line(custom_id, endpoint, text, error, prompt_text(body))
+
+
+def _unicode(value: Any) -> bool:
+    """Whether every string in `value` (keys too) is Unicode text Arrow and UTF-8 can hold."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return True
+
+
+def _depth(value: Any) -> int:
+    """How deep lists and objects nest in `value` (iteratively: no recursion to exhaust)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, d)
+            if d <= MAX_DEPTH:
+                stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
 
 
 def _line_error(obj: dict[str, Any], custom_id: str | None, url: Any, body: Any) -> str | None:

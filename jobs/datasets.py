@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -15,8 +16,9 @@ import pyarrow.parquet as pq
 from jobs.batch_input import read_batch
 from jobs.errors import InputError
 from jobs.manifest import InputFile, InputPlan
-from jobs.settings import Settings
+from jobs.settings import Settings, get_settings
 from jobs.storage import ObjectStore, open_store, split_url
+from jobs.storage.local import LocalStore
 
 RESULT_SCHEMA = pa.schema(
     [
@@ -88,8 +90,12 @@ def _open_input(url: str, settings: Settings | None) -> tuple[ObjectStore, str]:
     return open_store(parent or ".", settings), name
 
 
-def list_input_files(url: str, settings: Settings | None = None) -> tuple[str, list[str]]:
+def list_input_files(
+    url: str, settings: Settings | None = None, exclude: str | None = None
+) -> tuple[str, list[str]]:
     """(format, file urls) for a file, folder or prefix; nothing is downloaded (see fetch_input).
+    `exclude`: a job's OUT, whose files are never its input (an OUT inside the input folder: its
+    result shards would be read as input by a rerun).
 
     Raises InputError when nothing readable is there.
     """
@@ -101,7 +107,8 @@ def list_input_files(url: str, settings: Settings | None = None) -> tuple[str, l
             return fmt, [str(local)]
         if local.is_dir():
             folder = open_store(str(local), settings)
-            keys = [k for k in folder.list() if k.endswith(".parquet") and not _hidden(k)]
+            skip = _inside(folder, exclude, settings)
+            keys = [k for k in folder.list() if k.endswith(".parquet") and not _hidden(k) and not skip(k)]
             if not keys:
                 raise InputError(f"input folder {url} holds no .parquet files")
             return "parquet", [folder.url_of(k) for k in keys]
@@ -109,10 +116,23 @@ def list_input_files(url: str, settings: Settings | None = None) -> tuple[str, l
     if name and store.exists(name):
         return fmt, [url]
     folder = open_store(url, settings)
-    keys = [k for k in folder.list() if k.endswith(".parquet") and not _hidden(k)]
+    skip = _inside(folder, exclude, settings)
+    keys = [k for k in folder.list() if k.endswith(".parquet") and not _hidden(k) and not skip(k)]
     if not keys:
         raise InputError(f"input {url} does not exist (no such object and no .parquet files under it)")
     return "parquet", [folder.url_of(k) for k in keys]
+
+
+def _inside(folder: ObjectStore, out: str | None, settings: Settings | None) -> Callable[[str], bool]:
+    """Whether a key of `folder` lies under `out` (a local folder or an s3:// prefix)."""
+    if out is None:
+        return lambda key: False
+    out_store = open_store(out, settings)
+    if isinstance(out_store, LocalStore) and isinstance(folder, LocalStore):
+        out_path, here = out_store.root.resolve(), folder.root.resolve()
+        return lambda key: (here / key).resolve().is_relative_to(out_path)
+    prefix = out_store.url.rstrip("/") + "/"
+    return lambda key: folder.url_of(key).startswith(prefix)
 
 
 def fetch_input(url: str, settings: Settings | None = None) -> bytes | None:
@@ -163,9 +183,12 @@ class InputReader:
     def _file_table(self, f: InputFile) -> pa.Table:
         table = self._cache.get(f.url)
         if table is None:
-            if self.plan.format == "jsonl":
+            if self.plan.format == "jsonl" and self.plan.requests is not None:  # parsed once, at submit
+                table = read_parquet(self.plan.requests, fetch_input(self.plan.requests, self.settings))
+            elif self.plan.format == "jsonl":
                 store, name = _open_input(f.url, self.settings)
-                table = read_batch(f.url, store.get(name)).table
+                limit = (self.settings or get_settings()).max_batch_file_bytes
+                table = read_batch(f.url, store.get(name), limit).table
             else:
                 table = read_parquet(f.url, fetch_input(f.url, self.settings), columns=self.columns)
             if table.num_rows != f.rows:

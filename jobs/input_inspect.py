@@ -25,15 +25,18 @@ from jobs.row_columns import (
     override_columns,
     warn_unread_constraints,
 )
-from jobs.settings import Settings
+from jobs.settings import Settings, get_settings
 from jobs.spec import JobSpec
 
 SHOW = 5  # offending values named in a message, at most
 
 
-def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[InputPlan, pa.ChunkedArray]:
-    """Check the input's files and columns; return its plan and the prompt column (for grouping)."""
-    fmt, urls = datasets.list_input_files(spec.input, settings)
+def inspect_input(
+    spec: JobSpec, settings: Settings | None = None
+) -> tuple[InputPlan, pa.ChunkedArray, pa.Table | None]:
+    """Check the input's files and columns; return its plan, the prompt column (for grouping) and,
+    for an OpenAI-Batch file, its parsed requests (jobs/batch_input.py BATCH_COLUMNS)."""
+    fmt, urls = datasets.list_input_files(spec.input, settings, exclude=spec.output)
     if fmt == "jsonl":
         if spec.task == "embed":
             raise InputError(
@@ -84,12 +87,12 @@ def inspect_input(spec: JobSpec, settings: Settings | None = None) -> tuple[Inpu
         prompts = pa.chunked_array([pa.array([str(v) for v in prompts.to_pylist()], pa.string())])
     warn_unread_constraints(spec, names)
     note_row_sampling(overrides)
-    return input_plan, prompts
+    return input_plan, prompts, None
 
 
 def _inspect_batch(
     spec: JobSpec, urls: list[str], settings: Settings | None
-) -> tuple[InputPlan, pa.ChunkedArray]:
+) -> tuple[InputPlan, pa.ChunkedArray, pa.Table]:
     """An OpenAI-Batch file: whole-file checks (jobs/batch_input.py); its rows grouped by prompt text."""
     if spec.id_column is not None or spec.prompt_column != "prompt" or spec.continuation_column:
         raise InputError(
@@ -105,7 +108,7 @@ def _inspect_batch(
     data = datasets.fetch_input(url, settings)
     if data is None:
         data = Path(url).read_bytes()
-    batch = read_batch(url, data)
+    batch = read_batch(url, data, (settings or get_settings()).max_batch_file_bytes)
     plan = InputPlan(
         format="jsonl",
         files=(InputFile(url=url, rows=batch.table.num_rows, size=len(data)),),
@@ -115,7 +118,7 @@ def _inspect_batch(
         id_column="custom_id",
         id_type="string",
     )
-    return plan, pa.chunked_array([pa.array(batch.prompt_texts, pa.string())])
+    return plan, pa.chunked_array([pa.array(batch.prompt_texts, pa.string())]), batch.table
 
 
 def _inspect_parquet(

@@ -85,7 +85,7 @@ class InputPlan(LaterFields):
     """What the planner found in the input."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    LATER: ClassVar[tuple[str, ...]] = ("id_type",)  # added later: left out of manifests at its default
+    LATER: ClassVar[tuple[str, ...]] = ("id_type", "requests")  # added later: left out at their defaults
 
     format: Literal["parquet", "jsonl"]
     files: tuple[InputFile, ...]
@@ -98,6 +98,10 @@ class InputPlan(LaterFields):
     id_type: Literal["string", "int64"] = Field("string", description="type of the results' id column")
     continuation_column: str | None = None
     override_columns: tuple[str, ...] = Field((), description="per-row sampling columns present")
+    requests: str | None = Field(
+        None, description="OpenAI-Batch input: URL of its parsed requests (OUT/input/requests.parquet, "
+        "written at submit), which workers read in place of the file: decompressed and parsed once"
+    )
 
 
 class ShardPlan(BaseModel):

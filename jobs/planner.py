@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from jobs import datasets
 from jobs.constraint_check import check_constraint
 from jobs.cost import PriceTable
 from jobs.errors import FreightError, InputError, SpecMismatchError
@@ -34,6 +35,7 @@ from jobs.storage import ObjectStore, open_store
 # Rows whose prompts agree on their first PREFIX_CHARS characters form a prefix group (~16+ tokens:
 # at least one full KV block, so the engine's prefix cache can reuse it).
 PREFIX_CHARS = 64
+REQUESTS_KEY = "input/requests.parquet"  # an OpenAI-Batch input's parsed requests (InputPlan.requests)
 
 
 @dataclass(frozen=True)
@@ -64,24 +66,36 @@ def prepare_job(
         check_same_job(store, read_manifest(store), spec)
     elif store.exists(SUCCESS_KEY) or store.exists(COST_KEY) or store.list("shards/"):
         raise SpecMismatchError(f"{store.url} holds job output without a manifest: use a new --output")
-    manifest = plan(spec, settings, prices)
+    manifest, requests = _plan(spec, settings, prices)
     if check is not None:
         check(manifest, store)
+    if requests is not None and not store.exists(MANIFEST_KEY):  # a new job: its parsed copy, then the manifest
+        store.put(REQUESTS_KEY, datasets.write_result(requests))
+        manifest = manifest.model_copy(
+            update={"input": manifest.input.model_copy(update={"requests": store.url_of(REQUESTS_KEY)})}
+        )
     manifest, resumed = write_or_match(store, manifest)
     return PreparedJob(store=store, manifest=manifest, resumed=resumed)
 
 
 def plan(spec: JobSpec, settings: Settings | None = None, prices: PriceTable | None = None) -> Manifest:
     """The manifest for `spec`: input checked, prices resolved, rows cut into prefix-grouped shards."""
+    return _plan(spec, settings, prices)[0]
+
+
+def _plan(
+    spec: JobSpec, settings: Settings | None, prices: PriceTable | None
+) -> tuple[Manifest, pa.Table | None]:
+    """plan(), and an OpenAI-Batch input's parsed requests (None for Parquet)."""
     pricing = (prices or PriceTable.load()).pricing(spec.instance_type, spec.market, spec.price_per_hour)
     check_constraint(spec.sampling)  # compiled as the worker compiles it: refused here, not on every row
     config = check_model(spec.model, settings, embed=spec.task == "embed")
     if spec.speculative is not None and spec.speculative.startswith("draft:"):
         check_draft(spec.model, spec.speculative[len("draft:") :], settings)
     check_sampling(spec.sampling, settings or get_settings(), int(config["vocab_size"]))
-    input_plan, prompts = inspect_input(spec, settings)
+    input_plan, prompts, requests = inspect_input(spec, settings)
     shards = cut_shards(prompts, spec.shard_rows)
-    return Manifest(
+    manifest = Manifest(
         job_id=spec.job_id,
         spec=spec,
         input=input_plan,
@@ -90,6 +104,7 @@ def plan(spec: JobSpec, settings: Settings | None = None, prices: PriceTable | N
         price_per_hour=pricing.price_per_hour,
         on_demand_price_per_hour=pricing.on_demand_price_per_hour,
     )
+    return manifest, requests
 
 
 def check_sampling(sampling: SamplingSpec, settings: Settings, vocab_size: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -44,6 +45,10 @@ class Settings(BaseSettings):
     max_n: int = Field(
         16, ge=1, le=1024, description="choices one row may ask for (n), at most; a row over it is that "
         "row's error, a job-wide --n over it is refused at submit"
+    )
+    max_batch_file_bytes: int = Field(
+        256 << 20, ge=1 << 10, description="most bytes of an OpenAI-Batch JSONL input, measured "
+        "decompressed for .jsonl.gz: the file is parsed whole in memory, once, at submit"
     )
     log_format: str = Field("auto", pattern="^(auto|json|console)$", description="auto: console on a TTY")
     log_level: str = Field("info", pattern="^(debug|info|warning|error)$")
@@ -126,6 +131,11 @@ class Settings(BaseSettings):
         "OUT/notify/ and logged as notify_given_up); 0 = none: at most once"
     )
 
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, url: str) -> str:
+        return redis_url_with_userinfo(url)
+
     @field_validator("notify_allow")
     @classmethod
     def _check_allow(cls, text: str) -> str:
@@ -138,12 +148,35 @@ class Settings(BaseSettings):
         return parse_allow(self.notify_allow)
 
 
+def redis_url_with_userinfo(url: str) -> str:
+    """`url` with a `?password=` / `?username=` query moved into its userinfo
+    (`redis://h:6379/0?password=p` -> `redis://:p@h:6379/0`): redis-py takes either form, but Celery's
+    broker URL parser (kombu) fails on the query one. ValueError when both forms give a password."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss") or not parts.query:
+        return url
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    moved = {k: v for k, v in query if k in ("password", "username")}
+    if not moved:
+        return url
+    if "password" in moved and parts.password is not None:
+        raise ValueError("gives a password twice (in user:password@ and in ?password=): keep one")
+    user = moved.get("username", unquote(parts.username or ""))
+    password = moved.get("password", unquote(parts.password or ""))
+    host = parts.netloc.rpartition("@")[2]
+    userinfo = quote(user, safe="") + (":" + quote(password, safe="") if password else "")
+    rest = urlencode([(k, v) for k, v in query if k not in moved])
+    return urlunsplit((parts.scheme, f"{userinfo}@{host}" if userinfo else host, parts.path, rest, parts.fragment))
+
+
 def settings_error(exc: ValidationError) -> str:
-    """One line naming each bad FREIGHT_ variable, its value and what it must be."""
+    """One line naming each bad FREIGHT_ variable, its value (redacted) and what it must be."""
+    from jobs.redact import redact
+
     parts = []
     for err in exc.errors():
         name = "FREIGHT_" + str(err["loc"][0]).upper() if err.get("loc") else "a FREIGHT_ variable"
-        parts.append(f"{name}={err.get('input')!r}: {err['msg'].lower()}")
+        parts.append(f"{name}={redact(repr(err.get('input')))}: {err['msg'].lower()}")
     return "; ".join(parts) + ": fix or unset it in the environment"
 
 

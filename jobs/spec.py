@@ -129,19 +129,27 @@ def logit_bias_pairs(v: Any) -> Any:
         key, bias = item
         token = _token_id(key)
         if token is None:
-            raise ValueError(f"logit_bias key {key!r} is not a token id (a non-negative integer)")
+            raise ValueError(f"logit_bias key {_shown(key)} is not a token id (a non-negative integer below 10^12)")
         if isinstance(bias, bool) or not isinstance(bias, int | float) or not abs(bias) <= LOGIT_BIAS_LIMIT:
-            raise ValueError(f"logit_bias[{key!r}] = {bias!r}: a bias must be a number in [-100, 100]")
+            raise ValueError(f"logit_bias[{_shown(key)}] = {_shown(bias)}: a bias must be a number in [-100, 100]")
         pairs[token] = float(bias)
     return tuple(sorted(pairs.items()))
 
 
 def _token_id(key: Any) -> int | None:
+    """The token id `key` names; None unless a non-negative integer (or its digits) below 10^12: no
+    vocabulary is larger, and longer digit strings would meet Python's int() length limit."""
     if isinstance(key, int) and not isinstance(key, bool):
-        return key if key >= 0 else None
-    if isinstance(key, str) and key.strip().isdigit():
+        return key if 0 <= key < 10**12 else None
+    if isinstance(key, str) and key.strip().isdigit() and len(key.strip()) <= 12:
         return int(key)
     return None
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    """`value`'s repr for a message, cut to `limit` characters (a key may be megabytes long)."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**limit else f"<{len(str(abs(value)))}-digit number>"
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 class JobSpec(LaterFields):
