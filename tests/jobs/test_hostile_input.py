@@ -14,8 +14,8 @@ import pytest
 from pipeline_data import prompts_table, write_parquet
 from typer.testing import CliRunner
 
+from freight_cli import app
 from jobs.batch_input import read_batch
-from jobs.cli import app
 from jobs.settings import get_settings
 
 
