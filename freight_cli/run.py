@@ -179,6 +179,7 @@ def results(
     partial: bool = typer.Option(
         False, "--partial", help="with --to: export the committed shards of a job that is not complete"
     ),
+    force: bool = typer.Option(False, "--force", help="with --to: replace FILE (and the error file) if it exists"),
     fmt: ResultsFormat = typer.Option(
         "freight",
         "--format",
@@ -227,6 +228,8 @@ def results(
         suffixes = (".jsonl",) if fmt == "openai" else (".parquet", ".jsonl")
         if to.suffix not in suffixes:
             raise FreightError(f"--to {to}: give a {' or '.join(suffixes)} file name")
+        targets = [to] if fmt != "openai" else [to, _errors_path(to, errors)]
+        _check_export_targets(store, targets, force)
         ended = "expired" if store.exists(EXPIRED_KEY) else "cancelled" if store.exists(CANCEL_KEY) else None
         if missing and ended is not None:  # it will not complete: its unrun requests are errors
             gap += f" (the job {ended}: in the OpenAI error file as batch_{ended})" if fmt == "openai" else (
@@ -251,6 +254,26 @@ def results(
     err.print(f"wrote {written}", soft_wrap=True)
 
 
+def _errors_path(to: Path, errors: Path | None) -> Path:
+    """--format openai's error file: --errors, or FILE.errors.jsonl beside --to FILE.jsonl."""
+    return errors or to.with_name(to.name.removesuffix(".jsonl") + ".errors.jsonl")
+
+
+def _check_export_targets(store: Any, paths: list[Path], force: bool) -> None:
+    """FreightError for an export file inside the job's OUT (OUT/shards/ is read as the results: a
+    file there breaks `status` and `results`), or one that exists without --force."""
+    from jobs.storage.local import LocalStore
+
+    for path in paths:
+        if isinstance(store, LocalStore) and path.resolve().is_relative_to(store.root.resolve()):
+            raise FreightError(
+                f"--to {path} lies inside the job's OUT ({store.url}), which freight reads as the job: "
+                "write the export elsewhere"
+            )
+        if path.exists() and not force:
+            raise FreightError(f"{path} exists: pass --force to replace it, or give another file name")
+
+
 @contextmanager
 def _replacing(path: Path) -> Iterator[BinaryIO]:
     """A file written beside `path` that replaces it on success: a reader never sees half an export."""
@@ -271,7 +294,7 @@ def _export_openai(
     from jobs.openai_output import check_exportable, export_openai
 
     check_exportable(manifest)
-    err_path = errors or to.with_name(to.name.removesuffix(".jsonl") + ".errors.jsonl")
+    err_path = _errors_path(to, errors)
     if err_path.resolve() == to.resolve():
         raise FreightError(f"--errors {err_path} is the --to file: give the error file another name")
     with _replacing(to) as output, _replacing(err_path) as failed:

@@ -131,3 +131,29 @@ def test_a_redis_url_with_a_password_query_reaches_celery_and_redis_alike() -> N
         Settings(redis_url="redis://:one@h/0?password=two")
     message = settings_error(err.value)
     assert "gives a password twice" in message and "one" not in message.split("FREIGHT_REDIS_URL=")[1][:20]
+
+
+def test_results_to_refuses_a_file_inside_out_and_an_existing_file_without_force(
+    tmp_path: Path, demo_model_dir: Path
+) -> None:
+    data = write_parquet(prompts_table(4), tmp_path / "in.parquet")
+    out = tmp_path / "out"
+    code, output = _run(str(data), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "2")
+    assert code == 0, output
+    runner = CliRunner()
+    for inside in (out / "shards" / "x.parquet", out / "export.jsonl"):
+        result = runner.invoke(app, ["results", str(out), "--to", str(inside)])
+        assert result.exit_code == 2 and "lies inside the job's OUT" in result.output, result.output
+        assert not inside.exists()
+    assert runner.invoke(app, ["status", str(out)]).exit_code == 0
+    export = tmp_path / "export.parquet"
+    export.write_bytes(b"precious")
+    result = runner.invoke(app, ["results", str(out), "--to", str(export)])
+    assert result.exit_code == 2 and "exists: pass --force" in result.output and export.read_bytes() == b"precious"
+    result = runner.invoke(app, ["results", str(out), "--to", str(export), "--force"])
+    assert result.exit_code == 0, result.output
+    assert pq.read_table(export).num_rows == 4
+    errors = tmp_path / "o.errors.jsonl"
+    errors.write_text("keep")
+    result = runner.invoke(app, ["results", str(out), "--to", str(tmp_path / "o.jsonl"), "--format", "openai"])
+    assert result.exit_code == 2 and "o.errors.jsonl exists" in result.output and errors.read_text() == "keep"

@@ -185,9 +185,9 @@ def test_every_line_parses_with_the_openai_types_and_carries_its_row(tmp_path: P
     assert report["completion_tokens"] == sum(u.completion_tokens for u in generated)
     assert report["cached_tokens"] == sum(u.prompt_tokens_details.cached_tokens for u in generated)
 
-    # the same job exported again: the same bytes (ids come from the job and the row)
+    # the same job exported again (--force: the files exist): the same bytes (ids come from the job and the row)
     first = (tmp_path / "o.jsonl").read_bytes()
-    assert _export(out, "--to", str(tmp_path / "o.jsonl"), "--errors", str(tmp_path / "e.jsonl"))[0] == 0
+    assert _export(out, "--to", str(tmp_path / "o.jsonl"), "--errors", str(tmp_path / "e.jsonl"), "--force")[0] == 0
     assert (tmp_path / "o.jsonl").read_bytes() == first
 
 
