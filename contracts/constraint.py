@@ -23,6 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+# A choice list compiles to one grammar alternative a choice (10,000: ~0.4 s; llguidance's grammar
+# holds under 65,525 symbols and spends ~16 s finding 100,000 choices too many); a schema nests at
+# most MAX_SCHEMA_DEPTH objects and arrays (canonicalizing and compiling recurse per level).
+MAX_CHOICES = 10_000
+MAX_SCHEMA_DEPTH = 64
 
 
 def _canonical(value: Any, ordered: bool = False) -> Any:
@@ -34,6 +39,18 @@ def _canonical(value: Any, ordered: bool = False) -> Any:
         return value
     keys = list(value) if ordered else sorted(value)
     return {k: _canonical(value[k], ordered=(k == "properties" and not ordered)) for k in keys}
+
+
+def _depth(value: Any) -> int:
+    """How deep objects and arrays nest in `value`, counted without recursion (stops past the limit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, d)
+            if d <= MAX_SCHEMA_DEPTH:
+                stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
 
 
 @dataclass(frozen=True)
@@ -49,6 +66,9 @@ class Constraint:
         if self.kind == "choice":
             if not self.choices:
                 raise ValueError("choice: the list of choices is empty; give at least one string")
+            if len(self.choices) > MAX_CHOICES:
+                raise ValueError(f"choice: {len(self.choices):,} choices, more than the {MAX_CHOICES:,} a "
+                                 "constraint takes; use a regex or a JSON schema enum")  # fmt: skip
             bad = [c for c in self.choices if not isinstance(c, str) or not c]
             if bad:
                 raise ValueError(f"choice: every choice must be a non-empty string, got {bad[0]!r}")
@@ -71,6 +91,9 @@ class Constraint:
                 raise ValueError(f"json_schema is not valid JSON: {exc}") from None
         if not isinstance(schema, dict):
             raise ValueError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+        if _depth(schema) > MAX_SCHEMA_DEPTH:
+            raise ValueError(f"json_schema nests more than {MAX_SCHEMA_DEPTH} levels of objects and arrays; "
+                             "flatten it (or use $defs and $ref)")  # fmt: skip
         return cls("json_schema", json.dumps(_canonical(schema), separators=(",", ":")))
 
     @property

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs import datasets
-from jobs.constraint_check import check_constraint
+from jobs.constraint_check import check_constraint, check_constraint_compiles
 from jobs.cost import PriceTable
 from jobs.errors import FreightError, InputError, SpecMismatchError
 from jobs.input_inspect import inspect_input, is_string
@@ -90,6 +90,7 @@ def _plan(
     pricing = (prices or PriceTable.load()).pricing(spec.instance_type, spec.market, spec.price_per_hour)
     check_constraint(spec.sampling)  # compiled as the worker compiles it: refused here, not on every row
     config = check_model(spec.model, settings, embed=spec.task == "embed")
+    check_constraint_compiles(spec.sampling, spec.model, config, settings)  # as the engine runs it
     if spec.speculative is not None and spec.speculative.startswith("draft:"):
         check_draft(spec.model, spec.speculative[len("draft:") :], settings)
     check_sampling(spec.sampling, settings or get_settings(), int(config["vocab_size"]))

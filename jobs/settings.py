@@ -50,6 +50,11 @@ class Settings(BaseSettings):
         256 << 20, ge=1 << 10, description="most bytes of an OpenAI-Batch JSONL input, measured "
         "decompressed for .jsonl.gz: the file is parsed whole in memory, once, at submit"
     )
+    constraint_check_timeout_s: float = Field(
+        20.0, gt=0, le=600, description="most seconds submit spends compiling a job-wide --regex / "
+        "--json-schema / --choice against the model's tokenizer (jobs/constraint_probe.py) before it "
+        "refuses the constraint as too costly"
+    )
     log_format: str = Field("auto", pattern="^(auto|json|console)$", description="auto: console on a TTY")
     log_level: str = Field("info", pattern="^(debug|info|warning|error)$")
     # distributed mode (docs/ARCHITECTURE.md, "Distributed mode")

@@ -106,8 +106,8 @@ def build_requests(
                     endpoint=endpoint,
                 )
             )
-        except ValueError as exc:
-            out.append(_error(row, row_id, str(exc), endpoint))
+        except ROW_ERRORS as exc:
+            out.append(_error(row, row_id, row_error(exc), endpoint))
     if spec.task == "embed":  # a `--task embed` job: every row (built with the same prompt checks) embeds
         return [dataclasses.replace(r, endpoint="embeddings", dimensions=spec.dimensions, sampling=None) for r in out]
     return out
@@ -130,8 +130,8 @@ def _batch_requests(
             if line_errors[i] is not None:
                 raise ValueError(line_errors[i])
             out.append(_batch_request(row, row_id, endpoint, bodies[i], spec, tokenizer, max_n))
-        except ValueError as exc:
-            out.append(_error(row, row_id, str(exc), endpoint))
+        except ROW_ERRORS as exc:
+            out.append(_error(row, row_id, row_error(exc), endpoint))
     return out
 
 
@@ -186,6 +186,21 @@ def _check_model(asked: str | None, job_model: str) -> None:
     mine = PurePosixPath(job_model.rstrip("/")).name
     if PurePosixPath(asked.rstrip("/")).name.lower() != mine.lower():
         raise ValueError(f"model {asked!r}: this job runs {mine!r} (name it, or leave model out)")
+
+
+# What a row's own input can raise on its way to a request (a bad value, a value of the wrong type, a
+# structure nested past Python's stack, a number past float range): that row's error, never the
+# shard's. Anything else is a fault of freight or the machine, and fails the attempt.
+ROW_ERRORS = (ValueError, TypeError, RecursionError, OverflowError)
+MAX_ERROR_CHARS = 1000
+
+
+def row_error(exc: BaseException) -> str:
+    """A row's error message: one line, at most MAX_ERROR_CHARS characters."""
+    if isinstance(exc, RecursionError):
+        return "the request nests too deeply to process (objects and arrays inside each other); flatten it"
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 def _error(row: int, row_id: str | int, error: str, endpoint: str) -> RowRequest:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from pipeline_data import prompts_table, write_parquet
+from typer.testing import CliRunner
 
 from jobs.constraint_check import check_constraint, constraint_problem
 from jobs.errors import FreightError
@@ -71,3 +72,37 @@ def test_planning_refuses_it_before_reading_the_model_or_writing(tmp_path: Path)
     with pytest.raises(FreightError, match=r"--regex '\[a-z' does not compile: unclosed character class"):
         prepare_job(spec)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_constraint_that_fails_only_on_the_model_s_vocabulary_is_refused_at_submit(
+    tmp_path: Path, demo_model_dir: Path
+) -> None:
+    """`a{1000000}` passes the grammar check and compiles, and fails at the second token: the run
+    is refused before anything is written, with one line; a pattern that runs still runs."""
+    from freight_cli import app
+    from jobs.constraint_check import check_constraint_compiles
+    from jobs.model_check import check_model
+
+    config = check_model(str(demo_model_dir))
+    assert constraint_problem(SamplingSpec(regex="a{1000000}")) is None  # the old check let it through
+    with pytest.raises(FreightError, match=r"cannot run on .*too many expressions constructed; simplify the pattern"):
+        check_constraint_compiles(SamplingSpec(regex="a{1000000}"), str(demo_model_dir), config)
+    check_constraint_compiles(SamplingSpec(regex="[a-z]{1,5}"), str(demo_model_dir), config)
+    check_constraint_compiles(SamplingSpec(choice=("yes", "no")), str(demo_model_dir), config)
+    data = write_parquet(prompts_table(2, bad=False), tmp_path / "in.parquet")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["run", str(data), "--model", str(demo_model_dir), "--output", str(out),
+                                      "--regex", "a{1000000}"])  # fmt: skip
+    assert result.exit_code == 2 and "too many expressions constructed" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_the_submit_compile_is_bounded_in_time(demo_model_dir: Path) -> None:
+    from jobs.constraint_check import check_constraint_compiles
+    from jobs.model_check import check_model
+    from jobs.settings import Settings
+
+    config = check_model(str(demo_model_dir))
+    many = SamplingSpec(choice=tuple(f"choice number {i}" for i in range(10_000)))  # ~0.5 s to compile
+    with pytest.raises(FreightError, match=r"did not compile within 0.05 s \(FREIGHT_CONSTRAINT_CHECK_TIMEOUT_S\)"):
+        check_constraint_compiles(many, str(demo_model_dir), config, Settings(constraint_check_timeout_s=0.05))

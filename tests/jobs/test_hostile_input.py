@@ -157,3 +157,29 @@ def test_results_to_refuses_a_file_inside_out_and_an_existing_file_without_force
     errors.write_text("keep")
     result = runner.invoke(app, ["results", str(out), "--to", str(tmp_path / "o.jsonl"), "--format", "openai"])
     assert result.exit_code == 2 and "o.errors.jsonl exists" in result.output and errors.read_text() == "keep"
+
+
+def test_hostile_row_constraints_are_their_rows_errors(tmp_path: Path, demo_model_dir: Path) -> None:
+    """A schema 300 levels deep (RecursionError in canonicalization took the job down), 100,000
+    choices (a 16 s compile ending in a multi-line Rust backtrace): each its row's one-line error."""
+    import pyarrow as pa
+
+    deep: dict = {"type": "string"}
+    for _ in range(300):
+        deep = {"type": "object", "properties": {"a": deep}}
+    prompts = ["def add(a, b):", "def sub(a, b):", "def mul(a, b):", "def div(a, b):"]
+    table = pa.table({
+        "prompt": prompts,
+        "json_schema": pa.array([None, json.dumps(deep), None, None], pa.string()),
+        "choice": pa.array([None, None, [f"c{i}" for i in range(100_000)], None], pa.list_(pa.string())),
+    })  # fmt: skip
+    data = write_parquet(table, tmp_path / "in.parquet")
+    out = tmp_path / "out"
+    code, output = _run(str(data), "--model", str(demo_model_dir), "--output", str(out), "--row-constraints",
+                        "--max-tokens", "3")  # fmt: skip
+    assert code == 0, output
+    rows = {r["id"]: r for r in pq.read_table(out / "shards").to_pylist()}
+    assert rows["0"]["error"] is None and rows["3"]["error"] is None
+    assert "nests more than 64 levels of objects and arrays" in rows["1"]["error"]
+    assert "100,000 choices, more than the 10,000" in rows["2"]["error"]
+    assert all("\n" not in (r["error"] or "") for r in rows.values())

@@ -80,5 +80,15 @@ class GrammarCache:
             return f"structured outputs are not available for this model: llguidance cannot read its tokenizer ({exc})"
         matcher = llguidance.LLMatcher(tokenizer, text, log_level=0)
         if matcher.is_error():
-            return f"the {what} constraint does not compile: {matcher.get_error()}; fix it"
+            return f"the {what} constraint does not compile: {_one_line(matcher.get_error())}; fix it"
         return matcher
+
+
+def _one_line(message: str) -> str:
+    """llguidance's error as one line: its first line, and its `error:` line when it has one (a regex
+    parse error puts the reason there, after the pattern and a caret); a panic's backtrace dropped."""
+    lines = [line.strip() for line in message.split("<backtrace>", 1)[0].splitlines() if line.strip()]
+    if not lines:
+        return "the grammar library refused it"
+    reason = next((line.removeprefix("error: ") for line in lines[1:] if line.startswith("error: ")), None)
+    return f"{lines[0]} {reason}" if reason else lines[0]
