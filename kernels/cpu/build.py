@@ -49,26 +49,28 @@ def _cpu_signature() -> str:
     return "\n".join(dict.fromkeys(wanted))  # every core repeats them; keep one of each
 
 
-def library_path(source: Path, compiler: str) -> Path:
+def library_path(source: Path, compiler: str, extra_flags: tuple[str, ...] = ()) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
     headers = [h.read_text() for h in sorted(source.parent.glob("*.h"))]  # what `#include "..."` can pull in
     key = hashlib.sha256(
-        "\0".join([source.read_text(), *headers, " ".join(FLAGS + LIBS), version, _cpu_signature()]).encode()
+        "\0".join([source.read_text(), *headers, " ".join(FLAGS + extra_flags + LIBS), version, _cpu_signature()]).encode()
     ).hexdigest()[:16]
     return cache_dir() / f"{source.stem}-{key}.so"
 
 
-def load_library(source: Path) -> ctypes.CDLL:
-    """Compile `source` (if not cached) and load it. Raises KernelBuildError with the compiler's output."""
+def load_library(source: Path, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """Compile `source` (if not cached) and load it. Raises KernelBuildError with the compiler's output.
+    extra_flags follow FLAGS on the command line (e.g. "-mno-avx512f": a narrower instruction set of
+    this CPU, which the tests use to check every path a kernel has)."""
     compiler = _compiler()
-    path = library_path(source, compiler)
+    path = library_path(source, compiler, extra_flags)
     if not path.exists():
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
                 built = Path(tmp) / path.name
                 proc = subprocess.run(
-                    [compiler, *FLAGS, "-o", str(built), str(source), *LIBS],
+                    [compiler, *FLAGS, *extra_flags, "-o", str(built), str(source), *LIBS],
                     capture_output=True, text=True, check=False,
                 )  # fmt: skip
                 if proc.returncode != 0:
