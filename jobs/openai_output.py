@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
@@ -21,7 +22,7 @@ from jobs import datasets
 from jobs.endpoints import CHAT_URL, EMBEDDINGS_URL, ENDPOINT_URLS, default_endpoint
 from jobs.errors import FreightError
 from jobs.finalize import load_shard_record
-from jobs.manifest import Manifest, ShardPlan, shard_result_key
+from jobs.manifest import Manifest, ShardPlan, partial_prefix, shard_result_key
 from jobs.openai_bodies import embedding_body, error_body, generation_body
 from jobs.storage import ObjectStore
 
@@ -30,10 +31,14 @@ FAILED_REASONS = ("error", "cancelled")
 
 @dataclass(frozen=True)
 class OpenAIExport:
-    """What an export wrote: `requests` lines in all, `failed` of them to the error file."""
+    """What an export wrote: `requests` lines in all, `failed` of them to the error file; the tokens
+    of the requests in the output file (a finalized job's equal its cost report's)."""
 
     requests: int
     failed: int
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -92,10 +97,11 @@ def request_line(
     return line, False
 
 
-def shard_lines(
-    store: ObjectStore, manifest: Manifest, shard: ShardPlan
-) -> Iterator[tuple[dict[str, Any], bool]]:
-    """(line, failed) for each row of a committed shard, in input order."""
+Line = tuple[dict[str, Any], bool, dict[str, Any] | None]  # (line, failed, the result row of a line that ran)
+
+
+def shard_lines(store: ObjectStore, manifest: Manifest, shard: ShardPlan) -> Iterator[Line]:
+    """(line, failed, row) for each row of a committed shard, in input order."""
     table = datasets.read_result(store.get(shard_result_key(shard.index)))
     rows = shard.row_indices()
     if table.num_rows != len(rows):
@@ -105,26 +111,49 @@ def shard_lines(
         )
     created = int(load_shard_record(store, shard.index).finished_at)
     for row_number, row in zip(rows, table.to_pylist(), strict=True):
-        yield request_line(row, row_number, manifest, created)
+        line, bad = request_line(row, row_number, manifest, created)
+        yield line, bad, row
 
 
 # A job that ended before some shards ran: their requests go to the error file, as OpenAI's
 ENDED = {  # error codes for a batch's unrun requests
     "expired": ("batch_expired", "this request could not be run before the job's completion window ended"),
     "cancelled": ("batch_cancelled", "the job was cancelled before this request ran"),
+    "failed": ("batch_failed", "this request's shard failed on every attempt; see the job's failures.json"),
 }
 
 
-def unrun_lines(manifest: Manifest, shard: ShardPlan, ended: str, settings: Any = None) -> Iterator[dict[str, Any]]:
-    """The error lines of an ended job's unrun shard: one per request, ids from the input."""
+def partial_rows(store: ObjectStore, shard: ShardPlan) -> dict[int, dict[str, Any]]:
+    """Rows an uncommitted shard's interrupted attempts finished (OUT/partial/<shard>/), by row number;
+    a later attempt's row wins (all agree: seeds are per row)."""
+    done: dict[int, dict[str, Any]] = {}
+    for key in store.list(partial_prefix(shard.index)):
+        if key.endswith(".parquet"):
+            for row in datasets.read_result(store.get(key)).to_pylist():
+                done[int(row["row"])] = row
+    return done
+
+
+def ended_shard_lines(
+    store: ObjectStore, manifest: Manifest, shard: ShardPlan, ended: str, settings: Any = None
+) -> Iterator[Line]:
+    """The lines of an uncommitted shard of an ended job, in input order: its rows that an interrupted
+    attempt finished, as they ran; every other request to the error file as `ENDED[ended]`."""
     code, message = ENDED[ended]
+    finished = partial_rows(store, shard)
     table = datasets.InputReader(manifest.input, settings).read(shard.ranges)
     rows = shard.row_indices()
     column = manifest.input.id_column
     ids = table.column(column).to_pylist() if column else [None] * len(rows)
+    created = int(time.time())
     for row, value in zip(rows, ids, strict=True):
-        yield {"id": RequestIds.of(manifest.job_id, row).line, "custom_id": str(row if value is None else value),
-               "response": None, "error": {"code": code, "message": message}}  # fmt: skip
+        if row in finished:
+            line, bad = request_line(finished[row], row, manifest, created)
+            yield line, bad, finished[row]
+            continue
+        line = {"id": RequestIds.of(manifest.job_id, row).line, "custom_id": str(row if value is None else value),
+                "response": None, "error": {"code": code, "message": message}}  # fmt: skip
+        yield line, True, None
 
 
 def export_openai(
@@ -137,21 +166,26 @@ def export_openai(
     settings: Any = None,
 ) -> OpenAIExport:
     """Write the lines of these committed shards (in shard order) to `output` and `errors`; with
-    `ended` ("expired" or "cancelled"), every request of the other shards to `errors` too."""
+    `ended` ("expired", "cancelled" or "failed"), the other shards' lines too: the rows their
+    interrupted attempts finished, and every other request to `errors` (ENDED)."""
     check_exportable(manifest)
-    total = failed = 0
+    total = failed = prompt = cached = completion = 0
     for shard in manifest.shards:
         if shard.index in shard_indices:
-            lines: Iterator[tuple[dict[str, Any], bool]] = shard_lines(store, manifest, shard)
+            lines: Iterator[Line] = shard_lines(store, manifest, shard)
         elif ended is not None:
-            lines = ((line, True) for line in unrun_lines(manifest, shard, ended, settings))
+            lines = ended_shard_lines(store, manifest, shard, ended, settings)
         else:
             continue
-        for line, bad in lines:
+        for line, bad, row in lines:
             (errors if bad else output).write((json.dumps(line, ensure_ascii=False) + "\n").encode())
             total += 1
             failed += bad
-    return OpenAIExport(requests=total, failed=failed)
+            if not bad and row is not None:
+                prompt += int(row["prompt_tokens"])
+                cached += int(row["cached_tokens"])
+                completion += int(row["completion_tokens"])
+    return OpenAIExport(total, failed, prompt, cached, completion)
 
 
 __all__ = ["OpenAIExport", "RequestIds", "check_exportable", "export_openai"]
