@@ -76,7 +76,8 @@ def request_line(
     if endpoint not in ENDPOINT_URLS:
         raise ValueError(f"row {row['id']!r}: endpoint {endpoint!r} is none of {', '.join(ENDPOINT_URLS)}")
     line: dict[str, Any] = {"id": ids.line, "custom_id": str(row["id"])}
-    model = manifest.spec.model  # as `vllm run-batch` names it: the model as the job was given it
+    # the served name (freight serve --models), else as `vllm run-batch` names it: as the job was given it
+    model = manifest.spec.model_name or manifest.spec.model
     if row.get("error") is not None or row["finish_reason"] in FAILED_REASONS:
         message = row.get("error") or f"the request ended with finish_reason {row['finish_reason']!r}"
         if row["finish_reason"] == "cancelled":

@@ -161,7 +161,9 @@ class JobSpec(LaterFields):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     # added after the first manifests: left out of the JSON (and the job id) at their defaults (LaterFields)
-    LATER: ClassVar[tuple[str, ...]] = ("task", "dimensions", "speculative", "speculative_tokens", "row_constraints")
+    LATER: ClassVar[tuple[str, ...]] = (
+        "task", "dimensions", "speculative", "speculative_tokens", "row_constraints", "model_name",
+    )
 
     input: str = Field(..., min_length=1, description="Parquet file, folder/prefix of Parquet, or .jsonl")
     model: str = Field(..., min_length=1, description="HF checkpoint folder or s3://bucket/prefix")
@@ -194,6 +196,11 @@ class JobSpec(LaterFields):
         False,
         description="read a Parquet input's per-row constraint columns (response_format, json_schema, regex, "
         "choice); without it, columns of those names are plain data",
+    )
+    model_name: str | None = Field(
+        None, min_length=1, max_length=256, description="the name requests give the model (`freight serve "
+        "--models`): a body's model must be it (or absent), and output bodies carry it; None: the checkpoint's "
+        "path or folder name",
     )
 
     @field_validator("input", "model", "output")

@@ -139,7 +139,7 @@ def _batch_request(
     row: int, row_id: str | int, endpoint: Any, body_text: str, spec: JobSpec, tokenizer: Any, max_n: int
 ) -> RowRequest:
     body = parse_body(endpoint, body_text).body
-    _check_model(body.model, spec.model)
+    _check_model(body.model, spec)
     if isinstance(body, EmbeddingBody):
         prompt = list(body.input) if isinstance(body.input, tuple) else body.input
         return RowRequest(
@@ -178,9 +178,19 @@ def _batch_request(
     )
 
 
-def _check_model(asked: str | None, job_model: str) -> None:
-    """A body's `model` must name the job's model: its path or URL, or the same last path component
-    ("Qwen/Qwen3-0.6B" names /models/Qwen3-0.6B), compared without case. Absent: the job's model."""
+def _check_model(asked: str | None, spec: JobSpec) -> None:
+    """A body's `model` must name the job's model: its served name when the job has one (`freight serve
+    --models`: nothing else, so a request names no path of the server), else its path or URL, or the
+    same last path component ("Qwen/Qwen3-0.6B" names /models/Qwen3-0.6B), compared without case.
+    Absent: the job's model."""
+    if spec.model_name is not None:
+        if asked is not None and asked != spec.model_name:
+            raise ValueError(
+                f"model {asked!r}: this batch runs {spec.model_name!r}, and a batch runs one model (name it, "
+                "or leave model out; send other models' requests in batches of their own)"
+            )
+        return
+    job_model = spec.model
     if asked is None or asked == job_model:
         return
     mine = PurePosixPath(job_model.rstrip("/")).name

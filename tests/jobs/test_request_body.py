@@ -189,3 +189,16 @@ def test_jobs_planned_before_bodies_were_kept_still_build_and_resume(tokenizer: 
            "cached_tokens": 0, "completion_tokens": 1, "error": None}  # fmt: skip
     res = result_row(row, default_endpoint(old))
     assert res.row == 7 and res.endpoint == "/v1/chat/completions" and res.completions is None
+
+
+def test_a_served_model_name_is_the_only_model_a_body_may_name(tokenizer: Any, demo_model_dir: Path) -> None:
+    """A job with a model_name (`freight serve --models`) takes that name or none; a path of the server,
+    even the job's own checkpoint, is refused: requests name models, not the server's folders."""
+    spec = job_spec(demo_model_dir).model_copy(update={"model_name": "tiny-chat"})
+    assert one_request(tokenizer, spec, {"messages": USER, "model": "tiny-chat"}).error is None
+    assert one_request(tokenizer, spec, {"messages": USER}).error is None
+    for other in ("gpt-4o", str(demo_model_dir), "tiny"):
+        req = one_request(tokenizer, spec, {"messages": USER, "model": other})
+        assert req.error is not None and "this batch runs 'tiny-chat'" in req.error, req.error
+    assert job_spec(demo_model_dir).job_id == job_spec(demo_model_dir).model_copy(update={"model_name": None}).job_id
+    assert spec.job_id != job_spec(demo_model_dir).job_id
