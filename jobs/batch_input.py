@@ -43,6 +43,15 @@ DEFAULT_MAX_BYTES = 256 << 20
 MAX_DEPTH = 128
 
 
+class BatchFileError(InputError):
+    """A whole-file problem, with what it is per line: `problems` = (line number or None, code, what)
+    (OpenAI's batch error codes: empty_file, invalid_file_format, duplicate_custom_id)."""
+
+    def __init__(self, message: str, problems: tuple[tuple[int | None, str, str], ...]) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+
 @dataclass(frozen=True)
 class BatchFile:
     """A parsed batch file: `table` (BATCH_COLUMNS, one row per non-blank line) and, per row, the
@@ -76,9 +85,12 @@ def read_batch(url: str, data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Bat
             lines.append(_parse_line(lineno, raw))
             numbers.append(lineno)
     if not lines:
-        raise InputError(f"input {url} is empty: no JSONL lines")
+        raise BatchFileError(f"input {url} is empty: no JSONL lines", ((None, "empty_file", "no JSONL lines"),))
     if all(line.error is not None for line in lines):
-        raise InputError(f"no line of {url} is an OpenAI-Batch request; {lines[0].error}")
+        raise BatchFileError(
+            f"no line of {url} is an OpenAI-Batch request; {lines[0].error}",
+            tuple((n, "invalid_request", line.error or "") for n, line in zip(numbers[:SHOW], lines, strict=False)),
+        )
     ids = _ids(url, lines, numbers)
     table = pa.table(
         {
@@ -120,18 +132,21 @@ def _ids(url: str, lines: list[_Line], numbers: list[int]) -> list[str]:
     if repeated:
         shown = "; ".join(f"{cid!r} on lines {', '.join(map(str, nos))}" for cid, nos in repeated[:SHOW])
         more = f" and {len(repeated) - SHOW} more" if len(repeated) > SHOW else ""
-        raise InputError(
+        raise BatchFileError(
             f"{url}: custom_id repeats ({shown}{more}): every request of a batch file needs its own "
-            "custom_id, as OpenAI requires"
-        )
+            "custom_id, as OpenAI requires",
+            tuple((no, "duplicate_custom_id", f"custom_id {cid!r} is also on line {nos[0]}")
+                  for cid, nos in repeated for no in nos[1:]),
+        )  # fmt: skip
     ids: list[str] = []
     for line, lineno in zip(lines, numbers, strict=True):
         if line.custom_id is None:
             placeholder = f"line-{lineno}"
             if placeholder in seen:
-                raise InputError(
+                raise BatchFileError(
                     f"{url}: line {lineno} has no usable custom_id and would be reported as "
-                    f"{placeholder!r}, which line {seen[placeholder][0]} uses as its custom_id: rename that id"
+                    f"{placeholder!r}, which line {seen[placeholder][0]} uses as its custom_id: rename that id",
+                    ((seen[placeholder][0], "duplicate_custom_id", f"custom_id {placeholder!r} names line {lineno} too"),),
                 )
             ids.append(placeholder)
         else:

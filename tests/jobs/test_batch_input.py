@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.batch_input import read_batch
+from jobs.batch_input import BatchFileError, read_batch
 from jobs.errors import InputError
 from jobs.planner import plan
 from jobs.spec import JobSpec
@@ -72,6 +72,21 @@ def test_whole_file_problems_are_refused(data: bytes, expected: str) -> None:
     with pytest.raises(InputError) as err:
         read_batch("in.jsonl", data)
     assert expected in str(err.value)
+
+
+def test_whole_file_problems_name_their_lines() -> None:
+    """What a batch's errors.data reports (freight serve): each repeat by the line it repeats on."""
+    data = _file(*({"custom_id": c, "body": {"prompt": "x"}} for c in ("r1", "r2", "r1", "r2", "r1")))
+    with pytest.raises(BatchFileError) as err:
+        read_batch("in.jsonl", data)
+    assert err.value.problems == (
+        (3, "duplicate_custom_id", "custom_id 'r1' is also on line 1"),
+        (5, "duplicate_custom_id", "custom_id 'r1' is also on line 1"),
+        (4, "duplicate_custom_id", "custom_id 'r2' is also on line 2"),
+    )
+    with pytest.raises(BatchFileError) as empty:
+        read_batch("in.jsonl", b"\n\n")
+    assert empty.value.problems == ((None, "empty_file", "no JSONL lines"),)
 
 
 def test_plan_groups_batch_rows_by_prompt_text_and_writes_nothing(tmp_path: Path, demo_model_dir: Path) -> None:
