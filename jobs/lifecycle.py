@@ -48,16 +48,19 @@ class Lifecycle(BaseModel):
         return self.deadline is not None and (time.time() if now is None else now) >= self.deadline
 
 
-def parse_window(text: str) -> float:
-    """`--completion-window` in seconds: a duration (24h, 30m, 1h30m, 2d, 90s), at least a minute."""
+def parse_window(text: str, minimum: float = MIN_WINDOW_S, name: str = "--completion-window") -> float:
+    """A completion window in seconds: a duration (24h, 30m, 1h30m, 2d, 90s), at least `minimum`
+    seconds; ValueError naming `name` (the flag or field) otherwise."""
     value = text.strip().lower()
     match = _DURATION.fullmatch(value)
     if not value or not match:
-        raise ValueError(f"--completion-window {text!r} is not a duration: give e.g. 24h, 30m, 1h30m or 2d")
+        raise ValueError(f"{name} {text!r} is not a duration: give e.g. 24h, 30m, 1h30m or 2d")
     days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
     window = days * 86400.0 + hours * 3600.0 + minutes * 60.0 + seconds
-    if window < MIN_WINDOW_S:
-        raise ValueError(f"--completion-window {text!r} is under a minute: give 1m or more")
+    if window < minimum:
+        if minimum == MIN_WINDOW_S:
+            raise ValueError(f"{name} {text!r} is under a minute: give 1m or more")
+        raise ValueError(f"{name} {text!r} is shorter than {minimum:g}s: give {minimum:g}s or more")
     return window
 
 

@@ -91,6 +91,7 @@ def run_local(
     manifest: Manifest,
     *,
     engine: Any = None,
+    load_seconds: float = 0.0,
     settings: Settings | None = None,
     should_stop: Callable[[], bool] | None = None,
     on_row: Callable[[RowProgress], None] | None = None,
@@ -98,11 +99,12 @@ def run_local(
 ) -> LocalRun:
     """Run every uncommitted shard of the job in order, then finalize. Committed shards are skipped.
 
-    Stops early (report None) when `should_stop` turns True; rerunning resumes.
+    Stops early (report None) when `should_stop` turns True; rerunning resumes. `engine`: a loaded
+    engine for the manifest's model (default: load one); `load_seconds`: what loading it took, charged
+    to the first shard run (a caller that keeps an engine across jobs charges it once).
     """
     done = committed_shards(store)
     todo = [s.index for s in manifest.shards if s.index not in done]
-    load_seconds = 0.0
     if todo and engine is None:
         engine, load_seconds = load_engine(manifest, settings)
         log.info("engine_loaded", model=manifest.spec.model, seconds=round(load_seconds, 3))

@@ -11,10 +11,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from jobs.api.access_log import AccessLog
 from jobs.api.auth import Authenticator
 from jobs.api.config import ServeConfig
 from jobs.api.context import ServeContext
 from jobs.api.errors import install_handlers
+from jobs.api.routes_batches import router as batches_router
 from jobs.api.routes_files import router as files_router
 from jobs.api.runner import BatchRunner
 from jobs.settings import Settings, get_settings
@@ -27,8 +29,11 @@ def create_app(
     *,
     runner: BatchRunner | None = None,
     settings: Settings | None = None,
+    access_log: bool = False,
 ) -> FastAPI:
-    """The app over `store`. `runner` runs the batches (started and stopped with the app)."""
+    """The app over `store`. `runner` runs the batches (started and stopped with the app); None
+    serves files and records only (batches stay validating until a runner looks at the store).
+    `access_log`: a log line per request (jobs/api/access_log.py)."""
     config = config or ServeConfig()
 
     @asynccontextmanager
@@ -49,4 +54,7 @@ def create_app(
     )  # fmt: skip
     install_handlers(app)
     app.include_router(files_router)
+    app.include_router(batches_router)
+    if access_log:
+        app.add_middleware(AccessLog)
     return app

@@ -3,7 +3,6 @@ keys made the way `freight keys create` makes them, and the official `openai` cl
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,12 +19,7 @@ from jobs.api.config import ServeConfig
 from jobs.api.keys import create_key
 from jobs.settings import get_settings
 from jobs.storage import LocalStore, ObjectStore
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.api.serve_harness import ServeProcess, free_port, start_server
 
 
 @dataclass
@@ -88,18 +82,46 @@ def key_b(store: ObjectStore) -> str:
     return create_key(store, "team-b")[0]
 
 
-def batch_line(custom_id: str, content: str = "Say hello", url: str = "/v1/chat/completions", **body: object) -> str:
-    import json
+@pytest.fixture(scope="session")
+def served_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny llama checkpoint that generates and embeds (a sentence-transformers pooling config)."""
+    from worker.demo_model import add_pooling_config, make_demo_model
 
-    if url == "/v1/chat/completions":
-        payload: dict[str, object] = {"messages": [{"role": "user", "content": content}], **body}
-    elif url == "/v1/completions":
-        payload = {"prompt": content, **body}
-    else:
-        payload = {"input": content, **body}
-    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": payload})
-
-
-def batch_file(path: Path, n: int, **body: object) -> Path:
-    path.write_text("".join(batch_line(f"req-{i}", f"Tell me about the number {i}", **body) + "\n" for i in range(n)))
+    path = make_demo_model(tmp_path_factory.mktemp("models") / "tiny", arch="llama")
+    add_pooling_config(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def serve_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment of every server the suite starts: one kernel build cache for all of them."""
+    import os
+
+    base = tmp_path_factory.mktemp("serve-env")
+    # the CPU kernels the engine tests build (their default cache): built once, not once per server
+    kernels = os.environ.get("FREIGHT_KERNEL_CACHE") or str(
+        Path(os.environ.get("FREIGHT_CACHE_DIR") or Path.home() / ".cache" / "freight") / "kernels"
+    )
+    return {
+        **os.environ,
+        "FREIGHT_CACHE_DIR": str(base / "cache"),
+        "FREIGHT_KERNEL_CACHE": kernels,
+        "FREIGHT_PROFILES_PATH": str(base / "profiles.json"),
+        "FREIGHT_LOG_FORMAT": "json",
+        "FREIGHT_LOG_LEVEL": "info",
+    }
+
+
+@pytest.fixture
+def serve_process(tmp_path: Path, serve_env: dict[str, str]) -> Iterator[Callable[..., ServeProcess]]:
+    """serve_process(*flags) -> a `freight serve` over tmp_path/store (stopped after the test)."""
+    started: list[ServeProcess] = []
+
+    def start(*flags: str, store_dir: Path | None = None) -> ServeProcess:
+        server = start_server(store_dir or tmp_path / "store", serve_env, *flags)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

@@ -17,7 +17,8 @@ from openai.types import FileDeleted, FileObject
 
 from jobs.api.keys import create_key, revoke_key
 from jobs.storage import ObjectStore
-from tests.api.conftest import ThreadServer, batch_file, batch_line
+from tests.api.conftest import ThreadServer
+from tests.api.serve_harness import batch_file, batch_line
 
 
 def _objects(store: ObjectStore) -> list[str]:

@@ -1,0 +1,145 @@
+"""`freight serve`: OpenAI's Files and Batches API over a store, batches run embedded or on the fleet.
+
+The composition root of the server: the app (jobs/api/) gets a BatchProcessRunner whose child is
+`python -m freight_cli.batch_process`: with --redis that child submits batches to the fleet and
+never loads torch; without, it runs them with the embedded runner.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from freight_cli.common import fail
+from jobs.errors import FreightError
+from jobs.settings import get_settings
+
+_SIZE = re.compile(r"(\d+)\s*(|k|m|g|t)(i?)b?", re.IGNORECASE)
+
+
+def parse_size(text: str, flag: str) -> int | None:
+    """Bytes from 200MiB, 10GB, 5000000 (`none`: no limit); FreightError otherwise."""
+    if text.strip().lower() in ("none", "unlimited"):
+        return None
+    match = _SIZE.fullmatch(text.strip())
+    if not match:
+        raise FreightError(f"{flag} {text!r}: give a size such as 200MiB, 10GB or 5000000 (or none)")
+    digits, unit, binary = match.groups()
+    base = 1024 if binary else 1000
+    return int(digits) * base ** " kmgt".index(unit.lower() or " ")
+
+
+def parse_ttl(text: str, flag: str) -> int | None:
+    """Seconds from 30d, 12h, 90m (`never`: files are kept until deleted); FreightError otherwise."""
+    from jobs.lifecycle import parse_window
+
+    if text.strip().lower() in ("never", "none"):
+        return None
+    try:
+        return int(parse_window(text, minimum=1, name=flag))
+    except ValueError as exc:
+        raise FreightError(str(exc)) from None
+
+
+def serve(
+    store: str = typer.Option(..., "--store", metavar="STORE", help="where files, batches and their jobs live: "
+                              "a folder or s3://bucket/prefix (the truth: a restarted server resumes from it)"),
+    host: str = typer.Option("127.0.0.1", help="address to listen on (0.0.0.0: every interface)"),
+    port: int = typer.Option(8000, help="port to listen on"),
+    redis: str | None = typer.Option(None, "--redis", metavar="URL", help="run batches on the fleet of this "
+                                     "Redis (freight workers and the autoscaler); default: in this server, one at a time"),
+    models: Path | None = typer.Option(None, "--models", metavar="FILE", help="TOML or JSON: the model names "
+                                       "requests may give, each a checkpoint (default: a request names a "
+                                       "checkpoint folder or s3:// prefix)"),
+    max_upload: str = typer.Option("200MiB", "--max-upload", metavar="SIZE", help="largest file a client may upload"),
+    max_upload_requests: int = typer.Option(50_000, "--max-upload-requests", metavar="N",
+                                            help="most requests (lines) of one uploaded file"),
+    file_ttl: str = typer.Option("30d", "--file-ttl", metavar="DURATION", help="lifetime of an uploaded file "
+                                 "without expires_after (never: kept until deleted)"),
+    output_ttl: str = typer.Option("30d", "--output-ttl", metavar="DURATION", help="lifetime of a batch's output "
+                                   "and error files without output_expires_after (never: kept until deleted)"),
+    max_stored: str = typer.Option("none", "--max-stored", metavar="SIZE", help="every tenant's limit on the "
+                                   "bytes of its files (`freight keys limits` sets one tenant's)"),
+    max_batches: int | None = typer.Option(None, "--max-batches-in-flight", metavar="N",
+                                           help="every tenant's limit on its unfinished batches"),
+    min_window: str = typer.Option("1m", "--min-completion-window", metavar="DURATION",
+                                   help="the shortest completion_window a batch may ask for"),
+    default_max_tokens: int = typer.Option(4096, "--default-max-tokens", metavar="N",
+                                           help="tokens generated for a request that gives no max_tokens"),
+    shard_rows: int = typer.Option(256, "--shard-rows", metavar="N", help="requests per shard of a batch's job"),
+    instance_type: str = typer.Option("cpu-local", "--instance-type", help="price table key of the machines "
+                                      "batches run on (their cost reports)"),
+    market: str = typer.Option("on-demand", "--market", help="on-demand or spot"),
+    price_per_hour: float | None = typer.Option(None, "--price-per-hour", metavar="USD", help="overrides the table"),
+    poll: float = typer.Option(1.0, "--poll", metavar="SECONDS", help="how often the batch process looks at the store"),
+    access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="log each request (never a key)"),
+) -> None:
+    """Serve OpenAI's Files and Batches API (/v1/files, /v1/batches): the openai SDK runs its batches here."""
+    import uvicorn
+
+    from jobs.api.app import create_app
+    from jobs.api.config import ServeConfig
+    from jobs.api.models import load_models
+    from jobs.api.supervisor import BatchProcessRunner
+    from jobs.api.tenants import TenantLimits
+    from jobs.lifecycle import parse_window
+    from jobs.redact import redact_url
+    from jobs.storage import open_store
+
+    settings = get_settings()
+    try:
+        served = load_models(models) if models is not None else {}
+        config = ServeConfig(
+            max_upload_bytes=parse_size(max_upload, "--max-upload") or 1 << 62,
+            max_upload_lines=max_upload_requests,
+            file_ttl_s=parse_ttl(file_ttl, "--file-ttl"),
+            output_ttl_s=parse_ttl(output_ttl, "--output-ttl"),
+            limits=TenantLimits(max_stored_bytes=parse_size(max_stored, "--max-stored"),
+                                max_batches_in_flight=max_batches),  # fmt: skip
+            min_completion_window_s=parse_window(min_window, minimum=1, name="--min-completion-window"),
+            default_max_tokens=default_max_tokens,
+            shard_rows=shard_rows,
+            instance_type=instance_type,
+            market=market,  # type: ignore[arg-type]
+            price_per_hour=price_per_hour,
+            models=served,
+            poll_s=poll,
+        )
+        serve_store = open_store(store, settings)
+        serve_store.list("serve/")  # unreachable or refused storage fails here, not at the first request
+    except (FreightError, ValueError) as exc:  # ValueError: pydantic's, a malformed URL or duration
+        raise fail(str(exc).splitlines()[0] if "validation error" not in str(exc) else _first_error(exc)) from None
+    env = dict(os.environ)
+    env["FREIGHT_SERVE_CONFIG"] = config.model_dump_json()
+    command = [sys.executable, "-m", "freight_cli.batch_process", "--store", serve_store.url]
+    if redis is not None:
+        env["FREIGHT_REDIS_URL"] = redis
+        command.append("--fleet")
+    runner = BatchProcessRunner(command, env)
+    app = create_app(serve_store, config, runner=runner, settings=settings, access_log=access_log)
+    mode = f"on the fleet of {redact_url(redis)}" if redis else "in this server, one at a time"
+    Console(stderr=True, highlight=False).print(
+        f"freight serve: OpenAI Files + Batches API on http://{host}:{port}/v1 (store {serve_store.url}; batches run "
+        f"{mode}); make a key with `freight keys create --tenant NAME --store {serve_store.url}`", soft_wrap=True,
+    )  # fmt: skip
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
+                timeout_graceful_shutdown=30)  # fmt: skip
+
+
+def _first_error(exc: Exception) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        err = exc.errors()[0]
+        return f"{'.'.join(str(p) for p in err.get('loc', ()))}: {err['msg']}"
+    return str(exc)
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to `app`."""
+    app.command("serve")(serve)
