@@ -77,6 +77,7 @@ def serve(
     market: str = typer.Option("on-demand", "--market", help="on-demand or spot"),
     price_per_hour: float | None = typer.Option(None, "--price-per-hour", metavar="USD", help="overrides the table"),
     poll: float = typer.Option(1.0, "--poll", metavar="SECONDS", help="how often the batch process looks at the store"),
+    sweep: float = typer.Option(60.0, "--sweep", metavar="SECONDS", help="seconds between retention sweeps"),
     access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="log each request (never a key)"),
 ) -> None:
     """Serve OpenAI's Files and Batches API (/v1/files, /v1/batches): the openai SDK runs its batches here."""
@@ -99,6 +100,7 @@ def serve(
             max_upload_lines=max_upload_requests,
             file_ttl_s=parse_ttl(file_ttl, "--file-ttl"),
             output_ttl_s=parse_ttl(output_ttl, "--output-ttl"),
+            sweep_s=sweep,
             limits=TenantLimits(max_stored_bytes=parse_size(max_stored, "--max-stored"),
                                 max_batches_in_flight=max_batches),  # fmt: skip
             min_completion_window_s=parse_window(min_window, minimum=1, name="--min-completion-window"),

@@ -11,6 +11,7 @@ One loop (`BatchProcess.run`), every ServeConfig.poll_s or when the API nudges i
                  succeeded -> finalizing -> completed; cancelled / expired / failed -> that status,
                  each with its output and error files (jobs/api/batch_export.py);
   finalizing  -> the files written again (a process that died mid-way), completed;
+- every ServeConfig.sweep_s, the sweeper (jobs/api/retention.py).
 
 Everything it knows is in the store, so a new batch process (a restarted server) picks each batch up
 where it was: a job in progress resumes from its committed shards and saved partial rows.
@@ -29,6 +30,7 @@ from jobs.api.config import ServeConfig
 from jobs.api.executor import MAX_UNCLEAN_RUNS, BatchJob, Executor, Outcome, unclean_runs
 from jobs.api.layout import ACTIVE_PREFIX, active_key, job_prefix, parse_active, sub_store
 from jobs.api.leader import Leadership
+from jobs.api.retention import OrphanSweep, sweep
 from jobs.errors import StorageUnavailableError
 from jobs.expiry import expire_job
 from jobs.log import get_logger
@@ -47,6 +49,9 @@ class BatchProcess:
         self.leader = Leadership(store)
         self._jobs: dict[str, BatchJob] = {}  # batches whose job this process has started, by id
         self._counts_at: dict[str, float] = {}
+        self._inputs: set[tuple[str, str]] = set()  # (tenant, file id) of unfinished batches' inputs
+        self._swept_at = 0.0
+        self._orphans = OrphanSweep()
 
     def run(self, stop: threading.Event, wake: threading.Event) -> None:
         """Loop until `stop` is set; `wake` cuts a wait short. Unfinished work resumes at the next start."""
@@ -55,6 +60,7 @@ class BatchProcess:
                 try:
                     if self.leader.hold():
                         self.step()
+                        self._sweep()
                 except StorageUnavailableError as exc:
                     log.warning("batch_process_storage_unavailable", error=str(exc))
                 except Exception as exc:  # one bad pass must not end the process: the next one retries
@@ -68,11 +74,13 @@ class BatchProcess:
     def step(self) -> None:
         """One pass over the work list."""
         entries = sorted((parse_active(k) for k in self.store.list(ACTIVE_PREFIX)), key=lambda e: e[1])
+        inputs: set[tuple[str, str]] = set()
         for tenant, batch_id in entries:
             record = read_record(self.store, tenant, batch_id)
             if record is None or record.final:
                 self.store.delete(active_key(tenant, batch_id))
                 continue
+            inputs.add((tenant, record.input_file_id))
             try:
                 self.advance(record)
             except StorageUnavailableError:
@@ -81,6 +89,7 @@ class BatchProcess:
                 log.error("batch_failed_unexpectedly", batch_id=batch_id, error=f"{type(exc).__name__}: {exc}",
                           exc_info=exc)  # fmt: skip
                 self._fail_hard(record, f"the server could not run this batch ({type(exc).__name__}: {exc})")
+        self._inputs = inputs
 
     def advance(self, record: BatchRecord) -> None:
         """Move one unfinished batch on as far as it goes now."""
@@ -195,3 +204,13 @@ class BatchProcess:
                 log.error("batch_files_failed", batch_id=record.id, error=f"{type(exc).__name__}: {exc}")
         save_record(self.store, record.model_copy(update={"status": "failed", "failed_at": int(time.time()),
                                                           "errors": {"object": "list", "data": errors}}))  # fmt: skip
+
+    def _sweep(self) -> None:
+        now = time.time()
+        if now - self._swept_at < self.config.sweep_s:
+            return
+        self._swept_at = now
+        gone = sweep(self.store, now, self._inputs)
+        gone += self._orphans(self.store, now)
+        if gone:
+            log.info("swept", files=gone)

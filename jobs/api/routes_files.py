@@ -19,6 +19,7 @@ from jobs.api.files import FileRecord, delete_file, file_ids, read_record, save_
 from jobs.api.ids import FILE_PREFIX, new_id
 from jobs.api.layout import ACTIVE_PREFIX, file_content, parse_active
 from jobs.api.pages import page
+from jobs.api.retention import purge_job_rows
 from jobs.api.tenants import read_limits
 from jobs.api.upload import Upload, receive_upload
 from jobs.errors import ObjectNotFoundError
@@ -159,4 +160,6 @@ def delete_file_route(request: Request, file_id: str, who: str = Depends(tenant)
                 "(POST /v1/batches/{id}/cancel) or delete the file once it has ended.", "file_id", "file_in_use",
             )  # fmt: skip
     delete_file(ctx.store, who, record)
+    if record.batch_id is not None:  # the rows behind a batch's outputs go with its last output file
+        purge_job_rows(ctx.store, who, record.batch_id)
     return {"id": file_id, "object": "file", "deleted": True}

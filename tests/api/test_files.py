@@ -230,3 +230,15 @@ def test_a_tenant_over_its_storage_limit_gets_429(
     assert len(a.files.list().data) == 2
     server.client(key_b).files.create(file=path.open("rb"), purpose="batch")  # another tenant's budget
     assert json.loads(server.store.get("tenants/team-a/limits.json")) == {"max_stored_bytes": int(size * 2.5)}
+
+
+def test_the_input_of_an_unfinished_batch_cannot_be_deleted(
+    make_server: Callable[..., ThreadServer], key_a: str, tmp_path: Path
+) -> None:
+    client = make_server().client(key_a)  # no batch process: the batch stays validating
+    upload = client.files.create(file=batch_file(tmp_path / "r.jsonl", 2).open("rb"), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    with pytest.raises(openai.BadRequestError) as busy:
+        client.files.delete(upload.id)
+    assert busy.value.code == "file_in_use" and batch.id in busy.value.message
+    assert client.files.retrieve(upload.id).id == upload.id

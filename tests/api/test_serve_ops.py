@@ -1,5 +1,5 @@
-"""What an operator of `freight serve` relies on: flat memory under a large upload, the `freight keys`
-commands, and no key in any log line or stored object."""
+"""What an operator of `freight serve` relies on: flat memory under a large upload, retention, the
+`freight keys` commands, and no key in any log line or stored object."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.api.serve_harness import FREIGHT, ServeProcess, batch_line
+from tests.api.serve_harness import FREIGHT, ServeProcess, batch_line, wait_batch
 
 
 def _status_kib(pid: int, field: str) -> int:
@@ -40,6 +40,56 @@ def test_a_100_mb_upload_keeps_the_server_memory_flat(serve_process: Callable[..
     assert uploaded.bytes == big.stat().st_size
     assert (peak - before) < 50 * 1024, f"RSS grew {(peak - before) / 1024:.1f} MB during a 100 MB upload"
     assert (server.store_dir / "tenants" / "team-a" / "files" / f"{uploaded.id}.jsonl").stat().st_size == uploaded.bytes
+
+
+def test_expired_files_and_outputs_are_swept(serve_process: Callable[..., ServeProcess], served_model: Path,
+                                             tmp_path: Path) -> None:  # fmt: skip
+    server = serve_process("--file-ttl", "4s", "--output-ttl", "4s", "--sweep", "0.5")
+    client = server.client(server.key("team-a"))
+    path = tmp_path / "in.jsonl"
+    path.write_text(batch_line("a", model=str(served_model), max_tokens=4) + "\n")
+    upload = client.files.create(file=path.open("rb"), purpose="batch")
+    assert upload.expires_at == upload.created_at + 4
+    batch = wait_batch(client, client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                                     completion_window="24h").id)  # fmt: skip
+    assert batch.status == "completed" and batch.output_file_id
+    out = client.files.retrieve(batch.output_file_id)
+    assert out.expires_at == out.created_at + 4
+    job = server.store_dir / "tenants" / "team-a" / "jobs" / batch.id
+    assert list((job / "shards").iterdir())
+    deadline = time.monotonic() + 30
+    files = server.store_dir / "tenants" / "team-a" / "files"
+    while any(files.iterdir()) or (job / "shards").exists() and any((job / "shards").iterdir()):
+        assert time.monotonic() < deadline, sorted(p.name for p in files.iterdir())
+        time.sleep(0.2)
+    assert client.files.list().data == []
+    for file_id in (upload.id, batch.output_file_id):
+        with pytest.raises(openai.NotFoundError):
+            client.files.content(file_id)
+        with pytest.raises(openai.NotFoundError):
+            client.files.retrieve(file_id)
+    assert (job / "cost.json").exists()  # the batch's cost report stays
+    assert client.batches.retrieve(batch.id).status == "completed"
+    assert not list((server.store_dir / "expiring").rglob("file-*"))
+
+
+def test_deleting_a_batch_s_outputs_deletes_the_rows_behind_them(
+    serve_process: Callable[..., ServeProcess], served_model: Path, tmp_path: Path
+) -> None:
+    server = serve_process()
+    client = server.client(server.key("team-a"))
+    path = tmp_path / "in.jsonl"
+    path.write_text(batch_line("a", model=str(served_model), max_tokens=4) + "\n" + batch_line("b", temperature=-1) + "\n")
+    upload = client.files.create(file=path.open("rb"), purpose="batch")
+    batch = wait_batch(client, client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                                     completion_window="24h").id)  # fmt: skip
+    assert batch.output_file_id and batch.error_file_id
+    shards = server.store_dir / "tenants" / "team-a" / "jobs" / batch.id / "shards"
+    client.files.delete(batch.output_file_id)
+    assert any(shards.iterdir())  # the error file still carries rows of the job
+    client.files.delete(batch.error_file_id)
+    assert not shards.exists() or not any(shards.iterdir())
+    client.files.delete(upload.id)  # a finished batch's input may go
 
 
 def test_keys_commands_and_no_key_is_logged_or_stored(serve_process: Callable[..., ServeProcess], tmp_path: Path) -> None:
