@@ -80,12 +80,12 @@ def refusal(address: str, allow: Iterable[IPNetwork]) -> str | None:
         return None
     kind = (
         "loopback" if judged.is_loopback
-        else "link-local (instance metadata lives there)" if judged.is_link_local
+        else "link-local" if judged.is_link_local
         else "multicast" if judged.is_multicast
         else "unspecified" if judged.is_unspecified
         else "private"
     )  # fmt: skip
-    return f"a {kind} address"
+    return f"a {kind} address" + (" (where instance metadata lives)" if kind == "link-local" else "")
 
 
 @dataclass(frozen=True)
