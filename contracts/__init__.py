@@ -8,4 +8,5 @@ package; it imports neither of them, nor kernels/ or torch (tests/jobs/test_impo
     constraint         Constraint: the structured-output rule one request's text follows
     grammar            the llguidance grammar text of each Constraint kind
     row_constraint     a row's Constraint from its body fields or Parquet columns
+    sampling           SamplingParams: a request's sampling, each field's rule declared once
 """

@@ -4,7 +4,7 @@ OpenAI-Batch bodies: `response_format` ({"type": "text" | "json_object" | "json_
 OpenAI checks it), vLLM's `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar` and its
 newer `structured_outputs` {json | regex | choice | grammar | json_object}. Parquet rows: the
 `response_format` (the OpenAI JSON, as text or a struct), `json_schema` (JSON text), `regex` and
-`choice` (a list of strings, or its JSON text) columns. The job's flags (job_constraint) apply to a
+`choice` (a list of strings, or its JSON text) columns. The job's flags (SamplingSpec.constraint) apply to a
 row that gives none; a row's response_format {"type": "text"} (alone) asks for plain text, the job's
 flags notwithstanding. A row gives at most one; two are its error naming both. Each problem raises
 ValueError naming the field (the row's error); whether a schema, pattern or grammar compiles is the
@@ -13,7 +13,6 @@ engine's to find, once per distinct constraint.
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from typing import Any, Literal
@@ -27,20 +26,6 @@ _SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for json_sche
 _RESPONSE_KEYS = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
 _JSON_SCHEMA_KEYS = ("name", "description", "schema", "strict")
 _STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")
-
-
-@functools.lru_cache(maxsize=16)
-def job_constraint(sampling: Any) -> Constraint | None:
-    """The job-wide constraint of --json-schema / --regex / --choice (the job's sampling: its
-    `json_schema`, `regex` and `choice`, at most one set), or None. Cached: every row of a job asks,
-    and a schema is parsed and canonicalized once; `sampling` is frozen and hashable."""
-    if sampling.json_schema is not None:
-        return Constraint.json_schema(sampling.json_schema)
-    if sampling.regex is not None:
-        return Constraint("regex", sampling.regex)
-    if sampling.choice is not None:
-        return Constraint("choice", choices=sampling.choice)
-    return None
 
 
 def body_constraint(fields: dict[str, Any]) -> RowConstraint:

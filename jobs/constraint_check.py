@@ -3,7 +3,7 @@ planning (run, submit, estimate and eval runs alike) so that a pattern or schema
 compile is refused before anything is written, instead of failing every row on a worker.
 
 Submit and worker agree on what is valid because both use the same code: the mapping from
-SamplingSpec to a Constraint (contracts/row_constraint.py `job_constraint`), its grammar text
+SamplingSpec to a Constraint (`SamplingSpec.constraint`, the one rows get), its grammar text
 (contracts/grammar.py `grammar_text`, which the engine compiles), and llguidance's grammar check,
 which the engine's compile runs too. The check needs no tokenizer (a grammar's validity does not
 depend on the vocabulary), so it reads no model files and stays fast (a millisecond or so). The
@@ -50,10 +50,9 @@ def constraint_problem(sampling: SamplingSpec) -> str | None:
     import llguidance
 
     from contracts.grammar import grammar_text
-    from contracts.row_constraint import job_constraint
 
     try:
-        constraint = job_constraint(sampling)
+        constraint = sampling.constraint
         if constraint is None:
             return None
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar_text(constraint))
@@ -87,9 +86,8 @@ def check_constraint_compiles(
     if kind is None:
         return
     from contracts.grammar import grammar_text
-    from contracts.row_constraint import job_constraint
 
-    constraint = job_constraint(sampling)
+    constraint = sampling.constraint
     if constraint is None:
         return
     settings = settings or get_settings()

@@ -2,25 +2,40 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from typing import Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from contracts.constraint import Constraint
+from contracts.sampling import (
+    LogitBias,
+    Logprobs,
+    MaxTokens,
+    MinP,
+    MinTokens,
+    N,
+    Penalty,
+    RepetitionPenalty,
+    SamplingParams,
+    Seed,
+    Stop,
+    Temperature,
+    TopK,
+    TopP,
+)
 from jobs.later_fields import LaterFields
 
 MANIFEST_SPEC_VERSION = 1
 
 
-MAX_STOP = 16  # stop strings per request (OpenAI takes 4, vLLM any number)
-MAX_LOGPROBS = 20  # top log-probabilities per token (OpenAI's top_logprobs limit, vLLM's default)
-LOGIT_BIAS_LIMIT = 100.0  # |bias| at most, as OpenAI
-
-
 class SamplingSpec(LaterFields):
-    """Job-wide sampling defaults (vLLM's names and meanings); per-row columns and JSONL bodies
-    override them field by field. `n` is capped at submit by Settings.max_n (the planner)."""
+    """Job-wide sampling: the flags every row starts from (each a SamplingParams rule of the same name,
+    contracts/sampling.py), plus the job seed and the job-wide constraint as its flags write it.
+    Per-row columns and JSONL bodies override them field by field (worker/row_sampling.py). `n` is
+    capped at submit by Settings.max_n (the planner)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     # added after spec version 1: left out of the JSON (and the job id) at their defaults (LaterFields)
@@ -29,42 +44,26 @@ class SamplingSpec(LaterFields):
         "logit_bias", "json_schema", "regex", "choice",
     )
 
-    max_tokens: int = Field(128, ge=1, le=1_000_000, description="generated tokens per row, at most")
-    temperature: float = Field(0.0, ge=0.0, le=100.0, description="0 = greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, description="0 = off")
-    seed: int = Field(0, ge=0, lt=2**63, description="job seed; a row's seed is hash(seed, row id)")
-    stop: tuple[str, ...] = Field((), max_length=MAX_STOP, description="stop strings, cut from the text")
-    n: int = Field(1, ge=1, description="choices per row")
-    logprobs: int | None = Field(
-        None, ge=0, le=MAX_LOGPROBS, description="top log-probabilities per generated token; None = off"
-    )
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0, description="1 = off")
-    min_p: float = Field(0.0, ge=0.0, le=1.0, description="0 = off")
-    min_tokens: int = Field(0, ge=0, description="tokens generated before EOS / stop ids may end a row")
-    logit_bias: tuple[tuple[int, float], ...] = Field(
-        (), description="(token id, bias) pairs sorted by id; a {id: bias} map or its JSON text is accepted"
-    )
+    max_tokens: MaxTokens = 128
+    temperature: Temperature = 0.0
+    top_p: TopP = 1.0
+    top_k: TopK = 0
+    seed: Seed = Field(0, description="job seed; a row's seed is hash(seed, row id)")
+    stop: Stop = ()
+    n: N = 1
+    logprobs: Logprobs | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: RepetitionPenalty = 1.0
+    min_p: MinP = 0.0
+    min_tokens: MinTokens = 0
+    logit_bias: LogitBias = ()
     # structured output for every row without its own (README "Structured output"); at most one
     json_schema: str | None = Field(
         None, description="a JSON schema (a dict or its JSON text), kept as compact JSON text"
     )
     regex: str | None = Field(None, min_length=1, description="a regular expression the whole text matches")
     choice: tuple[str, ...] | None = Field(None, description="the text is one of these strings")
-
-    @field_validator("stop")
-    @classmethod
-    def _stops_not_empty(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        if any(not s for s in v):
-            raise ValueError("stop strings must not be empty")
-        return v
-
-    @field_validator("logit_bias", mode="before")
-    @classmethod
-    def _bias_pairs(cls, v: Any) -> Any:
-        return logit_bias_pairs(v)
 
     @field_validator("json_schema", mode="before")
     @classmethod
@@ -79,9 +78,11 @@ class SamplingSpec(LaterFields):
         return v
 
     @model_validator(mode="after")
-    def _min_tokens_fit(self) -> SamplingSpec:
-        if self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+    def _one_request(self) -> SamplingSpec:
+        try:
+            self.defaults()  # the cross-field rules are the request's (min_tokens <= max_tokens)
+        except ValidationError as exc:
+            raise ValueError(exc.errors()[0]["msg"]) from None
         given = [f"--{name.replace('_', '-')}" for name in CONSTRAINT_FIELDS if getattr(self, name) is not None]
         if len(given) > 1:
             raise ValueError(f"{' and '.join(given)} both constrain every row's output: give one")
@@ -91,6 +92,30 @@ class SamplingSpec(LaterFields):
     def constraint_kind(self) -> str | None:
         """Which job-wide constraint is set: json_schema, regex, choice, or None."""
         return next((name for name in CONSTRAINT_FIELDS if getattr(self, name) is not None), None)
+
+    @property
+    def constraint(self) -> Constraint | None:
+        """The job-wide constraint of --json-schema / --regex / --choice, or None."""
+        return self.defaults().constraint
+
+    def defaults(self) -> SamplingParams:
+        """The sampling of a row that gives none of its own: every field of this spec by name, the
+        job seed as the seed, the job-wide constraint (worker/row_sampling.py puts a row's over it)."""
+        return _defaults(self)
+
+
+@functools.lru_cache(maxsize=16)
+def _defaults(sampling: SamplingSpec) -> SamplingParams:
+    """SamplingSpec.defaults, built once per spec: every row of a job asks, and a schema is parsed
+    and canonicalized once."""
+    values = {name: getattr(sampling, name) for name in SamplingParams.__dataclass_fields__ if name in SamplingSpec.model_fields}
+    if sampling.json_schema is not None:
+        values["constraint"] = Constraint.json_schema(sampling.json_schema)
+    elif sampling.regex is not None:
+        values["constraint"] = Constraint("regex", sampling.regex)
+    elif sampling.choice is not None:
+        values["constraint"] = Constraint("choice", choices=sampling.choice)
+    return SamplingParams.validated(values)
 
 
 CONSTRAINT_FIELDS = ("json_schema", "regex", "choice")  # the job-wide structured-output flags
@@ -108,48 +133,6 @@ def canonical_schema(v: Any) -> str:
     if not isinstance(v, dict):
         raise ValueError(f"json_schema must be a JSON object (a schema), got {type(v).__name__}")
     return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
-
-
-def logit_bias_pairs(v: Any) -> Any:
-    """A logit_bias given as {token id (int or its string): bias}, its JSON text, or pairs -> sorted
-    (id, bias) pairs. ValueError (naming the rule) for a key that is not a token id or a bias beyond
-    +-100; anything else is handed on for the caller's type check."""
-    if isinstance(v, str):
-        try:
-            v = json.loads(v)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"logit_bias is not JSON ({exc.msg}): expected {{\"token id\": bias}}") from None
-    items = list(v.items()) if isinstance(v, dict) else v
-    if not isinstance(items, list | tuple):
-        raise ValueError('logit_bias must be a map of token id to bias, e.g. {"50256": -100}')
-    pairs: dict[int, float] = {}
-    for item in items:
-        if not isinstance(item, list | tuple) or len(item) != 2:
-            raise ValueError('logit_bias must be a map of token id to bias, e.g. {"50256": -100}')
-        key, bias = item
-        token = _token_id(key)
-        if token is None:
-            raise ValueError(f"logit_bias key {_shown(key)} is not a token id (a non-negative integer below 10^12)")
-        if isinstance(bias, bool) or not isinstance(bias, int | float) or not abs(bias) <= LOGIT_BIAS_LIMIT:
-            raise ValueError(f"logit_bias[{_shown(key)}] = {_shown(bias)}: a bias must be a number in [-100, 100]")
-        pairs[token] = float(bias)
-    return tuple(sorted(pairs.items()))
-
-
-def _token_id(key: Any) -> int | None:
-    """The token id `key` names; None unless a non-negative integer (or its digits) below 10^12: no
-    vocabulary is larger, and longer digit strings would meet Python's int() length limit."""
-    if isinstance(key, int) and not isinstance(key, bool):
-        return key if 0 <= key < 10**12 else None
-    if isinstance(key, str) and key.strip().isdigit() and len(key.strip()) <= 12:
-        return int(key)
-    return None
-
-
-def _shown(value: Any, limit: int = 40) -> str:
-    """`value`'s repr for a message, cut to `limit` characters (a key may be megabytes long)."""
-    text = repr(value) if not isinstance(value, int) or abs(value) < 10**limit else f"<{len(str(abs(value)))}-digit number>"
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 class JobSpec(LaterFields):

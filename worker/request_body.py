@@ -14,10 +14,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
+from contracts.sampling import REQUEST_FIELDS, SAMPLING_HINTS, Logprobs, MaxTokens
 from jobs.endpoints import URL_OF_ENDPOINT, Endpoint
-from jobs.spec import MAX_LOGPROBS, MAX_STOP, logit_bias_pairs
 from worker.chat_messages import chat_messages
 
 # Fields OpenAI or vLLM know that freight does not run, with the reason (other unknown fields get a
@@ -49,59 +49,17 @@ class _Fields(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
-class SamplingFields(_Fields):
-    """The sampling fields JSONL bodies and Parquet rows share (vLLM's names and meanings); None =
-    not given (the job's value applies)."""
-
-    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    temperature: float | None = Field(None, ge=0.0, le=100.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)  # -1 (vLLM) and 0 mean off
-    seed: int | None = Field(None, ge=0, lt=2**63)
-    stop: tuple[str, ...] | None = None
-    n: int | None = Field(None, ge=1)  # the cap (Settings.max_n) is the job's rule
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    min_tokens: int | None = Field(None, ge=0)
-    logit_bias: tuple[tuple[int, float], ...] | None = None
-    stop_token_ids: tuple[int, ...] | None = None
-    ignore_eos: bool | None = None
-    skip_special_tokens: bool | None = None
-
-    @field_validator("stop", mode="before")
-    @classmethod
-    def _stop(cls, v: Any) -> Any:
-        if v is None:
-            return None
-        stops = [v] if isinstance(v, str) else v
-        if not isinstance(stops, list | tuple) or not all(isinstance(s, str) for s in stops):
-            raise ValueError(f"must be a string or a list of up to {MAX_STOP} strings")
-        if len(stops) > MAX_STOP or any(not s for s in stops):
-            raise ValueError(f"takes up to {MAX_STOP} non-empty strings")
-        return tuple(stops)
-
-    @field_validator("logit_bias", mode="before")
-    @classmethod
-    def _logit_bias(cls, v: Any) -> Any:
-        return None if v is None else logit_bias_pairs(v)
-
-    @field_validator("stop_token_ids", mode="before")
-    @classmethod
-    def _stop_token_ids(cls, v: Any) -> Any:
-        if v is None:
-            return None
-        if not isinstance(v, list | tuple) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v
-        ):
-            raise ValueError("must be a list of token ids (non-negative integers)")
-        return tuple(v)
+# The sampling fields JSONL bodies and Parquet rows share, each with its SamplingParams rule; None =
+# not given (the job's value applies).
+SamplingFields = create_model(
+    "SamplingFields", __base__=_Fields,
+    **{name: (SAMPLING_HINTS[name] | None, None) for name in REQUEST_FIELDS},  # type: ignore[call-overload]
+)
 
 
-class _Request(SamplingFields):
+class _Request(SamplingFields):  # type: ignore[misc,valid-type]
     model: str | None = None
-    max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    max_completion_tokens: MaxTokens | None = None
     user: str | None = None  # ignored, as OpenAI does for inference
     stream: bool | None = None
     # structured output (CONSTRAINT_FIELDS): values checked by contracts/row_constraint.py
@@ -121,7 +79,7 @@ class _Request(SamplingFields):
 class ChatBody(_Request):
     messages: list[dict[str, str | None]]  # replaced by chat_messages' checked copy
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: Logprobs | None = None
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -132,7 +90,7 @@ class ChatBody(_Request):
 class CompletionBody(_Request):
     prompt: str | tuple[int, ...]
     echo: bool | None = None
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    logprobs: Logprobs | None = None
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -160,11 +118,11 @@ class EmbeddingBody(_Fields):
         return v
 
 
-class RowColumns(SamplingFields):
+class RowColumns(SamplingFields):  # type: ignore[misc,valid-type]
     """A Parquet row's sampling columns: `logprobs` true/false or a top count, `top_logprobs` a count."""
 
     logprobs: bool | int | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: Logprobs | None = None
     # structured output: values checked by contracts/row_constraint.py (column_constraint)
     response_format: Any = None
     json_schema: Any = None

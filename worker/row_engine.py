@@ -1,52 +1,22 @@
-"""A shard's requests through the engine: RowSampling -> SamplingParams, outputs -> RowResults."""
+"""A shard's requests through the engine: each row's SamplingParams as built (worker/row_sampling.py),
+outputs -> RowResults."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from contracts.sampling import SamplingParams
 from worker.row_requests import RowRequest
 from worker.shard_rows import RowResult, from_output
 
 
-def sampling_params(req: RowRequest, cache: dict[Any, Any] | None = None) -> Any:
-    """The engine's SamplingParams for a row (every RowSampling field, vLLM's names). With `cache`,
-    rows that decode alike share one object: greedy rows ignore their seed (nothing is drawn), so a
-    greedy job builds a single one."""
-    from worker.engine.sampling_params import SamplingParams
-
+def sampling_params(req: RowRequest, cache: dict[SamplingParams, SamplingParams] | None = None) -> SamplingParams:
+    """The engine's SamplingParams of a row. With `cache`, rows that decode alike share one object
+    (greedy rows carry no seed, so a greedy job passes a single one)."""
     s = req.sampling
     assert s is not None  # invariant: only rows without an error reach the engine
-    likelihood = req.continuation_tokens > 0
-    seed = None if s.temperature == 0 else s.seed
-    key = (dataclasses.replace(s, seed=0) if seed is None else s, likelihood)
-    if cache is not None and (hit := cache.get(key)) is not None:
-        return hit
-    params = SamplingParams(
-        max_tokens=s.max_tokens,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        stop=s.stop,
-        seed=seed,
-        prompt_logprobs=likelihood,
-        n=s.n,
-        presence_penalty=s.presence_penalty,
-        frequency_penalty=s.frequency_penalty,
-        repetition_penalty=s.repetition_penalty,
-        min_p=s.min_p,
-        min_tokens=s.min_tokens,
-        logit_bias=s.logit_bias,
-        logprobs=s.logprobs,
-        stop_token_ids=s.stop_token_ids,
-        ignore_eos=s.ignore_eos,
-        skip_special_tokens=s.skip_special_tokens,
-        constraint=s.constraint,
-    )
-    if cache is not None:
-        cache[key] = params
-    return params
+    return s if cache is None else cache.setdefault(s, s)
 
 
 def collect_rows(

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from contracts.constraint import Constraint
 from contracts.row_constraint import body_constraint, column_constraint
+from contracts.sampling import SamplingParams
 from jobs.endpoints import ENDPOINT_OF_URL
 from jobs.errors import InputError
 from jobs.manifest import InputPlan
@@ -33,7 +34,7 @@ from worker.request_body import (
     parse_body,
     parse_columns,
 )
-from worker.row_sampling import RowSampling, column_logprobs, resolve_sampling
+from worker.row_sampling import column_logprobs, resolve_sampling
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class RowRequest:
     row: int  # global row number
     id: str | int  # the input's id (its type kept: InputPlan.id_type), or the row number as a string
     prompt: str | list[int] | None
-    sampling: RowSampling | None
+    sampling: SamplingParams | None
     continuation_tokens: int = 0  # likelihood mode: the last n prompt tokens are the continuation
     error: str | None = None
     endpoint: str = "completions"  # chat | completions | embeddings
@@ -95,7 +96,7 @@ def build_requests(
                 raise ValueError("empty continuation: likelihood scoring needs text to score")
             cont_ids = list(tokenizer.encode(cont, add_special_tokens=False))  # no BOS mid-sequence
             ids_all = list(tokenizer.encode(text)) + cont_ids
-            greedy = RowSampling(max_tokens=1, temperature=0.0, top_p=1.0, seed=sampling.seed)
+            greedy = SamplingParams(max_tokens=1, prompt_logprobs=True)  # no draw: no seed
             out.append(
                 RowRequest(
                     row=row,

@@ -1,98 +1,61 @@
-"""RowSampling: one row's resolved sampling, from the job's flags and the row's checked fields.
+"""One row's SamplingParams: the job's (SamplingSpec.defaults) with the row's given fields over it.
 
-A row's value wins over the job's flag, field by field. The rules that need the job are checked
-here: n <= the cap (Settings.max_n), min_tokens <= max_tokens, token ids inside the vocabulary.
+A row's value wins over the job's flag, field by field; every field's rule was checked when the
+row's body or columns were parsed (worker/request_body.py), the cross-field ones (min_tokens <=
+max_tokens, wherever each came from) are checked here, with the rules that need the job: n <= the
+cap (Settings.max_n), token ids inside the vocabulary.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from contracts.constraint import Constraint
-from contracts.row_constraint import TEXT, RowConstraint, job_constraint
-from jobs.spec import MAX_LOGPROBS, JobSpec, row_seed
-from worker.request_body import SamplingFields
+from pydantic import BaseModel, ValidationError
 
-
-@dataclass(frozen=True)
-class RowSampling:
-    """Resolved sampling of one row (the job's flags, then the row's columns or body fields); the
-    engine's SamplingParams fields of the same names (worker/shard_rows.py maps them)."""
-
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int
-    top_k: int = 0
-    stop: tuple[str, ...] = ()
-    n: int = 1
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    min_p: float = 0.0
-    min_tokens: int = 0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    logprobs: int | None = None  # top_logprobs count per generated token; 0 = the sampled token's only
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    constraint: Constraint | None = None  # structured output: the row's own, else the job's
+from contracts.row_constraint import TEXT, RowConstraint
+from contracts.sampling import MAX_LOGPROBS, REQUEST_FIELDS, SamplingParams, row_sampling_error
+from jobs.spec import JobSpec, row_seed
 
 
 def resolve_sampling(
     spec: JobSpec,
     row_id: str | int,
-    f: SamplingFields,
+    fields: BaseModel,
     max_tokens: int | None,
     logprobs: int | None,
     tokenizer: Any,
     max_n: int,
     constraint: RowConstraint = None,
-) -> RowSampling:
-    """The job's sampling with a row's checked fields `f` (None = the job's); the rules that need the
-    job: n <= max_n, min_tokens <= max_tokens, token ids inside the vocabulary. `constraint`: the
-    row's structured output (contracts/row_constraint.py): None takes the job's, TEXT none."""
-    s = spec.sampling
-    n = s.n if f.n is None else f.n
+) -> SamplingParams:
+    """The job's sampling with a row's checked `fields` (worker/request_body.py SamplingFields: None =
+    the job's) over it; `max_tokens` the row's own (a body's max_completion_tokens wins), `logprobs`
+    as the surface resolved it, `constraint` the row's structured output (contracts/row_constraint.py):
+    None takes the job's, TEXT none. A greedy row draws nothing: its seed is None, so equal greedy
+    rows are equal params (one object in the engine, worker/row_engine.py)."""
+    job = spec.sampling.defaults()
+    given = {name: value for name in REQUEST_FIELDS if (value := getattr(fields, name)) is not None}
+    if max_tokens is not None:
+        given["max_tokens"] = max_tokens
+    n = given.get("n", job.n)
     if n > max_n:
         raise ValueError(f"n {n}: a row may ask for at most {max_n} choices (FREIGHT_MAX_N)")
-    max_tokens = s.max_tokens if max_tokens is None else max_tokens
-    min_tokens = s.min_tokens if f.min_tokens is None else f.min_tokens
-    if min_tokens > max_tokens:
-        raise ValueError(f"min_tokens {min_tokens}: must not exceed max_tokens ({max_tokens})")
-    logit_bias = s.logit_bias if f.logit_bias is None else f.logit_bias
-    stop_token_ids = f.stop_token_ids or ()
+    if given.get("temperature", job.temperature) == 0:
+        given["seed"] = None
+    elif "seed" not in given:
+        given["seed"] = row_seed(spec.sampling.seed, str(row_id))
+    if constraint is not None:
+        given["constraint"] = None if constraint == TEXT else constraint
+    try:
+        sampling = job.updated(**given, logprobs=logprobs)
+    except ValidationError as exc:
+        raise ValueError(row_sampling_error(exc)) from None
     vocab = getattr(tokenizer, "vocab_size", None)
     if vocab is not None:
-        for name, ids in (("logit_bias", [t for t, _ in logit_bias]), ("stop_token_ids", stop_token_ids)):
+        for name, ids in (("logit_bias", [t for t, _ in sampling.logit_bias]), ("stop_token_ids", sampling.stop_token_ids)):
             outside = [t for t in ids if t >= vocab]
             if outside:
                 raise ValueError(f"{name}: token id {outside[0]} is outside the vocabulary (ids 0..{vocab - 1})")
-    return RowSampling(
-        max_tokens=max_tokens,
-        temperature=s.temperature if f.temperature is None else float(f.temperature),
-        top_p=s.top_p if f.top_p is None else float(f.top_p),
-        seed=row_seed(s.seed, str(row_id)) if f.seed is None else f.seed,
-        top_k=s.top_k if f.top_k is None else max(f.top_k, 0),
-        stop=s.stop if f.stop is None else f.stop,
-        n=n,
-        presence_penalty=_pick(f.presence_penalty, s.presence_penalty),
-        frequency_penalty=_pick(f.frequency_penalty, s.frequency_penalty),
-        repetition_penalty=_pick(f.repetition_penalty, s.repetition_penalty),
-        min_p=_pick(f.min_p, s.min_p),
-        min_tokens=min_tokens,
-        logit_bias=logit_bias,
-        logprobs=logprobs,
-        stop_token_ids=stop_token_ids,
-        ignore_eos=bool(f.ignore_eos),
-        skip_special_tokens=f.skip_special_tokens is not False,
-        constraint=job_constraint(s) if constraint is None else (None if constraint == TEXT else constraint),
-    )
-
-
-def _pick(value: float | None, default: float) -> float:
-    return default if value is None else float(value)
+    return sampling
 
 
 def column_logprobs(asked: bool | int | None, top: int | None, job: int | None) -> int | None:

@@ -91,15 +91,7 @@ def _job_specs(suite: Suite, model: str, out: ObjectStore) -> PlannedModel:
             output=out.url_of(f"{base}/generate"),
             prompt_column="prompt",
             id_column="id",
-            sampling=SamplingSpec(
-                max_tokens=sampling.max_tokens,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                seed=sampling.seed,
-                json_schema=sampling.json_schema,
-                regex=sampling.regex,
-                choice=sampling.choice,
-            ),
+            sampling=SamplingSpec(**sampling.model_dump()),  # a suite's sampling keys are SamplingSpec's
             speculative=suite.speculative,
             speculative_tokens=suite.speculative_tokens,
             **extra,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from contracts.sampling import SamplingParams
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.block_manager import BlockManager, chain_hashes
 from worker.engine.config import EngineConfig
-from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence
 

@@ -13,9 +13,9 @@ import random
 import pytest
 from engine_oracle import MAX_NEW, VOCAB, hf_greedy, mixed_prompts
 
+from contracts.sampling import SamplingParams as Params
 from worker.engine import Engine, EngineConfig, SamplingParams
 from worker.engine.kv_groups import GroupedBlockManager
-from worker.engine.sampling_params import SamplingParams as Params
 from worker.engine.sequence import Sequence
 from worker.engine.speculation.config import SpeculativeConfig
 

@@ -15,11 +15,11 @@ from transformers import (
     SequenceBiasLogitsProcessor,
 )
 
+from contracts.sampling import SamplingParams
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.device_rows import DeviceRows
 from worker.engine.logits_processing import LogitsProcessing, add_bias, mask_tokens, penalize
 from worker.engine.sampler import apply_min_p
-from worker.engine.sampling_params import SamplingParams
 from worker.engine.sequence import Sequence
 
 V = 64

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from contracts.sampling import SamplingParams
 from worker.engine.batch_state import seed_keys
 from worker.engine.sampler import Sampler, SamplingRows, stop_hits, uniforms
-from worker.engine.sampling_params import SamplingParams
 
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
 

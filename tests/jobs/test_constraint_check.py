@@ -36,13 +36,12 @@ SAMPLINGS = {
 
 @pytest.mark.parametrize("case", list(SAMPLINGS))
 def test_planning_and_the_engine_agree(case: str, demo_model_dir: Path) -> None:
-    from contracts.row_constraint import job_constraint
     from worker.engine.grammar_cache import GrammarCache
 
     config = json.loads((demo_model_dir / "config.json").read_text())
     grammars = GrammarCache(demo_model_dir, config["vocab_size"], (config["eos_token_id"],))
     sampling = SAMPLINGS[case]
-    engine_error = grammars.error(job_constraint(sampling))
+    engine_error = grammars.error(sampling.constraint)
     problem = constraint_problem(sampling)
     assert (problem is None) == (engine_error is None), (problem, engine_error)
     if problem is not None:

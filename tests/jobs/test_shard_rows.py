@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from contracts.sampling import SamplingParams
 from worker.engine.outputs import CompletionOutput, RequestOutput
-from worker.row_requests import RowRequest, RowSampling
+from worker.row_requests import RowRequest
 from worker.shard_rows import from_output
 
 
@@ -15,7 +16,7 @@ def _output(second_reason: str, error: str | None) -> RequestOutput:
 
 
 def test_a_row_fails_when_any_choice_failed() -> None:
-    req = RowRequest(row=3, id="r", prompt="p", sampling=RowSampling(max_tokens=2, temperature=1.0, top_p=1.0,
+    req = RowRequest(row=3, id="r", prompt="p", sampling=SamplingParams(max_tokens=2, temperature=1.0, top_p=1.0,
                      seed=1, n=2))  # fmt: skip
     ok = from_output(_output("length", None), req)
     assert ok.error is None and ok.completions == ["ab", "a"] and ok.finish_reasons == ["stop", "length"]

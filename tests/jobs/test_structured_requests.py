@@ -199,7 +199,7 @@ def test_likelihood_rows_refuse_a_constraint(tokenizer: Any, demo_model_dir: Pat
 
 
 def test_rows_with_different_constraints_share_params_only_when_equal(tokenizer: Any, demo_model_dir: Path) -> None:
-    """The greedy params cache keys on the whole RowSampling: equal constraints share one object,
+    """The greedy params cache keys on the whole SamplingParams: equal constraints share one object,
     different ones (or none) never do."""
     spec = job_spec(demo_model_dir)
     bodies = [{"messages": USER, "guided_json": SCHEMA}, {"messages": USER, "guided_json": json.dumps(SCHEMA)},

@@ -10,17 +10,18 @@ import pyarrow as pa
 import pytest
 
 from contracts.constraint import Constraint
+from contracts.sampling import SamplingParams
 from jobs import datasets
 from jobs.cost import ShardRecord, build_report
 from worker.engine.outputs import CompletionOutput, RequestOutput
-from worker.row_requests import RowRequest, RowSampling
+from worker.row_requests import RowRequest
 from worker.shard_rows import from_output, parsed_value, result_row, rows_table
 
 SCHEMA = Constraint.json_schema({"type": "object"})
 
 
 def _req(constraint: Constraint | None, n: int = 1, echo: str | None = None) -> RowRequest:
-    s = RowSampling(max_tokens=8, temperature=1.0, top_p=1.0, seed=1, n=n, constraint=constraint)
+    s = SamplingParams(max_tokens=8, temperature=1.0, top_p=1.0, seed=1, n=n, constraint=constraint)
     return RowRequest(row=0, id="r", prompt="p", sampling=s, echo_text=echo)
 
 

@@ -1,7 +1,6 @@
 """freight's inference engine: a plain library (no jobs/, no Celery). See docs/ARCHITECTURE.md.
 
-Exports resolve on first use (PEP 562): importing a torch-free module of the engine (e.g.
-`worker.engine.sampling_params`) does not import torch.
+Exports resolve on first use (PEP 562): `import worker.engine` alone loads no torch.
 """
 
 from __future__ import annotations
@@ -10,10 +9,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from contracts.sampling import SamplingParams
     from worker.engine.config import EngineConfig
     from worker.engine.engine import Engine
     from worker.engine.outputs import CompletionOutput, RequestOutput
-    from worker.engine.sampling_params import SamplingParams
     from worker.engine.stats import EngineStats, StatsSnapshot
 
 _EXPORTS = {
@@ -21,7 +20,7 @@ _EXPORTS = {
     "Engine": "worker.engine.engine",
     "RequestOutput": "worker.engine.outputs",
     "CompletionOutput": "worker.engine.outputs",
-    "SamplingParams": "worker.engine.sampling_params",
+    "SamplingParams": "contracts.sampling",
     "EngineStats": "worker.engine.stats",
     "StatsSnapshot": "worker.engine.stats",
 }

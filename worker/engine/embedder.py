@@ -34,11 +34,11 @@ import numpy as np
 import torch
 
 from contracts.checkpoint.pooling import PoolingConfig
+from contracts.sampling import SamplingParams
 from worker.engine.backends.base import AttentionMetadata
 from worker.engine.block_manager import BlockManager
 from worker.engine.model_runner import ModelRunner
 from worker.engine.sampler import to_device
-from worker.engine.sampling_params import SamplingParams
 from worker.engine.sequence import Sequence
 from worker.engine.stats import EngineStats
 

@@ -12,6 +12,7 @@ import structlog
 import torch
 
 from contracts.checkpoint.pooling import PoolingConfig, PoolingConfigError
+from contracts.sampling import SamplingParams
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.block_manager import BlockManager
 from worker.engine.completion_texts import CompletionTexts
@@ -23,7 +24,6 @@ from worker.engine.model_runner import InFlightStep, ModelRunner
 from worker.engine.ordering import batch_order
 from worker.engine.outputs import RequestOutput
 from worker.engine.request_checks import RequestChecks
-from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence
 from worker.engine.speculation.draft import DraftModel

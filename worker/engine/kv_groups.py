@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from contracts.sampling import SamplingParams
 from worker.engine.block_manager import BlockManager, blocks_needed
 from worker.engine.config import EngineConfig
-from worker.engine.sampling_params import SamplingParams
 from worker.engine.sequence import Sequence
 
 if TYPE_CHECKING:  # models import torch; this module stays light

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
-from worker.engine.sampling_params import SamplingParams
+from contracts.sampling import SamplingParams
 
 
 class RequestChecks:

@@ -7,8 +7,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from contracts.sampling import SamplingParams
 from worker.engine.constraint_state import ConstraintState
-from worker.engine.sampling_params import SamplingParams
 
 
 class BatchRows(Protocol):
