@@ -28,7 +28,7 @@ from worker.engine.speculation.verifier import ConstrainRuns, SpecRun, Verifier
 from worker.engine.step_inputs import PromptScores, StepInputs, build_step
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class InFlightStep:
     """A launched step's results, on the host once `results()` returns."""
 
@@ -144,8 +144,9 @@ class ModelRunner:
         b = self.batch
         if not num_sampled:
             none = np.zeros(0, np.int64)
-            return InFlightStep(sample_rows, none, b.version, True, _NO_TOKENS, None, None, prompt, none,
-                                np.zeros(0, np.bool_))  # fmt: skip
+            return InFlightStep(rows=sample_rows, seq_ids=none, version=b.version, ascending=True, packed=_NO_TOKENS,
+                                ready=None, logprobs=None, prompt=prompt, tokens=none,
+                                hits=np.zeros(0, np.bool_))  # fmt: skip
         drawing = b.num_drawing and b.temperature[sample_rows].any()
         processing = b.num_processed and b.processed[sample_rows].any()
         # before `constrain`, which may finish (and free) rows by applying the previous step's tokens
@@ -181,8 +182,9 @@ class ModelRunner:
         if self.device.type == "cuda":
             ready = torch.cuda.Event()
             ready.record()
-        return InFlightStep(sample_rows, seq_ids, version, inputs.sample_rows_ascending, packed, ready,
-                            self._logprobs(raw, tokens, sample_rows), prompt)  # fmt: skip
+        return InFlightStep(rows=sample_rows, seq_ids=seq_ids, version=version, ascending=inputs.sample_rows_ascending,
+                            packed=packed, ready=ready, logprobs=self._logprobs(raw, tokens, sample_rows),
+                            prompt=prompt)  # fmt: skip
 
     def _logprobs(self, sampled: torch.Tensor, tokens: torch.Tensor, sample_rows: np.ndarray) -> tuple | None:
         """InFlightStep.logprobs for the sampled rows whose requests asked for them (None: no row)."""
@@ -208,7 +210,8 @@ class ModelRunner:
         b.last_token[at] = ids  # the next decode step's inputs
         hits = (b.stop_ids[at] == ids[:, None]).any(-1)
         logprobs = self._logprobs(raw, torch.from_numpy(ids), sample_rows)
-        return InFlightStep(sample_rows, seq_ids, version, ascending, _NO_TOKENS, None, logprobs, prompt, ids, hits)
+        return InFlightStep(rows=sample_rows, seq_ids=seq_ids, version=version, ascending=ascending, packed=_NO_TOKENS,
+                            ready=None, logprobs=logprobs, prompt=prompt, tokens=ids, hits=hits)
 
     @torch.inference_mode()
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

@@ -34,7 +34,7 @@ from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
 from worker.engine.fork import fork
 from worker.engine.kv_groups import GroupedBlockManager
-from worker.engine.scheduler_output import NO_ROWS, ScheduledChunk, SchedulerOutput
+from worker.engine.scheduler_output import ScheduledChunk, SchedulerOutput
 from worker.engine.sequence import Sequence, SequenceStatus
 from worker.engine.sequence_queues import SequenceQueues
 
@@ -62,7 +62,7 @@ class Scheduler(SequenceQueues):
 
     # ---- one step ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput([], NO_ROWS, NO_ROWS, [], [], 0, [], [])
+        out = SchedulerOutput()
         b = self.batch
         budget = self.config.max_num_batched_tokens
         rows = b.decode_rows()
@@ -154,7 +154,7 @@ class Scheduler(SequenceQueues):
             b.sync_blocks(seq)
             b.num_computed[r] += 1  # as a decode row: the newest token's K/V; accepted ones are added later
             b.num_pending[r] += 1
-            out.spec.append(ScheduledChunk(seq, pos, 1 + len(draft), True, draft=tuple(draft)))
+            out.spec.append(ScheduledChunk(seq=seq, start=pos, num_tokens=1 + len(draft), samples=True, draft=tuple(draft)))
             budget -= 1 + len(draft)
             spec.append(r)
         if len(spec) == rows.size:  # every row verifies (batch 1's common case)
@@ -272,7 +272,8 @@ class Scheduler(SequenceQueues):
                 first = last = 0
         self._commit(seq)
         forks = self._fork(seq) if samples and seq.forks else ()
-        return ScheduledChunk(seq, start, n, samples, first, last, forks)
+        return ScheduledChunk(seq=seq, start=start, num_tokens=n, samples=samples, prompt_first=first, prompt_end=last,
+                              forks=forks)
 
     def _fork(self, parent: Sequence) -> tuple[Sequence, ...]:
         """parent's other choices take rows sharing its blocks (fork.py); those without a row wait."""

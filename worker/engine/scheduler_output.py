@@ -13,7 +13,7 @@ from worker.engine.sequence import Sequence
 NO_ROWS = np.zeros(0, np.int64)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ScheduledChunk:
     """seq computes positions [start, start + num_tokens) this step; `samples`: the chunk reaches the
     sequence's last token, so its logits yield the next one. Positions [prompt_first, prompt_end)
@@ -31,7 +31,7 @@ class ScheduledChunk:
     draft: tuple[int, ...] = ()
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)  # prefill part: admitted / prefilling
     decode_rows: np.ndarray = field(default_factory=lambda: NO_ROWS)  # batch rows decoding, ascending

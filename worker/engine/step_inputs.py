@@ -39,7 +39,7 @@ from worker.engine.scheduler_output import SchedulerOutput
 from worker.engine.sequence import Sequence
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PromptScores:
     """Logits rows [offset, offset + count) score seq's prompt tokens first+1 .. first+count."""
 
@@ -49,7 +49,7 @@ class PromptScores:
     count: int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class StepInputs:
     input_ids: torch.Tensor  # int64 [T] on the device
     positions: torch.Tensor  # int64 [T]: rotary rows (module docstring: position + rope_offset for chunks)
@@ -150,7 +150,9 @@ def decode_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows)
             dev, rows, rows_dev, width, "local_table")  # fmt: skip
         meta = dataclasses.replace(meta, local=_local(meta, _row_slots(batch.local_table, batch, rows, pos), dev.device,
                                                       decode_block_tables=ltables))  # fmt: skip
-    return StepInputs(ids, to_device(pos, dev.device), meta, None, rows, True, [], 0, rows, pos)
+    return StepInputs(input_ids=ids, positions=to_device(pos, dev.device), meta=meta, logit_rows=None, sample_rows=rows,
+                      sample_rows_ascending=True, prompt=[], num_prefill_tokens=0, decode_rows=rows,
+                      decode_positions=pos)  # fmt: skip
 
 
 def _with_verify(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) -> StepInputs:
@@ -172,8 +174,10 @@ def _with_verify(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows
     if batch.local_table is not None:
         meta = dataclasses.replace(meta, local=_local(meta, _row_slots(batch.local_table, batch, rows, pos), device,
                                                       decode_block_tables=_gather(dev, rows, width, "local_table")))  # fmt: skip
-    return StepInputs(ids, to_device(pos, device), meta, None, sched.decode_rows, True, [], 0, sched.decode_rows,
-                      sched.decode_positions, tuple(sched.spec), vrows.size)  # fmt: skip
+    return StepInputs(input_ids=ids, positions=to_device(pos, device), meta=meta, logit_rows=None,
+                      sample_rows=sched.decode_rows, sample_rows_ascending=True, prompt=[], num_prefill_tokens=0,
+                      decode_rows=sched.decode_rows, decode_positions=sched.decode_positions, spec=tuple(sched.spec),
+                      num_spec_logits=vrows.size)  # fmt: skip
 
 
 def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) -> StepInputs:
@@ -209,7 +213,7 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
             ltables.append(local[: -(-hi // bs)])
         if c.prompt_end > c.prompt_first:
             count = c.prompt_end - c.prompt_first
-            prompt.append(PromptScores(seq, c.prompt_first, len(prompt_hidden), count))
+            prompt.append(PromptScores(seq=seq, first=c.prompt_first, offset=len(prompt_hidden), count=count))
             prompt_hidden.extend(range(row0 + c.prompt_first - lo, row0 + c.prompt_end - lo))
             prompt_chunks.extend([len(tables) - 1] * count)
         if c.samples:  # the chunk's last logits, once per choice sampled from them (forks: n > 1)
@@ -286,7 +290,9 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
     if any(c.seq.rope_offset for c in sched.chunks):  # LongRoPE prompts past the threshold (module docstring)
         offsets = np.repeat([c.seq.rope_offset for c in sched.chunks], [c.num_tokens for c in sched.chunks])
         rope = all_pos + np.concatenate([offsets, np.zeros(num_decode, np.int64)])
-    return StepInputs(input_ids, to_device(rope, device), meta, logit_rows, all_sample_rows, not sample_rows,
-                      prompt, num_prefill, sched.decode_rows, sched.decode_positions, tuple(sched.spec),
-                      0 if vids is None else vids.size)  # fmt: skip
+    return StepInputs(input_ids=input_ids, positions=to_device(rope, device), meta=meta, logit_rows=logit_rows,
+                      sample_rows=all_sample_rows, sample_rows_ascending=not sample_rows, prompt=prompt,
+                      num_prefill_tokens=num_prefill, decode_rows=sched.decode_rows,
+                      decode_positions=sched.decode_positions, spec=tuple(sched.spec),
+                      num_spec_logits=0 if vids is None else vids.size)  # fmt: skip
 

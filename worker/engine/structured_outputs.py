@@ -38,7 +38,7 @@ UNSATISFIABLE = ("no output can satisfy the constraint with this model's tokeniz
                  "is empty); check the schema, pattern or grammar")  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunCut:
     """A constrained verify run: how many proposals the grammar lets it accept, and, when the row
     where it is cut can never satisfy the constraint, why (the row's token there ends it in error)."""
@@ -142,7 +142,7 @@ class StructuredOutputs:
                 cut = dead[0] - at
                 why = failure(_after(state, draft[:cut]))
                 words[dead[0]] = -1
-            cuts.append(RunCut(cut, why))
+            cuts.append(RunCut(allowed=cut, failure=why))
             which.extend(range(first, first + len(draft) + 1))
             at += len(draft) + 1
         self._apply_masks(logits, buf, np.asarray(which, np.int64))

@@ -40,7 +40,7 @@ from worker.engine.structured_outputs import RunCut
 ConstrainRuns = Callable[[torch.Tensor, list[tuple[int, Sequence, tuple[int, ...]]]], list[RunCut]]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class SpecRun:
     """One verified sequence: `tokens` = its accepted proposals, then the target's own token."""
 
@@ -109,7 +109,8 @@ class Verifier:
             while a < allowed and t[a] == c.draft[a]:
                 a += 1
             failed = cut.failure if cut is not None and a == cut.allowed else None
-            runs.append(SpecRun(c.seq, row_list[i], len(c.draft), t[: a + 1], None, failed))
+            runs.append(SpecRun(seq=c.seq, row=row_list[i], proposed=len(c.draft), tokens=t[: a + 1], logprobs=None,
+                                failure=failed))
         last = np.array([r.tokens[-1] for r in runs], np.int64)
         b.last_token[rows] = last  # the next decode step's input
         if self.dev.copy:
