@@ -4,17 +4,15 @@
 and its lm_head (fp32, or fp16 holding the same values: `head` for GEMVs or `packed`, as pack_rows
 lays it out, for gemm.h's products; `head_ids`: the token of each head row when the head holds only
 some tokens, FR-Spec's frequent-token head); `propose(...)` runs the catch-up rows, then drafts each
-sequence's tokens until its K or its early stop (`ChainStop`: the speculator's rule, evaluated in C
-as in Python). Same tokens and probabilities as the step-by-step path over the same stack, head product
-and top1 kernels.
+sequence's tokens until its K or its early stop (`EarlyStop`: numbers the caller chooses, the rule
+below evaluated in C). Same tokens and probabilities as the step-by-step path over the same stack,
+head product and top1 kernels.
 """
 
 from __future__ import annotations
 
-import bisect
 import ctypes
-import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -30,22 +28,16 @@ class _Head(ctypes.Structure):
                 ("edges", _ptr), ("chance", _ptr), ("num_edges", _i64), ("overall", _f64), ("per_token", _f64)]  # fmt: skip
 
 
-@dataclass(frozen=True)
-class ChainStop:
-    """The early stop: sequence s drafts token j + 1 while prod(chances[bucket(p_i)], i <= j) x overall
-    x values[s] > per_token, a bucket being how many of `edges` are <= the token's probability."""
+class EarlyStop(NamedTuple):
+    """Sequence s drafts token j + 1 while prod(chances[bucket(p_i)], i <= j) x overall x values[s] >
+    per_token, p_i being the draft's probability of its token i and a bucket how many of `edges` are
+    <= p_i."""
 
-    edges: tuple[float, ...]
-    chances: tuple[float, ...]  # len(edges) + 1
+    edges: np.ndarray  # float64 [E], ascending
+    chances: np.ndarray  # float64 [E + 1]
     overall: float
     per_token: float
-    values: tuple[float, ...]  # per sequence
-
-    def __call__(self, s: int, probs: list[float]) -> bool:
-        """The rule in Python (the step-by-step path): does sequence s, whose tokens so far came with
-        `probs`, draft another?"""
-        chances = (self.chances[bisect.bisect_right(self.edges, q)] for q in probs)
-        return math.prod(chances) * self.overall * self.values[s] > self.per_token
+    values: np.ndarray  # float64 [S]: per sequence
 
 
 class DraftChain:
@@ -89,7 +81,7 @@ class DraftChain:
         return 0 < rows <= self._stack.gemv_rows
 
     def propose(self, ids: np.ndarray, positions: np.ndarray, tables: np.ndarray, last_rows: np.ndarray,
-                ks: np.ndarray, stop: ChainStop | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+                ks: np.ndarray, stop: EarlyStop | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
         """Catch-up rows ids, positions int64 [R] and tables int32 [R, W] (each row's sequence's block
         table, covering its position and the K tokens after its last row), each sequence's last row
         last_rows int64 [S] (ascending) and its most tokens ks int64 [S] (>= 1) -> tokens int64 [S,
@@ -109,8 +101,10 @@ class DraftChain:
         if stop is None:
             edges, chances, values, head = np.zeros(0), np.ones(1), np.zeros(seqs), (0, 0, 0.0, 0.0)
         else:
-            edges, chances = np.asarray(stop.edges, np.float64), np.asarray(stop.chances, np.float64)
-            values, head = np.asarray(stop.values, np.float64), (1, edges.size, stop.overall, stop.per_token)
+            edges, chances = np.ascontiguousarray(stop.edges, np.float64), np.ascontiguousarray(stop.chances, np.float64)
+            values, head = np.ascontiguousarray(stop.values, np.float64), (1, edges.size, stop.overall, stop.per_token)
+            if chances.size != edges.size + 1:
+                raise ValueError(f"an early stop needs one chance more than its {edges.size} edges, got {chances.size}")
         early, num_edges, overall, per_token = head
         head_ptr = None if self._head is None else self._head.data_ptr()
         packed = None if self._packed is None else self._packed.data_ptr()

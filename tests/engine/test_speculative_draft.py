@@ -109,8 +109,8 @@ def test_the_chain_stops_where_the_speculators_rule_says(make_checkpoint, tmp_pa
     probability of each, times the overall chance and the row's token value, against a drafted
     token's cost) decides in C inside DraftChain as it does in Python step by step: the same
     proposals, some cut short and some drafted to K, and plain decoding's outputs."""
-    from kernels.cpu.draft_chain import ChainStop
     from worker.engine.speculation.acceptance import CONFIDENCE_EDGES
+    from worker.engine.speculation.chain_stop import ChainStop
 
     path = make_checkpoint("llama").path
     draft = SpeculativeConfig("draft", 4, str(perturbed(path, tmp_path / "draft")), adaptive=False)

@@ -17,8 +17,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("contracts", "freight_cli", "jobs", "kernels", "worker")
 
@@ -174,8 +172,6 @@ def test_kernels_import_nothing_of_the_project() -> None:
     assert _crossings("kernels", ("jobs", "worker", "contracts", "freight_cli")) == []
 
 
-@pytest.mark.xfail(strict=True, reason="ChainStop moves from kernels/cpu/draft_chain.py to "
-                   "worker/engine/speculation/; drop this mark with that move")
 def test_kernels_hold_no_speculation_policy() -> None:
     """The draft chain's early-stop rule (ChainStop) is the speculator's policy; the kernel takes its
     table as plain arrays."""

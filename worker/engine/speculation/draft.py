@@ -32,7 +32,6 @@ import numpy as np
 import structlog
 import torch
 
-from kernels.cpu.draft_chain import ChainStop
 from worker.engine.backends.base import AttentionMetadata, Backend
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
@@ -40,6 +39,7 @@ from worker.engine.loader import load_model
 from worker.engine.model_runner import ModelRunner
 from worker.engine.sampler import to_device
 from worker.engine.sequence import Sequence
+from worker.engine.speculation.chain_stop import ChainStop
 from worker.engine.speculation.draft_stack import DraftStack, top1
 from worker.engine.tokenizer import Tokenizer
 
@@ -156,7 +156,7 @@ class DraftModel:
         if not self.fast.chain.takes(len(states)) or (go_on is not None and not isinstance(go_on, ChainStop)):
             return False
         ids, pos, table, counts = self._rows(states, los, ends, ks)
-        stop = None if go_on is None else dataclasses.replace(go_on, values=tuple(go_on.values[i] for i in live))
+        stop = None if go_on is None else dataclasses.replace(go_on, values=tuple(go_on.values[i] for i in live)).arrays()
         tokens, top, made = self.fast.chain.propose(ids, pos, np.repeat(table, counts, axis=0), np.cumsum(counts) - 1,
                                                     np.asarray(ks), stop)  # fmt: skip
         for r, i in enumerate(live):

@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 
-from kernels.cpu.draft_chain import ChainStop
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.sequence import Sequence
 from worker.engine.speculation.acceptance import CONFIDENCE_EDGES, MATCH_EDGES, AcceptanceTable
+from worker.engine.speculation.chain_stop import ChainStop
 from worker.engine.speculation.config import SpeculativeConfig
 from worker.engine.speculation.controller import SpeculationController
 from worker.engine.speculation.draft import DraftModel
@@ -218,7 +218,8 @@ class Speculator:
             return None
         per_token = max(0.0, (hi - lo) / (tokens - 1))
         table = self.acceptance
-        return ChainStop(tuple(table.edges), table.chances(), table.overall(), per_token, tuple(values))
+        return ChainStop(edges=tuple(table.edges), chances=table.chances(), overall=table.overall(), per_token=per_token,
+                         values=tuple(values))
 
     def _grammar_cut(self, seq: Sequence, draft: list[int]) -> list[int]:
         """A constrained row's proposal up to the first token its grammar refuses."""
