@@ -1,5 +1,5 @@
-"""The structured-output flags of `run`, `submit` and `estimate`: the job-wide --json-schema FILE,
---regex, --choice, and --row-constraints (read a Parquet input's per-row constraint columns).
+"""The structured-output flags of `run`, `submit` and `estimate` (the job options --json-schema FILE,
+--regex and --choice, jobs/job_options.py) as SamplingSpec fields.
 Checked here before anything is written (the file exists and holds a JSON object; the choices are
 not empty); SamplingSpec refuses two of them together, jobs/constraint_check.py one that does not
 compile. A row's own constraint wins (README "Structured output")."""
@@ -7,37 +7,10 @@ compile. A row's own constraint wins (README "Structured output")."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
-
-import typer
+from typing import Any
 
 from jobs.errors import FreightError
 from jobs.spec import canonical_schema
-
-JsonSchemaOpt = Annotated[
-    Path | None,
-    typer.Option(
-        metavar="FILE",
-        help="a JSON file holding a JSON schema: every row's output is JSON that follows it (a row's own constraint wins)",
-    ),
-]
-RegexOpt = Annotated[
-    str | None,
-    typer.Option(metavar="PATTERN", help="every row's output matches this regular expression, whole"),
-]
-ChoiceOpt = Annotated[
-    str | None,
-    typer.Option(metavar="A,B,C", help="every row's output is one of these comma-separated strings"),
-]
-
-RowConstraintsOpt = Annotated[
-    bool,
-    typer.Option(
-        "--row-constraints",
-        help="hold each row's output to its own Parquet column response_format, json_schema, regex or choice "
-        "(a null cell takes the job's flag); without it such columns are plain data",
-    ),
-]
 
 
 def constraint_fields(json_schema: Path | None, regex: str | None, choice: str | None) -> dict[str, Any]:

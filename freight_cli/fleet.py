@@ -18,84 +18,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from freight_cli.common import EXIT_JOB_EXPIRED, EXIT_JOB_FAILED, fail, resolve_job
-from freight_cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt, RowConstraintsOpt
-from freight_cli.estimate import MaxCostOpt, max_cost_check
-from freight_cli.job_options import (
-    ContinuationColumnOpt,
-    DeadlineOpt,
-    DimensionsOpt,
-    FrequencyPenaltyOpt,
-    IdColumnOpt,
-    InputArg,
-    InstanceTypeOpt,
-    LogitBiasOpt,
-    LogprobsOpt,
-    MarketOpt,
-    MaxTokensOpt,
-    MinPOpt,
-    MinTokensOpt,
-    ModelOpt,
-    NOpt,
-    OutputOpt,
-    PresencePenaltyOpt,
-    PricePerHourOpt,
-    PricesOpt,
-    PromptColumnOpt,
-    QuantizationOpt,
-    RepetitionPenaltyOpt,
-    SeedOpt,
-    ShardRowsOpt,
-    SpeculativeOpt,
-    SpeculativeTokensOpt,
-    StopOpt,
-    TaskOpt,
-    TemperatureOpt,
-    TopKOpt,
-    TopPOpt,
-    absolute,
-    prepare_from_options,
-)
-from freight_cli.lifecycle_options import CompletionWindowOpt, NotifyOpt, lifecycle_from_options
+from freight_cli.job_estimate import MaxCostOpt, max_cost_check
+from freight_cli.job_options import JobOptionValues, absolute, prepare_from_options, with_job_options
+from freight_cli.lifecycle_options import CompletionWindowOpt, DeadlineOpt, NotifyOpt, lifecycle_from_options
 from jobs.errors import FreightError
 from jobs.settings import get_settings
 from jobs.storage import ObjectStore
 
 
+@with_job_options()
 def submit(
-    input: InputArg,
-    model: ModelOpt,
-    output: OutputOpt,
-    prompt_column: PromptColumnOpt = "prompt",
-    id_column: IdColumnOpt = None,
-    continuation_column: ContinuationColumnOpt = None,
-    task: TaskOpt = "generate",
-    dimensions: DimensionsOpt = None,
-    max_tokens: MaxTokensOpt = 128,
-    temperature: TemperatureOpt = 0.0,
-    top_p: TopPOpt = 1.0,
-    top_k: TopKOpt = 0,
-    seed: SeedOpt = 0,
-    stop: StopOpt = None,
-    n: NOpt = 1,
-    logprobs: LogprobsOpt = None,
-    presence_penalty: PresencePenaltyOpt = 0.0,
-    frequency_penalty: FrequencyPenaltyOpt = 0.0,
-    repetition_penalty: RepetitionPenaltyOpt = 1.0,
-    min_p: MinPOpt = 0.0,
-    min_tokens: MinTokensOpt = 0,
-    logit_bias: LogitBiasOpt = None,
-    json_schema: JsonSchemaOpt = None,
-    regex: RegexOpt = None,
-    choice: ChoiceOpt = None,
-    row_constraints: RowConstraintsOpt = False,
-    shard_rows: ShardRowsOpt = 256,
-    instance_type: InstanceTypeOpt = "cpu-local",
-    market: MarketOpt = "on-demand",
-    price_per_hour: PricePerHourOpt = None,
-    prices: PricesOpt = None,
-    quantization: QuantizationOpt = None,
-    speculative: SpeculativeOpt = None,
-    speculative_tokens: SpeculativeTokensOpt = None,
+    job: JobOptionValues,
     priority: int = typer.Option(0, help="0 (taken first) .. 9 (last)"),
     deadline: DeadlineOpt = None,
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary before the job id"),
@@ -107,9 +40,6 @@ def submit(
 
     Submitting the same job again re-queues only shards not yet committed (a resume after a cancel,
     a lost Redis, or failed shards, which get a fresh attempt budget)."""
-    options = dict(locals())
-    for name in ("priority", "deadline", "as_json", "completion_window", "notify", "max_cost"):
-        del options[name]
     from jobs.submission import submit_job
 
     try:
@@ -117,10 +47,11 @@ def submit(
     except FreightError as exc:
         raise fail(str(exc)) from None
     settings = get_settings()
+    model = job["model"]
     if not model.startswith("s3://") and not Path(model).exists():
         raise fail(f"model {model} does not exist: give a checkpoint folder or s3://bucket/prefix")
     try:
-        prepared = prepare_from_options(settings, **options, check=max_cost_check(max_cost, settings, prices))
+        prepared = prepare_from_options(settings, **job, check=max_cost_check(max_cost, settings, job["prices"]))
     except FreightError as exc:
         raise fail(str(exc)) from None
     spec = prepared.manifest.spec

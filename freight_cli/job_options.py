@@ -1,15 +1,17 @@
-"""The job options `freight run` and `freight submit` share, and the spec they build.
+"""The job options of `freight run`, `submit` and `estimate` as typer parameters, and the JobSpec
+they build.
 
-Declared once as Annotated types so both commands take the same flags with the same help.
+The options come from one table (jobs/job_options.py); `with_job_options` gives a command all of
+them, so the three commands take the same flags with the same defaults and help.
 """
 
 from __future__ import annotations
 
-import re
+import functools
+import inspect
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -17,6 +19,7 @@ from pydantic import ValidationError
 from freight_cli.constraint_options import constraint_fields
 from jobs.constraint_check import check_constraint
 from jobs.errors import FreightError, SpecMismatchError
+from jobs.job_options import JOB_OPTIONS, REQUIRED, JobOption
 from jobs.manifest import Manifest
 from jobs.planner import PreparedJob
 from jobs.settings import Settings
@@ -25,161 +28,55 @@ if TYPE_CHECKING:
     from jobs.spec import JobSpec
     from jobs.storage import ObjectStore
 
-
-def _shipped_instance_types() -> str:
-    """The shipped price table's keys, for --instance-type's help (read once, at import: a small TOML)."""
-    import tomllib
-
-    from jobs.cost import SHIPPED_PRICES
-
-    try:
-        return ", ".join(tomllib.loads(SHIPPED_PRICES.read_text()))
-    except (OSError, tomllib.TOMLDecodeError):  # the help must not fail; the run will say why
-        return "see jobs/prices.toml"
+Command = TypeVar("Command", bound=Callable[..., Any])
+JobOptionValues = dict[str, Any]  # option name -> the value given (or its default)
 
 
-InputArg = Annotated[
-    str,
-    typer.Argument(
-        metavar="INPUT", help="Parquet file, folder/prefix of Parquet files, or OpenAI-Batch .jsonl"
-    ),
-]
-ModelOpt = Annotated[
-    str, typer.Option("--model", metavar="MODEL", help="Hugging Face checkpoint folder or s3://bucket/prefix")
-]
-OutputOpt = Annotated[
-    str, typer.Option("--output", metavar="OUT", help="where results go: local folder or s3://bucket/prefix")
-]
-PromptColumnOpt = Annotated[
-    str, typer.Option(metavar="COLUMN", help="string prompts, or chat messages (list of role/content)")
-]
-IdColumnOpt = Annotated[
-    str | None,
-    typer.Option(
-        metavar="COLUMN", help="unique ids (strings or integers) for the results (default: the row number)"
-    ),
-]
-ContinuationColumnOpt = Annotated[
-    str | None, typer.Option(metavar="COLUMN", help="score this column's text after the prompt")
-]
-TaskOpt = Annotated[
-    Literal["generate", "embed"],
-    typer.Option(
-        help="generate: completions; embed: one embedding per prompt (as /v1/embeddings), pooled as the "
-        "checkpoint's sentence-transformers files say (Qwen3-Embedding, e5-mistral); a Parquet input's "
-        "prompt column must hold text"
-    ),
-]
-DimensionsOpt = Annotated[
-    int | None,
-    typer.Option(metavar="N", help="--task embed: keep the first N dimensions (Matryoshka), then normalize"),
-]
-MaxTokensOpt = Annotated[int, typer.Option(metavar="N", help="tokens to generate per row, at most")]
-TemperatureOpt = Annotated[float, typer.Option(metavar="T", help="sampling temperature; 0 = greedy")]
-TopPOpt = Annotated[float, typer.Option(metavar="P", help="nucleus sampling mass in (0, 1]; 1 = off")]
-TopKOpt = Annotated[int, typer.Option(metavar="K", help="sample from the K likeliest tokens; 0 = off")]
-SeedOpt = Annotated[int, typer.Option(metavar="SEED", help="job seed; each row's seed is hash(seed, row id)")]
-# Sampling flags with vLLM's names and meanings; a row's column or JSONL body field of the same name
-# overrides each (README "Sampling").
-StopOpt = Annotated[
-    list[str] | None,
-    typer.Option(metavar="TEXT", help="stop string, cut from the text with what follows (repeat for more)"),
-]
-NOpt = Annotated[int, typer.Option("--n", metavar="N", help="choices per row (FREIGHT_MAX_N caps it)")]
-LogprobsOpt = Annotated[
-    int | None,
-    typer.Option(metavar="K", help="log-probabilities of each generated token and its K likeliest (0-20)"),
-]
-PresencePenaltyOpt = Annotated[
-    float, typer.Option(metavar="P", help="in [-2, 2]: lowers tokens already generated, once each")
-]
-FrequencyPenaltyOpt = Annotated[
-    float, typer.Option(metavar="P", help="in [-2, 2]: lowers tokens by how often they were generated")
-]
-RepetitionPenaltyOpt = Annotated[
-    float, typer.Option(metavar="P", help="> 0: divides the logits of prompt and generated tokens; 1 = off")
-]
-MinPOpt = Annotated[
-    float, typer.Option(metavar="P", help="drop tokens below P x the likeliest's probability; 0 = off")
-]
-MinTokensOpt = Annotated[int, typer.Option(metavar="N", help="tokens to generate before EOS may end a row")]
-LogitBiasOpt = Annotated[
-    str | None,
-    typer.Option(metavar="JSON", help='bias added to token logits, e.g. \'{"50256": -100}\' (token id: [-100, 100])'),
-]
-ShardRowsOpt = Annotated[int, typer.Option(metavar="N", help="rows per shard, about")]
-InstanceTypeOpt = Annotated[
-    str,
-    typer.Option(
-        metavar="TYPE",
-        help=f"where it runs, for the cost report: one of {_shipped_instance_types()} (the shipped "
-        "price table), or a key of --prices, or any name with --price-per-hour",
-    ),
-]
-MarketOpt = Annotated[Literal["on-demand", "spot"], typer.Option(help="which price of the instance type")]
-PricePerHourOpt = Annotated[
-    float | None, typer.Option(metavar="USD", help="USD per instance-hour; overrides the price table")
-]
-PricesOpt = Annotated[
-    Path | None,
-    typer.Option(
-        metavar="FILE",
-        help="a price table instead of the shipped one: a TOML table per instance type with USD per hour, "
-        'e.g. ["g5.xlarge"] on_demand = 1.006 spot = 0.40 (spot optional: defaults to on_demand)',
-    ),
-]
-QuantizationOpt = Annotated[
-    Literal["int8", "int4", "fp8"] | None,
-    typer.Option(
-        help="quantize the weights at load (int8/int4: round to nearest; fp8: e4m3, on GPUs of compute "
-        "capability 8.9+ such as L4, L40S, H100, H200)"
-    ),
-]
-SpeculativeOpt = Annotated[
-    str | None,
-    typer.Option(
-        metavar="ngram|draft:PATH",
-        help="speculative decoding: ngram proposes the tokens that followed the text's last 1-4 tokens "
-        "earlier in the prompt or completion (copy-heavy tasks); draft:PATH a smaller checkpoint with the "
-        "same tokenizer. Outputs are unchanged; it turns itself off where it does not pay",
-    ),
-]
-SpeculativeTokensOpt = Annotated[
-    int | None,
-    typer.Option(metavar="K", help="speculative decoding: most tokens proposed per step (default: ngram 8, draft 6)"),
-]
-DeadlineOpt = Annotated[
-    str | None,
-    typer.Option(
-        metavar="WHEN",
-        help="finish by: an ISO-8601 time (2025-06-01T18:00, local unless it has an offset) or a "
-        "duration from now (2h, 30m, 1h30m, 1d); the autoscaler sizes the fleet to meet it",
-    ),
-]
-
-_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+def job_parameter(option: JobOption) -> inspect.Parameter:
+    """`option` as the parameter typer reads: its type annotated with its Argument or Option."""
+    info = (
+        typer.Argument(metavar=option.metavar, help=option.help)
+        if option.argument
+        else typer.Option(option.flag, metavar=option.metavar, help=option.help)
+    )
+    default = inspect.Parameter.empty if option.default is REQUIRED else option.default
+    return inspect.Parameter(
+        option.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[option.type, info]
+    )
 
 
-def parse_deadline(text: str, now: float) -> float:
-    """`--deadline` as unix seconds: a duration from `now` (1d, 2h, 30m, 90s, or a run like 1h30m)
-    or an ISO-8601 time. ValueError, with one line for the user, when it is neither or not in the
-    future."""
-    value = text.strip()
-    duration = _DURATION.fullmatch(value.lower())
-    if value and duration:
-        days, hours, minutes, seconds = (int(g or 0) for g in duration.groups())
-        deadline = now + days * 86400 + hours * 3600 + minutes * 60 + seconds
-    else:
-        try:
-            deadline = datetime.fromisoformat(value).timestamp()
-        except ValueError:
-            raise ValueError(
-                f"--deadline {text!r} is neither an ISO-8601 time (2025-06-01T18:00+00:00) nor a "
-                "duration (2h, 30m, 1h30m)"
-            ) from None
-    if deadline <= now:
-        raise ValueError(f"--deadline {text!r} is not in the future")
-    return deadline
+def with_job_options(
+    *, only: tuple[str, ...] | None = None, leave_out: tuple[str, ...] = ()
+) -> Callable[[Command], Command]:
+    """Give a command the job options (`only` those, or all), but `leave_out`, before its own
+    parameters. The command's first parameter, `job`, receives them as one JobOptionValues; typer
+    sees them one by one."""
+    unknown = {*(only or ()), *leave_out} - {option.name for option in JOB_OPTIONS}
+    if unknown:
+        raise ValueError(f"no job options named {sorted(unknown)}")
+    options = [
+        job_parameter(option)
+        for option in JOB_OPTIONS
+        if (only is None or option.name in only) and option.name not in leave_out
+    ]
+    names = {p.name for p in options}
+
+    def decorate(command: Command) -> Command:
+        own = list(inspect.signature(command, eval_str=True).parameters.values())
+        if not own or own[0].name != "job":
+            raise TypeError(f"{command.__name__} must take the job options as its first parameter, `job`")
+        params = [*options, *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[1:])]
+
+        @functools.wraps(command)
+        def wrapper(**given: Any) -> Any:
+            job = {name: given.pop(name) for name in list(given) if name in names}
+            return command(job, **given)
+
+        wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
 
 
 def absolute(url: str) -> str:

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from freight_cli.common import fail
+from freight_cli.quantities import parse_size
 from jobs.errors import FreightError
 from jobs.settings import get_settings
 
@@ -102,7 +103,6 @@ def limits(
                                            help="unfinished batches the tenant may have"),
 ) -> None:
     """Set one tenant's limits over the server's defaults (without a flag: show them)."""
-    from freight_cli.serve import parse_size
     from jobs.api.layout import check_tenant
     from jobs.api.tenants import write_limits
 

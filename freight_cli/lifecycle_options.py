@@ -5,11 +5,12 @@ Kept apart from job_options (the spec's flags): these do not change the job, onl
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from typing import Annotated
 
 import typer
 
-from freight_cli.job_options import parse_deadline
 from jobs.errors import FreightError
 from jobs.lifecycle import MIN_WINDOW_S, Lifecycle, check_notify_target, parse_window
 from jobs.notify_targets import submit_targets
@@ -31,14 +32,40 @@ NotifyOpt = Annotated[
         "webhook (JSON POST, signed with FREIGHT_WEBHOOK_SECRET) or sns:<topic ARN>; repeatable",
     ),
 ]
-RunDeadlineOpt = Annotated[
+DeadlineOpt = Annotated[
     str | None,
     typer.Option(
         "--deadline",
         metavar="WHEN",
-        help="like --completion-window, as an ISO-8601 time (2025-06-01T18:00+00:00) or a duration",
+        help="like --completion-window, as a time to end by: an ISO-8601 time (2025-06-01T18:00, local "
+        "unless it has an offset) or a duration from now (2h, 30m, 1h30m, 1d); on a fleet the autoscaler "
+        "sizes the fleet to meet it",
     ),
 ]
+
+_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+
+
+def parse_deadline(text: str, now: float) -> float:
+    """`--deadline` as unix seconds: a duration from `now` (1d, 2h, 30m, 90s, or a run like 1h30m)
+    or an ISO-8601 time. ValueError, with one line for the user, when it is neither or not in the
+    future."""
+    value = text.strip()
+    duration = _DURATION.fullmatch(value.lower())
+    if value and duration:
+        days, hours, minutes, seconds = (int(g or 0) for g in duration.groups())
+        deadline = now + days * 86400 + hours * 3600 + minutes * 60 + seconds
+    else:
+        try:
+            deadline = datetime.fromisoformat(value).timestamp()
+        except ValueError:
+            raise ValueError(
+                f"--deadline {text!r} is neither an ISO-8601 time (2025-06-01T18:00+00:00) nor a "
+                "duration (2h, 30m, 1h30m)"
+            ) from None
+    if deadline <= now:
+        raise ValueError(f"--deadline {text!r} is not in the future")
+    return deadline
 
 
 def lifecycle_from_options(

@@ -14,102 +14,29 @@ import typer
 from rich.console import Console
 
 from freight_cli.common import fail, plural, resolve_out
-from freight_cli.constraint_options import ChoiceOpt, JsonSchemaOpt, RegexOpt, RowConstraintsOpt
-from freight_cli.estimate import MaxCostOpt, max_cost_check
-from freight_cli.job_options import (
-    ContinuationColumnOpt,
-    DimensionsOpt,
-    FrequencyPenaltyOpt,
-    IdColumnOpt,
-    InputArg,
-    InstanceTypeOpt,
-    LogitBiasOpt,
-    LogprobsOpt,
-    MarketOpt,
-    MaxTokensOpt,
-    MinPOpt,
-    MinTokensOpt,
-    ModelOpt,
-    NOpt,
-    OutputOpt,
-    PresencePenaltyOpt,
-    PricePerHourOpt,
-    PricesOpt,
-    PromptColumnOpt,
-    QuantizationOpt,
-    RepetitionPenaltyOpt,
-    SeedOpt,
-    ShardRowsOpt,
-    SpeculativeOpt,
-    SpeculativeTokensOpt,
-    StopOpt,
-    TaskOpt,
-    TemperatureOpt,
-    TopKOpt,
-    TopPOpt,
-    prepare_from_options,
-)
-from freight_cli.lifecycle_options import (
-    CompletionWindowOpt,
-    NotifyOpt,
-    RunDeadlineOpt,
-    lifecycle_from_options,
-)
+from freight_cli.job_estimate import MaxCostOpt, max_cost_check
+from freight_cli.job_options import JobOptionValues, prepare_from_options, with_job_options
+from freight_cli.lifecycle_options import CompletionWindowOpt, DeadlineOpt, NotifyOpt, lifecycle_from_options
 from jobs.errors import FreightError
 from jobs.settings import get_settings
 
 ResultsFormat = Literal["freight", "openai"]
 
 
+@with_job_options()
 def run(
-    input: InputArg,
-    model: ModelOpt,
-    output: OutputOpt,
-    prompt_column: PromptColumnOpt = "prompt",
-    id_column: IdColumnOpt = None,
-    continuation_column: ContinuationColumnOpt = None,
-    task: TaskOpt = "generate",
-    dimensions: DimensionsOpt = None,
-    max_tokens: MaxTokensOpt = 128,
-    temperature: TemperatureOpt = 0.0,
-    top_p: TopPOpt = 1.0,
-    top_k: TopKOpt = 0,
-    seed: SeedOpt = 0,
-    stop: StopOpt = None,
-    n: NOpt = 1,
-    logprobs: LogprobsOpt = None,
-    presence_penalty: PresencePenaltyOpt = 0.0,
-    frequency_penalty: FrequencyPenaltyOpt = 0.0,
-    repetition_penalty: RepetitionPenaltyOpt = 1.0,
-    min_p: MinPOpt = 0.0,
-    min_tokens: MinTokensOpt = 0,
-    logit_bias: LogitBiasOpt = None,
-    json_schema: JsonSchemaOpt = None,
-    regex: RegexOpt = None,
-    choice: ChoiceOpt = None,
-    row_constraints: RowConstraintsOpt = False,
-    shard_rows: ShardRowsOpt = 256,
-    instance_type: InstanceTypeOpt = "cpu-local",
-    market: MarketOpt = "on-demand",
-    price_per_hour: PricePerHourOpt = None,
-    prices: PricesOpt = None,
-    quantization: QuantizationOpt = None,
-    speculative: SpeculativeOpt = None,
-    speculative_tokens: SpeculativeTokensOpt = None,
+    job: JobOptionValues,
     completion_window: CompletionWindowOpt = None,
-    deadline: RunDeadlineOpt = None,
+    deadline: DeadlineOpt = None,
     notify: NotifyOpt = None,
     max_cost: MaxCostOpt = None,
 ) -> None:
     """Run a job in this process: plan, shards, cost report. Rerun the same command to resume."""
-    options = dict(locals())  # exactly the flags above
-    for name in ("completion_window", "deadline", "notify", "max_cost"):
-        options.pop(name)
     settings = get_settings()
     try:
         lifecycle = lifecycle_from_options(completion_window, deadline, notify, time.time())
-        check = max_cost_check(max_cost, settings, prices)
-        prepared = prepare_from_options(settings, **options, check=check)
+        check = max_cost_check(max_cost, settings, job["prices"])
+        prepared = prepare_from_options(settings, **job, check=check)
     except FreightError as exc:
         raise fail(str(exc)) from None
     from freight_cli.run_progress import run_with_progress

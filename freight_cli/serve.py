@@ -8,7 +8,6 @@ never loads torch; without, it runs them with the embedded runner.
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -16,34 +15,9 @@ import typer
 from rich.console import Console
 
 from freight_cli.common import fail
+from freight_cli.quantities import parse_size, parse_ttl
 from jobs.errors import FreightError
 from jobs.settings import get_settings
-
-_SIZE = re.compile(r"(\d+)\s*(|k|m|g|t)(i?)b?", re.IGNORECASE)
-
-
-def parse_size(text: str, flag: str) -> int | None:
-    """Bytes from 200MiB, 10GB, 5000000 (`none`: no limit); FreightError otherwise."""
-    if text.strip().lower() in ("none", "unlimited"):
-        return None
-    match = _SIZE.fullmatch(text.strip())
-    if not match:
-        raise FreightError(f"{flag} {text!r}: give a size such as 200MiB, 10GB or 5000000 (or none)")
-    digits, unit, binary = match.groups()
-    base = 1024 if binary else 1000
-    return int(digits) * base ** " kmgt".index(unit.lower() or " ")
-
-
-def parse_ttl(text: str, flag: str) -> int | None:
-    """Seconds from 30d, 12h, 90m (`never`: files are kept until deleted); FreightError otherwise."""
-    from jobs.lifecycle import parse_window
-
-    if text.strip().lower() in ("never", "none"):
-        return None
-    try:
-        return int(parse_window(text, minimum=1, name=flag))
-    except ValueError as exc:
-        raise FreightError(str(exc)) from None
 
 
 def serve(

@@ -12,24 +12,33 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from jobs.errors import FreightError
 from jobs.evals.metrics import Metric
+from jobs.job_options import job_option
 
 
 class SuiteError(FreightError, ValueError):
     """A suite file that cannot be run; the message lists each problem as `file:line: what`."""
 
 
+def option_field(name: str, default: Any, **rules: Any) -> Any:
+    """A suite key of a job option's name: its own default and rules, the option's help
+    (jobs/job_options.py) as its description."""
+    return Field(default, description=job_option(name).help, **rules)
+
+
 class Sampling(BaseModel):
-    """Generation settings of a suite: greedy with a fixed seed unless told otherwise."""
+    """Generation settings of a suite, keys named as the job options: greedy with a fixed seed and
+    short answers unless told otherwise."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    max_tokens: int = Field(32, ge=1)
-    temperature: float = Field(0.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int = Field(0, ge=0)
-    # structured output for every generated answer (jobs/spec.py SamplingSpec checks them), at most one
-    json_schema: dict[str, Any] | None = None
-    regex: str | None = None
-    choice: tuple[str, ...] | None = Field(None, min_length=1)
+    max_tokens: int = option_field("max_tokens", 32, ge=1)
+    temperature: float = option_field("temperature", 0.0, ge=0.0)
+    top_p: float = option_field("top_p", 1.0, gt=0.0, le=1.0)
+    seed: int = option_field("seed", 0, ge=0)
+    # structured output for every generated answer (jobs/spec.py SamplingSpec checks them), at most
+    # one; written inline (a table, a list) where the flags take a file and comma-separated text
+    json_schema: dict[str, Any] | None = Field(None, description="a JSON schema: every answer is JSON that follows it")
+    regex: str | None = option_field("regex", None)
+    choice: tuple[str, ...] | None = Field(None, min_length=1, description="every answer is one of these strings")
 
     @model_validator(mode="after")
     def _one_constraint(self) -> Sampling:

@@ -19,7 +19,7 @@ from jobs.errors import FreightError
 from jobs.evals.cron import validate_cron
 from jobs.evals.lines import LineIndex, PathPart
 from jobs.evals.metrics import METRICS, Metric, MultipleChoice
-from jobs.evals.suite import Sampling, Suite, SuiteError, SuiteFile, resolve_location
+from jobs.evals.suite import Sampling, Suite, SuiteError, SuiteFile, option_field, resolve_location
 from jobs.spec import SamplingSpec
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
@@ -37,19 +37,28 @@ class _SuiteFields(BaseModel):
     prompt_column: str | None = None
     messages_column: str | None = None
     reference_column: str = "reference"
-    id_column: str | None = None
+    id_column: str | None = option_field("id_column", None)
     sampling: Sampling = Sampling()
-    shard_rows: int | None = Field(None, ge=1)
+    shard_rows: int | None = option_field("shard_rows", None, ge=1)
     metrics: list[dict[str, Any]] = Field(min_length=1)
-    # speculative decoding of the generate jobs ("ngram" | "draft:PATH"; outputs unchanged, faster)
-    speculative: str | None = Field(None, pattern=r"^(ngram|draft:.+)$")
-    speculative_tokens: int | None = Field(None, ge=1, le=16)
+    # speculative decoding of the generate jobs ("ngram" | "draft:PATH"; outputs unchanged)
+    speculative: str | None = option_field("speculative", None, pattern=r"^(ngram|draft:.+)$")
+    speculative_tokens: int | None = option_field("speculative_tokens", None, ge=1, le=16)
 
     @model_validator(mode="after")
     def _one_prompt_source(self) -> _SuiteFields:
         if self.prompt_column and self.messages_column:
             raise ValueError("give prompt_column or messages_column, not both")
         return self
+
+
+def _meaning(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    """What the key at `loc` means, for a problem line: " (max_tokens: tokens to generate ...)"."""
+    fields = model.model_fields
+    if len(loc) == 2 and loc[0] == "sampling" and model is _SuiteFields:
+        fields = Sampling.model_fields
+    info = fields.get(str(loc[-1])) if loc else None
+    return f" ({loc[-1]}: {info.description})" if info is not None and info.description else ""
 
 
 SchemaReader = Callable[[str], Sequence[str]]
@@ -132,7 +141,7 @@ class _Loader:
             elif error["type"] == "missing":
                 self.problem(loc[:-1], f"{label}: missing key {field!r}; add it")
             else:
-                self.problem(loc, f"{label}: {field}: {error['msg']}")
+                self.problem(loc, f"{label}: {field}: {error['msg']}{_meaning(model, error['loc'])}")
 
     def suite(self, i: int, table: Any) -> Suite | None:
         where: tuple[PathPart, ...] = ("suite", i)

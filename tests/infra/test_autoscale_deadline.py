@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from jobs.autoscale.backlog import RedisBacklogReader
 from jobs.autoscale.policy import ScalerState, ScalingLimits, decide
 from freight_cli import app
-from freight_cli.job_options import parse_deadline
+from freight_cli.lifecycle_options import parse_deadline
 from jobs.log import configure_logging
 from jobs.progress import WorkerBeat, job_key
 from jobs.settings import get_settings

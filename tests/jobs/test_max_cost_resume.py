@@ -11,7 +11,7 @@ from pipeline_data import prompts_table, write_parquet
 from typer.testing import CliRunner
 
 from freight_cli import app
-from freight_cli.estimate import estimate_manifest
+from freight_cli.job_estimate import estimate_manifest
 from jobs.manifest import read_manifest
 from jobs.settings import get_settings
 from jobs.storage import open_store
