@@ -96,6 +96,12 @@ class ShardRecord(BaseModel):
     spec_grammar_cut_tokens: int = Field(
         0, description="proposals of constrained rows dropped before verification (their grammar refused them)"
     )
+    deduplicated_rows: int = Field(0, description="rows that took the answer of an equal row of the shard")
+    deduplicated_prompt_tokens: int = Field(0, description="their prompt tokens, not computed")
+    deduplicated_completion_tokens: int = Field(0, description="their completion tokens, not computed")
+    deduplicated_seconds: float = Field(
+        0.0, description="engine seconds their answers took once, each counted again per copy (row_seconds)"
+    )
     load_seconds: float = Field(description="model load time charged to this shard")
     wall_seconds: float = Field(description="shard start to commit on the worker")
     billed_seconds: float
@@ -140,6 +146,18 @@ def usd(seconds: float, price_per_hour: float) -> float:
     return seconds * price_per_hour / 3600.0
 
 
+def row_seconds(
+    computed_prompt: int, completion: int, prefill_seconds: float, decode_seconds: float,
+    computed_prompt_total: int, completion_total: int,
+) -> float:
+    """The engine seconds one row's answer took: its share of an attempt's prefill seconds by the
+    prompt tokens it computed (not served from the prefix cache), and of its decode seconds by its
+    completion tokens (the engine runs rows together, so a row's own time is not measured)."""
+    prefill = prefill_seconds * computed_prompt / computed_prompt_total if computed_prompt_total else 0.0
+    decode = decode_seconds * completion / completion_total if completion_total else 0.0
+    return prefill + decode
+
+
 def _per_million(cost: float, tokens: int) -> float | None:
     return cost / tokens * 1e6 if tokens else None
 
@@ -160,6 +178,21 @@ def split_cost(
     else:
         share = 1.0
     return cost * share, cost * (1.0 - share)
+
+
+def _dedup_report(shards: list[ShardRecord]) -> dict[str, Any]:
+    """What computing each shard's duplicate rows once saved: rows, tokens, and the engine seconds of
+    their answers at each shard's price (worker/row_dedup.py)."""
+    prompt = sum(r.deduplicated_prompt_tokens for r in shards)
+    completion = sum(r.deduplicated_completion_tokens for r in shards)
+    return {
+        "deduplicated_rows": sum(r.deduplicated_rows for r in shards),
+        "deduplicated_prompt_tokens": prompt,
+        "deduplicated_completion_tokens": completion,
+        "deduplicated_tokens": prompt + completion,
+        "deduplicated_seconds": sum(r.deduplicated_seconds for r in shards),
+        "deduplicated_usd_saved": sum(usd(r.deduplicated_seconds, r.price_per_hour) for r in shards),
+    }
 
 
 def build_report(
@@ -221,6 +254,7 @@ def build_report(
         "spec_accepted_tokens": accepted,
         "spec_acceptance_rate": accepted / proposed if proposed else None,
         "spec_grammar_cut_tokens": grammar_cut,
+        **_dedup_report(shards),
         "on_demand_cost_usd": on_demand,
         "wasted_cost_usd": sum(a.wasted_usd for a in attempts),
         "uncommitted_attempts": len(attempts),

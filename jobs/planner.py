@@ -33,7 +33,8 @@ from jobs.spec import JobSpec, SamplingSpec
 from jobs.storage import ObjectStore, open_store
 
 # Rows whose prompts agree on their first PREFIX_CHARS characters form a prefix group (~16+ tokens:
-# at least one full KV block, so the engine's prefix cache can reuse it).
+# at least one full KV block, so the engine's prefix cache can reuse it); so do rows with the same
+# shorter prompt, which the shard then computes once (worker/row_dedup.py).
 PREFIX_CHARS = 64
 REQUESTS_KEY = "input/requests.parquet"  # an OpenAI-Batch input's parsed requests (InputPlan.requests)
 
@@ -125,7 +126,8 @@ def check_sampling(sampling: SamplingSpec, settings: Settings, vocab_size: int) 
 def cut_shards(prompts: pa.ChunkedArray | pa.Array, shard_rows: int) -> list[ShardPlan]:
     """Shards of about `shard_rows` rows, input order kept, rows sharing a long prefix kept together.
 
-    Each prefix group (>= 2 rows agreeing on the first PREFIX_CHARS characters) moves as one unit
+    Each prefix group (>= 2 rows agreeing on the first PREFIX_CHARS characters, or equal when
+    shorter) moves as one unit
     placed at its first row; other rows stay where they are. A unit that does not fit starts a new
     shard when the current one is at least half full; units larger than a shard are split.
     """
@@ -158,11 +160,11 @@ def _units(prompts: pa.ChunkedArray | pa.Array) -> list[list[int]]:
     arr = prompts.combine_chunks() if isinstance(prompts, pa.ChunkedArray) else prompts
     if not is_string(arr.type):
         return [[i] for i in range(n)]
-    keys = pc.utf8_slice_codeunits(pc.fill_null(arr, ""), 0, PREFIX_CHARS)
-    long_enough = pc.greater_equal(pc.utf8_length(pc.fill_null(arr, "")), PREFIX_CHARS)
+    # a prompt shorter than PREFIX_CHARS is its own key: only equal prompts share it
+    keys = pc.utf8_slice_codeunits(arr, 0, PREFIX_CHARS)
     groups: dict[str, list[int]] = {}
-    for i, (key, ok) in enumerate(zip(keys.to_pylist(), long_enough.to_pylist(), strict=True)):
-        if ok:
+    for i, key in enumerate(keys.to_pylist()):
+        if key:  # null and empty prompts are row errors: nothing to keep together
             groups.setdefault(key, []).append(i)
     group_of = {rows[0]: rows for rows in groups.values() if len(rows) > 1}
     grouped = {i for rows in group_of.values() for i in rows}

@@ -56,6 +56,12 @@ def cost_table(report: dict[str, Any], provisional: bool = False) -> Table:
         rows.insert(
             7, ("constrained rows (mask s)", f"{report['constrained_rows']:,} ({report.get('mask_seconds', 0.0):.2f})")
         )
+    if report.get("deduplicated_rows"):  # duplicate rows computed once: the copies and what they saved
+        rows.insert(
+            len(rows) - 1,
+            ("deduplicated rows (tokens, saved)", f"{report['deduplicated_rows']:,} ({report['deduplicated_tokens']:,}, "
+             f"{_usd(report['deduplicated_usd_saved'])})"),
+        )  # fmt: skip
     if "state" in report:  # cost.json from before the key: no line
         state = report["state"]
         if report.get("shards_missing"):

@@ -52,6 +52,7 @@ class RowRequest:
     dimensions: int | None = None  # embeddings: keep the first `dimensions` values
     encoding_format: str = "float"  # embeddings: float | base64 (the output's encoding)
     echo_text: str | None = None  # completions with echo: the prompt's text, put before each choice
+    seeded: bool = False  # the row gave its own seed (a column or body field), not the job's derived one
 
 
 def build_requests(
@@ -84,7 +85,8 @@ def build_requests(
             )
             text = _prompt_text(prompts[i], plan.prompt_kind, tokenizer)
             if conts is None:
-                out.append(RowRequest(row=row, id=row_id, prompt=text, sampling=sampling, endpoint=endpoint))
+                out.append(RowRequest(row=row, id=row_id, prompt=text, sampling=sampling, endpoint=endpoint,
+                                      seeded=columns.seed is not None))  # fmt: skip
                 continue
             if isinstance(constraint, Constraint):
                 raise ValueError(
@@ -175,7 +177,8 @@ def _batch_request(
             echo_text = body.prompt if isinstance(body.prompt, str) else tokenizer.decode(list(body.prompt))
     sampling = resolve_sampling(spec, row_id, body, max_tokens, logprobs, tokenizer, max_n, constraint)
     return RowRequest(
-        row=row, id=row_id, prompt=prompt, sampling=sampling, endpoint=endpoint, echo_text=echo_text
+        row=row, id=row_id, prompt=prompt, sampling=sampling, endpoint=endpoint, echo_text=echo_text,
+        seeded=body.seed is not None,
     )
 
 

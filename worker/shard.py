@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobs import datasets
-from jobs.cost import ShardPricing, ShardRecord, usd
+from jobs.cost import ShardPricing, ShardRecord, row_seconds, usd
 from jobs.endpoints import default_endpoint
 from jobs.manifest import Manifest, partial_key, partial_prefix, shard_result_key, waste_key
 from jobs.settings import Settings, get_settings
 from jobs.storage import ObjectStore
 from worker.embed_rows import collect_embeddings, split_embeddings
+from worker.row_dedup import find_duplicates
 from worker.row_engine import collect_rows
 from worker.row_requests import RowRequest, build_requests
 from worker.shard_commit import ComputedShard, ShardOutcome, attempt_record, commit_shard
@@ -125,10 +126,16 @@ def compute_shard(
         else:
             pending.append(req)
 
+    dups = find_duplicates(pending)
+
+    def finished(res: RowResult) -> None:
+        report(res)
+        dups.fill(res, results, report)
+
     before = engine.stats.snapshot()
-    embed, generate = split_embeddings(pending)
-    stopped = collect_embeddings(engine, embed, results, should_stop, report) or collect_rows(
-        engine, generate, results, should_stop, report
+    embed, generate = split_embeddings(dups.unique)
+    stopped = collect_embeddings(engine, embed, results, should_stop, finished) or collect_rows(
+        engine, generate, results, should_stop, finished
     )
     engine_time = engine.stats.snapshot() - before  # busy, prefill and decode seconds of this attempt
     busy = engine_time.busy_seconds
@@ -145,8 +152,8 @@ def compute_shard(
                     rows_table(new, likelihood, with_row=True, id_type=manifest.input.id_type)
                 ),
             )
-        attempted = len(pending)
-        finished_now = sum(1 for req in pending if req.row in results)
+        attempted = len(dups.unique)
+        finished_now = sum(1 for req in dups.unique if req.row in results)
         billed = time.perf_counter() - t0 + load_seconds
         rec = attempt_record(
             manifest, shard_index, attempt, "interrupted", pricing, billed, attempted, finished_now, worker
@@ -161,7 +168,17 @@ def compute_shard(
         )
 
     ordered = [results[r] for r in rows]
-    ran = [r for r in ordered if r.error is None]  # a refused row (too long, bad input) cost no engine work
+    # a refused row (too long, bad input) cost no engine work; a duplicate took another row's answer
+    ran = [r for r in ordered if r.error is None and not r.duplicate]
+    copies = [r for r in ordered if r.duplicate and r.error is None]
+    computed = [r for r in ran if r.row not in done]  # this attempt's engine work
+    prompt_total = sum(r.prompt_tokens - r.cached_tokens for r in computed)
+    completion_total = sum(r.completion_tokens for r in computed)
+
+    def seconds(r: RowResult) -> float:
+        return row_seconds(r.prompt_tokens - r.cached_tokens, r.completion_tokens, engine_time.prefill_seconds,
+                           engine_time.decode_seconds, prompt_total, completion_total)  # fmt: skip
+
     wall = time.perf_counter() - t0
     billed = wall + load_seconds
     record = ShardRecord(
@@ -182,6 +199,10 @@ def compute_shard(
         spec_proposed_tokens=engine_time.spec_proposed_tokens,
         spec_accepted_tokens=engine_time.spec_accepted_tokens,
         spec_grammar_cut_tokens=engine_time.spec_grammar_cut_tokens,
+        deduplicated_rows=len(copies),
+        deduplicated_prompt_tokens=sum(r.prompt_tokens for r in copies),
+        deduplicated_completion_tokens=sum(r.completion_tokens for r in copies),
+        deduplicated_seconds=sum(seconds(r) for r in copies),
         load_seconds=load_seconds,
         wall_seconds=wall,
         billed_seconds=billed,
@@ -196,7 +217,7 @@ def compute_shard(
         finished_at=time.time(),
     )
     return ComputedShard(
-        manifest=manifest, rows=ordered, record=record, pricing=pricing, rows_attempted=len(pending)
+        manifest=manifest, rows=ordered, record=record, pricing=pricing, rows_attempted=len(dups.unique)
     )
 
 

@@ -24,6 +24,7 @@ from worker.row_requests import RowRequest
 
 ROW_COLUMN = "_row"  # global row number; only in partial files, never in committed results
 CONSTRAINED_COLUMN = "_constrained"  # RowResult.constrained; only in partial files
+DUPLICATE_COLUMN = "_duplicate"  # RowResult.duplicate; only in partial files
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class RowResult:
     parsed: str | None = None  # JSON constraint, choice 0 finished "stop": its value as compact JSON
     parsed_choices: list[str | None] | None = None  # n > 1 with a JSON constraint: each choice's `parsed`
     constrained: bool = False  # ran under a constraint (the cost report's constrained_rows; not a result column)
+    duplicate: bool = False  # took the answer of an equal row of its shard (worker/row_dedup.py; not a column)
 
 
 def error_row(req: RowRequest) -> RowResult:
@@ -65,9 +67,10 @@ def error_row(req: RowRequest) -> RowResult:
 def result_row(d: dict[str, Any], endpoint: str) -> RowResult:
     """A partial file's row (with its _row column) back to a RowResult; `endpoint` for files older
     than the endpoint column (default_endpoint)."""
-    values = {k: d.get(k) for k in RowResult.__dataclass_fields__ if k not in ("row", "constrained")}
+    values = {k: d.get(k) for k in RowResult.__dataclass_fields__ if k not in ("row", "constrained", "duplicate")}
     values["endpoint"] = values["endpoint"] or endpoint
     values["constrained"] = bool(d.get(CONSTRAINED_COLUMN))
+    values["duplicate"] = bool(d.get(DUPLICATE_COLUMN))
     return RowResult(row=int(d[ROW_COLUMN]), **values)
 
 
@@ -177,4 +180,5 @@ def rows_table(rows: list[RowResult], likelihood: bool, with_row: bool, id_type:
     if with_row:
         table = table.append_column(ROW_COLUMN, pa.array([r.row for r in rows], pa.int64()))
         table = table.append_column(CONSTRAINED_COLUMN, pa.array([r.constrained for r in rows], pa.bool_()))
+        table = table.append_column(DUPLICATE_COLUMN, pa.array([r.duplicate for r in rows], pa.bool_()))
     return table
