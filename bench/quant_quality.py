@@ -111,7 +111,7 @@ def quality(args: argparse.Namespace) -> None:
     calib = work / "calibration.parquet"
     calibration_parquet(calib, args.calibration_rows, args.window)
     variants: list[tuple[str, Path, float]] = [("fp32 (fp16 checkpoint)", args.model, 0.0)]
-    int8_exact = ("int8, exact fp32 path", work / "int8", 0.0)  # same checkpoint, cpu_bf16=False
+    int8_exact = ("int8, exact fp32 path", work / "int8", 0.0)  # same checkpoint, cpu_path "weight_only"
     for name, method, group in (
         ("int8", "int8", 128),
         ("int4-rtn g128", "int4-rtn", 128),
@@ -136,8 +136,8 @@ def quality(args: argparse.Namespace) -> None:
     for name, path, secs in variants:
         engine = cpu_engine(path)
         for module in engine.runner.model.modules():
-            if hasattr(module, "cpu_bf16"):  # the CPU path: torch's bf16 packed kernels, or the exact one
-                module.cpu_bf16 = "exact" not in name
+            if hasattr(module, "cpu_path"):  # the CPU path: the integer kernels, or the weights' exact product
+                module.cpu_path = "weight_only" if "exact" in name else "kernel"
         windows = heldout_windows(engine, args.windows, args.window)
         ppl = perplexity(engine, windows)
         base = base or ppl

@@ -27,21 +27,23 @@ def _engine(model_dir: Path, **kw) -> Engine:
     return Engine.from_pretrained(model_dir, EngineConfig(device="cpu", kv_cache_bytes=8 << 20, **kw))
 
 
-def _use_cpu_bf16(engine: Engine, on: bool) -> None:
-    """on: torch's packed kernels in bf16 (the fast path); off: dequantize + fp32 matmul (reference)."""
+def _use_cpu_path(engine: Engine, path: str) -> None:
+    """"kernel": the integer kernels (int8 activations); "weight_only": dequantize + fp32 matmul."""
     for module in engine.runner.model.modules():
         if isinstance(module, Int8Linear | Int4Linear):
-            module.cpu_bf16 = on
+            module.cpu_path = path
 
 
 def _greedy(engine: Engine, exact: bool) -> list[list[int]]:
-    _use_cpu_bf16(engine, not exact)
+    """exact: the quantized weights' exact products (an engine built with decode_stack=False: the
+    stack multiplies with the kernels whatever the modules say)."""
+    _use_cpu_path(engine, "weight_only" if exact else "kernel")
     outs = engine.generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True))
     return [o.token_ids for o in outs]
 
 
-def _prompt_logprobs(engine: Engine, cpu_bf16: bool) -> list[float]:
-    _use_cpu_bf16(engine, cpu_bf16)
+def _prompt_logprobs(engine: Engine, exact: bool) -> list[float]:
+    _use_cpu_path(engine, "weight_only" if exact else "kernel")
     text = "def mean(values):\n    total = 0\n    for v in values:\n        total += v\n    return total / len(values)\n"
     [out] = engine.generate([text], SamplingParams(max_tokens=1, prompt_logprobs=True))
     return out.prompt_logprobs[1:]
@@ -72,7 +74,7 @@ def test_round_trip_and_greedy_tokens_match_dequantized_fp32(reference_model: Pa
                                              "group_size": 64, "method": "rtn"}
     original = load_file(str(reference_model / "model.safetensors"))
     saved = load_file(str(out / "model.safetensors"))
-    engine = _engine(out)
+    engine = _engine(out, decode_stack=False)
     dequantized: dict[str, torch.Tensor] = {}
     swapped = 0
     for name, module in engine.runner.model.named_modules():
@@ -96,9 +98,10 @@ def test_round_trip_and_greedy_tokens_match_dequantized_fp32(reference_model: Pa
     reference = _engine(_dequantized_checkpoint(reference_model, tmp_path / "deq", dequantized))
     want = _greedy(reference, exact=True)
     assert _greedy(engine, exact=True) == want
-    # torch's packed kernels run in bf16: not bit-equal, so compare the prompt's log-probabilities
-    fast, exact = (_prompt_logprobs(engine, cpu_bf16=True), _prompt_logprobs(reference, cpu_bf16=False))
-    assert max(abs(a - b) for a, b in zip(fast, exact, strict=True)) < 0.1
+    # the kernels round the activations to int8 per block too (about bf16's precision): not bit-equal,
+    # so compare the prompt's log-probabilities (about 0.1 apart at most on this prompt, int8 and int4)
+    fast, exact = (_prompt_logprobs(engine, exact=False), _prompt_logprobs(reference, exact=True))
+    assert max(abs(a - b) for a, b in zip(fast, exact, strict=True)) < 0.2
 
 
 def test_on_the_fly_int8_equals_the_int8_checkpoint(reference_model: Path, tmp_path: Path) -> None:
@@ -144,7 +147,7 @@ def test_gptq_format_checkpoint_loads_to_the_dequantized_weights(reference_model
     (out / "config.json").write_text(json.dumps(config))
     save_file(tensors, str(out / "model.safetensors"))
 
-    engine = _engine(out)
+    engine = _engine(out, decode_stack=False)
     reference = _engine(_dequantized_checkpoint(reference_model, tmp_path / "deq", dequantized))
     # the first forward (under the engine's inference_mode) converts the GPTQ tensors
     assert _greedy(engine, exact=True) == _greedy(reference, exact=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.reference.quant_matmul import INT8_ACT_BLOCK, dynamic_rounding_bound
 from worker.engine.quant import Int4Linear, Int8Linear
 from worker.engine.quant.formats import (
     check_group_size,
@@ -70,32 +71,43 @@ def test_group_size_must_be_allowed_and_divide_k() -> None:
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_quantized_linear_matches_dequantized_weights(bias: bool) -> None:
+    """Each CPU path: the weights' exact product; the integer kernel against its torch reference (the
+    same math in float64) to fp32 rounding, and against the exact product within the bound the
+    activations' int8 rounding allows."""
     torch.manual_seed(0)
     linear = torch.nn.Linear(256, 64, bias=bias).requires_grad_(False)
     x = torch.randn(3, 5, 256)  # any leading shape
-    for module, deq in (
-        (m8 := Int8Linear.from_linear(linear), lambda: dequantize_int8(m8.qweight, m8.scales)),
-        (m4 := Int4Linear.from_linear(linear, 64), lambda: dequantize_int4(m4.qweight, m4.scales, 64)),
+    for module, deq, block in (
+        (m8 := Int8Linear.from_linear(linear), lambda: dequantize_int8(m8.qweight, m8.scales), INT8_ACT_BLOCK),
+        (m4 := Int4Linear.from_linear(linear, 64), lambda: dequantize_int4(m4.qweight, m4.scales, 64), 64),
     ):
         want = x @ deq().T + (linear.bias if bias else 0)
-        module.cpu_bf16 = False  # the reference path: same math in fp32
+        module.cpu_path = "weight_only"
         torch.testing.assert_close(module(x), want, atol=1e-5, rtol=1e-5)
-        module.cpu_bf16 = True  # torch's packed CPU kernel, bf16 activations
+        module.cpu_path = "dynamic"
+        dynamic = module(x)
+        module.cpu_path = "kernel"
         fast = module(x)
         assert fast.shape == want.shape and fast.dtype == x.dtype
-        assert float((fast - want).abs().max()) < 0.02 * float(want.abs().max())
+        torch.testing.assert_close(fast, dynamic, atol=1e-5, rtol=1e-5)
+        bound = dynamic_rounding_bound(x.reshape(-1, 256), deq(), block).view(3, 5, 64)
+        assert bool(((fast - want).abs() <= bound + 1e-5).all())
         assert set(dict(module.state_dict())) == {"qweight", "scales"} | ({"bias"} if bias else set())
+        assert module(torch.empty(0, 256)).shape == (0, 64)
 
 
-def test_int4_cpu_repack_follows_new_weights() -> None:
+@pytest.mark.parametrize("bits", [8, 4])
+def test_cpu_repack_follows_new_weights(bits: int) -> None:
     torch.manual_seed(1)
-    a, b = torch.nn.Linear(128, 32, bias=False), torch.nn.Linear(128, 32, bias=False)
-    module = Int4Linear.from_linear(a, 32)
+    a, b = torch.nn.Linear(128, 32, bias=True), torch.nn.Linear(128, 32, bias=True)
+    make = Int8Linear.from_linear if bits == 8 else lambda lin: Int4Linear.from_linear(lin, 32)
+    module = make(a)
     x = torch.randn(2, 128)
     first = module(x)
-    src = Int4Linear.from_linear(b, 32)
+    src = make(b)
     with torch.no_grad():
         module.qweight.copy_(src.qweight)  # what a loader does: write in place
         module.scales.copy_(src.scales)
+        module.bias.copy_(src.bias)
     torch.testing.assert_close(module(x), src(x))
     assert not torch.allclose(first, module(x))

@@ -32,7 +32,7 @@ def test_swapped_module_loads_gptq_tensors_by_name_and_computes() -> None:
     weight = layer.pop("weight")
     model.proj.load_state_dict(layer)
     x = torch.randn(4, 256)
-    model.proj.cpu_bf16 = False
+    model.proj.cpu_path = "weight_only"
     torch.testing.assert_close(model.proj(x), x @ weight.T, rtol=1e-5, atol=1e-5)
     assert model.proj.converted and set(dict(model.proj.state_dict())) == {"qweight", "scales"}
 

@@ -6,23 +6,37 @@ frozen nn.Parameters (requires_grad False), found by get_parameter / named_param
 
 Execution (x [..., K] -> [..., N] in x's dtype):
 - CUDA: the Triton kernels (kernels/triton/quant_matmul.py).
-- CPU int8: torch._weight_int8pack_mm (int8 weights read directly), scales applied after in fp32.
-- CPU int4: torch._weight_int4pack_mm_for_cpu on a weight repacked once into its tiled layout (kept
-  beside the parameters, not in the state dict, rebuilt when qweight/scales change).
-  torch 2.13's CPU kernels are fast only for bf16 activations (4096x4096, one row, one thread:
-  int8 1.0 ms and int4 0.9 ms in bf16 against 14 ms and 29 ms in fp32, fp32 dense 4.0 ms), so fp32
-  and fp16 activations go through them in bf16 and come back in x's dtype (`cpu_bf16=True`).
-- `cpu_bf16=False`, or anything else: the torch references (dequantize, one fp32 matmul): the exact
-  path tests compare against.
+- CPU (`cpu_path`):
+  - "kernel" (the default): the integer kernels of kernels/cpu/quant.h. Each row of x is quantized
+    to int8 per block (128 k for int8 weights, the group for int4), the products are integer dot
+    products (AVX-512 VNNI / AVX-VNNI vpdpbusd, AVX2 vpmaddubsw), the scales are applied per block
+    in fp32. The weight is packed once into the kernel's tiles (`cpu_weight`: the quantized bytes
+    once more, kept beside the parameters, not in the state dict, repacked when qweight or scales
+    change); the CPU backend's decode stack multiplies with the same packed copy.
+  - "dynamic": the same math in torch (kernels/reference/quant_matmul.py int8_dynamic_matmul /
+    int4_dynamic_matmul, in float64): the reference the kernel path is tested against.
+  - "weight_only": dequantize, one fp32 matmul: the quantized weights' exact product.
+  Tensors the kernel does not take (integer x) and machines where it does not build run
+  "weight_only".
 """
 
 from __future__ import annotations
 
+import functools
+from typing import TYPE_CHECKING
+
+import structlog
 import torch
 from torch import nn
 
 from kernels.reference import quant_matmul as reference
-from worker.engine.quant.formats import check_group_size, quantize_int4, quantize_int8, unpack_int4
+from worker.engine.quant.formats import check_group_size, quantize_int4, quantize_int8
+
+if TYPE_CHECKING:
+    from kernels.cpu.quant_matmul import NativeQuantMatmul, QuantWeight
+
+log = structlog.get_logger(__name__)
+CPU_PATHS = ("kernel", "dynamic", "weight_only")
 
 
 def frozen_parameter(t: torch.Tensor) -> nn.Parameter:
@@ -41,7 +55,77 @@ def _triton():
     return quant_matmul
 
 
-class Int8Linear(nn.Module):
+@functools.cache
+def native_quant_matmul() -> NativeQuantMatmul | None:
+    """The CPU integer kernel, compiled once per process (cached on disk), or None where it cannot
+    be built (no C compiler): the modules then run the weight-only reference, said once in the log."""
+    from kernels.cpu.build import KernelBuildError
+    from kernels.cpu.quant_matmul import NativeQuantMatmul
+
+    try:
+        return NativeQuantMatmul()
+    except KernelBuildError as exc:
+        log.warning("quant_kernel_unavailable", reason=str(exc)[:500],
+                    detail="quantized Linears on the CPU run the dequantize-and-matmul reference")  # fmt: skip
+        return None
+
+
+class QuantLinear(nn.Module):
+    """What Int8Linear and Int4Linear share: the forward dispatch (module docstring) and the packed
+    copy the CPU kernels read. Subclasses define the format's parameters and its four products."""
+
+    in_features: int
+    out_features: int
+    qweight: nn.Parameter
+    scales: nn.Parameter
+    bias: nn.Parameter | None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cpu_path = "kernel"  # see the module docstring; tests and benches switch it
+        self._cpu_pack: tuple[tuple, QuantWeight, torch.Tensor | None] | None = None
+
+    def cpu_weight(self) -> tuple[QuantWeight, torch.Tensor | None]:
+        """(the weight packed for kernels/cpu/quant.h, the bias in fp32 or None), made on first use
+        and again after qweight, scales or bias change (a loader writing in place)."""
+        parts = (self.qweight, self.scales) + (() if self.bias is None else (self.bias,))
+        key = tuple((p.data_ptr(), _version(p)) for p in parts)
+        if self._cpu_pack is None or self._cpu_pack[0] != key:
+            bias = None if self.bias is None else self.bias.detach().float().contiguous()
+            with torch.no_grad():
+                self._cpu_pack = (key, self._pack(), bias)
+        return self._cpu_pack[1], self._cpu_pack[2]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        floating = x2.dtype.is_floating_point
+        if not x2.is_cuda and floating and x2.shape[0] and self.cpu_path == "kernel" and (native := native_quant_matmul()):
+            weight, bias = self.cpu_weight()
+            xf = x2.float()
+            y = native(xf if xf.stride(-1) == 1 else xf.contiguous(), weight, bias).to(x2.dtype)
+        elif not x2.is_cuda and floating and self.cpu_path == "dynamic":
+            bias = None if self.bias is None else self.bias.float()
+            y = self._dynamic(x2.float(), bias).to(x2.dtype)
+        else:
+            y = self._cuda(x2.contiguous()) if x2.is_cuda else self._weight_only(x2)
+            if self.bias is not None:
+                y = y + self.bias.to(y.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _pack(self) -> QuantWeight:
+        raise NotImplementedError
+
+    def _cuda(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _dynamic(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _weight_only(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Int8Linear(QuantLinear):
     """y = x @ (qweight * scales[:, None]).T + bias; qweight int8 [N, K], scales [N]."""
 
     def __init__(
@@ -53,7 +137,6 @@ class Int8Linear(nn.Module):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        self.cpu_bf16 = True  # CPU: run torch's packed kernel in bf16 (fast) rather than the reference
         self.in_features, self.out_features = in_features, out_features
         self.qweight = frozen_parameter(
             torch.zeros(out_features, in_features, dtype=torch.int8, device=device)
@@ -72,32 +155,25 @@ class Int8Linear(nn.Module):
             mod.bias.data.copy_(linear.bias.detach())
         return mod
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, self.in_features)
-        if x2.is_cuda:
-            y = _triton().int8_matmul(x2.contiguous(), self.qweight, self.scales)
-        elif self.cpu_bf16 and x2.dtype.is_floating_point:
-            # unit scales: the real ones are applied below, in fp32
-            y = torch._weight_int8pack_mm(x2.to(torch.bfloat16).contiguous(), self.qweight, self._unit_scales())
-            y = (y.float() * self.scales.float()).to(x2.dtype)
-        else:
-            y = reference.int8_matmul(x2, self.qweight, self.scales)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        return y.reshape(*x.shape[:-1], self.out_features)
+    def _pack(self) -> QuantWeight:
+        from kernels.cpu.quant_matmul import pack_int8
 
-    def _unit_scales(self) -> torch.Tensor:
-        """bf16 ones [N], made once (not on every call of every layer at every step)."""
-        ones = getattr(self, "_ones_bf16", None)
-        if ones is None:
-            ones = self._ones_bf16 = torch.ones(self.out_features, dtype=torch.bfloat16)
-        return ones
+        return pack_int8(self.qweight.detach().cpu(), self.scales.detach().cpu())
+
+    def _cuda(self, x: torch.Tensor) -> torch.Tensor:
+        return _triton().int8_matmul(x, self.qweight, self.scales)
+
+    def _dynamic(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return reference.int8_dynamic_matmul(x, self.qweight, self.scales, bias)
+
+    def _weight_only(self, x: torch.Tensor) -> torch.Tensor:
+        return reference.int8_matmul(x, self.qweight, self.scales)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(QuantLinear):
     """y = x @ dequant(qweight uint8 [N, K // 2], scales [N, K // G]).T + bias (symmetric int4)."""
 
     def __init__(
@@ -112,7 +188,6 @@ class Int4Linear(nn.Module):
         super().__init__()
         check_group_size(in_features, group_size)
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
-        self.cpu_bf16 = True  # CPU: run torch's packed kernel in bf16 (fast) rather than the reference
         self.qweight = frozen_parameter(
             torch.full((out_features, in_features // 2), 0x88, dtype=torch.uint8, device=device)
         )
@@ -120,7 +195,6 @@ class Int4Linear(nn.Module):
             torch.ones(out_features, in_features // group_size, dtype=dtype, device=device)
         )
         self.bias = frozen_parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
-        self._cpu_pack: tuple[tuple, torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 128) -> Int4Linear:
@@ -135,31 +209,19 @@ class Int4Linear(nn.Module):
             mod.bias.data.copy_(linear.bias.detach())
         return mod
 
-    def _cpu_packed(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(tiled int4 weight, scale-and-zero [K // G, N, 2]) for torch's CPU int4 kernel, cached."""
-        key = (self.qweight.data_ptr(), _version(self.qweight), self.scales.data_ptr(), _version(self.scales), dtype)
-        if self._cpu_pack is None or self._cpu_pack[0] != key:
-            biased = unpack_int4(self.qweight).to(torch.int32) + 8  # [N, K] in [0, 15]
-            packed = torch._convert_weight_to_int4pack_for_cpu(biased, 1)
-            # the kernel computes (u - 8) * scale + zero; symmetric int4 has zero = 0
-            scale_zero = torch.stack([self.scales.T, torch.zeros_like(self.scales.T)], dim=-1)
-            self._cpu_pack = (key, packed, scale_zero.to(dtype).contiguous())
-        return self._cpu_pack[1], self._cpu_pack[2]
+    def _pack(self) -> QuantWeight:
+        from kernels.cpu.quant_matmul import pack_int4
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, self.in_features)
-        if x2.is_cuda:
-            y = _triton().int4_matmul(x2.contiguous(), self.qweight, self.scales, self.group_size)
-        elif self.cpu_bf16 and x2.dtype.is_floating_point:
-            packed, scale_zero = self._cpu_packed(torch.bfloat16)
-            y = torch._weight_int4pack_mm_for_cpu(
-                x2.to(torch.bfloat16).contiguous(), packed, self.group_size, scale_zero
-            ).to(x2.dtype)
-        else:
-            y = reference.int4_matmul(x2, self.qweight, self.scales, self.group_size)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return pack_int4(self.qweight.detach().cpu(), self.scales.detach().cpu(), self.group_size)
+
+    def _cuda(self, x: torch.Tensor) -> torch.Tensor:
+        return _triton().int4_matmul(x, self.qweight, self.scales, self.group_size)
+
+    def _dynamic(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return reference.int4_dynamic_matmul(x, self.qweight, self.scales, self.group_size, bias)
+
+    def _weight_only(self, x: torch.Tensor) -> torch.Tensor:
+        return reference.int4_matmul(x, self.qweight, self.scales, self.group_size)
 
     def extra_repr(self) -> str:
         return (
