@@ -30,6 +30,12 @@ probability dropped), top-k, top-p and the draw.
 (token by token, a mask applied before the logits processing above); the request finishes with
 "stop" when the constraint is complete, "length" when max_tokens comes first.
 
+`reasoning` (the model's reasoning format, contracts/reasoning.py; set for the chat rows of a model
+that thinks) makes the engine track where the thinking ends: `reasoning_budget` N ends it itself after
+N thinking tokens (the format's end marker is written, then the answer follows), and `constraint`
+applies to the answer only (the thinking runs free; the grammar starts where the answer does).
+`max_tokens` bounds thinking and answer together.
+
 `logprobs=k` returns the top-k log-probabilities of the raw model distribution (before any of the
 above) per generated token, plus the sampled token's. `prompt_logprobs=True` returns each prompt
 token's log-probability given the tokens before it (the first is None); such a request skips the
@@ -43,7 +49,7 @@ import functools
 import json
 import typing
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -60,6 +66,7 @@ from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
 from contracts.constraint import Constraint
+from contracts.reasoning import ReasoningFormat
 
 MAX_STOP = 16  # stop strings per request (OpenAI takes 4, vLLM any number)
 MAX_LOGPROBS = 20  # top log-probabilities per token (OpenAI's top_logprobs limit, vLLM's default)
@@ -156,12 +163,18 @@ LogitBias = Annotated[
     Field(description="(token id, bias) pairs sorted by id; a {id: bias} map or its JSON text is accepted"),
 ]  # fmt: skip
 StopTokenIds = Annotated[tuple[int, ...], BeforeValidator(token_ids)]
+ReasoningBudget = Annotated[int, Field(ge=0, le=1_000_000, description="thinking tokens, at most")]
+# Rules of the fields that shape a chat row's prompt (the chat template's inputs), not its decoding:
+# the job's flags and a body's fields take these types; the engine never sees them.
+ReasoningEffort = Annotated[Literal["low", "medium", "high"], Field(description="gpt-oss's reasoning effort")]
+ChatTemplateKwargs = Annotated[dict[str, Any], Field(description="extra chat template variables, e.g. enable_thinking")]
 
 # The fields a JSONL body and a Parquet row give by these names, in the order their errors are
 # listed (logprobs has a shape of its own per surface; the constraint is read from fields of its own).
 REQUEST_FIELDS = (
     "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "min_p", "min_tokens", "logit_bias", "stop_token_ids", "ignore_eos", "skip_special_tokens",
+    "reasoning_budget",
 )  # fmt: skip
 _TYPED = {"errors": "typed"}  # validation context: leave the errors as pydantic reports them
 
@@ -190,6 +203,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     prompt_logprobs: bool = False
     constraint: InstanceOf[Constraint] | None = None  # structured output (contracts/constraint.py)
+    reasoning: InstanceOf[ReasoningFormat] | None = None  # the model's reasoning format (contracts/reasoning.py)
+    reasoning_budget: ReasoningBudget | None = None  # thinking tokens, at most (needs `reasoning`)
 
     @model_validator(mode="wrap")
     @classmethod
@@ -220,6 +235,11 @@ class SamplingParams:
     def updated(self, **changes: Any) -> SamplingParams:
         """dataclasses.replace, with the errors of `validated`."""
         return self.validated({**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, **changes})
+
+    @property
+    def masked(self) -> bool:
+        """The engine masks the request's logits token by token: a constraint, or a thinking budget."""
+        return self.constraint is not None or (self.reasoning is not None and self.reasoning_budget is not None)
 
     @property
     def greedy(self) -> bool:

@@ -3,8 +3,11 @@
 `make_demo_model(out_dir)` writes everything `Engine.from_pretrained` and transformers need:
 config.json, model.safetensors, generation_config.json, tokenizer.json (a byte-level BPE trained
 deterministically on a few Python standard-library sources) and tokenizer_config.json (a ChatML
-jinja2 chat template). The weights are random: the text it generates is noise, but every code path
-of a real job (tokenize, batch, cache, sample, detokenize) runs for real. Same arguments and Python
+jinja2 chat template). A qwen3 checkpoint carries Qwen3's own chat template instead
+(chat_templates/qwen3.jinja: `<think>` blocks, the enable_thinking switch, Hermes `<tool_call>`
+markup) and its tokenizer Qwen3's added tokens for them, so reasoning and tool calls can be tried
+without a hub. The weights are random: the text it generates is noise, but every code path of a
+real job (tokenize, batch, cache, sample, detokenize) runs for real. Same arguments and Python
 version -> byte-identical files.
 """
 
@@ -20,12 +23,16 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Fixed local corpus for the tokenizer: stable within one Python version.
 CORPUS_FILES = ["textwrap.py", "string.py", "heapq.py", "json/encoder.py", "bisect.py", "csv.py"]
+# Qwen3's markup tokens: added tokens that are not special (decoded even when special tokens are
+# skipped), after the trained vocabulary, as Qwen3's tokenizer has them
+QWEN3_MARKUP = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+QWEN3_TEMPLATE = Path(__file__).with_name("chat_templates") / "qwen3.jinja"
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -228,6 +235,8 @@ def _write_checkpoint(
     tie = False if tie_word_embeddings is None else tie_word_embeddings
 
     tokenizer = train_tokenizer(shape.vocab_size)
+    if arch == "qwen3":
+        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN3_MARKUP])
     vocab_size = tokenizer.get_vocab_size()
     tokenizer.save(str(out / "tokenizer.json"))
     endoftext, _, im_end = (tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
@@ -246,7 +255,7 @@ def _write_checkpoint(
             "eos_token": SPECIAL_TOKENS[2],
             "pad_token": SPECIAL_TOKENS[0],
             "model_max_length": shape.max_position_embeddings,
-            "chat_template": CHAT_TEMPLATE,
+            "chat_template": QWEN3_TEMPLATE.read_text(encoding="utf-8") if arch == "qwen3" else CHAT_TEMPLATE,
         },
     )
     save_file(_weights(arch, shape, vocab_size, tie, seed), str(out / "model.safetensors"), {"format": "pt"})

@@ -90,7 +90,8 @@ class PersistentBatch:
         # host-only per-row work after sampling
         self.has_stop_strings = np.zeros(r, np.bool_)
         self.logprobs_k = np.full(r, -1, np.int64)  # -1: no logprobs
-        self.constrained = np.zeros(r, np.bool_)  # a structured-output constraint: masked, checked per token
+        # a structured-output constraint or a thinking budget (SamplingParams.masked): masked, checked per token
+        self.constrained = np.zeros(r, np.bool_)
         self.num_constrained = 0
         self._free = list(range(r))  # a heap: the lowest free row first
         self._admissions = 0
@@ -149,8 +150,8 @@ class PersistentBatch:
         self.cow[row] = False
         self.has_stop_strings[row] = bool(p.stop)
         self.logprobs_k[row] = -1 if p.logprobs is None else p.logprobs
-        self.constrained[row] = p.constraint is not None
-        self.num_constrained += p.constraint is not None
+        self.constrained[row] = p.masked
+        self.num_constrained += p.masked
         self.num_special += bool(p.stop) or p.logprobs is not None
         self.num_drawing += p.temperature > 0
         self.num_blocks[row] = 0

@@ -76,7 +76,7 @@ class Engine:
         self._in_flight: InFlightStep | None = None  # the launched step whose tokens are not applied yet
         self._applied_early: list[Sequence] = []  # finished by applying _in_flight inside a launch (_constrain)
         self.structured = StructuredOutputs(model_dir, self.vocab_size, tuple(eos), config.max_num_seqs,
-                                            config.torch_device, self.stats)  # fmt: skip
+                                            config.torch_device, self.stats, tokenizer)  # fmt: skip
         self.checks = RequestChecks(self.vocab_size, max_model_len, self.structured.error,
                                     self.tokenizer.max_text_chars(max_model_len))  # fmt: skip
         self._next_seq_id = 0

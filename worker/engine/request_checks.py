@@ -23,7 +23,8 @@ class RequestChecks:
         constraint_error: Callable[[object], str | None],
         max_prompt_chars: int | None = None,
     ) -> None:
-        """constraint_error(constraint): why it cannot run (StructuredOutputs.error), or None.
+        """constraint_error(constraint or reasoning format): why it cannot run (StructuredOutputs.error),
+        or None.
         max_prompt_chars: the most characters a text prompt that fits the context can have
         (Tokenizer.max_text_chars); a longer one is refused without being tokenized."""
         self.vocab_size = vocab_size
@@ -82,6 +83,11 @@ class RequestChecks:
         if params.stop_token_ids and max(params.stop_token_ids) >= self.vocab_size:
             return (f"stop_token_ids holds {max(params.stop_token_ids)}, outside the vocabulary "
                     f"[0, {self.vocab_size}); use ids the model's tokenizer produces")  # fmt: skip
+        if params.reasoning_budget is not None and params.reasoning is None:
+            return ("reasoning_budget needs the model's reasoning format (SamplingParams.reasoning): the engine "
+                    "must know where the thinking ends")  # fmt: skip
+        if params.reasoning is not None and (error := self.constraint_error(params.reasoning)) is not None:
+            return error
         if params.constraint is not None:  # compiled once per distinct constraint
             return self.constraint_error(params.constraint)
         return None

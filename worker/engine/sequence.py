@@ -9,6 +9,7 @@ import numpy as np
 
 from contracts.sampling import SamplingParams
 from worker.engine.constraint_state import ConstraintState
+from worker.engine.reasoning_state import ReasoningState
 
 
 class BatchRows(Protocol):
@@ -82,9 +83,10 @@ class Sequence:
         self.choice = 0
         self.forks: list[Sequence] = []
         self.group: list[Sequence] | None = None
-        # the position in params.constraint's grammar (a ConstraintState), made on the first masked
+        # the position in params.constraint's grammar (a ConstraintState; a ReasoningState for a thinking
+        # row with a budget or a constraint: structured_outputs.py), made on the first masked
         # step; it holds exactly the generated tokens, which preemption keeps, so it never rewinds
-        self.constraint_state: ConstraintState | None = None
+        self.constraint_state: ConstraintState | ReasoningState | None = None
         self.spec: object | None = None  # speculation's per-sequence state (speculation/speculator.py)
         # the local layers' block table of a model with two KV cache groups (kv_groups.LocalTable)
         self.local: Any = None

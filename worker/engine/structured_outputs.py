@@ -12,6 +12,10 @@ Speculative verification masks a constrained row's 1 + K verify rows the same wa
 the masks along its proposed run (ConstraintState.fill_run), the run cut at the first proposal the
 grammar refuses.
 
+A chat row of a thinking model with a budget or a constraint gets a ReasoningState
+(reasoning_state.py) in place of a ConstraintState: the same methods, its masks free while the row
+thinks, one forced token a step while the end marker is written, the grammar's over the answer.
+
 A row whose mask allows nothing (or only EOS before the grammar accepts) can never satisfy its
 constraint: it is given an all-allowed mask (so sampling stays finite), and its next token ends it
 with an error (ConstraintState.failure). Rows finished while the step was in flight get an
@@ -29,10 +33,13 @@ import numpy as np
 import torch
 
 from contracts.constraint import Constraint
+from contracts.reasoning import ReasoningFormat
 from worker.engine.constraint_state import ConstraintState
 from worker.engine.grammar_cache import GrammarCache
+from worker.engine.reasoning_state import ReasoningState
 from worker.engine.sequence import Sequence
 from worker.engine.stats import EngineStats
+from worker.engine.tokenizer import Tokenizer
 
 UNSATISFIABLE = ("no output can satisfy the constraint with this model's tokenizer (its allowed-token mask "
                  "is empty); check the schema, pattern or grammar")  # fmt: skip
@@ -61,8 +68,10 @@ def failure(state: ConstraintState) -> str:
 
 class StructuredOutputs:
     def __init__(self, model_dir: Path, vocab_size: int, eos_token_ids: tuple[int, ...], max_rows: int,
-                 device: torch.device, stats: EngineStats) -> None:  # fmt: skip
+                 device: torch.device, stats: EngineStats, tokenizer: Tokenizer) -> None:  # fmt: skip
         self.grammars = GrammarCache(model_dir, vocab_size, eos_token_ids)
+        self.tokenizer = tokenizer  # a reasoning format's markers as ids (Tokenizer.reasoning_tokens)
+        self.eos_token_ids = eos_token_ids
         self.words = (vocab_size + 31) // 32  # int32 words per mask
         clear = np.full(self.words, 0xFFFFFFFF, np.uint32)  # every bit but the EOS tokens'
         for t in eos_token_ids:
@@ -80,9 +89,26 @@ class StructuredOutputs:
         self._run_buffer = torch.zeros((0, self.words), dtype=torch.int32)  # verify rows' masks (grown)
         self._apply = None
 
-    def error(self, constraint: Constraint) -> str | None:
-        """Why a request with this constraint cannot run (compiled once per distinct constraint)."""
-        return self.grammars.error(constraint)
+    def error(self, rule: Constraint | ReasoningFormat) -> str | None:
+        """Why a request with this constraint (compiled once per distinct constraint) or reasoning
+        format (its markers must be tokens of this tokenizer) cannot run."""
+        if isinstance(rule, ReasoningFormat):
+            try:
+                self.tokenizer.reasoning_tokens(rule)
+            except ValueError as exc:
+                return str(exc)
+            return None
+        return self.grammars.error(rule)
+
+    def state(self, seq: Sequence) -> ConstraintState | ReasoningState:
+        """A sequence's mask state, made at its first masked step (before its first token)."""
+        p = seq.params
+        inner = self.grammars.state(p.constraint) if p.constraint is not None else None
+        if p.reasoning is None:
+            return inner  # type: ignore[return-value]  # masked: a constraint
+        tokens = self.tokenizer.reasoning_tokens(p.reasoning)
+        return ReasoningState(tokens, seq.token_ids[: seq.num_prompt_tokens], p.reasoning_budget, inner,
+                              self.eos_token_ids)  # fmt: skip
 
     def mask(self, logits: torch.Tensor, which: np.ndarray, seqs: list[Sequence]) -> None:
         """Fill the masks of `seqs` (constrained; their logits rows `which`) and apply them to
@@ -101,7 +127,7 @@ class StructuredOutputs:
             if seq.is_finished or (state is not None and state.failure is not None):
                 continue  # its token is dropped, or ends it with an error
             if state is None:
-                state = seq.constraint_state = self.grammars.state(seq.params.constraint)  # type: ignore[arg-type]
+                state = seq.constraint_state = self.state(seq)
             state.fill(address + j * row_bytes, row_bytes)
             open_rows.append(j)
         words = buf.numpy()

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import jinja2.sandbox
 from tokenizers import Tokenizer as HFTokenizer
+
+from contracts.reasoning import ReasoningFormat, ReasoningTokens, detect
 
 
 def _token_text(value: Any) -> str | None:
@@ -15,6 +19,11 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         return value.get("content")
     return value
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:  # fmt: skip
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _ids(value: Any) -> list[int]:
@@ -41,10 +50,16 @@ class Tokenizer:
         template = tcfg.get("chat_template")
         if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        if not template and (model_dir / "chat_template.jinja").is_file():  # newer transformers save it apart
+            template = (model_dir / "chat_template.jinja").read_text(encoding="utf-8")
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
         )
+        # as transformers renders templates: its tojson (no HTML escaping, keys in order) and strftime_now
+        env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = self._raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self.chat_template: str | None = template or None
         self._template = env.from_string(template) if template else None
         eos: list[int] = _ids(self._read(model_dir / "generation_config.json").get("eos_token_id"))
         eos += _ids(self._read(model_dir / "config.json").get("eos_token_id"))
@@ -57,6 +72,17 @@ class Tokenizer:
         # byte): no token decodes to more characters, so a text of more than n x this characters
         # needs more than n tokens (up to normalizers that drop characters: max_text_chars' margin).
         self.max_token_chars = max((len(t) for t in self._tok.get_vocab(with_added_tokens=True)), default=1)
+
+    @functools.cached_property
+    def reasoning(self) -> ReasoningFormat | None:
+        """The model's reasoning format, read from its chat template's markers (contracts/reasoning.py)."""
+        return detect(self.chat_template, self.vocab())
+
+    @functools.cache  # noqa: B019  (one Tokenizer per engine, kept for its life)
+    def reasoning_tokens(self, fmt: ReasoningFormat) -> ReasoningTokens:
+        """`fmt`'s markers as this tokenizer's ids (ValueError when one is not a single token)."""
+        return ReasoningTokens.resolve(fmt, self.vocab(), lambda text: self.encode(text, add_special_tokens=False),
+                                       lambda ids: self.decode(list(ids), skip_special_tokens=False))  # fmt: skip
 
     def vocab(self) -> dict[str, int]:
         """Token string -> id, added tokens included (a draft model's tokenizer must equal its target's)."""
@@ -96,11 +122,16 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None, **template_kwargs: Any) -> str:  # fmt: skip
+        """The prompt text, as transformers' `apply_chat_template(messages, tools=tools, tokenize=False,
+        **template_kwargs)` renders it (`template_kwargs`: enable_thinking, reasoning_effort, ...)."""
         if self._template is None:
             raise ValueError("this model's tokenizer_config.json has no chat_template; send plain prompts")
         return self._template.render(
+            **template_kwargs,
             messages=messages,
+            tools=tools,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",

@@ -103,7 +103,7 @@ class Speculator:
             if b.cow[r] or b.num_pending[r]:
                 continue
             seq = b.seqs[r]
-            if seq.params.constraint is not None and seq.constraint_state is None:  # not masked yet
+            if seq.params.masked and seq.constraint_state is None:  # not masked yet
                 continue
             if seq.spec is None:
                 seq.spec = SpecState()
