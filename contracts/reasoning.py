@@ -46,18 +46,33 @@ Kind = Literal["marker", "thinking", "answer", "other"]
 
 @dataclass(frozen=True)
 class ReasoningFormat:
-    """A model's reasoning format (hashable: it is a field of SamplingParams)."""
+    """A model's reasoning format (hashable: it is a field of SamplingParams).
+
+    `answer_channel` (harmony): where a constrained answer goes. "final" (an answer): its header is
+    written for it; "commentary" (a forced tool call): only `<|start|>assistant` is, and the grammar
+    writes the rest of the header (` to=functions.NAME`, the channel, `<|constrain|>json`)."""
 
     family: Family
+    answer_channel: Literal["final", "commentary"] = "final"
 
     def __post_init__(self) -> None:
         if self.family not in ("think", "harmony"):
             raise ValueError(f"reasoning family {self.family!r} is not one of think, harmony")
+        if self.answer_channel not in ("final", "commentary") or (self.family == "think" and self.answer_channel != "final"):
+            raise ValueError(f"answer_channel {self.answer_channel!r}: a harmony format's final or commentary")
+
+    @property
+    def answer_header(self) -> str:
+        """What the answer's text starts after, once the thinking is over (harmony: the next message's
+        header, or its start when the grammar writes the header)."""
+        if self.family == "think":
+            return THINK_SEPARATOR
+        return HARMONY_ANSWER_HEADER if self.answer_channel == "final" else "<|start|>assistant"
 
     @property
     def end_text(self) -> str:
         """The text that ends the thinking and starts the answer (written when a budget runs out)."""
-        return THINK_END + THINK_SEPARATOR if self.family == "think" else "<|end|>" + HARMONY_ANSWER_HEADER
+        return (THINK_END if self.family == "think" else "<|end|>") + self.answer_header
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -91,11 +106,11 @@ class ReasoningTokens:
     ids: dict[str, int]  # marker text -> token id
     end_ids: tuple[int, ...]
     decode: Callable[[Sequence[int]], str] = field(repr=False)
-    # harmony: the header ids a constrained row is held to (`<|channel|>analysis<|message|>` opens
-    # the thinking, `<|channel|>final<|message|>` the answer, `<|start|>assistant` before either)
+    answer_ids: tuple[int, ...] = ()  # the format's answer_header tokenized
+    # harmony: `<|channel|>analysis<|message|>`, the header a constrained row's thinking is held to,
+    # and `<|start|>assistant`, the role every header of the output starts with
     analysis_header: tuple[int, ...] = ()
-    final_header: tuple[int, ...] = ()
-    start_assistant: tuple[int, ...] = ()
+    role_ids: tuple[int, ...] = ()
 
     @classmethod
     def resolve(cls, fmt: ReasoningFormat, vocab: Mapping[str, int], encode: Callable[[str], Sequence[int]],
@@ -107,11 +122,10 @@ class ReasoningTokens:
             raise ValueError(f"the tokenizer has no single token for {', '.join(missing)}: it cannot carry "
                              f"the {fmt.family} reasoning format")  # fmt: skip
         ids = {m: int(vocab[m]) for m in fmt.markers}
-        end_ids = tuple(encode(fmt.end_text))
         if fmt.family == "think":
-            return cls(fmt, ids, end_ids, decode)
-        return cls(fmt, ids, end_ids, decode, tuple(encode("<|channel|>analysis<|message|>")),
-                   tuple(encode("<|channel|>final<|message|>")), tuple(encode("<|start|>assistant")))  # fmt: skip
+            return cls(fmt, ids, tuple(encode(fmt.end_text)), decode, tuple(encode(fmt.answer_header)))
+        return cls(fmt, ids, tuple(encode(fmt.end_text)), decode, tuple(encode(fmt.answer_header)),
+                   tuple(encode("<|channel|>analysis<|message|>")), tuple(encode("<|start|>assistant")))  # fmt: skip
 
 
 @dataclass

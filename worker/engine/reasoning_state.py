@@ -10,15 +10,16 @@ row's phase with contracts/reasoning.py's ReasoningStream and:
 - after `reasoning_budget` thinking tokens, forces the format's end marker (`</think>\\n\\n`, or
   `<|end|><|start|>assistant<|channel|>final<|message|>`) one token a step: the mask allows that
   token only, so the answer follows;
-- with a constraint, holds the answer to it: the grammar's matcher starts at the answer's first
-  token. A think-family row whose thinking the model ends itself (`</think>`) gets the separator
+- with a constraint, holds the answer to it: the grammar's matcher sees every token from the answer's
+  first on. A think-family row whose thinking the model ends itself (`</think>`) gets the separator
   `\\n\\n` forced first; a harmony row gets its headers forced (`<|channel|>analysis<|message|>` to
-  think, `<|start|>assistant<|channel|>final<|message|>` after `<|end|>`), so the answer is always
-  the final channel's content. A think row that may still open its thinking (Qwen3 writes `<think>`
-  first) is allowed `<think>` beside the grammar's first tokens.
+  think, then the format's answer header after `<|end|>`: the final channel's, or for a forced tool
+  call only `<|start|>assistant`, the grammar writing the commentary header). A think row that may
+  still open its thinking (Qwen3 writes `<think>` first) is allowed `<think>` beside the grammar's
+  first tokens.
 
-The matcher consumes exactly the answer's tokens; `rollback` restores the phase from a snapshot
-taken before each consumed token (speculation takes back rejected tokens).
+`rollback` restores the phase from a snapshot taken before each consumed token (speculation takes
+back rejected tokens) and takes back the matcher's share.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from worker.engine.constraint_state import ConstraintState
 
 class ReasoningState:
     __slots__ = ("stream", "tokens", "budget", "forced", "inner", "constrained", "failure", "history", "blocked",
-                 "thought")  # fmt: skip
+                 "thought", "answering", "answer_next")  # fmt: skip
 
     def __init__(self, tokens: ReasoningTokens, prompt_ids: list[int], budget: int | None,
                  inner: ConstraintState | None, eos_ids: tuple[int, ...]) -> None:  # fmt: skip
@@ -51,51 +52,62 @@ class ReasoningState:
             ids[t] for t in ("<|start|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"))  # fmt: skip
         self.blocked = tuple(dict.fromkeys(tuple(eos_ids) + structure))
         self.forced: tuple[int, ...] = ()  # the tokens the next steps must write, in order
+        self.answer_next = False  # the answer starts once `forced` is written
+        self.answering = self.stream.phase == "answer"  # the grammar sees every token from here (thinking off)
         self.thought = self.stream.phase == "thinking"  # the row has been thinking
         self.history: list[tuple] = []  # per consumed token: the state before it
         self._settle()
 
     # ---- the phase --------------------------------------------------------------------------------
+    def _force(self, tokens: tuple[int, ...], answer: bool) -> None:
+        self.forced, self.answer_next = tokens, answer
+        if not tokens and answer:
+            self.answering, self.answer_next = True, False
+
     def _settle(self) -> None:
         """After a token (or at the start): what the next tokens must be."""
-        if self.forced:
+        if self.forced or self.answering:
             return
-        s = self.stream
+        s, t = self.stream, self.tokens
         self.thought = self.thought or s.phase == "thinking"
         if s.phase == "thinking" and self.budget is not None and s.thinking_tokens >= self.budget:
-            self.forced = self.tokens.end_ids
-        elif self.constrained and self.tokens.format.family == "harmony":
-            # the headers are held: think first (unless the budget is 0), then the final channel
-            think = self.budget != 0 and not self.thought
-            channel = self.tokens.analysis_header if think else self.tokens.final_header
-            if s.phase == "header":  # the role came from the prompt (`<|start|>assistant`)
-                self.forced = channel
-            elif s.phase == "between":
-                self.forced = self.tokens.start_assistant + channel
+            self._force(t.end_ids, True)
+        elif not self.constrained:
+            return
+        elif t.format.family == "think":
+            if s.phase == "answer":  # the model wrote `</think>`: the separator, then the answer
+                self._force(t.answer_ids, True)
+        elif s.phase in ("header", "between"):  # harmony's headers are held: think first (but at budget 0)
+            role = t.role_ids if s.phase == "between" else ()  # a header that opens in the prompt has its role
+            if self.budget != 0 and not self.thought:
+                self._force(role + t.analysis_header, False)
+            else:
+                self._force(role + t.answer_ids[len(t.role_ids) :], True)
 
     def consume(self, token: int) -> bool:
         """Advance by one generated token; False if the mask refuses it."""
-        self.history.append((self.stream.state(), self.forced, self.thought, False))
+        self.history.append((self.stream.state(), self.forced, self.answer_next, self.answering, self.thought, False))
         if self.forced:
             if token != self.forced[0]:
                 return False
-            self.forced = self.forced[1:]
             self.stream.feed(token)
+            self._force(self.forced[1:], self.answer_next)
             self._settle()
             return True
-        before = self.stream.phase
-        if self.constrained and before == "thinking" and token in self.blocked:
-            return False
-        kind = self.stream.feed(token)
-        if kind == "answer" and self.inner is not None:
-            self.history[-1] = (*self.history[-1][:3], True)
-            if not self.inner.consume(token):
+        if not self.answering:
+            if self.constrained and self.stream.phase == "thinking" and token in self.blocked:
                 return False
-        if (self.constrained and before == "thinking" and self.stream.phase == "answer"
-                and self.tokens.format.family == "think"):  # the model wrote `</think>`: the separator next
-            self.forced = self.tokens.end_ids[1:]
-        self._settle()
-        return True
+            opening = self.stream.phase == "open"
+            self.stream.feed(token)
+            if not (self.constrained and opening and self.stream.phase == "answer"):
+                self._settle()
+                return True
+            self.answering = True  # the model answers without thinking: this token is the answer's first
+        self.stream.feed(token)
+        if self.inner is None:
+            return True
+        self.history[-1] = (*self.history[-1][:5], True)
+        return self.inner.consume(token)
 
     def consume_many(self, tokens: list[int]) -> bool:
         return all(self.consume(t) for t in tokens)
@@ -112,7 +124,7 @@ class ReasoningState:
         """Take back the last `num_tokens` consumed tokens."""
         fed = 0
         for _ in range(num_tokens):
-            stream_state, self.forced, self.thought, to_inner = self.history.pop()
+            stream_state, self.forced, self.answer_next, self.answering, self.thought, to_inner = self.history.pop()
             self.stream.restore(stream_state)
             fed += to_inner
         if fed:
@@ -123,7 +135,8 @@ class ReasoningState:
         out.tokens, out.budget, out.constrained, out.blocked = self.tokens, self.budget, self.constrained, self.blocked
         out.stream = self.stream.copy()
         out.inner = self.inner.copy() if self.inner is not None else None
-        out.failure, out.forced, out.thought = None, self.forced, self.thought
+        out.failure, out.forced, out.answer_next = None, self.forced, self.answer_next
+        out.answering, out.thought = self.answering, self.thought
         out.history = list(self.history)
         return out
 
@@ -135,10 +148,9 @@ class ReasoningState:
             words[:] = 0
             _set(words, self.forced[0])
             return
-        phase = self.stream.phase
-        if self.inner is not None and phase in ("answer", "open"):
+        if self.inner is not None and (self.answering or self.stream.phase == "open"):
             self.inner.fill(address, num_bytes)
-            if phase == "open":  # `<think>`, or the answer's first token
+            if not self.answering:  # `<think>`, or the answer's first token
                 _set(words, self.tokens.ids[THINK_START])
             return
         words[:] = -1
@@ -157,20 +169,14 @@ class ReasoningState:
         return accepted
 
     @property
-    def in_answer(self) -> bool:
-        return self.stream.phase == "answer" and not self.forced
-
-    @property
     def is_finished(self) -> bool:
         """The answer's grammar is complete (the row stops here)."""
-        return self.inner is not None and self.in_answer and self.inner.is_finished
+        return self.inner is not None and self.answering and self.inner.is_finished
 
     @property
     def is_accepting(self) -> bool:
         """The output may end here: no constraint, or an answer that matches its grammar."""
-        if self.inner is None:
-            return True
-        return self.in_answer and self.inner.is_accepting
+        return self.inner is None or (self.answering and self.inner.is_accepting)
 
     @property
     def error(self) -> str | None:
