@@ -13,6 +13,7 @@ from engine_oracle import VOCAB
 
 import worker.engine.model_runner as model_runner
 from worker.engine import Engine, EngineConfig, SamplingParams
+from worker.engine.backends.base import AttentionMetadata
 from worker.engine.step_inputs import StepInputs, build_step
 
 BS = 16
@@ -209,9 +210,10 @@ def test_static_decode_pads_to_the_captured_sizes(make_checkpoint) -> None:
         v.fill_(7.0)
     slots = torch.tensor([5 * BS + 2, 9 * BS, 3 * BS + 15])
     with torch.inference_mode():
-        logits = graphs.run(torch.tensor([11, 12, 13]), torch.tensor([2, 0, 15]), slots,
-                            torch.tensor([3, 1, 16], dtype=torch.int32),
-                            torch.tensor([[5], [9], [3]], dtype=torch.int32))  # fmt: skip
+        meta = AttentionMetadata(slot_mapping=slots, num_prefill_tokens=0,
+                                 decode_context_lens=torch.tensor([3, 1, 16], dtype=torch.int32),
+                                 decode_block_tables=torch.tensor([[5], [9], [3]], dtype=torch.int32))  # fmt: skip
+        logits = graphs.run(torch.tensor([11, 12, 13]), torch.tensor([2, 0, 15]), meta)
     assert logits.shape == (3, VOCAB) and graphs.padded(3) == 4
     for k, v in caches:
         for cache in (k, v):

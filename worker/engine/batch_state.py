@@ -22,6 +22,7 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
+from worker.engine.kv_groups import kv_groups
 from worker.engine.sequence import Sequence
 
 _MASK64 = (1 << 64) - 1
@@ -62,9 +63,12 @@ class PersistentBatch:
         self.num_blocks = np.zeros(r, np.int64)
         self.released = np.zeros(r, np.int64)  # seq.num_released: leading blocks a sliding window left
         self.num_hashed = np.zeros(r, np.int64)  # len(seq.block_hashes)
+        # the rows' block tables, one array per KV cache group (kv_groups.py: `block_table`, and with
+        # grouped `local_table`, the local layers' of seq.local), the same width
+        self.groups = kv_groups(grouped)
         self.block_table = np.zeros((r, max_blocks), np.int32)
-        # grouped: the local layers' tables (seq.local: kv_groups.py), as long as block_table's rows
-        self.local_table = np.zeros((r, max_blocks), np.int32) if grouped else None
+        for g in self.groups[1:]:
+            setattr(self, g.table, np.zeros((r, max_blocks), np.int32))
         self.last_token = np.zeros(r, np.int64)  # the row's newest token (device copy: newest sampled)
         # sampling, as the sampler's two matrices: fparams = (temperature (0 = greedy), top_p, min_p),
         # iparams = (top_k, key0, key1) with key0/key1 = seed_keys(seed); the named arrays are column views
@@ -194,9 +198,8 @@ class PersistentBatch:
         row = seq.row if row is None else row
         have, table = int(self.num_blocks[row]), seq.block_table
         if len(table) > have:
-            self.block_table[row, have : len(table)] = table[have:]
-            if self.local_table is not None:
-                self.local_table[row, have : len(table)] = seq.local.block_table[have:]
+            for g in self.groups:
+                getattr(self, g.table)[row, have : len(table)] = g.blocks(seq)[have:]
             self.num_blocks[row] = len(table)
             self.grew.add(row)
 
@@ -205,10 +208,10 @@ class PersistentBatch:
         past it are stale and never read)."""
         self.num_blocks[seq.row] = len(seq.block_table)
 
-    def set_block(self, row: int, index: int, block: int, local: bool = False) -> None:
-        """Block `index` of the row was replaced (its own copy of a shared block); local: in the
-        local layers' table."""
-        (self.local_table if local else self.block_table)[row, index] = block
+    def set_block(self, row: int, index: int, block: int, group: int = 0) -> None:
+        """Block `index` of the row in KV cache group `group` was replaced (its own copy of a shared
+        block)."""
+        getattr(self, self.groups[group].table)[row, index] = block
         self.grew.add(row)
 
     def mark_cow(self, row: int, on: bool) -> None:
@@ -280,10 +283,9 @@ class PersistentBatch:
         for name, value in want.items():
             if getattr(self, name)[r] != value:
                 raise AssertionError(f"row {r} {name}: {getattr(self, name)[r]} != {value}")
-        if self.block_table[r, : len(seq.block_table)].tolist() != seq.block_table:
-            raise AssertionError(f"row {r} block table differs from the sequence's")
-        if self.local_table is not None and self.local_table[r, : len(seq.block_table)].tolist() != seq.local.block_table:
-            raise AssertionError(f"row {r} local block table differs from the sequence's")
+        for g in self.groups:
+            if getattr(self, g.table)[r, : len(seq.block_table)].tolist() != g.blocks(seq):
+                raise AssertionError(f"row {r} {g.table} differs from the sequence's")
         if self.token_lists[r] is not seq.token_ids or not self.active[r] or self.seqs[r] is not seq:
             raise AssertionError(f"row {r} does not point at its sequence")
         total = self.num_tokens[r] + self.num_pending[r]

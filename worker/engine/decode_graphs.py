@@ -13,12 +13,12 @@ that padding changes no token.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import time
 
 import torch
 
 from worker.engine.backends.base import AttentionMetadata
+from worker.engine.kv_groups import kv_groups, metadata
 from worker.engine.models import CausalLM
 
 
@@ -45,14 +45,11 @@ class DecodeGraphs:
         top = self.sizes[-1]
         self.input_ids = torch.zeros(top, dtype=torch.int64, device=device)
         self.positions = torch.zeros(top, dtype=torch.int64, device=device)
-        self.slots = torch.full((top,), -1, dtype=torch.int64, device=device)
         self.context_lens = torch.ones(top, dtype=torch.int32, device=device)
-        self.block_tables = torch.zeros(top, max_blocks, dtype=torch.int32, device=device)  # valid ids only
-        # two KV cache groups (kv_groups.py): the local layers' slots and tables, in buffers of their own
-        self.local_slots = self.local_tables = None
-        if model.kv_grouped:
-            self.local_slots = torch.full((top,), -1, dtype=torch.int64, device=device)
-            self.local_tables = torch.zeros(top, max_blocks, dtype=torch.int32, device=device)
+        # slots and block tables (valid ids only), one buffer per KV cache group (kv_groups.py)
+        groups = kv_groups(model.kv_grouped)
+        self.slots = [torch.full((top,), -1, dtype=torch.int64, device=device) for _ in groups]
+        self.block_tables = [torch.zeros(top, max_blocks, dtype=torch.int32, device=device) for _ in groups]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
 
@@ -60,14 +57,10 @@ class DecodeGraphs:
         return self.sizes[bisect.bisect_left(self.sizes, n)]
 
     def _forward(self, size: int) -> torch.Tensor:
-        meta = AttentionMetadata(
-            slot_mapping=self.slots[:size], num_prefill_tokens=0, prefill_cu_seqlens_q=None,
-            prefill_context_lens=None, prefill_block_tables=None, decode_context_lens=self.context_lens[:size],
-            decode_block_tables=self.block_tables[:size],
-        )  # fmt: skip
-        if self.local_tables is not None:
-            meta = dataclasses.replace(meta, local=dataclasses.replace(
-                meta, slot_mapping=self.local_slots[:size], decode_block_tables=self.local_tables[:size], scratch={}))  # fmt: skip
+        meta = metadata([AttentionMetadata(
+            slot_mapping=slots[:size], num_prefill_tokens=0, decode_context_lens=self.context_lens[:size],
+            decode_block_tables=tables[:size],
+        ) for slots, tables in zip(self.slots, self.block_tables, strict=True)])  # fmt: skip
         hidden = self.model(self.input_ids[:size], self.positions[:size], meta, self.kv_caches)
         return self.model.compute_logits(hidden)
 
@@ -88,25 +81,25 @@ class DecodeGraphs:
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, context_lens: torch.Tensor,
-            block_tables: torch.Tensor, local: AttentionMetadata | None = None) -> torch.Tensor:  # fmt: skip
-        """One decode step of n rows (inputs as AttentionMetadata's decode fields; `local`: the local
-        layers' slots and tables of a model with two KV cache groups) -> logits [n, V]."""
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """One decode step of n rows (`meta`: its decode metadata, a group's in each `local`) -> logits
+        [n, V]."""
         n = input_ids.shape[0]
         size = self.padded(n)
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
-        self.slots[:n].copy_(slots)
-        self.context_lens[:n].copy_(context_lens)
-        self.block_tables[:n, : block_tables.shape[1]].copy_(block_tables)
-        if self.local_tables is not None:
-            self.local_slots[:n].copy_(local.slot_mapping)  # type: ignore[union-attr]
-            self.local_tables[:n, : block_tables.shape[1]].copy_(local.decode_block_tables)  # type: ignore[union-attr]
-            self.local_slots[n:size] = -1
+        self.context_lens[:n].copy_(meta.decode_context_lens)  # type: ignore[arg-type]
+        group: AttentionMetadata | None = meta
+        for slots, tables in zip(self.slots, self.block_tables, strict=True):
+            slots[:n].copy_(group.slot_mapping)  # type: ignore[union-attr]
+            block_tables = group.decode_block_tables  # type: ignore[union-attr]
+            tables[:n, : block_tables.shape[1]].copy_(block_tables)
+            group = group.local  # type: ignore[union-attr]
         if size > n:  # padding rows: stored nowhere, attend one (valid, ignored) key
             self.input_ids[n:size] = 0
             self.positions[n:size] = 0
-            self.slots[n:size] = -1
+            for slots in self.slots:
+                slots[n:size] = -1
             self.context_lens[n:size] = 1
         graph = self.graphs.get(size)
         if graph is None:

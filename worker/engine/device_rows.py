@@ -1,6 +1,6 @@
 """DeviceRows: the PersistentBatch arrays a step reads on the device, kept current row by row.
 
-Mirrored: block_table int32 [R, W], last_token int64 [R] (the row's newest token: written by the host
+Mirrored: the block tables int32 [R, W] (one per KV cache group: kv_groups.py), last_token int64 [R] (the row's newest token: written by the host
 when a row joins, by the step itself on the device after sampling, so a decode input never waits for
 the host), fparams float32 [R, 3], iparams int64 [R, 3], stop_ids int64 [R, S], and for the logits
 processing pparams float32 [R, 3], bias_ids int64 [R, B] and bias_values float32 [R, B].
@@ -19,7 +19,7 @@ import torch
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.sampler import to_device
 
-MIRRORED = ("block_table", "last_token", "fparams", "iparams", "stop_ids", "pparams", "bias_ids", "bias_values")
+MIRRORED = ("last_token", "fparams", "iparams", "stop_ids", "pparams", "bias_ids", "bias_values")  # and the tables
 
 
 class DeviceRows:
@@ -27,9 +27,8 @@ class DeviceRows:
         self.batch = batch
         self.device = device
         self.copy = copy
-        # the local layers' tables too when the model has two KV cache groups (kv_groups.py)
-        self.mirrored = MIRRORED if batch.local_table is None else (*MIRRORED, "local_table")
-        self.tables = ("block_table",) if batch.local_table is None else ("block_table", "local_table")
+        self.tables = tuple(g.table for g in batch.groups)  # the block tables, one per KV cache group
+        self.mirrored = (*self.tables, *MIRRORED)
         self.tensors: dict[str, torch.Tensor] = {name: self._full(name) for name in self.mirrored}
         batch.joined.clear()
         batch.grew.clear()

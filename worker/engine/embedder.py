@@ -23,7 +23,6 @@ summed per sequence on the device. Truncation and normalization follow.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Generator
@@ -37,6 +36,7 @@ from contracts.checkpoint.pooling import PoolingConfig
 from contracts.sampling import SamplingParams
 from worker.engine.backends.base import AttentionMetadata
 from worker.engine.block_manager import BlockManager
+from worker.engine.kv_groups import metadata
 from worker.engine.model_runner import ModelRunner
 from worker.engine.sampler import to_device
 from worker.engine.sequence import Sequence
@@ -149,49 +149,41 @@ class Embedder:
         mode = self.pooling.mode
         ids: list[int] = []
         positions: list[np.ndarray] = []
-        slots: list[np.ndarray] = []
-        cu, lens, tables = [0], [], []
-        lslots: list[np.ndarray] = []  # the local layers' of a model with two KV cache groups (kv_groups.py)
-        ltables: list[list[int]] = []
+        cu, lens = [0], []
         keep: list[int] = []  # lasttoken / cls: the hidden row each sequence needs in this forward
         keep_chunks: list[int] = []
         for c, (p, lo, hi) in enumerate(chunks):
-            table = p.seq.block_table
             if (mode == "lasttoken" and hi == p.num_tokens) or (mode == "cls" and lo == 0):
                 keep.append(len(ids) + (hi - lo - 1 if mode == "lasttoken" else 0))
                 keep_chunks.append(c)
             ids.extend(p.seq.token_ids[lo:hi])
-            pos = np.arange(lo, hi, dtype=np.int64)
-            positions.append(pos + self.runner.model.rope_offset(p.num_tokens))  # rotary rows (LongRoPE)
-            slots.append(np.asarray(table, np.int64)[pos // bs] * bs + pos % bs)
+            positions.append(np.arange(lo, hi, dtype=np.int64) + self.runner.model.rope_offset(p.num_tokens))  # LongRoPE
             cu.append(len(ids))
             lens.append(hi)
-            tables.append(table[: -(-hi // bs)])
-            if p.seq.local is not None:
-                local = p.seq.local.block_table
-                lslots.append(np.asarray(local, np.int64)[pos // bs] * bs + pos % bs)
-                ltables.append(local[: -(-hi // bs)])
-        args: dict = {
+        shared: dict = {  # every KV cache group's metadata but the slots and block tables
             "num_prefill_tokens": len(ids),
             "prefill_cu_seqlens_q": to_device(np.asarray(cu, np.int32), device),
             "prefill_context_lens": to_device(np.asarray(lens, np.int32), device),
-            "prefill_block_tables": to_device(_pad(tables), device),
         }
         if mode != "mean":  # the last layer attends and runs its MLP for the kept rows only
-            args.update(
+            shared.update(
                 output_rows=to_device(np.asarray(keep, np.int64), device),
                 # the kept row's position + 1: the whole chunk (last token) or 1 (cls, first chunk)
                 output_context_lens=to_device(np.asarray([lens[c] if mode == "lasttoken" else 1 for c in keep_chunks],
                                                          np.int32), device),  # fmt: skip
-                output_block_tables=to_device(_pad([tables[c] for c in keep_chunks] or [[0]]), device),
             )
-        meta = AttentionMetadata(slot_mapping=to_device(np.concatenate(slots), device), **args)
-        if ltables:
-            local_args = {"prefill_block_tables": to_device(_pad(ltables), device)}
+        metas = []
+        for g in self.runner.groups:  # the slots and block tables of each KV cache group (kv_groups.py)
+            slots, tables = [], []
+            for p, lo, hi in chunks:
+                table, pos = g.blocks(p.seq), np.arange(lo, hi, dtype=np.int64)
+                slots.append(np.asarray(table, np.int64)[pos // bs] * bs + pos % bs)
+                tables.append(table[: -(-hi // bs)])
+            fields = {"prefill_block_tables": to_device(_pad(tables), device)}
             if mode != "mean":
-                local_args["output_block_tables"] = to_device(_pad([ltables[c] for c in keep_chunks] or [[0]]), device)
-            meta = dataclasses.replace(meta, local=dataclasses.replace(
-                meta, slot_mapping=to_device(np.concatenate(lslots), device), scratch={}, **local_args))  # fmt: skip
+                fields["output_block_tables"] = to_device(_pad([tables[c] for c in keep_chunks] or [[0]]), device)
+            metas.append(AttentionMetadata(slot_mapping=to_device(np.concatenate(slots), device), **shared, **fields))
+        meta = metadata(metas)
         hidden = self.runner.hidden_states(  # [T or len(keep), H]
             to_device(np.asarray(ids, np.int64), device), to_device(np.concatenate(positions), device), meta
         )

@@ -14,12 +14,11 @@ import torch
 from contracts.checkpoint.pooling import PoolingConfig, PoolingConfigError
 from contracts.sampling import SamplingParams
 from worker.engine.batch_state import PersistentBatch
-from worker.engine.block_manager import BlockManager
 from worker.engine.completion_texts import CompletionTexts
 from worker.engine.config import EngineConfig
 from worker.engine.embedder import Embedder, EmbeddingOutput, dimensions_per_prompt
 from worker.engine.engine_build import build_engine
-from worker.engine.kv_groups import GroupedBlockManager
+from worker.engine.kv_groups import block_manager
 from worker.engine.model_runner import InFlightStep, ModelRunner
 from worker.engine.ordering import batch_order
 from worker.engine.outputs import RequestOutput
@@ -56,16 +55,9 @@ class Engine:
         self.vocab_size = runner.model.cfg.vocab_size
         eos = tokenizer.eos_token_ids or runner.model.cfg.eos_token_ids
         self.eos_token_ids = frozenset(eos)
-        grouped = runner.num_local_blocks is not None  # two KV cache groups (kv_groups.py)
-        self.block_manager: BlockManager | GroupedBlockManager
-        if grouped:
-            self.block_manager = GroupedBlockManager(num_blocks, runner.num_local_blocks, config.block_size,
-                                                     config.enable_prefix_caching, runner.model.cfg.local_window)  # fmt: skip
-        else:
-            self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                              window=runner.model.cfg.kv_window)  # fmt: skip
+        self.block_manager = block_manager(num_blocks, runner.num_local_blocks, config, runner.model.cfg)
         self.batch = PersistentBatch(config.max_num_seqs, -(-max_model_len // config.block_size), config.block_size,
-                                     self.eos_token_ids, grouped)  # fmt: skip
+                                     self.eos_token_ids, grouped=len(runner.groups) > 1)  # fmt: skip
         runner.bind(self.batch, mirror=config.torch_device.type != "cpu", static_decode=bool(config.static_decode))
         self.scheduler = Scheduler(config, self.block_manager, self.batch, max_model_len)
         self.stats = EngineStats()

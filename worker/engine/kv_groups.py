@@ -14,6 +14,12 @@ through). Every mutation the scheduler asks for (allocate, grow, release, trunca
 free) is applied to both; only release is group 1's alone. Copy-on-write copies the block in each
 group that shares it, in both or (no free block) in neither.
 
+A step reads each group as a `KVGroup`: where its rows' block tables are (the PersistentBatch's
+array and its device copy, named by `table`) and a sequence's table in it (`blocks`). Everything
+built per step (slot mappings, block tables, the decode graphs' buffers, the KV block copies) is built
+once per group in a loop over `kv_groups(...)`; the step's AttentionMetadata is group 0's and carries
+group 1's in `local` (`metadata`), which the model's local layers read.
+
 Prefix caching: both pools key blocks by the same chained hashes. A hit of k blocks must hold in both
 groups: group 0 needs blocks [0, k), group 1 only the ones inside the hit's window (those before it
 are placed in the table as placeholder id 0, never held nor read). Released local blocks of a cached
@@ -23,6 +29,10 @@ them (conservative: a shorter hit recomputes more, never reads a wrong block).
 
 from __future__ import annotations
 
+import dataclasses
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from contracts.sampling import SamplingParams
@@ -33,9 +43,37 @@ from worker.engine.sequence import Sequence
 if TYPE_CHECKING:  # models import torch; this module stays light
     import torch
 
+    from worker.engine.backends.base import AttentionMetadata
     from worker.engine.models import CausalLM, ModelConfig
 
 _PLACEHOLDER = 0  # the id in a local table's slots behind a prefix hit's window: never read
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    """One KV cache group as a step reads it: a paged pool of some layers' K/V, block ids of its own."""
+
+    index: int  # 0: every layer's pool, or the full-attention layers'; 1: the windowed layers'
+    table: str  # the PersistentBatch array (and DeviceRows tensor) of the rows' block tables in this group
+    blocks: Callable[[Sequence], list[int]]  # a running sequence's block table in this group
+
+
+FULL = KVGroup(0, "block_table", operator.attrgetter("block_table"))
+LOCAL = KVGroup(1, "local_table", operator.attrgetter("local.block_table"))
+
+
+def kv_groups(grouped: bool) -> tuple[KVGroup, ...]:
+    """The groups of a model: one pool, or (grouped) its full and its windowed layers' pools."""
+    return (FULL, LOCAL) if grouped else (FULL,)
+
+
+def metadata(metas: list[AttentionMetadata]) -> AttentionMetadata:
+    """The step's metadata from one per group (in group order, sharing everything but slot mappings
+    and block tables): group 0's, carrying group 1's in `local`."""
+    meta = metas[-1]
+    for m in reversed(metas[:-1]):
+        meta = dataclasses.replace(m, local=meta)
+    return meta
 
 
 class LocalTable:
@@ -214,6 +252,16 @@ class GroupedBlockManager:
 def _local(matched: list[int]) -> list[int]:
     """Group 1's part of a match (a plain empty list: no hit, as the embedder passes)."""
     return matched.local if isinstance(matched, PrefixMatch) else []
+
+
+def block_manager(num_blocks: int, num_local_blocks: int | None, config: EngineConfig,
+                  cfg: ModelConfig) -> BlockManager | GroupedBlockManager:  # fmt: skip
+    """The engine's block manager over its pools (kv_pool_sizes): one, or a GroupedBlockManager when
+    the model's windowed layers have a pool of their own (num_local_blocks)."""
+    if num_local_blocks is None:
+        return BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, window=cfg.kv_window)
+    return GroupedBlockManager(num_blocks, num_local_blocks, config.block_size, config.enable_prefix_caching,
+                               cfg.local_window)  # type: ignore[arg-type]  # fmt: skip
 
 
 def kv_context_bound(cfg: ModelConfig, dtype: torch.dtype, budget: int) -> int | None:

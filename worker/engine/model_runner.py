@@ -20,6 +20,7 @@ from worker.engine.batch_state import PersistentBatch
 from worker.engine.decode_graphs import DecodeGraphs
 from worker.engine.device_rows import DeviceRows
 from worker.engine.host_memory import huge_page_zeros
+from worker.engine.kv_groups import kv_groups
 from worker.engine.logits_processing import LogitsProcessing
 from worker.engine.models import CausalLM
 from worker.engine.sampler import Sampler, SamplingRows, stop_hits, to_device
@@ -83,10 +84,14 @@ class ModelRunner:
                 return huge_page_zeros(shape, dtype)
             return torch.zeros(shape, dtype=dtype, device=device)
 
-        sizes = [num_local_blocks if num_local_blocks is not None and cfg.kv_group(i) else num_blocks
-                 for i in range(cfg.num_layers)]  # fmt: skip
+        self.groups = kv_groups(num_local_blocks is not None)
+        layer_group = [cfg.kv_group(i) if model.kv_grouped else 0 for i in range(cfg.num_layers)]
+        pool = (num_blocks, num_local_blocks)
         # zeros, not empty: padded reads of never-written slots must stay finite (masked to 0 weight).
-        self.kv_caches = [(zeros(n), zeros(n)) for n in sizes]
+        self.kv_caches = [(zeros(pool[g]), zeros(pool[g])) for g in layer_group]  # type: ignore[arg-type]
+        # each group's layers' caches (copy-on-write copies a block in every layer of its group)
+        self.group_caches = [[kv for kv, g in zip(self.kv_caches, layer_group, strict=True) if g == group.index]
+                             for group in self.groups]  # fmt: skip
         model.decode_stack = model.backend.decode_stack(model, self.kv_caches) if decode_stack else None
         self.sampler = Sampler()
         self.rows: DeviceRows | None = None
@@ -118,9 +123,7 @@ class ModelRunner:
         rows = self.rows
         rows.sync()
         if sched.copies:
-            self._copy_blocks(sched.copies, 0)
-        if sched.local_copies:
-            self._copy_blocks(sched.local_copies, 1)
+            self._copy_blocks(sched.copies)
         inputs = build_step(sched, self.batch, rows)
         logits = self._logits(inputs)
         if not inputs.num_spec_logits:
@@ -219,25 +222,21 @@ class ModelRunner:
         meta.output_rows): the embedder's forward, over the same KV cache and backend."""
         return self.model(input_ids, positions, meta, self.kv_caches)
 
-    def _copy_blocks(self, copies: list[tuple[int, int]], group: int) -> None:
-        """Copy-on-write of shared KV blocks (forked choices): block dst := block src, every layer of
-        the KV cache group (0: the only one, or the full layers'; 1: the local layers' pool)."""
-        src = to_device(np.asarray([c[0] for c in copies], np.int64), self.device)
-        dst = to_device(np.asarray([c[1] for c in copies], np.int64), self.device)
-        cfg = self.model.cfg
-        grouped = self.model.kv_grouped
-        for i, (k, v) in enumerate(self.kv_caches):
-            if (cfg.kv_group(i) if grouped else 0) != group:
-                continue
-            k.index_copy_(0, dst, k.index_select(0, src))
-            v.index_copy_(0, dst, v.index_select(0, src))
+    def _copy_blocks(self, copies: list[tuple[int, int, int]]) -> None:
+        """Copy-on-write of shared KV blocks (forked choices): for each (group, src, dst), block dst :=
+        block src in every layer of that KV cache group."""
+        for group in sorted({g for g, _, _ in copies}):
+            src = to_device(np.asarray([s for g, s, _ in copies if g == group], np.int64), self.device)
+            dst = to_device(np.asarray([d for g, _, d in copies if g == group], np.int64), self.device)
+            for k, v in self.group_caches[group]:
+                k.index_copy_(0, dst, k.index_select(0, src))
+                v.index_copy_(0, dst, v.index_select(0, src))
 
     def _logits(self, inputs: StepInputs) -> torch.Tensor:
         """fp32 logits of the step's logits rows (see step_inputs)."""
         meta = inputs.meta
         if self.graphs is not None and not inputs.num_prefill_tokens and inputs.input_ids.shape[0] <= self.graphs.sizes[-1]:
-            return self.graphs.run(inputs.input_ids, inputs.positions, meta.slot_mapping, meta.decode_context_lens,
-                                   meta.decode_block_tables, meta.local)  # fmt: skip
+            return self.graphs.run(inputs.input_ids, inputs.positions, meta)
         hidden = self.model(inputs.input_ids, inputs.positions, meta, self.kv_caches)
         if inputs.logit_rows is not None:
             hidden = hidden.index_select(0, inputs.logit_rows)

@@ -20,7 +20,7 @@ the sampled id the device already holds. A sequence that leaves the batch with t
 is kept in `departed` until they arrive (SequenceQueues, sequence_queues.py: the queues and the moves
 out of the batch). A request's n > 1 choices fork from its prefill (fork.py): a forked row's first
 write into a shared block takes its own copy first (`_room`: the block manager's copy_on_write, in
-every KV cache group at once; `out.copies`, `out.local_copies`). The step's plan: scheduler_output.py.
+every KV cache group at once; `out.copies`). The step's plan: scheduler_output.py.
 """
 
 from __future__ import annotations
@@ -202,8 +202,8 @@ class Scheduler(SequenceQueues):
             if copies is None:
                 return False
             for group, old, new in copies:
-                (out.local_copies if group else out.copies).append((old, new))
-                self.batch.set_block(r, index, new, local=bool(group))
+                out.copies.append((group, old, new))
+                self.batch.set_block(r, index, new, group)
             self.batch.mark_cow(r, False)
         return True
 

@@ -39,9 +39,8 @@ class SchedulerOutput:
     errored: list[Sequence] = field(default_factory=list)  # finished with "error" while scheduling
     admitted: list[Sequence] = field(default_factory=list)  # admitted for the first time this step
     num_preempted: int = 0
-    copies: list[tuple[int, int]] = field(default_factory=list)  # KV blocks to copy (src, dst) first
+    copies: list[tuple[int, int, int]] = field(default_factory=list)  # KV blocks to copy first: (group, src, dst)
     spec: list[ScheduledChunk] = field(default_factory=list)  # speculation's verify runs (decode rows)
-    local_copies: list[tuple[int, int]] = field(default_factory=list)  # `copies` of the local group's pool
 
     @property
     def num_prefill_tokens(self) -> int:

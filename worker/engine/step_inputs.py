@@ -25,7 +25,6 @@ the real positions, through the context lengths and slots.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +33,7 @@ import torch
 from worker.engine.backends.base import AttentionMetadata
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.device_rows import DeviceRows
+from worker.engine.kv_groups import metadata
 from worker.engine.sampler import to_device
 from worker.engine.scheduler_output import SchedulerOutput
 from worker.engine.sequence import Sequence
@@ -73,21 +73,20 @@ def _pad(tables: list[list[int]], width: int) -> np.ndarray:
     return out
 
 
-def decode_tables(dev: DeviceRows, rows: np.ndarray, rows_dev: torch.Tensor, width: int,
-                  name: str = "block_table") -> torch.Tensor:  # fmt: skip
-    """The decode rows' block tables [D, width] on the device (`name`: the local layers' with
-    "local_table"): a view of the mirrored table when the rows are consecutive (a packed batch: no
-    copy), else a gathered copy."""
-    table = getattr(dev, name)
+def decode_tables(table: torch.Tensor, rows: np.ndarray, rows_dev: torch.Tensor | None, width: int) -> torch.Tensor:
+    """The decode rows' block tables [D, width] from one group's mirrored table on the device: a view
+    when the rows are consecutive (a packed batch: no copy), else a gathered copy (rows_dev: the rows
+    on the device, None: not sent yet)."""
     first = int(rows[0])
     if int(rows[-1]) - first + 1 == rows.size:
         return table[first : first + rows.size, :width]
-    return table.index_select(0, rows_dev)[:, :width]
+    return table.index_select(0, to_device(rows, table.device) if rows_dev is None else rows_dev)[:, :width]
 
 
-def _gather(dev: DeviceRows, rows: np.ndarray, width: int, name: str = "block_table") -> torch.Tensor:
-    """The block tables [M, width] of `rows` (any order, repeats allowed: a verify run's rows), gathered
-    on the host when the device's table is the host's array (a few us; torch's gather takes ~30)."""
+def _gather(dev: DeviceRows, name: str, rows: np.ndarray, width: int) -> torch.Tensor:
+    """The block tables [M, width] of `rows` (any order, repeats allowed: a verify run's rows) in the
+    group table `name`, gathered on the host when the device's table is the host's array (a few us;
+    torch's gather takes ~30)."""
     if not dev.copy:
         return torch.from_numpy(getattr(dev.batch, name)[rows, :width])
     return getattr(dev, name).index_select(0, to_device(rows, dev.device))[:, :width]
@@ -101,9 +100,9 @@ def _row_slots(table: np.ndarray, batch: PersistentBatch, rows: np.ndarray, pos:
     return slots
 
 
-def _local(meta: AttentionMetadata, slots: np.ndarray, device: torch.device, **tables: torch.Tensor) -> AttentionMetadata:
-    """meta with the local layers' slots and block tables (a model with two KV cache groups)."""
-    return dataclasses.replace(meta, slot_mapping=to_device(slots, device), scratch={}, **tables)
+def _chunk_slots(table: list[int], protected: int, lo: int, hi: int, bs: int) -> list[int]:
+    """Slots of a chunk's positions [lo, hi) in one group's block table; -1 below `protected`."""
+    return [-1 if p < protected else table[p // bs] * bs + p % bs for p in range(lo, hi)]
 
 
 def verify_rows(sched: SchedulerOutput) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -126,32 +125,29 @@ def decode_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows)
     views instead of gathers when the rows are the first n."""
     if sched.spec:
         return _with_verify(sched, batch, dev)
-    bs = batch.block_size
+    bs, device = batch.block_size, dev.device
     rows, pos = sched.decode_rows, sched.decode_positions
     at = batch.span(rows)
-    slots = batch.block_table[rows, pos // bs].astype(np.int64) * bs + pos % bs
-    below = pos < batch.protected[at]  # a fully cached prompt recomputes its last token: no store
-    if below.any():
-        slots[below] = -1
+    width = int(pos.max()) // bs + 1
+    protected = pos < batch.protected[at]  # a fully cached prompt recomputes its last token: no store
+    below = protected.any()
     if isinstance(at, slice):
-        ids = dev.last_token[at]
-        tables = dev.block_table[at, : int(pos.max()) // bs + 1]
+        ids, rows_dev = dev.last_token[at], None
     else:
-        rows_dev = to_device(rows, dev.device)
+        rows_dev = to_device(rows, device)
         ids = dev.last_token.index_select(0, rows_dev)
-        tables = decode_tables(dev, rows, rows_dev, int(pos.max()) // bs + 1)
-    meta = AttentionMetadata(
-        slot_mapping=to_device(slots, dev.device), num_prefill_tokens=0,
-        decode_context_lens=to_device((pos + 1).astype(np.int32), dev.device), decode_block_tables=tables,
-    )  # fmt: skip
-    if batch.local_table is not None:
-        width = tables.shape[1]
-        ltables = dev.local_table[at, :width] if isinstance(at, slice) else decode_tables(
-            dev, rows, rows_dev, width, "local_table")  # fmt: skip
-        meta = dataclasses.replace(meta, local=_local(meta, _row_slots(batch.local_table, batch, rows, pos), dev.device,
-                                                      decode_block_tables=ltables))  # fmt: skip
-    return StepInputs(input_ids=ids, positions=to_device(pos, dev.device), meta=meta, logit_rows=None, sample_rows=rows,
-                      sample_rows_ascending=True, prompt=[], num_prefill_tokens=0, decode_rows=rows,
+    lens = to_device((pos + 1).astype(np.int32), device)
+    metas = []
+    for g in batch.groups:
+        slots = getattr(batch, g.table)[rows, pos // bs].astype(np.int64) * bs + pos % bs
+        if below:
+            slots[protected] = -1
+        metas.append(AttentionMetadata(
+            slot_mapping=to_device(slots, device), num_prefill_tokens=0, decode_context_lens=lens,
+            decode_block_tables=decode_tables(getattr(dev, g.table), rows, rows_dev, width),
+        ))  # fmt: skip
+    return StepInputs(input_ids=ids, positions=to_device(pos, device), meta=metadata(metas), logit_rows=None,
+                      sample_rows=rows, sample_rows_ascending=True, prompt=[], num_prefill_tokens=0, decode_rows=rows,
                       decode_positions=pos)  # fmt: skip
 
 
@@ -161,20 +157,16 @@ def _with_verify(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows
     vrows, vpos, vids = verify_rows(sched)
     rows = np.concatenate([sched.decode_rows, vrows]) if d else vrows
     pos = np.concatenate([sched.decode_positions, vpos]) if d else vpos
-    slots = _row_slots(batch.block_table, batch, rows, pos)
     ids = to_device(vids, device)
     if d:
         ids = torch.cat([dev.last_token.index_select(0, to_device(sched.decode_rows, device)), ids])
     width = int(pos.max()) // bs + 1
-    meta = AttentionMetadata(
-        slot_mapping=to_device(slots, device), num_prefill_tokens=0,
-        decode_context_lens=to_device((pos + 1).astype(np.int32), device),
-        decode_block_tables=_gather(dev, rows, width),
-    )  # fmt: skip
-    if batch.local_table is not None:
-        meta = dataclasses.replace(meta, local=_local(meta, _row_slots(batch.local_table, batch, rows, pos), device,
-                                                      decode_block_tables=_gather(dev, rows, width, "local_table")))  # fmt: skip
-    return StepInputs(input_ids=ids, positions=to_device(pos, device), meta=meta, logit_rows=None,
+    lens = to_device((pos + 1).astype(np.int32), device)
+    metas = [AttentionMetadata(
+        slot_mapping=to_device(_row_slots(getattr(batch, g.table), batch, rows, pos), device), num_prefill_tokens=0,
+        decode_context_lens=lens, decode_block_tables=_gather(dev, g.table, rows, width),
+    ) for g in batch.groups]  # fmt: skip
+    return StepInputs(input_ids=ids, positions=to_device(pos, device), meta=metadata(metas), logit_rows=None,
                       sample_rows=sched.decode_rows, sample_rows_ascending=True, prompt=[], num_prefill_tokens=0,
                       decode_rows=sched.decode_rows, decode_positions=sched.decode_positions, spec=tuple(sched.spec),
                       num_spec_logits=vrows.size)  # fmt: skip
@@ -186,40 +178,29 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
     device, bs = dev.device, batch.block_size
     ids: list[int] = []
     positions: list[int] = []
-    slots: list[int] = []
-    cu, lens, tables = [0], [], []
+    cu, lens = [0], []
     prompt_hidden: list[int] = []  # hidden rows of prompt-logprob positions
     prompt: list[PromptScores] = []
     sample_hidden: list[int] = []
     sample_rows: list[int] = []
-    prompt_chunks: list[int] = []  # the chunk (index into tables) of each prompt / sample hidden row
+    prompt_chunks: list[int] = []  # the chunk of each prompt / sample hidden row
     sample_chunks: list[int] = []
-    grouped = batch.local_table is not None  # the local layers' slots and tables too (kv_groups.py)
-    lslots: list[int] = []
-    ltables: list[list[int]] = []
-    for c in sched.chunks:
+    for i, c in enumerate(sched.chunks):
         seq, lo, hi = c.seq, c.start, c.start + c.num_tokens
         row0 = len(ids)
         ids.extend(seq.token_ids[lo:hi])
         positions.extend(range(lo, hi))
-        table, protected = seq.block_table, seq.protected_len
-        slots.extend(-1 if p < protected else table[p // bs] * bs + p % bs for p in range(lo, hi))
         cu.append(cu[-1] + c.num_tokens)
         lens.append(hi)
-        tables.append(table[: -(-hi // bs)])
-        if grouped:
-            local = seq.local.block_table
-            lslots.extend(-1 if p < protected else local[p // bs] * bs + p % bs for p in range(lo, hi))
-            ltables.append(local[: -(-hi // bs)])
         if c.prompt_end > c.prompt_first:
             count = c.prompt_end - c.prompt_first
             prompt.append(PromptScores(seq=seq, first=c.prompt_first, offset=len(prompt_hidden), count=count))
             prompt_hidden.extend(range(row0 + c.prompt_first - lo, row0 + c.prompt_end - lo))
-            prompt_chunks.extend([len(tables) - 1] * count)
+            prompt_chunks.extend([i] * count)
         if c.samples:  # the chunk's last logits, once per choice sampled from them (forks: n > 1)
             for s in (seq, *c.forks):
                 sample_hidden.append(row0 + c.num_tokens - 1)
-                sample_chunks.append(len(tables) - 1)
+                sample_chunks.append(i)
                 sample_rows.append(s.row)
     num_prefill = len(ids)
     forked = any(c.forks for c in sched.chunks)
@@ -230,30 +211,18 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
         vrows, vpos, vids = verify_rows(sched)
         rows, pos = np.concatenate([rows, vrows]), np.concatenate([pos, vpos])
     num_decode = rows.size
-    meta_args: dict = {
+    all_pos = np.concatenate([np.asarray(positions, np.int64), pos])
+    input_ids = to_device(np.asarray(ids, np.int64), device)
+    shared: dict = {  # every group's metadata but the slots and block tables
         "num_prefill_tokens": num_prefill,  # > 0: there are chunks
         "prefill_cu_seqlens_q": to_device(np.asarray(cu, np.int32), device),
         "prefill_context_lens": to_device(np.asarray(lens, np.int32), device),
-        "prefill_block_tables": to_device(_pad(tables, max(len(t) for t in tables)), device),
     }
-    all_pos = np.concatenate([np.asarray(positions, np.int64), pos])
-    all_slots = np.asarray(slots, np.int64)
-    local_slots = np.asarray(lslots, np.int64)
-    local_args: dict = {"prefill_block_tables": to_device(_pad(ltables, max(len(t) for t in tables)), device)} if grouped else {}
-    input_ids = to_device(np.asarray(ids, np.int64), device)
+    width = int(pos.max()) // bs + 1 if num_decode else 0
+    rows_dev = None
     if num_decode:
-        dslots = _row_slots(batch.block_table, batch, rows, pos)
         rows_dev = to_device(rows, device)
-        meta_args.update(
-            decode_context_lens=to_device((pos + 1).astype(np.int32), device),
-            decode_block_tables=decode_tables(dev, rows, rows_dev, int(pos.max()) // bs + 1) if vids is None
-            else dev.block_table.index_select(0, rows_dev)[:, : int(pos.max()) // bs + 1],
-        )
-        all_slots = np.concatenate([all_slots, dslots])
-        if grouped:
-            local_slots = np.concatenate([local_slots, _row_slots(batch.local_table, batch, rows, pos)])
-            width = meta_args["decode_block_tables"].shape[1]
-            local_args["decode_block_tables"] = to_device(batch.local_table[rows, :width], device)
+        shared["decode_context_lens"] = to_device((pos + 1).astype(np.int32), device)
         if vids is None:
             input_ids = torch.cat([input_ids, dev.last_token.index_select(0, rows_dev)])
         else:
@@ -262,37 +231,44 @@ def build_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows) 
     logit_hidden = prompt_hidden + sample_hidden  # then the decode rows
     total = num_prefill + num_decode
     logit_rows = None
+    keep = None
     if len(logit_hidden) < num_prefill:  # some rows need no logits: the last layer skips them
         keep = np.concatenate([np.asarray(logit_hidden, np.int64), np.arange(num_prefill, total)])
-        meta_args.update(output_rows=to_device(keep, device))
+        shared["output_rows"] = to_device(keep, device)
         if keep.size:
-            chunk_tables = [tables[i] for i in prompt_chunks + sample_chunks]
-            width = max([len(t) for t in chunk_tables] + [int(pos.max()) // bs + 1 if num_decode else 0])
-            keep_tables = _pad(chunk_tables, width)
-            if num_decode:
-                keep_tables = np.concatenate([keep_tables, batch.block_table[rows, :width]])
-            if grouped:
-                keep_local = _pad([ltables[i] for i in prompt_chunks + sample_chunks], width)
-                if num_decode:
-                    keep_local = np.concatenate([keep_local, batch.local_table[rows, :width]])
-                local_args["output_block_tables"] = to_device(keep_local, device)
-            meta_args.update(
-                output_context_lens=to_device((all_pos[keep] + 1).astype(np.int32), device),
-                output_block_tables=to_device(keep_tables, device),
-            )
+            shared["output_context_lens"] = to_device((all_pos[keep] + 1).astype(np.int32), device)
     elif prompt_hidden or forked or len(logit_hidden) + num_decode < total:  # a subset, or rows repeated
         logit_rows = to_device(np.concatenate([np.asarray(logit_hidden, np.int64), np.arange(num_prefill, total)]),
                                device)  # fmt: skip
-    meta = AttentionMetadata(slot_mapping=to_device(all_slots, device), **meta_args)
-    if grouped:
-        meta = dataclasses.replace(meta, local=_local(meta, local_slots, device, **local_args))
+    metas = []
+    for g in batch.groups:  # the slots and block tables of each KV cache group (kv_groups.py)
+        slots: list[int] = []
+        tables: list[list[int]] = []
+        for c in sched.chunks:
+            table, hi = g.blocks(c.seq), c.start + c.num_tokens
+            slots.extend(_chunk_slots(table, c.seq.protected_len, c.start, hi, bs))
+            tables.append(table[: -(-hi // bs)])
+        fields: dict = {"prefill_block_tables": to_device(_pad(tables, max(len(t) for t in tables)), device)}
+        host = getattr(batch, g.table)
+        all_slots = np.asarray(slots, np.int64)
+        if num_decode:
+            all_slots = np.concatenate([all_slots, _row_slots(host, batch, rows, pos)])
+            fields["decode_block_tables"] = (decode_tables(getattr(dev, g.table), rows, rows_dev, width) if vids is None
+                                             else getattr(dev, g.table).index_select(0, rows_dev)[:, :width])  # fmt: skip
+        if keep is not None and keep.size:
+            chunk_tables = [tables[i] for i in prompt_chunks + sample_chunks]
+            out_width = max([len(t) for t in chunk_tables] + [width])
+            keep_tables = _pad(chunk_tables, out_width)
+            if num_decode:
+                keep_tables = np.concatenate([keep_tables, host[rows, :out_width]])
+            fields["output_block_tables"] = to_device(keep_tables, device)
+        metas.append(AttentionMetadata(slot_mapping=to_device(all_slots, device), **shared, **fields))
     rope = all_pos
     if any(c.seq.rope_offset for c in sched.chunks):  # LongRoPE prompts past the threshold (module docstring)
         offsets = np.repeat([c.seq.rope_offset for c in sched.chunks], [c.num_tokens for c in sched.chunks])
         rope = all_pos + np.concatenate([offsets, np.zeros(num_decode, np.int64)])
-    return StepInputs(input_ids=input_ids, positions=to_device(rope, device), meta=meta, logit_rows=logit_rows,
+    return StepInputs(input_ids=input_ids, positions=to_device(rope, device), meta=metadata(metas), logit_rows=logit_rows,
                       sample_rows=all_sample_rows, sample_rows_ascending=not sample_rows, prompt=prompt,
                       num_prefill_tokens=num_prefill, decode_rows=sched.decode_rows,
                       decode_positions=sched.decode_positions, spec=tuple(sched.spec),
                       num_spec_logits=0 if vids is None else vids.size)  # fmt: skip
-
