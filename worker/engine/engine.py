@@ -64,7 +64,6 @@ class Engine:
         self.texts = CompletionTexts(tokenizer)
         self.outputs = StepOutputs(self.scheduler, self.stats, self.texts.stop_hit)
         self.speculator = Speculator(config.speculative, self.batch, draft, self.stats) if config.speculative else None
-        self.scheduler.speculator = self.speculator
         self._in_flight: InFlightStep | None = None  # the launched step whose tokens are not applied yet
         self._applied_early: list[Sequence] = []  # finished by applying _in_flight inside a launch (_constrain)
         self.structured = StructuredOutputs(model_dir, self.vocab_size, tuple(eos), config.max_num_seqs,
@@ -187,7 +186,7 @@ class Engine:
         one; returns the sequences that finished."""
         t0 = time.perf_counter()
         c0 = time.process_time() if self.speculator is not None else 0.0
-        sched = self.scheduler.schedule()
+        sched = self.scheduler.schedule(self._plan())
         finished = list(sched.errored)
         self.stats.preemptions += sched.num_preempted
         for seq in sched.admitted:
@@ -211,6 +210,8 @@ class Engine:
         else:
             done = launched
         if done is not None:
+            if done.spec:  # before their tokens are applied: the draft forgets what was not kept
+                self.speculator.observe(done.spec)  # type: ignore[union-attr]
             finished.extend(self.outputs.apply(done))
         # busy time, split between prefill and decode by this step's token counts (EngineStats.add_busy)
         prefill = sched.num_prefill_tokens
@@ -222,6 +223,15 @@ class Engine:
             cost = time.process_time() - c0 if cpu else seconds
             self.speculator.record(sched.num_scheduled_tokens, cost, bool(sched.spec), cpu)
         return finished
+
+    def _plan(self) -> list[tuple[int, list[int]]] | None:
+        """Speculation's proposals for this step's decode rows (Speculator.plan; None without it)."""
+        if self.speculator is None:
+            return None
+        rows = self.batch.decode_rows()
+        if not rows.size:
+            return None
+        return self.speculator.plan(rows, self.config.max_num_batched_tokens - rows.size, bool(self.scheduler.waiting))
 
     def _constrain(self, logits: torch.Tensor, sample_rows: np.ndarray) -> None:
         """Mask the constrained rows' logits of the step being launched (ModelRunner.execute calls

@@ -25,8 +25,6 @@ every KV cache group at once; `out.copies`). The step's plan: scheduler_output.p
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import numpy as np
 
 from worker.engine.batch_state import PersistentBatch
@@ -39,15 +37,6 @@ from worker.engine.sequence import Sequence, SequenceStatus
 from worker.engine.sequence_queues import SequenceQueues
 
 
-class SpeculationPlanner(Protocol):
-    """What the scheduler and StepOutputs call of speculation/speculator.Speculator (which imports
-    modules that import this one)."""
-
-    def plan(self, rows: np.ndarray, extra: int, queued: bool) -> list[tuple[int, list[int]]]: ...
-
-    def observe(self, seq: Sequence, proposed: int, accepted: int) -> None: ...
-
-
 class Scheduler(SequenceQueues):
     """The step policy over SequenceQueues' bookkeeping (module docstring)."""
 
@@ -58,16 +47,17 @@ class Scheduler(SequenceQueues):
         self.max_model_len = max_model_len
         # Blocks kept free at admission so running sequences can grow without instant preemption.
         self.watermark = block_manager.num_blocks // 100
-        self.speculator: SpeculationPlanner | None = None  # set by the engine when speculative decoding is on
 
     # ---- one step ------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, proposals: list[tuple[int, list[int]]] | None = None) -> SchedulerOutput:
+        """The step's plan. `proposals`: speculation's (decode row, proposed tokens) to verify this step
+        (Speculator.plan, over decode_rows() within the step's budget beyond one token per row)."""
         out = SchedulerOutput()
         b = self.batch
         budget = self.config.max_num_batched_tokens
         rows = b.decode_rows()
-        if rows.size and self.speculator is not None:
-            rows, budget = self._speculate(rows, budget, out)
+        if proposals:
+            rows, budget = self._speculate(rows, budget, out, proposals)
         if rows.size:
             bs = self.bm.block_size
             at = b.span(rows)
@@ -134,15 +124,17 @@ class Scheduler(SequenceQueues):
         if self.bm.release_behind(seq, position):
             self.batch.released[seq.row] = self.bm.released(seq)
 
-    def _speculate(self, rows: np.ndarray, budget: int, out: SchedulerOutput) -> tuple[np.ndarray, int]:
-        """Rows the speculator gives proposals verify them (their newest token + K proposed tokens as
-        1 + K decode rows of the sequence, blocks for all of them taken now; the blocks of rejected tokens are given back when
-        the step is applied); returns the decode rows left and the budget left. Blocks are taken only
-        while the decode rows' growth stays covered, so speculation never causes a preemption."""
+    def _speculate(self, rows: np.ndarray, budget: int, out: SchedulerOutput,
+                   proposals: list[tuple[int, list[int]]]) -> tuple[np.ndarray, int]:  # fmt: skip
+        """Decode rows with proposals verify them (their newest token + K proposed tokens as 1 + K
+        decode rows of the sequence, blocks for all of them taken now; the blocks of rejected tokens
+        are given back when the step is applied); returns the decode rows left and the budget left.
+        Blocks are taken only while the decode rows' growth stays covered, so speculation never
+        causes a preemption."""
         b, bm = self.batch, self.bm
         spare = bm.num_free_blocks - self.watermark - rows.size
         spec = []
-        for r, draft in self.speculator.plan(rows, budget - rows.size, bool(self.waiting)):  # type: ignore[union-attr]
+        for r, draft in proposals:
             seq = b.seqs[r]
             pos = int(b.num_computed[r])  # seq's newest token, on the host (no step in flight)
             if bm.window is not None:  # as a decode row would: the blocks its window left go first

@@ -50,8 +50,6 @@ class StepOutputs:
             self.stats.spec_runs += 1
             self.stats.spec_proposed_tokens += run.proposed
             self.stats.spec_accepted_tokens += run.accepted
-            if sched.speculator is not None:
-                sched.speculator.observe(seq, run.proposed, run.accepted)
             stops = b.stop_ids[row].tolist()  # (a list: `in` on a few ids beats a numpy comparison per token)
             done, limit, last = None, int(b.limit[row]), len(run.tokens) - 1
             for i, token in enumerate(run.tokens):

@@ -1,5 +1,6 @@
-"""Speculator: the scheduler's side of speculative decoding. Which decoding rows propose what this
-step, and how many tokens each.
+"""Speculator: the engine's one interface to speculative decoding, called in Engine.step's phases:
+`plan` (which decoding rows propose what this step, and how many tokens each; the scheduler takes
+blocks for them), `observe` (what the verify step kept) and `record` (what the step cost).
 
 Both proposers go the same way. Each candidate row's tokens are weighed by the chance that they are
 kept (AcceptanceTable, learned across the engine's sequences) times the seconds a kept token saves
@@ -28,6 +29,7 @@ from worker.engine.speculation.config import SpeculativeConfig
 from worker.engine.speculation.controller import SpeculationController
 from worker.engine.speculation.draft import DraftModel
 from worker.engine.speculation.ngram import NgramIndex
+from worker.engine.speculation.verifier import SpecRun
 from worker.engine.stats import EngineStats
 
 HOPE_STEPS = 16  # steps a width's "could it pay at all" verdict is kept
@@ -230,19 +232,22 @@ class Speculator:
         self.stats.spec_grammar_cut_tokens += len(draft) - keep
         return draft[:keep]
 
-    def observe(self, seq: Sequence, proposed: int, accepted: int) -> None:
-        """A verify step of seq kept `accepted` of `proposed` tokens: the draft forgets the rest, the
-        acceptance table learns from the proposal's signals, the step's saving counts them."""
-        if self.draft is not None:
-            self.draft.rollback(seq, accepted)
-        st = seq.spec
-        if not isinstance(st, SpecState):
-            return
-        self._saved += accepted * st.value
-        # prompt lookup: token j of the proposal was judged with a match of matched + j - 1 (the tokens
-        # before it kept, the match had grown by them)
-        signals = st.signals if self.draft is not None else [st.matched + j for j in range(proposed)]
-        self.acceptance.observe(signals, accepted)
+    def observe(self, runs: list[SpecRun]) -> None:
+        """A verify step's runs, before their tokens are applied: each kept `accepted` of its `proposed`
+        tokens; the draft forgets the rest, the acceptance table learns from the proposal's signals,
+        the step's saving counts them."""
+        for run in runs:
+            seq, proposed, accepted = run.seq, run.proposed, run.accepted
+            if self.draft is not None:
+                self.draft.rollback(seq, accepted)
+            st = seq.spec
+            if not isinstance(st, SpecState):
+                continue
+            self._saved += accepted * st.value
+            # prompt lookup: token j of the proposal was judged with a match of matched + j - 1 (the
+            # tokens before it kept, the match had grown by them)
+            signals = st.signals if self.draft is not None else [st.matched + j for j in range(proposed)]
+            self.acceptance.observe(signals, accepted)
 
     def record(self, rows: int, seconds: float, speculated: bool, cpu: bool) -> None:
         """A pure decode / verify step of `rows` rows took `seconds` (CPU seconds on the CPU, else wall).

@@ -32,7 +32,7 @@ from worker.engine.batch_state import PersistentBatch
 from worker.engine.device_rows import DeviceRows
 from worker.engine.logits_processing import LogitsProcessing
 from worker.engine.sampler import Sampler, SamplingRows, to_device
-from worker.engine.scheduler import ScheduledChunk
+from worker.engine.scheduler_output import ScheduledChunk
 from worker.engine.sequence import Sequence
 from worker.engine.structured_outputs import RunCut
 
