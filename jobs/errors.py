@@ -65,3 +65,8 @@ class ObjectNotFoundError(FreightError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
         return str(self.args[0]) if self.args else "object not found"
+
+
+class AdapterRefusedError(FreightError):
+    """A LoRA adapter of the job cannot be served over its model: missing files, options freight does
+    not compute, another base's shapes or name, a rank over the limit; the message names the adapter."""

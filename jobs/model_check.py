@@ -17,7 +17,7 @@ from typing import Any
 
 from contracts.checkpoint.architectures import config_problem
 from contracts.checkpoint.pooling import PoolingConfig, PoolingConfigError
-from jobs.errors import ModelNotFoundError
+from jobs.errors import FreightError, ModelNotFoundError
 from jobs.settings import Settings
 from jobs.storage import ObjectStore, open_store
 
@@ -146,25 +146,31 @@ def _weight_files(store: ObjectStore, model: str) -> list[str]:
 
 
 def _header(store: ObjectStore, model: str, name: str) -> dict[str, Any]:
+    return read_header(store, f"model {model}", name, ModelNotFoundError)
+
+
+def read_header(store: ObjectStore, owner: str, name: str, error: type[FreightError]) -> dict[str, Any]:
     """The tensors of one safetensors file ({name: {dtype, shape, data_offsets}}), checked against
-    the file's size. Layout: u64 little-endian header length N, N bytes of JSON, then the data."""
+    the file's size; `error(message)` raised, the message starting with `owner` ("model M"), when the
+    file is not whole safetensors. Layout: u64 little-endian header length N, N bytes of JSON, then
+    the data."""
     size = store.size(name)
-    where = f"model {model}: {name}"
+    where = f"{owner}: {name}"
     redownload = "download it again"
     if size < 8:
-        raise ModelNotFoundError(f"{where} is {size} bytes, too short for safetensors: {redownload}")
+        raise error(f"{where} is {size} bytes, too short for safetensors: {redownload}")
     (length,) = struct.unpack("<Q", store.get_range(name, 0, 8))
     if length > MAX_HEADER_BYTES or 8 + length > size:
-        raise ModelNotFoundError(
+        raise error(
             f"{where} is truncated or not safetensors (its header claims {length:,} bytes, the file "
             f"has {size:,}): {redownload}"
         )
     try:
         header = json.loads(store.get_range(name, 8, length))
     except ValueError:
-        raise ModelNotFoundError(f"{where} has a header that is not JSON: not safetensors; {redownload}") from None
+        raise error(f"{where} has a header that is not JSON: not safetensors; {redownload}") from None
     if not isinstance(header, dict):
-        raise ModelNotFoundError(f"{where} has a header that is not a JSON object: {redownload}")
+        raise error(f"{where} has a header that is not a JSON object: {redownload}")
     tensors = {k: v for k, v in header.items() if k != "__metadata__"}
     data_bytes = size - 8 - length
     end = 0
@@ -174,9 +180,9 @@ def _header(store: ObjectStore, model: str, name: str) -> dict[str, Any]:
             shape = [int(d) for d in info["shape"]]
             dtype = str(info["dtype"])
         except (KeyError, TypeError, ValueError):
-            raise ModelNotFoundError(f"{where}: tensor {tensor} has a malformed header entry: {redownload}") from None
+            raise error(f"{where}: tensor {tensor} has a malformed header entry: {redownload}") from None
         if dtype not in KNOWN_DTYPES:
-            raise ModelNotFoundError(
+            raise error(
                 f"{where}: tensor {tensor} has dtype {dtype[:40]!r}, which freight cannot load (it loads "
                 f"{', '.join(sorted(KNOWN_DTYPES))}): convert the checkpoint, or {redownload} if it is damaged"
             )
@@ -184,13 +190,13 @@ def _header(store: ObjectStore, model: str, name: str) -> dict[str, Any]:
         for d in shape:
             numel *= d
         if not 0 <= begin <= stop or (dtype in DTYPE_BYTES and stop - begin != numel * DTYPE_BYTES[dtype]):
-            raise ModelNotFoundError(
+            raise error(
                 f"{where}: tensor {tensor} ({dtype} {shape}) has byte range [{begin}, {stop}) that does "
                 f"not match its shape: {redownload}"
             )
         end = max(end, stop)
     if end > data_bytes:
-        raise ModelNotFoundError(
+        raise error(
             f"{where} is truncated: its header describes {end:,} bytes of tensors, the file holds "
             f"{data_bytes:,}: {redownload}"
         )
