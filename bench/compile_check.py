@@ -33,7 +33,8 @@ FLOAT_ARGS = {"eps", "scale_log2"}
 # What a real launch specializes (Triton does it from the values): unit strides become the constant
 # 1, and pointers plus these ints are known multiples of 16 at the sizes that matter (head_dim 128,
 # block_size 16, hidden / N / K multiples of 128), which is what lets loads vectorize.
-UNIT_STRIDES = {"stride_kd", "stride_vd", "stride_cd", "stride_xk", "stride_wk", "stride_sg", "stride_on"}
+UNIT_STRIDES = {"stride_kd", "stride_vd", "stride_cd", "stride_xk", "stride_wk", "stride_sg", "stride_on", "stride_ak",
+                "stride_hr", "stride_br", "stride_sl"}
 ALIGNED_INTS = {"head_dim", "half", "hidden", "tokens_per_split", "k_per_split", "bytes_per_split", "N", "K"}
 
 
@@ -43,6 +44,7 @@ def _cases(defaults_only: bool) -> list[tuple[str, object, dict, dict, dict, int
     from kernels.triton import quant_gemv as qg
     from kernels.triton import quant_matmul as qm
     from kernels.triton.fp8_matmul import _quantize_rows_kernel
+    from kernels.triton.lora import _expand_kernel, _shrink_kernel
     from kernels.triton.paged_decode_attention import _decode_merge_kernel, _decode_split_kernel
     from kernels.triton.prefill_attention import _prefill_kernel
     from kernels.triton.rms_norm import _rms_norm_kernel
@@ -169,6 +171,15 @@ def _cases(defaults_only: bool) -> list[tuple[str, object, dict, dict, dict, int
             {"num_warps": 4},
         )
     )
+    # LoRA: the shrink at L * R = 48 (q/k/v at rank 16) and 192 (rank 64, three tiles of 64); the expand
+    # at ranks 16 and 64 over three slices
+    lora_ptrs = {"h_ptr": "*fp32", "scale_ptr": "*fp32", "rows_ptr": "*i32", "slots_ptr": "*i32"}
+    for block_r in (64,) if defaults_only else (16, 64):
+        cases.append((f"lora shrink BR={block_r}", _shrink_kernel, lora_ptrs,
+                      {"BLOCK_M": 16, "BLOCK_R": block_r, "BLOCK_K": 64, "UPCAST": False}, {}))  # fmt: skip
+    for block_r in (16,) if defaults_only else (16, 64):
+        cases.append((f"lora expand L=3 BR={block_r}", _expand_kernel, lora_ptrs,
+                      {"SLICES": 3, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_R": block_r, "UPCAST": False}, {}))  # fmt: skip
     weights = {}  # label -> weights per thread and loop step, for the sass/w column
     for bm, bn, bk, w, s in mm:
         meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "UPCAST": False}

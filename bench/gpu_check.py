@@ -187,6 +187,7 @@ def _main() -> int:
 
     # imported after TRITON_INTERPRET is settled
     from gpu_check_kernels import attention_kernels, small_kernels
+    from gpu_check_lora import lora_kernels
     from gpu_check_matmul import fp8_kernels, matmul_kernels
     from gpu_check_moe import moe_kernels
     from gpu_check_sweep import sweeps
@@ -209,6 +210,7 @@ def _main() -> int:
         chk.section("(b, c) fp8 matmul", fp8_kernels, device)
         chk.section("(b, c) small kernels", small_kernels, device)
         chk.section("(b, c) fused MoE", moe_kernels, device)
+        chk.section("(b, c) LoRA", lora_kernels, device)
     if not args.skip_sweep:
         chk.section("(c') launch-config sweep", sweeps, device)
     if not args.skip_engine:

@@ -18,9 +18,9 @@ def test_default_configs_compile_for_sm90() -> None:
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {line.split("  ")[0].strip(): line.split() for line in proc.stdout.splitlines()[1:] if line.strip()}
-    assert len(rows) == 17, proc.stdout
+    assert len(rows) == 19, proc.stdout
     for label, cols in rows.items():
-        if label.startswith(("decode BN", "prefill", "int4", "int8")):
+        if label.startswith(("decode BN", "prefill", "int4", "int8", "lora")):
             assert "mma" in cols or "wgmma" in cols, f"{label}: no tensor-core dot\n{proc.stdout}"
     # The loop's instructions per weight: the GEMV pays ~1.5 more per row of x (CUDA-core
     # multiply-adds), the tensor-core kernel the same at any M; at M=1 the int4 GEMV is the cheaper

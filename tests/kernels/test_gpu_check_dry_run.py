@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KERNELS = {"paged_decode_attention", "prefill_attention", "int4_matmul", "int8_matmul", "store_kv_cache",
            "rms_norm+residual", "apply_rotary", "token_bitmask", "int4_gemv", "int4_dot", "int8_gemv", "int8_dot",
            "fp8_matmul", "fused_moe qwen3-30b-a3b (tiny)", "fused_moe mixtral-8x7b (tiny)",
-           "fused_moe gpt-oss-20b (tiny)"}
+           "fused_moe gpt-oss-20b (tiny)", "lora qkv"}
 
 
 def _dry_run(tmp_path: Path, *flags: str) -> dict:
@@ -33,7 +33,7 @@ def test_dry_run_kernels(tmp_path: Path) -> None:
     assert {k["name"] for k in report["kernels"]} == KERNELS
     assert all(k["ok"] and k["rel_err"] <= k["bound"] and k["median_ms"] > 0 for k in report["kernels"])
     assert {t["name"].split(" ")[0] for t in report["targets"]} == {"paged", "prefill", "int4", "int8", "fp8",
-                                                                    "fused_moe"}
+                                                                    "fused_moe", "lora"}
     moe = [k for k in report["kernels"] if k["name"].startswith("fused_moe")]
     assert len(moe) == 3 and all(k["loop_ms"] > 0 and k["experts_used"] > 1 for k in moe)
     assert [k["options"] for k in moe if "gpt-oss" in k["name"]] == ["biases, clamped SwiGLU limit 7.0 alpha 1.702"]

@@ -57,6 +57,11 @@ class Backend:
     # mixture of experts (kernels/reference/fused_moe.py's signatures)
     select_experts = None
     fused_moe = None
+    # LoRA adapters batched by slot (kernels/reference/lora.py's signatures); plan_lora is the
+    # implementation's plan_slots, made once per step (worker/engine/lora/step.py)
+    plan_lora = None
+    lora_shrink = None
+    lora_expand = None
 
     @classmethod
     def supports(cls, device: torch.device) -> bool:

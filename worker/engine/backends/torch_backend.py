@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from kernels import reference
+from kernels.reference import lora
 from kernels.reference.attention import decode_with_plan, plan_decode, plan_prefill, prefill_with_plan
 from worker.engine.backends.base import AttentionMetadata, Backend
 
@@ -20,6 +21,10 @@ class TorchBackend(Backend):
     gelu_tanh_mul = staticmethod(reference.gelu_tanh_mul)
     select_experts = staticmethod(reference.select_experts)
     fused_moe = staticmethod(reference.fused_moe)
+    # per adapter present: one matmul over its gathered rows (the CPU path; no Python per token)
+    plan_lora = staticmethod(lora.plan_slots)
+    lora_shrink = staticmethod(lora.lora_shrink)
+    lora_expand = staticmethod(lora.lora_expand)
 
     @classmethod
     def supports(cls, device: torch.device) -> bool:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from kernels import reference
+from kernels.triton import lora
 from kernels.triton import prefill_attention as _prefill_module
 from kernels.triton.fused_moe import fused_moe
 from kernels.triton.launch import is_interpreted
@@ -35,6 +36,9 @@ class TritonBackend(Backend):
     int8_matmul = staticmethod(int8_matmul)
     int4_matmul = staticmethod(int4_matmul)
     select_experts = staticmethod(reference.select_experts)  # softmax + top-k: torch ops on CUDA
+    plan_lora = staticmethod(lora.plan_slots)
+    lora_shrink = staticmethod(lora.lora_shrink)
+    lora_expand = staticmethod(lora.lora_expand)
 
     def __init__(self) -> None:
         # argument signatures whose checks passed: each wrapper checks once per batch shape, not at
