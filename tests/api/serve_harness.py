@@ -4,7 +4,6 @@ store on a free loopback port, make keys, poll batches; and the batch files the 
 from __future__ import annotations
 
 import json
-import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from openai import OpenAI
+from processes import stop_process
 
 from jobs.api.keys import create_key
 from jobs.storage import LocalStore, ObjectStore
@@ -62,13 +62,7 @@ class ServeProcess:
         return create_key(self.store, tenant)[0]
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
 
 
 def start_server(store_dir: Path, env: dict[str, str], *flags: str) -> ServeProcess:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,12 +21,24 @@ def hf_prompt_logprobs(model: torch.nn.Module, prompt: list[int]) -> list[float]
     return logp[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0].tolist()
 
 
-def greedy_run(path: object, **config: object) -> tuple[list[list[int]], object]:
-    """The engine's greedy MAX_NEW tokens for each of mixed_prompts() (8 MiB of KV unless `config`
-    says otherwise), every request ending by length, the block manager's invariants held after."""
-    from worker.engine import Engine, EngineConfig, SamplingParams
+def random_prompt(n: int, seed: int = 0) -> list[int]:
+    """`n` token ids drawn from the vocabulary past the special ids 0-2, the same for the same seed."""
+    return torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
-    engine = Engine.from_pretrained(path, EngineConfig(**{"kv_cache_bytes": 8 << 20, **config}))
+
+def small_engine(path: object, **config: object) -> Any:
+    """An Engine on the checkpoint at `path` with 8 MiB of KV cache unless `config` says otherwise."""
+    from worker.engine import Engine, EngineConfig
+
+    return Engine.from_pretrained(path, EngineConfig(**{"kv_cache_bytes": 8 << 20, **config}))
+
+
+def greedy_run(path: object, **config: object) -> tuple[list[list[int]], object]:
+    """The engine's greedy MAX_NEW tokens for each of mixed_prompts() (small_engine's KV unless
+    `config` says otherwise), every request ending by length, the block manager's invariants held after."""
+    from worker.engine import SamplingParams
+
+    engine = small_engine(path, **config)
     outs = engine.generate(mixed_prompts(), SamplingParams(max_tokens=MAX_NEW, ignore_eos=True))
     assert all(o.finish_reason == "length" and o.error is None for o in outs), [o.error for o in outs]
     engine.block_manager.check_invariants([])

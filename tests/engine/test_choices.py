@@ -7,15 +7,12 @@ import dataclasses
 
 import pytest
 import torch
-from engine_oracle import VOCAB
+from engine_oracle import random_prompt, small_engine
 
-from worker.engine import Engine, EngineConfig, SamplingParams
+from worker.engine import SamplingParams
 
 SAMPLED = SamplingParams(max_tokens=12, temperature=1.0, seed=5, ignore_eos=True)
 
-
-def _prompt(n: int, seed: int = 0) -> list[int]:
-    return torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 @pytest.fixture(scope="module")
@@ -23,15 +20,12 @@ def ckpt(make_checkpoint):
     return make_checkpoint("llama")
 
 
-def _engine(ckpt, **config: object) -> Engine:
-    return Engine.from_pretrained(ckpt.path, EngineConfig(**{"kv_cache_bytes": 8 << 20, **config}))
-
 
 @pytest.mark.parametrize("prefix_caching", [False, True])
 @pytest.mark.parametrize("length", [37, 32])  # a partial last block (copied on write) and none
 def test_n_choices_compute_the_prompt_once(ckpt, prefix_caching: bool, length: int) -> None:
-    engine = _engine(ckpt, enable_prefix_caching=prefix_caching)
-    prompt = _prompt(length)
+    engine = small_engine(ckpt.path, enable_prefix_caching=prefix_caching)
+    prompt = random_prompt(length)
     out = engine.generate([prompt], dataclasses.replace(SAMPLED, n=3))[0]
     stats = engine.stats.snapshot()
     assert [o.index for o in out.outputs] == [0, 1, 2] and len({tuple(o.token_ids) for o in out.outputs}) == 3
@@ -45,9 +39,9 @@ def test_n_choices_compute_the_prompt_once(ckpt, prefix_caching: bool, length: i
 
 
 def test_greedy_choices_are_identical_and_equal_n_1(ckpt) -> None:
-    engine = _engine(ckpt)
+    engine = small_engine(ckpt.path)
     greedy = SamplingParams(max_tokens=10, ignore_eos=True)
-    prompts = [_prompt(21, 1), _prompt(5, 2)]
+    prompts = [random_prompt(21, 1), random_prompt(5, 2)]
     one = engine.generate(prompts, greedy)
     many = engine.generate(prompts, dataclasses.replace(greedy, n=4))
     for a, b in zip(one, many, strict=True):
@@ -56,11 +50,11 @@ def test_greedy_choices_are_identical_and_equal_n_1(ckpt) -> None:
 
 def test_seeded_choices_reproduce_across_runs_and_batches(ckpt) -> None:
     params = dataclasses.replace(SAMPLED, n=3, top_k=50)
-    prompt = _prompt(40, 3)
-    first = _engine(ckpt).generate([prompt], params)[0]
-    others = [_prompt(10 + i, 10 + i) for i in range(4)]
+    prompt = random_prompt(40, 3)
+    first = small_engine(ckpt.path).generate([prompt], params)[0]
+    others = [random_prompt(10 + i, 10 + i) for i in range(4)]
     mixed = [SamplingParams(max_tokens=4 + i, temperature=0.8, seed=i, n=1 + i % 2) for i in range(4)]
-    engine = _engine(ckpt, max_num_seqs=8)
+    engine = small_engine(ckpt.path, max_num_seqs=8)
     again = engine.generate([*others[:2], prompt, *others[2:]], [*mixed[:2], params, *mixed[2:]])[2]
     assert [o.token_ids for o in again.outputs] == [o.token_ids for o in first.outputs]
     engine.block_manager.check_invariants([])
@@ -69,10 +63,10 @@ def test_seeded_choices_reproduce_across_runs_and_batches(ckpt) -> None:
 def test_forked_choices_survive_preemption(ckpt) -> None:
     """A cache of 12 blocks for 6 choices of 21-token prompts growing to 60 tokens: choices are preempted
     and recomputed, and still produce what a roomy engine produces."""
-    prompts = [_prompt(21, 4), _prompt(19, 5)]
+    prompts = [random_prompt(21, 4), random_prompt(19, 5)]
     params = SamplingParams(max_tokens=40, temperature=0.9, seed=9, n=3, ignore_eos=True, repetition_penalty=1.2)
-    want = _engine(ckpt).generate(prompts, params)
-    tight = _engine(ckpt, kv_cache_bytes=12 * 8192, max_num_seqs=6, max_num_batched_tokens=32)
+    want = small_engine(ckpt.path).generate(prompts, params)
+    tight = small_engine(ckpt.path, kv_cache_bytes=12 * 8192, max_num_seqs=6, max_num_batched_tokens=32)
     got = tight.generate(prompts, params)
     assert tight.stats.preemptions > 0
     for a, b in zip(want, got, strict=True):
@@ -82,9 +76,9 @@ def test_forked_choices_survive_preemption(ckpt) -> None:
 
 def test_more_choices_than_rows_run_on_their_own(ckpt) -> None:
     """n above max_num_seqs: the choices that find no row are queued as sequences of their own."""
-    prompt = _prompt(18, 6)
-    want = _engine(ckpt).generate([prompt], dataclasses.replace(SAMPLED, n=5))[0]
-    engine = _engine(ckpt, max_num_seqs=2)
+    prompt = random_prompt(18, 6)
+    want = small_engine(ckpt.path).generate([prompt], dataclasses.replace(SAMPLED, n=5))[0]
+    engine = small_engine(ckpt.path, max_num_seqs=2)
     got = engine.generate([prompt], dataclasses.replace(SAMPLED, n=5))[0]
     assert [o.token_ids for o in got.outputs] == [o.token_ids for o in want.outputs]
     engine.block_manager.check_invariants([])
@@ -100,9 +94,9 @@ LOGPROB_CASES = [
 @torch.no_grad()
 @pytest.mark.parametrize("params", LOGPROB_CASES)
 def test_logprobs_of_every_choice_match_log_softmax(ckpt, params: SamplingParams) -> None:
-    engine = _engine(ckpt)
-    prompt = _prompt(23, 7)
-    others = [_prompt(9, 8), _prompt(30, 9)]  # in a batch with other rows (the persistent batch's rows)
+    engine = small_engine(ckpt.path)
+    prompt = random_prompt(23, 7)
+    others = [random_prompt(9, 8), random_prompt(30, 9)]  # in a batch with other rows (the persistent batch's rows)
     out = engine.generate([others[0], prompt, others[1]], [SamplingParams(max_tokens=8), params, params])[1]
     assert len(out.outputs) == params.n
     for choice in out.outputs:

@@ -1,5 +1,7 @@
 """The torch reference kernels against plain dense attention / textbook formulas."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -61,57 +63,45 @@ def test_store_kv_cache_skips_slot_minus_one() -> None:
     assert int((k_cache != 0).any(-1).any(-1).sum()) == 2
 
 
-def test_paged_decode_matches_dense() -> None:
-    lengths = [1, 5, 17, 9]
-    k_cache, v_cache, tables, keys, values = _paged(lengths)
+def _check_decode(lengths: list[int], into_out: bool = False, **paged: int) -> None:
+    """paged_decode_attention of one query per sequence against dense attention over its keys;
+    `into_out`: the result written into a given out tensor."""
+    k_cache, v_cache, tables, keys, values = _paged(lengths, **paged)
     q = torch.randn(len(lengths), HQ, D)
-    got = paged_decode_attention(
-        q, k_cache, v_cache, tables, torch.tensor(lengths, dtype=torch.int32), D**-0.5
-    )
+    out = torch.empty_like(q) if into_out else None
+    got = paged_decode_attention(q, k_cache, v_cache, tables, torch.tensor(lengths, dtype=torch.int32), D**-0.5, out)
+    got = out if out is not None else got
     for b, n in enumerate(lengths):
         want = _dense_attention(q[b : b + 1], keys[b], values[b], n - 1)
         torch.testing.assert_close(got[b : b + 1], want, rtol=1e-5, atol=1e-5)
 
 
-def test_paged_decode_shared_prefix_path_matches_dense() -> None:
-    lengths = [70, 81, 73]  # 17 shared blocks = 68 tokens >= the cascade threshold
-    k_cache, v_cache, tables, keys, values = _paged(lengths, shared_blocks=17, seed=1)
-    q = torch.randn(len(lengths), HQ, D)
-    out = torch.empty_like(q)
-    paged_decode_attention(
-        q, k_cache, v_cache, tables, torch.tensor(lengths, dtype=torch.int32), D**-0.5, out
-    )
-    for b, n in enumerate(lengths):
-        torch.testing.assert_close(
-            out[b : b + 1], _dense_attention(q[b : b + 1], keys[b], values[b], n - 1), rtol=1e-5, atol=1e-5
-        )
-
-
-def test_paged_decode_many_sequences_shared_prefix() -> None:
-    lengths = [70 + 3 * i for i in range(20)]  # > one decode group; 17 shared blocks
-    k_cache, v_cache, tables, keys, values = _paged(lengths, shared_blocks=17, seed=3, num_blocks=400)
-    q = torch.randn(len(lengths), HQ, D)
-    got = paged_decode_attention(
-        q, k_cache, v_cache, tables, torch.tensor(lengths, dtype=torch.int32), D**-0.5
-    )
-    for b, n in enumerate(lengths):
-        want = _dense_attention(q[b : b + 1], keys[b], values[b], n - 1)
-        torch.testing.assert_close(got[b : b + 1], want, rtol=1e-5, atol=1e-5)
-
-
-def test_prefill_shared_prefix_cascade() -> None:
-    lengths = [80, 75, 90]
-    q_lens = [12, 7, 20]  # every query sits after the 68 shared tokens
-    k_cache, v_cache, tables, keys, values = _paged(lengths, shared_blocks=17, seed=4)
+def _check_prefill(lengths: list[int], q_lens: list[int], **paged: int) -> None:
+    """prefill_attention of each sequence's last q_lens tokens against dense causal attention."""
+    k_cache, v_cache, tables, keys, values = _paged(lengths, **paged)
     q = torch.randn(sum(q_lens), HQ, D)
-    cu = torch.tensor([0, 12, 19, 39], dtype=torch.int32)
-    got = prefill_attention(
-        q, k_cache, v_cache, cu, torch.tensor(lengths, dtype=torch.int32), tables, D**-0.5
-    )
+    cu = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32)
+    got = prefill_attention(q, k_cache, v_cache, cu, torch.tensor(lengths, dtype=torch.int32), tables, D**-0.5)
     for b, (n, ql) in enumerate(zip(lengths, q_lens, strict=True)):
         lo = int(cu[b])
         want = _dense_attention(q[lo : lo + ql], keys[b], values[b], n - ql)
         torch.testing.assert_close(got[lo : lo + ql], want, rtol=1e-5, atol=1e-5)
+
+
+def test_paged_decode_matches_dense() -> None:
+    _check_decode([1, 5, 17, 9])
+
+
+def test_paged_decode_shared_prefix_path_matches_dense() -> None:
+    _check_decode([70, 81, 73], into_out=True, shared_blocks=17, seed=1)  # 68 shared tokens >= the cascade threshold
+
+
+def test_paged_decode_many_sequences_shared_prefix() -> None:
+    _check_decode([70 + 3 * i for i in range(20)], shared_blocks=17, seed=3, num_blocks=400)  # > one decode group
+
+
+def test_prefill_shared_prefix_cascade() -> None:
+    _check_prefill([80, 75, 90], [12, 7, 20], shared_blocks=17, seed=4)  # every query after the 68 shared tokens
 
 
 def test_math_path_matches_cpu_flash_path() -> None:
@@ -125,18 +115,7 @@ def test_math_path_matches_cpu_flash_path() -> None:
 
 
 def test_prefill_varlen_causal_with_cached_context() -> None:
-    lengths = [6, 13, 1]
-    q_lens = [6, 4, 1]  # the second sequence has 9 tokens already cached
-    k_cache, v_cache, tables, keys, values = _paged(lengths, seed=2)
-    q = torch.randn(sum(q_lens), HQ, D)
-    cu = torch.tensor([0, 6, 10, 11], dtype=torch.int32)
-    got = prefill_attention(
-        q, k_cache, v_cache, cu, torch.tensor(lengths, dtype=torch.int32), tables, D**-0.5
-    )
-    for b, (n, ql) in enumerate(zip(lengths, q_lens, strict=True)):
-        lo = int(cu[b])
-        want = _dense_attention(q[lo : lo + ql], keys[b], values[b], n - ql)
-        torch.testing.assert_close(got[lo : lo + ql], want, rtol=1e-5, atol=1e-5)
+    _check_prefill([6, 13, 1], [6, 4, 1], seed=2)  # the second sequence has 9 tokens already cached
 
 
 def test_rms_norm_with_residual() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import llguidance
 import pytest
 import torch
-from engine_oracle import VOCAB
+from engine_oracle import VOCAB, random_prompt
 from structured_cases import constraints, satisfies
 
 from contracts.grammar import grammar_text
@@ -35,9 +35,6 @@ class GrammarLogitsProcessor(transformers.LogitsProcessor):
         return scores
 
 
-def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
 
 @pytest.fixture(scope="module")
 def ckpt(make_checkpoint):
@@ -50,7 +47,7 @@ def test_greedy_equals_transformers_with_the_grammar_processor(ckpt) -> None:
     eos = sorted(engine.eos_token_ids)
     tokenizer = llguidance.LLTokenizer((ckpt.path / "tokenizer.json").read_text(), n_vocab=VOCAB, eos_token=eos)
     cases = constraints()[::2]
-    prompts = [_prompt(4 + 5 * i, 50 + i) for i in range(len(cases))]
+    prompts = [random_prompt(4 + 5 * i, 50 + i) for i in range(len(cases))]
     outs = engine.generate(prompts, [SamplingParams(max_tokens=40, constraint=c) for c in cases])
     stops = 0
     for prompt, c, out in zip(prompts, cases, outs, strict=True):
@@ -71,8 +68,8 @@ def test_preemption_and_prefix_reuse_mid_object_change_nothing(ckpt, overlap: bo
     """A KV cache of a few blocks preempts rows mid-object (recomputed from the prefix cache); a
     second wave of requests reuses the first's blocks; outputs equal a roomy uninterrupted run."""
     cases = constraints()
-    base = _prompt(40, 7)
-    prompts = [base + _prompt(1 + i % 5, i) for i in range(len(cases))]
+    base = random_prompt(40, 7)
+    prompts = [base + random_prompt(1 + i % 5, i) for i in range(len(cases))]
     params = [SamplingParams(max_tokens=48, temperature=0.0 if i % 2 else 0.8, seed=i, constraint=c)
               for i, c in enumerate(cases)]  # fmt: skip
     roomy = Engine.from_pretrained(ckpt.path, EngineConfig(kv_cache_bytes=8 << 20, overlap_steps=overlap))

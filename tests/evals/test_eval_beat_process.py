@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,21 +14,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
+from processes import stop_process
 
 from jobs.client import queue_for_model
 from jobs.evals.beat import PENDING_PREFIX
 from jobs.storage import LocalStore
 
 REDIS_URL = "redis://127.0.0.1:6379/14"
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
 
 
 @pytest.mark.slow
@@ -75,8 +66,8 @@ def test_beat_submits_on_the_cron_and_reports_the_run(tmp_path: Path) -> None:
             reports = [k for k in runs.list("every-minute/") if k.endswith("/report.json")]
             time.sleep(1)
     finally:
-        _stop(beat)
-        _stop(worker)
+        stop_process(beat)
+        stop_process(worker)
         for log in logs.values():
             log.close()
         client.flushdb()

@@ -4,7 +4,6 @@ subprocess. The report waits for the jobs, then scores exactly what the embedded
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
+from processes import stop_process
 from typer.testing import CliRunner
 
 from freight_cli import app
@@ -114,12 +114,7 @@ def test_submitted_eval_scores_like_the_embedded_one(tmp_path: Path, fleet_env: 
             assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
             time.sleep(0.5)
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(60)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait(10)
+        stop_process(worker)
     assert code[0] == 0, code[1]
 
     code, output = _invoke("eval", "run", str(suites), "--output", embedded)

@@ -12,10 +12,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from freight_runner import freight
 from pipeline_data import write_parquet
-from typer.testing import CliRunner
 
-from freight_cli import app
 from jobs import datasets
 from jobs.manifest import partial_key, shard_result_key
 from jobs.planner import prepare_job
@@ -42,13 +41,6 @@ def engine(model_dir: Path) -> Any:
     from worker.engine import Engine, EngineConfig
 
     return Engine.from_pretrained(model_dir, EngineConfig(device="cpu", kv_cache_bytes=64 << 20))
-
-
-def _run(args: list[str]) -> tuple[int, str]:
-    result = CliRunner().invoke(app, args)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.output
 
 
 def _results(out: Path) -> dict[str, dict[str, Any]]:
@@ -102,7 +94,7 @@ def test_a_mixed_batch_file_runs_with_each_bad_line_its_own_error(
     path = tmp_path / "batch.jsonl"
     path.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
-    code, output = _run(["run", str(path), "--model", str(model_dir), "--output", str(out), "--max-tokens", "8"])
+    code, output = freight(["run", str(path), "--model", str(model_dir), "--output", str(out), "--max-tokens", "8"])
     assert code == 0, output
     rows = _results(out)
     assert len(rows) == len(good) + len(bad) + 2
@@ -158,7 +150,7 @@ def test_parquet_columns_and_job_flags_reach_the_engine(tmp_path: Path, model_di
     data = write_parquet(table, tmp_path / "in.parquet")
     out = tmp_path / "out"
     flags = ["--stop", flag_stop, "--stop", "\u2603", "--logprobs", "1", "--min-tokens", "2", "--max-tokens", "10"]
-    code, output = _run(["run", str(data), "--model", str(model_dir), "--output", str(out), *flags])
+    code, output = freight(["run", str(data), "--model", str(model_dir), "--output", str(out), *flags])
     assert code == 0, output
     spec = json.loads((out / "manifest.json").read_text())["spec"]["sampling"]
     assert spec["stop"] == [flag_stop, "\u2603"] and spec["logprobs"] == 1 and spec["min_tokens"] == 2
@@ -176,7 +168,7 @@ def test_parquet_columns_and_job_flags_reach_the_engine(tmp_path: Path, model_di
         (["--min-tokens", "9", "--max-tokens", "4"], "min_tokens (9) must not exceed max_tokens (4)"),
         (["--presence-penalty", "3"], "--presence-penalty 3.0: input should be less than or equal to 2"),
     ]:
-        code, output = _run(["run", str(data), "--model", str(model_dir), "--output", str(tmp_path / "x"), *bad_flags])
+        code, output = freight(["run", str(data), "--model", str(model_dir), "--output", str(tmp_path / "x"), *bad_flags])
         assert code == 2 and expected in output, output
         assert not (tmp_path / "x").exists()
 

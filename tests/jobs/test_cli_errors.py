@@ -27,31 +27,24 @@ def dataset(tmp_path: Path) -> Path:
 
 def _case(tmp_path: Path, demo_model_dir: Path, dataset: Path, case: str) -> tuple[list[str], str]:
     out = str(tmp_path / "out")
-    model = str(demo_model_dir)
+
+    def job(data: Path, *options: str, model: Path = demo_model_dir, output: str = out) -> list[str]:
+        return [str(data), "--model", str(model), "--output", output, *options]
+
     if case == "missing input":
-        return [str(tmp_path / "nope.parquet"), "--model", model, "--output", out], "does not exist"
+        return job(tmp_path / "nope.parquet"), "does not exist"
     if case == "not parquet":
         bad = tmp_path / "notes.parquet"
         bad.write_text("hello, not parquet")
-        return [str(bad), "--model", model, "--output", out], "not a readable Parquet file"
+        return job(bad), "not a readable Parquet file"
     if case == "missing prompt column":
-        return [
-            str(dataset),
-            "--model",
-            model,
-            "--output",
-            out,
-            "--prompt-column",
-            "text",
-        ], "columns: id, prompt"
+        return job(dataset, "--prompt-column", "text"), "columns: id, prompt"
     if case == "wrong column type":
-        p = write_parquet(pa.table({"prompt": [1, 2, 3]}), tmp_path / "ints.parquet")
-        return [str(p), "--model", model, "--output", out], "has type int64"
+        return job(write_parquet(pa.table({"prompt": [1, 2, 3]}), tmp_path / "ints.parquet")), "has type int64"
     if case == "empty dataset":
-        p = write_parquet(pa.table({"prompt": pa.array([], pa.string())}), tmp_path / "empty.parquet")
-        return [str(p), "--model", model, "--output", out], "empty"
+        return job(write_parquet(pa.table({"prompt": pa.array([], pa.string())}), tmp_path / "empty.parquet")), "empty"
     if case == "unknown model":
-        return [str(dataset), "--model", str(tmp_path / "no-model"), "--output", out], "config.json"
+        return job(dataset, model=tmp_path / "no-model"), "config.json"
     if case in ("pickle-only model", "model without weights", "broken config.json"):
         broken = tmp_path / "broken-model"
         broken.mkdir()
@@ -63,29 +56,21 @@ def _case(tmp_path: Path, demo_model_dir: Path, dataset: Path, case: str) -> tup
             "model without weights": "no safetensors weights",
             "broken config.json": "not valid JSON",
         }[case]
-        return [str(dataset), "--model", str(broken), "--output", out], expected
+        return job(dataset, model=broken), expected
     if case == "bad option":
-        return [str(dataset), "--model", model, "--output", out, "--max-tokens", "0"], "--max-tokens 0: input should be greater than or equal to 1"
+        return job(dataset, "--max-tokens", "0"), "--max-tokens 0: input should be greater than or equal to 1"
     if case == "unknown instance type":
-        return [
-            str(dataset),
-            "--model",
-            model,
-            "--output",
-            out,
-            "--instance-type",
-            "z9.huge",
-        ], "--price-per-hour"
+        return job(dataset, "--instance-type", "z9.huge"), "--price-per-hour"
     if case == "unsupported url":
-        return [str(dataset), "--model", model, "--output", "gs://bucket/out"], "only local paths and s3://"
+        return job(dataset, output="gs://bucket/out"), "only local paths and s3://"
     if case == "not jsonl":  # one bad line is that row's error; no good line refuses the file
         p = tmp_path / "batch.jsonl"
         p.write_text("id,prompt\nnot json\n")
-        return [str(p), "--model", model, "--output", out], "is an OpenAI-Batch request; line 1: not JSON"
+        return job(p), "is an OpenAI-Batch request; line 1: not JSON"
     if case == "jsonl with column flags":
         p = tmp_path / "batch.jsonl"
         p.write_text('{"custom_id": "a", "body": {"prompt": "hi"}}\n')
-        return [str(p), "--model", model, "--output", out, "--id-column", "key"], "drop --id-column"
+        return job(p, "--id-column", "key"), "drop --id-column"
     raise AssertionError(case)
 
 

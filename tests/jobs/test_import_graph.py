@@ -15,6 +15,7 @@ tested without the other; shared helpers belong in a module of their own. The di
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,41 +33,40 @@ def _modules() -> dict[str, Path]:
     return mods
 
 
-def _imported_names(name: str, path: Path) -> set[str]:
-    """Every module name `name` imports anywhere in its body (module level, functions,
-    TYPE_CHECKING), relative imports resolved; `from a import b` gives both a and a.b."""
+def _import_targets(name: str, path: Path) -> Iterator[tuple[str, str | None]]:
+    """(module, member) of every import in module `name`'s body (module level, functions,
+    TYPE_CHECKING), relative imports resolved: `from a import b` gives ("a", "b"), `import a.b`
+    gives ("a.b", None)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join([*anchor, base] if base else anchor)
-            names.add(base)
-            names.update(f"{base}.{alias.name}" for alias in node.names)
+            yield from ((base, alias.name) for alias in node.names)
         elif isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
+            yield from ((alias.name, None) for alias in node.names)
+
+
+def _imported_names(name: str, path: Path) -> set[str]:
+    """Every module name `name` imports anywhere in its body; `from a import b` gives both a and a.b."""
+    names: set[str] = set()
+    for module, member in _import_targets(name, path):
+        names.add(module)
+        if member is not None:
+            names.add(f"{module}.{member}")
     return names
 
 
 def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
     """Project modules `name` imports anywhere in its body (module level, functions, TYPE_CHECKING)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     deps: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
-            for alias in node.names:
-                if f"{base}.{alias.name}" in mods:
-                    deps.add(f"{base}.{alias.name}")
-                elif base in mods:
-                    deps.add(base)
-        elif isinstance(node, ast.Import):
-            deps.update(alias.name for alias in node.names if alias.name in mods)
+    for module, member in _import_targets(name, path):
+        if member is not None and f"{module}.{member}" in mods:
+            deps.add(f"{module}.{member}")
+        elif module in mods:
+            deps.add(module)
     deps.discard(name)
     # a package's __init__ importing its own submodules is how packages work, not a circle
     return {d for d in deps if not name.startswith(d + ".")}

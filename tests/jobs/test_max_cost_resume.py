@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from freight_runner import freight
 from pipeline_data import prompts_table, write_parquet
-from typer.testing import CliRunner
 
-from freight_cli import app
 from freight_cli.job_estimate import estimate_manifest
 from jobs.manifest import read_manifest
 from jobs.settings import get_settings
@@ -21,10 +20,7 @@ ROWS, KEEP = 8, 2  # one row per shard; the first KEPT shards stay committed
 
 def _run(data: Path, model: Path, out: Path, *extra: str) -> tuple[int, str]:
     args = ["run", str(data), "--model", str(model), "--output", str(out), "--max-tokens", "16", "--shard-rows", "1"]
-    result = CliRunner().invoke(app, [*args, *extra])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.output
+    return freight([*args, *extra])
 
 
 def _undo_shards(out: Path, keep: int) -> None:

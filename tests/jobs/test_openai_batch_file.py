@@ -12,21 +12,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+from freight_runner import freight_ok
 from openai_check import parse_errors, parse_output
-from typer.testing import CliRunner
-
-from freight_cli import app
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "sort a list"}]
-
-
-def _invoke(args: list[str]) -> str:
-    result = CliRunner().invoke(app, args)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def test_mixed_batch_file_exports_as_openai_would(tmp_path: Path, demo_model_dir: Path) -> None:
@@ -44,9 +34,9 @@ def test_mixed_batch_file_exports_as_openai_would(tmp_path: Path, demo_model_dir
     path.write_text("".join(json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body}) + "\n"
                             for cid, (url, body) in lines.items()))  # fmt: skip
     out = tmp_path / "out"
-    _invoke(["run", str(path), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "8"])
-    _invoke(["results", str(out), "--format", "openai", "--to", str(tmp_path / "o.jsonl"),
-             "--errors", str(tmp_path / "e.jsonl")])  # fmt: skip
+    freight_ok(["run", str(path), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "8"])
+    freight_ok(["results", str(out), "--format", "openai", "--to", str(tmp_path / "o.jsonl"),
+                "--errors", str(tmp_path / "e.jsonl")])  # fmt: skip
     rows = {r["id"]: r for r in ds.dataset(out / "shards").to_table().to_pylist()}
     parsed = {raw["custom_id"]: body for raw, body in parse_output(tmp_path / "o.jsonl")}
     failed = {line["custom_id"]: line for line in parse_errors(tmp_path / "e.jsonl")}
@@ -87,9 +77,9 @@ def test_embed_job_exports_embedding_lists(tmp_path: Path) -> None:
     data = tmp_path / "in.parquet"
     pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["hello world", "", "def f(x): pass"]}), data)
     out = tmp_path / "out"
-    _invoke(["run", str(data), "--model", str(model), "--output", str(out), "--id-column", "id",
-             "--prompt-column", "text", "--task", "embed", "--dimensions", "8"])  # fmt: skip
-    _invoke(["results", str(out), "--format", "openai", "--to", str(tmp_path / "o.jsonl")])
+    freight_ok(["run", str(data), "--model", str(model), "--output", str(out), "--id-column", "id",
+                "--prompt-column", "text", "--task", "embed", "--dimensions", "8"])  # fmt: skip
+    freight_ok(["results", str(out), "--format", "openai", "--to", str(tmp_path / "o.jsonl")])
     rows = {r["id"]: r for r in ds.dataset(out / "shards").to_table().to_pylist()}
     parsed = {raw["custom_id"]: body for raw, body in parse_output(tmp_path / "o.jsonl")}
     assert sorted(parsed) == ["a", "c"]

@@ -8,19 +8,9 @@ import json
 from pathlib import Path
 
 import pyarrow.dataset as ds
+from freight_runner import freight_ok
 from openai_check import parse_errors, parse_output
 from pipeline_data import prompts_table, write_parquet
-from typer.testing import CliRunner
-
-from freight_cli import app
-
-
-def _invoke(args: list[str]) -> str:
-    result = CliRunner().invoke(app, args)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def _check_usage(out: Path, output: Path, errors: Path) -> None:
@@ -48,8 +38,8 @@ def test_jsonl_chat_job_exports_openai_lines(tmp_path: Path, demo_model_dir: Pat
     path = tmp_path / "batch.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     out = tmp_path / "out"
-    _invoke(["run", str(path), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "6"])
-    said = _invoke(["results", str(out), "--format", "openai", "--to", str(tmp_path / "o.jsonl")])
+    freight_ok(["run", str(path), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "6"])
+    said = freight_ok(["results", str(out), "--format", "openai", "--to", str(tmp_path / "o.jsonl")])
     assert "2 requests to" in " ".join(said.split()) and "2 failed to" in " ".join(said.split())
     errors = tmp_path / "o.errors.jsonl"
     _check_usage(out, tmp_path / "o.jsonl", errors)
@@ -69,10 +59,10 @@ def test_jsonl_chat_job_exports_openai_lines(tmp_path: Path, demo_model_dir: Pat
 def test_parquet_job_exports_completions_with_ids_from_the_id_column(tmp_path: Path, demo_model_dir: Path) -> None:
     data = write_parquet(prompts_table(8), tmp_path / "in.parquet")  # rows 1, 3, 5 fail
     out = tmp_path / "out"
-    _invoke(["run", str(data), "--model", str(demo_model_dir), "--output", str(out), "--id-column", "id",
-             "--max-tokens", "4", "--shard-rows", "3"])  # fmt: skip
-    _invoke(["results", str(out), "--format", "openai", "--to", str(tmp_path / "o.jsonl"),
-             "--errors", str(tmp_path / "e.jsonl")])  # fmt: skip
+    freight_ok(["run", str(data), "--model", str(demo_model_dir), "--output", str(out), "--id-column", "id",
+                "--max-tokens", "4", "--shard-rows", "3"])  # fmt: skip
+    freight_ok(["results", str(out), "--format", "openai", "--to", str(tmp_path / "o.jsonl"),
+                "--errors", str(tmp_path / "e.jsonl")])  # fmt: skip
     _check_usage(out, tmp_path / "o.jsonl", tmp_path / "e.jsonl")
     parsed = parse_output(tmp_path / "o.jsonl")
     assert [raw["custom_id"] for raw, _ in parsed] == [f"row-{i:04d}" for i in (0, 2, 4, 6, 7)]

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
+from freight_runner import freight
 from pipeline_data import prompts_table, write_parquet
-from typer.testing import CliRunner
 
-from freight_cli import app
 from jobs.settings import Settings
 from jobs.storage import open_store
 
@@ -51,13 +50,6 @@ RESULT_COLUMNS = [
     "parsed",
     "parsed_choices",
 ]
-
-
-def invoke(args: list[str]) -> tuple[int, str]:
-    result = CliRunner().invoke(app, args)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.output
 
 
 def check_cost_report(
@@ -113,7 +105,7 @@ def test_local_job_end_to_end(tmp_path: Path, demo_model_dir: Path) -> None:
         "--seed",
         "3",
     ]
-    code, output = invoke(args)
+    code, output = freight(args)
     assert code == 0, output
     assert (out / "_SUCCESS").exists() and (out / "cost.json").exists() and (out / "manifest.json").exists()
 
@@ -143,22 +135,22 @@ def test_local_job_end_to_end(tmp_path: Path, demo_model_dir: Path) -> None:
         assert json.loads((out / f"costs/{shard['shard']:05d}.json").read_text()) == shard
 
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    code, output = invoke(args)  # same spec on a finished OUT: prints the existing result, changes nothing
+    code, output = freight(args)  # same spec on a finished OUT: prints the existing result, changes nothing
     assert code == 0 and "already complete" in output
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
-    code, output = invoke(["status", str(out)])
+    code, output = freight(["status", str(out)])
     assert code == 0 and "complete" in output and "40 / 40" in output
-    code, output = invoke(["cost", str(out), "--json"])
+    code, output = freight(["cost", str(out), "--json"])
     assert code == 0 and json.loads(output) == report
-    code, output = invoke(["cost", str(out)])
+    code, output = freight(["cost", str(out)])
     assert code == 0 and "$ / 1M input tokens" in output
-    code, output = invoke(["results", str(out), "--head", "3"])
+    code, output = freight(["results", str(out), "--head", "3"])
     assert code == 0 and "row-00" in output
-    code, _ = invoke(["results", str(out), "--to", str(tmp_path / "all.jsonl")])
+    code, _ = freight(["results", str(out), "--to", str(tmp_path / "all.jsonl")])
     lines = (tmp_path / "all.jsonl").read_text().splitlines()
     assert code == 0 and len(lines) == 40 and {json.loads(x)["id"] for x in lines} == set(by_id)
-    code, _ = invoke(["results", str(out), "--to", str(tmp_path / "all.parquet")])
+    code, _ = freight(["results", str(out), "--to", str(tmp_path / "all.parquet")])
     exported = ds.dataset(tmp_path / "all.parquet").to_table()
     assert (
         code == 0
@@ -175,22 +167,11 @@ def test_s3_job_end_to_end(tmp_path: Path, demo_model_dir: Path, s3_env: Setting
     models = open_store(f"{prefix}/model", s3_env)
     for f in demo_model_dir.iterdir():
         models.put(f.name, f.read_bytes())
-    code, output = invoke(
-        [
-            "run",
-            f"{prefix}/in",
-            "--model",
-            f"{prefix}/model",
-            "--output",
-            f"{prefix}/out",
-            "--id-column",
-            "id",
-            "--max-tokens",
-            "3",
-            "--shard-rows",
-            "6",
-        ]
-    )
+
+    def run(output: str, *options: str) -> tuple[int, str]:
+        return freight(["run", f"{prefix}/in", "--model", f"{prefix}/model", "--output", f"{prefix}/{output}", *options])
+
+    code, output = run("out", "--id-column", "id", "--max-tokens", "3", "--shard-rows", "6")
     assert code == 0, output
     out = open_store(f"{prefix}/out", s3_env)
     assert out.exists("_SUCCESS")
@@ -206,20 +187,7 @@ def test_s3_job_end_to_end(tmp_path: Path, demo_model_dir: Path, s3_env: Setting
         and (cached[0] / "config.json").read_bytes() == (demo_model_dir / "config.json").read_bytes()
     )
     stamp = (cached[0] / "config.json").stat().st_mtime_ns  # .complete is stamped on every use
-    code, output = invoke(
-        [
-            "run",
-            f"{prefix}/in",
-            "--model",
-            f"{prefix}/model",
-            "--output",
-            f"{prefix}/out2",
-            "--max-tokens",
-            "1",
-            "--shard-rows",
-            "20",
-        ]
-    )
+    code, output = run("out2", "--max-tokens", "1", "--shard-rows", "20")
     assert code == 0, output  # a second job on the same model: the cached copy, not a second download
     assert (
         list((s3_env.cache_dir / "models").iterdir()) == cached
@@ -251,7 +219,7 @@ def test_openai_batch_jsonl_round_trips_custom_id(tmp_path: Path, demo_model_dir
     path = tmp_path / "batch.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     out = tmp_path / "out"
-    code, output = invoke(
+    code, output = freight(
         ["run", str(path), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "8"]
     )
     assert code == 0, output
@@ -269,7 +237,7 @@ def test_openai_batch_jsonl_round_trips_custom_id(tmp_path: Path, demo_model_dir
 def test_quantized_run(tmp_path: Path, demo_model_dir: Path, quantization: str) -> None:
     data = write_parquet(prompts_table(4, bad=False), tmp_path / "in.parquet")
     out = tmp_path / "out"
-    code, output = invoke(
+    code, output = freight(
         [
             "run",
             str(data),
@@ -295,8 +263,8 @@ def test_price_table_and_overrides(tmp_path: Path, demo_model_dir: Path) -> None
     prices = tmp_path / "prices.toml"
     prices.write_text('["my.box"]\non_demand = 3600.0\nspot = 1800.0\n')  # $1 and $0.5 per second
     out = tmp_path / "out"
-    code, output = invoke(["run", str(data), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "1",
-                           "--prices", str(prices), "--instance-type", "my.box", "--market", "spot"])  # fmt: skip
+    code, output = freight(["run", str(data), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "1",
+                            "--prices", str(prices), "--instance-type", "my.box", "--market", "spot"])  # fmt: skip
     assert code == 0, output
     report = json.loads((out / "cost.json").read_text())
     assert report["instance_type"] == "my.box" and report["market"] == "spot"
@@ -305,8 +273,8 @@ def test_price_table_and_overrides(tmp_path: Path, demo_model_dir: Path) -> None
     assert report["price_per_hour"] == pytest.approx(1800.0)
 
     out2 = tmp_path / "out2"
-    code, output = invoke(["run", str(data), "--model", str(demo_model_dir), "--output", str(out2), "--max-tokens", "1",
-                           "--instance-type", "g5.xlarge", "--market", "spot", "--price-per-hour", "0.36"])  # fmt: skip
+    code, output = freight(["run", str(data), "--model", str(demo_model_dir), "--output", str(out2), "--max-tokens", "1",
+                            "--instance-type", "g5.xlarge", "--market", "spot", "--price-per-hour", "0.36"])  # fmt: skip
     assert code == 0, output
     report = json.loads((out2 / "cost.json").read_text())
     shard = report["shards"][0]

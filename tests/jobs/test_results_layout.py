@@ -10,20 +10,10 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 import pyarrow.dataset as ds
+from freight_runner import freight_ok
 from pipeline_data import prompts_table, write_parquet
-from typer.testing import CliRunner
-
-from freight_cli import app
 
 ROWS, SHARD_ROWS = 6, 2
-
-
-def _invoke(args: list[str]) -> str:
-    result = CliRunner().invoke(app, args)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def _run_args(data: Path, model: Path, out: Path) -> list[str]:
@@ -60,7 +50,7 @@ def test_old_layout_job_reports_resumes_and_finalizes(tmp_path: Path, demo_model
     data = write_parquet(prompts_table(ROWS), tmp_path / "in.parquet")
     out = tmp_path / "out"
     args = _run_args(data, demo_model_dir, out)
-    _invoke(args)
+    freight_ok(args)
     _check_new_layout(out)
     finished = json.loads((out / "cost.json").read_text())
     for shard in finished["shards"]:
@@ -68,9 +58,9 @@ def test_old_layout_job_reports_resumes_and_finalizes(tmp_path: Path, demo_model
 
     _to_old_layout(out)  # a finished job of the old layout: reports and exports
     (out / "cost.json").unlink()  # so `freight cost` builds a report over the old records
-    assert json.loads(_invoke(["cost", str(out), "--json"]))["shards"] == finished["shards"]
-    assert "row-0000" in _invoke(["results", str(out), "--head", "2"])
-    _invoke(["results", str(out), "--format", "openai", "--to", str(tmp_path / "o.jsonl")])
+    assert json.loads(freight_ok(["cost", str(out), "--json"]))["shards"] == finished["shards"]
+    assert "row-0000" in freight_ok(["results", str(out), "--head", "2"])
+    freight_ok(["results", str(out), "--format", "openai", "--to", str(tmp_path / "o.jsonl")])
     assert len((tmp_path / "o.jsonl").read_text().splitlines()) == ROWS - 3  # rows 1, 3, 5 failed
 
     for name in ("_SUCCESS", "shards/00002.parquet", "shards/00002.json"):
@@ -81,13 +71,13 @@ def test_old_layout_job_reports_resumes_and_finalizes(tmp_path: Path, demo_model
     old.write_text(json.dumps(record))
     committed = {name: (out / "shards" / name).read_bytes() for name in ("00000.parquet", "00001.parquet")}
 
-    status = _invoke(["status", str(out)])
+    status = freight_ok(["status", str(out)])
     assert "incomplete" in status and "2 / 3" in status
-    provisional = json.loads(_invoke(["cost", str(out), "--json"]))
+    provisional = json.loads(freight_ok(["cost", str(out), "--json"]))
     assert [s["shard"] for s in provisional["shards"]] == [0, 1]
     assert provisional["shards"][0]["worker"] == "old-layout-worker"
 
-    _invoke(args)  # the same command resumes the old job: only shard 2 runs
+    freight_ok(args)  # the same command resumes the old job: only shard 2 runs
     assert not (out / "waste").exists()  # no attempt lost a commit race to a shard already done
     for name, data_before in committed.items():
         assert (out / "shards" / name).read_bytes() == data_before  # recognised as done, not recomputed
@@ -98,5 +88,5 @@ def test_old_layout_job_reports_resumes_and_finalizes(tmp_path: Path, demo_model
     # finalize moved the old records: OUT/shards/ is Parquet only, and opens with no flags
     _check_new_layout(out)
     assert json.loads((out / "costs" / "00000.json").read_text())["worker"] == "old-layout-worker"
-    assert "complete" in _invoke(["status", str(out)])
-    assert json.loads(_invoke(["cost", str(out), "--json"])) == report
+    assert "complete" in freight_ok(["status", str(out)])
+    assert json.loads(freight_ok(["cost", str(out), "--json"])) == report

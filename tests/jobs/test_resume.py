@@ -22,27 +22,26 @@ ROWS, SHARD_ROWS = 40, 4
 
 
 def _args(data: Path, model: Path, out: Path) -> list[str]:
-    return [
-        "run",
-        str(data),
-        "--model",
-        str(model),
-        "--output",
-        str(out),
-        "--id-column",
-        "id",
-        "--max-tokens",
-        "8",
-        "--temperature",
-        "0.8",
-        "--shard-rows",
-        str(SHARD_ROWS),
-    ]
+    return ["run", str(data), "--model", str(model), "--output", str(out), "--id-column", "id",
+            "--max-tokens", "8", "--temperature", "0.8", "--shard-rows", str(SHARD_ROWS)]  # fmt: skip
 
 
 def _start(args: list[str]) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-c", "from freight_cli import main; main()", *args]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))
+
+
+def _stop_after_commits(
+    tmp_path: Path, model: Path, commits: int, stop: signal.Signals
+) -> tuple[Path, Path, subprocess.Popen[bytes]]:
+    """Start `freight run` on ROWS rows in a subprocess, send it `stop` once `commits` shards are
+    committed; (input, OUT, the process)."""
+    data = write_parquet(prompts_table(ROWS), tmp_path / "in.parquet")
+    out = tmp_path / "out"
+    proc = _start(_args(data, model, out))
+    _wait_for_commits(proc, out, commits)
+    proc.send_signal(stop)
+    return data, out, proc
 
 
 def _wait_for_commits(proc: subprocess.Popen[bytes], out: Path, n: int, timeout: float = 90.0) -> None:
@@ -75,11 +74,7 @@ def _check_complete(out: Path, committed_before: dict[str, bytes]) -> None:
 
 
 def test_resume_after_kill_keeps_committed_shards(tmp_path: Path, demo_model_dir: Path) -> None:
-    data = write_parquet(prompts_table(ROWS), tmp_path / "in.parquet")
-    out = tmp_path / "out"
-    proc = _start(_args(data, demo_model_dir, out))
-    _wait_for_commits(proc, out, 2)
-    proc.send_signal(signal.SIGKILL)
+    data, out, proc = _stop_after_commits(tmp_path, demo_model_dir, 2, signal.SIGKILL)
     proc.wait(timeout=30)
     assert not (out / "_SUCCESS").exists()
     committed = {p.name: p.read_bytes() for p in (out / "shards").iterdir() if p.is_file()}
@@ -100,11 +95,7 @@ def test_resume_after_kill_keeps_committed_shards(tmp_path: Path, demo_model_dir
 
 @pytest.mark.slow  # a second subprocess; run_shard's interruption is covered in test_shard.py
 def test_sigterm_saves_partial_rows_and_the_rerun_uses_them(tmp_path: Path, demo_model_dir: Path) -> None:
-    data = write_parquet(prompts_table(ROWS), tmp_path / "in.parquet")
-    out = tmp_path / "out"
-    proc = _start(_args(data, demo_model_dir, out))
-    _wait_for_commits(proc, out, 1)
-    proc.send_signal(signal.SIGTERM)
+    data, out, proc = _stop_after_commits(tmp_path, demo_model_dir, 1, signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 143, stderr.decode()[-2000:]
     assert "rerun the same command to resume" in stderr.decode()

@@ -12,21 +12,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from freight_runner import freight
 from pipeline_data import write_parquet
-from typer.testing import CliRunner
 
-from freight_cli import app
 from jobs.settings import get_settings
 from jobs.spec import JobSpec
 
 CHOICES = ["red", "green", "blue"]
-
-
-def _invoke(args: list[str]) -> tuple[int, str]:
-    result = CliRunner().invoke(app, args)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.output
 
 
 def _quiz(tmp_path: Path) -> Path:
@@ -45,7 +37,7 @@ def _quiz(tmp_path: Path) -> Path:
 
 def test_columns_named_like_constraints_are_plain_data_without_the_flag(tmp_path: Path, demo_model_dir: Path) -> None:
     out = tmp_path / "out"
-    code, output = _invoke(["run", str(_quiz(tmp_path)), "--model", str(demo_model_dir), "--output", str(out),
+    code, output = freight(["run", str(_quiz(tmp_path)), "--model", str(demo_model_dir), "--output", str(out),
                             "--id-column", "id", "--max-tokens", "4"])  # fmt: skip
     assert code == 0, output
     assert "--row-constraints" in output and "choice" in output  # the warning names the columns and the flag
@@ -66,7 +58,7 @@ def test_with_the_flag_each_row_is_held_to_its_column(tmp_path: Path, demo_model
     )
     data = write_parquet(table, tmp_path / "in.parquet")
     out = tmp_path / "out"
-    code, output = _invoke(["run", str(data), "--model", str(demo_model_dir), "--output", str(out),
+    code, output = freight(["run", str(data), "--model", str(demo_model_dir), "--output", str(out),
                             "--row-constraints", "--max-tokens", "16"])  # fmt: skip
     assert code == 0, output
     manifest = json.loads((out / "manifest.json").read_text())
@@ -94,7 +86,7 @@ def test_the_flag_is_refused_where_it_means_nothing(case: str, tmp_path: Path, d
         "a column of the wrong type": ([str(_quiz(tmp_path))], "column 'choice' sets choice per row but has type int64"),
     }[case]  # fmt: skip
     out = tmp_path / "out"
-    code, output = _invoke(["run", *args, "--model", str(demo_model_dir), "--output", str(out), "--row-constraints"])
+    code, output = freight(["run", *args, "--model", str(demo_model_dir), "--output", str(out), "--row-constraints"])
     assert code == 2, output
     lines = [line for line in output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0], output
@@ -127,7 +119,7 @@ def test_the_sampling_columns_a_run_reads_are_named(tmp_path: Path, demo_model_d
     get_settings.cache_clear()
     table = pa.table({"prompt": ["Solve for n = 3:", "Solve for n = 2:"], "n": pa.array([3, 2], pa.int64())})
     out = tmp_path / "out"
-    code, output = _invoke(["run", str(write_parquet(table, tmp_path / "puzzles.parquet")), "--model",
+    code, output = freight(["run", str(write_parquet(table, tmp_path / "puzzles.parquet")), "--model",
                             str(demo_model_dir), "--output", str(out), "--max-tokens", "2"])  # fmt: skip
     assert code == 0, output
     assert "row_sampling_columns" in output and '"columns": ["n"]' in output and "rename" in output

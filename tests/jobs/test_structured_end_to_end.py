@@ -16,11 +16,10 @@ from typing import Any
 import jsonschema
 import pyarrow as pa
 import pyarrow.dataset as ds
+from freight_runner import freight_ok
 from openai_check import parse_output
 from pipeline_data import write_parquet
-from typer.testing import CliRunner
 
-from freight_cli import app
 from jobs import datasets
 
 NAMED = {
@@ -49,14 +48,6 @@ NESTED = {
 }
 REGEX = "[a-z]{2,6}-[0-9]{1,3}"
 CHOICES = ["red", "green", "blue"]
-
-
-def _run(args: list[str]) -> str:
-    result = CliRunner().invoke(app, args)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def _rows(out: Path) -> dict[str, dict[str, Any]]:
@@ -105,8 +96,8 @@ def test_a_parquet_job_mixes_constraints_plain_rows_and_bad_ones(tmp_path: Path,
     table = pa.table({**columns, "choice": pa.array([v.get("choice") for _, v in cases], pa.list_(pa.string()))})
     data = write_parquet(table, tmp_path / "in.parquet")
     out = tmp_path / "out"
-    _run(["run", str(data), "--model", str(demo_model_dir), "--output", str(out), "--id-column", "id",
-          "--max-tokens", "64", "--temperature", "0.8", "--shard-rows", "64", "--row-constraints"])  # fmt: skip
+    freight_ok(["run", str(data), "--model", str(demo_model_dir), "--output", str(out), "--id-column", "id",
+                "--max-tokens", "64", "--temperature", "0.8", "--shard-rows", "64", "--row-constraints"])  # fmt: skip
     rows = _rows(out)
     assert len(json.loads((out / "manifest.json").read_text())["shards"]) == 1  # all in one shard
     for cid in ("plain-0", "plain-1"):
@@ -114,12 +105,10 @@ def test_a_parquet_job_mixes_constraints_plain_rows_and_bad_ones(tmp_path: Path,
     assert rows["bad-json"]["error"].startswith("json_schema: is not valid JSON")
     assert rows["bad-choice"]["error"] == "choice: the list of choices is empty; give at least one string"
     assert rows["two"]["error"] == "regex and choice both constrain the output: a request takes one"
-    _check_constrained(rows["named"], "json_schema", NAMED)
-    _check_constrained(rows["named-2"], "json_schema", NAMED)
-    _check_constrained(rows["nested"], "json_schema", NESTED)
-    _check_constrained(rows["object"], "json_object", None)
-    _check_constrained(rows["regex"], "regex", REGEX)
-    _check_constrained(rows["choice"], "choice", CHOICES)
+    expected = {"named": ("json_schema", NAMED), "named-2": ("json_schema", NAMED), "nested": ("json_schema", NESTED),
+                "object": ("json_object", None), "regex": ("regex", REGEX), "choice": ("choice", CHOICES)}  # fmt: skip
+    for cid, (kind, want) in expected.items():
+        _check_constrained(rows[cid], kind, want)
     report = json.loads((out / "cost.json").read_text())
     assert report["constrained_rows"] == 6 == json.loads((out / "costs" / "00000.json").read_text())["constrained_rows"]
     assert report["mask_seconds"] > 0.0
@@ -148,23 +137,22 @@ def test_a_batch_file_with_response_format_and_a_job_choice(tmp_path: Path, demo
     path = tmp_path / "batch.jsonl"
     path.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
-    _run(["run", str(path), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "64",
-          "--choice", "yes,no"])  # fmt: skip
+    freight_ok(["run", str(path), "--model", str(demo_model_dir), "--output", str(out), "--max-tokens", "64",
+                "--choice", "yes,no"])  # fmt: skip
     rows = _rows(out)
     assert rows["bad-name"]["error"] == "response_format.json_schema.name 'a b': must be 1-64 letters, digits, _ or -"
-    _check_constrained(rows["chat-schema"], "json_schema", NAMED)
-    _check_constrained(rows["chat-schema-n"], "json_schema", NAMED)
-    _check_constrained(rows["comp-schema"], "json_schema", NESTED)
-    _check_constrained(rows["guided-json"], "json_schema", NESTED)
-    _check_constrained(rows["guided-regex"], "regex", REGEX)
-    _check_constrained(rows["structured-choice"], "choice", CHOICES)
-    _check_constrained(rows["job-choice"], "choice", ["yes", "no"])
+    expected = {"chat-schema": ("json_schema", NAMED), "chat-schema-n": ("json_schema", NAMED),
+                "comp-schema": ("json_schema", NESTED), "guided-json": ("json_schema", NESTED),
+                "guided-regex": ("regex", REGEX), "structured-choice": ("choice", CHOICES),
+                "job-choice": ("choice", ["yes", "no"])}  # fmt: skip
+    for cid, (kind, want) in expected.items():
+        _check_constrained(rows[cid], kind, want)
     assert rows["text"]["error"] is None and rows["text"]["completion_tokens"] > 0 and rows["text"]["parsed"] is None
     assert json.loads((out / "cost.json").read_text())["constrained_rows"] == 7
 
     # the OpenAI export: the message content is the text (OpenAI adds no parsed value in batch output)
     export = tmp_path / "openai.jsonl"
-    _run(["results", str(out), "--format", "openai", "--to", str(export), "--errors", str(tmp_path / "errors.jsonl")])
+    freight_ok(["results", str(out), "--format", "openai", "--to", str(export), "--errors", str(tmp_path / "errors.jsonl")])
     answered = {line["custom_id"]: body for line, body in parse_output(export)}
     for cid, body in answered.items():
         row = rows[cid]
