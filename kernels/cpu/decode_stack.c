@@ -9,7 +9,10 @@
  * (layer_rows.h, decode_attention.h, gemv.h), so each layer computes what the op-by-op path computes,
  * except for the matmuls' summation order (gemv.h against torch's GEMM).
  *
- * Matmuls (stack_step.h's `linear`, beside the types): GEMVs (gemv.h) up to STACK_GEMV_ROWS rows;
+ * Matmuls (stack_step.h's `linear`, beside the types): a quantized matrix (int8 or int4, bound packed
+ * for quant.h) multiplies in integers at every row count, its input rows quantized to int8 per block
+ * by each thread into its own buffer (quant.h's qmatrix_rows: the products of quant_matmul.c's one
+ * Linear, the same floats). Other matrices: GEMVs (gemv.h) up to STACK_GEMV_ROWS rows;
  * beyond, the caller's sgemm (torch's BLAS: the same GEMM as F.linear) on one thread, the elementwise
  * layers and attention still in this call. A model bound with packed copies of its matrices (gemm.h)
  * multiplies steps of STACK_PACKED_ROWS rows or more (every step) with those instead: register tiles
@@ -17,11 +20,10 @@
  * copies (the same floats as their fp32 copies').
  *
  * Threads (up to STACK_GEMV_ROWS rows): a team of num_threads pthreads for the whole call. Each
- * GEMV's output rows are split between them (gate_up by intermediate columns, so each thread also
- * applies SiLU * up to its own);
- * the norms' inputs are small, so every thread computes them into private buffers (the residual too:
- * every thread holds the same copy) instead of waiting for one; attention rows go round-robin. Five
- * barriers a layer. Results are the same floats whatever the number of threads.
+ * matrix's output rows are split between them (a quantized one's at its 64-row tiles; gate_up by
+ * intermediate columns, so each thread also applies SiLU * up to its own); the norms' inputs are
+ * small, so every thread computes them into private buffers (the residual too: every thread holds
+ * the same copy) instead of waiting for one; attention rows go round-robin. Five barriers a layer. Results are the same floats whatever the number of threads.
  *
  * Layouts (fp32): x [rows, hidden] (the embeddings), out [rows, hidden] (the final norm's output),
  * weights as nn.Linear [out, in] contiguous, caches [blocks, block_size, Hkv, D] contiguous,
@@ -44,9 +46,14 @@ static void sync_team(Step *s) {
     if (s->num_threads > 1) pthread_barrier_wait(&s->barrier);
 }
 
-/* [lo, hi) of n items for thread tid. */
-#define SLICE_LO(n, s, tid) ((n) * (tid) / (s)->num_threads)
-#define SLICE_HI(n, s, tid) ((n) * ((tid) + 1) / (s)->num_threads)
+/* Where thread i's part of n items starts: parts cut at multiples of `unit` (a quantized matrix's tile
+ * of QNB rows, which quant.h computes whole; 1 for an fp32 one), so threads [i, i + 1) hold [at(i),
+ * at(i + 1)). */
+static inline int64_t slice_at(int64_t n, const QMatrix *q, const Step *s, int64_t i) {
+    const int64_t unit = q->w ? QNB : 1, units = (n + unit - 1) / unit, at = units * i / s->num_threads * unit;
+    return at < n ? at : n;
+}
+#define SLICE(n, q, s, tid) slice_at(n, q, s, tid), slice_at(n, q, s, (tid) + 1)
 
 static void *run_member(void *arg) {
     const Member *me = (const Member *)arg;
@@ -67,7 +74,8 @@ static void *run_member(void *arg) {
                 rms_norm_row(s->down + m * H, res + m * H, L->input_norm, H, eps, h + m * H, res + m * H);
             }
         }
-        linear(s, L->qkv, L->qkv_packed, 0, L->qkv_bias, H, h, H, s->qkv, nqkv, SLICE_LO(nqkv, s, tid), SLICE_HI(nqkv, s, tid));
+        const QRows hx = quantize_input(s, tid, &L->qkv_q, h, H, H);
+        linear(s, L->qkv, L->qkv_packed, &L->qkv_q, &hx, 0, L->qkv_bias, H, h, H, s->qkv, nqkv, SLICE(nqkv, &L->qkv_q, s, tid));
         sync_team(s);
         const int64_t kv_row = hkv * D;
         for (int64_t m = tid; m < M; m += n) { /* this thread's rows: q/k norm, rotary, K/V store */
@@ -88,19 +96,23 @@ static void *run_member(void *arg) {
                                mdl->block_size, s->bt_stride, 0, mdl->scale, s->attn, 0, tid, n, L->window, 0.0f};
         decode_job_run((void *)&job); /* rows tid, tid + n, ...: each row reads only its own sequence */
         sync_team(s);
-        linear(s, L->o_proj, L->o_proj_packed, 0, 0, qd, s->attn, qd, s->o, H, SLICE_LO(H, s, tid), SLICE_HI(H, s, tid));
+        const QRows aq = quantize_input(s, tid, &L->o_proj_q, s->attn, qd, qd);
+        linear(s, L->o_proj, L->o_proj_packed, &L->o_proj_q, &aq, 0, 0, qd, s->attn, qd, s->o, H, SLICE(H, &L->o_proj_q, s, tid));
         sync_team(s);
         for (int64_t m = 0; m < M; m++)
             rms_norm_row(s->o + m * H, res + m * H, L->post_norm, H, eps, h + m * H, res + m * H);
         /* gate rows [a, b) and the matching up rows I + [a, b): SiLU * up of this thread's columns */
-        const int64_t a = SLICE_LO(I, s, tid), b = SLICE_HI(I, s, tid), w = b - a;
+        const int64_t a = slice_at(I, &L->gate_up_q, s, tid), b = slice_at(I, &L->gate_up_q, s, tid + 1), w = b - a;
         float *gu = s->act + M * I; /* scratch after act: [rows, 2 * (b - a)] for this thread's slice */
         gu += M * 2 * a;
-        linear(s, L->gate_up, L->gate_up_packed, a * H, 0, H, h, H, gu, 2 * w, 0, w);
-        linear(s, L->gate_up, L->gate_up_packed, (I + a) * H, 0, H, h, H, gu + w, 2 * w, 0, w);
+        const QMatrix *gq = &L->gate_up_q;
+        const QRows gx = quantize_input(s, tid, gq, h, H, H); /* once for both halves */
+        linear(s, L->gate_up, L->gate_up_packed, gq, &gx, a * H, 0, H, h, H, gu, 2 * w, 0, w);
+        linear(s, L->gate_up, L->gate_up_packed, gq, &gx, (I + a) * H, 0, H, h, H, gu + w, 2 * w, 0, w);
         for (int64_t m = 0; m < M; m++) silu_mul_row(gu + m * 2 * w, gu + m * 2 * w + w, w, s->act + m * I + a);
         sync_team(s);
-        linear(s, L->down, L->down_packed, 0, 0, I, s->act, I, s->down, H, SLICE_LO(H, s, tid), SLICE_HI(H, s, tid));
+        const QRows dq = quantize_input(s, tid, &L->down_q, s->act, I, I);
+        linear(s, L->down, L->down_packed, &L->down_q, &dq, 0, 0, I, s->act, I, s->down, H, SLICE(H, &L->down_q, s, tid));
         sync_team(s);
     }
     if (tid == 0)
@@ -195,7 +207,16 @@ int decode_stack_f32(const StackModel *model, Sgemm sgemm, const float *x, int64
     const int64_t act_part = ALIGN16(rows * 3 * I), down_part = ALIGN16(rows * H);
     const int64_t floats = q_part + attn_part + o_part + act_part + down_part + num_threads * ALIGN16(2 * rows * H);
     float *buf = (float *)aligned_alloc(64, (size_t)floats * sizeof(float)); /* floats: a multiple of 16 */
-    if (!buf) return -2;
+    /* each thread's QRows: the widest input (hidden, the attention output or the intermediate) at the
+     * smallest block of the quantized matrices */
+    const int64_t widest = H > qd ? (H > I ? H : I) : (qd > I ? qd : I);
+    const int64_t q_stride = m->q_block ? (qrows_bytes(rows, widest, m->q_block) + 63) / 64 * 64 : 0;
+    char *qbuf = q_stride ? (char *)aligned_alloc(64, (size_t)(num_threads * q_stride)) : 0;
+    if (!buf || (q_stride && !qbuf)) {
+        free(buf);
+        free(qbuf);
+        return -2;
+    }
     int rows_share = 0;
     for (int64_t r = 1; num_threads > 1 && r < rows && !rows_share; r++) /* only a team needs to know */
         for (int64_t p = 0; p < r && !rows_share; p++) rows_share = block_tables[r * bt_stride] == block_tables[p * bt_stride];
@@ -207,10 +228,13 @@ int decode_stack_f32(const StackModel *model, Sgemm sgemm, const float *x, int64
     s.down = s.act + act_part;
     s.private = s.down + down_part;
     s.private_stride = ALIGN16(2 * rows * H);
+    s.qrows = qbuf;
+    s.qrows_stride = q_stride;
     Member members[MAX_THREADS];
     for (int64_t i = 0; i < num_threads; i++) members[i] = (Member){&s, i};
     run_team(&s, members, num_threads);
     free(buf);
+    free(qbuf);
     return 0;
 }
 

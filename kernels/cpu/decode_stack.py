@@ -9,7 +9,9 @@ same floats as F.linear), on one thread, up to `max_rows`. Bound with `packed=Tr
 copy of its four matrices packed for gemm.h (the weights' bytes once more) and multiplies every step
 of `packed_rows` rows or more (1: every step) with it, up to `max_rows` rows with or without an sgemm (another
 summation order again: one FMA chain over k per output; with half=True the copies are fp16, the same
-floats from half the bytes).
+floats from half the bytes). A matrix given as a QuantWeight (kernels.cpu.quant_matmul: int8 or int4,
+packed for quant.h) multiplies in integers at every row count, its input rows quantized to int8 per
+block: the products of NativeQuantMatmul, the same floats.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ import torch
 
 from kernels.cpu.blas import torch_sgemm
 from kernels.cpu.build import load_library
+from kernels.cpu.quant_matmul import PACK_WIDTH as QUANT_PACK_WIDTH
+from kernels.cpu.quant_matmul import QuantWeight
+from kernels.reference.quant_matmul import INT8_ACT_BLOCK
 
 SOURCE = Path(__file__).with_suffix(".c")
 HALF_MATRICES = ("qkv", "o_proj", "gate_up", "down")  # fp16 in a stack bound with half=True (packed: copied)
@@ -30,11 +35,25 @@ HALF_MATRICES = ("qkv", "o_proj", "gate_up", "down")  # fp16 in a stack bound wi
 _ptr, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
+class _QMatrix(ctypes.Structure):
+    """quant.h's QMatrix: a quantized matrix as packed (w 0: the matrix is not quantized)."""
+
+    _fields_ = [("w", _ptr), ("scales", _ptr), ("bits", _i64), ("group", _i64), ("half_scales", _i64)]
+
+    @classmethod
+    def of(cls, weight: QuantWeight | None) -> _QMatrix:
+        if weight is None:
+            return cls()
+        half = int(weight.scales.dtype == torch.float16)
+        return cls(weight.data.data_ptr(), weight.scales.data_ptr(), weight.bits, weight.group, half)
+
+
 class _Layer(ctypes.Structure):
     _fields_ = [(name, _ptr) for name in ("input_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o_proj", "post_norm",
                                           "gate_up", "down", "k_cache", "v_cache")]  # fmt: skip
     _fields_ += [("window", _i64)]
     _fields_ += [(f"{name}_packed", _ptr) for name in ("qkv", "o_proj", "gate_up", "down")]
+    _fields_ += [(f"{name}_q", _QMatrix) for name in ("qkv", "o_proj", "gate_up", "down")]
 
 
 class _Model(ctypes.Structure):
@@ -42,23 +61,24 @@ class _Model(ctypes.Structure):
                                           "intermediate", "block_size", "num_slots", "max_positions",
                                           "half_weights")]  # fmt: skip
     _fields_ += [("eps", _f32), ("scale", _f32), ("layers", _ptr), ("final_norm", _ptr), ("cos_sin", _ptr)]
-    _fields_ += [("packed", _i64)]
+    _fields_ += [("packed", _i64), ("q_block", _i64)]
 
 
 @dataclass(frozen=True)
 class StackLayer:
     """One decoder layer's tensors (fp32, contiguous): nn.Linear weights [out, in] with q, k, v stacked
-    in qkv and gate, up in gate_up; qkv_bias, q_norm, k_norm None where the architecture has none."""
+    in qkv and gate, up in gate_up; qkv_bias, q_norm, k_norm None where the architecture has none. Any
+    of the four matrices may be a QuantWeight instead (int8 or int4 of the same [out, in])."""
 
     input_norm: torch.Tensor
-    qkv: torch.Tensor
+    qkv: torch.Tensor | QuantWeight
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o_proj: torch.Tensor
+    o_proj: torch.Tensor | QuantWeight
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: torch.Tensor | QuantWeight
+    down: torch.Tensor | QuantWeight
     k_cache: torch.Tensor  # [num_blocks, block_size, Hkv, D]
     v_cache: torch.Tensor
     window: int = 0  # sliding window in tokens (HF convention); 0: the whole context
@@ -108,43 +128,56 @@ class NativeDecodeStack:
         and shaped for `shape` (callers check eligibility first; this is the guard). packed: the four
         matrices also copied in gemm.h's packed layout (in their dtype), for steps of packed_rows rows
         or more, up to 4096 rows (with half too); with packed_rows 1 (every step) the stack then keeps
-        only the packed copies of the four matrices: a caller's fp16 copies are freed with the call."""
+        only the packed copies of the four matrices: a caller's fp16 copies are freed with the call.
+        A matrix given as a QuantWeight is read as packed (no copy is made; half and packed concern
+        the others); a stack whose matrices are all quantized takes up to 4096 rows."""
         h, d, inter = shape.hidden, shape.head_dim, shape.intermediate
         q, kv = shape.num_heads * d, shape.num_kv_heads * d
         want = {"input_norm": (h,), "qkv": (q + 2 * kv, h), "qkv_bias": (q + 2 * kv,), "q_norm": (d,), "k_norm": (d,),
                 "o_proj": (h, q), "post_norm": (h,), "gate_up": (2 * inter, h), "down": (h, inter)}  # fmt: skip
         cache = layers[0].k_cache.shape if layers else None
         structs = (_Layer * len(layers))()
-        packs: list[list[torch.Tensor]] = []  # the packed copies, kept alive with the stack
+        packs: list[list[torch.Tensor | None]] = []  # the packed copies, kept alive with the stack
         kept: list[StackLayer] = []  # the layers' tensors the stack reads, kept alive with it
+        blocks: set[int] = set()  # the quantized matrices' activation blocks
         for i, layer in enumerate(layers):
+            quant = {name: getattr(layer, name) for name in HALF_MATRICES if isinstance(getattr(layer, name), QuantWeight)}
             for name, size in want.items():
+                if name in quant:
+                    _check_quant(f"layer {i} {name}", quant[name], size)
+                    continue
                 _check(f"layer {i} {name}", getattr(layer, name), size, optional=name in ("qkv_bias", "q_norm", "k_norm"),
                        dtype=torch.float16 if half and name in HALF_MATRICES else torch.float32)  # fmt: skip
+            blocks.update(INT8_ACT_BLOCK if w.bits == 8 else w.group for w in quant.values())
             for name in ("k_cache", "v_cache"):
                 t = getattr(layer, name)
                 _check(f"layer {i} {name}", t, tuple(cache))
                 if t.shape[2:] != (shape.num_kv_heads, d):
                     raise ValueError(f"layer {i} {name}: shape {tuple(t.shape)} has not [.., .., {shape.num_kv_heads}, {d}]")
-            pointers = [None if getattr(layer, f) is None else getattr(layer, f).data_ptr()
-                        for f, kind in _Layer._fields_[:11]]  # fmt: skip
-            copies = [pack_rows(getattr(layer, name), self.pack_width) for name in HALF_MATRICES] if packed else []
-            if copies and self.packed_rows == 1:  # every step takes the packed copies: the unpacked
+            fields = [f for f, _ in _Layer._fields_[:11]]
+            pointers = [None if f in quant or getattr(layer, f) is None else getattr(layer, f).data_ptr() for f in fields]
+            copies = [None if name in quant else pack_rows(getattr(layer, name), self.pack_width)
+                      for name in HALF_MATRICES] if packed else [None] * len(HALF_MATRICES)  # fmt: skip
+            if packed and self.packed_rows == 1:  # every step takes the packed copies: the unpacked
                 # matrices are never read (NULL), nor kept (a caller's fp16 copies are freed with it)
-                pointers = [None if f in HALF_MATRICES else ptr for (f, _), ptr in zip(_Layer._fields_[:11], pointers, strict=True)]
-                layer = dataclasses.replace(layer, **dict.fromkeys(HALF_MATRICES))
+                pointers = [None if f in HALF_MATRICES else ptr for f, ptr in zip(fields, pointers, strict=True)]
+                layer = dataclasses.replace(layer, **{name: None for name in HALF_MATRICES if name not in quant})
             kept.append(layer)
             packs.append(copies)
-            structs[i] = _Layer(*pointers, layer.window, *(t.data_ptr() for t in copies))
+            structs[i] = _Layer(*pointers, layer.window, *(None if t is None else t.data_ptr() for t in copies),
+                                *(_QMatrix.of(quant.get(name)) for name in HALF_MATRICES))  # fmt: skip
         _check("final_norm", final_norm, (h,))
         if not (cos_sin.dtype == torch.float32 and cos_sin.is_contiguous() and cos_sin.dim() == 2 and cos_sin.shape[1] == d):
             raise ValueError(f"cos_sin must be a contiguous fp32 [max_positions, {d}] tensor")
         if cache is not None and not self.supports(shape, cache[1]):
             raise ValueError(f"the decode stack was not compiled for {shape.num_heads} heads of {d} floats, "
                              f"{shape.num_kv_heads} KV heads and blocks of {cache[1]}")  # fmt: skip
+        all_quantized = bool(layers) and all(isinstance(getattr(layer, n), QuantWeight) for layer in layers for n in HALF_MATRICES)
+        packed = packed or all_quantized
         model = _Model(len(layers), h, shape.num_heads, shape.num_kv_heads, d, inter, cache[1] if cache else 1,
                        cache[0] * cache[1] if cache else 0, cos_sin.shape[0], int(half), shape.eps, shape.scale,
-                       ctypes.cast(structs, _ptr), final_norm.data_ptr(), cos_sin.data_ptr(), int(packed))  # fmt: skip
+                       ctypes.cast(structs, _ptr), final_norm.data_ptr(), cos_sin.data_ptr(), int(packed),
+                       min(blocks, default=0))  # fmt: skip
         keep = (kept, final_norm, cos_sin, structs, packs)
         sgemm, most = (None, self.gemv_rows) if half else (self.sgemm, self.max_rows)
         if packed:
@@ -193,6 +226,14 @@ def pack_rows(w: torch.Tensor, width: int) -> torch.Tensor:
     padded = torch.zeros(tiles * width, k, dtype=w.dtype)
     padded[:n] = w
     return padded.view(tiles, width, k).transpose(1, 2).contiguous()
+
+
+def _check_quant(name: str, w: QuantWeight, shape: tuple) -> None:
+    tiles = -(-w.n // QUANT_PACK_WIDTH)
+    if (w.n, w.k) != shape or w.data.dtype != torch.uint8 or not w.data.is_contiguous() \
+            or not w.scales.is_contiguous() or w.data.shape[0] != tiles:  # fmt: skip
+        raise ValueError(f"{name} must be a QuantWeight of [{shape[0]}, {shape[1]}] packed for quant.h, "
+                         f"got [{w.n}, {w.k}] with data {tuple(w.data.shape)}")  # fmt: skip
 
 
 def _check(name: str, t: torch.Tensor | None, shape: tuple, optional: bool = False,

@@ -1,6 +1,7 @@
 /* The decode stack's types and its matrix product (decode_stack.c, draft_chain.h): a layer's and a
  * model's tensors as the Python side binds them, one call's shared state, and `linear`, which picks
- * a step's product (packed tiles, GEMVs or the caller's sgemm) by its rows. */
+ * a step's product (integer tiles for a quantized matrix; else packed tiles, GEMVs or the caller's
+ * sgemm by its rows). */
 #ifndef FREIGHT_STACK_STEP_H
 #define FREIGHT_STACK_STEP_H
 
@@ -10,16 +11,20 @@
 
 #include "gemm.h"
 #include "gemv.h"
+#include "quant.h"
 
 /* One decoder layer's tensors; qkv_bias, q_norm and k_norm may be 0 (no bias / no qk-norm). window:
  * the layer's sliding window (its queries read their last `window` keys; 0: the whole context).
  * *_packed: the four matrices packed for gemm.h ([ceil(N / GEMM_NB)][K][GEMM_NB], fp32 or with
- * half_weights fp16), or 0. */
+ * half_weights fp16), or 0. *_q: the matrix quantized (int8 or int4, packed as quant.h lays it out;
+ * its w 0: not quantized); a quantized matrix's fp32 pointers are 0 and its products are quant.h's,
+ * on rows quantized to int8 per block of its qmatrix_block. */
 typedef struct {
     const float *input_norm, *qkv, *qkv_bias, *q_norm, *k_norm, *o_proj, *post_norm, *gate_up, *down;
     float *k_cache, *v_cache;
     int64_t window;
     const float *qkv_packed, *o_proj_packed, *gate_up_packed, *down_packed;
+    QMatrix qkv_q, o_proj_q, gate_up_q, down_q;
 } StackLayer;
 
 typedef struct {
@@ -28,7 +33,8 @@ typedef struct {
     float eps, scale;
     const StackLayer *layers;
     const float *final_norm, *cos_sin;
-    int64_t packed; /* every layer has its *_packed matrices */
+    int64_t packed;  /* every layer has its *_packed matrices (or *_q ones) */
+    int64_t q_block; /* the smallest qmatrix_block of the quantized matrices; 0: none is quantized */
 } StackModel;
 
 /* The Fortran BLAS sgemm (column-major, arguments by pointer), passed in by the caller (kernels.cpu.blas
@@ -65,6 +71,8 @@ typedef struct {
     float *qkv, *attn, *o, *act, *down; /* shared activations, written in slices */
     float *private;                     /* per thread: h, residual [rows, hidden] each */
     int64_t private_stride;             /* floats from one thread's private part to the next's */
+    char *qrows;                        /* per thread: a QRows buffer for the quantized matrices' inputs */
+    int64_t qrows_stride;               /* bytes from one thread's QRows buffer to the next's */
     pthread_barrier_t barrier;
     pthread_mutex_t start_lock;
     pthread_cond_t start_cond;
@@ -76,13 +84,31 @@ typedef struct {
     int64_t tid;
 } Member;
 
+/* x's rows [M, K] (row stride xs) quantized for the matrix q, in thread tid's buffer; 0 when q is not
+ * quantized. A thread quantizes the whole input it multiplies (every thread the same rows, into its
+ * own buffer): the same integers and scales as the one-Linear kernel, whatever the thread count. */
+static QRows quantize_input(const Step *s, int64_t tid, const QMatrix *q, const float *x, int64_t xs, int64_t K) {
+    QRows r = {0};
+    if (!q->w) return r;
+    r = qrows_at(s->qrows + tid * s->qrows_stride, s->rows, K, qmatrix_block(q));
+    quantize_rows(x, xs, &r);
+    return r;
+}
+
 /* y[:, lo:hi] <- x [rows, K] (row stride xs) . w[lo:hi]^T (+ bias[lo:hi]), y's row stride ys; w
  * starts `at` weights into the tensor (fp32, or fp16 with the model's half_weights: GEMVs only);
- * packed: the same tensor packed for gemm.h (of the same dtype), or 0. */
-static void linear(const Step *s, const float *w, const float *packed, int64_t at, const float *bias, int64_t K,
-                   const float *x, int64_t xs, float *y, int64_t ys, int64_t lo, int64_t hi) {
+ * packed: the same tensor packed for gemm.h (of the same dtype), or 0; q: the tensor quantized (its w
+ * 0: not), with qx the rows of x quantized for it (quantize_input). */
+static void linear(const Step *s, const float *w, const float *packed, const QMatrix *q, const QRows *qx, int64_t at,
+                   const float *bias, int64_t K, const float *x, int64_t xs, float *y, int64_t ys, int64_t lo,
+                   int64_t hi) {
     const int64_t M = s->rows;
     if (hi <= lo) return;
+    if (q && q->w) { /* weight rows at / K + [lo, hi) into y's columns [lo, hi) */
+        const int64_t row0 = at / K;
+        qmatrix_rows(q, bias ? bias - row0 : 0, qx, y, ys, row0 + lo, row0 + hi, row0);
+        return;
+    }
     if (packed && M >= STACK_PACKED_ROWS) { /* weight rows at / K + [lo, hi) into y's columns [lo, hi) */
         const int64_t row0 = at / K;
         if (s->model->half_weights)

@@ -125,8 +125,10 @@ def test_an_fp16_checkpoint_runs_on_fp16_copies_with_the_same_tokens(monkeypatch
     assert max(rows) == 12 and min(rows) == 1
 
 
-def test_quantized_models_run_op_by_op(make_checkpoint) -> None:
-    engine = _engine(make_checkpoint("llama").path, quantization="int8")
+def test_fp8_models_run_op_by_op(make_checkpoint) -> None:
+    """int8 / int4 models run through the stack (tests/engine/test_quantized_decode.py); fp8 has no CPU
+    kernel in it."""
+    engine = _engine(make_checkpoint("llama").path, quantization="fp8")
     assert engine.runner.model.decode_stack is None
     outs = engine.generate(mixed_prompts()[:3], GREEDY)
     assert all(len(o.token_ids) == MAX_NEW for o in outs)

@@ -6,6 +6,7 @@ kernels/reference/quant_matmul.py) on the tiny models of every dense architectur
 from __future__ import annotations
 
 import pytest
+import torch
 from engine_oracle import MAX_NEW, mixed_prompts
 
 from worker.engine import Engine, EngineConfig, SamplingParams
@@ -42,6 +43,47 @@ def test_kernels_give_the_reference_paths_greedy_tokens(make_checkpoint, arch: s
                                                         quantization: str) -> None:  # fmt: skip
     path = make_checkpoint(arch, **overrides).path
     engine = _engine(path, quantization=quantization, max_num_seqs=4)
+    rows = _count_stack_calls(engine)
     outs = engine.generate(mixed_prompts(), GREEDY)
     assert [o.token_ids for o in outs] == _reference_tokens(path, quantization, max_num_seqs=4)
+    assert rows and max(rows) == 4  # every decode step through the whole-layer C call
     engine.block_manager.check_invariants([])
+
+
+def _count_stack_calls(engine: Engine) -> list[int]:
+    """Rows of each decode step the stack ran (a spy on this engine's stack only)."""
+    stack = engine.runner.model.decode_stack
+    assert stack is not None
+    rows: list[int] = []
+    call = stack.rows
+
+    def spy(input_ids, *args):
+        rows.append(input_ids.shape[0])
+        return call(input_ids, *args)
+
+    stack.rows = spy
+    return rows
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_stack_on_and_off_give_the_same_tokens_at_any_batch_and_threads(make_checkpoint, quantization: str) -> None:
+    """Requests stop after 1..8 tokens, so decode steps narrow from 17 rows to 2: past 15 rows on one
+    thread, then on two threads (rows split at 64-row tiles). The stack's integer products are the
+    op-by-op kernel's floats, so greedy tokens match the layers run op by op exactly."""
+    path = make_checkpoint("qwen2").path  # qkv bias
+    prompts = mixed_prompts() * 2
+    params = [SamplingParams(max_tokens=1 + i % MAX_NEW, ignore_eos=True) for i in range(len(prompts))]
+    off = _engine(path, quantization=quantization, max_num_seqs=32, decode_stack=False)
+    want = [o.token_ids for o in off.generate(prompts, params)]
+    on = _engine(path, quantization=quantization, max_num_seqs=32)
+    rows = _count_stack_calls(on)
+    assert [o.token_ids for o in on.generate(prompts, params)] == want
+    assert max(rows) == 17
+    rows.clear()
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert [o.token_ids for o in on.generate(prompts, params)] == want
+    finally:
+        torch.set_num_threads(before)
+    assert rows and max(rows) <= 15  # 17 rows on two threads: op by op

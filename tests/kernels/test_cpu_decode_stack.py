@@ -1,6 +1,9 @@
 """The C decode stack (kernels/cpu/decode_stack.c) against the same layers run op by op with the torch
 references: its output and the K/V it stores, over GQA groups, head sizes 16 to 128, qkv bias and
-q/k norms, widths with vector tails; the same floats with 1, 2 or 3 threads; what it refuses."""
+q/k norms, widths with vector tails, int8 / int4 quantized matrices; the same floats with 1, 2 or 3
+threads; what it refuses."""
+
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -10,6 +13,8 @@ from paged_cases import block_tables_for, random_cache
 
 from kernels import reference
 from kernels.cpu.decode_stack import NativeDecodeStack, StackLayer, StackShape, pack_rows
+from kernels.cpu.quant_matmul import QuantWeight, pack_int4, pack_int8
+from kernels.reference import quant_matmul as qref
 from worker.engine.models.rotary import cos_sin_cache
 
 EPS = 1e-6
@@ -33,14 +38,23 @@ def _layers(shape: StackShape, num_layers: int, bias: bool, qk_norm: bool, cache
     ]
 
 
-def _reference(shape: StackShape, layers, final_norm, cos_sin, x, positions, slots, tables, lens) -> torch.Tensor:
-    """The op-by-op path (models/decoder.py) over the torch references."""
+QuantRefs = dict[int, Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]]
+
+
+def _reference(shape: StackShape, layers, final_norm, cos_sin, x, positions, slots, tables, lens,
+               quant: QuantRefs | None = None) -> torch.Tensor:  # fmt: skip
+    """The op-by-op path (models/decoder.py) over the torch references; a QuantWeight matrix through its
+    reference in `quant` (by id: the kernel's math, kernels/reference/quant_matmul.py)."""
+
+    def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return quant[id(w)](x, bias) if isinstance(w, QuantWeight) else F.linear(x, w, bias)
+
     rows, d = x.shape[0], shape.head_dim
     q_size, kv_size = shape.num_heads * d, shape.num_kv_heads * d
     h, residual = x, None
     for layer in layers:
         normed, residual = reference.rms_norm(h, layer.input_norm, EPS, residual)
-        q, k, v = F.linear(normed, layer.qkv, layer.qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
+        q, k, v = linear(normed, layer.qkv, layer.qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
         q, k, v = (t.reshape(rows, -1, d) for t in (q, k, v))
         if layer.q_norm is not None:
             q = reference.rms_norm(q.reshape(-1, d), layer.q_norm, EPS)[0].view(rows, -1, d)
@@ -49,9 +63,9 @@ def _reference(shape: StackShape, layers, final_norm, cos_sin, x, positions, slo
         reference.apply_rotary(q, k, positions, cos_sin)
         reference.store_kv_cache(k, v, layer.k_cache, layer.v_cache, slots)
         out = reference.paged_decode_attention(q, layer.k_cache, layer.v_cache, tables, lens, shape.scale)
-        normed, residual = reference.rms_norm(F.linear(out.reshape(rows, -1), layer.o_proj), layer.post_norm, EPS,
+        normed, residual = reference.rms_norm(linear(out.reshape(rows, -1), layer.o_proj), layer.post_norm, EPS,
                                               residual)  # fmt: skip
-        h = F.linear(reference.silu_mul(F.linear(normed, layer.gate_up)), layer.down)
+        h = linear(reference.silu_mul(linear(normed, layer.gate_up)), layer.down)
     return reference.rms_norm(h, final_norm, EPS, residual)[0]
 
 
@@ -238,3 +252,87 @@ def test_fp16_packed_matrices_give_the_fp32_packed_floats(native) -> None:
     for rows in (native.packed_rows, 13):
         step = (x[:rows], positions[:rows], slots[:rows], tables[:rows], cl[:rows])
         assert torch.equal(half(*step), full(*step))
+
+
+def _assert_close_but_flips(got: torch.Tensor, want: torch.Tensor) -> None:
+    """The quantized stack against its reference: where the two paths' fp32 inputs to a matrix differ in
+    their last bits (the norms and attention are summed in other orders), an activation's int8 rounding
+    can flip by one step and move that row's outputs after it by up to about scale / 2 x |w| (~2e-3
+    here); without a flip they agree to fp32 rounding (~1e-6)."""
+    assert_close(got, want, atol=5e-3, rtol=1e-3)
+
+
+def _quantized(layers: list[StackLayer], bits: int, group: int, names: tuple[str, ...] = ("qkv", "o_proj", "gate_up", "down"),
+               ) -> tuple[list[StackLayer], QuantRefs]:  # fmt: skip
+    """The layers with `names` quantized round-to-nearest (int8 per row; int4 in groups, fp16 scales) and
+    packed for quant.h, with each one's reference (the kernel's math in float64)."""
+    refs: QuantRefs = {}
+
+    def quantize(w: torch.Tensor) -> QuantWeight:
+        n, k = w.shape
+        if bits == 8:
+            s = w.abs().amax(dim=1) / 127
+            q = torch.clamp(torch.round(w / s[:, None]), -127, 127).to(torch.int8)
+            packed = pack_int8(q, s)
+            refs[id(packed)] = lambda x, b: qref.int8_dynamic_matmul(x, q, s, b)
+            return packed
+        s = (w.view(n, k // group, group).abs().amax(-1) / 7).half().float()
+        q4 = qref.pack_int4(torch.clamp(torch.round(w / s.repeat_interleave(group, dim=1)), -8, 7))
+        packed = pack_int4(q4, s, group)
+        refs[id(packed)] = lambda x, b: qref.int4_dynamic_matmul(x, q4, s, group, b)
+        return packed
+
+    out = [StackLayer(**{n: quantize(t) if n in names else t for n, t in vars(layer).items()}) for layer in layers]
+    return out, refs
+
+
+@pytest.mark.parametrize(("bits", "group"), [(8, 0), (4, 32), (4, 64)])
+@pytest.mark.parametrize(
+    ("hidden", "heads", "kv_heads", "head_dim", "inter", "lens", "bias", "qk_norm"),
+    [
+        (64, 4, 2, 16, 128, [1, 17, 40], True, True),  # the engine tests' shape, qkv bias, q/k norms
+        (256, 8, 4, 32, 768, [1 + (5 * i) % 90 for i in range(16)], False, False),  # the reference model's
+        (192, 4, 2, 32, 320, [1 + (7 * i) % 50 for i in range(40)], True, False),  # 40 rows: one thread; tails
+    ],
+)
+def test_quantized_matrices_match_the_layers_op_by_op(native, bits, group, hidden, heads, kv_heads, head_dim, inter,
+                                                      lens, bias, qk_norm) -> None:  # fmt: skip
+    """int8 and int4 matrices (QuantWeight) multiply in integers on rows quantized per block: the op-by-op
+    path over the kernel's reference, K/V stores included."""
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(
+        hidden, heads, kv_heads, head_dim, inter, 16, lens, bias, qk_norm
+    )
+    layers, refs = _quantized(layers, bits, group)
+    ref_layers = _copy_caches(layers)
+    want = _reference(shape, ref_layers, final_norm, cos_sin, x, positions, slots, tables, cl, refs)
+    stack = native.bind(shape, layers, final_norm, cos_sin)
+    assert stack.max_rows == 4096  # every matrix quantized: any row count
+    _assert_close_but_flips(stack(x, positions, slots, tables, cl), want)
+    for mine, theirs in zip(layers, ref_layers, strict=True):
+        _assert_close_but_flips(mine.k_cache, theirs.k_cache)
+        _assert_close_but_flips(mine.v_cache, theirs.v_cache)
+
+
+def test_quantized_rows_give_the_same_floats_on_any_threads_and_batch(native) -> None:
+    """A quantized matrix's output depends on its own row only: the same floats on 1, 2 or 3 threads
+    (their slices cut at 64-row tiles) and whichever rows share the step; some matrices quantized, the
+    others fp32 packed copies."""
+    lens = [37, 5, 90, 12, 64, 3, 18, 44, 7, 29, 51, 2, 8]
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(256, 4, 2, 32, 320, 16, lens, True)
+    layers, refs = _quantized(layers, 4, 32, names=("qkv", "down"))
+    want = _reference(shape, _copy_caches(layers), final_norm, cos_sin, x, positions, slots, tables, cl, refs)
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append(native.bind(shape, _copy_caches(layers), final_norm, cos_sin, packed=True)(
+                x, positions, slots, tables, cl))  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+    _assert_close_but_flips(outs[0], want)
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
+    stack = native.bind(shape, _copy_caches(layers), final_norm, cos_sin, packed=True)
+    assert torch.equal(stack(x[:1], positions[:1], slots[:1], tables[:1], cl[:1]), outs[0][:1])
+    with pytest.raises(ValueError, match="layer 0 qkv"):  # a QuantWeight of the wrong shape
+        native.bind(shape, [StackLayer(**{**vars(layers[0]), "qkv": layers[0].down})], final_norm, cos_sin)

@@ -157,6 +157,11 @@ def test_gptq_format_checkpoint_loads_to_the_dequantized_weights(reference_model
         assert module.converted and not module.qweight.is_inference()
         want = torch.cat([dequantized[n] for n in _hf_names(name)])
         torch.testing.assert_close(dequantize_int4(module.qweight, module.scales, 32), want, rtol=0, atol=0)
+    # the whole-layer C decode stack multiplies with the same packed copies (bound, hence converted, at
+    # build): the kernels' tokens with or without it
+    stacked = _engine(out)
+    assert stacked.runner.model.decode_stack is not None
+    assert _greedy(stacked, exact=False) == _greedy(engine, exact=False)
 
 
 def test_gptq_lowers_layer_output_error_on_real_activations(reference_model: Path, real_texts: list[str]) -> None:

@@ -17,8 +17,10 @@ once for the whole batch, the stack once per row).
 
 Which models take it (checked once, when the engine binds it; `ineligible` says why not): dense
 models only (a mixture-of-experts config runs op by op: the stack has no router), every
-projection a plain fp32 nn.Linear (quantized or replaced modules run op by op), no bias but the
-optional qkv bias (Qwen2), fp32 norms (Qwen3's q/k norms included), fp32 contiguous KV caches, head
+projection a plain fp32 nn.Linear or an int8 / int4 quantized one (Int8Linear, Int4Linear, GPTQ
+checkpoints included: the stack multiplies with the packed copy their op-by-op calls use,
+`QuantLinear.cpu_weight`, in integers at every row count, whatever their `cpu_path`; fp8 or other
+replaced modules run op by op), no bias but the optional qkv bias (Qwen2), fp32 norms (Qwen3's q/k norms included), fp32 contiguous KV caches, head
 sizes the C attention kernel was compiled for. Sliding windows are per layer (Mistral's); Gemma's
 layer (sandwich norms, GeGLU, soft-capping) is not the stack's and runs op by op. The pointers are taken at bind time: the engine never
 swaps weights after loading; a caller that does must bind again (`model.decode_stack =
@@ -36,8 +38,10 @@ from torch import nn
 
 from kernels.cpu.decode_stack import BoundDecodeStack, NativeDecodeStack, StackLayer, StackShape, pack_rows
 from kernels.cpu.draft_chain import DraftChain
+from kernels.cpu.quant_matmul import QuantWeight
 from kernels.reference.attention import decode_shared_blocks
 from worker.engine.backends.base import AttentionMetadata
+from worker.engine.quant.linear import QuantLinear, native_quant_matmul
 
 # The engine's stack copies the matrices (fp16 packed, or fp32 packed: at most their fp32 bytes once
 # more in host memory) when their fp32 copies total at most this: every model the CPU
@@ -55,16 +59,23 @@ def ineligible(model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tenso
         return f"{cfg.architecture}'s layers (sandwich norms, GeGLU, soft-capping) are not the stack's"
     if getattr(model, "kv_grouped", False):  # the stack takes one block table for every layer
         return "its local and full layers keep KV in pools of their own (two block tables: kv_groups.py)"
+    quantized: set[int] = set()  # ids of the quantized modules' parameters (int8 / uint8 / fp16 by design)
     for name, module in model.named_modules():
-        if isinstance(module, nn.Linear) or name.endswith(("_proj", "lm_head")):
+        if isinstance(module, QuantLinear):
+            if module.qweight.device.type != "cpu" or native_quant_matmul() is None:
+                return f"{name} is quantized and the CPU integer kernel is not available"
+            if module.bias is not None and not name.endswith(("qkv_proj", "lm_head")):
+                return f"{name} has a bias"
+            quantized.update(id(p) for p in module.parameters())
+        elif isinstance(module, nn.Linear) or name.endswith(("_proj", "lm_head")):
             if type(module) is not nn.Linear:
-                return f"{name} is a {type(module).__name__}, not a plain nn.Linear (quantized?)"
+                return f"{name} is a {type(module).__name__}, not an nn.Linear or an int8 / int4 quantized one"
             if module.weight.dtype != torch.float32:
                 return f"{name} holds {module.weight.dtype} weights (the stack is fp32)"
             if module.bias is not None and not name.endswith("qkv_proj"):
                 return f"{name} has a bias"
     for param in model.parameters():
-        if param.dtype != torch.float32 or param.device.type != "cpu":
+        if id(param) not in quantized and (param.dtype != torch.float32 or param.device.type != "cpu"):
             return f"a parameter is {param.dtype} on {param.device} (the stack is fp32 on the CPU)"
     for k, v in kv_caches:
         if k.dtype != torch.float32 or not (k.is_contiguous() and v.is_contiguous()):
@@ -90,15 +101,22 @@ class ModelDecodeStack:
         matrices as fp16 copies (`halved`); packed: also copied packed (NativeDecodeStack.bind)."""
         body = model.model
         layers = []
-        mat = (lambda w: w.detach().half().contiguous()) if half else (lambda w: w.detach())
+
+        def mat(module: nn.Module) -> torch.Tensor | QuantWeight:
+            if isinstance(module, QuantLinear):
+                return module.cpu_weight()[0]
+            return module.weight.detach().half().contiguous() if half else module.weight.detach()
+
         for layer, (k_cache, v_cache) in zip(body.layers, kv_caches, strict=True):
             attn, mlp = layer.self_attn, layer.mlp
             qk_norm = model.cfg.qk_norm
+            qkv = attn.qkv_proj
+            qkv_bias = qkv.cpu_weight()[1] if isinstance(qkv, QuantLinear) else _detach(qkv.bias)
             layers.append(StackLayer(
-                layer.input_layernorm.weight.detach(), mat(attn.qkv_proj.weight), _detach(attn.qkv_proj.bias),
+                layer.input_layernorm.weight.detach(), mat(qkv), qkv_bias,
                 attn.q_norm.weight.detach() if qk_norm else None, attn.k_norm.weight.detach() if qk_norm else None,
-                mat(attn.o_proj.weight), layer.post_attention_layernorm.weight.detach(),
-                mat(mlp.gate_up_proj.weight), mat(mlp.down_proj.weight), k_cache, v_cache, attn.window,
+                mat(attn.o_proj), layer.post_attention_layernorm.weight.detach(),
+                mat(mlp.gate_up_proj), mat(mlp.down_proj), k_cache, v_cache, attn.window,
             ))  # fmt: skip
         self.half, self.packed = half, packed
         self._stack: BoundDecodeStack = native.bind(_shape(model), layers, body.norm.weight.detach(), model.cos_sin,
@@ -107,7 +125,7 @@ class ModelDecodeStack:
         self._embed = body.embed_tokens.weight
         self._kv_caches = kv_caches
         # the modules the op-by-op path would call through Backend.project (hooks there must fire)
-        self._projections = [m for m in model.modules() if isinstance(m, nn.Linear)]
+        self._projections = [m for m in model.modules() if isinstance(m, nn.Linear | QuantLinear)]
         self._block_size = kv_caches[0][0].shape[1]
         # windowed layers never cascade (the op-by-op path neither): a shared first block proves nothing
         self._windowed = any(0 < w < model.max_positions for w in model.cfg.layer_windows)
@@ -147,13 +165,14 @@ class ModelDecodeStack:
         mats = _matrices(model)
         if sum(w.numel() * 4 for w in mats) > COPY_LIMIT_BYTES:
             return cls(model, kv_caches, native)
-        return cls(model, kv_caches, native, half=all(exactly_half(w) for w in mats), packed=True)
+        return cls(model, kv_caches, native, half=bool(mats) and all(exactly_half(w) for w in mats), packed=True)
 
     def halved(self) -> ModelDecodeStack | None:
-        """The same stack with its matrices (qkv, o_proj, gate_up, down) as fp16 copies, when every
+        """The same stack with its fp32 matrices (qkv, o_proj, gate_up, down) as fp16 copies, when every
         one of them holds fp16 values exactly (a checkpoint stored in fp16): the same products from
-        half the bytes (up to gemv_rows rows). None when a value would round."""
-        if not all(exactly_half(w) for w in _matrices(self._model)):
+        half the bytes (up to gemv_rows rows). None when a value would round, or none is fp32."""
+        mats = _matrices(self._model)
+        if not (mats and all(exactly_half(w) for w in mats)):
             return None
         return ModelDecodeStack(self._model, self._kv_caches, self._native, half=True)
 
@@ -202,9 +221,10 @@ class HeadCopies:
 
 
 def _matrices(model: nn.Module) -> list[torch.Tensor]:
-    """Every layer's qkv, o_proj, gate_up and down weights."""
-    return [w for layer in model.model.layers for w in (layer.self_attn.qkv_proj.weight, layer.self_attn.o_proj.weight,
-                                                        layer.mlp.gate_up_proj.weight, layer.mlp.down_proj.weight)]  # fmt: skip
+    """Every layer's qkv, o_proj, gate_up and down weights that are fp32 (not quantized)."""
+    modules = [m for layer in model.model.layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                           layer.mlp.gate_up_proj, layer.mlp.down_proj)]  # fmt: skip
+    return [m.weight for m in modules if not isinstance(m, QuantLinear)]
 
 
 def _detach(t: torch.Tensor | None) -> torch.Tensor | None:

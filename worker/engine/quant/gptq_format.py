@@ -14,10 +14,15 @@ with a message rather than loaded wrong.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from worker.engine.quant.formats import pack_int4
 from worker.engine.quant.linear import Int4Linear, frozen_parameter
+
+if TYPE_CHECKING:
+    from kernels.cpu.quant_matmul import QuantWeight
 
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int64)  # nibble j sits at bits 4j..4j+3
 
@@ -149,3 +154,7 @@ class GPTQInt4Linear(Int4Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.convert_()
         return super().forward(x)
+
+    def cpu_weight(self) -> tuple[QuantWeight, torch.Tensor | None]:
+        self.convert_()
+        return super().cpu_weight()
