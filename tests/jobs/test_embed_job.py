@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 import torch
+from freight_runner import freight
 from pipeline_data import write_parquet
-from test_pipeline import invoke
 
 from jobs import datasets
 from jobs.manifest import partial_key, shard_result_key
@@ -67,7 +67,7 @@ def test_embed_job_end_to_end(tmp_path: Path, embed_model: Path) -> None:
     out = tmp_path / "out"
     args = ["run", str(data), "--model", str(embed_model), "--output", str(out), "--id-column", "id",
             "--prompt-column", "text", "--task", "embed", "--dimensions", "24", "--shard-rows", "4"]  # fmt: skip
-    code, output = invoke(args)
+    code, output = freight(args)
     assert code == 0, output
     table = ds.dataset(out / "shards").to_table()
     assert table.schema.field("embedding").type == pa.list_(pa.float32())
@@ -93,9 +93,9 @@ def test_embed_job_end_to_end(tmp_path: Path, embed_model: Path) -> None:
     assert report["usd_per_million_input_tokens"] == pytest.approx(report["cost_usd"] / report["prompt_tokens"] * 1e6)
     assert sum(s["prompt_tokens"] for s in report["shards"]) == report["prompt_tokens"]
 
-    code, output = invoke(args)  # the same spec resumes: nothing left to do
+    code, output = freight(args)  # the same spec resumes: nothing left to do
     assert code == 0 and "already complete" in output
-    code, output = invoke(args[:-4] + ["--dimensions", "8", "--shard-rows", "4"])  # another spec, same OUT
+    code, output = freight(args[:-4] + ["--dimensions", "8", "--shard-rows", "4"])  # another spec, same OUT
     assert code != 0 and "--dimensions was 24, now 8" in output
 
 
@@ -117,7 +117,7 @@ def test_embed_jobs_are_refused_at_submit(tmp_path: Path, embed_model: Path, dem
     ]  # fmt: skip
     for k, (args, message) in enumerate(cases):
         out = tmp_path / f"out{k}"
-        code, output = invoke(["run", *args, "--output", str(out)])
+        code, output = freight(["run", *args, "--output", str(out)])
         assert code != 0 and message in " ".join(output.split()), output
         assert not out.exists()  # refused before anything is written
 
