@@ -22,6 +22,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.json_nesting import nesting_depth
+
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 # A choice list compiles to one grammar alternative a choice (10,000: ~0.4 s; llguidance's grammar
 # holds under 65,525 symbols and spends ~16 s finding 100,000 choices too many); a schema nests at
@@ -41,16 +43,20 @@ def _canonical(value: Any, ordered: bool = False) -> Any:
     return {k: _canonical(value[k], ordered=(k == "properties" and not ordered)) for k in keys}
 
 
-def _depth(value: Any) -> int:
-    """How deep objects and arrays nest in `value`, counted without recursion (stops past the limit)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, dict | list):
-            deepest = max(deepest, d)
-            if d <= MAX_SCHEMA_DEPTH:
-                stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
-    return deepest
+def schema_object(schema: dict[str, Any] | str) -> dict[str, Any]:
+    """A JSON schema given as a dict or as JSON text, as a dict; ValueError when the text is not
+    JSON, the value not an object, or it nests deeper than MAX_SCHEMA_DEPTH."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"json_schema is not valid JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+    if nesting_depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+        raise ValueError(f"json_schema nests more than {MAX_SCHEMA_DEPTH} levels of objects and arrays; "
+                         "flatten it (or use $defs and $ref)")  # fmt: skip
+    return schema
 
 
 @dataclass(frozen=True)
@@ -84,17 +90,7 @@ class Constraint:
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | str) -> Constraint:
         """From a schema (a dict, or JSON text that must parse to an object), canonicalized."""
-        if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"json_schema is not valid JSON: {exc}") from None
-        if not isinstance(schema, dict):
-            raise ValueError(f"json_schema must be a JSON object, got {type(schema).__name__}")
-        if _depth(schema) > MAX_SCHEMA_DEPTH:
-            raise ValueError(f"json_schema nests more than {MAX_SCHEMA_DEPTH} levels of objects and arrays; "
-                             "flatten it (or use $defs and $ref)")  # fmt: skip
-        return cls("json_schema", json.dumps(_canonical(schema), separators=(",", ":")))
+        return cls("json_schema", json.dumps(_canonical(schema_object(schema)), separators=(",", ":")))
 
     @property
     def is_json(self) -> bool:

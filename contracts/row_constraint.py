@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any, Literal
 
 from contracts.constraint import Constraint
@@ -30,34 +31,26 @@ _STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")
 
 def body_constraint(fields: dict[str, Any]) -> RowConstraint:
     """A JSONL body's constraint from its given fields (name -> value, absent fields left out)."""
-    found: dict[str, RowConstraint] = {}
-    if "response_format" in fields:
-        found["response_format"] = response_format(fields["response_format"], "response_format")
-    if "guided_json" in fields:
-        found["guided_json"] = schema_value(fields["guided_json"], "guided_json")
-    if "guided_regex" in fields:
-        found["guided_regex"] = _text("regex", fields["guided_regex"], "guided_regex")
-    if "guided_choice" in fields:
-        found["guided_choice"] = choice_value(fields["guided_choice"], "guided_choice", as_text=False)
-    if "guided_grammar" in fields:
-        found["guided_grammar"] = _text("grammar", fields["guided_grammar"], "guided_grammar")
-    if "structured_outputs" in fields:
-        found["structured_outputs"] = structured_outputs(fields["structured_outputs"])
-    return one_of(found)
+    readers: dict[str, Callable[[Any], RowConstraint]] = {
+        "response_format": lambda v: response_format(v, "response_format"),
+        "guided_json": lambda v: schema_value(v, "guided_json"),
+        "guided_regex": lambda v: _text("regex", v, "guided_regex"),
+        "guided_choice": lambda v: choice_value(v, "guided_choice", as_text=False),
+        "guided_grammar": lambda v: _text("grammar", v, "guided_grammar"),
+        "structured_outputs": structured_outputs,
+    }
+    return one_of({name: read(fields[name]) for name, read in readers.items() if name in fields})
 
 
 def column_constraint(columns: dict[str, Any]) -> RowConstraint:
     """A Parquet row's constraint from its non-null constraint columns."""
-    found: dict[str, RowConstraint] = {}
-    if "response_format" in columns:
-        found["response_format"] = response_format(_column_object(columns["response_format"]), "response_format")
-    if "json_schema" in columns:
-        found["json_schema"] = schema_value(columns["json_schema"], "json_schema")
-    if "regex" in columns:
-        found["regex"] = _text("regex", columns["regex"], "regex")
-    if "choice" in columns:
-        found["choice"] = choice_value(columns["choice"], "choice", as_text=True)
-    return one_of(found)
+    readers: dict[str, Callable[[Any], RowConstraint]] = {
+        "response_format": lambda v: response_format(_column_object(v), "response_format"),
+        "json_schema": lambda v: schema_value(v, "json_schema"),
+        "regex": lambda v: _text("regex", v, "regex"),
+        "choice": lambda v: choice_value(v, "choice", as_text=True),
+    }
+    return one_of({name: read(columns[name]) for name, read in readers.items() if name in columns})
 
 
 def one_of(found: dict[str, RowConstraint]) -> RowConstraint:

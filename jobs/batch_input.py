@@ -28,6 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from contracts.json_nesting import nesting_depth
 from jobs.endpoints import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, ENDPOINT_URLS
 from jobs.errors import InputError
 
@@ -170,7 +171,7 @@ def _parse_line(lineno: int, raw: bytes) -> _Line:
     if not _unicode(obj):  # "\ud800": a JSON escape of half a UTF-16 pair, which no UTF-8 text holds
         why = r"holds a lone surrogate escape (such as \ud800), which is not Unicode text: escape whole characters"
         return _Line(None, CHAT_URL, None, f"line {lineno}: {why}", "")
-    if _depth(obj) > MAX_DEPTH:
+    if nesting_depth(obj, MAX_DEPTH) > MAX_DEPTH:
         why = f"JSON nested deeper than {MAX_DEPTH} levels: no request needs that"
         return _Line(None, CHAT_URL, None, f"line {lineno}: {why}", "")
     if not isinstance(obj, dict):
@@ -207,18 +208,6 @@ def _unicode(value: Any) -> bool:
         elif isinstance(v, list):
             stack.extend(v)
     return True
-
-
-def _depth(value: Any) -> int:
-    """How deep lists and objects nest in `value` (iteratively: no recursion to exhaust)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, dict | list):
-            deepest = max(deepest, d)
-            if d <= MAX_DEPTH:
-                stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
-    return deepest
 
 
 def _line_error(obj: dict[str, Any], custom_id: str | None, url: Any, body: Any) -> str | None:

@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from contracts.constraint import Constraint
+from contracts.constraint import Constraint, schema_object
 from contracts.sampling import (
     LogitBias,
     Logprobs,
@@ -124,15 +124,8 @@ CONSTRAINT_FIELDS = ("json_schema", "regex", "choice")  # the job-wide structure
 def canonical_schema(v: Any) -> str:
     """A JSON schema (a dict, or JSON text of an object) as compact JSON text, key order kept (the
     order of a `properties` map is the generated object's key order); the worker canonicalizes it
-    for the engine (Constraint.json_schema). ValueError when it is not a JSON object."""
-    if isinstance(v, str):
-        try:
-            v = json.loads(v)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"json_schema is not valid JSON ({exc})") from None
-    if not isinstance(v, dict):
-        raise ValueError(f"json_schema must be a JSON object (a schema), got {type(v).__name__}")
-    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+    for the engine (Constraint.json_schema). ValueError as schema_object says."""
+    return json.dumps(schema_object(v), separators=(",", ":"), ensure_ascii=False)
 
 
 class JobSpec(LaterFields):

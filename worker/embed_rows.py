@@ -8,11 +8,10 @@ without a pooling config fails each embeddings row with the engine's message; th
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from jobs.endpoints import URL_OF_ENDPOINT
-from worker.row_engine import drain
+from worker.row_engine import RowSink
 from worker.row_requests import RowRequest
 from worker.shard_rows import RowResult
 
@@ -42,21 +41,15 @@ def _result(req: RowRequest, out: Any = None, error: str | None = None) -> RowRe
     )
 
 
-def collect_embeddings(
-    engine: Any,
-    pending: list[RowRequest],
-    results: dict[int, RowResult],
-    should_stop: Callable[[], bool] | None,
-    on_result: Callable[[RowResult], None],
-) -> bool:
-    """Embed `pending`, filling `results`; True if stopped before all finished (see collect_rows)."""
+def collect_embeddings(engine: Any, pending: list[RowRequest], sink: RowSink) -> bool:
+    """Embed `pending` into `sink`; True if stopped before all finished (see collect_rows)."""
     if not pending:
         return False
-    if should_stop is not None and should_stop():
+    if sink.stopping():
         return True
     if engine.pooling is None:  # the model cannot embed: each row says why
         outs = ((req, _result(req, error=engine.pooling_error)) for req in pending)
     else:
-        stream = engine.embed_stream([r.prompt for r in pending], [r.dimensions for r in pending], should_stop)
+        stream = engine.embed_stream([r.prompt for r in pending], [r.dimensions for r in pending], sink.should_stop)
         outs = ((pending[o.index], _result(pending[o.index], o)) for o in stream)
-    return drain(outs, len(pending), results, should_stop, on_result)
+    return sink.drain(outs, len(pending))

@@ -4,6 +4,7 @@ outputs -> RowResults."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from contracts.sampling import SamplingParams
@@ -19,17 +20,38 @@ def sampling_params(req: RowRequest, cache: dict[SamplingParams, SamplingParams]
     return s if cache is None else cache.setdefault(s, s)
 
 
-def collect_rows(
-    engine: Any,
-    pending: list[RowRequest],
-    results: dict[int, RowResult],
-    should_stop: Callable[[], bool] | None,
-    on_result: Callable[[RowResult], None],
-) -> bool:
-    """Run `pending` through the engine, filling `results`; True if stopped before all finished."""
+@dataclass(frozen=True)
+class RowSink:
+    """Where a shard's row results go as the engine yields them: `results` by row, `on_result` told
+    of each, `should_stop` (None: never) asked whether the attempt is to stop early."""
+
+    results: dict[int, RowResult]
+    should_stop: Callable[[], bool] | None
+    on_result: Callable[[RowResult], None]
+
+    def stopping(self) -> bool:
+        return self.should_stop is not None and self.should_stop()
+
+    def drain(self, outs: Iterator[tuple[RowRequest, RowResult]], expected: int) -> bool:
+        """Record each (request, result) as the engine yields it; True if the engine stopped early
+        (asked to), RuntimeError if it returned fewer than `expected` rows without being asked."""
+        finished = 0
+        for req, res in outs:
+            self.results[req.row] = res
+            finished += 1
+            self.on_result(res)
+        if finished < expected:
+            if not self.stopping():
+                raise RuntimeError(f"engine returned {finished} of {expected} rows without being stopped")
+            return True
+        return False
+
+
+def collect_rows(engine: Any, pending: list[RowRequest], sink: RowSink) -> bool:
+    """Run `pending` through the engine into `sink`; True if stopped before all finished."""
     if not pending:
         return False
-    if should_stop is not None and should_stop():
+    if sink.stopping():
         return True
     prompts = [req.prompt for req in pending]
     cache: dict[Any, Any] = {}
@@ -41,27 +63,5 @@ def collect_rows(
             texts[tid] = engine.tokenizer.decode([tid], skip_special_tokens=False)
         return texts[tid]
 
-    stream = engine.stream(prompts, params, should_stop=should_stop)
-    outs = ((pending[o.index], from_output(o, pending[o.index], token_text)) for o in stream)
-    return drain(outs, len(pending), results, should_stop, on_result)
-
-
-def drain(
-    outs: Iterator[tuple[RowRequest, RowResult]],
-    expected: int,
-    results: dict[int, RowResult],
-    should_stop: Callable[[], bool] | None,
-    on_result: Callable[[RowResult], None],
-) -> bool:
-    """Record each (request, result) as the engine yields it; True if the engine stopped early
-    (asked to), RuntimeError if it returned fewer than `expected` rows without being asked."""
-    finished = 0
-    for req, res in outs:
-        results[req.row] = res
-        finished += 1
-        on_result(res)
-    if finished < expected:
-        if should_stop is None or not should_stop():
-            raise RuntimeError(f"engine returned {finished} of {expected} rows without being stopped")
-        return True
-    return False
+    stream = engine.stream(prompts, params, should_stop=sink.should_stop)
+    return sink.drain(((pending[o.index], from_output(o, pending[o.index], token_text)) for o in stream), len(pending))

@@ -23,7 +23,7 @@ from jobs.settings import Settings, get_settings
 from jobs.storage import ObjectStore
 from worker.embed_rows import collect_embeddings, split_embeddings
 from worker.row_dedup import find_duplicates
-from worker.row_engine import collect_rows
+from worker.row_engine import RowSink, collect_rows
 from worker.row_requests import RowRequest, build_requests
 from worker.shard_commit import ComputedShard, ShardOutcome, attempt_record, commit_shard
 from worker.shard_rows import RowResult, error_row, result_row, rows_table
@@ -134,9 +134,8 @@ def compute_shard(
 
     before = engine.stats.snapshot()
     embed, generate = split_embeddings(dups.unique)
-    stopped = collect_embeddings(engine, embed, results, should_stop, finished) or collect_rows(
-        engine, generate, results, should_stop, finished
-    )
+    sink = RowSink(results, should_stop, finished)
+    stopped = collect_embeddings(engine, embed, sink) or collect_rows(engine, generate, sink)
     engine_time = engine.stats.snapshot() - before  # busy, prefill and decode seconds of this attempt
     busy = engine_time.busy_seconds
     likelihood = manifest.spec.continuation_column is not None
