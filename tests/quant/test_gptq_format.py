@@ -35,6 +35,11 @@ def test_swapped_module_loads_gptq_tensors_by_name_and_computes() -> None:
     model.proj.cpu_path = "weight_only"
     torch.testing.assert_close(model.proj(x), x @ weight.T, rtol=1e-5, atol=1e-5)
     assert model.proj.converted and set(dict(model.proj.state_dict())) == {"qweight", "scales"}
+    with_head = torch.nn.Sequential()
+    with_head.add_module("lm_head", torch.nn.Linear(256, 64, bias=False))
+    prepare_quantized_model(with_head, {"quant_method": "gptq", "bits": 4, "group_size": 64, "sym": True,
+                                        "desc_act": False, "lm_head": True})  # GPTQModel's quantized head
+    assert isinstance(with_head.lm_head, GPTQInt4Linear)
 
 
 def test_unsupported_gptq_checkpoints_are_refused() -> None:

@@ -30,11 +30,12 @@ def test_int4_gptq_from_a_parquet_column_loads_and_generates(reference_model: Pa
     pq.write_table(pa.table({"id": list(range(4)), "text": real_texts[:4]}), data)
     out = tmp_path / "gptq"
     result = _quantize(str(reference_model), "--method", "int4-gptq", "--group-size", "64",
-                       "--calibration", str(data), "--calibration-column", "text", "--output", str(out))
+                       "--calibration", str(data), "--calibration-column", "text", "--output", str(out), "--lm-head")
     assert result.exit_code == 0, result.output
-    assert "int4-gptq group 64" in result.output
+    assert "int4-gptq group 64" in result.output and "and lm_head" in result.output
     engine = Engine.from_pretrained(out, EngineConfig(device="cpu", kv_cache_bytes=8 << 20))
-    assert sum(isinstance(m, Int4Linear) for m in engine.runner.model.modules()) == 16
+    assert sum(isinstance(m, Int4Linear) for m in engine.runner.model.modules()) == 16 + 1  # the head too
+    assert isinstance(engine.runner.model.lm_head, Int4Linear) and engine.runner.model.decode_stack is not None
     [res] = engine.generate(["def add(a, b):\n"], SamplingParams(max_tokens=4, ignore_eos=True))
     assert len(res.token_ids) == 4
 
@@ -84,6 +85,15 @@ def test_bad_inputs_fail_with_a_clear_message_and_write_nothing(narrow_model: Pa
     assert message in " ".join(result.output.split()), result.output
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["rows.parquet"]  # no half-written folder beside it
+
+
+def test_lm_head_of_a_tied_model_or_fp8_is_refused(tmp_path: Path) -> None:
+    tied = make_demo_model(tmp_path / "tied", "qwen2", tie_word_embeddings=True)
+    result = _quantize(str(tied), "--method", "int8", "--lm-head", "--output", str(tmp_path / "q"))
+    assert result.exit_code == 2 and "ties lm_head to its embeddings" in " ".join(result.output.split())
+    result = _quantize(str(tied), "--method", "fp8", "--lm-head", "--output", str(tmp_path / "q"))
+    assert result.exit_code == 2 and "fp8 keeps it in full precision" in " ".join(result.output.split())
+    assert not (tmp_path / "q").exists()
 
 
 def test_existing_output_and_quantized_input_are_refused(reference_model: Path, tmp_path: Path) -> None:

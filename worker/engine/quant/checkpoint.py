@@ -1,6 +1,7 @@
 """The offline step: a full-precision checkpoint folder -> a freight-quantized checkpoint folder.
 
-Decoder Linear weights (every nn.Linear of the engine's model but lm_head) are written as
+Decoder Linear weights (every nn.Linear of the engine's model but lm_head, unless QuantizeSpec.lm_head
+asks for it too: round to nearest in the method's format, GPTQ included) are written as
 `<hf module>.qweight` / `<hf module>.scales` in freight's layouts, under the checkpoint's own
 (unfused) names, which the engine's loader stacks into its fused modules row by row; every other
 tensor and file is copied unchanged, and config.json gains a `quantization_config`. The folder is
@@ -40,6 +41,7 @@ class QuantizeSpec:
     damp: float = 0.01  # GPTQ: fraction of mean(diag H) added before inverting
     act_order: bool = False  # GPTQ: visit columns by decreasing Hessian diagonal (static groups)
     max_calibration_tokens: int = 512  # per calibration row, after tokenizing
+    lm_head: bool = False  # quantize the output head too (int8 / int4, round to nearest)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -49,6 +51,8 @@ class QuantizeSpec:
         GPTQConfig(group_size=self.group_size, damp=self.damp, act_order=self.act_order)
         if self.max_calibration_tokens < 2:
             raise ValueError("max_calibration_tokens must be at least 2")
+        if self.lm_head and self.method == "fp8":
+            raise ValueError("--lm-head quantizes the head to int8 or int4; fp8 keeps it in full precision")
 
     @property
     def quantization_config(self) -> QuantizationConfig:
@@ -56,7 +60,8 @@ class QuantizeSpec:
             return QuantizationConfig(bits=8, weight_format="fp8_e4m3")
         bits = 8 if self.method == "int8" else 4
         return QuantizationConfig(
-            bits=bits, group_size=self.group_size, method="gptq" if self.method == "int4-gptq" else "rtn"
+            bits=bits, group_size=self.group_size, method="gptq" if self.method == "int4-gptq" else "rtn",
+            lm_head=self.lm_head,
         )
 
 
@@ -77,8 +82,11 @@ def _load_all(model_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return raw, tensors
 
 
-def linear_weight_names(raw_config: dict, tensors: dict[str, torch.Tensor]) -> dict[str, tuple[str, int]]:
-    """Checkpoint name of each decoder Linear weight -> (engine module it loads into, shard index).
+def linear_weight_names(raw_config: dict, tensors: dict[str, torch.Tensor],
+                        lm_head: bool = False) -> dict[str, tuple[str, int]]:  # fmt: skip
+    """Checkpoint name of each decoder Linear weight (and lm_head's, when asked) -> (engine module it
+    loads into, shard index). Raises ValueError for lm_head when the checkpoint ties it to the
+    embeddings.
 
     The shard index orders the rows of a fused module (q, k, v; gate, up); 0 for unfused ones.
     """
@@ -90,7 +98,10 @@ def linear_weight_names(raw_config: dict, tensors: dict[str, torch.Tensor]) -> d
     cfg = ModelConfig.from_dict(raw_config)
     with torch.device("meta"):
         model = CausalLM(cfg, select_backend("torch", torch.device("cpu")), 16)
-    modules = {name for name, _ in decoder_linears(model)}
+    modules = {name for name, _ in decoder_linears(model, lm_head=lm_head)}
+    if lm_head and (cfg.tie_word_embeddings or "lm_head.weight" not in tensors):
+        raise ValueError("this model ties lm_head to its embeddings (no lm_head.weight of its own): "
+                         "quantize it without --lm-head")  # fmt: skip
     out = {}
     for name in tensors:
         if name.endswith(".weight"):
@@ -116,13 +127,16 @@ def quantize_checkpoint(
     if spec.method == "int4-gptq" and not calibration_texts:
         raise ValueError("int4-gptq needs calibration data: pass --calibration DATA.parquet")
     raw, tensors = _load_all(model_dir)
-    targets = linear_weight_names(raw, tensors)
+    targets = linear_weight_names(raw, tensors, spec.lm_head)
     if spec.method.startswith("int4"):
         for name in targets:
             check_group_size(tensors[name].shape[1], spec.group_size, name)
 
-    if spec.method == "int4-gptq":
-        quantized = _gptq_all(model_dir, targets, tensors, spec, calibration_texts or [])
+    if spec.method == "int4-gptq":  # the head (no decoder layer's Hessian covers it) round to nearest
+        head = {n: t for n, t in targets.items() if t[0] == "lm_head"}
+        layers = {n: t for n, t in targets.items() if n not in head}
+        quantized = _gptq_all(model_dir, layers, tensors, spec, calibration_texts or [])
+        quantized.update({n: quantize_int4(tensors[n], spec.group_size) for n in head})
     else:
         rtn = {"int8": quantize_int8, "fp8": quantize_fp8_rows}.get(
             spec.method, lambda w: quantize_int4(w, spec.group_size)
@@ -153,6 +167,7 @@ def quantize_checkpoint(
         output=str(output),
         method=spec.method,
         group_size=spec.group_size,
+        lm_head=spec.lm_head,
         layers=len(targets),
         **sizes,
     )

@@ -21,7 +21,9 @@ class QuantizationConfig:
     weight_format: "int" (int8 / int4) or "fp8_e4m3" (8 bits: e4m3 weights with fp32 per-channel
     scales, activations quantized per token at run time).
     method: how a freight checkpoint was made ("rtn" | "gptq"); informational at load.
-    modules_to_not_convert: Linear names (suffixes) left in full precision; lm_head always is.
+    modules_to_not_convert: Linear names (suffixes) left in full precision.
+    lm_head: the output head is quantized too, like the decoder Linears (GPTQ's `lm_head` key, and
+    freight's); False: it stays in full precision. Models whose head is tied to the embeddings keep it.
     """
 
     quant_method: str = "freight"
@@ -31,6 +33,7 @@ class QuantizationConfig:
     checkpoint_format: str = "gptq"  # gptq only: "gptq" stores zero - 1, "gptq_v2" the zero
     weight_format: str = "int"
     modules_to_not_convert: tuple[str, ...] = ()
+    lm_head: bool = False
 
     def __post_init__(self) -> None:
         if self.quant_method not in QUANT_METHODS:
@@ -49,6 +52,8 @@ class QuantizationConfig:
             )
         if self.method not in ("rtn", "gptq"):
             raise ValueError(f"quantization method {self.method!r} is not supported; use 'rtn' or 'gptq'")
+        if self.lm_head and self.weight_format != "int":
+            raise ValueError("a quantized lm_head is int8 or int4; fp8 checkpoints keep it in full precision")
         if self.bits == 4 and self.quant_method == "freight" and self.group_size not in INT4_GROUP_SIZES:
             raise ValueError(
                 f"int4 group size {self.group_size} is not supported; use one of {INT4_GROUP_SIZES}"
@@ -76,6 +81,7 @@ class QuantizationConfig:
                 method="gptq",
                 checkpoint_format=str(d.get("checkpoint_format", "gptq")),
                 modules_to_not_convert=tuple(d.get("modules_to_not_convert") or ()),
+                lm_head=bool(d.get("lm_head", False)),
             )
         if method == "freight":
             return cls(
@@ -85,6 +91,7 @@ class QuantizationConfig:
                 method=str(d.get("method", "rtn")),
                 weight_format=str(d.get("weight_format", "int")),
                 modules_to_not_convert=tuple(d.get("modules_to_not_convert") or ()),
+                lm_head=bool(d.get("lm_head", False)),
             )
         raise ValueError(
             f"quantization_config.quant_method {method!r} is not supported; freight loads {QUANT_METHODS}"
@@ -104,4 +111,6 @@ class QuantizationConfig:
             out["weight_format"] = self.weight_format
         if self.modules_to_not_convert:
             out["modules_to_not_convert"] = list(self.modules_to_not_convert)
+        if self.lm_head:
+            out["lm_head"] = True
         return out

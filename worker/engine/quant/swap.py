@@ -4,8 +4,8 @@ Two entry points, both called by the engine's loader:
 - `prepare_quantized_model`: before a quantized checkpoint's tensors are loaded, put modules whose
   parameter names match the checkpoint (`<name>.qweight`, `<name>.scales`, ...) where the Linears are.
 - `quantize_model`: after full-precision weights are loaded, quantize them round-to-nearest in place.
-Every nn.Linear is a decoder Linear except the output head (`lm_head`) and any name listed in
-`modules_to_not_convert`; fused modules (qkv, gate/up) are quantized as one matrix, which is exact
+Every nn.Linear is a decoder Linear except the output head (`lm_head`, unless the checkpoint's
+config quantizes it too) and any name listed in `modules_to_not_convert`; fused modules (qkv, gate/up) are quantized as one matrix, which is exact
 because every layout here is per output row.
 """
 
@@ -28,9 +28,10 @@ SKIPPED = ("lm_head",)
 ON_THE_FLY_METHODS = ("int8", "int4", "fp8")
 
 
-def decoder_linears(model: nn.Module, skip: tuple[str, ...] = ()) -> list[tuple[str, nn.Linear]]:
-    """(qualified name, module) of every nn.Linear to quantize, in module order."""
-    skip = SKIPPED + tuple(skip)
+def decoder_linears(model: nn.Module, skip: tuple[str, ...] = (), lm_head: bool = False) -> list[tuple[str, nn.Linear]]:
+    """(qualified name, module) of every nn.Linear to quantize, in module order (lm_head too when
+    asked)."""
+    skip = (() if lm_head else SKIPPED) + tuple(skip)
     return [
         (name, mod)
         for name, mod in model.named_modules()
@@ -86,7 +87,10 @@ def prepare_quantized_model(
     run it, or a layer whose shape does not fit it.
     """
     cfg = QuantizationConfig.from_dict(quantization_config)
-    targets = decoder_linears(model, cfg.modules_to_not_convert)
+    if cfg.lm_head and getattr(getattr(model, "cfg", None), "tie_word_embeddings", False):
+        raise ValueError("the checkpoint quantizes lm_head, but this model ties lm_head to its embeddings; "
+                         "quantize it again without the lm_head")  # fmt: skip
+    targets = decoder_linears(model, cfg.modules_to_not_convert, cfg.lm_head)
     if cfg.bits == 4:
         for name, linear in targets:
             _check_int4_shape(name, linear, cfg.group_size)
@@ -102,6 +106,7 @@ def prepare_quantized_model(
         bits=cfg.bits,
         weight_format=cfg.weight_format,
         group_size=cfg.group_size if cfg.bits == 4 else None,
+        lm_head=cfg.lm_head,
         modules=len(targets),
     )
 
