@@ -41,8 +41,8 @@ def _watch(engine: Engine) -> list[int]:
     schedule = scheduler.schedule
     peaks: list[int] = []
 
-    def watched():
-        out = schedule()
+    def watched(*args):
+        out = schedule(*args)
         running = scheduler.running
         bm.check_invariants(running)
         for s in running:

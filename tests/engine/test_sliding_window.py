@@ -25,8 +25,8 @@ def _watch_blocks(engine: Engine) -> list[int]:
     scheduler, bm = engine.scheduler, engine.block_manager
     schedule = scheduler.schedule
 
-    def watched():
-        out = schedule()
+    def watched(*args):
+        out = schedule(*args)
         peaks.append(max((bm.held(s) for s in scheduler.running), default=0))
         return out
 
