@@ -97,35 +97,29 @@ module "fleet" {
   freight_wheel_key       = var.freight_wheel_key
   worker_queues           = var.worker_queues
   worker_environment      = var.worker_environment
-  redis_host              = module.queue.endpoint
-  redis_port              = module.queue.port
-  redis_security_group_id = module.queue.security_group_id
-  redis_auth_secret_arn   = module.queue.auth_secret_arn
+  redis                   = module.queue.connection
 }
 
 module "autoscaler" {
   source = "./modules/autoscaler"
 
-  region                  = var.region
-  name                    = var.name
-  function_name           = local.function_name
-  group_name              = local.group_name
-  group_arn               = local.group_arn
-  package_dir             = var.autoscaler_package_dir
-  schedule_expression     = var.autoscaler_schedule
-  vpc_id                  = var.vpc_id
-  subnet_ids              = var.subnet_ids
-  kms_key_arn             = module.kms.key_arn
-  log_retention_days      = var.log_retention_days
-  redis_host              = module.queue.endpoint
-  redis_port              = module.queue.port
-  redis_security_group_id = module.queue.security_group_id
-  redis_auth_secret_arn   = module.queue.auth_secret_arn
-  metric_namespace        = var.metric_namespace
-  min_workers             = var.min_workers
-  max_workers             = var.max_workers
-  scale_in_cooldown_s     = var.scale_in_cooldown_s
-  idle_to_zero_s          = var.idle_to_zero_s
-  target_drain_s          = var.target_drain_s
-  default_tokens_per_s    = var.default_tokens_per_second
+  region               = var.region
+  name                 = var.name
+  function_name        = local.function_name
+  group_name           = local.group_name
+  group_arn            = local.group_arn
+  package_dir          = var.autoscaler_package_dir
+  schedule_expression  = var.autoscaler_schedule
+  vpc_id               = var.vpc_id
+  subnet_ids           = var.subnet_ids
+  kms_key_arn          = module.kms.key_arn
+  log_retention_days   = var.log_retention_days
+  redis                = module.queue.connection
+  metric_namespace     = var.metric_namespace
+  min_workers          = var.min_workers
+  max_workers          = var.max_workers
+  scale_in_cooldown_s  = var.scale_in_cooldown_s
+  idle_to_zero_s       = var.idle_to_zero_s
+  target_drain_s       = var.target_drain_s
+  default_tokens_per_s = var.default_tokens_per_second
 }

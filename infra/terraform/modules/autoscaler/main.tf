@@ -94,7 +94,7 @@ data "aws_iam_policy_document" "this" {
   statement {
     sid       = "ReadRedisToken"
     actions   = ["secretsmanager:GetSecretValue"]
-    resources = [var.redis_auth_secret_arn]
+    resources = [var.redis.auth_secret_arn]
   }
 
   # the secret and the function's environment are encrypted with the deployment's key
@@ -159,9 +159,9 @@ resource "aws_vpc_security_group_egress_rule" "https" {
 resource "aws_vpc_security_group_egress_rule" "redis" {
   security_group_id            = aws_security_group.this.id
   ip_protocol                  = "tcp"
-  from_port                    = var.redis_port
-  to_port                      = var.redis_port
-  referenced_security_group_id = var.redis_security_group_id
+  from_port                    = var.redis.port
+  to_port                      = var.redis.port
+  referenced_security_group_id = var.redis.security_group_id
   description                  = "Redis over TLS"
 }
 
@@ -199,9 +199,9 @@ resource "aws_lambda_function" "this" {
       FREIGHT_AUTOSCALE_TARGET_DRAIN_S            = tostring(var.target_drain_s)
       FREIGHT_AUTOSCALE_DEFAULT_TOKENS_PER_SECOND = tostring(var.default_tokens_per_s)
       FREIGHT_AUTOSCALE_NAMESPACE                 = var.metric_namespace
-      FREIGHT_REDIS_HOST                          = var.redis_host
-      FREIGHT_REDIS_PORT                          = tostring(var.redis_port)
-      FREIGHT_REDIS_AUTH_SECRET_ARN               = var.redis_auth_secret_arn
+      FREIGHT_REDIS_HOST                          = var.redis.host
+      FREIGHT_REDIS_PORT                          = tostring(var.redis.port)
+      FREIGHT_REDIS_AUTH_SECRET_ARN               = var.redis.auth_secret_arn
     }
   }
 
@@ -216,60 +216,34 @@ resource "aws_lambda_function_event_invoke_config" "this" {
 
 # ---- dashboard ---------------------------------------------------------------------------------
 
+locals {
+  # The dashboard's graphs, two to a row: each plots the maximum a minute of its metrics (published
+  # by the autoscaler per Auto Scaling group).
+  graphs = [
+    { title = "Backlog (shards)", metrics = ["QueuedShards", "RunningShards"] },
+    { title = "Workers", metrics = ["DesiredWorkers", "LiveWorkers", "BusyWorkers", "DemandWorkers"] },
+    { title = "Estimated tokens queued", metrics = ["EstimatedTokensQueued"] },
+  ]
+}
+
 resource "aws_cloudwatch_dashboard" "fleet" {
   dashboard_name = "${var.name}-fleet"
   dashboard_body = jsonencode({
     widgets = [
-      {
+      for i, graph in local.graphs : {
         type   = "metric"
-        x      = 0
-        y      = 0
+        x      = 12 * (i % 2)
+        y      = 6 * floor(i / 2)
         width  = 12
         height = 6
         properties = {
-          title  = "Backlog (shards)"
-          region = local.region
-          stat   = "Maximum"
-          period = 60
-          metrics = [
-            [var.metric_namespace, "QueuedShards", "AutoScalingGroupName", var.group_name],
-            [var.metric_namespace, "RunningShards", "AutoScalingGroupName", var.group_name],
-          ]
-        }
-      },
-      {
-        type   = "metric"
-        x      = 12
-        y      = 0
-        width  = 12
-        height = 6
-        properties = {
-          title  = "Workers"
-          region = local.region
-          stat   = "Maximum"
-          period = 60
-          metrics = [
-            [var.metric_namespace, "DesiredWorkers", "AutoScalingGroupName", var.group_name],
-            [var.metric_namespace, "LiveWorkers", "AutoScalingGroupName", var.group_name],
-            [var.metric_namespace, "BusyWorkers", "AutoScalingGroupName", var.group_name],
-            [var.metric_namespace, "DemandWorkers", "AutoScalingGroupName", var.group_name],
-          ]
-        }
-      },
-      {
-        type   = "metric"
-        x      = 0
-        y      = 6
-        width  = 12
-        height = 6
-        properties = {
-          title   = "Estimated tokens queued"
+          title   = graph.title
           region  = local.region
           stat    = "Maximum"
           period  = 60
-          metrics = [[var.metric_namespace, "EstimatedTokensQueued", "AutoScalingGroupName", var.group_name]]
+          metrics = [for metric in graph.metrics : [var.metric_namespace, metric, "AutoScalingGroupName", var.group_name]]
         }
-      },
+      }
     ]
   })
 }

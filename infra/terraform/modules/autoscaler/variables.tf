@@ -53,26 +53,6 @@ variable "log_retention_days" {
   type        = number
 }
 
-variable "redis_host" {
-  description = "Redis endpoint host."
-  type        = string
-}
-
-variable "redis_port" {
-  description = "Redis port."
-  type        = number
-}
-
-variable "redis_security_group_id" {
-  description = "Security group of Redis (egress target)."
-  type        = string
-}
-
-variable "redis_auth_secret_arn" {
-  description = "Secret with the Redis auth token."
-  type        = string
-}
-
 variable "metric_namespace" {
   description = "CloudWatch namespace of the backlog metrics."
   type        = string
@@ -106,4 +86,14 @@ variable "target_drain_s" {
 variable "default_tokens_per_s" {
   description = "Policy: assumed tokens per second per worker until workers report."
   type        = number
+}
+
+variable "redis" {
+  description = "The queue as its clients reach it: host, port, its security group (egress target) and the secret holding its auth token."
+  type = object({
+    host              = string
+    port              = number
+    security_group_id = string
+    auth_secret_arn   = string
+  })
 }

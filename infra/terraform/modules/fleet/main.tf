@@ -30,9 +30,9 @@ resource "aws_vpc_security_group_egress_rule" "https" {
 resource "aws_vpc_security_group_egress_rule" "redis" {
   security_group_id            = aws_security_group.worker.id
   ip_protocol                  = "tcp"
-  from_port                    = var.redis_port
-  to_port                      = var.redis_port
-  referenced_security_group_id = var.redis_security_group_id
+  from_port                    = var.redis.port
+  to_port                      = var.redis.port
+  referenced_security_group_id = var.redis.security_group_id
   description                  = "Redis over TLS"
 }
 
@@ -46,8 +46,8 @@ resource "aws_ssm_parameter" "settings" {
   type        = "SecureString"
   key_id      = var.kms_key_arn
   value = jsonencode(merge(var.worker_environment, {
-    FREIGHT_REDIS_HOST = var.redis_host
-    FREIGHT_REDIS_PORT = tostring(var.redis_port)
+    FREIGHT_REDIS_HOST = var.redis.host
+    FREIGHT_REDIS_PORT = tostring(var.redis.port)
     FREIGHT_BUCKET     = var.bucket_name
     FREIGHT_LOG_FORMAT = "json"
     AWS_DEFAULT_REGION = var.region
@@ -61,7 +61,7 @@ locals {
   user_data = templatefile("${path.module}/user_data.sh.tftpl", {
     region             = var.region
     settings_parameter = aws_ssm_parameter.settings.name
-    auth_secret_arn    = var.redis_auth_secret_arn
+    auth_secret_arn    = var.redis.auth_secret_arn
     wheel_url          = "s3://${var.bucket_name}/${var.freight_wheel_key}"
     wheel_name         = basename(var.freight_wheel_key)
     worker_args        = join(" ", concat(["--concurrency", "1"], length(var.worker_queues) > 0 ? ["--queues", join(",", var.worker_queues)] : []))

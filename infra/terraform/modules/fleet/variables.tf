@@ -88,22 +88,12 @@ variable "worker_environment" {
   type        = map(string)
 }
 
-variable "redis_host" {
-  description = "Redis endpoint host."
-  type        = string
-}
-
-variable "redis_port" {
-  description = "Redis port."
-  type        = number
-}
-
-variable "redis_security_group_id" {
-  description = "Security group of Redis (egress target)."
-  type        = string
-}
-
-variable "redis_auth_secret_arn" {
-  description = "Secret with the Redis auth token (read at boot)."
-  type        = string
+variable "redis" {
+  description = "The queue as its clients reach it: host, port, its security group (egress target) and the secret holding its auth token."
+  type = object({
+    host              = string
+    port              = number
+    security_group_id = string
+    auth_secret_arn   = string
+  })
 }

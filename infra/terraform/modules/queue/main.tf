@@ -12,6 +12,7 @@ locals {
   # serverless also serves reads on port + 1
   port      = 6379
   port_last = local.serverless ? 6380 : 6379
+  endpoint  = local.replication_group ? one(aws_elasticache_replication_group.this[*].primary_endpoint_address) : one(aws_elasticache_serverless_cache.this[*].endpoint[0].address)
 }
 
 # ---- auth token --------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 output "endpoint" {
   description = "Host to connect to (primary endpoint, or the serverless endpoint)."
-  value       = local.replication_group ? one(aws_elasticache_replication_group.this[*].primary_endpoint_address) : one(aws_elasticache_serverless_cache.this[*].endpoint[0].address)
+  value       = local.endpoint
 }
 
 output "port" {
@@ -16,4 +16,14 @@ output "auth_secret_arn" {
 output "security_group_id" {
   description = "Security group of the cache."
   value       = aws_security_group.redis.id
+}
+
+output "connection" {
+  description = "What a client of the queue needs: host, port, the security group to allow egress to, and the auth token's secret."
+  value = {
+    host              = local.endpoint
+    port              = local.port
+    security_group_id = aws_security_group.redis.id
+    auth_secret_arn   = aws_secretsmanager_secret.auth.arn
+  }
 }

@@ -1,3 +1,6 @@
+# The root module validates what its users give (variables.tf: queue_mode, queue_engine,
+# queue_replicas, ...); this module takes those values as they are.
+
 variable "name" {
   description = "Deployment name; prefixes the cache, its groups and the secret."
   type        = string
@@ -6,21 +9,11 @@ variable "name" {
 variable "mode" {
   description = "replication_group or serverless."
   type        = string
-
-  validation {
-    condition     = contains(["replication_group", "serverless"], var.mode)
-    error_message = "mode must be replication_group or serverless."
-  }
 }
 
 variable "engine" {
   description = "valkey or redis."
   type        = string
-
-  validation {
-    condition     = contains(["valkey", "redis"], var.engine)
-    error_message = "engine must be valkey or redis."
-  }
 }
 
 variable "node_type" {
@@ -31,11 +24,6 @@ variable "node_type" {
 variable "replicas" {
   description = "Replicas beside the primary (replication group); at least one, for Multi-AZ failover."
   type        = number
-
-  validation {
-    condition     = var.replicas >= 1 && var.replicas <= 5
-    error_message = "replicas must be between 1 and 5: the queue holds every job's pending shards, so it fails over across AZs."
-  }
 }
 
 variable "serverless_max_ecpu" {
