@@ -140,7 +140,7 @@ class EmbeddedExecutor:
         from worker.local import load_engine
 
         spec = job.manifest.spec
-        key = (spec.model, spec.quantization, spec.speculative, spec.speculative_tokens)
+        key = (spec.model, spec.quantization, spec.quant_group, spec.speculative, spec.speculative_tokens)
         if self._engine is not None and self._engine_key == key:
             return self._engine, 0.0
         self._engine = self._engine_key = None

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from contracts.quantization import check_quant_group, quantization_label
 from freight_cli.common import fail
 from freight_cli.job_estimate import estimate_manifest
 from freight_cli.job_options import JobOptionValues, absolute, spec_from_options, with_job_options
@@ -65,7 +66,7 @@ def estimate_cmd(
     Console(highlight=False).print(t)
 
 
-@with_job_options(only=("instance_type", "price_per_hour", "quantization"))
+@with_job_options(only=("instance_type", "price_per_hour", "quantization", "quant_group"))
 def profile_cmd(
     job: JobOptionValues,
     model: str = typer.Argument(..., metavar="MODEL", help="checkpoint folder or s3://bucket/prefix"),
@@ -77,20 +78,25 @@ def profile_cmd(
     from jobs.profile_store import ProfileStore, profile_key
     from worker.profile_run import run_profile
 
-    instance_type, quantization = job["instance_type"], job["quantization"]
+    instance_type, quantization, group = job["instance_type"], job["quantization"], job["quant_group"]
+    try:
+        check_quant_group(quantization, group)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    label = quantization_label(quantization, group)
     settings = get_settings()
     try:
         with tempfile.TemporaryDirectory(prefix="freight-profile-") as tmp:
             t0 = time.perf_counter()
             profile = run_profile(absolute(model), Path(tmp), settings, instance_type=instance_type,
-                                  quantization=quantization, rows=rows, max_tokens=max_tokens,
+                                  quantization=quantization, quant_group=group, rows=rows, max_tokens=max_tokens,
                                   price_per_hour=job["price_per_hour"])  # fmt: skip
             took = time.perf_counter() - t0
     except (FreightError, ValueError) as exc:
         raise fail(str(exc)) from None
-    ProfileStore.for_settings(settings).put(profile_key(absolute(model), instance_type, quantization), profile)
+    ProfileStore.for_settings(settings).put(profile_key(absolute(model), instance_type, label), profile)
     Console(highlight=False).print(
-        f"profile of {model} on {instance_type} ({quantization or 'no quantization'}), measured in {took:.1f} s: "
+        f"profile of {model} on {instance_type} ({label or 'no quantization'}), measured in {took:.1f} s: "
         f"prefill {profile.prefill_tokens_per_s:,.0f} tok/s, decode {profile.decode_tokens_per_s:,.0f} tok/s, "
         f"stop fraction {profile.stop_fraction:.2f}, load {profile.load_seconds:.1f} s, "
         f"{profile.shard_overhead_s:.2f} s per shard\nstored in {ProfileStore.for_settings(settings).path}",

@@ -44,7 +44,7 @@ def estimate_manifest(manifest: Manifest, settings: Settings, prices: Path | Non
     spec = manifest.spec
     model_dir = resolve_model(spec.model, settings)
     config = json.loads((Path(model_dir) / "config.json").read_text())
-    key = profile_key(spec.model, spec.instance_type, spec.quantization)
+    key = profile_key(spec.model, spec.instance_type, spec.quantization_label)
     profile = ProfileStore.for_settings(settings).get(key) or DEFAULT_PROFILE
     counts = count_tokens(manifest, Tokenizer(Path(model_dir)), settings, config.get("max_position_embeddings"),
                           stop_hazard=profile.stop_hazard)  # fmt: skip

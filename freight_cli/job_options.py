@@ -178,6 +178,7 @@ def spec_from_options(
     market: str,
     price_per_hour: float | None,
     quantization: str | None,
+    quant_group: int | None = None,
     speculative: str | None = None,
     speculative_tokens: int | None = None,
 ) -> JobSpec:
@@ -217,6 +218,7 @@ def spec_from_options(
             market=market,
             price_per_hour=price_per_hour,
             quantization=quantization,
+            quant_group=quant_group,
             speculative=speculative if speculative is None or speculative == "ngram" or not speculative.startswith("draft:")
             else "draft:" + absolute(speculative[len("draft:") :]),
             speculative_tokens=speculative_tokens,

@@ -101,6 +101,9 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("quantization", Literal["int8", "int4", "fp8"] | None,
               "quantize the weights at load (int8/int4: round to nearest; fp8: e4m3, on GPUs of compute "
               "capability 8.9+ such as L4, L40S, H100, H200)"),
+    JobOption("quant_group", int | None,
+              "--quantization int4: the group size along K, 32, 64 or 128 (smaller: closer to the model, a "
+              "few more bytes; default: the largest that divides every layer)", None, "G"),
     JobOption("speculative", str | None,
               "speculative decoding: ngram proposes the tokens that followed the text's last 1-4 tokens "
               "earlier in the prompt or completion (copy-heavy tasks); draft:PATH a smaller checkpoint with "

@@ -158,7 +158,7 @@ def record_report(report: dict[str, Any], manifest: Manifest, settings: Settings
         if profile is not None:
             spec = manifest.spec
             store = ProfileStore.for_settings(settings)
-            key = profile_key(spec.model, spec.instance_type, spec.quantization)
+            key = profile_key(spec.model, spec.instance_type, spec.quantization_label)
             old = store.get(key)
             if old is not None and old.decode_context_tokens_per_s is not None:
                 # a job's totals cannot separate decode's two terms: keep `freight profile`'s fit

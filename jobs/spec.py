@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from contracts.constraint import Constraint, schema_object
+from contracts.quantization import check_quant_group, quantization_label
 from contracts.sampling import (
     LogitBias,
     Logprobs,
@@ -138,7 +139,7 @@ class JobSpec(LaterFields):
     model_config = ConfigDict(frozen=True, extra="forbid")
     # added after the first manifests: left out of the JSON (and the job id) at their defaults (LaterFields)
     LATER: ClassVar[tuple[str, ...]] = (
-        "task", "dimensions", "speculative", "speculative_tokens", "row_constraints", "model_name",
+        "task", "dimensions", "speculative", "speculative_tokens", "row_constraints", "model_name", "quant_group",
     )
 
     input: str = Field(..., min_length=1, description="Parquet file, folder/prefix of Parquet, or .jsonl")
@@ -161,6 +162,8 @@ class JobSpec(LaterFields):
     market: Literal["on-demand", "spot"] = "on-demand"
     price_per_hour: float | None = Field(None, ge=0.0, description="USD per hour; overrides the table")
     quantization: Literal["int8", "int4", "fp8"] | None = None
+    quant_group: int | None = Field(None, description="int4's group size along K (32, 64, 128); None: the largest "
+                                    "that divides every layer")
     speculative: str | None = Field(
         None, description='speculative decoding: "ngram" (prompt lookup) or "draft:PATH" (a draft checkpoint)'
     )
@@ -211,7 +214,13 @@ class JobSpec(LaterFields):
             raise ValueError("--speculative speeds up generation; --task embed generates nothing")
         if self.output == self.input:
             raise ValueError("the output must differ from the input: results would overwrite the dataset")
+        check_quant_group(self.quantization, self.quant_group)
         return self
+
+    @property
+    def quantization_label(self) -> str | None:
+        """What the loader does to the weights, as one string ("int4-g32"; None: nothing)."""
+        return quantization_label(self.quantization, self.quant_group)
 
     @property
     def job_id(self) -> str:

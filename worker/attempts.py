@@ -80,7 +80,7 @@ def unfinished_strikes(rt: ProcessRuntime, job_id: str, shard: int) -> int:
 
 
 def rate_key(manifest: Manifest) -> str:
-    return f"{manifest.spec.model}|{manifest.spec.quantization or ''}"
+    return f"{manifest.spec.model}|{manifest.spec.quantization_label or ''}"
 
 
 def model_rate(rt: ProcessRuntime, manifest: Manifest) -> float | None:

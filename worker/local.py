@@ -42,15 +42,16 @@ def load_engine(
 ) -> tuple[Any, float]:
     """(engine, seconds it took to load) for the manifest's model (S3 models via the local cache)."""
     spec = manifest.spec
-    return load_model_engine(spec.model, spec.quantization, settings, device, spec.speculative, spec.speculative_tokens)
+    return load_model_engine(spec.model, spec.quantization, settings, device, spec.speculative, spec.speculative_tokens,
+                             spec.quant_group)
 
 
 def load_model_engine(
     model: str, quantization: str | None, settings: Settings | None = None, device: str | None = None,
-    speculative: str | None = None, speculative_tokens: int | None = None,
+    speculative: str | None = None, speculative_tokens: int | None = None, quant_group: int | None = None,
 ) -> tuple[Any, float]:
     """(engine, seconds it took to load) for `model` (a folder or s3:// prefix, as a job spec names it);
-    speculative: the job spec's "ngram" | "draft:PATH" (None: off)."""
+    speculative: the job spec's "ngram" | "draft:PATH" (None: off); quant_group: int4's group size."""
     import torch
     from safetensors import SafetensorError
 
@@ -62,7 +63,7 @@ def load_model_engine(
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         spec = None if speculative is None else SpeculativeConfig.parse(speculative, speculative_tokens)
-        config = EngineConfig(device=device, quantization=quantization, speculative=spec)
+        config = EngineConfig(device=device, quantization=quantization, quant_group=quant_group, speculative=spec)
         engine = Engine.from_pretrained(str(model_dir), config)
     # a checkpoint the engine cannot use (jobs.model_check refused most before the manifest)
     except (ValueError, KeyError, OSError, SafetensorError) as exc:

@@ -66,13 +66,14 @@ def fit_decode(shards: list[tuple[float, float, float]]) -> tuple[float, float] 
 
 
 def run_profile(model: str, workdir: Path, settings: Settings, *, instance_type: str = "cpu-local",
-                quantization: str | None = None, rows: int = 64, max_tokens: int = 64,
-                price_per_hour: float | None = None) -> Profile:  # fmt: skip
+                quantization: str | None = None, quant_group: int | None = None, rows: int = 64,
+                max_tokens: int = 64, price_per_hour: float | None = None) -> Profile:  # fmt: skip
     """Run the synthetic job on this machine and fit its cost report (FreightError if it cannot)."""
     data = workdir / "profile.parquet"
     pq.write_table(pa.table({"prompt": synthetic_prompts(rows)}), data)
     common = ["--model", model, "--instance-type", instance_type]
     common += ["--quantization", quantization] if quantization else []
+    common += ["--quant-group", str(quant_group)] if quant_group is not None else []
     common += ["--price-per-hour", repr(price_per_hour)] if price_per_hour is not None else []
     # a warm-up run first: kernels built, weights in the page cache (one-time costs a later run does
     # not pay), in its own process, so the measured run shares the machine with no loaded engine

@@ -59,6 +59,8 @@ def _engine_for(rt: ProcessRuntime, manifest: Manifest) -> tuple[Any, float]:
     """The cached engine for this job's model; (engine, load seconds charged to this shard)."""
     spec = manifest.spec
     key: tuple = (spec.model, spec.quantization)  # the key `freight worker --model` preloads
+    if spec.quant_group is not None:
+        key += (spec.quant_group,)
     if spec.speculative is not None:
         key += (spec.speculative, spec.speculative_tokens)
     return rt.models.get_timed(key, lambda: load_engine(manifest, rt.settings)[0])

@@ -72,6 +72,7 @@ def plan_batch(store: ObjectStore, record: BatchRecord, config: ServeConfig, set
             market=config.market,
             price_per_hour=config.price_per_hour,
             quantization=model.quantization,
+            quant_group=model.quant_group,
             speculative=model.speculative,
             speculative_tokens=model.speculative_tokens,
             model_name=name,

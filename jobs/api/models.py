@@ -9,6 +9,7 @@ table with the path and the engine settings a job spec takes:
 [qwen3-small]
 path = "/models/Qwen3-0.6B"       # relative paths are relative to this file's folder
 quantization = "int8"             # int8 | int4 | fp8
+quant_group = 32                  # int4 only: its group size (32 | 64 | 128)
 speculative = "ngram"             # ngram | draft:PATH
 speculative_tokens = 8
 ```
@@ -24,8 +25,9 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from contracts.quantization import check_quant_group
 from jobs.errors import FreightError
 
 
@@ -37,8 +39,14 @@ class ServedModel(BaseModel):
     name: str = Field(..., min_length=1, max_length=256)
     path: str = Field(..., min_length=1, description="checkpoint folder or s3://bucket/prefix")
     quantization: Literal["int8", "int4", "fp8"] | None = None
+    quant_group: int | None = Field(None, description="int4's group size along K: 32, 64 or 128")
     speculative: str | None = Field(None, description='"ngram" or "draft:PATH"')
     speculative_tokens: int | None = Field(None, ge=1, le=16)
+
+    @model_validator(mode="after")
+    def _quant_group(self) -> ServedModel:
+        check_quant_group(self.quantization, self.quant_group)
+        return self
 
     @field_validator("speculative")
     @classmethod

@@ -46,6 +46,9 @@ def test_diff_names_each_difference() -> None:
         {"shard_rows": 0},
         {"market": "reserved"},
         {"quantization": "int3"},
+        {"quantization": "int8", "quant_group": 32},  # a group is int4's
+        {"quant_group": 32},
+        {"quantization": "int4", "quant_group": 48},
         {"unknown_field": 1},
         {"output": "in.parquet"},
         {"continuation_column": "prompt"},
@@ -54,6 +57,15 @@ def test_diff_names_each_difference() -> None:
 def test_bad_specs_are_refused(kw: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         _spec(**kw)
+
+
+def test_quant_group_is_a_later_field_of_int4_jobs() -> None:
+    """An int4 job's group size: in the job id and the engine's keys when set, out of the manifest at None."""
+    int4 = _spec(quantization="int4")
+    grouped = _spec(quantization="int4", quant_group=32)
+    assert "quant_group" not in int4.model_dump(mode="json") and grouped.model_dump(mode="json")["quant_group"] == 32
+    assert grouped.job_id != int4.job_id
+    assert (int4.quantization_label, grouped.quantization_label, _spec().quantization_label) == ("int4", "int4-g32", None)
 
 
 def test_spec_is_frozen() -> None:

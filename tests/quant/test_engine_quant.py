@@ -124,6 +124,10 @@ def test_on_the_fly_int4_picks_a_group_that_fits_a_small_model(tmp_path: Path) -
     assert linears and {m.group_size for m in linears} == {64}
     [out] = engine.generate(["def f(x):"], SamplingParams(max_tokens=4, ignore_eos=True))
     assert len(out.token_ids) == 4 and out.error is None
+    engine = _engine(tmp_path / "tiny", quantization="int4", quant_group=32)  # --quant-group 32
+    assert {m.group_size for m in engine.runner.model.modules() if isinstance(m, Int4Linear)} == {32}
+    with pytest.raises(ValueError, match="needs --quantization int4"):
+        EngineConfig(quantization="int8", quant_group=32)
 
 
 def test_gptq_format_checkpoint_loads_to_the_dequantized_weights(reference_model: Path, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from contracts.quantization import check_quant_group
 from worker.engine.speculation.config import SpeculativeConfig
 
 BACKEND_NAMES = ("auto", "cpu", "torch", "triton")
@@ -32,6 +33,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     backend: str = "auto"  # "auto": triton on CUDA, cpu (C decode kernel) on the CPU, else torch
     quantization: str | None = None  # quantize on the fly when the checkpoint is not quantized
+    quant_group: int | None = None  # int4 on the fly: the group size (None: the largest dividing every layer)
     max_model_len: int | None = None  # cap on prompt + completion; None: the model's own limit
     seed: int = 0  # seed of requests whose SamplingParams.seed is None (salted by request index)
     # torch intra-op threads, set process-wide at load; None leaves torch's choice. On a CPU shared
@@ -78,6 +80,7 @@ class EngineConfig:
             raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {self.backend!r}")
         if self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
+        check_quant_group(self.quantization, self.quant_group)
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1 or None, got {self.num_threads}")
         cuda = self.torch_device.type == "cuda"

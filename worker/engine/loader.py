@@ -120,7 +120,7 @@ def load_model(model_dir: Path, config: EngineConfig, backend: Backend, max_posi
     elif config.quantization is not None:
         from worker.engine.quant import check_quantization
 
-        check_quantization(model, config.quantization, config.torch_device)  # before any weight loads
+        check_quantization(model, config.quantization, config.torch_device, config.quant_group)  # before any weight loads
     check_model_size(model, files, config.torch_device, model.rotary_bytes())  # before anything is allocated
     model.to_empty(device=config.torch_device)
     model.to(config.torch_dtype)  # floating-point tensors only; packed integer weights keep theirs
@@ -133,7 +133,7 @@ def load_model(model_dir: Path, config: EngineConfig, backend: Backend, max_posi
     if config.quantization is not None and quant_config is None:
         from worker.engine.quant import quantize_model
 
-        quantize_model(model, config.quantization)
+        quantize_model(model, config.quantization, config.quant_group)
     model.eval()
     if config.torch_device.type == "cpu":  # weights streamed in layer order from huge pages (host_memory)
         pack_parameters(model)

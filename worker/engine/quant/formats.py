@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from contracts.quantization import INT4_GROUP_SIZES
 from kernels.reference.quant_matmul import pack_int4, unpack_int4
 
 # pack_int4 / unpack_int4 come from the kernels' reference: one definition of the nibble order.
@@ -29,7 +30,6 @@ __all__ = [
     "unpack_int4",
 ]
 
-INT4_GROUP_SIZES = (32, 64, 128)
 
 
 def check_group_size(in_features: int, group_size: int, name: str = "weight") -> None:
