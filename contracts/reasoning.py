@@ -277,6 +277,7 @@ class ReasoningSplit:
     reasoning: str | None  # the thinking's text; None when the output has no thinking
     answer: str  # the answer's text (the `completion`)
     reasoning_tokens: int
+    answer_ids: tuple[int, ...] = ()  # the answer's tokens (think: after `</think>`; harmony: final content)
     messages: tuple[HarmonyMessage, ...] = ()  # harmony: every message (tool calls are read from them)
 
 
@@ -298,10 +299,9 @@ def split_output(tokens: ReasoningTokens, prompt_ids: Sequence[int], output_ids:
         opened = opened or stream.phase == "thinking"
     if tokens.format.family == "think":
         reasoning = decode(thinking).strip("\n") if opened else None
-        return ReasoningSplit(reasoning, decode(answer).lstrip("\n"), stream.thinking_tokens)
+        return ReasoningSplit(reasoning, decode(answer).lstrip("\n"), stream.thinking_tokens, tuple(answer))
     messages = tuple(stream.messages)
     analysis = [decode(m.content) for m in messages if m.channel == "analysis"]
-    said = [decode(m.content) for m in messages
-            if m.channel == "final" or (m.channel == "commentary" and m.recipient is None)]  # fmt: skip
-    return ReasoningSplit("\n\n".join(analysis) if analysis else None, "\n\n".join(said), stream.thinking_tokens,
-                          messages)  # fmt: skip
+    said = [m for m in messages if m.channel == "final" or (m.channel == "commentary" and m.recipient is None)]
+    return ReasoningSplit("\n\n".join(analysis) if analysis else None, "\n\n".join(decode(m.content) for m in said),
+                          stream.thinking_tokens, tuple(t for m in said for t in m.content), messages)  # fmt: skip

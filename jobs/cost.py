@@ -86,6 +86,7 @@ class ShardRecord(BaseModel):
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    reasoning_tokens: int = Field(0, description="of completion_tokens, the thinking of chat rows that think")
     busy_seconds: float = Field(description="engine busy time in this attempt")
     prefill_seconds: float = Field(0.0, description="of busy_seconds, the prefill share (EngineStats)")
     decode_seconds: float = Field(0.0, description="of busy_seconds, the decode share")
@@ -211,6 +212,7 @@ def build_report(
     prompt = sum(r.prompt_tokens for r in shards)
     cached = sum(r.cached_tokens for r in shards)
     completion = sum(r.completion_tokens for r in shards)
+    reasoning = sum(r.reasoning_tokens for r in shards)
     busy = sum(r.busy_seconds for r in shards)
     prefill_s = sum(r.prefill_seconds for r in shards)
     decode_s = sum(r.decode_seconds for r in shards)
@@ -230,6 +232,9 @@ def build_report(
         "prompt_tokens": prompt,
         "cached_tokens": cached,
         "completion_tokens": completion,
+        # of completion_tokens, the thinking (priced as output: its share of the output cost)
+        "reasoning_tokens": reasoning,
+        "answer_tokens": completion - reasoning,
         "busy_seconds": busy,
         "prefill_seconds": prefill_s,
         "decode_seconds": decode_s,
@@ -246,6 +251,7 @@ def build_report(
         # the cost split by engine time (split_cost); each side per million of its tokens
         "input_cost_usd": input_cost,
         "output_cost_usd": output_cost,
+        "reasoning_cost_usd": output_cost * reasoning / completion if completion else 0.0,
         "usd_per_million_input_tokens": _per_million(input_cost, prompt),
         "usd_per_million_output_tokens": _per_million(output_cost, completion),
         "tokens_per_second": (prompt + completion) / busy if busy else None,

@@ -39,6 +39,9 @@ LIKELIHOOD_FIELDS = [
 TOKEN_LOGPROB = pa.struct(
     [pa.field("token", pa.string()), pa.field("token_id", pa.int32()), pa.field("logprob", pa.float32())]
 )
+# A parsed tool call (OpenAI's message.tool_calls[i], its function flattened): arguments is JSON text
+TOOL_CALL = pa.struct([pa.field("id", pa.string()), pa.field("type", pa.string()), pa.field("name", pa.string()),
+                       pa.field("arguments", pa.string())])  # fmt: skip
 # Then, in every result: the request's endpoint and what n > 1, logprobs, embeddings and JSON
 # constraints add (null where the row did not ask for them). README "Result schema" documents each.
 REQUEST_FIELDS = [
@@ -52,6 +55,11 @@ REQUEST_FIELDS = [
     pa.field("embedding", pa.list_(pa.float32())),  # embeddings rows
     pa.field("parsed", pa.string()),  # JSON constraint, choice 0 finished "stop": the value, compact JSON
     pa.field("parsed_choices", pa.list_(pa.string())),  # n > 1 with a JSON constraint: each choice's
+    pa.field("reasoning", pa.string()),  # a thinking chat row: choice 0's thinking (completion: its answer)
+    pa.field("reasoning_tokens", pa.int32()),  # thinking tokens of every choice (null: the row cannot think)
+    pa.field("reasoning_choices", pa.list_(pa.string())),  # n > 1: each choice's reasoning
+    pa.field("tool_calls", pa.list_(TOOL_CALL)),  # a row with tools: choice 0's calls
+    pa.field("tool_calls_choices", pa.list_(pa.list_(TOOL_CALL))),  # n > 1 with tools: each choice's
 ]
 # Per-row sampling columns of a Parquet input (a JSONL body's names and rules): read when present.
 SAMPLING_COLUMNS = (
@@ -70,6 +78,9 @@ SAMPLING_COLUMNS = (
     "min_p",
     "min_tokens",
     "logit_bias",
+    "reasoning_budget",
+    "reasoning_effort",
+    "chat_template_kwargs",
 )
 # Per-row structured-output columns (contracts/row_constraint.py; at most one per row): read only when
 # the job opts in (JobSpec.row_constraints, --row-constraints), else plain data: a dataset's `choice`

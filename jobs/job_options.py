@@ -78,6 +78,14 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("min_tokens", int, "tokens to generate before EOS may end a row", 0, "N"),
     JobOption("logit_bias", str | None,
               'bias added to token logits, e.g. \'{"50256": -100}\' (token id: [-100, 100])', None, "JSON"),
+    # Chat rows of a model that thinks (README "Reasoning"); a row's body field or column overrides each.
+    JobOption("reasoning_budget", int | None,
+              "thinking tokens per row, at most: then the model's end-of-thinking marker is written and the "
+              "answer follows (--max-tokens bounds thinking and answer together)", None, "N"),
+    JobOption("reasoning_effort", Literal["low", "medium", "high"] | None,
+              "the chat template's reasoning effort (gpt-oss)", None),
+    JobOption("no_thinking", bool, "turn the model's thinking off (the chat template's enable_thinking=False: "
+              "Qwen3)", False),
     # Structured output for every row without its own constraint (README "Structured output"); at
     # most one of the three. freight_cli/constraint_options.py reads the file and splits the choices.
     JobOption("json_schema", Path | None,

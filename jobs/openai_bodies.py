@@ -80,14 +80,34 @@ def completion_logprobs(tokens: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def usage(row: dict[str, Any]) -> dict[str, Any]:
-    """Token counts as OpenAI bills them: completion_tokens counts every choice."""
+    """Token counts as OpenAI bills them: completion_tokens counts every choice, the thinking of a row
+    that can think included (`completion_tokens_details.reasoning_tokens` says how much of it)."""
     prompt, completion = int(row["prompt_tokens"]), int(row["completion_tokens"])
-    return {
+    out = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": int(row["cached_tokens"])},
     }
+    if row.get("reasoning_tokens") is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": int(row["reasoning_tokens"])}
+    return out
+
+
+def chat_message(row: dict[str, Any], index: int, text: str) -> dict[str, Any]:
+    """Choice `index`'s assistant message: its content, and its reasoning (`reasoning_content`, as vLLM
+    names it) and tool calls when the row has them (content null when the calls are all it says)."""
+    several = row.get("completions") is not None
+    reasoning = (row.get("reasoning_choices") or [None] * (index + 1))[index] if several else row.get("reasoning")
+    calls = (row.get("tool_calls_choices") or [None] * (index + 1))[index] if several else row.get("tool_calls")
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if calls:
+        message["content"] = text or None
+        message["tool_calls"] = [{"id": c["id"], "type": c["type"], "function": {"name": c["name"],
+                                  "arguments": c["arguments"]}} for c in calls]  # fmt: skip
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    return message
 
 
 def generation_body(
@@ -105,7 +125,7 @@ def generation_body(
         if logprobs is not None:
             lp = chat_logprobs(logprobs[index]) if chat else completion_logprobs(logprobs[index])
         if chat:
-            message = {"role": "assistant", "content": text, "refusal": None}
+            message = chat_message(row, index, text)
             out.append({"index": index, "message": message, "finish_reason": reason, "logprobs": lp})
         else:
             out.append({"index": index, "text": text, "finish_reason": reason, "logprobs": lp})

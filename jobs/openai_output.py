@@ -39,6 +39,7 @@ class OpenAIExport:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ def export_openai(
     `ended` ("expired", "cancelled" or "failed"), the other shards' lines too: the rows their
     interrupted attempts finished, and every other request to `errors` (ENDED)."""
     check_exportable(manifest)
-    total = failed = prompt = cached = completion = 0
+    total = failed = prompt = cached = completion = reasoning = 0
     for shard in manifest.shards:
         if shard.index in shard_indices:
             lines: Iterator[Line] = shard_lines(store, manifest, shard)
@@ -186,7 +187,8 @@ def export_openai(
                 prompt += int(row["prompt_tokens"])
                 cached += int(row["cached_tokens"])
                 completion += int(row["completion_tokens"])
-    return OpenAIExport(total, failed, prompt, cached, completion)
+                reasoning += int(row.get("reasoning_tokens") or 0)
+    return OpenAIExport(total, failed, prompt, cached, completion, reasoning)
 
 
 __all__ = ["OpenAIExport", "RequestIds", "check_exportable", "export_openai"]

@@ -28,6 +28,7 @@ from jobs.manifest import (
     write_or_match,
 )
 from jobs.model_check import check_draft, check_model
+from jobs.reasoning_check import check_reasoning
 from jobs.settings import Settings, get_settings
 from jobs.spec import JobSpec, SamplingSpec
 from jobs.storage import ObjectStore, open_store
@@ -96,6 +97,7 @@ def _plan(
         check_draft(spec.model, spec.speculative[len("draft:") :], settings)
     check_sampling(spec.sampling, settings or get_settings(), int(config["vocab_size"]))
     input_plan, prompts, requests = inspect_input(spec, settings)
+    check_reasoning(spec, input_plan.prompt_kind, settings)
     shards = cut_shards(prompts, spec.shard_rows)
     manifest = Manifest(
         job_id=spec.job_id,

@@ -55,7 +55,7 @@ def warn_unread_constraints(spec: JobSpec, names: list[str]) -> None:
 
 # Parquet types each per-row sampling column may have (values are then checked per row, as a JSONL
 # body's fields are: a bad value is that row's error).
-_INTEGER_COLUMNS = ("max_tokens", "seed", "top_k", "n", "top_logprobs", "min_tokens")
+_INTEGER_COLUMNS = ("max_tokens", "seed", "top_k", "n", "top_logprobs", "min_tokens", "reasoning_budget")
 
 
 def check_override_types(schema: pa.Schema, overrides: tuple[str, ...]) -> None:
@@ -70,6 +70,10 @@ def check_override_types(schema: pa.Schema, overrides: tuple[str, ...]) -> None:
             expected = "a string or a list of strings"
         elif column == "logprobs":
             ok, expected = pa.types.is_boolean(t) or pa.types.is_integer(t), "true/false or an integer (top count)"
+        elif column == "reasoning_effort":
+            ok, expected = is_string(t), "strings (low, medium or high)"
+        elif column == "chat_template_kwargs":
+            ok, expected = is_string(t) or pa.types.is_struct(t), "JSON text or a struct of template variables"
         elif column in ("json_schema", "regex"):
             ok, expected = is_string(t), "strings" + (" (JSON text of a schema)" if column == "json_schema" else "")
         elif column == "response_format":

@@ -19,6 +19,8 @@ from contracts.sampling import (
     MinTokens,
     N,
     Penalty,
+    ReasoningBudget,
+    ReasoningEffort,
     RepetitionPenalty,
     SamplingParams,
     Seed,
@@ -42,7 +44,7 @@ class SamplingSpec(LaterFields):
     # added after spec version 1: left out of the JSON (and the job id) at their defaults (LaterFields)
     LATER: ClassVar[tuple[str, ...]] = (
         "n", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens",
-        "logit_bias", "json_schema", "regex", "choice",
+        "logit_bias", "json_schema", "regex", "choice", "reasoning_budget", "reasoning_effort", "thinking",
     )
 
     max_tokens: MaxTokens = 128
@@ -59,6 +61,11 @@ class SamplingSpec(LaterFields):
     min_p: MinP = 0.0
     min_tokens: MinTokens = 0
     logit_bias: LogitBias = ()
+    # chat rows of a model that thinks (README "Reasoning"): a budget of thinking tokens, and the
+    # chat template's reasoning effort and thinking switch (enable_thinking)
+    reasoning_budget: ReasoningBudget | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    thinking: bool = Field(True, description="false: enable_thinking=False in the chat template (--no-thinking)")
     # structured output for every row without its own (README "Structured output"); at most one
     json_schema: str | None = Field(
         None, description="a JSON schema (a dict or its JSON text), kept as compact JSON text"

@@ -16,18 +16,27 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
-from contracts.sampling import REQUEST_FIELDS, SAMPLING_HINTS, Logprobs, MaxTokens
+from contracts.sampling import (
+    REQUEST_FIELDS,
+    SAMPLING_HINTS,
+    ChatTemplateKwargs,
+    Logprobs,
+    MaxTokens,
+    ReasoningEffort,
+)
 from jobs.endpoints import URL_OF_ENDPOINT, Endpoint
 from worker.chat_messages import chat_messages
 
 # Fields OpenAI or vLLM know that freight does not run, with the reason (other unknown fields get a
 # generic message).
 _NOT_RUN = {
-    "tools": "tool calling is not supported",
-    "tool_choice": "tool calling is not supported",
-    "parallel_tool_calls": "tool calling is not supported",
-    "functions": "function calling is not supported",
-    "function_call": "function calling is not supported",
+    "tools": "tool calls are chat requests' (/v1/chat/completions)",
+    "tool_choice": "tool calls are chat requests' (/v1/chat/completions)",
+    "parallel_tool_calls": "tool calls are chat requests' (/v1/chat/completions)",
+    "reasoning_effort": "reasoning is a chat request's (/v1/chat/completions)",
+    "chat_template_kwargs": "a chat template renders chat requests (/v1/chat/completions)",
+    "functions": "functions are deprecated: give tools",
+    "function_call": "function_call is deprecated: give tool_choice",
     "best_of": "best_of is not supported (ask for n choices instead)",
     "suffix": "insertion (suffix) is not supported",
     "audio": "audio output is not supported",
@@ -77,9 +86,16 @@ class _Request(SamplingFields):  # type: ignore[misc,valid-type]
 
 
 class ChatBody(_Request):
-    messages: list[dict[str, str | None]]  # replaced by chat_messages' checked copy
+    messages: list[dict[str, Any]]  # replaced by chat_messages' checked copy
     logprobs: bool | None = None
     top_logprobs: Logprobs | None = None
+    # the chat template's inputs (worker/chat_render.py)
+    reasoning_effort: ReasoningEffort | None = None
+    chat_template_kwargs: ChatTemplateKwargs | None = None
+    # values checked by worker/tool_request.py
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -123,6 +139,8 @@ class RowColumns(SamplingFields):  # type: ignore[misc,valid-type]
 
     logprobs: bool | int | None = None
     top_logprobs: Logprobs | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    chat_template_kwargs: Any = None  # a struct, or JSON text (worker/row_requests.py reads it)
     # structured output: values checked by contracts/row_constraint.py (column_constraint)
     response_format: Any = None
     json_schema: Any = None

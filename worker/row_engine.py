@@ -64,4 +64,5 @@ def collect_rows(engine: Any, pending: list[RowRequest], sink: RowSink) -> bool:
         return texts[tid]
 
     stream = engine.stream(prompts, params, should_stop=sink.should_stop)
-    return sink.drain(((pending[o.index], from_output(o, pending[o.index], token_text)) for o in stream), len(pending))
+    outs = ((pending[o.index], from_output(o, pending[o.index], token_text, engine.tokenizer)) for o in stream)
+    return sink.drain(outs, len(pending))

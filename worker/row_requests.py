@@ -19,7 +19,8 @@ from typing import Any
 import pyarrow as pa
 
 from contracts.constraint import Constraint
-from contracts.row_constraint import body_constraint, column_constraint
+from contracts.reasoning import ReasoningFormat
+from contracts.row_constraint import RowConstraint, body_constraint, column_constraint
 from contracts.sampling import SamplingParams
 from jobs.endpoints import ENDPOINT_OF_URL
 from jobs.errors import InputError
@@ -27,6 +28,7 @@ from jobs.manifest import InputPlan
 from jobs.settings import get_settings
 from jobs.spec import JobSpec
 from worker.chat_messages import chat_messages
+from worker.chat_render import render_chat, template_kwargs, tool_format
 from worker.request_body import (
     ChatBody,
     CompletionBody,
@@ -35,6 +37,8 @@ from worker.request_body import (
     parse_columns,
 )
 from worker.row_sampling import column_logprobs, resolve_sampling
+from worker.tool_formats import forced_calls
+from worker.tool_request import ToolRequest, tool_request
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ class RowRequest:
     dimensions: int | None = None  # embeddings: keep the first `dimensions` values
     encoding_format: str = "float"  # embeddings: float | base64 (the output's encoding)
     echo_text: str | None = None  # completions with echo: the prompt's text, put before each choice
+    tools: ToolRequest | None = None  # chat with tools (tool_choice not none): the answer's calls are parsed
+    tool_format: str | None = None  # how the model writes them (worker/tool_formats.py)
     seeded: bool = False  # the row gave its own seed (a column or body field), not the job's derived one
 
 
@@ -80,6 +86,17 @@ def build_requests(
             columns = parse_columns({c: v[i] for c, v in overrides.items() if v[i] is not None})
             logprobs = column_logprobs(columns.logprobs, columns.top_logprobs, spec.sampling.logprobs)
             constraint = column_constraint(columns.constraint_fields())
+            if plan.prompt_kind == "messages" and conts is None:
+                variables = template_kwargs(tokenizer, spec.sampling.reasoning_effort, spec.sampling.thinking,
+                                            columns.reasoning_effort, _column_kwargs(columns.chat_template_kwargs))  # fmt: skip
+                sampling = resolve_sampling(spec, row_id, columns, columns.max_tokens, logprobs, tokenizer, limit,
+                                            constraint, tokenizer.reasoning)  # fmt: skip
+                text = render_chat(_messages(prompts[i]), tokenizer, None, variables)
+                out.append(RowRequest(row=row, id=row_id, prompt=text, sampling=sampling, endpoint=endpoint))
+                continue
+            if columns.reasoning_effort is not None or columns.chat_template_kwargs is not None:
+                field = "reasoning_effort" if columns.reasoning_effort is not None else "chat_template_kwargs"
+                raise ValueError(f"{field}: a chat template's input, and this row's prompt is text, not messages")
             sampling = resolve_sampling(
                 spec, row_id, columns, columns.max_tokens, logprobs, tokenizer, limit, constraint
             )
@@ -158,28 +175,53 @@ def _batch_request(
         raise ValueError("stream true: batch requests do not stream (drop the field)")
     constraint = body_constraint(body.constraint_fields())
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    echo_text = None
     if isinstance(body, ChatBody):
-        if body.top_logprobs is not None and not body.logprobs:
-            raise ValueError(f"top_logprobs {body.top_logprobs}: needs logprobs: true")
-        if body.logprobs is None:
-            logprobs = spec.sampling.logprobs
-        else:
-            logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        prompt: str | list[int] = _render(body.messages, tokenizer)
-    else:
-        assert isinstance(body, CompletionBody)
-        logprobs = spec.sampling.logprobs if body.logprobs is None else body.logprobs
-        prompt = list(body.prompt) if isinstance(body.prompt, tuple) else body.prompt
-        if body.echo:
-            if body.logprobs is not None:
-                raise ValueError("echo with logprobs: prompt log-probabilities are not supported (drop one)")
-            echo_text = body.prompt if isinstance(body.prompt, str) else tokenizer.decode(list(body.prompt))
+        return _chat_request(row, row_id, body, constraint, max_tokens, spec, tokenizer, max_n)
+    assert isinstance(body, CompletionBody)
+    echo_text = None
+    logprobs = spec.sampling.logprobs if body.logprobs is None else body.logprobs
+    prompt = list(body.prompt) if isinstance(body.prompt, tuple) else body.prompt
+    if body.echo:
+        if body.logprobs is not None:
+            raise ValueError("echo with logprobs: prompt log-probabilities are not supported (drop one)")
+        echo_text = body.prompt if isinstance(body.prompt, str) else tokenizer.decode(list(body.prompt))
     sampling = resolve_sampling(spec, row_id, body, max_tokens, logprobs, tokenizer, max_n, constraint)
     return RowRequest(
-        row=row, id=row_id, prompt=prompt, sampling=sampling, endpoint=endpoint, echo_text=echo_text,
-        seeded=body.seed is not None,
+        row=row, id=row_id, prompt=prompt, sampling=sampling, endpoint=endpoint, echo_text=echo_text
     )
+
+
+def _chat_request(row: int, row_id: str | int, body: ChatBody, constraint: RowConstraint, max_tokens: int | None,
+                  spec: JobSpec, tokenizer: Any, max_n: int) -> RowRequest:  # fmt: skip
+    """A chat body: its messages, tools and template variables rendered; a forced tool call is the
+    row's constraint (after any thinking; over the job's), and the answer's calls are parsed when
+    it has tools (tool_choice not none)."""
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ValueError(f"top_logprobs {body.top_logprobs}: needs logprobs: true")
+    if body.logprobs is None:
+        logprobs = spec.sampling.logprobs
+    else:
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    tools = tool_request(body.tools, body.tool_choice, body.parallel_tool_calls)
+    fmt = tool_format(tokenizer, tools)
+    variables = template_kwargs(tokenizer, spec.sampling.reasoning_effort, spec.sampling.thinking,
+                                body.reasoning_effort, body.chat_template_kwargs)  # fmt: skip
+    prompt = render_chat(body.messages, tokenizer, tools, variables)
+    reasoning = tokenizer.reasoning
+    if tools is not None and tools.forced:
+        if isinstance(constraint, Constraint):
+            given = next(iter(body.constraint_fields()))
+            raise ValueError(f"{given} and tool_choice {tools.choice}: both constrain the output (a forced tool call "
+                             "is held to its parameters schema); give one")  # fmt: skip
+        assert fmt is not None  # tool_format refused a template without one
+        several = tools.parallel and tools.choice == "required"  # a named tool is called once
+        constraint = forced_calls(fmt, [(t.name, t.parameters) for t in tools.forced], several, tokenizer.vocab())
+        if reasoning is not None and reasoning.family == "harmony":
+            reasoning = ReasoningFormat("harmony", answer_channel="commentary")  # the call writes its own header
+    sampling = resolve_sampling(spec, row_id, body, max_tokens, logprobs, tokenizer, max_n, constraint, reasoning)
+    parsed = tools if tools is not None and tools.choice != "none" else None
+    return RowRequest(row=row, id=row_id, prompt=prompt, sampling=sampling, endpoint="chat", tools=parsed,
+                      tool_format=fmt if parsed is not None else None)  # fmt: skip
 
 
 def _check_model(asked: str | None, spec: JobSpec) -> None:
@@ -239,15 +281,27 @@ def _prompt_text(value: Any, kind: str, tokenizer: Any) -> str:
         if not value.strip():
             raise ValueError("empty prompt")
         return value
+    return render_chat(_messages(value), tokenizer, None, {})
+
+
+def _messages(value: Any) -> list[dict[str, Any]]:
+    """A Parquet messages cell (a list of structs, or its JSON text), checked."""
     try:
         messages = json.loads(value) if isinstance(value, str) else value
     except json.JSONDecodeError as exc:
         raise ValueError(f"messages: not JSON ({exc.msg}); expected a list of {{role, content}}") from None
-    return _render(chat_messages(messages), tokenizer)
+    return chat_messages(messages)
 
 
-def _render(messages: list[dict[str, Any]], tokenizer: Any) -> str:
-    try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    except Exception as exc:  # a template error is this row's problem, not the shard's
-        raise ValueError(f"chat template failed: {exc}") from exc
+def _column_kwargs(value: Any) -> dict[str, Any] | None:
+    """A chat_template_kwargs cell: JSON text of an object, or a struct (its null members dropped)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f'chat_template_kwargs: not JSON ({exc.msg}); e.g. {{"enable_thinking": false}}') from None
+    if not isinstance(value, dict):
+        raise ValueError('chat_template_kwargs: must be a JSON object, e.g. {"enable_thinking": false}')
+    return {k: v for k, v in value.items() if v is not None}

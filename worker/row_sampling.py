@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from contracts.reasoning import ReasoningFormat
 from contracts.row_constraint import TEXT, RowConstraint
 from contracts.sampling import MAX_LOGPROBS, REQUEST_FIELDS, SamplingParams, row_sampling_error
 from jobs.spec import JobSpec, row_seed
@@ -26,12 +27,15 @@ def resolve_sampling(
     tokenizer: Any,
     max_n: int,
     constraint: RowConstraint = None,
+    reasoning: ReasoningFormat | None = None,
 ) -> SamplingParams:
     """The job's sampling with a row's checked `fields` (worker/request_body.py SamplingFields: None =
     the job's) over it; `max_tokens` the row's own (a body's max_completion_tokens wins), `logprobs`
     as the surface resolved it, `constraint` the row's structured output (contracts/row_constraint.py):
     None takes the job's, TEXT none. A greedy row draws nothing: its seed is None, so equal greedy
-    rows are equal params (one object in the engine, worker/row_engine.py)."""
+    rows are equal params (one object in the engine, worker/row_engine.py). `reasoning`: the model's
+    reasoning format for a chat row of a model that thinks (None: the row does not think, and the
+    job's --reasoning-budget does not apply to it; its own reasoning_budget is its error)."""
     job = spec.sampling.defaults()
     given = {name: value for name in REQUEST_FIELDS if (value := getattr(fields, name)) is not None}
     if max_tokens is not None:
@@ -45,6 +49,13 @@ def resolve_sampling(
         given["seed"] = row_seed(spec.sampling.seed, str(row_id))
     if constraint is not None:
         given["constraint"] = None if constraint == TEXT else constraint
+    if reasoning is not None:
+        given["reasoning"] = reasoning
+    elif "reasoning_budget" in given:
+        raise ValueError(f"reasoning_budget {given['reasoning_budget']}: this request does not think (only the chat "
+                         "requests of a model whose chat template marks its thinking do); leave it out")  # fmt: skip
+    elif job.reasoning_budget is not None:
+        given["reasoning_budget"] = None  # the job's budget bounds the rows that think
     try:
         sampling = job.updated(**given, logprobs=logprobs)
     except ValidationError as exc:

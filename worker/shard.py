@@ -190,6 +190,7 @@ def compute_shard(
         prompt_tokens=sum(r.prompt_tokens for r in ran),
         cached_tokens=sum(r.cached_tokens for r in ran),
         completion_tokens=sum(r.completion_tokens for r in ran),
+        reasoning_tokens=sum(r.reasoning_tokens or 0 for r in ran),
         busy_seconds=busy,
         prefill_seconds=engine_time.prefill_seconds,
         decode_seconds=engine_time.decode_seconds,

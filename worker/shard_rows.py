@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from jobs import datasets
 from jobs.endpoints import URL_OF_ENDPOINT
+from worker.chat_answer import chat_answer
 from worker.row_requests import RowRequest
 
 ROW_COLUMN = "_row"  # global row number; only in partial files, never in committed results
@@ -46,6 +47,11 @@ class RowResult:
     embedding: list[float] | None = None  # embeddings rows
     parsed: str | None = None  # JSON constraint, choice 0 finished "stop": its value as compact JSON
     parsed_choices: list[str | None] | None = None  # n > 1 with a JSON constraint: each choice's `parsed`
+    reasoning: str | None = None  # a thinking chat row: choice 0's thinking (completion holds its answer)
+    reasoning_tokens: int | None = None  # thinking tokens of every choice (null: the row cannot think)
+    reasoning_choices: list[str | None] | None = None  # n > 1: each choice's reasoning
+    tool_calls: list[dict[str, str]] | None = None  # a row with tools: choice 0's calls {id, type, name, arguments}
+    tool_calls_choices: list[list[dict[str, str]] | None] | None = None  # n > 1 with tools: each choice's
     constrained: bool = False  # ran under a constraint (the cost report's constrained_rows; not a result column)
     duplicate: bool = False  # took the answer of an equal row of its shard (worker/row_dedup.py; not a column)
 
@@ -89,8 +95,10 @@ def _continuation_logprob(out: Any, req: RowRequest) -> float | None:
     return total
 
 
-def from_output(out: Any, req: RowRequest, token_text: Callable[[int], str] | None = None) -> RowResult:
-    """A RowResult from the engine's RequestOutput; `token_text` decodes one token id (logprobs)."""
+def from_output(out: Any, req: RowRequest, token_text: Callable[[int], str] | None = None,
+                tokenizer: Any = None) -> RowResult:  # fmt: skip
+    """A RowResult from the engine's RequestOutput; `token_text` decodes one token id (logprobs);
+    `tokenizer` (the engine's) splits a thinking row and parses its tool calls (worker/chat_answer.py)."""
     # a row fails when any of its choices failed (a forked choice can fail alone, e.g. no KV room)
     failed = out.finish_reason == "error" or any(c.finish_reason == "error" for c in out.outputs)
     likelihood = req.continuation_tokens > 0
@@ -102,11 +110,21 @@ def from_output(out: Any, req: RowRequest, token_text: Callable[[int], str] | No
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             failed, out_error = True, f"no prompt logprobs for the continuation: {exc}"
     choices = out.outputs  # one per choice, index order (choice 0 is also `out`'s own fields)
-    texts = [(req.echo_text or "") + c.text for c in choices]
     s = req.sampling
+    chat = None
+    if s is not None and not failed and (s.reasoning is not None or req.tools is not None):
+        if tokenizer is None:
+            raise ValueError("a thinking or tool-calling row's output needs the tokenizer")
+        chat = [chat_answer(c, list(out.prompt_token_ids), s, tokenizer, req.tools, req.tool_format,
+                            f"{req.id}:{req.row}:{c.index}") for c in choices]  # fmt: skip
+    answers = [a.text for a in chat] if chat else [c.text for c in choices]
+    reasons = [a.finish_reason for a in chat] if chat else [c.finish_reason for c in choices]
+    texts = [(req.echo_text or "") + t for t in answers]
     several = s is not None and s.n > 1 and not failed
     constraint = s.constraint if s is not None else None
-    parsed = [parsed_value(c.text, c.finish_reason) for c in choices] if constraint and constraint.is_json else None
+    json_answer = constraint is not None and constraint.is_json
+    parsed = [parsed_value(t, c.finish_reason) for t, c in zip(answers, choices, strict=True)] if json_answer else None
+    thinks = chat is not None and s is not None and s.reasoning is not None
     logprobs = None
     if s is not None and s.logprobs is not None and not likelihood and not failed:
         if token_text is None:
@@ -116,7 +134,7 @@ def from_output(out: Any, req: RowRequest, token_text: Callable[[int], str] | No
         row=req.row,
         id=req.id,
         completion=None if failed else texts[0],
-        finish_reason="error" if failed else out.finish_reason,
+        finish_reason="error" if failed else reasons[0],
         prompt_tokens=int(out.prompt_tokens),
         cached_tokens=int(out.cached_tokens),
         completion_tokens=sum(len(c.token_ids) for c in choices),
@@ -125,10 +143,15 @@ def from_output(out: Any, req: RowRequest, token_text: Callable[[int], str] | No
         continuation_tokens=req.continuation_tokens if likelihood else None,
         endpoint=URL_OF_ENDPOINT[req.endpoint],
         completions=texts if several else None,
-        finish_reasons=[c.finish_reason for c in choices] if several else None,
+        finish_reasons=reasons if several else None,
         logprobs=logprobs,
         parsed=parsed[0] if parsed and not failed else None,
         parsed_choices=parsed if parsed and several else None,
+        reasoning=chat[0].reasoning if chat else None,
+        reasoning_tokens=sum(a.reasoning_tokens for a in chat) if chat and thinks else None,
+        reasoning_choices=[a.reasoning for a in chat] if chat and several and thinks else None,
+        tool_calls=chat[0].tool_calls if chat else None,
+        tool_calls_choices=[a.tool_calls for a in chat] if chat and several and req.tools is not None else None,
         constrained=constraint is not None,
     )
 

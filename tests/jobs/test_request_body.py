@@ -24,6 +24,7 @@ def tokenizer(demo_model_dir: Path) -> Any:
     return Tokenizer(demo_model_dir)
 
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
 BAD_BODIES = [
     ({"messages": USER, "n": "two"}, "n 'two': must be an integer"),
     ({"messages": USER, "temperature": -1}, "temperature -1: must be >= 0"),
@@ -34,7 +35,10 @@ BAD_BODIES = [
     ({"messages": USER, "logit_bias": {"5": 300}}, "a bias must be a number in [-100, 100]"),
     ({"messages": USER, "stop_token_ids": [99999]}, "stop_token_ids: token id 99999 is outside the vocabulary"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role 'robot': must be one of system, developer"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role 'tool': tool messages need tool calling"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id: is required"),
+    ({"messages": [*USER, {"role": "tool", "content": "x", "tool_call_id": "call_9"}]},
+     "messages[1].tool_call_id 'call_9': no earlier assistant message made a call with this id"),
+    ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role 'function': function messages are deprecated"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages[0].content[0].type 'image_url': only text parts"),
     ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0]: unknown field 'tool_calls'"),
@@ -43,7 +47,21 @@ BAD_BODIES = [
     ({"messages": USER, "model": "gpt-4o-mini"}, "model 'gpt-4o-mini': this job runs 'tiny'"),
     ({"messages": USER, "response_format": {"type": "json_schema"}}, "response_format.json_schema: is required"),
     ({"messages": USER, "frobnicate": 1}, "unknown field 'frobnicate': /v1/chat/completions takes no such field"),
-    ({"messages": USER, "tools": []}, "unknown field 'tools': tool calling is not supported"),
+    ({"messages": USER, "tools": []}, "tools: must be a non-empty list"),
+    ({"messages": USER, "tools": [TOOL]}, "tools: this model's chat template renders no tools"),
+    ({"messages": USER, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+     "tool_choice.function.name 'g': no tool of that name in tools (f)"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integr"}}}}}]},
+     "tools[0].function.parameters: not a valid JSON schema"),
+    ({"messages": USER, "tool_choice": "required"}, "tool_choice 'required': needs tools"),
+    ({"messages": USER, "functions": []}, "unknown field 'functions': functions are deprecated: give tools"),
+    ({"messages": USER, "reasoning_effort": "high"}, "reasoning_effort 'high': this model does not reason"),
+    ({"messages": USER, "reasoning_effort": "max"}, "reasoning_effort 'max': input should be 'low', 'medium' or 'high'"),
+    ({"messages": USER, "reasoning_budget": -1}, "reasoning_budget -1: must be >= 0"),
+    ({"messages": USER, "reasoning_budget": 5}, "reasoning_budget 5: this request does not think"),
+    ({"messages": USER, "chat_template_kwargs": {"enable_thinking": False}},
+     "chat_template_kwargs.enable_thinking: this model's chat template has no thinking switch"),
     ({"messages": USER, "stop": ["a"] * 17}, "stop: takes up to 16 non-empty strings"),
     ({"messages": USER, "stop": 5}, "stop 5: must be a string or a list"),
     ({"messages": USER, "top_logprobs": 3}, "top_logprobs 3: needs logprobs: true"),

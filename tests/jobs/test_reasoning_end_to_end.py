@@ -1,0 +1,169 @@
+"""Reasoning and tool calls end to end: an OpenAI-Batch file on the qwen3 demo checkpoint (Qwen3's
+chat template and markup; random weights, so its thinking is driven by logit_bias and its calls by
+tool_choice), run with `freight run` and exported with `freight results --format openai`.
+
+Rows get `reasoning` apart from `completion`, a thinking budget bounds the thinking, a JSON schema
+holds the answer after it, forced tool calls validate against their parameters schemas (jsonschema),
+a multi-turn tool transcript is a row, bad reasoning and tool fields are their rows' errors; the
+export parses with the `openai` types with reasoning_tokens right, and the cost report counts the
+reasoning tokens apart.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pyarrow.dataset as ds
+import pytest
+from openai_check import parse_errors, parse_output
+from typer.testing import CliRunner
+
+from freight_cli import app
+from jobs import datasets
+from worker.demo_model import make_demo_model
+from worker.engine.tokenizer import Tokenizer
+
+ANSWER = {"type": "object", "properties": {"answer": {"type": "integer"}, "sure": {"type": "boolean"}},
+          "required": ["answer", "sure"]}  # fmt: skip
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+           "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city", "days"]}  # fmt: skip
+TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET", "PST"]}}, "required": ["zone"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]  # fmt: skip
+USER = [{"role": "user", "content": "What is the weather in Oslo?"}]
+
+
+def _run(args: list[str]) -> str:
+    result = CliRunner().invoke(app, args)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_demo_model(tmp_path_factory.mktemp("models") / "qwen3", "qwen3")
+
+
+def test_reasoning_and_tools_batch(qwen3_dir: Path, tmp_path: Path) -> None:
+    think = str(Tokenizer(qwen3_dir).vocab()["<think>"])
+    transcript = [*USER, {"role": "assistant", "content": None, "reasoning_content": "Oslo: ask the tool.",
+                          "tool_calls": [{"id": "call_1", "type": "function",
+                                          "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "days": 1}'}}]},
+                  {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 3}'}]  # fmt: skip
+    bodies: dict[str, dict[str, Any]] = {
+        "think-json": {"messages": USER, "logit_bias": {think: 100}, "reasoning_budget": 8, "max_completion_tokens": 120,
+                       "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": ANSWER}}},
+        "think-cut": {"messages": USER, "logit_bias": {think: 100}, "max_completion_tokens": 10},
+        "think-n": {"messages": USER, "logit_bias": {think: 100}, "reasoning_budget": 3, "n": 2, "temperature": 1.0,
+                    "max_completion_tokens": 12},
+        "no-think": {"messages": USER, "chat_template_kwargs": {"enable_thinking": False}, "max_completion_tokens": 8},
+        "required": {"messages": USER, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False,
+                     "max_completion_tokens": 120},
+        "named": {"messages": USER, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+                  "logit_bias": {think: 100}, "reasoning_budget": 2, "max_completion_tokens": 120},
+        "transcript": {"messages": transcript, "tools": TOOLS, "max_completion_tokens": 8},
+        "bad-choice": {"messages": USER, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        "bad-schema": {"messages": USER, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"a": {"type": "integer", "minimum": "one"}}}}}]},
+        "bad-budget": {"messages": USER, "reasoning_budget": -1},
+        "bad-effort": {"messages": USER, "reasoning_effort": "low"},
+        "bad-call-id": {"messages": [*USER, {"role": "tool", "tool_call_id": "call_7", "content": "x"}]},
+    }  # fmt: skip
+    path = tmp_path / "batch.jsonl"
+    path.write_text("".join(json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
+                                        "body": body}) + "\n" for cid, body in bodies.items()))  # fmt: skip
+    out = tmp_path / "out"
+    _run(["run", str(path), "--model", str(qwen3_dir), "--output", str(out)])
+    table = ds.dataset(out / "shards").to_table()
+    assert table.schema == datasets.result_schema(likelihood=False)
+    rows = {r["id"]: r for r in table.to_pylist()}
+
+    row = rows["think-json"]
+    assert row["finish_reason"] == "stop" and row["reasoning"] == "<think>" * 8 and row["reasoning_tokens"] == 8
+    jsonschema.validate(json.loads(row["completion"]), ANSWER)
+    assert json.loads(row["parsed"]) == json.loads(row["completion"])
+    row = rows["think-cut"]  # the thinking never ended: all reasoning, no answer
+    assert row["finish_reason"] == "length" and row["completion"] == "" and row["reasoning_tokens"] == 9
+    row = rows["think-n"]
+    assert row["reasoning_choices"] == ["<think>" * 3] * 2 and row["reasoning_tokens"] == 6
+    assert rows["no-think"]["reasoning"] is None and rows["no-think"]["reasoning_tokens"] == 0
+
+    schemas = {"get_weather": WEATHER, "get_time": TIME}
+    for cid, names in (("required", {"get_weather", "get_time"}), ("named", {"get_time"})):
+        row = rows[cid]
+        assert row["error"] is None and row["finish_reason"] == "tool_calls", row
+        (call,) = row["tool_calls"]  # parallel_tool_calls false, or a named tool: one call
+        assert call["name"] in names and call["type"] == "function" and call["id"].startswith("call_")
+        jsonschema.validate(json.loads(call["arguments"]), schemas[call["name"]])
+    assert rows["named"]["reasoning_tokens"] == 2
+    assert rows["transcript"]["error"] is None and rows["transcript"]["completion_tokens"] > 0
+
+    errors = {cid: rows[cid]["error"] for cid in bodies if cid.startswith("bad-")}
+    assert errors == {
+        "bad-choice": "tool_choice.function.name 'nope': no tool of that name in tools (get_weather, get_time)",
+        "bad-schema": errors["bad-schema"],
+        "bad-budget": "reasoning_budget -1: must be >= 0",
+        "bad-effort": errors["bad-effort"],
+        "bad-call-id": "messages[1].tool_call_id 'call_7': no earlier assistant message made a call with this id "
+                       "(or it was answered already)",
+    }  # fmt: skip
+    assert errors["bad-schema"].startswith("tools[0].function.parameters: not a valid JSON schema")
+    assert errors["bad-effort"].startswith("reasoning_effort 'low': this model's chat template takes no reasoning effort")
+
+    export = tmp_path / "openai.jsonl"
+    _run(["results", str(out), "--format", "openai", "--to", str(export), "--errors", str(tmp_path / "err.jsonl")])
+    answered = {line["custom_id"]: body for line, body in parse_output(export)}
+    assert {line["custom_id"] for line in parse_errors(tmp_path / "err.jsonl")} == set(errors)
+    for cid, body in answered.items():
+        row = rows[cid]
+        assert body.usage.completion_tokens_details.reasoning_tokens == row["reasoning_tokens"], cid
+        message = body.choices[0].message
+        assert (message.model_extra or {}).get("reasoning_content") == row["reasoning"], cid
+    weather = answered["required"].choices[0]
+    assert weather.finish_reason == "tool_calls" and weather.message.content is None
+    assert weather.message.tool_calls[0].function.name == rows["required"]["tool_calls"][0]["name"]
+    assert json.loads(weather.message.tool_calls[0].function.arguments) == json.loads(rows["required"]["tool_calls"][0]["arguments"])
+    cost = json.loads((out / "cost.json").read_text())
+    assert cost["reasoning_tokens"] == sum(r["reasoning_tokens"] or 0 for r in rows.values()) == 8 + 9 + 6 + 2
+    assert cost["answer_tokens"] == cost["completion_tokens"] - cost["reasoning_tokens"]
+    assert 0 < cost["reasoning_cost_usd"] < cost["output_cost_usd"]
+
+
+@pytest.mark.parametrize(
+    ("model", "flags", "expected"),
+    [
+        ("llama", ["--reasoning-budget", "8"], "--reasoning-budget: model {model} does not reason"),
+        ("qwen3", ["--reasoning-effort", "low"], "--reasoning-effort: model {model}'s chat template takes no reasoning effort"),
+        ("qwen3", ["--reasoning-budget", "-1"], "--reasoning-budget -1: input should be greater than or equal to 0"),
+    ],
+)  # fmt: skip
+def test_reasoning_flags_refused_at_submit(qwen3_dir: Path, demo_model_dir: Path, tmp_path: Path, model: str,
+                                           flags: list[str], expected: str) -> None:  # fmt: skip
+    """A reasoning flag the model cannot honour is refused before anything is written."""
+    path = tmp_path / "batch.jsonl"
+    path.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                                "body": {"messages": USER}}) + "\n")  # fmt: skip
+    model_dir = qwen3_dir if model == "qwen3" else demo_model_dir
+    result = CliRunner().invoke(app, ["run", str(path), "--model", str(model_dir), "--output", str(tmp_path / "o"), *flags])
+    assert result.exit_code == 2, result.output
+    assert expected.format(model=model_dir) in " ".join(result.output.split()), result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_no_thinking_flag_renders_thinking_off(qwen3_dir: Path, tmp_path: Path) -> None:
+    """--no-thinking: enable_thinking=False for every chat row; a row's chat_template_kwargs wins."""
+    path = tmp_path / "batch.jsonl"
+    bodies = {"off": {"messages": USER, "max_tokens": 2},
+              "on": {"messages": USER, "max_tokens": 2, "chat_template_kwargs": {"enable_thinking": True}}}  # fmt: skip
+    path.write_text("".join(json.dumps({"custom_id": c, "method": "POST", "url": "/v1/chat/completions", "body": b})
+                            + "\n" for c, b in bodies.items()))  # fmt: skip
+    _run(["run", str(path), "--model", str(qwen3_dir), "--output", str(tmp_path / "o"), "--no-thinking"])
+    rows = {r["id"]: r for r in ds.dataset(tmp_path / "o" / "shards").to_table().to_pylist()}
+    tok = Tokenizer(qwen3_dir)
+    off = len(tok.encode(tok.apply_chat_template(USER, enable_thinking=False)))
+    assert rows["off"]["prompt_tokens"] == off and rows["on"]["prompt_tokens"] == len(tok.encode(tok.apply_chat_template(USER)))
