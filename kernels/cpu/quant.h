@@ -152,6 +152,11 @@ static inline qv qv_zero(void) { return _mm512_setzero_si512(); }
 static inline qv qv_load(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
 static inline qv q8_dot(qv acc, qv w, int32_t x4) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x4)); }
 static inline qv q4_dot(qv acc, qv w, int32_t x4) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x4)); }
+static inline qv q4_pair(qv s, qv lo, qv hi, int32_t xl, int32_t xh) {
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s, lo, _mm512_set1_epi32(xl)), hi, _mm512_set1_epi32(xh));
+}
+static inline qv q4_widen(qv d, qv s) { return _mm512_add_epi32(d, s); }
+#define Q4_SPAN (1 << 30) /* int32 sums: a whole group */
 static inline qv q4_low(qv w) { return _mm512_and_si512(w, _mm512_set1_epi8(15)); }
 static inline qv q4_high(qv w) { return _mm512_and_si512(_mm512_srli_epi16(w, 4), _mm512_set1_epi8(15)); }
 static inline vf qv_float(qv acc, int32_t minus) { return (vf)_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(minus))); }
@@ -164,6 +169,11 @@ static inline qv qv_load(const uint8_t *p) { return _mm256_loadu_si256((const __
 #if Q_ISA == 2
 static inline qv q8_dot(qv acc, qv w, int32_t x4) { return _mm256_dpbusd_avx_epi32(acc, w, _mm256_set1_epi32(x4)); }
 static inline qv q4_dot(qv acc, qv w, int32_t x4) { return _mm256_dpbusd_avx_epi32(acc, w, _mm256_set1_epi32(x4)); }
+static inline qv q4_pair(qv s, qv lo, qv hi, int32_t xl, int32_t xh) {
+    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(s, lo, _mm256_set1_epi32(xl)), hi, _mm256_set1_epi32(xh));
+}
+static inline qv q4_widen(qv d, qv s) { return _mm256_add_epi32(d, s); }
+#define Q4_SPAN (1 << 30)
 #define Q8_OFFSET 128
 #else
 /* (q + 128) * x pair sums overflow int16: fold the sign instead. q = w ^ 0x80 (the signed byte),
@@ -173,11 +183,19 @@ static inline qv q8_dot(qv acc, qv w, int32_t x4) {
     const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(_mm256_set1_epi32(x4), q));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
-/* nibbles are at most 15: pair sums of at most 2 * 15 * 127 */
+/* nibbles are at most 15: pair sums of at most 2 * 15 * 127 = 3810, so a k-step's two (low and high
+ * nibbles) add at most 7620 to an int16 and Q4_SPAN = 4 k-steps stay below 2^15; q4_widen adds the
+ * int16 pairs into the int32 sums (one vpmaddwd per 4 k-steps instead of one per vpmaddubsw). */
 static inline qv q4_dot(qv acc, qv w, int32_t x4) {
     const __m256i p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(x4));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
+static inline qv q4_pair(qv s, qv lo, qv hi, int32_t xl, int32_t xh) {
+    const __m256i a = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)), b = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh));
+    return _mm256_add_epi16(s, _mm256_add_epi16(a, b));
+}
+static inline qv q4_widen(qv d, qv s) { return _mm256_add_epi32(d, _mm256_madd_epi16(s, _mm256_set1_epi16(1))); }
+#define Q4_SPAN 4
 #define Q8_OFFSET 0
 #endif
 static inline qv q4_low(qv w) { return _mm256_and_si256(w, _mm256_set1_epi8(15)); }
@@ -221,6 +239,12 @@ static inline qv q4_nibbles(qv w, int shift) {
     memcpy(&w, wb, 32);
     return w;
 }
+static inline qv q4_pair(qv s, qv lo, qv hi, int32_t xl, int32_t xh) { return q_dot_bytes(q_dot_bytes(s, lo, xl), hi, xh); }
+static inline qv q4_widen(qv d, qv s) {
+    for (int i = 0; i < 8; i++) d.v[i] += s.v[i];
+    return d;
+}
+#define Q4_SPAN (1 << 30)
 static inline qv q4_low(qv w) { return q4_nibbles(w, 0); }
 static inline qv q4_high(qv w) { return q4_nibbles(w, 4); }
 static inline vf qv_float(qv acc, int32_t minus) {
@@ -292,16 +316,24 @@ static inline vf qv_float(qv acc, int32_t minus) {
             qv d[MR][QPV];                                                                               \
             _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++)                                        \
                 _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) d[m][v] = qv_zero();              \
-            for (int64_t s = g * per; s < (g + 1) * per; s++) {                                          \
-                const uint8_t *ws = wp + s * QNB * 4 + v0 * QL * 4;                                      \
-                if (s < npf) __builtin_prefetch(pf + s * 64, 0, 2);                                      \
-                _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) {                                 \
-                    const qv raw = qv_load(ws + v * QL * 4), lo = q4_low(raw), hi = q4_high(raw);       \
-                    _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++) {                              \
-                        const int8_t *xm = x->q + (m0 + m) * x->stride + 8 * s;                          \
-                        d[m][v] = q4_dot(q4_dot(d[m][v], lo, x4_at(xm)), hi, x4_at(xm + 4));            \
+            for (int64_t s0 = g * per; s0 < (g + 1) * per; s0 += Q4_SPAN) { /* spans of short sums */       \
+                const int64_t s1 = s0 + Q4_SPAN < (g + 1) * per ? s0 + Q4_SPAN : (g + 1) * per;           \
+                qv h[MR][QPV];                                                                           \
+                _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++)                                    \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) h[m][v] = qv_zero();           \
+                for (int64_t s = s0; s < s1; s++) {                                                      \
+                    const uint8_t *ws = wp + s * QNB * 4 + v0 * QL * 4;                                  \
+                    if (s < npf) __builtin_prefetch(pf + s * 64, 0, 2);                                  \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) {                             \
+                        const qv raw = qv_load(ws + v * QL * 4), lo = q4_low(raw), hi = q4_high(raw);   \
+                        _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++) {                          \
+                            const int8_t *xm = x->q + (m0 + m) * x->stride + 8 * s;                      \
+                            h[m][v] = q4_pair(h[m][v], lo, hi, x4_at(xm), x4_at(xm + 4));               \
+                        }                                                                                \
                     }                                                                                    \
                 }                                                                                        \
+                _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++)                                    \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) d[m][v] = q4_widen(d[m][v], h[m][v]); \
             }                                                                                            \
             vf scale[QPV];                                                                               \
             _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) {                                     \
