@@ -19,7 +19,13 @@ from rich.table import Table
 from contracts.quantization import check_quant_group, quantization_label
 from freight_cli.common import fail
 from freight_cli.job_estimate import estimate_manifest
-from freight_cli.job_options import JobOptionValues, absolute, spec_from_options, with_job_options
+from freight_cli.job_options import (
+    JobOptionValues,
+    absolute,
+    spec_from_options,
+    split_cache_options,
+    with_job_options,
+)
 from jobs.errors import FreightError
 from jobs.settings import get_settings
 
@@ -39,9 +45,10 @@ def estimate_cmd(
     input, model = options["input"], options["model"]
     settings = get_settings()
     try:
+        options, caches = split_cache_options(options, settings, check=False)  # the estimate writes nothing
         spec = spec_from_options(output=absolute(input) + ".estimate", **options)
         manifest = plan(spec, settings, PriceTable.load(prices) if prices else None)
-        est = estimate_manifest(manifest, settings, prices)
+        est = estimate_manifest(manifest, settings, prices, caches)
     except (FreightError, ValueError) as exc:
         raise fail(str(exc)) from None
     if as_json:
@@ -54,6 +61,7 @@ def estimate_cmd(
     for what, value in (
         ("rows (bad: error rows, no tokens)", f"{est.rows:,} ({est.rows_bad:,})"),
         ("shards", f"{est.shards:,}"),
+        ("rows reused (duplicates / result cache)", f"{est.rows_deduplicated:,} / {est.rows_cached:,}"),
         ("prompt tokens (to compute after prefix reuse)", f"{est.prompt_tokens:,} ({est.computed_prompt_tokens:,})"),
         ("completion tokens (expected / at most)", f"{est.completion_tokens:,} / {est.max_completion_tokens:,}"),
         ("engine seconds", f"{est.engine_seconds:,.1f}"),

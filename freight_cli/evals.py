@@ -80,6 +80,11 @@ def run_command(
     submit: Annotated[
         bool, typer.Option("--submit", help="queue the jobs on the fleet instead of running them here")
     ] = False,
+    result_cache: Annotated[
+        str | None,
+        typer.Option(metavar="DIR|s3://...", help="the result cache the jobs reuse answers from and add to (default: "
+                     "the suite file's result_cache, else FREIGHT_RESULT_CACHE, else <history>/result-cache; off: none)"),
+    ] = None,
 ) -> None:
     """Run suites: embedded by default (then score and print the report), or queue with --submit."""
     from jobs.evals.collect import collect
@@ -93,7 +98,9 @@ def run_command(
         models = [
             m if "://" in m else str(Path(m).resolve()) for m in model or []
         ]  # workers need absolute paths
-        plan = start_run(suite_file, output, execute, suite_names=suite, models=models)
+        cache = "suite" if result_cache is None else None if result_cache.strip().lower() in ("off", "none") else (
+            result_cache if "://" in result_cache else str(Path(result_cache).resolve()))
+        plan = start_run(suite_file, output, execute, suite_names=suite, models=models, result_cache=cache)
         if submit:
             typer.echo(
                 f"queued eval run {plan.run_id}; when its jobs finish: freight eval report {plan.output}"

@@ -18,6 +18,7 @@ from jobs.errors import FreightError
 from jobs.finalize import committed_shards, report_now
 from jobs.log import get_logger
 from jobs.manifest import MANIFEST_KEY, Manifest
+from jobs.result_cache.options import CacheOptions
 from jobs.settings import Settings
 from jobs.storage import ObjectStore
 
@@ -32,8 +33,10 @@ MaxCostOpt = Annotated[
 ]  # fmt: skip
 
 
-def estimate_manifest(manifest: Manifest, settings: Settings, prices: Path | None = None) -> Any:
-    """The jobs.estimate.Estimate of a planned job (tokenizes every row: seconds per million)."""
+def estimate_manifest(manifest: Manifest, settings: Settings, prices: Path | None = None,
+                      caches: CacheOptions | None = None) -> Any:  # fmt: skip
+    """The jobs.estimate.Estimate of a planned job (tokenizes every row: seconds per million); with
+    `caches`, the rows the result cache holds are expected hits."""
     from jobs.cost import PriceTable
     from jobs.estimate import estimate
     from jobs.model_cache import resolve_model
@@ -47,9 +50,30 @@ def estimate_manifest(manifest: Manifest, settings: Settings, prices: Path | Non
     key = profile_key(spec.model, spec.instance_type, spec.quantization_label)
     profile = ProfileStore.for_settings(settings).get(key) or DEFAULT_PROFILE
     counts = count_tokens(manifest, Tokenizer(Path(model_dir)), settings, config.get("max_position_embeddings"),
-                          stop_hazard=profile.stop_hazard)  # fmt: skip
+                          stop_hazard=profile.stop_hazard, cache_hits=_expected_hits(manifest, settings, caches))  # fmt: skip
     table = PriceTable.load(prices) if prices else PriceTable.load()
     return estimate(counts, profile, table, spec.instance_type, spec.market, spec.price_per_hour)
+
+
+def _expected_hits(manifest: Manifest, settings: Settings, caches: CacheOptions | None) -> Any:
+    """The rows of a shard's requests the result cache's index holds for the engine the job will
+    have (on the CPU for the cpu-local instance type, else a GPU, each with its default dtype); None
+    without a cache. A cache that does not exist yet holds nothing; one that cannot be used is an
+    error (FreightError), as it is for `run`."""
+    if caches is None or caches.url is None:
+        return None
+    from jobs.result_cache.store import ResultCache
+    from jobs.storage import LocalStore, open_store
+    from worker.engine import EngineConfig
+    from worker.engine.numerics import engine_numerics
+    from worker.result_cache import job_cache
+
+    store = open_store(caches.url, settings)
+    if isinstance(store, LocalStore) and not store.root.exists():
+        return None
+    cache = ResultCache.open(caches.url, settings, create=False)
+    device = "cpu" if manifest.spec.instance_type == "cpu-local" else "cuda"
+    return job_cache(cache, manifest, engine_numerics(EngineConfig(device=device)), settings).indexed
 
 
 def max_cost_check(max_cost: float | None, settings: Settings, prices: Path | None) -> Any:

@@ -19,12 +19,13 @@ from pydantic import ValidationError
 from freight_cli.constraint_options import constraint_fields
 from jobs.constraint_check import check_constraint
 from jobs.errors import FreightError, SpecMismatchError
-from jobs.job_options import JOB_OPTIONS, REQUIRED, JobOption
+from jobs.job_options import CACHE_OPTIONS, JOB_OPTIONS, REQUIRED, JobOption
 from jobs.manifest import Manifest
 from jobs.planner import PreparedJob
 from jobs.settings import Settings
 
 if TYPE_CHECKING:
+    from jobs.result_cache.options import CacheOptions
     from jobs.spec import JobSpec
     from jobs.storage import ObjectStore
 
@@ -133,16 +134,46 @@ def prepare_from_options(
     """
     from jobs.cost import PriceTable
     from jobs.planner import prepare_job
+    from jobs.result_cache.options import write_cache_options
 
+    options, caches = split_cache_options(options, settings)
     spec = spec_from_options(output=output, **options)
     try:
-        return prepare_job(spec, settings, PriceTable.load(prices) if prices else None, check)
+        prepared = prepare_job(spec, settings, PriceTable.load(prices) if prices else None, check)
     except SpecMismatchError as exc:
         raise SpecMismatchError(mismatch_line(exc, output), exc.differences) from None
     except ValidationError as exc:
         raise FreightError(validation_line(exc)) from None
     except ValueError as exc:  # a malformed URL or option
         raise FreightError(str(exc)) from None
+    write_cache_options(prepared.store, caches)
+    return prepared
+
+
+def split_cache_options(
+    options: dict[str, Any], settings: Settings, check: bool = True
+) -> tuple[dict[str, Any], CacheOptions]:
+    """(the options without the cache ones, the CacheOptions): with `check`, the cache
+    (FREIGHT_RESULT_CACHE by default) opened and marked, the embedder checked as a `--task embed`
+    checkpoint; FreightError with one line naming the flag otherwise. Nothing of the job is written
+    before this passes."""
+    from jobs.model_check import check_model
+    from jobs.result_cache.options import cache_options
+    from jobs.result_cache.store import ResultCache
+
+    rest = {k: v for k, v in options.items() if k not in CACHE_OPTIONS}
+    url, threshold, embed_model = (options.get(k) for k in CACHE_OPTIONS)
+    caches = cache_options(None if url is None else absolute(url), threshold,
+                           None if embed_model is None else absolute(embed_model),
+                           None if settings.result_cache is None else absolute(settings.result_cache))  # fmt: skip
+    if caches.url is not None and check:
+        ResultCache.open(caches.url, settings)
+    if caches.embed_model is not None and check:
+        try:
+            check_model(caches.embed_model, settings, embed=True)
+        except FreightError as exc:
+            raise FreightError(f"--embed-model {caches.embed_model}: {exc}") from None
+    return rest, caches
 
 
 def spec_from_options(

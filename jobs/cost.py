@@ -103,6 +103,13 @@ class ShardRecord(BaseModel):
     deduplicated_seconds: float = Field(
         0.0, description="engine seconds their answers took once, each counted again per copy (row_seconds)"
     )
+    cache_hits: int = Field(0, description="rows served from the result cache (exact and semantic)")
+    cache_semantic_hits: int = Field(0, description="of those, served by the semantic cache")
+    cache_hit_prompt_tokens: int = Field(0, description="their prompt tokens, not computed")
+    cache_hit_completion_tokens: int = Field(0, description="their completion tokens, not computed")
+    cache_hit_seconds: float = Field(0.0, description="engine seconds their answers took when computed")
+    cache_entries: int = Field(0, description="rows this shard computed and offered to the result cache")
+    cache_space: str | None = Field(None, description="the result cache's space of the job's model")
     load_seconds: float = Field(description="model load time charged to this shard")
     wall_seconds: float = Field(description="shard start to commit on the worker")
     billed_seconds: float
@@ -196,6 +203,23 @@ def _dedup_report(shards: list[ShardRecord]) -> dict[str, Any]:
     }
 
 
+def _cache_report(shards: list[ShardRecord]) -> dict[str, Any]:
+    """What the result cache saved: rows served, their tokens, and the engine seconds their answers
+    took when computed, at each shard's price per hour (worker/result_cache.py)."""
+    prompt = sum(r.cache_hit_prompt_tokens for r in shards)
+    completion = sum(r.cache_hit_completion_tokens for r in shards)
+    return {
+        "result_cache_hits": sum(r.cache_hits for r in shards),
+        "result_cache_semantic_hits": sum(r.cache_semantic_hits for r in shards),
+        "result_cache_prompt_tokens": prompt,
+        "result_cache_completion_tokens": completion,
+        "result_cache_tokens": prompt + completion,
+        "result_cache_seconds": sum(r.cache_hit_seconds for r in shards),
+        "result_cache_usd_saved": sum(usd(r.cache_hit_seconds, r.price_per_hour) for r in shards),
+        "result_cache_entries_written": sum(r.cache_entries for r in shards),
+    }
+
+
 def build_report(
     job_id: str,
     shards: list[ShardRecord],
@@ -261,6 +285,7 @@ def build_report(
         "spec_acceptance_rate": accepted / proposed if proposed else None,
         "spec_grammar_cut_tokens": grammar_cut,
         **_dedup_report(shards),
+        **_cache_report(shards),
         "on_demand_cost_usd": on_demand,
         "wasted_cost_usd": sum(a.wasted_usd for a in attempts),
         "uncommitted_attempts": len(attempts),

@@ -60,6 +60,12 @@ REQUEST_FIELDS = [
     pa.field("reasoning_choices", pa.list_(pa.string())),  # n > 1: each choice's reasoning
     pa.field("tool_calls", pa.list_(TOOL_CALL)),  # a row with tools: choice 0's calls
     pa.field("tool_calls_choices", pa.list_(pa.list_(TOOL_CALL))),  # n > 1 with tools: each choice's
+    # served from the result cache (docs/design/result-cache.md): "exact" | "semantic", the job and row
+    # that computed the answer, and a semantic hit's cosine similarity
+    pa.field("cached", pa.string()),
+    pa.field("cached_from_job", pa.string()),
+    pa.field("cached_from_row", pa.string()),
+    pa.field("cached_similarity", pa.float32()),
 ]
 # Per-row sampling columns of a Parquet input (a JSONL body's names and rules): read when present.
 SAMPLING_COLUMNS = (

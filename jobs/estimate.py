@@ -5,6 +5,7 @@
                    + decode_context_tokens / decode_context_tokens_per_s   (when the profile has it)
     completion_tokens (expected) = sum over rows of expected_tokens(max_tokens, stop_hazard)
     billed_seconds = load_seconds + shards x shard_overhead_s + engine_seconds
+    (rows a shard computes once with an equal row, and rows the result cache holds, count no tokens)
     cost_usd = billed_seconds / 3600 x price per hour (on-demand and spot both given)
 
 as cost.json bills a run (each shard's wall time plus the model load). No torch here: the counts come
@@ -40,6 +41,8 @@ class Estimate:
     on_demand_cost_usd: float
     spot_cost_usd: float | None
     confidence: str  # "measured" (a profile from a run of this model here) or "default"
+    rows_deduplicated: int = 0  # rows computed once with an equal row of their shard (no work)
+    rows_cached: int = 0  # rows the result cache is expected to serve (no work)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,4 +70,5 @@ def estimate(counts: Any, profile: Profile, prices: PriceTable, instance_type: s
         price_per_hour=chosen.price_per_hour, cost_usd=billed / 3600.0 * chosen.price_per_hour,
         on_demand_cost_usd=billed / 3600.0 * chosen.on_demand_price_per_hour,
         spot_cost_usd=billed / 3600.0 * spot if spot is not None else None, confidence=profile.source,
+        rows_deduplicated=getattr(counts, "rows_deduplicated", 0), rows_cached=getattr(counts, "rows_cached", 0),
     )  # fmt: skip

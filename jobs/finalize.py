@@ -20,6 +20,7 @@ from jobs.manifest import (
     shard_record_key,
     shard_result_key,
 )
+from jobs.result_cache.merge import merge_job_index
 from jobs.storage import ObjectStore
 
 
@@ -105,5 +106,7 @@ def finalize(store: ObjectStore, manifest: Manifest | None = None) -> dict[str, 
     data = json.dumps(report, indent=1).encode()
     if not store.put_if_absent(COST_KEY, data):
         report = json.loads(store.get(COST_KEY))  # another finalizer won; its report stands
+    else:
+        merge_job_index(store, manifest.job_id, {s["cache_space"] for s in report["shards"] if s.get("cache_space")})
     store.put_if_absent(SUCCESS_KEY, b"")
     return report

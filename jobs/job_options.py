@@ -119,7 +119,22 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
               None, "ngram|draft:PATH"),
     JobOption("speculative_tokens", int | None,
               "speculative decoding: most tokens proposed per step (default: ngram 8, draft 6)", None, "K"),
+    # The caches of answers (docs/design/result-cache.md): not part of the job spec (the results are
+    # the same with or without them), they go to OUT/cache.json (jobs/result_cache/options.py).
+    JobOption("result_cache", str | None,
+              "reuse the answers of deterministic rows (greedy, or seeded by the row) that earlier jobs computed "
+              "with the same model content and settings, and keep this job's there: a folder or "
+              "s3://bucket/prefix (default: FREIGHT_RESULT_CACHE; off: none)", None, "DIR|s3://..."),
+    JobOption("semantic_cache", float | None,
+              "opt-in: a row whose prompt is at least this similar (cosine of --embed-model's embeddings, in "
+              "(0, 1]) to a cached prompt of the same model and settings takes that prompt's answer: the answer "
+              "of a similar prompt, not of this one", None, "THRESHOLD"),
+    JobOption("embed_model", str | None,
+              "--semantic-cache: the --task embed checkpoint (folder or s3://) that embeds the prompts", None,
+              "MODEL"),
 )  # fmt: skip
+# The cache options, taken out of the options before the JobSpec is built (freight_cli/job_options.py).
+CACHE_OPTIONS = ("result_cache", "semantic_cache", "embed_model")
 
 _BY_NAME = {option.name: option for option in JOB_OPTIONS}
 

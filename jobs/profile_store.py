@@ -14,7 +14,8 @@ profile MODEL` runs a short synthetic job to make one):
     load_seconds           the model load a run pays once
 
 Stored as JSON in `Settings.profiles_path` (default `FREIGHT_CACHE_DIR/profiles.json`), one entry
-per key `model|instance_type|quantization`, the latest measurement replacing the previous one (a
+per key `model|instance_type|quantization` (and `fingerprint|<folder>`: a checkpoint's content
+fingerprint, jobs/model_fingerprint.py), the latest measurement replacing the previous one (a
 profile follows the machine and the code as they change). Without one, DEFAULT_PROFILE
 (documented, deliberately rough: confidence "default").
 """
@@ -85,6 +86,9 @@ def fit_hazard(mean_tokens: float, max_tokens: int) -> float:
     return (lo + hi) / 2
 
 
+FINGERPRINT_PREFIX = "fingerprint|"  # a checkpoint's content fingerprint, kept beside its profiles
+
+
 def profile_key(model: str, instance_type: str, quantization: str | None) -> str:
     return f"{model}|{instance_type}|{quantization or 'none'}"
 
@@ -142,8 +146,19 @@ class ProfileStore:
             return None
 
     def put(self, key: str, profile: Profile) -> None:
+        self._put(key, profile.model_dump(mode="json"))
+
+    def fingerprint(self, model_dir: str) -> dict[str, Any] | None:
+        """The content fingerprint kept for a checkpoint folder (jobs/model_fingerprint.py), raw."""
+        raw = self._all().get(FINGERPRINT_PREFIX + model_dir)
+        return raw if isinstance(raw, dict) else None
+
+    def put_fingerprint(self, model_dir: str, record: dict[str, Any]) -> None:
+        self._put(FINGERPRINT_PREFIX + model_dir, record)
+
+    def _put(self, key: str, value: Any) -> None:
         data = self._all()
-        data[key] = profile.model_dump(mode="json")
+        data[key] = value
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".profiles-")
         with os.fdopen(fd, "w") as f:

@@ -103,6 +103,10 @@ class Settings(BaseSettings):
     profiles_path: Path | None = Field(
         None, description="the throughput profile store of `freight estimate` (default: cache_dir/profiles.json)"
     )
+    result_cache: str | None = Field(
+        None, description="the result cache of run / submit / estimate / eval when --result-cache is not "
+        "given: a folder or s3://bucket/prefix (docs/design/result-cache.md); `off` or unset: none"
+    )
     # notifications (jobs/notify.py)
     webhook_secret: SecretStr | None = Field(
         None, description="key of the HMAC-SHA256 signature (X-Freight-Signature) of webhook bodies"

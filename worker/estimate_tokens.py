@@ -11,6 +11,7 @@ last token (the engine needs its logits).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,8 @@ from jobs.datasets import InputReader
 from jobs.manifest import Manifest
 from jobs.profile_store import expected_tokens
 from jobs.settings import Settings
-from worker.row_requests import build_requests
+from worker.row_dedup import find_duplicates
+from worker.row_requests import RowRequest, build_requests
 
 BLOCK_SIZE = 16  # EngineConfig's default block size
 
@@ -41,17 +43,22 @@ class TokenCounts:
     expected_completion_tokens: float = 0.0
     decode_context_tokens: float = 0.0
     shard_decode: tuple[tuple[float, float], ...] = ()
+    rows_deduplicated: int = 0  # rows that take the answer of an equal row of their shard (computed once)
+    rows_cached: int = 0  # rows the result cache's index holds: served, not computed
 
 
 def count_tokens(manifest: Manifest, tokenizer: Any, settings: Settings | None = None,
                  max_model_len: int | None = None, block_size: int = BLOCK_SIZE,
-                 stop_hazard: float = 0.0) -> TokenCounts:  # fmt: skip
+                 stop_hazard: float = 0.0, cache_hits: Callable[[list[RowRequest]], set[int]] | None = None,
+                 ) -> TokenCounts:  # fmt: skip
     """Read every shard's rows and count (see the module docstring). A prompt of `max_model_len`
-    tokens or more is a bad row, as the engine refuses it."""
+    tokens or more is a bad row, as the engine refuses it. A shard's duplicate rows
+    (worker/row_dedup.py) and the rows `cache_hits` names (the result cache's expected hits) count as
+    rows, not as work."""
     reader = InputReader(manifest.input, settings)
     max_chars = tokenizer.max_text_chars(max_model_len) if max_model_len is not None else None
     seen: set[int] = set()  # hashes of full prefix blocks computed so far (chained with the parent)
-    rows = bad = prompt = computed = max_out = 0
+    rows = bad = prompt = computed = max_out = deduplicated = from_cache = 0
     expected = 0.0
     per_shard: list[tuple[float, float]] = []
     for shard in manifest.shards:
@@ -59,6 +66,13 @@ def count_tokens(manifest: Manifest, tokenizer: Any, settings: Settings | None =
         indices = shard.row_indices()
         table = reader.read(shard.ranges)
         requests = build_requests(table, indices, manifest.spec, manifest.input, tokenizer)
+        dups = find_duplicates([r for r in requests if r.error is None])
+        hit = cache_hits(dups.unique) if cache_hits is not None else set()
+        reused = {c.row for original, copies in dups.copies.items() for c in copies} | hit
+        deduplicated += sum(len(copies) for original, copies in dups.copies.items() if original not in hit)
+        from_cache += len(hit) + sum(len(copies) for original, copies in dups.copies.items() if original in hit)
+        requests = [r for r in requests if r.row not in reused]
+        rows += len(reused)
         texts = [r.prompt for r in requests if _encodable(r.prompt, max_chars)]
         encoded = iter(tokenizer.encode_batch(texts)) if texts else iter(())
         for req in requests:
@@ -92,7 +106,8 @@ def count_tokens(manifest: Manifest, tokenizer: Any, settings: Settings | None =
         per_shard.append((generated, context))
     return TokenCounts(rows=rows, rows_bad=bad, prompt_tokens=prompt, computed_prompt_tokens=computed,
                        max_completion_tokens=max_out, shards=len(manifest.shards), expected_completion_tokens=expected,
-                       decode_context_tokens=sum(c for _, c in per_shard), shard_decode=tuple(per_shard))  # fmt: skip
+                       decode_context_tokens=sum(c for _, c in per_shard), shard_decode=tuple(per_shard),
+                       rows_deduplicated=deduplicated, rows_cached=from_cache)  # fmt: skip
 
 
 def _encodable(prompt: object, max_chars: int | None) -> bool:

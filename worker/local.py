@@ -16,8 +16,9 @@ from jobs.finalize import committed_shards
 from jobs.log import get_logger
 from jobs.manifest import PARTIAL_ROOT, Manifest
 from jobs.model_cache import resolve_model
-from jobs.settings import Settings
+from jobs.settings import Settings, get_settings
 from jobs.storage import ObjectStore
+from worker.result_cache import open_job_cache
 from worker.shard import RowProgress, compute_shard
 from worker.shard_commit import ComputedShard, ShardOutcome, commit_shard
 
@@ -111,6 +112,7 @@ def run_local(
         log.info("engine_loaded", model=manifest.spec.model, seconds=round(load_seconds, 3))
     reader = InputReader(manifest.input, settings)
     partials = partial_keys_by_shard(store) if todo else {}
+    job_cache = open_job_cache(store, manifest, engine, settings or get_settings()) if todo else None
     outcomes: list[ShardOutcome] = []
 
     def settled(outcome: ShardOutcome) -> None:
@@ -145,6 +147,7 @@ def run_local(
                 reader=reader,
                 on_row=on_row,
                 settings=settings,
+                result_cache=job_cache,
             )
             charge = 0.0
             if committing is not None:
@@ -158,7 +161,5 @@ def run_local(
                 return LocalRun(outcomes=tuple(outcomes), report=None, load_seconds=load_seconds)
         if committing is not None:
             settled(committing.result())
-    from jobs.settings import get_settings
-
     report = finalize_and_notify(store, manifest, settings or get_settings())
     return LocalRun(outcomes=tuple(outcomes), report=report, load_seconds=load_seconds)

@@ -15,6 +15,7 @@ import signal
 import socket
 import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
 import redis
@@ -73,6 +74,8 @@ class ProcessRuntime:
         self.live_fast = LiveState(settings.redis_url, socket_timeout=1.0, retry_for_s=0)
         self.metrics = WorkerMetrics()
         self.models: ModelCache = ModelCache()
+        # (job id, OUT) -> the job's result cache (worker/result_cache.py), its index read once per job
+        self.job_caches: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self.imds = ImdsClient(settings.imds_url)
         self.spot_notice: SpotNotice | None = None
         self.instance_id: str | None = None

@@ -22,6 +22,7 @@ from jobs.manifest import Manifest, partial_key, partial_prefix, shard_result_ke
 from jobs.settings import Settings, get_settings
 from jobs.storage import ObjectStore
 from worker.embed_rows import collect_embeddings, split_embeddings
+from worker.result_cache import JobCache
 from worker.row_dedup import find_duplicates
 from worker.row_engine import RowSink, collect_rows
 from worker.row_requests import RowRequest, build_requests
@@ -85,6 +86,7 @@ def compute_shard(
     on_row: Callable[[RowProgress], None] | None = None,
     settings: Settings | None = None,
     partial_keys: list[str] | None = None,
+    result_cache: JobCache | None = None,
 ) -> ComputedShard | ShardOutcome:
     """Run shard `shard_index` of `manifest` with a loaded `engine`: a ComputedShard to commit, or the
     outcome when there is nothing to commit ("already_committed", "interrupted").
@@ -96,6 +98,8 @@ def compute_shard(
     load_seconds: model load time to charge to this shard (the first shard after a load).
     reader: an InputReader to reuse across shards of one job (default: a fresh one).
     partial_keys: this shard's partial-row files when the caller listed them already (default: list).
+    result_cache: the job's result cache (worker/result_cache.py): deterministic rows it holds are
+      served from it, and the rows this attempt computes are written to it after the commit.
     """
     started = time.time()
     t0 = time.perf_counter()
@@ -132,8 +136,18 @@ def compute_shard(
         report(res)
         dups.fill(res, results, report)
 
+    hits, hit_seconds = result_cache.lookup(dups.unique) if result_cache is not None else ({}, {})
+    for res in hits.values():
+        results[res.row] = res
+        finished(res)
+    to_run = [req for req in dups.unique if req.row not in hits]
+    for original, copies in dups.copies.items():  # a copy of a cached row saved what its original did
+        for req in copies:
+            if original in hit_seconds:
+                hit_seconds[req.row] = hit_seconds[original]
+
     before = engine.stats.snapshot()
-    embed, generate = split_embeddings(dups.unique)
+    embed, generate = split_embeddings(to_run)
     sink = RowSink(results, should_stop, finished)
     stopped = collect_embeddings(engine, embed, sink) or collect_rows(engine, generate, sink)
     engine_time = engine.stats.snapshot() - before  # busy, prefill and decode seconds of this attempt
@@ -151,8 +165,8 @@ def compute_shard(
                     rows_table(new, likelihood, with_row=True, id_type=manifest.input.id_type)
                 ),
             )
-        attempted = len(dups.unique)
-        finished_now = sum(1 for req in dups.unique if req.row in results)
+        attempted = len(to_run)
+        finished_now = sum(1 for req in to_run if req.row in results)
         billed = time.perf_counter() - t0 + load_seconds
         rec = attempt_record(
             manifest, shard_index, attempt, "interrupted", pricing, billed, attempted, finished_now, worker
@@ -167,9 +181,11 @@ def compute_shard(
         )
 
     ordered = [results[r] for r in rows]
-    # a refused row (too long, bad input) cost no engine work; a duplicate took another row's answer
-    ran = [r for r in ordered if r.error is None and not r.duplicate]
-    copies = [r for r in ordered if r.duplicate and r.error is None]
+    # a refused row (too long, bad input) cost no engine work; a duplicate took another row's answer,
+    # a cached one an earlier job's
+    ran = [r for r in ordered if r.error is None and not r.duplicate and r.cached is None]
+    copies = [r for r in ordered if r.duplicate and r.error is None and r.cached is None]
+    cached = [r for r in ordered if r.cached is not None]
     computed = [r for r in ran if r.row not in done]  # this attempt's engine work
     prompt_total = sum(r.prompt_tokens - r.cached_tokens for r in computed)
     completion_total = sum(r.completion_tokens for r in computed)
@@ -178,6 +194,9 @@ def compute_shard(
         return row_seconds(r.prompt_tokens - r.cached_tokens, r.completion_tokens, engine_time.prefill_seconds,
                            engine_time.decode_seconds, prompt_total, completion_total)  # fmt: skip
 
+    entries = [] if result_cache is None else result_cache.entries(
+        [(req, results[req.row], seconds(results[req.row])) for req in to_run]
+    )
     wall = time.perf_counter() - t0
     billed = wall + load_seconds
     record = ShardRecord(
@@ -203,6 +222,13 @@ def compute_shard(
         deduplicated_prompt_tokens=sum(r.prompt_tokens for r in copies),
         deduplicated_completion_tokens=sum(r.completion_tokens for r in copies),
         deduplicated_seconds=sum(seconds(r) for r in copies),
+        cache_hits=len(cached),
+        cache_semantic_hits=sum(1 for r in cached if r.cached == "semantic"),
+        cache_hit_prompt_tokens=sum(r.prompt_tokens for r in cached),
+        cache_hit_completion_tokens=sum(r.completion_tokens for r in cached),
+        cache_hit_seconds=sum(hit_seconds.get(r.row, 0.0) for r in cached),
+        cache_entries=len(entries),
+        cache_space=result_cache.space.space if result_cache is not None else None,
         load_seconds=load_seconds,
         wall_seconds=wall,
         billed_seconds=billed,
@@ -217,7 +243,8 @@ def compute_shard(
         finished_at=time.time(),
     )
     return ComputedShard(
-        manifest=manifest, rows=ordered, record=record, pricing=pricing, rows_attempted=len(dups.unique)
+        manifest=manifest, rows=ordered, record=record, pricing=pricing, rows_attempted=len(to_run),
+        cache_write=(result_cache, entries) if result_cache is not None and entries else None,
     )
 
 

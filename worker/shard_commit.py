@@ -64,6 +64,8 @@ class ComputedShard:
     # names this result's commit in its Parquet metadata; unique even between two deliveries of the
     # same shard with the same attempt number on the same worker (the record alone may not differ)
     commit_token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # the job's result cache and the entries of the rows this attempt computed, written once committed
+    cache_write: tuple[Any, list[Any]] | None = None
 
     @property
     def index(self) -> int:
@@ -101,6 +103,10 @@ def commit_shard(store: ObjectStore, shard: ComputedShard) -> ShardOutcome:
     store.put(shard_record_key(shard.index), record.model_dump_json(indent=1).encode())
     for partial in store.list(partial_prefix(shard.index)):
         store.delete(partial)  # the committed result supersedes them
+    if shard.cache_write is not None:  # only the commit's winner writes: the cache's exactly-once rule
+        cache, entries = shard.cache_write
+        cache.space.write(entries, record.job_id, shard.index, now=record.finished_at,
+                          embedder=cache.semantic.embedder if cache.semantic is not None else None)  # fmt: skip
     return ShardOutcome(
         shard=shard.index, status="committed", rows=record.rows, rows_failed=record.rows_failed, record=record
     )

@@ -52,6 +52,10 @@ class RowResult:
     reasoning_choices: list[str | None] | None = None  # n > 1: each choice's reasoning
     tool_calls: list[dict[str, str]] | None = None  # a row with tools: choice 0's calls {id, type, name, arguments}
     tool_calls_choices: list[list[dict[str, str]] | None] | None = None  # n > 1 with tools: each choice's
+    cached: str | None = None  # "exact" | "semantic": the answer came from the result cache
+    cached_from_job: str | None = None  # the job that computed a cached answer
+    cached_from_row: str | None = None  # the id (as text) of the row whose answer it is
+    cached_similarity: float | None = None  # a semantic hit: cosine similarity of the two prompts
     constrained: bool = False  # ran under a constraint (the cost report's constrained_rows; not a result column)
     duplicate: bool = False  # took the answer of an equal row of its shard (worker/row_dedup.py; not a column)
 

@@ -51,6 +51,7 @@ from worker.shard_stop import ShardStop
 from worker.strike import Strike
 
 log = get_logger(__name__)
+JOB_CACHES_HELD = 4  # jobs whose result-cache index a worker process keeps loaded
 FINALIZE_SLOT = -1  # attempts of finalize are counted under this shard index
 ERROR_BACKOFF_CAP_S = 30.0  # sleep before requeueing a failed attempt: 2, 4, 8 ... s
 
@@ -64,6 +65,19 @@ def _engine_for(rt: ProcessRuntime, manifest: Manifest) -> tuple[Any, float]:
     if spec.speculative is not None:
         key += (spec.speculative, spec.speculative_tokens)
     return rt.models.get_timed(key, lambda: load_engine(manifest, rt.settings)[0])
+
+
+def _cache_for(rt: ProcessRuntime, store: ObjectStore, manifest: Manifest, engine: Any) -> Any:
+    """The job's result cache (None: the job has none), opened once per job in this process."""
+    from worker.result_cache import open_job_cache
+
+    key = (manifest.job_id, store.url)
+    if key not in rt.job_caches:
+        rt.job_caches[key] = open_job_cache(store, manifest, engine, rt.settings)
+        while len(rt.job_caches) > JOB_CACHES_HELD:
+            rt.job_caches.popitem(last=False)
+    rt.job_caches.move_to_end(key)
+    return rt.job_caches[key]
 
 
 @app.task(name=TASK_RUN_SHARD, bind=True)
@@ -234,7 +248,8 @@ def _attempt(
             progress()  # a finished row: the deadline counts the rows left from now
 
         outcome = run_shard(engine, store, manifest, shard, attempt=attempt, should_stop=stop,
-                            load_seconds=load_s, on_row=on_row, settings=rt.settings)  # fmt: skip
+                            load_seconds=load_s, on_row=on_row, settings=rt.settings,
+                            result_cache=_cache_for(rt, store, manifest, engine))  # fmt: skip
     finally:
         rt.busy = False
         rt.metrics.busy.set(0)

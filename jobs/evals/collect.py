@@ -71,6 +71,18 @@ def _job_cost(spec: JobSpec | None) -> float:
     return sum(load_shard_record(store, i).cost_usd for i in committed_shards(store))
 
 
+def _job_reuse(spec: JobSpec | None) -> tuple[int, int]:
+    """(rows, rows whose answer was reused: result-cache hits and duplicates computed once) of a
+    finished job's cost.json; (0, 0) without one."""
+    if spec is None:
+        return 0, 0
+    store = open_store(spec.output)
+    if not store.exists(COST_KEY):
+        return 0, 0
+    report = json.loads(store.get(COST_KEY))
+    return int(report["rows"]), int(report.get("result_cache_hits", 0)) + int(report.get("deduplicated_rows", 0))
+
+
 def _paired_noise(
     rows: pa.Table, previous: RunRecord | None, record: RunRecord, base: str
 ) -> dict[str, float] | None:
@@ -113,6 +125,8 @@ def _score_entry(
         rows=scores.rows.num_rows,
         rows_failed=scores.rows_failed,
         cost_usd=_job_cost(entry.generate) + _job_cost(entry.likelihood),
+        job_rows=_job_reuse(entry.generate)[0] + _job_reuse(entry.likelihood)[0],
+        job_rows_reused=_job_reuse(entry.generate)[1] + _job_reuse(entry.likelihood)[1],
         metrics={
             name: MetricResult(
                 score=ci.mean,

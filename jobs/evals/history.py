@@ -52,6 +52,10 @@ class RunRecord(BaseModel):
     rows_failed: int
     cost_usd: float
     metrics: dict[str, MetricResult]
+    # rows of the suite's jobs (generation, likelihood options), and of those the rows whose answers
+    # were reused: from the result cache, or an equal row of the same job
+    job_rows: int = 0
+    job_rows_reused: int = 0
 
     @property
     def key(self) -> str:

@@ -18,6 +18,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -29,6 +30,8 @@ from jobs.evals.metrics import MultipleChoice
 from jobs.evals.suite import Suite, SuiteFile
 from jobs.log import get_logger
 from jobs.model_check import check_model
+from jobs.result_cache.options import CacheOptions, write_cache_options
+from jobs.result_cache.store import ResultCache
 from jobs.spec import JobSpec, SamplingSpec
 from jobs.storage import ObjectStore, open_store
 
@@ -64,6 +67,7 @@ class RunPlan(BaseModel):
     suite_text: str
     history: str
     suites: list[PlannedSuite]
+    result_cache: str | None = None  # the result cache its jobs read and write (None: none)
 
 
 def new_run_id(now: datetime | None = None) -> str:
@@ -118,12 +122,18 @@ def start_run(
     suite_names: Sequence[str] | None = None,
     models: Sequence[str] | None = None,
     run_id: str | None = None,
+    result_cache: str | None | Literal["suite"] = "suite",
 ) -> RunPlan:
     """Write the run's inputs and plan into `output`, then hand each job to `execute`.
 
     An OUT that already holds a run of the same suites and models resumes it (jobs keep their
-    committed shards); any other existing run there is refused."""
+    committed shards); any other existing run there is refused. `result_cache`: the cache every
+    job reads and writes ("suite": the suite file's, SuiteFile.result_cache; None: none); a cache
+    that cannot be used is refused before anything is written."""
     out = open_store(output)
+    cache = suite_file.result_cache if result_cache == "suite" else result_cache
+    if cache is not None:
+        ResultCache.open(cache)
     suites = _pick(suite_file, suite_names)
     for model in sorted({m for suite in suites for m in (models or suite.models)}):
         check_model(model)  # a missing model fails before anything is written
@@ -155,6 +165,7 @@ def start_run(
         suite_text=text,
         history=suite_file.history,
         suites=planned,
+        result_cache=cache,
     )
     if not out.exists(PLAN_KEY) and out.list(""):
         raise FreightError(
@@ -175,6 +186,7 @@ def start_run(
     # grouped by model (stable): an embedded run loads each model once
     for spec in sorted(job_specs(plan), key=lambda spec: spec.model):
         log.info("eval job", run_id=plan.run_id, output=spec.output)
+        write_cache_options(open_store(spec.output), CacheOptions(url=plan.result_cache))
         execute(spec)
     return plan
 

@@ -50,6 +50,8 @@ class ReportEntry(BaseModel):
     dataset_changed: bool  # the previous run scored different data
     metrics: list[MetricComparison]
     chart: str | None = None  # the PNG of the score over time, relative to the report
+    job_rows: int = 0  # rows of the suite's jobs, and those whose answers were reused (RunRecord)
+    job_rows_reused: int = 0
 
     @property
     def regressed(self) -> bool:
@@ -101,6 +103,8 @@ def compare(
         cost_usd=record.cost_usd,
         dataset_changed=previous is not None and previous.dataset_sha256 != record.dataset_sha256,
         metrics=metrics,
+        job_rows=record.job_rows,
+        job_rows_reused=record.job_rows_reused,
     )
 
 
@@ -148,6 +152,10 @@ def report_markdown(run_id: str, entries: list[ReportEntry]) -> str:
         if e.dataset_changed
     ]
     charts = [f"![{e.suite} on {e.model}]({e.chart})" for e in entries if e.chart]
+    rows, reused = sum(e.job_rows for e in entries), sum(e.job_rows_reused for e in entries)
+    if rows:
+        lines += ["", f"Reused: {reused:,} of {rows:,} job rows took an answer already computed (result cache, or "
+                      "an equal row), at no engine cost."]  # fmt: skip
     if notes:
         lines += ["", "Notes:", *notes]
     if charts:

@@ -84,6 +84,9 @@ class SuiteFile:
     history: str  # where run records are kept: a folder or s3://bucket/prefix
     output: str  # where `freight beat` writes each scheduled run
     suites: tuple[Suite, ...]
+    # the result cache the suites' jobs read and write (greedy rows reuse unchanged answers): the file's
+    # `result_cache`, else FREIGHT_RESULT_CACHE, else <history>/result-cache; None: "off"
+    result_cache: str | None = None
 
     def suite(self, name: str) -> Suite:
         for suite in self.suites:

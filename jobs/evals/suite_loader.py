@@ -20,12 +20,14 @@ from jobs.evals.cron import validate_cron
 from jobs.evals.lines import LineIndex, PathPart
 from jobs.evals.metrics import METRICS, Metric, MultipleChoice
 from jobs.evals.suite import Sampling, Suite, SuiteError, SuiteFile, option_field, resolve_location
+from jobs.settings import get_settings
 from jobs.spec import SamplingSpec
+from jobs.storage import join_url
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 # columns of the eval results; a metric must not take one of these names
 RESERVED_COLUMNS = frozenset({"id", "prompt", "reference", "completion", "finish_reason", "error", "choices"})
-_TOP_KEYS = ("id", "history", "output", "suite")
+_TOP_KEYS = ("id", "history", "output", "result_cache", "suite")
 
 
 class _SuiteFields(BaseModel):
@@ -111,18 +113,31 @@ class _Loader:
                     ["suite", i, "name"], f"suite name {suite.name!r} is used twice; names must be unique"
                 )
             seen.add(suite.name)
-        for key in ("id", "history", "output"):
+        for key in ("id", "history", "output", "result_cache"):
             if key in raw and not (isinstance(raw[key], str) and raw[key]):
                 self.problem([key], f"{key} must be a non-empty string")
         if self.problems:
             raise SuiteError("\n".join(self.problems))
+        history = resolve_location(str(raw.get("history", "eval-history")), self.base_dir)
         return SuiteFile(
             path=self.path.resolve(),
             lock_id=str(raw.get("id") or self.path.resolve()),
-            history=resolve_location(str(raw.get("history", "eval-history")), self.base_dir),
+            history=history,
             output=resolve_location(str(raw.get("output", "eval-runs")), self.base_dir),
             suites=tuple(suites),
+            result_cache=self.result_cache(raw.get("result_cache"), history),
         )
+
+    def result_cache(self, given: str | None, history: str) -> str | None:
+        """The suites' result cache: the file's key ("off": none), else FREIGHT_RESULT_CACHE, else a
+        cache beside the history, so nightly runs reuse the answers of rows that did not change."""
+        value = given if given is not None else get_settings().result_cache
+        if value is None:
+            return join_url(history, "result-cache")
+        if value.strip().lower() in ("off", "none"):
+            return None
+        # the file's path is taken from its folder, the environment's from the working directory
+        return resolve_location(value, self.base_dir if given is not None else Path.cwd())
 
     def pydantic_problems(
         self, where: tuple[PathPart, ...], exc: ValidationError, label: str, model: type[BaseModel]

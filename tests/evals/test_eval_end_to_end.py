@@ -132,6 +132,13 @@ def test_eval_run_twice_gives_identical_scores_and_a_comparing_report(
         assert metric["low"] <= metric["score"] <= metric["high"]
     assert entry["chart"] and (Path(out2) / entry["chart"]).read_bytes().startswith(b"\x89PNG")
     assert "+0.0 (noise" in second_md
+    # the second night reuses every answer of the first from the suites' result cache (by default
+    # beside the history), and the report says so
+    first_entry = json.loads((Path(out1) / "report.json").read_text())["entries"][0]
+    assert first_entry["job_rows"] == 6 + 18 and first_entry["job_rows_reused"] == 0  # 6 rows, 3 options each
+    assert entry["job_rows"] == 24 and entry["job_rows_reused"] == 24
+    assert "Reused: 24 of 24 job rows" in second_md and entry["cost_usd"] < first_entry["cost_usd"]
+    assert (workdir / "history" / "result-cache" / "freight-result-cache.json").exists()
 
     history = History(LocalStore(workdir / "history"))
     assert [r.run_id for r in history.runs("mixed", model)] == [run1, run2]

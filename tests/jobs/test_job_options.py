@@ -15,7 +15,7 @@ from freight_cli import app
 from freight_cli.job_options import spec_from_options
 from jobs.evals.suite import Sampling, SuiteError
 from jobs.evals.suite_loader import parse_suite_text
-from jobs.job_options import JOB_OPTIONS, REQUIRED, job_option
+from jobs.job_options import CACHE_OPTIONS, JOB_OPTIONS, REQUIRED, job_option
 from jobs.spec import JobSpec
 
 CLI = Path(__file__).resolve().parents[2] / "freight_cli"
@@ -92,7 +92,8 @@ def test_a_command_takes_the_job_options_before_its_own() -> None:
 
 def test_the_tables_defaults_are_the_job_specs() -> None:
     given = {"input": "in.parquet", "model": "/m", "output": "/out"}
-    defaults = {o.name: o.default for o in JOB_OPTIONS if o.default is not REQUIRED and o.name != "prices"}
+    defaults = {o.name: o.default for o in JOB_OPTIONS
+                if o.default is not REQUIRED and o.name not in ("prices", *CACHE_OPTIONS)}  # fmt: skip
     assert spec_from_options(**given, **defaults) == JobSpec(**{k: str(Path(v).absolute()) for k, v in given.items()})
 
 
