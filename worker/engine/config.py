@@ -11,6 +11,7 @@ from worker.engine.speculation.config import SpeculativeConfig
 
 BACKEND_NAMES = ("auto", "cpu", "torch", "triton")
 QUANTIZATION_METHODS = (None, "int8", "int4", "fp8")
+MAX_LORAS = 256  # LoRA slots on the device, at most (each holds every wrapped projection's factors)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -55,6 +56,9 @@ class EngineConfig:
     # Speculative decoding (speculation/config.py): None off. Its steps need the previous step's
     # tokens on the host, so it runs without overlapped steps (overlap_steps None turns off; True is refused).
     speculative: SpeculativeConfig | None = None
+    # LoRA adapters resident on the device at once (lora/slots.py): a sequence whose adapter is not
+    # resident waits for a slot no running sequence holds, swapped in from host memory (LRU).
+    max_loras: int = 8
 
     def __post_init__(self) -> None:
         if self.device.split(":")[0] not in ("cpu", "cuda"):
@@ -102,6 +106,8 @@ class EngineConfig:
                              "overlapped steps have not applied yet; leave overlap_steps None or False")  # fmt: skip
         if self.overlap_steps is None:
             object.__setattr__(self, "overlap_steps", cuda and self.speculative is None)
+        if not 1 <= self.max_loras <= MAX_LORAS:
+            raise ValueError(f"max_loras must be in 1..{MAX_LORAS}, got {self.max_loras}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2 or None, got {self.max_model_len}")
 

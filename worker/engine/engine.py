@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
 from collections.abc import Sequence as Seq
 from pathlib import Path
 
@@ -19,6 +19,8 @@ from worker.engine.config import EngineConfig
 from worker.engine.embedder import Embedder, EmbeddingOutput, dimensions_per_prompt
 from worker.engine.engine_build import build_engine
 from worker.engine.kv_groups import block_manager
+from worker.engine.loader import read_config
+from worker.engine.lora import LoraManager
 from worker.engine.model_runner import InFlightStep, ModelRunner
 from worker.engine.ordering import batch_order
 from worker.engine.outputs import RequestOutput
@@ -59,6 +61,10 @@ class Engine:
         self.batch = PersistentBatch(config.max_num_seqs, -(-max_model_len // config.block_size), config.block_size,
                                      self.eos_token_ids, grouped=len(runner.groups) > 1)  # fmt: skip
         runner.bind(self.batch, mirror=config.torch_device.type != "cpu", static_decode=bool(config.static_decode))
+        model = runner.model
+        self.loras = LoraManager(model, model.backend, config.max_loras, config.torch_device, config.torch_dtype,
+                                 read_config(model_dir), [str(model_dir)])  # fmt: skip
+        self.batch.loras = self.loras
         self.scheduler = Scheduler(config, self.block_manager, self.batch, max_model_len)
         self.stats = EngineStats()
         self.texts = CompletionTexts(tokenizer)
@@ -83,11 +89,25 @@ class Engine:
         return build_engine(cls, Path(model_dir), config or EngineConfig())
 
     # ---- public API ------------------------------------------------------------------------
+    def set_loras(self, adapters: Mapping[str, str | Path], base_names: tuple[str | None, ...] = ()) -> None:
+        """Serve exactly these LoRA adapters (name -> local PEFT folder) from the next stream on;
+        `base_names`: names the base model goes by besides its folder (a job's model URL, its served
+        name), which an adapter's base_model_name_or_path may give. ValueError naming the adapter that
+        cannot be served (nothing changes then); RuntimeError during a stream."""
+        if self.scheduler.has_unfinished():
+            raise RuntimeError("this engine is running a stream; finish or close it before changing adapters")
+        self.loras.sync(adapters, base_names)
+
+    @property
+    def lora_names(self) -> list[str]:
+        return sorted(self.loras.ids)
+
     def generate(
-        self, prompts: Seq[str] | Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None
-    ) -> list[RequestOutput]:
+        self, prompts: Seq[str] | Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
+        adapters: Seq[str | None] | None = None,
+    ) -> list[RequestOutput]:  # fmt: skip
         """One RequestOutput per prompt, in the order of `prompts`."""
-        outs = list(self.stream(prompts, params))
+        outs = list(self.stream(prompts, params, adapters=adapters))
         return sorted(outs, key=lambda o: o.index)
 
     def stream(
@@ -95,13 +115,18 @@ class Engine:
         prompts: Seq[str] | Seq[Seq[int]],
         params: SamplingParams | Seq[SamplingParams] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        adapters: Seq[str | None] | None = None,
     ) -> Iterator[RequestOutput]:
         """Yield each RequestOutput as its request finishes (bad prompts first, as errors).
 
         should_stop() is checked before every step; once True, unfinished requests are aborted (their
-        blocks freed, nothing yielded for them) and the generator returns.
+        blocks freed, nothing yielded for them) and the generator returns. `adapters`: each prompt's
+        LoRA adapter (a name given to set_loras; None: the base model), or None for all on the base;
+        an unknown name is that request's error.
         """
         params_list = self.checks.params_for(prompts, params)
+        if adapters is not None and len(adapters) != len(prompts):
+            raise ValueError(f"adapters has {len(adapters)} entries for {len(prompts)} prompts: give one per prompt")
         if self.scheduler.has_unfinished():
             raise RuntimeError("this engine is already running a stream; finish or close it first")
         seqs: list[Sequence] = []
@@ -110,14 +135,20 @@ class Engine:
         for i, (prompt, p) in enumerate(zip(prompts, params_list, strict=True)):
             ids, error = self.checks.prompt_ids(prompt, next(encoded) if self.checks.encodable(prompt) else None)
             error = error or self.checks.params_error(p)
+            adapter = -1
+            if error is None and adapters is not None:
+                try:
+                    adapter = self.loras.id_of(adapters[i])
+                except ValueError as exc:
+                    error = str(exc)
             if error is not None:
                 yield RequestOutput(i, ids, [], "", "error", len(ids), 0, error=error)
                 continue
             seed = p.seed if p.seed is not None else hash((self.config.seed, i)) & 0x7FFF_FFFF_FFFF_FFFF
             self.stats.constrained_requests += p.n if p.constraint is not None else 0
-            seqs.append(self._request(i, ids, p, seed))
+            seqs.append(self._request(i, ids, p, seed, adapter))
         emitted: set[int] = set()  # requests with n > 1 whose output was yielded
-        order = batch_order([s.token_ids for s in seqs], [s.params.max_tokens for s in seqs], self.config.block_size)
+        order = self._order(seqs)
         for j in order:
             self.scheduler.add(seqs[j])
         try:
@@ -249,13 +280,29 @@ class Engine:
         self.structured.mask(logits, which, seqs)
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _request(self, index: int, ids: list[int], params: SamplingParams, seed: int) -> Sequence:
+    def _order(self, seqs: list[Sequence]) -> list[int]:
+        """The admission order (ordering.batch_order). When the batch's adapters outnumber the slots
+        on the device, adapter by adapter (batch_order within each): a sequence waits for a slot only
+        where one adapter's run ends, not at every row (their KV is never shared anyway)."""
+        block = self.config.block_size
+        adapters = {s.adapter for s in seqs if s.adapter >= 0}
+        if len(adapters) <= self.config.max_loras:
+            return batch_order([s.token_ids for s in seqs], [s.params.max_tokens for s in seqs], block)
+        order: list[int] = []
+        for aid in sorted({s.adapter for s in seqs}):
+            mine = [j for j, s in enumerate(seqs) if s.adapter == aid]
+            sub = batch_order([seqs[j].token_ids for j in mine], [seqs[j].params.max_tokens for j in mine], block)
+            order += [mine[k] for k in sub]
+        return order
+
+    def _request(self, index: int, ids: list[int], params: SamplingParams, seed: int, adapter: int = -1) -> Sequence:
         """The sequence of choice 0; with n > 1 the other choices wait in its `forks` (choice i draws
-        with seed + i, vLLM's rule, so choice 0 is the n = 1 request)."""
+        with seed + i, vLLM's rule, so choice 0 is the n = 1 request). adapter: the LoRA's id, -1 none."""
         group = []
         for choice in range(params.n):
             seq = Sequence(self._next_seq_id, index, ids, params, seed + choice)
             seq.rope_offset = self.runner.model.rope_offset(len(ids))  # LongRoPE: a long prompt's rotary rows
+            seq.adapter = adapter
             self._next_seq_id += 1
             seq.choice = choice
             group.append(seq)

@@ -22,6 +22,7 @@ from worker.engine.device_rows import DeviceRows
 from worker.engine.host_memory import huge_page_zeros
 from worker.engine.kv_groups import kv_groups
 from worker.engine.logits_processing import LogitsProcessing
+from worker.engine.lora.token_slots import step_slots
 from worker.engine.models import CausalLM
 from worker.engine.sampler import Sampler, SamplingRows, stop_hits, to_device
 from worker.engine.scheduler_output import SchedulerOutput
@@ -125,6 +126,8 @@ class ModelRunner:
         if sched.copies:
             self._copy_blocks(sched.copies)
         inputs = build_step(sched, self.batch, rows)
+        if self.model.lora is not None:  # the adapters' products of the wrapped projections (lora/)
+            self.model.lora.set(step_slots(sched, self.batch), inputs.meta.output_rows)
         logits = self._logits(inputs)
         if not inputs.num_spec_logits:
             return self._sample(inputs, logits, constrain)
@@ -219,7 +222,10 @@ class ModelRunner:
     @torch.inference_mode()
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Final normed hidden states of a prefill-only step, no logits ([T, H], or [N, H] for
-        meta.output_rows): the embedder's forward, over the same KV cache and backend."""
+        meta.output_rows): the embedder's forward, over the same KV cache and backend (the base model:
+        embeddings take no adapter)."""
+        if self.model.lora is not None:
+            self.model.lora.clear()
         return self.model(input_ids, positions, meta, self.kv_caches)
 
     def _copy_blocks(self, copies: list[tuple[int, int, int]]) -> None:
@@ -235,7 +241,9 @@ class ModelRunner:
     def _logits(self, inputs: StepInputs) -> torch.Tensor:
         """fp32 logits of the step's logits rows (see step_inputs)."""
         meta = inputs.meta
-        if self.graphs is not None and not inputs.num_prefill_tokens and inputs.input_ids.shape[0] <= self.graphs.sizes[-1]:
+        lora = self.model.lora is not None and self.model.lora.active  # adapter steps run eagerly (graphs: base)
+        if self.graphs is not None and not inputs.num_prefill_tokens and inputs.input_ids.shape[0] <= self.graphs.sizes[-1] \
+                and not lora:  # fmt: skip
             return self.graphs.run(inputs.input_ids, inputs.positions, meta)
         hidden = self.model(inputs.input_ids, inputs.positions, meta, self.kv_caches)
         if inputs.logit_rows is not None:

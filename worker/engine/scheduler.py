@@ -220,6 +220,8 @@ class Scheduler(SequenceQueues):
                 break
             if seq.forks and b.num_active and b.num_active + 1 + len(seq.forks) > self.config.max_num_seqs:
                 break  # rows for every choice (an empty batch forks what fits: _fork)
+            if seq.adapter >= 0 and not b.loras.available(seq.adapter):  # type: ignore[union-attr]
+                break  # every LoRA slot is held by running sequences of other adapters
             why = self.bm.never_fits(seq.num_tokens + 1, self.config.max_num_batched_tokens)
             if why is not None:
                 self.waiting.popleft()

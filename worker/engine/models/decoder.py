@@ -173,6 +173,9 @@ class CausalLM(nn.Module):
         self.embed_scale: float | None = None
         # Backend.decode_stack's fused path for the steps it takes (set by ModelRunner); None: op by op.
         self.decode_stack = None
+        # the LoRA adapters' per-step token slots, read by the wrapped projections (lora/step.py; set by
+        # lora/manager.py when the engine serves adapters); a step with adapter tokens runs op by op
+        self.lora = None
         # the local layers' caches are a pool of their own (set by ModelRunner; kv_groups.py)
         self.kv_grouped = False
         # LongRoPE: the cos/sin table's all-long half starts at this row (models/rotary.py); 0: none
@@ -232,7 +235,7 @@ class CausalLM(nn.Module):
         sequence's rope_offset in a prefill (LongRoPE's all-long rows for a prompt past the threshold;
         0 for every other model; decodes need none: step_inputs)."""
         stack = self.decode_stack
-        if stack is not None and stack.takes(input_ids, meta, kv_caches):
+        if stack is not None and not (self.lora is not None and self.lora.active) and stack.takes(input_ids, meta, kv_caches):
             return stack(input_ids, positions, meta)
         body = self.model
         x = body.embed_tokens(input_ids)
