@@ -13,22 +13,16 @@ import triton
 import triton.language as tl
 
 from kernels.checks import (
-    FLOAT_DTYPES,
-    check_gqa,
-    check_kv_cache,
-    check_last_dim_contiguous,
+    check_attention_queries,
     check_out,
     check_paged_operands,
     check_positive,
-    check_same_device,
-    check_same_dtype,
     check_shape,
+    check_sinks,
     check_tensor,
 )
 from kernels.triton.launch import check_launchable, dot, dot_upcast, num_sms
-from kernels.triton.paged import load_kv_tile, soft_cap
-
-_LOG2E = 1.4426950408889634
+from kernels.triton.paged import LOG2E, load_kv_tile, soft_cap
 
 
 @triton.jit
@@ -233,12 +227,8 @@ def paged_decode_attention(
         batch, num_heads, _ = q.shape
         group, device = num_heads // num_kv_heads, q.device
     else:
-        _, block_size, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
-        check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
-        batch, num_heads, _ = q.shape
-        check_shape("q", q, (batch, num_heads, head_dim))
-        check_same_dtype(q=q, k_cache=k_cache)
-        group = check_gqa(num_heads, num_kv_heads)
+        block_size, num_kv_heads, head_dim, num_heads, group = check_attention_queries(q, k_cache, v_cache)
+        batch = q.shape[0]
         check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32,))
         check_shape("block_tables", block_tables, (batch, None))
         check_tensor("context_lens", context_lens, ndim=1, dtypes=(torch.int32,))
@@ -254,11 +244,7 @@ def paged_decode_attention(
             out=out,
         )
         check_launchable(_decode_split_kernel, device)
-        if sinks is not None:
-            check_tensor("sinks", sinks, ndim=1, dtypes=(torch.float32,))
-            check_shape("sinks", sinks, (num_heads,))
-            check_last_dim_contiguous("sinks", sinks)
-            check_same_device(q=q, sinks=sinks)
+        check_sinks(sinks, num_heads, q)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:
@@ -284,9 +270,9 @@ def paged_decode_attention(
         out,
         part_o,
         part_ml,
-        float(scale) * _LOG2E,
+        float(scale) * LOG2E,
         int(window),
-        float(softcap) * _LOG2E,
+        float(softcap) * LOG2E,
         group,
         head_dim,
         block_size,
