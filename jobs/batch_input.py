@@ -36,8 +36,8 @@ LINE_FIELDS = ("custom_id", "method", "url", "body")
 LINE_SHAPE = "each line must be one JSON object {custom_id, method, url, body}"
 BATCH_COLUMNS = ("custom_id", "url", "body", "line_error")
 SHOW = 5  # repeated ids named in a message, at most
-# A batch file is parsed whole in memory (about 3-4x its bytes as Python objects): OpenAI takes
-# files up to 200 MB; a gzipped one is measured decompressed.
+# A batch file is parsed whole in memory, as Python objects several times its bytes (bench/hostile_input.py
+# prints a big file's peak memory): OpenAI takes files up to 200 MB; a gzipped one counts decompressed.
 DEFAULT_MAX_BYTES = 256 << 20
 # The deepest a line's JSON may nest: JSON schemas in response_format run a few dozen levels deep; the
 # worker's schema handling recurses per level, so a deeper line would exhaust Python's stack there.

@@ -1,4 +1,4 @@
-"""What the issue asks of each resource: the spot group, the launch template and its user data, the
+"""What the deployment requires of each resource: the spot group, the launch template and its user data, the
 bucket, Redis and the autoscaler Lambda, read from the parsed configuration."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`freight results --format openai` on result shards holding the issue-15 columns (endpoint,
+"""`freight results --format openai` on result shards holding the request columns (endpoint,
 completions, finish_reasons, logprobs, embedding), built here as the worker writes them: chat,
 completions, embeddings, n > 1, both logprobs shapes and failed rows, every line checked with the
 `openai` package's types and against the columns it came from."""

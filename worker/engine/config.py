@@ -38,7 +38,8 @@ class EngineConfig:
     max_model_len: int | None = None  # cap on prompt + completion; None: the model's own limit
     seed: int = 0  # seed of requests whose SamplingParams.seed is None (salted by request index)
     # torch intra-op threads, set process-wide at load; None leaves torch's choice. On a CPU shared
-    # with other busy processes, 1 avoids threads spin-waiting on each other (often 5-10x faster).
+    # with other busy processes, 1 avoids threads spin-waiting on each other, which can cost more
+    # than the work (bench/engine_vs_hf.py --threads 1 and --threads 2 on a loaded machine show it).
     num_threads: int | None = None
     # Decode steps as CUDA graphs captured at start (padded batch sizes 1, 2, 4, 8, 16, ...). None: on
     # for CUDA; the CPU has no graphs (True there is refused).

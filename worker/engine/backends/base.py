@@ -69,7 +69,8 @@ class Backend:
 
     def project(self, linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """linear(x) for a projection module. A plain nn.Linear without hooks of its own is applied
-        directly (F.linear: nn.Module.__call__ costs ~4 us a call on the CPU, ~30 calls a step);
+        directly (F.linear: nn.Module.__call__'s hook bookkeeping, paid some 30 times a step, is
+        host time the step waits on; bench/step_overhead.py measures a step's host cost);
         anything else (quantized replacements, modules with hooks) is called as a module. Global
         module hooks (torch.nn.modules.module.register_module_forward_hook) do not see the former."""
         if type(linear) is nn.Linear and not (linear._forward_hooks or linear._forward_pre_hooks):

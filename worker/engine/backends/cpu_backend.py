@@ -4,13 +4,14 @@ in C (kernels/cpu).
 Decode attention is memory-bound: the torch path gathers every sequence's blocks into a copy and
 runs the CPU flash kernel over it, moving each key and value three times; the C kernel reads them
 once, straight from the paged cache. Prefill (compute-bound) reads its keys through the block
-tables too, into register-tiled products (~2x torch's CPU flash kernel on the benchmark model's
-shape). When a step's sequences share leading blocks (a common prompt prefix), those are attended
+tables too, into register-tiled products (bench/cpu_prefill_attention.py: the C kernel against the
+torch path on the benchmark model's shape). When a step's sequences share leading blocks (a common prompt prefix), those are attended
 once for the whole batch by the torch cascade and merged with the kernels' result by log-sum-exp.
 RMSNorm (with its residual add), SiLU * up and rotary run one C pass each instead of the
 reference's chains of torch ops; any tensor the kernels don't take falls back to the reference.
 Projections of at most 8 rows (decode at small batches, the logits of a few rows) are C GEMVs that
-stream the weight once (torch's GEMM is 1.6-2x slower at 4-8 rows here), and pure decode steps run
+stream the weight once (torch's GEMM packs its operands per call, which a few rows do not repay), and
+pure decode steps run
 the whole decoder stack in one C call (cpu_decode_stack: packed register tiles at every row count;
 the lm_head of a model bound to it likewise, through HeadCopies).
 """

@@ -11,7 +11,8 @@ T tokens of many sequences in one [T, ...] tensor; no padding.
 
 The layer loop is the engine's hot path (a decode step runs it once per layer for the whole batch):
 the layers, norms, attention and MLP modules are entered through `.forward` directly, not through
-nn.Module.__call__ (whose hook bookkeeping costs ~1-2 us a call, ~10 calls a layer); hooks on them
+nn.Module.__call__ (whose hook bookkeeping, some 10 calls a layer, is host time every step pays;
+bench/step_overhead.py measures it); hooks on them
 do not fire. The projections (nn.Linear or its quantized replacements) go through
 Backend.project, which calls any module that has hooks of its own (quantization calibration hooks
 them) and applies a plain nn.Linear directly.
