@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.cost import AttemptRecord, ShardRecord, split_cost
+from jobs.cost import AttemptRecord, ShardRecord, split_cost, usd
 from jobs.dashboard.objects import ObjectCache
 from jobs.dashboard.scan import OutKeys
 from jobs.errors import ObjectNotFoundError
@@ -35,7 +35,7 @@ class JobTotals:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
-    reasoning_tokens: int | None = None  # where the records count them
+    reasoning_tokens: int = 0
     busy_seconds: float = 0.0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
@@ -46,6 +46,10 @@ class JobTotals:
     spec_proposed_tokens: int = 0
     spec_accepted_tokens: int = 0
     constrained_rows: int = 0
+    result_cache_hits: int = 0
+    result_cache_semantic_hits: int = 0
+    result_cache_usd_saved: float = 0.0
+    deduplicated_rows: int = 0
     first_started_at: float | None = None
     billed: list[tuple[float, float]] = field(default_factory=list)  # (finished_at, cost), sorted
     with_failed_rows: list[int] = field(default_factory=list)  # shards with a failed row, sorted
@@ -58,9 +62,7 @@ class JobTotals:
         self.prompt_tokens += r.prompt_tokens
         self.cached_tokens += r.cached_tokens
         self.completion_tokens += r.completion_tokens
-        reasoning = getattr(r, "reasoning_tokens", None)
-        if reasoning is not None:
-            self.reasoning_tokens = (self.reasoning_tokens or 0) + int(reasoning)
+        self.reasoning_tokens += r.reasoning_tokens
         self.busy_seconds += r.busy_seconds
         self.prefill_seconds += r.prefill_seconds
         self.decode_seconds += r.decode_seconds
@@ -72,6 +74,10 @@ class JobTotals:
         self.spec_proposed_tokens += r.spec_proposed_tokens
         self.spec_accepted_tokens += r.spec_accepted_tokens
         self.constrained_rows += r.constrained_rows
+        self.result_cache_hits += r.cache_hits
+        self.result_cache_semantic_hits += r.cache_semantic_hits
+        self.result_cache_usd_saved += usd(r.cache_hit_seconds, r.price_per_hour)
+        self.deduplicated_rows += r.deduplicated_rows
         if self.first_started_at is None or r.started_at < self.first_started_at:
             self.first_started_at = r.started_at
         bisect.insort(self.billed, (r.finished_at, r.cost_usd))
@@ -137,14 +143,16 @@ class JobReader:
         return {
             "rows": t.rows, "rows_failed": t.rows_failed, "prompt_tokens": t.prompt_tokens,
             "cached_tokens": t.cached_tokens, "completion_tokens": t.completion_tokens,
-            **({"reasoning_tokens": t.reasoning_tokens} if t.reasoning_tokens is not None else {}),
+            "reasoning_tokens": t.reasoning_tokens,
             "busy_seconds": t.busy_seconds, "cost_usd": cost, "input_cost_usd": input_cost,
             "output_cost_usd": output_cost,
             "usd_per_million_input_tokens": input_cost / t.prompt_tokens * 1e6 if t.prompt_tokens else None,
             "usd_per_million_output_tokens": output_cost / t.completion_tokens * 1e6 if t.completion_tokens else None,
             "cache_hit_rate": t.cached_tokens / t.prompt_tokens if t.prompt_tokens else 0.0,
             "spec_proposed_tokens": t.spec_proposed_tokens, "spec_accepted_tokens": t.spec_accepted_tokens,
-            "constrained_rows": t.constrained_rows,
+            "constrained_rows": t.constrained_rows, "result_cache_hits": t.result_cache_hits,
+            "result_cache_semantic_hits": t.result_cache_semantic_hits,
+            "result_cache_usd_saved": t.result_cache_usd_saved, "deduplicated_rows": t.deduplicated_rows,
             "on_demand_cost_usd": t.on_demand_cost_usd + sum(a.on_demand_cost_usd for a in attempts),
             "wasted_cost_usd": sum(a.wasted_usd for a in attempts),
         }  # fmt: skip

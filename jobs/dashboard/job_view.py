@@ -17,6 +17,7 @@ import redis
 from jobs import datasets
 from jobs.cost import AttemptRecord
 from jobs.dashboard.board import JobBoard, JobSummary
+from jobs.dashboard.formatting import usd
 from jobs.dashboard.job_reader import JobReader, JobTotals
 from jobs.live_state import LiveState
 from jobs.log import get_logger
@@ -110,8 +111,8 @@ def _timeline(billed: list[tuple[float, float]], attempts: list[AttemptRecord]) 
     """[[unix seconds, cumulative USD], ...]: the cost as each shard and attempt was billed."""
     events = sorted([*billed, *((a.recorded_at, a.cost_usd) for a in attempts)])
     points, total = [], 0.0
-    for at, usd in events:
-        total += usd
+    for at, cost in events:
+        total += cost
         points.append([at, total])
     if len(points) > TIMELINE_POINTS:  # keep the last point: the line ends at the total
         step = len(points) / TIMELINE_POINTS
@@ -121,18 +122,18 @@ def _timeline(billed: list[tuple[float, float]], attempts: list[AttemptRecord]) 
 
 def tokens(report: dict[str, Any]) -> dict[str, int]:
     """Prompt tokens split into cached (served from the prefix cache) and computed, completion tokens,
-    and reasoning tokens where the report counts them."""
+    and of those the reasoning tokens of rows that think (when there are any)."""
     prompt, cached = int(report.get("prompt_tokens") or 0), int(report.get("cached_tokens") or 0)
     out = {"prompt": prompt, "cached": cached, "computed_prompt": max(prompt - cached, 0),
            "completion": int(report.get("completion_tokens") or 0)}  # fmt: skip
-    if report.get("reasoning_tokens") is not None:
+    if int(report.get("reasoning_tokens") or 0):
         out["reasoning"] = int(report["reasoning_tokens"])
     return out
 
 
 def extras(report: dict[str, Any]) -> list[dict[str, str]]:
-    """The engine's extras that this job used: speculative acceptance, structured-output rows, cache
-    hits. Each only where the report has it and it is not zero."""
+    """The engine's extras that this job used: speculative acceptance, structured-output rows,
+    prefix-cache and result-cache hits, duplicate rows computed once. Each only where it is not zero."""
     out = []
     proposed = int(report.get("spec_proposed_tokens") or 0)
     if proposed:
@@ -145,6 +146,14 @@ def extras(report: dict[str, Any]) -> list[dict[str, str]]:
     if int(report.get("cached_tokens") or 0) and prompt:
         out.append({"name": "prefix-cache hits",
                     "value": f"{int(report['cached_tokens']) / prompt:.1%} of prompt tokens"})  # fmt: skip
+    hits = int(report.get("result_cache_hits") or 0)
+    if hits:
+        semantic = int(report.get("result_cache_semantic_hits") or 0)
+        saved = float(report.get("result_cache_usd_saved") or 0.0)
+        out.append({"name": "result-cache hits",
+                    "value": f"{hits:,} rows ({semantic:,} semantic), {usd(saved)} saved"})  # fmt: skip
+    if int(report.get("deduplicated_rows") or 0):
+        out.append({"name": "duplicate rows computed once", "value": f"{int(report['deduplicated_rows']):,}"})
     return out
 
 

@@ -89,6 +89,7 @@ def commit(
             job_id=manifest.job_id, shard=i, attempt=1, rows=plan.rows, rows_failed=failed_rows, prompt_tokens=12 * ok,
             cached_tokens=4 * ok, completion_tokens=6 * ok, busy_seconds=busy, prefill_seconds=busy / 4,
             decode_seconds=3 * busy / 4, spec_proposed_tokens=10 * ok, spec_accepted_tokens=7 * ok, load_seconds=0.0,
+            reasoning_tokens=2 * ok, cache_hits=ok, cache_hit_seconds=0.5, deduplicated_rows=1,
             wall_seconds=billed, billed_seconds=billed, instance_type="g5.xlarge", market=manifest.spec.market,
             price_per_hour=1.2, on_demand_price_per_hour=3.6, cost_usd=billed * 1.2 / 3600,
             on_demand_cost_usd=billed * 3.6 / 3600, worker="worker-1", started_at=at - billed, finished_at=at,

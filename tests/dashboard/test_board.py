@@ -24,7 +24,8 @@ from tests.jobs.openai_check import parse_errors, parse_output
 
 COMPARED = ("cost_usd", "input_cost_usd", "output_cost_usd", "usd_per_million_input_tokens",
             "usd_per_million_output_tokens", "prompt_tokens", "cached_tokens", "completion_tokens",
-            "on_demand_cost_usd", "wasted_cost_usd", "rows", "rows_failed", "spec_accepted_tokens")  # fmt: skip
+            "on_demand_cost_usd", "wasted_cost_usd", "rows", "rows_failed", "spec_accepted_tokens",
+            "reasoning_tokens", "result_cache_hits", "result_cache_usd_saved", "deduplicated_rows")  # fmt: skip
 
 
 class CountingStore(LocalStore):
@@ -78,7 +79,9 @@ def test_a_jobs_line_and_cost_agree_with_freight_jobs_and_the_cost_report(store_
     assert cost["spot"] == pytest.approx(cost["total"]) and cost["on_demand"] == 0
     assert cost["on_demand_equivalent"] == pytest.approx(3 * cost["total"])  # 3.6 vs 1.2 USD/h
     assert [r["id"] for r in detail["failed_rows"]] == ["1", "3", "5"]
-    assert detail["tokens"] == {"prompt": 36, "cached": 12, "computed_prompt": 24, "completion": 18}
+    assert detail["tokens"] == {"prompt": 36, "cached": 12, "computed_prompt": 24, "completion": 18, "reasoning": 6}
+    assert [e["name"] for e in detail["extras"]] == ["speculative acceptance", "prefix-cache hits", "result-cache hits",
+                                                     "duplicate rows computed once"]  # fmt: skip
 
 
 def test_a_poll_lists_only_what_can_still_change(store_root: Path) -> None:
