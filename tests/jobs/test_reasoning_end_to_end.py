@@ -167,3 +167,37 @@ def test_no_thinking_flag_renders_thinking_off(qwen3_dir: Path, tmp_path: Path) 
     tok = Tokenizer(qwen3_dir)
     off = len(tok.encode(tok.apply_chat_template(USER, enable_thinking=False)))
     assert rows["off"]["prompt_tokens"] == off and rows["on"]["prompt_tokens"] == len(tok.encode(tok.apply_chat_template(USER)))
+
+
+def test_parquet_messages_rows_think(qwen3_dir: Path, tmp_path: Path) -> None:
+    """A Parquet job of chat messages: the reasoning_budget and chat_template_kwargs columns set each
+    row's thinking (a null cell takes the job's --reasoning-budget); text prompts refuse the flags."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    think = Tokenizer(qwen3_dir).vocab()["<think>"]
+    messages = [[{"role": "user", "content": f"Question {i}?"}] for i in range(3)]
+    table = pa.table({
+        "id": ["a", "b", "c"],
+        "messages": messages,
+        "reasoning_budget": pa.array([2, None, None], pa.int64()),
+        "chat_template_kwargs": [None, None, '{"enable_thinking": false}'],
+        "logit_bias": [json.dumps({str(think): 100})] * 3,
+    })  # fmt: skip
+    pq.write_table(table, tmp_path / "chat.parquet")
+    _run(["run", str(tmp_path / "chat.parquet"), "--model", str(qwen3_dir), "--output", str(tmp_path / "o"),
+          "--prompt-column", "messages", "--id-column", "id", "--max-tokens", "10", "--reasoning-budget", "4"])  # fmt: skip
+    rows = {r["id"]: r for r in ds.dataset(tmp_path / "o" / "shards").to_table().to_pylist()}
+    assert rows["a"]["reasoning"] == "<think>" * 2 and rows["a"]["reasoning_tokens"] == 2
+    assert rows["b"]["reasoning"] == "<think>" * 4 and rows["b"]["reasoning_tokens"] == 4
+    assert rows["c"]["reasoning"] is None and rows["c"]["reasoning_tokens"] == 0
+    assert cost_reasoning(tmp_path / "o") == 6
+
+    pq.write_table(pa.table({"prompt": ["hello"]}), tmp_path / "text.parquet")
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "text.parquet"), "--model", str(qwen3_dir),
+                                      "--output", str(tmp_path / "t"), "--reasoning-budget", "4"])  # fmt: skip
+    assert result.exit_code == 2 and "only chat rows think" in result.output
+
+
+def cost_reasoning(out: Path) -> int:
+    return int(json.loads((out / "cost.json").read_text())["reasoning_tokens"])
