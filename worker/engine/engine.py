@@ -7,7 +7,6 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from collections.abc import Sequence as Seq
 from pathlib import Path
 
-import numpy as np
 import structlog
 import torch
 
@@ -21,17 +20,18 @@ from worker.engine.engine_build import build_engine
 from worker.engine.kv_groups import block_manager
 from worker.engine.loader import read_config
 from worker.engine.lora import LoraManager
-from worker.engine.model_runner import InFlightStep, ModelRunner
+from worker.engine.model_runner import InFlightStep, LaunchedStep, ModelRunner
 from worker.engine.ordering import batch_order
 from worker.engine.outputs import RequestOutput
 from worker.engine.request_checks import RequestChecks
 from worker.engine.scheduler import Scheduler
+from worker.engine.scheduler_output import SchedulerOutput
 from worker.engine.sequence import Sequence
 from worker.engine.speculation.draft import DraftModel
 from worker.engine.speculation.speculator import Speculator
 from worker.engine.stats import EngineStats
 from worker.engine.step_output import StepOutputs
-from worker.engine.structured_outputs import StructuredOutputs
+from worker.engine.structured_outputs import RunCut, StructuredOutputs
 from worker.engine.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
@@ -70,8 +70,7 @@ class Engine:
         self.texts = CompletionTexts(tokenizer)
         self.outputs = StepOutputs(self.scheduler, self.stats, self.texts.stop_hit)
         self.speculator = Speculator(config.speculative, self.batch, draft, self.stats) if config.speculative else None
-        self._in_flight: InFlightStep | None = None  # the launched step whose tokens are not applied yet
-        self._applied_early: list[Sequence] = []  # finished by applying _in_flight inside a launch (_constrain)
+        self._in_flight: InFlightStep | None = None  # overlapped steps: the sampled step whose tokens are not applied yet
         self.structured = StructuredOutputs(model_dir, self.vocab_size, tuple(eos), config.max_num_seqs,
                                             config.torch_device, self.stats, tokenizer)  # fmt: skip
         self.checks = RequestChecks(self.vocab_size, max_model_len, self.structured.error,
@@ -212,47 +211,41 @@ class Engine:
         return embedder.run(requests, should_stop, errors)
 
     # ---- one step --------------------------------------------------------------------------
+    @torch.inference_mode()
     def step(self) -> list[Sequence]:
-        """Schedule and launch a step; apply the tokens of the previous step (overlapped) or of this
-        one; returns the sequences that finished."""
+        """One step, phase by phase; returns the sequences that finished.
+
+        1. schedule: speculation's proposals (`_plan`), then the scheduler's plan of the step;
+        2. launch: the step's inputs and forward (ModelRunner.launch; on CUDA not waited on);
+        3. apply the previous step's tokens (overlapped steps: on the host while the device computes
+           this step's forward);
+        4. mask the masked rows' logits (`_mask`: a mask needs every token before it, so after 3);
+        5. sample, on the device, and start the tokens' copy to the host (ModelRunner.sample);
+        6. verify speculation's runs (ModelRunner.verify); speculation observes what they kept;
+        7. apply this step's tokens, unless steps overlap (then the next step's phase 3 does);
+        8. record the step's busy time, and its cost for speculation.
+        """
         t0 = time.perf_counter()
         c0 = time.process_time() if self.speculator is not None else 0.0
         sched = self.scheduler.schedule(self._plan())
         finished = list(sched.errored)
-        self.stats.preemptions += sched.num_preempted
-        for seq in sched.admitted:
-            self.stats.prompt_tokens += seq.num_prompt_tokens
-            self.stats.cached_tokens += seq.num_cached_tokens or 0
-        launched = None
-        if sched.chunks or sched.decode_rows.size or sched.spec:
-            # this step's work: sched.num_prefill_tokens prompt (or recomputed) tokens and
-            # sched.num_scheduled_tokens - sched.num_prefill_tokens decode tokens (decode_tokens
-            # counts them as they reach the host)
-            self.stats.computed_prefill_tokens += sched.num_prefill_tokens
-            self.stats.steps += 1
-            constrained = bool(self.batch.num_constrained)
-            launched = self.runner.execute(sched, self._constrain if constrained else None,
-                                           self.structured.mask_runs if constrained else None)  # fmt: skip
-        if self._applied_early:
-            finished.extend(self._applied_early)
-            self._applied_early = []
-        if self.config.overlap_steps:  # the previous step ran on the device while this one was scheduled
-            done, self._in_flight = self._in_flight, launched
-        else:
-            done = launched
-        if done is not None:
-            if done.spec:  # before their tokens are applied: the draft forgets what was not kept
-                self.speculator.observe(done.spec)  # type: ignore[union-attr]
-            finished.extend(self.outputs.apply(done))
-        # busy time, split between prefill and decode by this step's token counts (EngineStats.add_busy)
-        prefill = sched.num_prefill_tokens
-        seconds = time.perf_counter() - t0
-        self.stats.add_busy(seconds, prefill, sched.num_scheduled_tokens - prefill)
-        if self.speculator is not None and not sched.chunks:  # a pure decode / verify step
-            # the CPU's cost is the work done (process time: wall time on a shared machine is noise)
-            cpu = self.config.torch_device.type == "cpu"
-            cost = time.process_time() - c0 if cpu else seconds
-            self.speculator.record(sched.num_scheduled_tokens, cost, bool(sched.spec), cpu)
+        self._count(sched)
+        launched = self.runner.launch(sched) if sched.chunks or sched.decode_rows.size or sched.spec else None
+        if self._in_flight is not None:
+            finished.extend(self.outputs.apply(self._in_flight))
+            self._in_flight = None
+        step = None
+        if launched is not None:
+            cuts = self._mask(launched)
+            step = self.runner.sample(launched)
+            if launched.inputs.spec:
+                step.spec = self.runner.verify(launched, cuts)
+                self.speculator.observe(step.spec)  # type: ignore[union-attr]  # before their tokens are applied
+        if self.config.overlap_steps:
+            self._in_flight = step
+        elif step is not None:
+            finished.extend(self.outputs.apply(step))
+        self._record(sched, t0, c0)
         return finished
 
     def _plan(self) -> list[tuple[int, list[int]]] | None:
@@ -264,20 +257,39 @@ class Engine:
             return None
         return self.speculator.plan(rows, self.config.max_num_batched_tokens - rows.size, bool(self.scheduler.waiting))
 
-    def _constrain(self, logits: torch.Tensor, sample_rows: np.ndarray) -> None:
-        """Mask the constrained rows' logits of the step being launched (ModelRunner.execute calls
-        this between the forward and sampling). A row's mask needs every token before it: with
-        overlapped steps, the previous step's tokens are applied here first, while the device runs
-        this step's forward (see docs/ARCHITECTURE.md, "Structured outputs")."""
-        b = self.batch
-        which = np.flatnonzero(b.constrained[sample_rows])
-        if not which.size:
-            return
-        seqs = b.sequences(sample_rows[which])  # before applying: that may finish (and free) rows
-        if self._in_flight is not None:
-            self._applied_early.extend(self.outputs.apply(self._in_flight))
-            self._in_flight = None
-        self.structured.mask(logits, which, seqs)
+    def _count(self, sched: SchedulerOutput) -> None:
+        """The scheduled step's counts in stats: preemptions, admitted prompts, and when it computes
+        anything, a step and its sched.num_prefill_tokens prompt (or recomputed) tokens (its decode
+        tokens are counted as they reach the host)."""
+        self.stats.preemptions += sched.num_preempted
+        for seq in sched.admitted:
+            self.stats.prompt_tokens += seq.num_prompt_tokens
+            self.stats.cached_tokens += seq.num_cached_tokens or 0
+        if sched.chunks or sched.decode_rows.size or sched.spec:
+            self.stats.computed_prefill_tokens += sched.num_prefill_tokens
+            self.stats.steps += 1
+
+    def _mask(self, step: LaunchedStep) -> dict[int, RunCut]:
+        """The masked rows' allowed tokens (structured outputs, thinking budgets: StructuredOutputs),
+        applied to their logits in place; returns the masked verify runs' cuts, by index in the runs."""
+        if step.masked.size:
+            self.structured.mask(step.sampled, step.masked, step.masked_seqs)
+        if not step.masked_runs:
+            return {}
+        cuts = self.structured.mask_runs(step.verified, list(step.masked_runs.values()))  # type: ignore[arg-type]
+        return dict(zip(step.masked_runs, cuts, strict=True))
+
+    def _record(self, sched: SchedulerOutput, t0: float, c0: float) -> None:
+        """The step's busy time, split between prefill and decode by its token counts
+        (EngineStats.add_busy); a pure decode / verify step's cost for speculation."""
+        prefill = sched.num_prefill_tokens
+        seconds = time.perf_counter() - t0
+        self.stats.add_busy(seconds, prefill, sched.num_scheduled_tokens - prefill)
+        if self.speculator is not None and not sched.chunks:
+            # the CPU's cost is the work done (process time: wall time on a shared machine is noise)
+            cpu = self.config.torch_device.type == "cpu"
+            cost = time.process_time() - c0 if cpu else seconds
+            self.speculator.record(sched.num_scheduled_tokens, cost, bool(sched.spec), cpu)
 
     # ---- helpers ---------------------------------------------------------------------------
     def _order(self, seqs: list[Sequence]) -> list[int]:

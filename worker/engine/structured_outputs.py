@@ -1,7 +1,7 @@
 """StructuredOutputs: the engine's side of constraints: compile checks, per-step masks, token checks.
 
 Per step that samples constrained rows, after the forward is launched and before sampling
-(ModelRunner.execute calls `mask` between the two): each constrained row's allowed-token bitmask is
+(Engine.step's mask phase calls `mask` between the two): each constrained row's allowed-token bitmask is
 filled on the host, one matcher after the other (llguidance's thread-pool executor would wake its
 threads for each step, which costs more than a mask; bench/structured_speed.py measures the masks'
 share of a step), into a pinned int32 buffer and
