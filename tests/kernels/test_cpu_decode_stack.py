@@ -216,11 +216,9 @@ def test_packed_matrices_match_the_layers_op_by_op(native, hidden, heads, kv_hea
         assert_close(mine.v_cache, theirs.v_cache, atol=2e-4, rtol=1e-4)
 
 
-def test_packed_rows_give_the_same_floats_on_any_threads_and_batch(native) -> None:
-    """Each packed output is one FMA chain over k: the same floats on 1, 2 or 3 threads (whose slices cut
-    tiles) and whichever other rows share the step (from packed_rows rows on)."""
-    lens = [37, 5, 90, 12, 64, 3, 18, 44, 7, 29, 51, 2, 8]
-    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(200, 4, 2, 16, 300, 16, lens, True)
+def _on_1_2_3_threads(native, shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl) -> list:
+    """The packed stack's output for the same step on 1, 2 and 3 torch threads (each bound afresh
+    over its own copy of the caches); the thread count is restored after."""
     before = torch.get_num_threads()
     outs = []
     try:
@@ -230,6 +228,15 @@ def test_packed_rows_give_the_same_floats_on_any_threads_and_batch(native) -> No
                 x, positions, slots, tables, cl))  # fmt: skip
     finally:
         torch.set_num_threads(before)
+    return outs
+
+
+def test_packed_rows_give_the_same_floats_on_any_threads_and_batch(native) -> None:
+    """Each packed output is one FMA chain over k: the same floats on 1, 2 or 3 threads (whose slices cut
+    tiles) and whichever other rows share the step (from packed_rows rows on)."""
+    lens = [37, 5, 90, 12, 64, 3, 18, 44, 7, 29, 51, 2, 8]
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(200, 4, 2, 16, 300, 16, lens, True)
+    outs = _on_1_2_3_threads(native, shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl)
     assert all(torch.equal(out, outs[0]) for out in outs[1:])
     few = native.packed_rows
     stack = native.bind(shape, _copy_caches(layers), final_norm, cos_sin, packed=True)
@@ -321,15 +328,7 @@ def test_quantized_rows_give_the_same_floats_on_any_threads_and_batch(native) ->
     shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(256, 4, 2, 32, 320, 16, lens, True)
     layers, refs = _quantized(layers, 4, 32, names=("qkv", "down"))
     want = _reference(shape, _copy_caches(layers), final_norm, cos_sin, x, positions, slots, tables, cl, refs)
-    before = torch.get_num_threads()
-    outs = []
-    try:
-        for threads in (1, 2, 3):
-            torch.set_num_threads(threads)
-            outs.append(native.bind(shape, _copy_caches(layers), final_norm, cos_sin, packed=True)(
-                x, positions, slots, tables, cl))  # fmt: skip
-    finally:
-        torch.set_num_threads(before)
+    outs = _on_1_2_3_threads(native, shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl)
     _assert_close_but_flips(outs[0], want)
     assert all(torch.equal(out, outs[0]) for out in outs[1:])
     stack = native.bind(shape, _copy_caches(layers), final_norm, cos_sin, packed=True)

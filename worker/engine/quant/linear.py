@@ -112,6 +112,13 @@ class QuantLinear(nn.Module):
                 y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
+    def _load(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """Copy a quantized weight, its scales and the float bias (None: the module has none) in."""
+        self.qweight.copy_(qweight)
+        self.scales.copy_(scales)
+        if bias is not None:
+            self.bias.data.copy_(bias.detach())
+
     def _pack(self) -> QuantWeight:
         raise NotImplementedError
 
@@ -148,11 +155,7 @@ class Int8Linear(QuantLinear):
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
         w = linear.weight.detach()
         mod = cls(linear.in_features, linear.out_features, linear.bias is not None, w.dtype, w.device)
-        q, s = quantize_int8(w)
-        mod.qweight.copy_(q)
-        mod.scales.copy_(s)
-        if linear.bias is not None:
-            mod.bias.data.copy_(linear.bias.detach())
+        mod._load(*quantize_int8(w), linear.bias)
         return mod
 
     def _pack(self) -> QuantWeight:
@@ -202,11 +205,7 @@ class Int4Linear(QuantLinear):
         mod = cls(
             linear.in_features, linear.out_features, group_size, linear.bias is not None, w.dtype, w.device
         )
-        q, s = quantize_int4(w, group_size)
-        mod.qweight.copy_(q)
-        mod.scales.copy_(s)
-        if linear.bias is not None:
-            mod.bias.data.copy_(linear.bias.detach())
+        mod._load(*quantize_int4(w, group_size), linear.bias)
         return mod
 
     def _pack(self) -> QuantWeight:
