@@ -33,8 +33,15 @@ from worker.request_body import (
     ChatBody,
     CompletionBody,
     EmbeddingBody,
+    ResponseBody,
     parse_body,
     parse_columns,
+)
+from worker.response_request import (
+    response_constraint,
+    response_fields,
+    response_logprobs,
+    response_messages_of,
 )
 from worker.row_sampling import column_logprobs, resolve_sampling
 from worker.tool_formats import forced_calls
@@ -52,13 +59,14 @@ class RowRequest:
     sampling: SamplingParams | None
     continuation_tokens: int = 0  # likelihood mode: the last n prompt tokens are the continuation
     error: str | None = None
-    endpoint: str = "completions"  # chat | completions | embeddings
+    endpoint: str = "completions"  # chat | completions | embeddings | responses
     dimensions: int | None = None  # embeddings: keep the first `dimensions` values
     encoding_format: str = "float"  # embeddings: float | base64 (the output's encoding)
     echo_text: str | None = None  # completions with echo: the prompt's text, put before each choice
     tools: ToolRequest | None = None  # chat with tools (tool_choice not none): the answer's calls are parsed
     tool_format: str | None = None  # how the model writes them (worker/tool_formats.py)
     seeded: bool = False  # the row gave its own seed (a column or body field), not the job's derived one
+    response_fields: str | None = None  # responses: what the response object repeats (JSON; response_request.py)
 
 
 def build_requests(
@@ -171,6 +179,8 @@ def _batch_request(
             dimensions=body.dimensions,
             encoding_format=body.encoding_format or "float",
         )
+    if isinstance(body, ResponseBody):
+        return _response_request(row, row_id, body, spec, tokenizer, max_n)
     if body.stream:
         raise ValueError("stream true: batch requests do not stream (drop the field)")
     constraint = body_constraint(body.constraint_fields())
@@ -222,6 +232,21 @@ def _chat_request(row: int, row_id: str | int, body: ChatBody, constraint: RowCo
     parsed = tools if tools is not None and tools.choice != "none" else None
     return RowRequest(row=row, id=row_id, prompt=prompt, sampling=sampling, endpoint="chat", tools=parsed,
                       tool_format=fmt if parsed is not None else None)  # fmt: skip
+
+
+def _response_request(
+    row: int, row_id: str | int, body: ResponseBody, spec: JobSpec, tokenizer: Any, max_n: int
+) -> RowRequest:
+    """A /v1/responses body: its messages rendered with the job's template variables (--no-thinking,
+    --reasoning-effort); a thinking model's reasoning is split from its answer as a chat row's is."""
+    constraint = response_constraint(body.text)
+    logprobs = response_logprobs(body, spec.sampling.logprobs)
+    variables = template_kwargs(tokenizer, spec.sampling.reasoning_effort, spec.sampling.thinking, None, None)
+    prompt = render_chat(response_messages_of(body), tokenizer, None, variables)
+    sampling = resolve_sampling(spec, row_id, body, body.max_output_tokens, logprobs, tokenizer, max_n, constraint,
+                                tokenizer.reasoning)  # fmt: skip
+    return RowRequest(row=row, id=row_id, prompt=prompt, sampling=sampling, endpoint="responses",
+                      response_fields=response_fields(body, sampling))  # fmt: skip
 
 
 def _check_model(asked: str | None, spec: JobSpec) -> None:
