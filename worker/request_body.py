@@ -12,9 +12,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+)
 
 from contracts.sampling import (
     REQUEST_FIELDS,
@@ -152,7 +160,7 @@ class ResponseBody(SamplingFields):  # type: ignore[misc,valid-type]
     the response. `store`, `background` and `stream` true, and `truncation` auto, are refused: a
     batch keeps no responses to fetch later, runs in the background already, and truncates no input."""
 
-    input: list[dict[str, str]]  # replaced by response_messages' checked copy
+    input: Annotated[list[dict[str, str]], BeforeValidator(response_messages)]  # the checked chat messages
     model: str | None = None
     instructions: str | None = None
     max_output_tokens: MaxTokens | None = None
@@ -167,11 +175,6 @@ class ResponseBody(SamplingFields):  # type: ignore[misc,valid-type]
     background: bool | None = None
     stream: bool | None = None
     truncation: str | None = None
-
-    @field_validator("input", mode="before")
-    @classmethod
-    def _input(cls, v: Any) -> Any:
-        return response_messages(v)
 
     @field_validator("n", "max_tokens", mode="before")
     @classmethod

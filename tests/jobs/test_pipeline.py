@@ -49,6 +49,7 @@ RESULT_COLUMNS = [
     "embedding",
     "parsed",
     "parsed_choices",
+    "response_fields",
 ]
 
 
