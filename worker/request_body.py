@@ -51,10 +51,11 @@ _NOT_RUN = {
     "audio": "audio output is not supported",
     "modalities": "only text output is supported",
     "guided_whitespace_pattern": "not supported (JSON whitespace is the grammar engine's)",
-    "max_tool_calls": "tool calling is not supported",
+    "max_tool_calls": "tool calls are chat requests' (/v1/chat/completions)",
     "previous_response_id": "freight keeps no earlier responses: send the conversation's turns in input",
     "conversation": "freight keeps no conversations: send the conversation's turns in input",
-    "reasoning": "reasoning settings are not supported",
+    "reasoning": "reasoning effort is a chat request's (/v1/chat/completions: reasoning_effort) or the job's "
+    "(--reasoning-effort, --no-thinking)",
 }
 # The fields of a body that ask for structured output (contracts/row_constraint.py checks their values).
 CONSTRAINT_FIELDS = (

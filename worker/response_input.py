@@ -6,8 +6,8 @@ message (an earlier response's output item sent back). Roles: user, system, deve
 Content: a string, or a list of text parts: `input_text` (any role) and `output_text` (an assistant
 message's earlier output; its `annotations` and `logprobs` describe that output and do not change the
 prompt), joined with "\\n" as chat text parts are. Images, files and audio are refused, as is every other
-item type (tool calls and their outputs, reasoning items, item references): freight runs text in,
-text out. The messages then go through worker/chat_messages.py like a chat request's.
+item type (tool calls and their outputs, which freight runs in chat requests; reasoning items; item
+references). The messages then go through worker/chat_messages.py like a chat request's.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ _ROLES = ("user", "system", "developer", "assistant")
 _PART_FIELDS = {"input_text": ("type", "text"), "output_text": ("type", "text", "annotations", "logprobs")}
 _MEDIA_PARTS = ("input_image", "input_file", "input_audio")
 # item types a Responses input may hold that freight does not run, with the reason
+_TOOLS = "tool calls are chat requests' (/v1/chat/completions: assistant tool_calls and tool messages)"
 _NOT_RUN = {
-    "function_call": "tool calling is not supported",
-    "function_call_output": "tool calling is not supported",
-    "custom_tool_call": "tool calling is not supported",
-    "custom_tool_call_output": "tool calling is not supported",
+    "function_call": _TOOLS,
+    "function_call_output": _TOOLS,
+    "custom_tool_call": _TOOLS,
+    "custom_tool_call_output": _TOOLS,
     "reasoning": "reasoning items are not supported (send the earlier answer as an assistant message)",
     "item_reference": "freight keeps no earlier items: send the item's content itself",
 }

@@ -49,6 +49,11 @@ RESULT_COLUMNS = [
     "embedding",
     "parsed",
     "parsed_choices",
+    "reasoning",
+    "reasoning_tokens",
+    "reasoning_choices",
+    "tool_calls",
+    "tool_calls_choices",
     "response_fields",
 ]
 

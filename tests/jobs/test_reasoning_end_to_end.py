@@ -201,3 +201,39 @@ def test_parquet_messages_rows_think(qwen3_dir: Path, tmp_path: Path) -> None:
 
 def cost_reasoning(out: Path) -> int:
     return int(json.loads((out / "cost.json").read_text())["reasoning_tokens"])
+
+
+def test_a_thinking_model_s_response_holds_its_answer_and_counts_its_reasoning(qwen3_dir: Path, tmp_path: Path) -> None:
+    """/v1/responses rows of a thinking model: the reasoning is split from the answer as a chat row's is,
+    the response's output_text is the answer, and its usage counts the reasoning tokens; the job's
+    --no-thinking reaches a response's template too."""
+    from openai.types.responses import Response
+
+    think = str(Tokenizer(qwen3_dir).vocab()["<think>"])
+    bodies = {
+        "think": {"input": "What is 2 + 2?", "logit_bias": {think: 100}, "reasoning_budget": 4, "max_output_tokens": 60,
+                  "text": {"format": {"type": "json_schema", "name": "a", "schema": ANSWER}}},
+        "plain": {"input": [{"role": "user", "content": "Hi"}], "max_output_tokens": 6},
+    }  # fmt: skip
+    path = tmp_path / "batch.jsonl"
+    path.write_text("".join(json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/responses", "body": body})
+                            + "\n" for cid, body in bodies.items()))  # fmt: skip
+    out = tmp_path / "out"
+    _run(["run", str(path), "--model", str(qwen3_dir), "--output", str(out)])
+    rows = {r["id"]: r for r in ds.dataset(out / "shards").to_table().to_pylist()}
+    assert rows["think"]["reasoning"] == "<think>" * 4 and rows["think"]["reasoning_tokens"] == 4
+    export = tmp_path / "openai.jsonl"
+    _run(["results", str(out), "--format", "openai", "--to", str(export)])
+    answered = {line["custom_id"]: body for line, body in parse_output(export)}
+    think_body = answered["think"]
+    assert isinstance(think_body, Response) and think_body.status == "completed"
+    assert think_body.output_text == rows["think"]["completion"] and "<think>" not in think_body.output_text
+    jsonschema.validate(json.loads(think_body.output_text), ANSWER)
+    assert think_body.usage is not None and think_body.usage.output_tokens_details.reasoning_tokens == 4
+    assert think_body.usage.output_tokens == rows["think"]["completion_tokens"]
+
+    off = tmp_path / "off"
+    _run(["run", str(path), "--model", str(qwen3_dir), "--output", str(off), "--no-thinking"])
+    plain = {r["id"]: r for r in ds.dataset(off / "shards").to_table().to_pylist()}["plain"]
+    # Qwen3's template closes an empty thinking block in the prompt when thinking is off
+    assert plain["error"] is None and plain["prompt_tokens"] > rows["plain"]["prompt_tokens"]
