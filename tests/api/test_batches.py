@@ -328,7 +328,7 @@ def test_a_mixed_file_runs_every_endpoint_and_refuses_bad_lines(
     assert items.text is not None and items.text.format.type == "json_object" and items.usage.output_tokens <= 4  # type: ignore[union-attr]
     why = {line["custom_id"]: line["error"]["message"] for line in err}
     assert set(why) == {"tools", "other-model", "get", "line-12", "extra", "too-long", "resp-store"}
-    assert "tool calling" in why["tools"] and "this job runs" in why["other-model"]
+    assert "renders no tools" in why["tools"] and "this job runs" in why["other-model"]
     assert "POST" in why["get"] and "custom_id" in why["line-12"] and "'x'" in why["extra"]
     assert "context" in why["too-long"] and "store true" in why["resp-store"]
     assert batch.request_counts.completed == 8 and batch.request_counts.failed == 7  # type: ignore[union-attr]
