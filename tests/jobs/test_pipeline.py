@@ -54,6 +54,10 @@ RESULT_COLUMNS = [
     "reasoning_choices",
     "tool_calls",
     "tool_calls_choices",
+    "cached",
+    "cached_from_job",
+    "cached_from_row",
+    "cached_similarity",
     "response_fields",
 ]
 
