@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_oracle import DECODE_STACK_ARCHS, MAX_NEW, mixed_prompts, small_engine
+from torch_threads import torch_threads
 
 from worker.engine import Engine, SamplingParams
 
@@ -82,12 +83,8 @@ def test_hooks_threads_and_shared_prefixes_run_op_by_op(make_checkpoint, expecte
     assert [o.token_ids for o in engine.generate(prompts, params)] == want
     assert rows == [17, 14, 11, 8, 6, 4]  # the last 2 rows share 64 tokens (base[:64]): op by op
     rows.clear()
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         assert [o.token_ids for o in engine.generate(prompts, params)] == want
-    finally:
-        torch.set_num_threads(before)
     assert rows == [14, 11, 8, 6, 4]  # 17 rows on two threads: op by op
     rows.clear()
     shared = [list(range(3, 83)) + p for p in mixed_prompts()[:4]]  # 80 common tokens: 5 blocks

@@ -6,8 +6,8 @@ kernels/reference/quant_matmul.py) on the tiny models of every dense architectur
 from __future__ import annotations
 
 import pytest
-import torch
 from engine_oracle import DECODE_STACK_ARCHS, MAX_NEW, mixed_prompts, small_engine
+from torch_threads import torch_threads
 
 from worker.engine import Engine, SamplingParams
 from worker.engine.quant.linear import QuantLinear
@@ -72,10 +72,6 @@ def test_stack_on_and_off_give_the_same_tokens_at_any_batch_and_threads(make_che
     assert [o.token_ids for o in on.generate(prompts, params)] == want
     assert max(rows) == 17
     rows.clear()
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         assert [o.token_ids for o in on.generate(prompts, params)] == want
-    finally:
-        torch.set_num_threads(before)
     assert rows and max(rows) <= 15  # 17 rows on two threads: op by op
