@@ -67,6 +67,7 @@ REQUEST_FIELDS = [
     pa.field("cached_from_row", pa.string()),
     pa.field("cached_similarity", pa.float32()),
     pa.field("response_fields", pa.string()),  # /v1/responses rows: the request fields the response repeats (JSON)
+    pa.field("adapter", pa.string()),  # the LoRA adapter that answered (a --lora name); null: the model itself
 ]
 # Per-row sampling columns of a Parquet input (a JSONL body's names and rules): read when present.
 SAMPLING_COLUMNS = (

@@ -79,8 +79,9 @@ def request_line(
     if endpoint not in ENDPOINT_URLS:
         raise ValueError(f"row {row['id']!r}: endpoint {endpoint!r} is none of {', '.join(ENDPOINT_URLS)}")
     line: dict[str, Any] = {"id": ids.line, "custom_id": str(row["id"])}
-    # the served name (freight serve --models), else as `vllm run-batch` names it: as the job was given it
-    model = manifest.spec.model_name or manifest.spec.model
+    # the row's LoRA adapter (vLLM names an adapter's responses so), else the served name (freight serve
+    # --models), else as `vllm run-batch` names it: as the job was given it
+    model = row.get("adapter") or manifest.spec.model_name or manifest.spec.model
     if row.get("error") is not None or row["finish_reason"] in FAILED_REASONS:
         message = row.get("error") or f"the request ended with finish_reason {row['finish_reason']!r}"
         if row["finish_reason"] == "cancelled":

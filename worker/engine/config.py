@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
+from contracts.lora.config import MAX_LORAS
 from contracts.quantization import check_quant_group
 from worker.engine.speculation.config import SpeculativeConfig
 
 BACKEND_NAMES = ("auto", "cpu", "torch", "triton")
 QUANTIZATION_METHODS = (None, "int8", "int4", "fp8")
-MAX_LORAS = 256  # LoRA slots on the device, at most (each holds every wrapped projection's factors)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 

@@ -11,6 +11,7 @@ import structlog
 import torch
 
 from contracts.checkpoint.pooling import PoolingConfig, PoolingConfigError
+from contracts.lora.config import MAX_LORAS
 from contracts.sampling import SamplingParams
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.completion_texts import CompletionTexts
@@ -88,14 +89,18 @@ class Engine:
         return build_engine(cls, Path(model_dir), config or EngineConfig())
 
     # ---- public API ------------------------------------------------------------------------
-    def set_loras(self, adapters: Mapping[str, str | Path], base_names: tuple[str | None, ...] = ()) -> None:
+    def set_loras(self, adapters: Mapping[str, str | Path], base_names: tuple[str | None, ...] = (),
+                  max_loras: int | None = None) -> None:  # fmt: skip
         """Serve exactly these LoRA adapters (name -> local PEFT folder) from the next stream on;
         `base_names`: names the base model goes by besides its folder (a job's model URL, its served
-        name), which an adapter's base_model_name_or_path may give. ValueError naming the adapter that
-        cannot be served (nothing changes then); RuntimeError during a stream."""
+        name), which an adapter's base_model_name_or_path may give; `max_loras`: adapters resident on
+        the device at once (None: EngineConfig.max_loras). ValueError naming
+        the adapter that cannot be served (nothing changes then); RuntimeError during a stream."""
         if self.scheduler.has_unfinished():
             raise RuntimeError("this engine is running a stream; finish or close it before changing adapters")
-        self.loras.sync(adapters, base_names)
+        if max_loras is not None and not 1 <= max_loras <= MAX_LORAS:
+            raise ValueError(f"max_loras must be in 1..{MAX_LORAS}, got {max_loras}")
+        self.loras.sync(adapters, base_names, max_loras or self.config.max_loras)
 
     @property
     def lora_names(self) -> list[str]:

@@ -54,9 +54,11 @@ class LoraManager:
         self._shape: tuple[frozenset[str], int] | None = None  # (wrapped modules, rank) of the stacks
 
     # ---- the registry --------------------------------------------------------------------
-    def sync(self, adapters: Mapping[str, str | Path], base_names: tuple[str | None, ...] = ()) -> None:
-        """Serve exactly these adapters (name -> local PEFT folder) from now on; AdapterError naming the
-        first one that cannot be served (nothing changes then). Call only between streams."""
+    def sync(self, adapters: Mapping[str, str | Path], base_names: tuple[str | None, ...] = (),
+             max_loras: int | None = None) -> None:  # fmt: skip
+        """Serve exactly these adapters (name -> local PEFT folder) from now on, with `max_loras` slots
+        on the device (None: keep the number); AdapterError naming the first one that cannot be
+        served (nothing changes then). Call only between streams."""
         names = [*self.base_names, *base_names, self.base_config.get("_name_or_path")]
         loaded: dict[str, LoraAdapter] = {}
         for name, folder in adapters.items():
@@ -77,6 +79,9 @@ class LoraManager:
             self._next_id += 1
             log.info("lora_loaded", adapter=name, folder=str(adapter.folder), rank=adapter.rank,
                      modules=len(adapter.layout.modules), bytes=adapter.nbytes)  # fmt: skip
+        if max_loras is not None and max_loras != self.max_loras:
+            self.max_loras = self.step.num_slots = max_loras
+            self._shape = None  # new stacks of that many slots
         self._build()
 
     def _forget(self, name: str) -> None:
