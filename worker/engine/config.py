@@ -51,8 +51,8 @@ class EngineConfig:
     # CUDA; on the CPU there is nothing to overlap with (the host runs the model too).
     overlap_steps: bool | None = None
     # Pure decode steps through the backend's whole-stack decode where it has one (the CPU backend:
-    # every layer in one C call, up to 15 rows on any thread count, more on one thread; plain fp32
-    # models only, others run op by op). False: always op by op (same tokens, to fp32 rounding).
+    # every layer in one C call, up to 15 rows on any thread count, more on one thread; fp32, int8 and
+    # int4 models, others run op by op). False: always op by op (same tokens, to fp32 rounding).
     decode_stack: bool = True
     # Speculative decoding (speculation/config.py): None off. Its steps need the previous step's
     # tokens on the host, so it runs without overlapped steps (overlap_steps None turns off; True is refused).
