@@ -135,6 +135,10 @@ class ShardRecord(BaseModel):
         default_factory=dict, description="a job with LoRA adapters: each adapter's rows, tokens and engine "
         "seconds, the model's own rows under the empty name",
     )
+    model_fingerprint: str | None = Field(
+        None, description="the checkpoint's content fingerprint (jobs/model_fingerprint.py), when the attempt "
+        "computed it (a job with a result cache)"
+    )
     load_seconds: float = Field(description="model load time charged to this shard")
     wall_seconds: float = Field(description="shard start to commit on the worker")
     billed_seconds: float

@@ -232,6 +232,7 @@ def compute_shard(
         cache_entries=len(entries),
         cache_space=result_cache.space.space if result_cache is not None else None,
         adapters=_adapter_usage(manifest.spec.adapters, ordered, ran, {r.row for r in computed}, seconds),
+        model_fingerprint=result_cache.space.describe.get("fingerprint") if result_cache is not None else None,
         load_seconds=load_seconds,
         wall_seconds=wall,
         billed_seconds=billed,

@@ -1,7 +1,8 @@
 """JobBoard: every job under the store, as the jobs page lists it, rebuilt at most once a `refresh_s`.
 
 One snapshot serves every client: fifty browsers polling each second cost the store what one does
-(bench/dashboard_load.py). A job's line holds what `freight jobs` shows (state in its vocabulary,
+(bench/dashboard_load.py), and a rebuild runs on a thread of its own while requests get the
+snapshot before it. A job's line holds what `freight jobs` shows (state in its vocabulary,
 shards and rows done, cost so far) plus rows/s, ETA, errors and, for a served batch, its tenant,
 batch id and status. Storage decides; Redis, when given, adds the live state of fleet jobs.
 """
@@ -127,14 +128,29 @@ class JobBoard:
         self._lock = threading.Lock()
 
     def snapshot(self) -> Snapshot:
-        """The latest snapshot, rebuilt when older than refresh_s (one rebuild at a time: the clients
-        that asked meanwhile get the rebuilt one)."""
-        if time.time() - self._snapshot.at < self.refresh_s:
-            return self._snapshot
+        """The latest snapshot. One older than refresh_s is served as it is while a thread rebuilds
+        it, so no request waits on the store (only the very first, which has nothing to serve)."""
+        current = self._snapshot
+        if current.at == 0.0:
+            return self.refresh()
+        if time.time() - current.at >= self.refresh_s and self._lock.acquire(blocking=False):
+            threading.Thread(target=self._rebuild, name="dashboard-refresh", daemon=True).start()
+        return current
+
+    def refresh(self) -> Snapshot:
+        """Rebuild the snapshot now (waiting for a rebuild under way) and return it."""
         with self._lock:
-            if time.time() - self._snapshot.at >= self.refresh_s:
-                self._snapshot = self._build(time.time())
+            self._snapshot = self._build(time.time())
             return self._snapshot
+
+    def _rebuild(self) -> None:
+        """The background rebuild snapshot() starts, holding the lock it took."""
+        try:
+            self._snapshot = self._build(time.time())
+        except Exception as exc:  # the store failed us: serve the last snapshot, try again next poll
+            log.error("dashboard_refresh_failed", error=str(exc))
+        finally:
+            self._lock.release()
 
     def out_store(self, prefix: str) -> ObjectStore:
         """The OUT at `prefix` as a store of its own (an S3 store shares the root's client)."""

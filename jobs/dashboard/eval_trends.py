@@ -72,7 +72,7 @@ def _run(record: RunRecord, flags: dict[str, MetricComparison]) -> dict[str, Any
         "rows_failed": record.rows_failed,
         "cost_usd": record.cost_usd,
         "dataset_sha256": record.dataset_sha256,
-        "fingerprint": None,
+        "fingerprint": record.model_fingerprint,
         "output": record.output,
         "metrics": metrics,
     }

@@ -34,6 +34,8 @@ from jobs.spec import JobSpec
 from jobs.storage import ObjectStore, open_store
 
 SCHEMA = datasets.result_schema(False)
+# the checkpoint of every eval run but the last, and the last's (retrained: its score drops)
+CHECKPOINTS = ("sha256:" + "1f" * 32, "sha256:" + "e7" * 32)
 CHAT = "/v1/chat/completions"
 
 
@@ -131,7 +133,8 @@ def finish(store: ObjectStore, manifest: Manifest) -> dict[str, Any]:
 def plant_eval_history(history: ObjectStore, suite: str, model: str, scores: list[int], rows: int = 200,
                        runs_root: ObjectStore | None = None) -> list[RunRecord]:
     """One run record per score (right answers of `rows`), a day apart, Wilson intervals as collect
-    computes them; with `runs_root`, each run's report.json too (as `freight eval report` writes it)."""
+    computes them, the last on a new checkpoint; with `runs_root`, each run's report.json too (as
+    `freight eval report` writes it)."""
     start = datetime(2026, 11, 1, 2, 0, tzinfo=UTC)
     records: list[RunRecord] = []
     for day, right in enumerate(scores):
@@ -143,6 +146,7 @@ def plant_eval_history(history: ObjectStore, suite: str, model: str, scores: lis
                            finished_at=(at + timedelta(minutes=20)).isoformat(), output=out,
                            dataset="data/arith.parquet", dataset_sha256="ab" * 32, sampling={"max_tokens": 32},
                            rows=rows, rows_failed=0, cost_usd=0.01 * (day + 1),
+                           model_fingerprint=CHECKPOINTS[day == len(scores) - 1],
                            metrics={"exact_match": MetricResult(score=ci.mean, low=ci.low, high=ci.high,
                                                                 confidence=0.95, method="wilson")})  # fmt: skip
         History(history).record(record)

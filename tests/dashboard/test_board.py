@@ -94,7 +94,7 @@ def test_a_poll_lists_only_what_can_still_change(store_root: Path) -> None:
     store.listed.clear()
     time.sleep(0.02)
     commit(running, manifest, [5])
-    jobs = {j.out: j for j in board.snapshot().jobs}
+    jobs = {j.out: j for j in board.refresh().jobs}
     assert sorted(store.listed) == ["active/", "runs/running/"]  # not the finished job, not the store
     assert jobs["runs/running"].shards_committed == 4
 

@@ -24,6 +24,7 @@ from jobs.storage import LocalStore
 from tests.browser import chromium, console_errors, screenshot, wait_for
 from tests.dashboard.conftest import DashboardServer, dashboard_server
 from tests.dashboard.planted import (
+    CHECKPOINTS,
     commit,
     finish,
     lose_attempt,
@@ -161,6 +162,9 @@ def test_eval_trends_show_the_planted_regression_in_red(site: DashboardServer, b
     assert data[4] == [None, None, None, pytest.approx(59.0)]
     assert all(low < score < high for score, low, high in zip(data[1], data[2], data[3], strict=True))
     assert browser.find_element(By.CSS_SELECTOR, ".regression-badge").text == "regressed in the latest run"
+    # each run names its checkpoint: the regressed run is the one on a new checkpoint
+    prints = [td.get_attribute("title") for td in browser.find_elements(By.CSS_SELECTOR, "table.runs td.mono")]
+    assert prints == [CHECKPOINTS[1]] + [CHECKPOINTS[0]] * 3  # newest run first
     screenshot(browser, "dashboard-evals")
     assert console_errors(browser) == []
 

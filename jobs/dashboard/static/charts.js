@@ -32,7 +32,7 @@ function barChart(node, labels, values, colors, unit) {
     data.push(xs.map((x) => (x === i ? values[i] || 0 : null)));
   });
   const options = {
-    width: 320, height: 220,
+    width: 360, height: 220,
     scales: {x: {time: false, range: [-0.6, labels.length - 0.4]}, y: {range: (u, min, max) => [0, max > 0 ? max * 1.15 : 1]}},
     series: series,
     axes: [{splits: () => xs, values: (u, splits) => splits.map((i) => labels[i] || ""), grid: {show: false}},
