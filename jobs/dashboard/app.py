@@ -11,6 +11,7 @@ The JSON the pages poll: `/ui/jobs.json`, `/ui/jobs/<ref>.json`. Downloads: `/jo
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ log = get_logger(__name__)
 
 HERE = Path(__file__).parent
 DETAILS_KEPT = 64  # job pages whose data is shared between the clients polling them
+LISTS_KEPT = 1024  # encoded job lists (viewer and filters) kept per snapshot
+NO_STORE = {"cache-control": "no-store"}
 
 
 @dataclass(frozen=True)
@@ -78,23 +81,45 @@ class Dashboard:
                                  undefined=jinja2.StrictUndefined)  # fmt: skip
         formatting.install(env)
         self.templates = Jinja2Templates(env=env)
-        self._details: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
+        self._details: OrderedDict[str, tuple[float, dict[str, Any], bytes]] = OrderedDict()
+        self._lists: dict[tuple[str | None, str, str, str], bytes] = {}
+        self._lists_at = 0.0
         self._lock = threading.Lock()
 
-    def detail(self, job: JobSummary) -> dict[str, Any]:
-        """The job page's data, built once per board snapshot however many clients poll it."""
+    def detail(self, job: JobSummary) -> tuple[dict[str, Any], bytes]:
+        """The job page's data and its JSON, built once per board snapshot however many clients poll it."""
         snapshot_at = self.board.snapshot().at
         with self._lock:
             hit = self._details.get(job.ref)
             if hit is not None and hit[0] == snapshot_at:
-                return hit[1]
+                return hit[1], hit[2]
         built = job_detail(self.board, job)
+        encoded = json.dumps(built, separators=(",", ":"), allow_nan=False).encode()
         with self._lock:
-            self._details[job.ref] = (snapshot_at, built)
+            self._details[job.ref] = (snapshot_at, built, encoded)
             self._details.move_to_end(job.ref)
             while len(self._details) > DETAILS_KEPT:
                 self._details.popitem(last=False)
-        return built
+        return built, encoded
+
+    def jobs_json(self, tenant: str | None, state: str, model: str, tenant_filter: str) -> bytes:
+        """/ui/jobs.json's body for this viewer and these filters, encoded once per snapshot."""
+        snapshot = self.board.snapshot()
+        key = (tenant, state, model, tenant_filter)
+        with self._lock:
+            if self._lists_at != snapshot.at:
+                self._lists, self._lists_at = {}, snapshot.at
+            hit = self._lists.get(key)
+        if hit is not None:
+            return hit
+        visible = snapshot.visible(tenant)
+        jobs = _filtered(visible, state, model, tenant_filter)
+        body = json.dumps({"at": snapshot.at, "total": len(visible), "jobs": [j.as_dict() for j in jobs]},
+                          separators=(",", ":"), allow_nan=False).encode()  # fmt: skip
+        with self._lock:
+            if self._lists_at == snapshot.at and len(self._lists) < LISTS_KEPT:
+                self._lists[key] = body
+        return body
 
     def page(self, request: Request, name: str, viewer: Viewer, status: int = 200, **context: Any) -> HTMLResponse:
         response = HTMLResponse("")
@@ -144,25 +169,22 @@ def create_dashboard(
         )  # fmt: skip
 
     @app.get("/ui/jobs.json")
-    def jobs_json(request: Request, state: str = "", model: str = "", tenant: str = "") -> JSONResponse:
+    def jobs_json(request: Request, state: str = "", model: str = "", tenant: str = "") -> Response:
         who = viewer(request)
-        snapshot = dash.board.snapshot()
-        visible = snapshot.visible(who.tenant)
-        jobs = _filtered(visible, state, model, tenant)
-        return JSONResponse({"at": snapshot.at, "total": len(visible), "jobs": [j.as_dict() for j in jobs]},
-                            headers={"cache-control": "no-store"})  # fmt: skip
+        return Response(dash.jobs_json(who.tenant, state, model, tenant), media_type="application/json",
+                        headers=NO_STORE)  # fmt: skip
 
     @app.get("/jobs/{ref}", response_class=HTMLResponse)
     def job_page(request: Request, ref: str) -> Response:
         who, job = visible_job(request, ref)
-        detail = dash.detail(job)
+        detail, _ = dash.detail(job)
         return dash.page(request, "job.html", who, job=job, detail=detail, state_names=STATE_NAMES,
                          downloads=_downloads(dash, job), poll_url=f"/ui/jobs/{quote(job.ref)}.json")  # fmt: skip
 
     @app.get("/ui/jobs/{ref}.json")
-    def job_json(request: Request, ref: str) -> JSONResponse:
+    def job_json(request: Request, ref: str) -> Response:
         _, job = visible_job(request, ref)
-        return JSONResponse(dash.detail(job), headers={"cache-control": "no-store"})
+        return Response(dash.detail(job)[1], media_type="application/json", headers=NO_STORE)
 
     @app.get("/jobs/{ref}/results.parquet")
     def results_parquet(request: Request, ref: str) -> Response:
