@@ -101,8 +101,9 @@ class QuantLinear(nn.Module):
         floating = x2.dtype.is_floating_point
         if not x2.is_cuda and floating and x2.shape[0] and self.cpu_path == "kernel" and (native := native_quant_matmul()):
             weight, bias = self.cpu_weight()
-            xf = x2.float()
-            y = native(xf if xf.stride(-1) == 1 else xf.contiguous(), weight, bias).to(x2.dtype)
+            xf = x2.float()  # fp32 rows with a dense last dim (x2 is 2-D): what the kernel takes
+            y = native(xf if xf.stride(-1) == 1 else xf.contiguous(), weight, bias, checked=True)
+            y = y if x2.dtype == torch.float32 else y.to(x2.dtype)
         elif not x2.is_cuda and floating and self.cpu_path == "dynamic":
             bias = None if self.bias is None else self.bias.float()
             y = self._dynamic(x2.float(), bias).to(x2.dtype)
