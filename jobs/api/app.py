@@ -60,6 +60,12 @@ def create_app(
         auth=Authenticator(store, config.key_cache_s), runner=runner,
     )  # fmt: skip
     install_handlers(app)
+
+    @app.get("/health", include_in_schema=False)
+    def health() -> dict[str, str]:
+        """Liveness for a load balancer's health check: answers without a key, reads nothing."""
+        return {"status": "ok"}
+
     app.include_router(files_router)
     app.include_router(batches_router)
     if dashboard is not None:
