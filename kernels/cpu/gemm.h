@@ -45,8 +45,8 @@
             if (k < npf) __builtin_prefetch(pf + k * 64, 0, 2);                                        \
             _Pragma("GCC unroll 4") for (int v = 0; v < GEMM_V; v++) wv[v] = LOADW(wp + k * GEMM_NB + v * LANES); \
             _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++) {                                    \
-                const float xm = x[m * xs + k];                                                        \
-                _Pragma("GCC unroll 4") for (int v = 0; v < GEMM_V; v++) acc[m][v] += wv[v] * xm;     \
+                const vf xm = splat(x[m * xs + k]);                                                    \
+                _Pragma("GCC unroll 4") for (int v = 0; v < GEMM_V; v++) acc[m][v] = vfma(wv[v], xm, acc[m][v]); \
             }                                                                                          \
         }                                                                                              \
         _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++)                                          \

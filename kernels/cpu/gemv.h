@@ -40,13 +40,13 @@
             for (int c = 0; c < C; c++) {                                                              \
                 __builtin_prefetch((const char *)(w + k + c * LANES) + GEMV_PREFETCH, 0, 3);           \
                 const vf wv = LOADW(w + k + c * LANES);                                                \
-                for (int m = 0; m < M; m++) acc[c][m] += wv * load(x + m * xs + k + c * LANES);        \
+                for (int m = 0; m < M; m++) acc[c][m] = vfma(wv, load(x + m * xs + k + c * LANES), acc[c][m]); \
             }                                                                                          \
         }                                                                                              \
         for (; k < kv; k += LANES) {                                                                   \
             __builtin_prefetch((const char *)(w + k) + GEMV_PREFETCH, 0, 3);                           \
             const vf wv = LOADW(w + k);                                                                \
-            for (int m = 0; m < M; m++) acc[0][m] += wv * load(x + m * xs + k);                        \
+            for (int m = 0; m < M; m++) acc[0][m] = vfma(wv, load(x + m * xs + k), acc[0][m]);     \
         }                                                                                              \
         for (int m = 0; m < M; m++) {                                                                  \
             vf total = acc[0][m];                                                                      \
