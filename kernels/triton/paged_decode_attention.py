@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention_options import FULL_ATTENTION, AttentionOptions
 from kernels.checks import (
     check_attention_queries,
     check_out,
@@ -195,22 +196,12 @@ def _num_splits(
 
 
 def paged_decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-    out: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    window: int = 0,
-    softcap: float = 0.0,
-    *,
-    config: DecodeConfig | None = None,
-    checked: bool = False,
-) -> torch.Tensor:
-    """q [B, Hq, D] attends keys 0..context_lens[b]-1 of its sequence (the last `window` of them when
-    window > 0; scores soft-capped when softcap > 0); returns [B, Hq, D].
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
+    options: AttentionOptions = FULL_ATTENTION, *, config: DecodeConfig | None = None, checked: bool = False,
+) -> torch.Tensor:  # fmt: skip
+    """q [B, Hq, D] attends keys 0..context_lens[b]-1 of its sequence under `options` (the last
+    `window` of them, scores soft-capped, sinks in the denominator); returns [B, Hq, D].
     checked=True skips the argument checks (for a caller that saw them pass for the same shapes,
     strides, dtypes and devices).
 
@@ -218,8 +209,7 @@ def paged_decode_attention(
     entries below a sequence's context are read); context_lens int32 [B], each <= max_blocks *
     block_size (not checked: that is a sync per call; a longer one is cut at the table's end, never
     read past it). The split count is sized from max_blocks * block_size, so pass block tables
-    trimmed to the batch's longest sequence. sinks: fp32 [Hq] logits added to each head's softmax
-    denominator, or None.
+    trimmed to the batch's longest sequence.
     """
     cfg = config or DecodeConfig()
     if checked:  # the caller saw the checks below pass for the same shapes, strides, dtypes
@@ -244,7 +234,7 @@ def paged_decode_attention(
             out=out,
         )
         check_launchable(_decode_split_kernel, device)
-        check_sinks(sinks, num_heads, q)
+        check_sinks(options.sinks, num_heads, q)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:
@@ -271,8 +261,8 @@ def paged_decode_attention(
         part_o,
         part_ml,
         float(scale) * LOG2E,
-        int(window),
-        float(softcap) * LOG2E,
+        int(options.window),
+        float(options.softcap) * LOG2E,
         group,
         head_dim,
         block_size,
@@ -292,15 +282,15 @@ def paged_decode_attention(
         part_ml.stride(0),
         part_ml.stride(1),
         part_ml.stride(2),
-        out if sinks is None else sinks,  # any pointer when there are none: never read
+        out if options.sinks is None else options.sinks,  # any pointer when there are none: never read
         SPLIT=splits > 1,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=cfg.block_n,
         BLOCK_D=block_d,
         UPCAST=dot_upcast(_decode_split_kernel, q.dtype),
-        WINDOW=window > 0,
-        SOFTCAP=softcap > 0,
-        HAS_SINKS=sinks is not None and splits == 1,
+        WINDOW=options.window > 0,
+        SOFTCAP=options.softcap > 0,
+        HAS_SINKS=options.sinks is not None and splits == 1,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -319,9 +309,9 @@ def paged_decode_attention(
             part_ml.stride(2),
             out.stride(0),
             out.stride(1),
-            out if sinks is None else sinks,
+            out if options.sinks is None else options.sinks,
             BLOCK_S=max(2, triton.next_power_of_2(splits)),
             BLOCK_D=block_d,
-            HAS_SINKS=sinks is not None,
+            HAS_SINKS=options.sinks is not None,
         )
     return out

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention_options import FULL_ATTENTION, AttentionOptions
 from kernels.checks import (
     check_attention_queries,
     check_out,
@@ -255,30 +256,19 @@ def _check_lengths(cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, token
 
 
 def prefill_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    scale: float,
-    out: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    window: int = 0,
-    softcap: float = 0.0,
-    *,
-    config: PrefillConfig | None = None,
-    checked: bool = False,
-) -> torch.Tensor:
-    """Varlen causal attention for T new query tokens of B sequences; returns [T, Hq, D]. window > 0:
-    each query sees its last `window` positions only; softcap > 0: scores soft-capped.
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, out: torch.Tensor | None = None,
+    options: AttentionOptions = FULL_ATTENTION, *, config: PrefillConfig | None = None, checked: bool = False,
+) -> torch.Tensor:  # fmt: skip
+    """Varlen causal attention for T new query tokens of B sequences; returns [T, Hq, D]. Under
+    `options` each query sees its last `window` positions only, scores are soft-capped, sinks join
+    the denominator.
     checked=True skips the argument checks (for a caller that saw them pass for the same shapes,
     strides, dtypes and devices).
 
     cu_seqlens_q int32 [B+1] (rows cu[b]:cu[b+1] belong to sequence b); context_lens int32 [B]
     (cached prefix + chunk, >= the chunk); block_tables int32 [B, max_blocks]. One host sync reads
     the longest chunk to size the grid and checks the lengths against q and the block tables.
-    sinks: fp32 [Hq] logits added to each head's softmax denominator, or None.
     """
     cfg = config or PrefillConfig()
     if checked:  # the caller saw the checks below pass for the same shapes, strides, dtypes
@@ -308,7 +298,7 @@ def prefill_attention(
             out=out,
         )
         check_launchable(_prefill_kernel, device)
-        check_sinks(sinks, num_heads, q)
+        check_sinks(options.sinks, num_heads, q)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0 or tokens == 0:
@@ -326,8 +316,8 @@ def prefill_attention(
         block_tables,
         out,
         float(scale) * LOG2E,
-        int(window),
-        float(softcap) * LOG2E,
+        int(options.window),
+        float(options.softcap) * LOG2E,
         group,
         head_dim,
         block_size,
@@ -339,14 +329,14 @@ def prefill_attention(
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
-        out if sinks is None else sinks,  # any pointer when there are none: never read
+        out if options.sinks is None else options.sinks,  # any pointer when there are none: never read
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_D=triton.next_power_of_2(head_dim),
         UPCAST=dot_upcast(_prefill_kernel, q.dtype),
-        WINDOW=window > 0,
-        SOFTCAP=softcap > 0,
-        HAS_SINKS=sinks is not None,
+        WINDOW=options.window > 0,
+        SOFTCAP=options.softcap > 0,
+        HAS_SINKS=options.sinks is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

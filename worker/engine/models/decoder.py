@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels.attention_options import AttentionOptions
 from worker.engine.backends.base import AttentionMetadata, Backend
 from worker.engine.models.model_config import ModelConfig
 from worker.engine.models.moe import SparseMoeBlock
@@ -82,9 +83,8 @@ class Attention(nn.Module):
             k = self.k_norm.forward(k.reshape(-1, cfg.head_dim))[0].view(tokens, cfg.num_kv_heads, cfg.head_dim)
         self.backend.rotary_store(q, k, v, positions, cos_sin, kv_cache[0], kv_cache[1], meta)
         attend = self.backend.attend_rows if rows_only else self.backend.attend
-        sinks = None if self.sinks is None else self.sinks.float()
-        out = attend(q, kv_cache[0], kv_cache[1], meta, self.scale, sinks=sinks, window=self.window,
-                     softcap=self.softcap)  # fmt: skip
+        options = AttentionOptions(None if self.sinks is None else self.sinks.float(), self.window, self.softcap)
+        out = attend(q, kv_cache[0], kv_cache[1], meta, self.scale, options)
         return self.backend.project(self.o_proj, out.reshape(-1, cfg.q_size))
 
 
