@@ -154,62 +154,12 @@ def _prefill_kernel(
         if WINDOW:
             start = tl.maximum(prefix + tile * BLOCK_M - window + 1, 0)
             full_end = start
-        acc, m_i, l_i = _attend(
-            acc,
-            m_i,
-            l_i,
-            q,
-            q_pos,
-            kc_ptr,
-            vc_ptr,
-            table,
-            kvh,
-            block_size,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            start,
-            full_end,
-            offs_d,
-            d_mask,
-            scale_log2,
-            window,
-            softcap_log2,
-            False,
-            BLOCK_M,
-            BLOCK_N,
-            UPCAST,
-            WINDOW,
-            SOFTCAP,
-        )
-        acc, m_i, l_i = _attend(
-            acc,
-            m_i,
-            l_i,
-            q,
-            q_pos,
-            kc_ptr,
-            vc_ptr,
-            table,
-            kvh,
-            block_size,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            full_end,
-            end,
-            offs_d,
-            d_mask,
-            scale_log2,
-            window,
-            softcap_log2,
-            True,
-            BLOCK_M,
-            BLOCK_N,
-            UPCAST,
-            WINDOW,
-            SOFTCAP,
-        )
+        for causal in tl.static_range(2):  # keys start..full_end-1 unmasked, then full_end..end-1 causal
+            acc, m_i, l_i = _attend(
+                acc, m_i, l_i, q, q_pos, kc_ptr, vc_ptr, table, kvh, block_size, stride_cb, stride_cs, stride_ch,
+                start if causal == 0 else full_end, full_end if causal == 0 else end, offs_d, d_mask, scale_log2,
+                window, softcap_log2, causal == 1, BLOCK_M, BLOCK_N, UPCAST, WINDOW, SOFTCAP,
+            )  # fmt: skip
         if HAS_SINKS:  # the sink: one more term of the denominator, in the running max's units (log2)
             l_i += tl.exp2(tl.load(sinks_ptr + h) * 1.4426950408889634 - m_i)
         res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
