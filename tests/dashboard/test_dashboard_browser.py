@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-import redis
 from selenium.webdriver.common.by import By
 
 from jobs.autoscale.decisions import DecisionLog
@@ -33,21 +32,15 @@ from tests.dashboard.planted import (
     poison,
     result_bytes,
 )
+from tests.redis_db import flushed_db
 
 REDIS_URL = "redis://127.0.0.1:6379/11"  # a database of its own: flushed before and after
 
 
 @pytest.fixture(scope="module")
 def fleet_redis() -> Iterator[str]:
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        client.ping()
-    except redis.ConnectionError as exc:
-        pytest.fail(f"Redis is not reachable at {REDIS_URL} ({exc}); start redis-server on 127.0.0.1:6379")
-    client.flushdb()
-    yield REDIS_URL
-    client.flushdb()
-    client.close()
+    with flushed_db(REDIS_URL) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
