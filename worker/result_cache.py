@@ -7,8 +7,6 @@ The key of a deterministic row (worker/row_key.py) is the first 16 bytes of the 
   an answer;
 - speculative decoding (method, K, the draft's fingerprint) for sampled rows only: speculation never
   changes a greedy answer, while a seeded draw under speculation may differ from one without;
-- for a row of a LoRA adapter, the adapter folder's content fingerprint (its name is among the
-  answer fields, which only tells the rows of one job apart);
 - the row's answer fields.
 Only deterministic rows are looked up and written, and only rows that finished without an error.
 """
@@ -17,19 +15,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from jobs.endpoints import URL_OF_ENDPOINT
 from jobs.log import get_logger
 from jobs.manifest import Manifest
-from jobs.model_cache import resolve_adapter, resolve_model
+from jobs.model_cache import resolve_model
 from jobs.model_fingerprint import model_fingerprint
 from jobs.result_cache.options import CacheOptions, read_cache_options
 from jobs.result_cache.segments import KEY_BYTES, Entry, answer_fields
 from jobs.result_cache.store import CacheError, CacheSpace, ResultCache
 from jobs.settings import Settings
 from jobs.storage import ObjectStore
+from worker.cached_rows import cached_result
 from worker.engine.numerics import engine_numerics
 from worker.row_key import deterministic, row_digest
 from worker.row_requests import RowRequest
@@ -54,13 +52,10 @@ class JobCache:
     job_id: str
     speculation: Any = None  # [method, K, draft fingerprint] of a job with speculative decoding
     semantic: Any = None  # worker/semantic_cache.py SemanticCache, when the job opted in
-    adapters: dict[str, str] = field(default_factory=dict)  # LoRA adapter name -> its folder's fingerprint
 
     def key(self, req: RowRequest) -> bytes:
         sampled = req.sampling is not None and not req.sampling.greedy
         context = {"space": self.space.space, "speculation": self.speculation if sampled else None}
-        if req.adapter is not None:
-            context["adapter"] = self.adapters[req.adapter]
         return row_digest(req, context)[:KEY_BYTES]
 
     def lookup(self, requests: list[RowRequest]) -> tuple[dict[int, RowResult], dict[int, float]]:
@@ -82,9 +77,12 @@ class JobCache:
         self.space.refresh()
         return {keyed[k] for k in self.space.index.candidates(list(keyed))}
 
-    def entries(self, computed: list[tuple[RowRequest, RowResult, float]]) -> list[Entry]:
+    def entries(self, computed: list[tuple[RowRequest, RowResult, float]],
+                vectors: dict[int, tuple[bytes, list[float]]] | None = None) -> list[Entry]:  # fmt: skip
         """Cache entries of a shard's rows computed by this job: (request, result, engine seconds)
-        of each; rows that are not deterministic, failed, or did not compute their answer are left out."""
+        of each, with the semantic cache's (group, vector) of the rows it embedded; rows that are not
+        deterministic, failed, or did not compute their answer are left out."""
+        vectors = vectors or {}
         out = []
         for req, res, secs in computed:
             if not deterministic(req) or res.error is not None or res.finish_reason in NOT_CACHED:
@@ -92,20 +90,10 @@ class JobCache:
             if res.cached is not None or res.duplicate:
                 continue
             answer = {f.name: getattr(res, f.name) for f in answer_fields() if f.name in RowResult.__dataclass_fields__}
+            group, vector = vectors.get(req.row, (None, None))
             out.append(Entry(key=self.key(req), source_job=self.job_id, source_row=str(res.id), seconds=secs,
-                             answer=answer))  # fmt: skip
+                             answer=answer, group=group, vector=vector))  # fmt: skip
         return out
-
-
-def cached_result(req: RowRequest, entry: Entry, how: str, similarity: float | None = None) -> RowResult:
-    """The cached answer `entry` as `req`'s result row (its own row number, id, endpoint and
-    response_fields)."""
-    answer = {k: v for k, v in entry.answer.items() if k in RowResult.__dataclass_fields__}
-    return RowResult(**{**answer, "row": req.row, "id": req.id, "endpoint": URL_OF_ENDPOINT[req.endpoint],
-                        "response_fields": req.response_fields,
-                        "adapter": req.adapter,
-                        "error": None, "cached": how, "cached_from_job": entry.source_job,
-                        "cached_from_row": entry.source_row, "cached_similarity": similarity})  # fmt: skip
 
 
 def open_job_cache(out: ObjectStore, manifest: Manifest, engine: Any, settings: Settings,
@@ -123,7 +111,7 @@ def open_job_cache(out: ObjectStore, manifest: Manifest, engine: Any, settings: 
     if options.semantic_threshold is not None:
         from worker.semantic_cache import open_semantic_cache
 
-        job.semantic = open_semantic_cache(job, options, settings)
+        job.semantic = open_semantic_cache(job, options, settings, engine.config.device)
     return job
 
 
@@ -139,7 +127,5 @@ def job_cache(cache: ResultCache, manifest: Manifest, numerics: str, settings: S
         if spec.speculative.startswith("draft:"):
             draft = model_fingerprint(resolve_model(spec.speculative.removeprefix("draft:"), settings), settings)
         speculation = [spec.speculative.split(":", 1)[0], spec.speculative_tokens, draft]
-    adapters = {name: model_fingerprint(resolve_adapter(name, path, settings), settings)
-                for name, path in spec.adapters.items()}  # fmt: skip
     return JobCache(space=cache.space(space, {**describe, "model": spec.model}), job_id=manifest.job_id,
-                    speculation=speculation, adapters=adapters)  # fmt: skip
+                    speculation=speculation)  # fmt: skip

@@ -63,7 +63,6 @@ def collect_rows(engine: Any, pending: list[RowRequest], sink: RowSink) -> bool:
             texts[tid] = engine.tokenizer.decode([tid], skip_special_tokens=False)
         return texts[tid]
 
-    adapters = [req.adapter for req in pending] if any(req.adapter for req in pending) else None
-    stream = engine.stream(prompts, params, should_stop=sink.should_stop, adapters=adapters)
+    stream = engine.stream(prompts, params, should_stop=sink.should_stop)
     outs = ((pending[o.index], from_output(o, pending[o.index], token_text, engine.tokenizer)) for o in stream)
     return sink.drain(outs, len(pending))

@@ -13,6 +13,7 @@ fails the check (or Parquet's) and is skipped with a warning, never served.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from dataclasses import dataclass
@@ -24,10 +25,8 @@ import pyarrow.parquet as pq
 from jobs import datasets
 
 KEY_BYTES = 16
-# result columns that belong to the row, not to its answer (response_fields: what a response repeats of
-# the row's own request)
-ANSWERLESS = frozenset({"id", "endpoint", "error", "cached", "cached_from_job", "cached_from_row", "cached_similarity",
-                        "response_fields", "adapter"})  # fmt: skip
+# result columns that belong to the row, not to its answer
+ANSWERLESS = frozenset({"id", "endpoint", "error", "cached", "cached_from_job", "cached_from_row", "cached_similarity"})
 ENTRY_FIELDS = [
     pa.field("key", pa.binary(KEY_BYTES), nullable=False),
     pa.field("source_job", pa.string(), nullable=False),
@@ -42,13 +41,14 @@ class SegmentError(ValueError):
     """A segment's bytes are not the segment its name promises (truncated, damaged, not Parquet)."""
 
 
-def answer_fields() -> list[pa.Field]:
+@functools.cache
+def answer_fields() -> tuple[pa.Field, ...]:
     """The answer columns of a segment: the result columns (likelihood ones included) but ANSWERLESS."""
-    return [f for f in datasets.result_schema(likelihood=True) if f.name not in ANSWERLESS]
+    return tuple(f for f in datasets.result_schema(likelihood=True) if f.name not in ANSWERLESS)
 
 
 def segment_schema() -> pa.Schema:
-    return pa.schema(ENTRY_FIELDS + answer_fields() + SEMANTIC_FIELDS)
+    return pa.schema([*ENTRY_FIELDS, *answer_fields(), *SEMANTIC_FIELDS])
 
 
 @dataclass(frozen=True)

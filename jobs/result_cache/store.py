@@ -189,11 +189,15 @@ class CacheSpace:
         while by_segment:  # a key whose newest segment is unreadable or lacks it tries the next one
             name, asked = by_segment.popitem()
             held = self._segment(name)
+            present = [key for key in asked if held is not None and key in held[1]]
+            if held is not None and present:
+                for key, entry in zip(present, entries(held[0], [held[1][k] for k in present]), strict=True):
+                    found[key] = Hit(entry, name)
+                    pending.pop(key)
             for key in asked:
-                names = pending.pop(key)
-                if held is not None and key in held[1]:
-                    found[key] = Hit(entries(held[0], [held[1][key]])[0], name)
+                if key in found:
                     continue
+                names = pending.pop(key)
                 rest = names[names.index(name) + 1 :]
                 if rest:
                     pending[key] = rest

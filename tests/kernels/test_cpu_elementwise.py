@@ -6,7 +6,6 @@ from collections.abc import Iterator
 import pytest
 import torch
 from kernel_cases import assert_close, randn
-from torch_threads import torch_threads
 
 from kernels import reference
 from kernels.cpu.elementwise import NativeElementwise
@@ -22,8 +21,10 @@ def native() -> NativeElementwise:
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
 def threads(request: pytest.FixtureRequest) -> Iterator[int]:
     """Both the single-thread path and the row split over pthreads (the sizes below are big enough)."""
-    with torch_threads(request.param):
-        yield request.param
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("n", [512, 70, 5])  # vector multiple, vector + tail, tail only

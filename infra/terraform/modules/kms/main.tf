@@ -1,5 +1,5 @@
 # One customer managed key for the deployment's data at rest: the bucket, Redis, the auth secret,
-# the workers' settings parameter, the Lambda environment, the API keys' secrets and the logs.
+# the workers' settings parameter, the Lambda environment and the autoscaler's logs.
 
 data "aws_caller_identity" "current" {}
 data "aws_partition" "current" {}
@@ -25,10 +25,9 @@ data "aws_iam_policy_document" "key" {
     }
   }
 
-  # CloudWatch Logs encrypts the deployment's log groups with this key (the autoscaler's, the API's),
-  # and no other log group.
+  # CloudWatch Logs encrypts the autoscaler's log group with this key, and no other log group.
   statement {
-    sid       = "CloudWatchLogsForOwnLogGroups"
+    sid       = "CloudWatchLogsForAutoscalerLogGroup"
     actions   = ["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"]
     resources = ["*"] # in a key policy "*" means this key
 
@@ -40,7 +39,7 @@ data "aws_iam_policy_document" "key" {
     condition {
       test     = "ArnEquals"
       variable = "kms:EncryptionContext:aws:logs:arn"
-      values   = var.log_group_arns
+      values   = [var.log_group_arn]
     }
   }
 }
