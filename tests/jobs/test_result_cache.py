@@ -183,8 +183,12 @@ def test_the_cache_over_s3(tmp_path: Path, demo_model_dir: Path, engine: Any, s3
     first, _ = _run(tmp_path, demo_model_dir, "s3a", cache, engine, table=_table(10))
     second, rows = _run(tmp_path, demo_model_dir, "s3b", cache, engine, table=_table(10))
     assert first["result_cache_entries_written"] == 10 and second["result_cache_hits"] == 10
-    [stats] = cache_stats(ResultCache.open(cache, s3_env))
+    opened = ResultCache.open(cache, s3_env)
+    [stats] = cache_stats(opened)
     assert stats.entries == 10 and stats.index_objects == 1
+    result = prune(opened, max_bytes=0)  # everything goes, over S3's listing and deletes
+    assert result.entries_removed == 10 and cache_stats(opened)[0].entries == 0
+    assert not [k for k in opened.store.list("spaces/") if "/segments/" in k or "/index/" in k]
 
 
 def test_prune_removes_old_answers_and_merges_the_index(tmp_path: Path, demo_model_dir: Path, engine: Any) -> None:
