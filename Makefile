@@ -6,7 +6,7 @@ DEMO := .demo
 # checkov in its own venv: its HCL parser package clashes with python-hcl2's module of the same name
 CHECKOV_VENV := $(VENV)-checkov
 
-.PHONY: demo test test-all lint install install-dev checkov clean
+.PHONY: demo test test-all lint install install-dev checkov browser clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,14 @@ $(CHECKOV_VENV)/.installed:
 	$(CHECKOV_VENV)/bin/pip install -q checkov==3.3.30
 	touch $@
 
+# the dashboard's browser tests drive Debian's chromium (tests/browser.py); installed once, quietly
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+		echo "installing chromium and chromium-driver for the dashboard's browser tests"; \
+		apt-get update -qq >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	fi
+
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 checkov: $(CHECKOV_VENV)/.installed
@@ -32,11 +40,11 @@ checkov: $(CHECKOV_VENV)/.installed
 demo: $(VENV)/.installed
 	$(BIN)/python examples/demo.py --workdir $(DEMO)
 
-test: $(VENV)/.installed-dev $(CHECKOV_VENV)/.installed
+test: $(VENV)/.installed-dev $(CHECKOV_VENV)/.installed browser
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "not slow"
 
-test-all: $(VENV)/.installed-dev $(CHECKOV_VENV)/.installed
+test-all: $(VENV)/.installed-dev $(CHECKOV_VENV)/.installed browser
 	$(BIN)/python -m pytest -q
 
 lint: $(VENV)/.installed-dev

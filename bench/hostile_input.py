@@ -174,7 +174,7 @@ def run_case(name: str, work: Path) -> Result:
     args, env = CASES[name][1](work)
     out = Path(args[args.index("--output") + 1])
     code, error, peak = _freight(args, env)
-    if name == "output-in-input" and code == 0:  # the rerun that used to read the job's own shards
+    if name == "output-in-input" and code == 0:  # the rerun, which must not read the job's own shards
         (out / "_SUCCESS").unlink()
         code, error, peak2 = _freight(args, env)
         peak = max(peak, peak2)

@@ -2,8 +2,9 @@
 
 Perplexity: the reference model (bench/train_reference.py, examples/models/pycoder-tiny) on the first
 --windows windows of --window tokens of its held-out stdlib files (train_reference.heldout_files),
-scored through the engine's prompt_logprobs: fp32, int8, int4 RTN and int4 GPTQ at group 128 and 32,
-and fp8 (e4m3 weights per output channel, activations rounded to e4m3 per token; on the CPU through
+scored through the engine's prompt_logprobs: fp32, int8 (on the CPU's integer kernels, activations
+rounded to int8 per block; and its weights' exact product), int4 RTN and int4 GPTQ at group 128 and
+32, int8 and GPTQ g32 with the lm_head quantized too, and fp8 (e4m3 weights per output channel, activations rounded to e4m3 per token; on the CPU through
 the exact torch reference, so the figure is the GPU format's).
 GPTQ calibrates on --calibration-rows chunks of the *training* files, written to a Parquet file and
 read back the way `freight quantize --calibration` reads it.
@@ -96,11 +97,11 @@ def calibration_parquet(path: Path, rows: int, tokens: int) -> None:
     pq.write_table(pa.table({"prompt": chunks[::step][:rows]}), path)
 
 
-def quantize(model: Path, out: Path, method: str, group: int, calib: Path | None) -> float:
-    """What `freight quantize MODEL --method ... --calibration calib` does, in this process."""
+def quantize(model: Path, out: Path, method: str, group: int, calib: Path | None, lm_head: bool = False) -> float:
+    """What `freight quantize MODEL --method ... --calibration calib [--lm-head]` does, in this process."""
     texts = read_calibration_texts(calib, "prompt", 1 << 20) if calib is not None else None
     t0 = time.perf_counter()
-    quantize_checkpoint(model, out, QuantizeSpec(method=method, group_size=group), texts)
+    quantize_checkpoint(model, out, QuantizeSpec(method=method, group_size=group, lm_head=lm_head), texts)
     return time.perf_counter() - t0
 
 
@@ -114,16 +115,18 @@ def quality(args: argparse.Namespace) -> None:
     int8_exact = ("int8, exact fp32 path", work / "int8", 0.0)  # same checkpoint, cpu_path "weight_only"
     for name, method, group in (
         ("int8", "int8", 128),
+        ("int8 + lm_head", "int8", 128),
         ("int4-rtn g128", "int4-rtn", 128),
         ("int4-gptq g128", "int4-gptq", 128),
         ("int4-rtn g32", "int4-rtn", 32),
         ("int4-gptq g32", "int4-gptq", 32),
+        ("int4-gptq g32 + lm_head", "int4-gptq", 32),
         ("fp8 e4m3", "fp8", 128),
     ):
-        out = work / name.replace(" ", "-")
-        secs = quantize(args.model, out, method, group, calib if "gptq" in method else None)
+        out = work / name.replace(" ", "-").replace("+", "with")
+        secs = quantize(args.model, out, method, group, calib if "gptq" in method else None, "lm_head" in name)
         variants.append((name, out, secs))
-        if method == "int8":
+        if name == "int8":
             variants.append(int8_exact)
     bf16 = 2 * linear_params(args.model)
     base = None

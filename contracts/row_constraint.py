@@ -1,7 +1,7 @@
 """One row's structured-output Constraint (contracts/constraint.py) from the fields that ask for it.
 
 OpenAI-Batch bodies: `response_format` ({"type": "text" | "json_object" | "json_schema"}, checked as
-OpenAI checks it), vLLM's `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar` and its
+OpenAI checks it; a /v1/responses body's `text.format`, the same with the json_schema fields flat), vLLM's `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar` and its
 newer `structured_outputs` {json | regex | choice | grammar | json_object}. Parquet rows: the
 `response_format` (the OpenAI JSON, as text or a struct), `json_schema` (JSON text), `regex` and
 `choice` (a list of strings, or its JSON text) columns. The job's flags (SamplingSpec.constraint) apply to a
@@ -81,7 +81,7 @@ def response_format(value: Any, field: str) -> Constraint | Literal["text"]:
         raise ValueError(f"{field}.type{shown}: must be text, json_object or json_schema")
     extra = sorted(set(value) - _RESPONSE_KEYS[kind])
     if extra:
-        raise ValueError(f"unknown field '{field}.{extra[0]}': a response_format of type {kind} takes no such field")
+        raise ValueError(f"unknown field '{field}.{extra[0]}': a format of type {kind} takes no such field")
     if kind == "text":
         return TEXT
     if kind == "json_object":
@@ -94,6 +94,27 @@ def response_format(value: Any, field: str) -> Constraint | Literal["text"]:
     extra = sorted(set(spec) - set(_JSON_SCHEMA_KEYS))
     if extra:
         raise ValueError(f"unknown field '{where}.{extra[0]}': takes {', '.join(_JSON_SCHEMA_KEYS)}")
+    return _json_schema(spec, where)
+
+
+def text_format(value: Any, field: str) -> Constraint | Literal["text"]:
+    """The Responses API's `text.format`: text, json_object, or json_schema with its name, schema,
+    optional description and strict beside the type (the shape response_format nests under
+    "json_schema")."""
+    if not isinstance(value, dict):
+        raise ValueError(f'{field}: must be a JSON object, e.g. {{"type": "json_object"}}')
+    kind = value.get("type")
+    if kind != "json_schema":
+        return response_format(value, field)
+    extra = sorted(set(value) - {"type", *_JSON_SCHEMA_KEYS})
+    if extra:
+        raise ValueError(f"unknown field '{field}.{extra[0]}': a format of type json_schema takes type, "
+                         f"{', '.join(_JSON_SCHEMA_KEYS)}")  # fmt: skip
+    return _json_schema({k: v for k, v in value.items() if k != "type"}, field)
+
+
+def _json_schema(spec: dict[str, Any], where: str) -> Constraint:
+    """A json_schema spec's name (1-64 letters, digits, _ or -), description, strict and schema, checked."""
     name = spec.get("name")
     if name is None:
         raise ValueError(f"{where}.name: is required (1-64 letters, digits, _ or -)")

@@ -11,7 +11,19 @@ from __future__ import annotations
 import typer
 from pydantic import ValidationError
 
-from freight_cli import autoscale, cache, estimate, evals, fleet, jobs_list, keys, quantize, run, serve
+from freight_cli import (
+    autoscale,
+    cache,
+    dashboard,
+    estimate,
+    evals,
+    fleet,
+    jobs_list,
+    keys,
+    quantize,
+    run,
+    serve,
+)
 from freight_cli.common import fail
 from freight_cli.style import FreightGroup, restyle_commands
 from jobs.log import configure_logging
@@ -36,7 +48,7 @@ def _setup() -> None:
     configure_logging(settings.log_format, settings.log_level)
 
 
-for _module in (run, fleet, jobs_list, estimate, quantize, evals, autoscale, serve, keys, cache):
+for _module in (run, fleet, jobs_list, estimate, quantize, evals, autoscale, serve, dashboard, keys, cache):
     _module.register(app)
 restyle_commands(app)  # capital metavars, no <bool>, one-line errors (freight_cli/style.py)
 

@@ -215,11 +215,14 @@ def spec_from_options(
     quant_group: int | None = None,
     speculative: str | None = None,
     speculative_tokens: int | None = None,
+    lora: list[str] | None = None,
+    max_loras: int | None = None,
 ) -> JobSpec:
     """The JobSpec of `run` / `submit` / `estimate`'s flags; FreightError with one line if invalid."""
     from jobs.spec import JobSpec, SamplingSpec
 
     constraint = constraint_fields(json_schema, regex, choice)
+    loras = lora_specs(lora or [])
     try:
         spec = JobSpec(
             input=absolute(input),
@@ -260,6 +263,8 @@ def spec_from_options(
             else "draft:" + absolute(speculative[len("draft:") :]),
             speculative_tokens=speculative_tokens,
             row_constraints=row_constraints,
+            loras=loras,
+            max_loras=max_loras,
         )
     except ValidationError as exc:
         raise FreightError(validation_line(exc)) from None
@@ -267,3 +272,23 @@ def spec_from_options(
         raise FreightError(str(exc)) from None
     check_constraint(spec.sampling, str(json_schema) if json_schema is not None else None)  # names the file
     return spec
+
+
+def lora_specs(values: list[str]) -> tuple[Any, ...]:
+    """`--lora NAME=PATH` values as the spec's LoraSpecs (local paths made absolute); FreightError
+    naming the value that is not NAME=PATH or whose name is not one rows can give."""
+    from jobs.spec import LoraSpec
+
+    out = []
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise FreightError(f"--lora {value!r}: give NAME=PATH, e.g. --lora support=/adapters/support")
+        try:
+            out.append(LoraSpec(name=name.strip(), path=absolute(path.strip())))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise FreightError(f"--lora {value!r}: the {err['loc'][0]} {err['input']!r} "
+                               f"{str(err['msg']).removeprefix('Value error, ').lower()} (a name is letters, "
+                               "digits and . _ - : / @ +, starting with a letter or digit)") from None  # fmt: skip
+    return tuple(out)

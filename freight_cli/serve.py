@@ -62,6 +62,8 @@ def serve(
     from jobs.api.models import load_models
     from jobs.api.supervisor import BatchProcessRunner
     from jobs.api.tenants import TenantLimits
+    from jobs.dashboard.access import loopback_host
+    from jobs.dashboard.app import DashboardConfig
     from jobs.lifecycle import parse_window
     from jobs.redact import redact_url
     from jobs.storage import open_store
@@ -97,11 +99,13 @@ def serve(
         env["FREIGHT_REDIS_URL"] = redis
         command.append("--fleet")
     runner = BatchProcessRunner(command, env)
-    app = create_app(serve_store, config, runner=runner, settings=settings, access_log=access_log)
+    app = create_app(serve_store, config, runner=runner, settings=settings, access_log=access_log,
+                     dashboard=DashboardConfig(loopback=loopback_host(host)), redis_url=redis)  # fmt: skip
     mode = f"on the fleet of {redact_url(redis)}" if redis else "in this server, one at a time"
     Console(stderr=True, highlight=False).print(
-        f"freight serve: OpenAI Files + Batches API on http://{host}:{port}/v1 (store {serve_store.url}; batches run "
-        f"{mode}); make a key with `freight keys create --tenant NAME --store {serve_store.url}`", soft_wrap=True,
+        f"freight serve: OpenAI Files + Batches API on http://{host}:{port}/v1, dashboard on http://{host}:{port}/ "
+        f"(store {serve_store.url}; batches run {mode}); make a key with `freight keys create --tenant NAME "
+        f"--store {serve_store.url}`", soft_wrap=True,
     )  # fmt: skip
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
                 timeout_graceful_shutdown=30)  # fmt: skip

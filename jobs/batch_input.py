@@ -13,7 +13,8 @@ field by field per row (worker/request_body.py). Problems are sorted by reach:
   custom_id equal to such a placeholder is refused with the file.
 
 A line without `url` (OpenAI requires one) takes it from its body: `messages` -> chat completions,
-`prompt` -> completions, `input` -> embeddings. The `url` column always holds one of ENDPOINT_URLS:
+`prompt` -> completions, `input` -> responses when it is a list of items or the body has a field only
+the Responses API takes (RESPONSES_ONLY), else embeddings. The `url` column always holds one of ENDPOINT_URLS:
 a row whose endpoint cannot be told (a line that is not JSON) is marked chat completions.
 """
 
@@ -29,19 +30,22 @@ from typing import Any
 import pyarrow as pa
 
 from contracts.json_nesting import nesting_depth
-from jobs.endpoints import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, ENDPOINT_URLS
+from jobs.endpoints import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, ENDPOINT_URLS, RESPONSES_URL
 from jobs.errors import InputError
 
 LINE_FIELDS = ("custom_id", "method", "url", "body")
 LINE_SHAPE = "each line must be one JSON object {custom_id, method, url, body}"
 BATCH_COLUMNS = ("custom_id", "url", "body", "line_error")
 SHOW = 5  # repeated ids named in a message, at most
-# A batch file is parsed whole in memory (about 3-4x its bytes as Python objects): OpenAI takes
-# files up to 200 MB; a gzipped one is measured decompressed.
+# A batch file is parsed whole in memory, as Python objects several times its bytes (bench/hostile_input.py
+# prints a big file's peak memory): OpenAI takes files up to 200 MB; a gzipped one counts decompressed.
 DEFAULT_MAX_BYTES = 256 << 20
 # The deepest a line's JSON may nest: JSON schemas in response_format run a few dozen levels deep; the
 # worker's schema handling recurses per level, so a deeper line would exhaust Python's stack there.
 MAX_DEPTH = 128
+# Body fields that only a /v1/responses request has: a line without url that gives one is a response.
+RESPONSES_ONLY = ("instructions", "max_output_tokens", "text", "include", "previous_response_id", "reasoning",
+                  "truncation", "store", "top_logprobs", "metadata")  # fmt: skip
 
 
 class BatchFileError(InputError):
@@ -189,7 +193,7 @@ def _parse_line(lineno: int, raw: bytes) -> _Line:
     if not isinstance(body, dict):
         return _Line(custom_id, endpoint, None, error, "")
     text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-    return _Line(custom_id, endpoint, text, error, prompt_text(body))
+    return _Line(custom_id, endpoint, text, error, prompt_text(body, endpoint))
 
 
 def _unicode(value: Any) -> bool:
@@ -231,14 +235,21 @@ def _endpoint_of(body: Any) -> str:
         if "messages" not in body and "prompt" in body:
             return COMPLETIONS_URL
         if "messages" not in body and "input" in body:
-            return EMBEDDINGS_URL
+            items = isinstance(body["input"], list) and any(isinstance(i, dict) for i in body["input"])
+            return RESPONSES_URL if items or any(k in body for k in RESPONSES_ONLY) else EMBEDDINGS_URL
     return CHAT_URL
 
 
-def prompt_text(body: dict[str, Any]) -> str:
+def prompt_text(body: dict[str, Any], url: str = CHAT_URL) -> str:
     """The text a request's prompt starts with, for grouping rows that share a prefix: the messages'
-    roles and text in order, the prompt, or the input (anything else: "")."""
+    roles and text in order (a response's: its instructions as a system message, then its input,
+    a string input as a user message), the prompt, or the input (anything else: "")."""
     messages = body.get("messages")
+    if url == RESPONSES_URL:
+        given = body.get("input")
+        messages = [{"role": "user", "content": given}] if isinstance(given, str) else given
+        if isinstance(body.get("instructions"), str) and isinstance(messages, list):
+            messages = [{"role": "system", "content": body["instructions"]}, *messages]
     if isinstance(messages, list):
         parts: list[str] = []
         for m in messages:

@@ -71,6 +71,27 @@ class PriceTable:
         )
 
 
+class AdapterUsage(BaseModel):
+    """One LoRA adapter's share of a shard (or job): its rows, the tokens of those that ran (as the
+    record counts them) and the engine seconds of those this attempt computed (row_seconds: each row
+    its share of the attempt's prefill and decode time by its tokens)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rows: int = 0
+    rows_failed: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    busy_seconds: float = 0.0
+
+    def __add__(self, other: AdapterUsage) -> AdapterUsage:
+        return AdapterUsage(**{k: getattr(self, k) + getattr(other, k) for k in type(self).model_fields})
+
+
+BASE_USAGE = ""  # ShardRecord.adapters' key of the model's own rows (no adapter name is empty)
+
+
 class ShardRecord(BaseModel):
     """OUT/costs/<n>.json: committed together with the shard's results (same put_if_absent rule)."""
 
@@ -110,6 +131,14 @@ class ShardRecord(BaseModel):
     cache_hit_seconds: float = Field(0.0, description="engine seconds their answers took when computed")
     cache_entries: int = Field(0, description="rows this shard computed and offered to the result cache")
     cache_space: str | None = Field(None, description="the result cache's space of the job's model")
+    adapters: dict[str, AdapterUsage] = Field(
+        default_factory=dict, description="a job with LoRA adapters: each adapter's rows, tokens and engine "
+        "seconds, the model's own rows under the empty name",
+    )
+    model_fingerprint: str | None = Field(
+        None, description="the checkpoint's content fingerprint (jobs/model_fingerprint.py), when the attempt "
+        "computed it (a job with a result cache)"
+    )
     load_seconds: float = Field(description="model load time charged to this shard")
     wall_seconds: float = Field(description="shard start to commit on the worker")
     billed_seconds: float
@@ -220,6 +249,31 @@ def _cache_report(shards: list[ShardRecord]) -> dict[str, Any]:
     }
 
 
+def _adapter_report(shards: list[ShardRecord]) -> dict[str, Any]:
+    """A job with LoRA adapters: `adapters` {name: usage} and `base` (the model's own rows), each with
+    its cost: a shard's cost shared by its adapters' engine seconds (by rows where it computed none)."""
+    totals: dict[str, AdapterUsage] = {}
+    costs: dict[str, float] = {}
+    for r in shards:
+        busy = sum(u.busy_seconds for u in r.adapters.values())
+        rows = sum(u.rows for u in r.adapters.values())
+        for name, usage in r.adapters.items():
+            totals[name] = totals.get(name, AdapterUsage()) + usage
+            share = usage.busy_seconds / busy if busy else usage.rows / rows if rows else 0.0
+            costs[name] = costs.get(name, 0.0) + r.cost_usd * share
+    if not totals:
+        return {}
+
+    def entry(name: str) -> dict[str, Any]:
+        u = totals.get(name, AdapterUsage())
+        tokens = u.prompt_tokens + u.completion_tokens
+        return {**u.model_dump(), "cost_usd": costs.get(name, 0.0),
+                "tokens_per_second": tokens / u.busy_seconds if u.busy_seconds else None}  # fmt: skip
+
+    return {"adapters": {name: entry(name) for name in sorted(totals) if name != BASE_USAGE},
+            "base": entry(BASE_USAGE)}  # fmt: skip
+
+
 def build_report(
     job_id: str,
     shards: list[ShardRecord],
@@ -286,6 +340,7 @@ def build_report(
         "spec_grammar_cut_tokens": grammar_cut,
         **_dedup_report(shards),
         **_cache_report(shards),
+        **_adapter_report(shards),
         "on_demand_cost_usd": on_demand,
         "wasted_cost_usd": sum(a.wasted_usd for a in attempts),
         "uncommitted_attempts": len(attempts),

@@ -45,7 +45,7 @@ TOOL_CALL = pa.struct([pa.field("id", pa.string()), pa.field("type", pa.string()
 # Then, in every result: the request's endpoint and what n > 1, logprobs, embeddings and JSON
 # constraints add (null where the row did not ask for them). README "Result schema" documents each.
 REQUEST_FIELDS = [
-    pa.field("endpoint", pa.string(), nullable=False),  # /v1/chat/completions | /v1/completions | /v1/embeddings
+    pa.field("endpoint", pa.string(), nullable=False),  # /v1/chat/completions | /v1/completions | /v1/embeddings | /v1/responses
     pa.field("completions", pa.list_(pa.string())),  # n > 1: every choice's text, in index order
     pa.field("finish_reasons", pa.list_(pa.string())),  # n > 1: every choice's finish reason
     pa.field(  # logprobs asked: per choice, per generated token
@@ -66,6 +66,8 @@ REQUEST_FIELDS = [
     pa.field("cached_from_job", pa.string()),
     pa.field("cached_from_row", pa.string()),
     pa.field("cached_similarity", pa.float32()),
+    pa.field("response_fields", pa.string()),  # /v1/responses rows: the request fields the response repeats (JSON)
+    pa.field("adapter", pa.string()),  # the LoRA adapter that answered (a --lora name); null: the model itself
 ]
 # Per-row sampling columns of a Parquet input (a JSONL body's names and rules): read when present.
 SAMPLING_COLUMNS = (

@@ -10,10 +10,13 @@ from jobs.manifest import InputPlan
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 EMBEDDINGS_URL = "/v1/embeddings"
-ENDPOINT_URLS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL)
+RESPONSES_URL = "/v1/responses"
+ENDPOINT_URLS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, RESPONSES_URL)
 
-Endpoint = Literal["chat", "completions", "embeddings"]
-ENDPOINT_OF_URL: dict[str, Endpoint] = {CHAT_URL: "chat", COMPLETIONS_URL: "completions", EMBEDDINGS_URL: "embeddings"}
+Endpoint = Literal["chat", "completions", "embeddings", "responses"]
+ENDPOINT_OF_URL: dict[str, Endpoint] = {
+    CHAT_URL: "chat", COMPLETIONS_URL: "completions", EMBEDDINGS_URL: "embeddings", RESPONSES_URL: "responses",
+}  # fmt: skip
 URL_OF_ENDPOINT: dict[str, str] = {endpoint: url for url, endpoint in ENDPOINT_OF_URL.items()}
 
 

@@ -119,6 +119,14 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
               None, "ngram|draft:PATH"),
     JobOption("speculative_tokens", int | None,
               "speculative decoding: most tokens proposed per step (default: ngram 8, draft 6)", None, "K"),
+    # LoRA adapters of the model (docs/design/lora.md): rows pick one by name, all share the batches
+    JobOption("lora", list[str] | None,
+              "a PEFT LoRA adapter of the model, NAME=PATH (a folder or s3:// prefix with adapter_config.json "
+              "and adapter_model.safetensors); a row runs it when its `adapter` column or its body's model "
+              "names it, else the model itself (repeat for more; ranks up to 64)", None, "NAME=PATH"),
+    JobOption("max_loras", int | None,
+              "LoRA adapters kept on the device at once; others wait and are swapped in from host memory, "
+              "least recently used first (default: 8)", None, "N"),
     # The caches of answers (docs/design/result-cache.md): not part of the job spec (the results are
     # the same with or without them), they go to OUT/cache.json (jobs/result_cache/options.py).
     JobOption("result_cache", str | None,

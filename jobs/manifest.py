@@ -132,7 +132,7 @@ class Manifest(BaseModel):
     on_demand_price_per_hour: float = Field(ge=0.0)
 
     def to_json(self) -> bytes:
-        return self.model_dump_json(indent=1).encode()  # pydantic-core: ~10x faster than json.dumps
+        return self.model_dump_json(indent=1).encode()  # pydantic-core writes it: no dict copy of every shard first
 
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:

@@ -27,19 +27,28 @@ COMPLETE = ".complete"
 
 def resolve_model(model: str, settings: Settings | None = None) -> Path:
     """A local folder holding the checkpoint: `model` itself, or its cached copy when in S3."""
+    return _resolve(model, settings, "config.json", f"model {model}", "a Hugging Face checkpoint")
+
+
+def resolve_adapter(name: str, url: str, settings: Settings | None = None) -> Path:
+    """A local folder holding the LoRA adapter `name` of a job: `url` itself, or its cached copy when
+    in S3 (kept and evicted with the models)."""
+    return _resolve(url, settings, "adapter_config.json", f"adapter {name} ({url})", "a PEFT adapter")
+
+
+def _resolve(model: str, settings: Settings | None, marker: str, what: str, kind: str) -> Path:
+    """`model` (a folder or s3:// prefix) as a local folder; ModelNotFoundError `what` has no `marker`."""
     if not model.startswith("s3://"):
         path = Path(model).expanduser()
-        if not (path / "config.json").is_file():
-            raise ModelNotFoundError(
-                f"model {model} has no config.json: give a Hugging Face checkpoint folder"
-            )
+        if not (path / marker).is_file():
+            raise ModelNotFoundError(f"{what} has no {marker}: give {kind} folder")
         return path
     settings = settings or get_settings()
     store = open_store(model, settings)
     assert isinstance(store, S3Store)  # invariant: s3:// URLs open an S3Store
     listing = store.describe()
-    if "config.json" not in {key for key, _, _ in listing}:
-        raise ModelNotFoundError(f"model {model} has no config.json: give a Hugging Face checkpoint prefix")
+    if marker not in {key for key, _, _ in listing}:
+        raise ModelNotFoundError(f"{what} has no {marker}: give {kind} prefix")
     digest = hashlib.sha256("\n".join(f"{k}\t{e}\t{s}" for k, e, s in listing).encode()).hexdigest()[:24]
     target = settings.cache_dir / "models" / digest
     if (target / COMPLETE).is_file():

@@ -1,7 +1,8 @@
 """A job's results as OpenAI Batch output and error files (`freight results OUT --format openai`).
 
 One JSON line per request, as OpenAI's batch output holds them:
-`{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`. A row that ran
+`{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}` (the body:
+jobs/openai_bodies.py, a /v1/responses row's jobs/openai_response.py). A row that ran
 goes to the output file (status 200, `error` null); a failed row goes to the error file (status 400
 with OpenAI's error body, and `error` = {code, message}); a cancelled row has `response` null. Lines
 keep the input's order. Ids are derived from the job id and the row number, so an export is the
@@ -19,11 +20,12 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from jobs import datasets
-from jobs.endpoints import CHAT_URL, EMBEDDINGS_URL, ENDPOINT_URLS, default_endpoint
+from jobs.endpoints import CHAT_URL, EMBEDDINGS_URL, ENDPOINT_URLS, RESPONSES_URL, default_endpoint
 from jobs.errors import FreightError
 from jobs.finalize import load_shard_record
 from jobs.manifest import Manifest, ShardPlan, partial_prefix, shard_result_key
 from jobs.openai_bodies import embedding_body, error_body, generation_body
+from jobs.openai_response import response_body
 from jobs.storage import ObjectStore
 
 FAILED_REASONS = ("error", "cancelled")
@@ -45,7 +47,7 @@ class OpenAIExport:
 @dataclass(frozen=True)
 class RequestIds:
     """The ids of one request's lines: `line` (batch_req_...), `request` (req_...), `body`
-    (chatcmpl-... / cmpl-... without the prefix)."""
+    (chatcmpl-... / cmpl-... / resp_... and a response's msg_..., without the prefix)."""
 
     line: str
     request: str
@@ -77,8 +79,9 @@ def request_line(
     if endpoint not in ENDPOINT_URLS:
         raise ValueError(f"row {row['id']!r}: endpoint {endpoint!r} is none of {', '.join(ENDPOINT_URLS)}")
     line: dict[str, Any] = {"id": ids.line, "custom_id": str(row["id"])}
-    # the served name (freight serve --models), else as `vllm run-batch` names it: as the job was given it
-    model = manifest.spec.model_name or manifest.spec.model
+    # the row's LoRA adapter (vLLM names an adapter's responses so), else the served name (freight serve
+    # --models), else as `vllm run-batch` names it: as the job was given it
+    model = row.get("adapter") or manifest.spec.model_name or manifest.spec.model
     if row.get("error") is not None or row["finish_reason"] in FAILED_REASONS:
         message = row.get("error") or f"the request ended with finish_reason {row['finish_reason']!r}"
         if row["finish_reason"] == "cancelled":
@@ -91,6 +94,8 @@ def request_line(
         return line, True
     if endpoint == EMBEDDINGS_URL:
         body = embedding_body(row, model)
+    elif endpoint == RESPONSES_URL:
+        body = response_body(row, "resp_" + ids.body, "msg_" + ids.body, created, model)
     else:
         prefix = "chatcmpl-" if endpoint == CHAT_URL else "cmpl-"
         body = generation_body(row, endpoint, prefix + ids.body, created, model)

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs import datasets
+from jobs.adapter_check import check_adapters
 from jobs.constraint_check import check_constraint, check_constraint_compiles
 from jobs.cost import PriceTable
 from jobs.errors import FreightError, InputError, SpecMismatchError
@@ -96,6 +97,8 @@ def _plan(
     if spec.speculative is not None and spec.speculative.startswith("draft:"):
         check_draft(spec.model, spec.speculative[len("draft:") :], settings)
     check_sampling(spec.sampling, settings or get_settings(), int(config["vocab_size"]))
+    if spec.loras:  # each adapter as the engine would load it, from its files' JSON and header
+        check_adapters(spec.adapters, spec.model, config, spec.model_name, settings)
     input_plan, prompts, requests = inspect_input(spec, settings)
     check_reasoning(spec, input_plan.prompt_kind, settings)
     shards = cut_shards(prompts, spec.shard_rows)

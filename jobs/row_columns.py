@@ -12,12 +12,14 @@ from jobs.log import get_logger
 from jobs.spec import JobSpec
 
 log = get_logger(__name__)
+ADAPTER_COLUMN = "adapter"  # a row's LoRA adapter, by its --lora name (null: the model itself)
 
 
 def override_columns(spec: JobSpec, names: list[str]) -> tuple[str, ...]:
     """The per-row columns a Parquet job reads: its sampling columns present (none for an embed job,
-    which samples nothing), and its constraint columns only with --row-constraints (without it a
-    column named like one is plain data); InputError for the flag without any of them."""
+    which samples nothing), its constraint columns only with --row-constraints (without it a
+    column named like one is plain data; InputError for the flag without any of them), and the
+    `adapter` column only for a job with --lora adapters (plain data otherwise)."""
     generates = spec.task != "embed"
     sampling = [c for c in datasets.SAMPLING_COLUMNS if c in names and c != spec.id_column and generates]
     constraint = [c for c in datasets.CONSTRAINT_COLUMNS if c in names and c != spec.id_column]
@@ -26,7 +28,11 @@ def override_columns(spec: JobSpec, names: list[str]) -> tuple[str, ...]:
             f"--row-constraints: {spec.input} has none of the columns "
             f"{', '.join(datasets.CONSTRAINT_COLUMNS)}; add one (a constraint per row) or drop the flag"
         )
-    return tuple(sampling + (constraint if spec.row_constraints else []))
+    adapter = [ADAPTER_COLUMN] if spec.loras and ADAPTER_COLUMN in names and spec.id_column != ADAPTER_COLUMN else []
+    if spec.loras and not adapter:
+        log.warning("no_adapter_column", adapters=sorted(spec.adapters),
+                    note=f"the input has no '{ADAPTER_COLUMN}' column: every row runs the model itself")  # fmt: skip
+    return tuple(sampling + (constraint if spec.row_constraints else []) + adapter)
 
 
 def note_row_sampling(overrides: tuple[str, ...]) -> None:
@@ -74,8 +80,9 @@ def check_override_types(schema: pa.Schema, overrides: tuple[str, ...]) -> None:
             ok, expected = is_string(t), "strings (low, medium or high)"
         elif column == "chat_template_kwargs":
             ok, expected = is_string(t) or pa.types.is_struct(t), "JSON text or a struct of template variables"
-        elif column in ("json_schema", "regex"):
-            ok, expected = is_string(t), "strings" + (" (JSON text of a schema)" if column == "json_schema" else "")
+        elif column in ("json_schema", "regex", ADAPTER_COLUMN):
+            ok, expected = is_string(t), "strings" + (" (JSON text of a schema)" if column == "json_schema" else
+                                                      " (--lora names)" if column == ADAPTER_COLUMN else "")  # fmt: skip
         elif column == "response_format":
             ok, expected = is_string(t) or pa.types.is_struct(t), 'JSON text or a struct ({"type": ...})'
         elif column == "choice":
@@ -94,6 +101,8 @@ def check_override_types(schema: pa.Schema, overrides: tuple[str, ...]) -> None:
             keep_out = (
                 "drop --row-constraints to read it as plain data"
                 if column in datasets.CONSTRAINT_COLUMNS
+                else "rename the column: with --lora it names each row's adapter"
+                if column == ADAPTER_COLUMN
                 else "rename the column to keep it out of sampling"
             )
             raise InputError(

@@ -107,6 +107,12 @@ class Settings(BaseSettings):
         None, description="the result cache of run / submit / estimate / eval when --result-cache is not "
         "given: a folder or s3://bucket/prefix (docs/design/result-cache.md); `off` or unset: none"
     )
+    # the dashboard (jobs/dashboard/)
+    dashboard_secret: SecretStr | None = Field(
+        None, min_length=32, description="key that signs the dashboard's session and CSRF cookies; give "
+        "the same one to every replica behind one address (default: a random key per process, so "
+        "sessions end when it restarts)"
+    )
     # notifications (jobs/notify.py)
     webhook_secret: SecretStr | None = Field(
         None, description="key of the HMAC-SHA256 signature (X-Freight-Signature) of webhook bodies"

@@ -7,9 +7,10 @@ import hashlib
 import json
 from typing import Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from contracts.constraint import Constraint, schema_object
+from contracts.lora.config import MAX_LORAS
 from contracts.quantization import check_quant_group, quantization_label
 from contracts.sampling import (
     LogitBias,
@@ -136,6 +137,28 @@ def canonical_schema(v: Any) -> str:
     return json.dumps(schema_object(v), separators=(",", ":"), ensure_ascii=False)
 
 
+ADAPTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$"
+
+
+class LoraSpec(BaseModel):
+    """One LoRA adapter of a job: `--lora NAME=PATH`. Rows name it in their `adapter` column or an
+    OpenAI body's `model`; PATH is a PEFT adapter folder or s3:// prefix (docs/design/lora.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(..., min_length=1, max_length=128, pattern=ADAPTER_NAME,
+                      description="what rows call it: letters, digits and . _ - : / @ +")  # fmt: skip
+    path: str = Field(..., min_length=1, description="a PEFT adapter folder or s3://bucket/prefix")
+
+    @field_validator("path")
+    @classmethod
+    def _strip_trailing_slash(cls, v: str) -> str:
+        stripped = v.strip().rstrip("/")
+        if not stripped or stripped in ("s3:", "s3:/"):
+            raise ValueError(f"'{v}' is not a path or s3://bucket/prefix URL")
+        return stripped
+
+
 class JobSpec(LaterFields):
     """One job: which rows, which model, which sampling, where results go, how it is priced.
 
@@ -147,6 +170,7 @@ class JobSpec(LaterFields):
     # added after the first manifests: left out of the JSON (and the job id) at their defaults (LaterFields)
     LATER: ClassVar[tuple[str, ...]] = (
         "task", "dimensions", "speculative", "speculative_tokens", "row_constraints", "model_name", "quant_group",
+        "loras", "max_loras",
     )
 
     input: str = Field(..., min_length=1, description="Parquet file, folder/prefix of Parquet, or .jsonl")
@@ -188,6 +212,14 @@ class JobSpec(LaterFields):
         "--models`): a body's model must be it (or absent), and output bodies carry it; None: the checkpoint's "
         "path or folder name",
     )
+    loras: tuple[LoraSpec, ...] = Field(
+        (), description="LoRA adapters of the model a row may pick (its `adapter` column, or a body's model "
+        "naming one); rows naming none run the model itself",
+    )
+    max_loras: int | None = Field(
+        None, ge=1, le=MAX_LORAS, description="LoRA adapters resident on the device at once (others are swapped "
+        "in from host memory); None: the engine's default, 8",
+    )
 
     @field_validator("input", "model", "output")
     @classmethod
@@ -222,7 +254,25 @@ class JobSpec(LaterFields):
         if self.output == self.input:
             raise ValueError("the output must differ from the input: results would overwrite the dataset")
         check_quant_group(self.quantization, self.quant_group)
+        self._check_loras()
         return self
+
+    def _check_loras(self) -> None:
+        names = [a.name for a in self.loras]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"--lora names {', '.join(twice)} more than once: give each adapter its own name")
+        if self.loras and self.task == "embed":
+            raise ValueError("--lora adapts generation; --task embed embeds with the model itself: drop one")
+        if self.model_name is not None and self.model_name in names:
+            raise ValueError(f"--lora {self.model_name}: the model itself is served under that name; rename the adapter")
+        if self.max_loras is not None and not self.loras:
+            raise ValueError("--max-loras sets how many of the job's adapters stay on the device: give --lora too")
+
+    @property
+    def adapters(self) -> dict[str, str]:
+        """The job's LoRA adapters, name -> folder or s3:// prefix."""
+        return {a.name: a.path for a in self.loras}
 
     @property
     def quantization_label(self) -> str | None:

@@ -125,6 +125,29 @@ def check_gqa(num_heads: int, num_kv_heads: int) -> int:
     return num_heads // num_kv_heads
 
 
+def check_attention_queries(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+) -> tuple[int, int, int, int, int]:
+    """Query rows q [N, Hq, D] against paged caches [num_blocks, block_size, Hkv, D]: float, one dtype,
+    one head size, Hq a multiple of Hkv. Returns (block_size, Hkv, D, Hq, group)."""
+    _, block_size, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
+    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    rows, num_heads, _ = q.shape
+    check_shape("q", q, (rows, num_heads, head_dim))
+    check_same_dtype(q=q, k_cache=k_cache)
+    return block_size, num_kv_heads, head_dim, num_heads, check_gqa(num_heads, num_kv_heads)
+
+
+def check_sinks(sinks: torch.Tensor | None, num_heads: int, q: torch.Tensor) -> None:
+    """Attention sinks: None, or fp32 [Hq] logits, dense, on q's device."""
+    if sinks is None:
+        return
+    check_tensor("sinks", sinks, ndim=1, dtypes=(torch.float32,))
+    check_shape("sinks", sinks, (num_heads,))
+    check_last_dim_contiguous("sinks", sinks)
+    check_same_device(q=q, sinks=sinks)
+
+
 def check_out(name: str, out: torch.Tensor | None, shape: Sequence[int], like: torch.Tensor) -> None:
     """An optional output buffer has `shape`, `like`'s dtype and device, and is writable."""
     if out is None:
@@ -138,16 +161,25 @@ def check_out(name: str, out: torch.Tensor | None, shape: Sequence[int], like: t
 FP8_MIN_CAPABILITY = (8, 9)  # torch._scaled_mm's e4m3 kernels: Ada (8.9), Hopper (9.0) and newer
 
 
+def fp8_shortfall(device: torch.device) -> str | None:
+    """None when the CUDA GPU `device` multiplies float8 (compute capability >= 8.9); else what it
+    is instead, for the refusal: "<name> (<device>) is <major>.<minor>"."""
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) >= FP8_MIN_CAPABILITY:
+        return None
+    return f"{torch.cuda.get_device_name(device)} ({device}) is {major}.{minor}"
+
+
 def check_fp8_capability(device: torch.device) -> None:
     """`device` is a CUDA GPU whose tensor cores multiply float8 (compute capability >= 8.9)."""
     if device.type != "cuda":
         raise ValueError(
             f"fp8 matmuls (torch._scaled_mm) need a CUDA GPU, got {device}; use the torch reference"
         )
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < FP8_MIN_CAPABILITY:
+    shortfall = fp8_shortfall(device)
+    if shortfall is not None:
         raise ValueError(
             f"fp8 matmuls (torch._scaled_mm) need an NVIDIA GPU of compute capability 8.9 or newer "
-            f"(Ada: L4, L40S, RTX 4090; Hopper: H100, H200; Blackwell); {torch.cuda.get_device_name(device)} "
-            f"({device}) is {major}.{minor}: use int8 or int4 weights on it"
+            f"(Ada: L4, L40S, RTX 4090; Hopper: H100, H200; Blackwell); {shortfall}: use int8 or int4 "
+            "weights on it"
         )

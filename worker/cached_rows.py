@@ -9,8 +9,9 @@ from worker.shard_rows import RowResult
 
 
 def cached_result(req: RowRequest, entry: Entry, how: str, similarity: float | None = None) -> RowResult:
-    """The cached answer `entry` as `req`'s result row (its own row number, id and endpoint)."""
+    """The cached answer `entry` as `req`'s result row (its own row number, id, endpoint and
+    response_fields)."""
     answer = {k: v for k, v in entry.answer.items() if k in RowResult.__dataclass_fields__}
     return RowResult(**{**answer, "row": req.row, "id": req.id, "endpoint": URL_OF_ENDPOINT[req.endpoint],
-                        "error": None, "cached": how, "cached_from_job": entry.source_job,
+                        "response_fields": req.response_fields, "adapter": req.adapter, "error": None, "cached": how, "cached_from_job": entry.source_job,
                         "cached_from_row": entry.source_row, "cached_similarity": similarity})  # fmt: skip

@@ -31,17 +31,17 @@ _FIELDS = {
 }
 
 
-def chat_messages(value: Any) -> list[dict[str, Any]]:
-    """Checked, normalised messages. ValueError naming the message and field ("messages[1].role ...")."""
+def chat_messages(value: Any, field: str = "messages") -> list[dict[str, Any]]:
+    """Checked, normalised messages. ValueError naming the message and field ("messages[1].role ...";
+    `field`: the request field that holds them)."""
     if not isinstance(value, list) or not value:
-        raise ValueError("messages: must be a non-empty list of {role, content}")
-    out = [_message(i, m) for i, m in enumerate(value)]
+        raise ValueError(f"{field}: must be a non-empty list of {{role, content}}")
+    out = [_message(f"{field}[{i}]", m) for i, m in enumerate(value)]
     _check_call_ids(out)
     return out
 
 
-def _message(i: int, m: Any) -> dict[str, Any]:
-    where = f"messages[{i}]"
+def _message(where: str, m: Any) -> dict[str, Any]:
     if not isinstance(m, dict):
         raise ValueError(f"{where}: must be an object {{role, content}}")
     role = m.get("role")

@@ -1,10 +1,10 @@
-"""One request's fields, checked: an OpenAI-Batch body (chat, completions, embeddings) or a Parquet
+"""One request's fields, checked: an OpenAI-Batch body (chat, completions, embeddings, responses) or a Parquet
 row's sampling columns. Every field is honoured or refused: a problem raises ValueError whose
 message names the field, its value and the rule ("n 'two': must be an integer"), and becomes that
 row's error (worker/row_requests.py); unknown fields are refused by name.
 
 Types are strict, as OpenAI's API is: "2" is not a number, 2.0 is not an integer, true is not 1.
-Chat messages: worker/chat_messages.py. Job-dependent rules (the model's name, the vocabulary, the n
+Chat messages: worker/chat_messages.py; a response's input items: worker/response_input.py. Job-dependent rules (the model's name, the vocabulary, the n
 cap) are checked where the body is resolved against the job (worker/row_requests.py).
 """
 
@@ -12,9 +12,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+)
 
 from contracts.sampling import (
     REQUEST_FIELDS,
@@ -26,6 +34,7 @@ from contracts.sampling import (
 )
 from jobs.endpoints import URL_OF_ENDPOINT, Endpoint
 from worker.chat_messages import chat_messages
+from worker.response_input import response_messages
 
 # Fields OpenAI or vLLM know that freight does not run, with the reason (other unknown fields get a
 # generic message).
@@ -42,6 +51,11 @@ _NOT_RUN = {
     "audio": "audio output is not supported",
     "modalities": "only text output is supported",
     "guided_whitespace_pattern": "not supported (JSON whitespace is the grammar engine's)",
+    "max_tool_calls": "tool calls are chat requests' (/v1/chat/completions)",
+    "previous_response_id": "freight keeps no earlier responses: send the conversation's turns in input",
+    "conversation": "freight keeps no conversations: send the conversation's turns in input",
+    "reasoning": "reasoning effort is a chat request's (/v1/chat/completions: reasoning_effort) or the job's "
+    "(--reasoning-effort, --no-thinking)",
 }
 # The fields of a body that ask for structured output (contracts/row_constraint.py checks their values).
 CONSTRAINT_FIELDS = (
@@ -134,6 +148,89 @@ class EmbeddingBody(_Fields):
         return v
 
 
+LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the one `include` value a response can honour
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's bounds of metadata
+
+
+class ResponseBody(SamplingFields):  # type: ignore[misc,valid-type]
+    """A /v1/responses body: `input` (worker/response_input.py) after `instructions` (a system
+    message); `max_output_tokens`; `text.format` for structured output and `include` +
+    `top_logprobs` for log-probabilities (worker/response_request.py checks both); the sampling
+    fields chat takes, but `n` and `max_tokens` (a response is one output, bounded by
+    max_output_tokens); `metadata`, `user`, `safety_identifier` and `prompt_cache_key` are repeated in
+    the response. `store`, `background` and `stream` true, and `truncation` auto, are refused: a
+    batch keeps no responses to fetch later, runs in the background already, and truncates no input."""
+
+    input: Annotated[list[dict[str, str]], BeforeValidator(response_messages)]  # the checked chat messages
+    model: str | None = None
+    instructions: str | None = None
+    max_output_tokens: MaxTokens | None = None
+    metadata: dict[str, str] | None = None
+    text: Any = None  # {format, verbosity}
+    include: list[str] | None = None
+    top_logprobs: Logprobs | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None  # a cache hint: the prefix cache keys on the prompt itself
+    store: bool | None = None
+    background: bool | None = None
+    stream: bool | None = None
+    truncation: str | None = None
+
+    @field_validator("n", "max_tokens", mode="before")
+    @classmethod
+    def _not_for_responses(cls, v: Any, info: Any) -> Any:
+        if v is None:
+            return v
+        if info.field_name == "n":
+            raise ValueError("n: a response is one output (write a line per sample, each with its own seed)")
+        raise ValueError("max_tokens: a response is bounded by max_output_tokens (rename the field)")
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if v is not None:
+            if len(v) > MAX_METADATA_PAIRS:
+                raise ValueError(f"metadata: holds {len(v)} pairs, {MAX_METADATA_PAIRS} at most")
+            for key, value in v.items():
+                if len(key) > MAX_METADATA_KEY:
+                    raise ValueError(f"metadata: key {key[:20]!r}... is longer than {MAX_METADATA_KEY} characters")
+                if len(value) > MAX_METADATA_VALUE:
+                    raise ValueError(f"metadata[{key!r}]: longer than {MAX_METADATA_VALUE} characters")
+        return v
+
+    @field_validator("include")
+    @classmethod
+    def _include(cls, v: list[str] | None) -> list[str] | None:
+        for i, name in enumerate(v or ()):
+            if name != LOGPROBS_INCLUDE:
+                raise ValueError(f"include[{i}] {name[:60]!r}: freight can include only {LOGPROBS_INCLUDE}")
+        return v
+
+    @field_validator("store", "background", "stream")
+    @classmethod
+    def _false_only(cls, v: bool | None, info: Any) -> bool | None:
+        why = {
+            "store": "a batch keeps no responses to fetch later (GET /v1/responses/{id}): its output file holds "
+            "each one",
+            "background": "a batch runs its requests in the background already",
+            "stream": "batch requests do not stream",
+        }
+        if v:
+            raise ValueError(f"{info.field_name} true: {why[info.field_name]} (drop the field, or set it false)")
+        return v
+
+    @field_validator("truncation")
+    @classmethod
+    def _truncation(cls, v: str | None) -> str | None:
+        if v == "auto":
+            raise ValueError("truncation 'auto': freight drops no input to fit the context; a prompt past it is "
+                             "this request's error (drop the field, or set it disabled)")  # fmt: skip
+        if v not in (None, "disabled"):
+            raise ValueError(f"truncation {v[:40]!r}: must be disabled or auto")
+        return v
+
+
 class RowColumns(SamplingFields):  # type: ignore[misc,valid-type]
     """A Parquet row's sampling columns: `logprobs` true/false or a top count, `top_logprobs` a count."""
 
@@ -153,11 +250,12 @@ class RowColumns(SamplingFields):  # type: ignore[misc,valid-type]
         return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
 
 
-Body = ChatBody | CompletionBody | EmbeddingBody
+Body = ChatBody | CompletionBody | EmbeddingBody | ResponseBody
 _BODY_OF: dict[Endpoint, type[Body]] = {
     "chat": ChatBody,
     "completions": CompletionBody,
     "embeddings": EmbeddingBody,
+    "responses": ResponseBody,
 }
 
 

@@ -7,6 +7,8 @@ The key of a deterministic row (worker/row_key.py) is the first 16 bytes of the 
   an answer;
 - speculative decoding (method, K, the draft's fingerprint) for sampled rows only: speculation never
   changes a greedy answer, while a seeded draw under speculation may differ from one without;
+- for a row of a LoRA adapter, the adapter folder's content fingerprint (its name is among the
+  answer fields, which only tells the rows of one job apart);
 - the row's answer fields.
 Only deterministic rows are looked up and written, and only rows that finished without an error.
 """
@@ -15,12 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jobs.log import get_logger
 from jobs.manifest import Manifest
-from jobs.model_cache import resolve_model
+from jobs.model_cache import resolve_adapter, resolve_model
 from jobs.model_fingerprint import model_fingerprint
 from jobs.result_cache.options import CacheOptions, read_cache_options
 from jobs.result_cache.segments import KEY_BYTES, Entry, answer_fields
@@ -52,10 +54,13 @@ class JobCache:
     job_id: str
     speculation: Any = None  # [method, K, draft fingerprint] of a job with speculative decoding
     semantic: Any = None  # worker/semantic_cache.py SemanticCache, when the job opted in
+    adapters: dict[str, str] = field(default_factory=dict)  # LoRA adapter name -> its folder's fingerprint
 
     def key(self, req: RowRequest) -> bytes:
         sampled = req.sampling is not None and not req.sampling.greedy
         context = {"space": self.space.space, "speculation": self.speculation if sampled else None}
+        if req.adapter is not None:
+            context["adapter"] = self.adapters[req.adapter]
         return row_digest(req, context)[:KEY_BYTES]
 
     def lookup(self, requests: list[RowRequest]) -> tuple[dict[int, RowResult], dict[int, float]]:
@@ -127,5 +132,7 @@ def job_cache(cache: ResultCache, manifest: Manifest, numerics: str, settings: S
         if spec.speculative.startswith("draft:"):
             draft = model_fingerprint(resolve_model(spec.speculative.removeprefix("draft:"), settings), settings)
         speculation = [spec.speculative.split(":", 1)[0], spec.speculative_tokens, draft]
+    adapters = {name: model_fingerprint(resolve_adapter(name, path, settings), settings)
+                for name, path in spec.adapters.items()}  # fmt: skip
     return JobCache(space=cache.space(space, {**describe, "model": spec.model}), job_id=manifest.job_id,
-                    speculation=speculation)  # fmt: skip
+                    speculation=speculation, adapters=adapters)  # fmt: skip

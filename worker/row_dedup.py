@@ -2,7 +2,8 @@
 
 Two deterministic rows (worker/row_key.py) with the same answer digest get the same answer: the
 first in shard order runs, each copy takes its result under its own row number and id (and its own
-endpoint, which names the request's url, not the answer) as soon as it finishes. Copies are marked
+endpoint, which names the request's url, and response_fields, which its response repeats of its own
+request: neither is the answer) as soon as it finishes. Copies are marked
 `duplicate`, so the shard's record bills their tokens as saved, not computed. The planner keeps rows
 with equal prompts in one shard where it can (jobs/planner.py), so a job's duplicates meet here.
 """
@@ -41,7 +42,7 @@ class Duplicates:
 def copy_result(res: RowResult, req: RowRequest) -> RowResult:
     """`res` as the answer of `req`, a duplicate of the row it answered."""
     return dataclasses.replace(res, row=req.row, id=req.id, endpoint=URL_OF_ENDPOINT[req.endpoint],
-                               duplicate=True)  # fmt: skip
+                               response_fields=req.response_fields, duplicate=True)  # fmt: skip
 
 
 def find_duplicates(requests: list[RowRequest]) -> Duplicates:

@@ -63,6 +63,7 @@ def collect_rows(engine: Any, pending: list[RowRequest], sink: RowSink) -> bool:
             texts[tid] = engine.tokenizer.decode([tid], skip_special_tokens=False)
         return texts[tid]
 
-    stream = engine.stream(prompts, params, should_stop=sink.should_stop)
+    adapters = [req.adapter for req in pending] if any(req.adapter for req in pending) else None
+    stream = engine.stream(prompts, params, should_stop=sink.should_stop, adapters=adapters)
     outs = ((pending[o.index], from_output(o, pending[o.index], token_text, engine.tokenizer)) for o in stream)
     return sink.drain(outs, len(pending))

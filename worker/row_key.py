@@ -21,8 +21,10 @@ from pydantic import BaseModel
 
 from worker.row_requests import RowRequest
 
-# RowRequest fields that name or refuse a row, or say where its seed came from: never its answer.
-NOT_ANSWER = frozenset({"row", "id", "error", "seeded"})
+# RowRequest fields that name or refuse a row, say where its seed came from, or are repeated in its
+# response object (a /v1/responses row's metadata and its sampling as run, which other fields hold):
+# never its answer.
+NOT_ANSWER = frozenset({"row", "id", "error", "seeded", "response_fields"})
 KEY_VERSION = "freight-row/1"  # bump when the canonical form below changes
 
 

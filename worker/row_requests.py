@@ -25,6 +25,7 @@ from contracts.sampling import SamplingParams
 from jobs.endpoints import ENDPOINT_OF_URL
 from jobs.errors import InputError
 from jobs.manifest import InputPlan
+from jobs.row_columns import ADAPTER_COLUMN
 from jobs.settings import get_settings
 from jobs.spec import JobSpec
 from worker.chat_messages import chat_messages
@@ -33,8 +34,15 @@ from worker.request_body import (
     ChatBody,
     CompletionBody,
     EmbeddingBody,
+    ResponseBody,
     parse_body,
     parse_columns,
+)
+from worker.response_request import (
+    response_constraint,
+    response_fields,
+    response_logprobs,
+    response_messages_of,
 )
 from worker.row_sampling import column_logprobs, resolve_sampling
 from worker.tool_formats import forced_calls
@@ -52,13 +60,15 @@ class RowRequest:
     sampling: SamplingParams | None
     continuation_tokens: int = 0  # likelihood mode: the last n prompt tokens are the continuation
     error: str | None = None
-    endpoint: str = "completions"  # chat | completions | embeddings
+    endpoint: str = "completions"  # chat | completions | embeddings | responses
     dimensions: int | None = None  # embeddings: keep the first `dimensions` values
     encoding_format: str = "float"  # embeddings: float | base64 (the output's encoding)
     echo_text: str | None = None  # completions with echo: the prompt's text, put before each choice
     tools: ToolRequest | None = None  # chat with tools (tool_choice not none): the answer's calls are parsed
     tool_format: str | None = None  # how the model writes them (worker/tool_formats.py)
     seeded: bool = False  # the row gave its own seed (a column or body field), not the job's derived one
+    response_fields: str | None = None  # responses: what the response object repeats (JSON; response_request.py)
+    adapter: str | None = None  # the LoRA adapter it runs (a --lora name), None: the model itself
 
 
 def build_requests(
@@ -78,11 +88,14 @@ def build_requests(
     ids = table.column(plan.id_column).to_pylist() if plan.id_column else [str(r) for r in rows]
     conts = table.column(plan.continuation_column).to_pylist() if plan.continuation_column else None
     overrides = {c: table.column(c).to_pylist() for c in plan.override_columns}
+    adapters = overrides.pop(ADAPTER_COLUMN, None)  # planned only for a job with --lora adapters
     endpoint = "chat" if plan.prompt_kind == "messages" else "completions"
     out: list[RowRequest] = []
     for i, row in enumerate(rows):
         row_id = _row_id(ids[i], row)
         try:
+            if adapters is not None:
+                _row_adapter(adapters[i], spec)
             columns = parse_columns({c: v[i] for c, v in overrides.items() if v[i] is not None})
             logprobs = column_logprobs(columns.logprobs, columns.top_logprobs, spec.sampling.logprobs)
             constraint = column_constraint(columns.constraint_fields())
@@ -128,6 +141,9 @@ def build_requests(
             )
         except ROW_ERRORS as exc:
             out.append(_error(row, row_id, row_error(exc), endpoint))
+    if adapters is not None:  # one request per row, in order; a row naming no adapter of the job is an error
+        out = [r if r.error is not None or a is None else dataclasses.replace(r, adapter=a)
+               for r, a in zip(out, adapters, strict=True)]  # fmt: skip
     if spec.task == "embed":  # a `--task embed` job: every row (built with the same prompt checks) embeds
         return [dataclasses.replace(r, endpoint="embeddings", dimensions=spec.dimensions, sampling=None) for r in out]
     return out
@@ -159,7 +175,15 @@ def _batch_request(
     row: int, row_id: str | int, endpoint: Any, body_text: str, spec: JobSpec, tokenizer: Any, max_n: int
 ) -> RowRequest:
     body = parse_body(endpoint, body_text).body
-    _check_model(body.model, spec)
+    adapter = _check_model(body.model, spec)
+    if adapter is not None and isinstance(body, EmbeddingBody):
+        raise ValueError(f"model {adapter!r} is a LoRA adapter; embeddings run the model itself (name it)")
+    request = _body_request(row, row_id, endpoint, body, spec, tokenizer, max_n)
+    return request if adapter is None else dataclasses.replace(request, adapter=adapter)
+
+
+def _body_request(row: int, row_id: str | int, endpoint: Any, body: Any, spec: JobSpec, tokenizer: Any,
+                  max_n: int) -> RowRequest:  # fmt: skip
     if isinstance(body, EmbeddingBody):
         prompt = list(body.input) if isinstance(body.input, tuple) else body.input
         return RowRequest(
@@ -171,6 +195,8 @@ def _batch_request(
             dimensions=body.dimensions,
             encoding_format=body.encoding_format or "float",
         )
+    if isinstance(body, ResponseBody):
+        return _response_request(row, row_id, body, spec, tokenizer, max_n)
     if body.stream:
         raise ValueError("stream true: batch requests do not stream (drop the field)")
     constraint = body_constraint(body.constraint_fields())
@@ -224,24 +250,54 @@ def _chat_request(row: int, row_id: str | int, body: ChatBody, constraint: RowCo
                       tool_format=fmt if parsed is not None else None)  # fmt: skip
 
 
-def _check_model(asked: str | None, spec: JobSpec) -> None:
-    """A body's `model` must name the job's model: its served name when the job has one (`freight serve
+def _response_request(
+    row: int, row_id: str | int, body: ResponseBody, spec: JobSpec, tokenizer: Any, max_n: int
+) -> RowRequest:
+    """A /v1/responses body: its messages rendered with the job's template variables (--no-thinking,
+    --reasoning-effort); a thinking model's reasoning is split from its answer as a chat row's is."""
+    constraint = response_constraint(body.text)
+    logprobs = response_logprobs(body, spec.sampling.logprobs)
+    variables = template_kwargs(tokenizer, spec.sampling.reasoning_effort, spec.sampling.thinking, None, None)
+    prompt = render_chat(response_messages_of(body), tokenizer, None, variables)
+    sampling = resolve_sampling(spec, row_id, body, body.max_output_tokens, logprobs, tokenizer, max_n, constraint,
+                                tokenizer.reasoning)  # fmt: skip
+    return RowRequest(row=row, id=row_id, prompt=prompt, sampling=sampling, endpoint="responses",
+                      response_fields=response_fields(body, sampling))  # fmt: skip
+
+
+def _check_model(asked: str | None, spec: JobSpec) -> str | None:
+    """The LoRA adapter a body's `model` names (one of the job's --lora names, as vLLM serves
+    adapters), or None for the job's model: its served name when the job has one (`freight serve
     --models`: nothing else, so a request names no path of the server), else its path or URL, or the
     same last path component ("Qwen/Qwen3-0.6B" names /models/Qwen3-0.6B), compared without case.
-    Absent: the job's model."""
+    Absent: the job's model. ValueError for any other name."""
+    if asked is not None and asked in spec.adapters:
+        return asked
+    adapters = f" or its adapters {', '.join(sorted(spec.adapters))}" if spec.loras else ""
     if spec.model_name is not None:
         if asked is not None and asked != spec.model_name:
             raise ValueError(
-                f"model {asked!r}: this batch runs {spec.model_name!r}, and a batch runs one model (name it, "
-                "or leave model out; send other models' requests in batches of their own)"
+                f"model {asked!r}: this batch runs {spec.model_name!r}{adapters}, and a batch runs one model "
+                "(name it, or leave model out; send other models' requests in batches of their own)"
             )
-        return
+        return None
     job_model = spec.model
     if asked is None or asked == job_model:
-        return
+        return None
     mine = PurePosixPath(job_model.rstrip("/")).name
     if PurePosixPath(asked.rstrip("/")).name.lower() != mine.lower():
-        raise ValueError(f"model {asked!r}: this job runs {mine!r} (name it, or leave model out)")
+        raise ValueError(f"model {asked!r}: this job runs {mine!r}{adapters} (name it, or leave model out)")
+    return None
+
+
+def _row_adapter(value: Any, spec: JobSpec) -> str | None:
+    """A Parquet row's `adapter` cell: one of the job's --lora names, or null for the model itself."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in spec.adapters:
+        raise ValueError(f"adapter {value!r}: this job's adapters are {', '.join(sorted(spec.adapters))} (its --lora "
+                         "names); leave the cell null to run the model itself")  # fmt: skip
+    return value
 
 
 # What a row's own input can raise on its way to a request (a bad value, a value of the wrong type, a

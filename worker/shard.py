@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobs import datasets
-from jobs.cost import ShardPricing, ShardRecord, row_seconds, usd
+from jobs.cost import BASE_USAGE, AdapterUsage, ShardPricing, ShardRecord, row_seconds, usd
 from jobs.endpoints import default_endpoint
 from jobs.manifest import Manifest, partial_key, partial_prefix, shard_result_key, waste_key
 from jobs.settings import Settings, get_settings
 from jobs.storage import ObjectStore
+from worker.adapters import use_adapters
 from worker.embed_rows import collect_embeddings, split_embeddings
 from worker.result_cache import JobCache
 from worker.row_dedup import find_duplicates
@@ -108,6 +109,7 @@ def compute_shard(
     if store.exists(shard_result_key(shard_index)):
         return ShardOutcome(shard=shard_index, status="already_committed", rows=shard.rows, rows_failed=0)
 
+    use_adapters(engine, manifest.spec, settings)
     rows = shard.row_indices()
     keys = store.list(partial_prefix(shard_index)) if partial_keys is None else sorted(partial_keys)
     done = _read_partial(store, keys, default_endpoint(manifest.input))
@@ -238,6 +240,8 @@ def compute_shard(
         cache_hit_seconds=sum(hit_seconds.get(r.row, 0.0) for r in cached),
         cache_entries=len(entries),
         cache_space=result_cache.space.space if result_cache is not None else None,
+        adapters=_adapter_usage(manifest.spec.adapters, ordered, ran, {r.row for r in computed}, seconds),
+        model_fingerprint=result_cache.space.describe.get("fingerprint") if result_cache is not None else None,
         load_seconds=load_seconds,
         wall_seconds=wall,
         billed_seconds=billed,
@@ -255,6 +259,27 @@ def compute_shard(
         manifest=manifest, rows=ordered, record=record, pricing=pricing, rows_attempted=len(to_run),
         cache_write=(result_cache, entries) if result_cache is not None and entries else None,
     )
+
+
+def _adapter_usage(adapters: dict[str, str], ordered: list[RowResult], ran: list[RowResult], computed: set[int],
+                   seconds: Callable[[RowResult], float]) -> dict[str, AdapterUsage]:  # fmt: skip
+    """ShardRecord.adapters of a job with LoRA adapters ({} without): every row counted under its
+    adapter (BASE_USAGE: the model's own), tokens as the record counts them (rows that ran), engine
+    seconds of the rows this attempt computed."""
+    if not adapters:
+        return {}
+    usage: dict[str, dict[str, Any]] = {name: {} for name in [BASE_USAGE, *adapters]}
+    took = {r.row for r in ran}
+    for r in ordered:
+        u = usage[r.adapter or BASE_USAGE]
+        u["rows"] = u.get("rows", 0) + 1
+        u["rows_failed"] = u.get("rows_failed", 0) + (r.error is not None)
+        if r.row in took:
+            for key in ("prompt_tokens", "cached_tokens", "completion_tokens"):
+                u[key] = u.get(key, 0) + getattr(r, key)
+        if r.row in computed:
+            u["busy_seconds"] = u.get("busy_seconds", 0.0) + seconds(r)
+    return {name: AdapterUsage(**u) for name, u in usage.items()}
 
 
 class _RowReporter:

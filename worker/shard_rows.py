@@ -56,6 +56,8 @@ class RowResult:
     cached_from_job: str | None = None  # the job that computed a cached answer
     cached_from_row: str | None = None  # the id (as text) of the row whose answer it is
     cached_similarity: float | None = None  # a semantic hit: cosine similarity of the two prompts
+    response_fields: str | None = None  # /v1/responses rows: RowRequest.response_fields
+    adapter: str | None = None  # the LoRA adapter it ran (RowRequest.adapter)
     constrained: bool = False  # ran under a constraint (the cost report's constrained_rows; not a result column)
     duplicate: bool = False  # took the answer of an equal row of its shard (worker/row_dedup.py; not a column)
 
@@ -71,6 +73,7 @@ def error_row(req: RowRequest) -> RowResult:
         completion_tokens=0,
         error=req.error,
         endpoint=URL_OF_ENDPOINT[req.endpoint],
+        adapter=req.adapter,
     )
 
 
@@ -156,6 +159,8 @@ def from_output(out: Any, req: RowRequest, token_text: Callable[[int], str] | No
         reasoning_choices=[a.reasoning for a in chat] if chat and several and thinks else None,
         tool_calls=chat[0].tool_calls if chat else None,
         tool_calls_choices=[a.tool_calls for a in chat] if chat and several and req.tools is not None else None,
+        response_fields=req.response_fields,
+        adapter=req.adapter,
         constrained=constraint is not None,
     )
 

@@ -186,14 +186,15 @@ def forced_calls(fmt: ToolFormat, tools: Sequence[tuple[str, Mapping[str, Any] |
     parameters) pairs), written in `fmt`."""
     rules = []
     names = []
-    t = {m: _token(m, vocab) for m in ("<|channel|>", "<|constrain|>", "<|message|>", "<|call|>", "<tool_call>",
-                                       "</tool_call>", "[TOOL_CALLS]")}  # fmt: skip
+    t = {m: _token(m, vocab) for m in ("<|channel|>", "<|constrain|>", "<|message|>", "<tool_call>", "</tool_call>",
+                                       "[TOOL_CALLS]")}  # fmt: skip
     for i, (name, parameters) in enumerate(tools):
         args = "%json " + json.dumps(arguments_schema(parameters), ensure_ascii=False)
         head = '{"name": ' + json.dumps(name) + ', "arguments": '
         if fmt == "harmony":
+            # ends with the arguments: `<|call|>` is an EOS, which a grammar that stops needs no more
             parts = [t["<|channel|>"], _lit(f"commentary to=functions.{name} "), t["<|constrain|>"], _lit("json"),
-                     t["<|message|>"], f"args{i}", t["<|call|>"]]  # fmt: skip
+                     t["<|message|>"], f"args{i}"]  # fmt: skip
         elif fmt == "hermes":
             parts = [t["<tool_call>"], _lit("\n" + head), f"args{i}", _lit("}\n"), t["</tool_call>"]]
         elif fmt == "mistral":

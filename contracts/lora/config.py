@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_LORA_RANK = 64  # the largest rank the kernels take (kernels/reference/lora.py)
+MAX_LORAS = 256  # adapter slots on a device, at most (each holds every wrapped projection's factors)
 ALL_LINEAR = "all-linear"  # PEFT's shorthand for every linear layer but the output head
 # Options that change what an adapter computes, each with the value that leaves the plain LoRA
 # product alone. Any other value is refused, naming the option.

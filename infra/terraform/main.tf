@@ -1,5 +1,6 @@
 # freight on AWS: a bucket, a Redis queue, a spot GPU fleet that sits at zero machines until work
-# arrives, and the autoscaler that sizes it from the backlog. Each part is a small module.
+# arrives, the autoscaler that sizes it from the backlog, and (with var.api) `freight serve` behind
+# an HTTPS load balancer. Each part is a small module.
 
 data "aws_caller_identity" "current" {}
 data "aws_partition" "current" {}
@@ -19,14 +20,27 @@ locals {
     data.aws_partition.current.partition, var.region, data.aws_caller_identity.current.account_id,
     local.function_name,
   )
+  # freight serve's log group (modules/api); the key policy names it whether or not var.api is set
+  api_log_group_name = "/ecs/${var.name}-api"
+  api_log_group_arn = format(
+    "arn:%s:logs:%s:%s:log-group:%s",
+    data.aws_partition.current.partition, var.region, data.aws_caller_identity.current.account_id,
+    local.api_log_group_name,
+  )
+}
+
+locals {
+  # the API's batches are fleet jobs under its store prefix: the workers read their inputs and write
+  # their outputs there
+  api_prefixes = var.api == null ? [] : [var.api.store_prefix]
 }
 
 module "kms" {
   source = "./modules/kms"
 
-  region        = var.region
-  name          = var.name
-  log_group_arn = local.log_group_arn
+  region         = var.region
+  name           = var.name
+  log_group_arns = [local.log_group_arn, local.api_log_group_arn]
 }
 
 module "storage" {
@@ -55,10 +69,10 @@ module "queue" {
   subnet_ids                = var.subnet_ids
   kms_key_arn               = module.kms.key_arn
   auth_secret_recovery_days = var.secret_recovery_days
-  client_security_group_ids = {
-    workers    = module.fleet.security_group_id
-    autoscaler = module.autoscaler.security_group_id
-  }
+  client_security_group_ids = merge(
+    { workers = module.fleet.security_group_id, autoscaler = module.autoscaler.security_group_id },
+    var.api == null ? {} : { api = module.api[0].task_security_group_id },
+  )
 }
 
 module "iam" {
@@ -68,7 +82,7 @@ module "iam" {
   name                   = var.name
   bucket_arn             = module.storage.bucket_arn
   read_prefixes          = var.read_prefixes
-  write_prefixes         = var.write_prefixes
+  write_prefixes         = concat(var.write_prefixes, local.api_prefixes)
   kms_key_arn            = module.kms.key_arn
   redis_auth_secret_arn  = module.queue.auth_secret_arn
   settings_parameter_arn = module.fleet.settings_parameter_arn
@@ -122,4 +136,24 @@ module "autoscaler" {
   idle_to_zero_s       = var.idle_to_zero_s
   target_drain_s       = var.target_drain_s
   default_tokens_per_s = var.default_tokens_per_second
+}
+
+module "api" {
+  source = "./modules/api"
+  count  = var.api == null ? 0 : 1
+
+  name                 = var.name
+  region               = var.region
+  log_group_name       = local.api_log_group_name
+  secret_recovery_days = var.secret_recovery_days
+  tenants              = var.api.tenants
+  redis                = module.queue.connection
+  # each object takes the attributes of var.api its type names
+  network = merge(var.api, { vpc_id = var.vpc_id, private_subnet_ids = var.subnet_ids })
+  service = merge(var.api, { log_retention_days = var.log_retention_days })
+  store = merge(var.api, {
+    bucket_name = module.storage.bucket_name
+    bucket_arn  = module.storage.bucket_arn
+    kms_key_arn = module.kms.key_arn
+  })
 }

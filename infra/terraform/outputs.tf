@@ -52,3 +52,23 @@ output "dashboard_name" {
   description = "CloudWatch dashboard with the backlog and worker counts."
   value       = module.autoscaler.dashboard_name
 }
+
+output "api_url" {
+  description = "freight serve's base URL for the openai SDK (null without var.api); point the certificate's name at api_dns_name and use that name."
+  value       = var.api == null ? null : module.api[0].url
+}
+
+output "api_dns_name" {
+  description = "DNS name of the API's load balancer (null without var.api)."
+  value       = var.api == null ? null : module.api[0].dns_name
+}
+
+output "api_store_url" {
+  description = "The store of freight serve, for `freight keys create --tenant NAME --store ...` (null without var.api)."
+  value       = var.api == null ? null : module.api[0].store_url
+}
+
+output "api_key_secret_arns" {
+  description = "Per tenant in var.api.tenants, the Secrets Manager secret holding its API key."
+  value       = var.api == null ? {} : module.api[0].key_secret_arns
+}

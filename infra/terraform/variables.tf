@@ -416,3 +416,47 @@ variable "log_retention_days" {
     error_message = "log_retention_days must be a CloudWatch Logs retention value (1, 3, 5, 7, 14, 30, 60, 90, ..., 365, ...)."
   }
 }
+
+# ---- API (freight serve) -----------------------------------------------------------------------
+
+variable "api" {
+  description = <<-EOT
+    freight serve, the OpenAI Files + Batches API, on ECS Fargate behind an HTTPS load balancer; its
+    batches run on this fleet. null (the default) deploys none. image: a container image with freight
+    installed (image_repository_arn: its private ECR repository, else null); certificate_arn: the ACM
+    certificate of the HTTPS listener; public_subnet_ids: the load balancer's subnets (the tasks run in
+    subnet_ids); allowed_cidrs: who may reach it; store_prefix: where freight serve keeps files, batches
+    and their jobs in the bucket; model_prefixes: where the checkpoints batches name are (read only);
+    tenants: each gets an API key in Secrets Manager.
+  EOT
+  type = object({
+    image                = string
+    image_repository_arn = optional(string)
+    certificate_arn      = string
+    public_subnet_ids    = list(string)
+    allowed_cidrs        = optional(list(string), ["0.0.0.0/0"])
+    store_prefix         = optional(string, "api/")
+    model_prefixes       = optional(list(string), ["models/"])
+    tenants              = optional(list(string), [])
+    cpu                  = optional(number, 1024)
+    memory               = optional(number, 2048)
+    tasks                = optional(number, 1)
+    serve_args           = optional(list(string), [])
+    environment          = optional(map(string), {})
+    deletion_protection  = optional(bool, true)
+  })
+  default = null
+
+  validation {
+    condition = var.api == null ? true : (
+      can(regex("^arn:[a-z-]+:acm:", var.api.certificate_arn)) &&
+      length(var.api.public_subnet_ids) >= 2 &&
+      alltrue([for s in var.api.public_subnet_ids : can(regex("^subnet-[0-9a-f]{8,17}$", s))]) &&
+      alltrue([for c in var.api.allowed_cidrs : can(cidrhost(c, 0))]) &&
+      alltrue([for p in concat([var.api.store_prefix], var.api.model_prefixes) : can(regex("^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*/$", p))]) &&
+      alltrue([for t in var.api.tenants : can(regex("^[a-z0-9][a-z0-9_-]{0,63}$", t))]) &&
+      var.api.tasks >= 1 && contains([256, 512, 1024, 2048, 4096], var.api.cpu) && var.api.memory >= 512
+    )
+    error_message = "api: certificate_arn must be an ACM certificate ARN; public_subnet_ids at least two subnet ids; allowed_cidrs CIDR blocks; store_prefix and model_prefixes prefixes such as \"api/\"; tenants 1-64 lowercase letters, digits, _ or -; tasks at least 1; cpu 256, 512, 1024, 2048 or 4096 units with memory (MiB) Fargate allows for it."
+  }
+}

@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 
 from jobs.api.errors import APIError
-from jobs.api.keys import KeyRecord, hash_key, lookup_key
+from jobs.api.keys import KeyRecord, hash_key, lookup_hash
 from jobs.storage import ObjectStore
 
 CACHE_ENTRIES = 10_000
@@ -36,18 +36,24 @@ class Authenticator:
         key = key.strip()
         if scheme.lower() != "bearer" or not key:
             raise APIError(401, MISSING, code=None)
-        record = self._lookup(hash_key(key), key)
+        record = self._lookup(hash_key(key))
         if record is None or not record.active:
             raise APIError(401, INCORRECT, code="invalid_api_key")
         return record.tenant
 
-    def _lookup(self, digest: str, key: str) -> KeyRecord | None:
+    def tenant_of_hash(self, digest: str) -> str | None:
+        """The tenant of the active key whose SHA-256 is `digest` (a dashboard session holds the hash,
+        never the key), else None; through the same cache, so a revoked key's sessions end within `ttl`."""
+        record = self._lookup(digest)
+        return record.tenant if record is not None and record.active else None
+
+    def _lookup(self, digest: str) -> KeyRecord | None:
         now = time.monotonic()
         with self._lock:
             hit = self._cache.get(digest)
             if hit is not None and now - hit[0] < self.ttl:
                 return hit[1]
-        record = lookup_key(self.store, key)
+        record = lookup_hash(self.store, digest)
         with self._lock:
             self._cache[digest] = (now, record)
             self._cache.move_to_end(digest)

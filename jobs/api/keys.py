@@ -59,8 +59,13 @@ def create_key(store: ObjectStore, tenant: str, name: str | None = None) -> tupl
 def lookup_key(store: ObjectStore, key: str) -> KeyRecord | None:
     """The record of `key`, or None when no such key was made (a revoked key's record is returned:
     the caller refuses it)."""
+    return lookup_hash(store, hash_key(key))
+
+
+def lookup_hash(store: ObjectStore, digest: str) -> KeyRecord | None:
+    """The record of the key whose SHA-256 is `digest` (hex), or None (lookup_key by the hash)."""
     try:
-        return KeyRecord.model_validate(json.loads(store.get(key_record(hash_key(key)))))
+        return KeyRecord.model_validate(json.loads(store.get(key_record(digest))))
     except ObjectNotFoundError:
         return None
 

@@ -16,6 +16,7 @@ import redis
 from jobs.autoscale.aws import AutoScalingGroupAdapter, ProtectionChange
 from jobs.autoscale.backlog import RedisBacklogReader
 from jobs.autoscale.config import AutoscaleConfig
+from jobs.autoscale.decisions import DecisionLog
 from jobs.autoscale.policy import Backlog, Decision, ScalerState, ScalingLimits, decide
 from jobs.autoscale.state import RedisStateStore
 from jobs.leases import LeaseReaper
@@ -72,8 +73,10 @@ class Autoscaler:
         *,
         dry_run: bool = False,
         upkeep: Sequence[Callable[[float], object]] = (),
+        decisions: DecisionLog | None = None,
     ) -> None:
         self._source = source
+        self._decisions = decisions
         self._group = group
         self._state = state
         self.limits = limits
@@ -103,8 +106,18 @@ class Autoscaler:
             self._state.save(decision.state, now)
             self._group.publish(backlog, decision, now)
             result = TickResult(decision, backlog, applied, protection, False)
+            self._record(result, now)
         log.info("autoscale.tick", group=group.name, **result.as_dict(now))
         return result
+
+    def _record(self, result: TickResult, now: float) -> None:
+        """Add the decision to the log people read; the log failing must not stop the scaling."""
+        if self._decisions is None:
+            return
+        try:
+            self._decisions.record(result.as_dict(now), now)
+        except redis.RedisError as exc:
+            log.warning("autoscale.decision_log_failed", error=str(exc))
 
 
 def build_autoscaler(
@@ -126,4 +139,5 @@ def build_autoscaler(
         config.limits,
         dry_run=dry_run,
         upkeep=(LeaseReaper(redis_client).reap, *upkeep),
+        decisions=DecisionLog(redis_client, config.group_name),
     )

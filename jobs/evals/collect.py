@@ -83,6 +83,17 @@ def _job_reuse(spec: JobSpec | None) -> tuple[int, int]:
     return int(report["rows"]), int(report.get("result_cache_hits", 0)) + int(report.get("deduplicated_rows", 0))
 
 
+def _job_fingerprint(spec: JobSpec | None) -> str | None:
+    """The checkpoint fingerprint a finished job's shard records carry (its cost.json's), if any."""
+    if spec is None:
+        return None
+    store = open_store(spec.output)
+    if not store.exists(COST_KEY):
+        return None
+    shards = json.loads(store.get(COST_KEY)).get("shards", [])
+    return next((s["model_fingerprint"] for s in shards if s.get("model_fingerprint")), None)
+
+
 def _paired_noise(
     rows: pa.Table, previous: RunRecord | None, record: RunRecord, base: str
 ) -> dict[str, float] | None:
@@ -127,6 +138,7 @@ def _score_entry(
         cost_usd=_job_cost(entry.generate) + _job_cost(entry.likelihood),
         job_rows=_job_reuse(entry.generate)[0] + _job_reuse(entry.likelihood)[0],
         job_rows_reused=_job_reuse(entry.generate)[1] + _job_reuse(entry.likelihood)[1],
+        model_fingerprint=_job_fingerprint(entry.generate) or _job_fingerprint(entry.likelihood),
         metrics={
             name: MetricResult(
                 score=ci.mean,

@@ -56,6 +56,9 @@ class RunRecord(BaseModel):
     # were reused: from the result cache, or an equal row of the same job
     job_rows: int = 0
     job_rows_reused: int = 0
+    # the checkpoint's content fingerprint the suite's jobs ran (jobs/model_fingerprint.py: their shard
+    # records carry it when the jobs used a result cache, as suites do by default); None: not known
+    model_fingerprint: str | None = None
 
     @property
     def key(self) -> str:

@@ -18,7 +18,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -86,30 +86,29 @@ def _pick(suite_file: SuiteFile, names: Sequence[str] | None) -> list[Suite]:
 def _job_specs(suite: Suite, model: str, out: ObjectStore) -> PlannedModel:
     sampling = suite.sampling
     base = f"{suite.name}/{model_key(model)}"
-    extra = {"shard_rows": suite.shard_rows} if suite.shard_rows else {}
+
+    def job(rows: str, kind: str, **fields: Any) -> JobSpec:
+        """A job over the suite's `rows` file (written by the plan, prompt and id columns) into
+        `kind` under the model's folder."""
+        extra = {"shard_rows": suite.shard_rows} if suite.shard_rows else {}
+        return JobSpec(input=out.url_of(f"{suite.name}/{rows}"), model=model, output=out.url_of(f"{base}/{kind}"),
+                       prompt_column="prompt", id_column="id", **extra, **fields)  # fmt: skip
+
     generate = likelihood = None
     if suite.needs_generation:
-        generate = JobSpec(
-            input=out.url_of(f"{suite.name}/generate.parquet"),
-            model=model,
-            output=out.url_of(f"{base}/generate"),
-            prompt_column="prompt",
-            id_column="id",
+        generate = job(
+            "generate.parquet",
+            "generate",
             sampling=SamplingSpec(**sampling.model_dump()),  # a suite's sampling keys are SamplingSpec's
             speculative=suite.speculative,
             speculative_tokens=suite.speculative_tokens,
-            **extra,
         )
     if suite.needs_likelihood:
-        likelihood = JobSpec(
-            input=out.url_of(f"{suite.name}/options.parquet"),
-            model=model,
-            output=out.url_of(f"{base}/likelihood"),
-            prompt_column="prompt",
-            id_column="id",
+        likelihood = job(
+            "options.parquet",
+            "likelihood",
             continuation_column="continuation",
             sampling=SamplingSpec(max_tokens=1, seed=sampling.seed),
-            **extra,
         )
     return PlannedModel(model=model, generate=generate, likelihood=likelihood)
 

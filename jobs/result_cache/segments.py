@@ -25,8 +25,10 @@ import pyarrow.parquet as pq
 from jobs import datasets
 
 KEY_BYTES = 16
-# result columns that belong to the row, not to its answer
-ANSWERLESS = frozenset({"id", "endpoint", "error", "cached", "cached_from_job", "cached_from_row", "cached_similarity"})
+# result columns that belong to the row, not to its answer (response_fields: what a response repeats of
+# the row's own request)
+ANSWERLESS = frozenset({"id", "endpoint", "error", "cached", "cached_from_job", "cached_from_row", "cached_similarity",
+                        "response_fields", "adapter"})  # fmt: skip
 ENTRY_FIELDS = [
     pa.field("key", pa.binary(KEY_BYTES), nullable=False),
     pa.field("source_job", pa.string(), nullable=False),

@@ -1,8 +1,8 @@
 /* A decode step's whole stack of decoder layers in one call.
  *
  * At batch 1 a layer is ~10 small ops between its four matrix-vector products; run one by one from
- * Python each costs a few microseconds of dispatch and an activation-sized temporary, ~2 ms a token on
- * the bench model. Here every layer runs in C on buffers that stay in L1/L2: RMSNorm (with the
+ * Python each costs dispatch and an activation-sized temporary, which at batch 1 rival the matmuls
+ * (bench/step_overhead.py --batch1-medium). Here every layer runs in C on buffers that stay in L1/L2: RMSNorm (with the
  * residual add), the qkv GEMV (+ bias), per-head q/k RMSNorm (Qwen3), rotary, the K/V store, decode
  * attention over the paged cache, o_proj, RMSNorm, gate_up with SiLU * up, down; then the final norm.
  * Only the weights stream from memory. The pieces are the same code as the one-op kernels
@@ -16,8 +16,8 @@
  * beyond, the caller's sgemm (torch's BLAS: the same GEMM as F.linear) on one thread, the elementwise
  * layers and attention still in this call. A model bound with packed copies of its matrices (gemm.h)
  * multiplies steps of STACK_PACKED_ROWS rows or more (every step) with those instead: register tiles
- * at ~1.5x sgemm's rate at 16 rows on the session-14 Xeon; with fp16 matrices, from fp16 packed
- * copies (the same floats as their fp32 copies').
+ * that need no per-call packing (bench/cpu_wide_decode.py: the stack against F.linear's sgemm at
+ * 1-64 rows); with fp16 matrices, from fp16 packed copies (the same floats as their fp32 copies').
  *
  * Threads (up to STACK_GEMV_ROWS rows): a team of num_threads pthreads for the whole call. Each
  * matrix's output rows are split between them (a quantized one's at its 64-row tiles; gate_up by
@@ -201,8 +201,8 @@ int decode_stack_f32(const StackModel *model, Sgemm sgemm, const float *x, int64
     const int64_t nqkv = qd + 2 * m->num_kv_heads * m->head_dim;
     /* Every part of the scratch starts on a 64-byte line (and so does each of its rows where the row
      * length is a multiple of 16 floats, as in every model we know): a GEMV reads each x row once
-     * per weight vector, and an x vector that straddles two lines costs two loads (malloc's 16-byte
-     * alignment made a 5-row step's GEMVs ~40% slower, M = 2..8 10-60%, in a one-off C loop). */
+     * per weight vector, and an x vector that straddles two lines costs two loads every time (malloc
+     * aligns to 16 bytes only). */
     const int64_t q_part = ALIGN16(rows * nqkv), attn_part = ALIGN16(rows * qd), o_part = ALIGN16(rows * H);
     const int64_t act_part = ALIGN16(rows * 3 * I), down_part = ALIGN16(rows * H);
     const int64_t floats = q_part + attn_part + o_part + act_part + down_part + num_threads * ALIGN16(2 * rows * H);

@@ -2,9 +2,9 @@
  * (worker/engine/speculation/draft_stack.py, DraftStack.propose). Included by decode_stack.c, whose
  * decode_stack_f32 runs each forward.
  *
- * From Python each of a proposal's K forwards cost ~100 us of glue on top of its C work (slots and
- * context lengths in numpy, tensor wrapping, the embedding lookup, the lm_head call, the argmax):
- * about a third of a draft's proposing on the small reference draft. Here the glue is a few loops:
+ * From Python each of a proposal's K forwards pays glue on top of its C work (slots and context
+ * lengths in numpy, tensor wrapping, the embedding lookup, the lm_head call, the argmax), which on a
+ * small draft is a large share of proposing. Here the glue is a few loops:
  * 1. the catch-up: `rows` decode-shaped rows (each sequence's tokens the draft has not computed, its
  *    newest last; rows of one sequence read each other's K/V as the target's verify rows do);
  * 2. each sequence's first token: the lm_head over its last catch-up row, the argmax and its softmax

@@ -4,8 +4,9 @@
  *   rotary_f32     rotate q and k in place (the "rotate half" convention, as kernels.reference)
  *   rotary_store_f32  rotary, then the rotated k and v written into the paged KV cache: one pass
  *                  over each token's q, k and v instead of three (and no torch index ops)
- * The torch reference runs each as several ops, with fp32 temporaries the size of the activations;
- * at prefill sizes (2,048 rows) those passes cost ~15% of the step next to the matmuls.
+ * The torch reference runs each as several ops, with fp32 temporaries the size of the activations:
+ * passes over memory that at prefill sizes take a visible share of the step next to the matmuls
+ * (bench/cpu_elementwise.py: each kernel against its torch reference at a 2,048-token chunk).
  * Rows are split over num_threads pthreads when there are enough of them to pay for the threads.
  * Built by kernels/cpu/build.py with -O3 -march=native.
  */

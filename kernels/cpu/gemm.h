@@ -5,12 +5,13 @@
  * retires two 512-bit FMAs a cycle the unpacked nn.Linear layout [N, K] (K contiguous) leaves two poor
  * choices: dot products over K in the lanes (gemv.h: every tile ends in a horizontal reduction, ~3
  * shuffle-port uops per output, a fifth of the FMAs at K = 256) or one broadcast weight per FMA (a
- * broadcast load per FMA: half the FMA rate on the Xeon of docs/PERFORMANCE.md's session 14). Packed as
+ * broadcast load per FMA: the load ports, not the FMA units, set the rate). Packed as
  * [ceil(N / GEMM_NB)][K][GEMM_NB] (GEMM_NB consecutive weight rows interleaved by k, zeros past N), a
  * register tile holds GEMM_V vectors of outputs (GEMM_NB columns) for GEMM_MR rows of x: per k, GEMM_V
  * vector loads, GEMM_MR broadcasts of x[m, k] and GEMM_V * GEMM_MR FMAs, and the outputs are stored
- * straight into y's rows. torch's sgemm packs its operands on every call instead (at 16 rows it ran at
- * ~35% of the FMA peak here; this loop at ~80%, C loop over the reference model's shapes).
+ * straight into y's rows. torch's sgemm packs its operands on every call instead, a cost decode's
+ * small row counts do not amortize (bench/cpu_wide_decode.py prints the stack's FLOP rate beside
+ * F.linear's on the same matrices).
  *
  * Summation order: every output is one FMA chain over k = 0 .. K - 1 in order from 0, then the bias:
  * the same floats whatever the tile, block, row count or thread an output falls in.
@@ -44,8 +45,8 @@
             if (k < npf) __builtin_prefetch(pf + k * 64, 0, 2);                                        \
             _Pragma("GCC unroll 4") for (int v = 0; v < GEMM_V; v++) wv[v] = LOADW(wp + k * GEMM_NB + v * LANES); \
             _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++) {                                    \
-                const float xm = x[m * xs + k];                                                        \
-                _Pragma("GCC unroll 4") for (int v = 0; v < GEMM_V; v++) acc[m][v] += wv[v] * xm;     \
+                const vf xm = splat(x[m * xs + k]);                                                    \
+                _Pragma("GCC unroll 4") for (int v = 0; v < GEMM_V; v++) acc[m][v] = vfma(wv[v], xm, acc[m][v]); \
             }                                                                                          \
         }                                                                                              \
         _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++)                                          \
@@ -63,9 +64,9 @@ DEFINE_GEMM_TILES(6)
 /* y[:, lo - col0 : hi - col0] <- x [M, K] (row stride xs) . packed weight rows [lo, hi)^T (+ bias[lo:hi]),
  * y's row stride ys; any M >= 1. Tiles that [lo, hi) cuts are computed whole and stored in part.
  * Each block of rows fetches its share of the next tile into L2, one line per k: its weights arrive
- * from L3 or memory while this tile computes. (The whole next tile from the first block, four lines
- * per k, was slower: 45 against 55 FLOP a cycle at 16 rows, a C loop over the reference model's
- * matrices.) Past K lines a block, the rest is left to the hardware. */
+ * from L3 or memory while this tile computes; spread over the blocks, the fetch adds one load per k
+ * to each, where the whole tile fetched by the first block would stall that block on four. Past K
+ * lines a block, the rest is left to the hardware. */
 #define DEFINE_GEMM_PACKED(SFX, WT)                                                                      \
     static void gemm_packed##SFX(const WT *packed, const float *bias, int64_t K, const float *x, int64_t xs, \
                                  int64_t M, float *y, int64_t ys, int64_t lo, int64_t hi, int64_t col0) { \

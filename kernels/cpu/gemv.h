@@ -2,16 +2,17 @@
  * with W an nn.Linear weight [N, K] (rows contiguous, K weights apart; fp32, or fp16: gemv_rows_h), x [M, K] for M <= GEMV_MAX_ROWS.
  *
  * At M <= 8 the work is streaming W once: weight row by weight row, strictly in memory order (tiles
- * of several rows are several streams, which the hardware prefetcher follows less well: measured
- * ~20% slower), each vector of a row multiplied with the same K slice of all M rows of x into
- * partial sums summed across lanes once per output. A software prefetch runs GEMV_PREFETCH bytes
- * ahead, one per cache line (one per 4 lines was ~25% slower on a loaded machine; on a quiet one
- * the hardware prefetcher alone keeps up). 8 KB ahead rather than 1 KB: batch-1 decode of the
- * 109 MB bench model 14-27% faster on a Zen 4 VM (bench/step_overhead.py --batch1-medium
- * --baseline-rev); 16-32 KB was no better. It reads at ~75-85% of a plain vectorized sum over the
- * same bytes (that VM). Past one row the loop is no longer memory-bound on a core that retires one 512-bit
- * FMA a cycle (Zen 4): M = 5 costs ~2x M = 1 there (tiles of 2 or 4 weight rows, which load each
- * x vector once for several rows, measured no faster). Included by gemv.c and decode_stack.c; kernels/cpu/build.py keys its cache on it.
+ * of several rows are several streams, which the hardware prefetcher follows less well), each vector
+ * of a row multiplied with the same K slice of all M rows of x into partial sums summed across lanes
+ * once per output. A software prefetch runs GEMV_PREFETCH bytes ahead, one per cache line (sparser
+ * prefetches leave gaps the hardware prefetcher fills only on a quiet machine). 8 KB ahead rather
+ * than 1 KB: batch-1 decode of the 109 MB bench model 14-27% faster on a Zen 4 VM
+ * (bench/step_overhead.py --batch1-medium --baseline-rev REV, REV a tree with 1 KB); 16-32 KB no
+ * better. The same command prints the plain vectorized sum over the same bytes (gemv.c's
+ * stream_read_f32), the rate these loops approach. Past one row the loop is no longer memory-bound on
+ * a core that retires one 512-bit FMA a cycle, and tiles of 2 or 4 weight rows (each x vector loaded
+ * once for several rows) do not pay for the second stream they add. Included by gemv.c and
+ * decode_stack.c; kernels/cpu/build.py keys its cache on it.
  */
 #ifndef FREIGHT_GEMV_H
 #define FREIGHT_GEMV_H
@@ -39,13 +40,13 @@
             for (int c = 0; c < C; c++) {                                                              \
                 __builtin_prefetch((const char *)(w + k + c * LANES) + GEMV_PREFETCH, 0, 3);           \
                 const vf wv = LOADW(w + k + c * LANES);                                                \
-                for (int m = 0; m < M; m++) acc[c][m] += wv * load(x + m * xs + k + c * LANES);        \
+                for (int m = 0; m < M; m++) acc[c][m] = vfma(wv, load(x + m * xs + k + c * LANES), acc[c][m]); \
             }                                                                                          \
         }                                                                                              \
         for (; k < kv; k += LANES) {                                                                   \
             __builtin_prefetch((const char *)(w + k) + GEMV_PREFETCH, 0, 3);                           \
             const vf wv = LOADW(w + k);                                                                \
-            for (int m = 0; m < M; m++) acc[0][m] += wv * load(x + m * xs + k);                        \
+            for (int m = 0; m < M; m++) acc[0][m] = vfma(wv, load(x + m * xs + k), acc[0][m]);     \
         }                                                                                              \
         for (int m = 0; m < M; m++) {                                                                  \
             vf total = acc[0][m];                                                                      \

@@ -1,5 +1,5 @@
 """What the paged-attention C kernels' wrappers share: loading `<name>_f32` and `<name>_supports`
-from the compiled source, the check that tensors fit, and the checks of the caller's out / lse."""
+from the compiled source, the check that tensors fit, and the checks of the caller's out / lse / options."""
 
 from __future__ import annotations
 
@@ -9,9 +9,17 @@ from typing import ClassVar
 
 import torch
 
+from kernels.attention_options import AttentionOptions
 from kernels.cpu.build import load_library
 
 PTR, I64, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+def reject_sinks(options: AttentionOptions) -> None:
+    """The C kernels apply no sinks: their caller scales the output by the returned log-sum-exp
+    (kernels.reference.attention.apply_sinks), as worker/engine/backends/cpu_backend.py does."""
+    if options.sinks is not None:
+        raise ValueError("the C attention kernels take no sinks: pass lse and apply them with apply_sinks")
 
 
 class PagedAttentionKernel:

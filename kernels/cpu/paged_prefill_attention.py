@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu.paged_kernel import F32, I64, PTR, PagedAttentionKernel
+from kernels.attention_options import FULL_ATTENTION, AttentionOptions
+from kernels.cpu.paged_kernel import F32, I64, PTR, PagedAttentionKernel, reject_sinks
 
 
 class NativePrefillAttention(PagedAttentionKernel):
@@ -25,26 +26,17 @@ class NativePrefillAttention(PagedAttentionKernel):
     argtypes = [PTR, I64, PTR, PTR, PTR, PTR, PTR, I64, I64, I64, I64, I64, I64, I64, F32, PTR, PTR, I64, I64, F32]
 
     def __call__(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        cu_seqlens_q: torch.Tensor,
-        context_lens: torch.Tensor,
-        block_tables: torch.Tensor,
-        scale: float,
-        out: torch.Tensor | None = None,
-        *,
-        start_block: int = 0,
-        lse: torch.Tensor | None = None,
-        num_threads: int | None = None,
-        window: int = 0,
-        softcap: float = 0.0,
-    ) -> torch.Tensor:
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+        context_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, out: torch.Tensor | None = None,
+        *, start_block: int = 0, lse: torch.Tensor | None = None, num_threads: int | None = None,
+        options: AttentionOptions = FULL_ATTENTION,
+    ) -> torch.Tensor:  # fmt: skip
         """q [T, Hq, D]: sequence b owns rows cu_seqlens_q[b]:cu_seqlens_q[b+1], its query i at position
         context_lens[b] - q_len + i, attending keys start_block * block_size .. its position (at least
-        one; only the last `window` positions when window > 0; scores soft-capped when softcap > 0). Returns out [T, Hq, D] (fp32, contiguous). lse: an fp32 [T, Hq] tensor to receive each
-        row's log-sum-exp."""
+        one; only the last `options.window` positions, scores soft-capped by `options.softcap`).
+        Returns out [T, Hq, D] (fp32, contiguous). lse: an fp32 [T, Hq] tensor to receive each row's
+        log-sum-exp, from which the caller applies `options.sinks` (reject_sinks)."""
+        reject_sinks(options)
         total, num_heads, head_dim = q.shape
         out = self._outputs(q, k_cache, v_cache, out, lse)
         batch = context_lens.shape[0]
@@ -59,7 +51,7 @@ class NativePrefillAttention(PagedAttentionKernel):
             q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), cu.data_ptr(), lens.data_ptr(),
             tables.data_ptr(), tables.stride(0), batch, num_heads, k_cache.shape[2], head_dim, k_cache.shape[1],
             start_block, scale, out.data_ptr(), None if lse is None else lse.data_ptr(),
-            num_threads or torch.get_num_threads(), window, softcap,
+            num_threads or torch.get_num_threads(), options.window, options.softcap,
         )  # fmt: skip
         self._check(status)
         return out

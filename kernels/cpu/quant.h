@@ -196,6 +196,20 @@ static inline qv q4_pair(qv s, qv lo, qv hi, int32_t xl, int32_t xh) {
 }
 static inline qv q4_widen(qv d, qv s) { return _mm256_add_epi32(d, _mm256_madd_epi16(s, _mm256_set1_epi16(1))); }
 #define Q4_SPAN 4
+/* per k-step: the weights' signed bytes once (shared by the rows), each row's |x| and x once (shared
+ * by the vectors), then per pair |x| * (q * sign(x)) = q * x: sign, maddubs, madd, add */
+typedef struct {
+    __m256i x, ax;
+} qx;
+static inline qv q8_weights(qv w) { return _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80)); }
+static inline qx q8_x(int32_t x4) {
+    const __m256i x = _mm256_set1_epi32(x4);
+    return (qx){x, _mm256_abs_epi8(x)};
+}
+static inline qv q8_dotx(qv acc, qv q, qx x) {
+    const __m256i p = _mm256_maddubs_epi16(x.ax, _mm256_sign_epi8(q, x.x));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
 #define Q8_OFFSET 0
 #endif
 static inline qv q4_low(qv w) { return _mm256_and_si256(w, _mm256_set1_epi8(15)); }
@@ -259,6 +273,13 @@ static inline vf qv_float(qv acc, int32_t minus) {
 #error "quant.h: the int32 vectors and simd.h's float vectors must have the same width"
 #endif
 
+#if Q_ISA != 1 /* one instruction a product: the raw weights, the broadcast x */
+typedef int32_t qx;
+static inline qv q8_weights(qv w) { return w; }
+static inline qx q8_x(int32_t x4) { return x4; }
+static inline qv q8_dotx(qv acc, qv w, qx x4) { return q8_dot(acc, w, x4); }
+#endif
+
 /* vectors per tile k-step, and per pass of a register tile (ymm: two passes of a tile's halves) */
 #define QTV (QNB / QL)
 #if QL == 16
@@ -288,10 +309,10 @@ static inline vf qv_float(qv acc, int32_t minus) {
                 const uint8_t *ws = wp + s * QNB * 4 + v0 * QL * 4;                                      \
                 if (s < npf) __builtin_prefetch(pf + s * 64, 0, 2);                                      \
                 qv w[QPV];                                                                               \
-                _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) w[v] = qv_load(ws + v * QL * 4);  \
+                _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) w[v] = q8_weights(qv_load(ws + v * QL * 4)); \
                 _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++) {                                  \
-                    const int32_t x4 = x4_at(x->q + (m0 + m) * x->stride + 4 * s);                       \
-                    _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) d[m][v] = q8_dot(d[m][v], w[v], x4); \
+                    const qx xm = q8_x(x4_at(x->q + (m0 + m) * x->stride + 4 * s));                      \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) d[m][v] = q8_dotx(d[m][v], w[v], xm); \
                 }                                                                                        \
             }                                                                                            \
             _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++) {                                      \

@@ -11,6 +11,7 @@ dynamic_rounding_bound).
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,12 @@ class QuantWeight:
     @property
     def nbytes(self) -> int:
         return self.data.numel() + self.scales.numel() * self.scales.element_size()
+
+    @functools.cached_property
+    def args(self) -> tuple[int, int, int, int, int]:
+        """(data pointer, scales pointer, bits, group, fp16 scales): quant_matmul_f32's first arguments."""
+        return (self.data.data_ptr(), self.scales.data_ptr(), self.bits, self.group,
+                int(self.scales.dtype == torch.float16))  # fmt: skip
 
 
 def pack_int8(qweight: torch.Tensor, scales: torch.Tensor) -> QuantWeight:
@@ -97,21 +104,22 @@ class NativeQuantMatmul:
         return x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1 and x.shape[0] >= 1
 
     def __call__(self, x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                 out: torch.Tensor | None = None, checked: bool = False) -> torch.Tensor:  # fmt: skip
         """x [M, K] (supports(x)) times the packed weight -> fp32 [M, N] (+ bias fp32 [N], contiguous), into
-        out (contiguous fp32 [M, N]) when given. Raises ValueError for tensors it does not take."""
-        if not self.supports(x) or x.shape[1] != weight.k:
-            raise ValueError(f"the quantized matmul takes fp32 CPU rows [M, {weight.k}] with a dense last dim, "
-                             f"got {x.dtype} {tuple(x.shape)} on {x.device}")  # fmt: skip
-        if bias is not None and not (bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (weight.n,)):
-            raise ValueError(f"bias must be a contiguous fp32 tensor of shape ({weight.n},)")
+        out (contiguous fp32 [M, N]) when given. Raises ValueError for tensors it does not take; checked:
+        the caller has checked them (a Linear that checks x's layout itself and its bias once)."""
+        if not checked:
+            if not self.supports(x) or x.shape[1] != weight.k:
+                raise ValueError(f"the quantized matmul takes fp32 CPU rows [M, {weight.k}] with a dense last dim, "
+                                 f"got {x.dtype} {tuple(x.shape)} on {x.device}")  # fmt: skip
+            if bias is not None and not (bias.dtype == torch.float32 and bias.is_contiguous()
+                                         and bias.shape == (weight.n,)):  # fmt: skip
+                raise ValueError(f"bias must be a contiguous fp32 tensor of shape ({weight.n},)")
         rows = x.shape[0]
         if out is None:
             out = torch.empty(rows, weight.n, dtype=torch.float32)
-        status = self._fn(weight.data.data_ptr(), weight.scales.data_ptr(), weight.bits, weight.group,
-                          int(weight.scales.dtype == torch.float16), None if bias is None else bias.data_ptr(),
-                          weight.n, weight.k, x.data_ptr(), x.stride(0), rows, out.data_ptr(), out.stride(0),
-                          torch.get_num_threads())  # fmt: skip
+        status = self._fn(*weight.args, None if bias is None else bias.data_ptr(), weight.n, weight.k, x.data_ptr(),
+                          x.stride(0), rows, out.data_ptr(), out.stride(0), torch.get_num_threads())  # fmt: skip
         if status == -2:
             raise MemoryError("quant_matmul_f32 could not allocate the quantized rows")
         if status:

@@ -19,6 +19,30 @@ typedef float vf_unaligned __attribute__((vector_size(LANES * 4), aligned(4)));
 static inline vf load(const float *p) { return *(const vf_unaligned *)p; }
 static inline void store(float *p, vf v) { *(vf_unaligned *)p = v; }
 
+/* a * b + c rounded once, in every loop. The compiler contracts `acc += a * b` into an FMA by its own
+ * choice per loop (-ffp-contract=fast), so two instances of one macro could round differently; kernels
+ * that promise the same floats for fp16 and fp32 weights (gemv.h, gemm.h) fuse explicitly. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+static inline vf vfma(vf a, vf b, vf c) { return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c); }
+#elif defined(__FMA__)
+#include <immintrin.h>
+static inline vf vfma(vf a, vf b, vf c) { return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
+#else
+static inline vf vfma(vf a, vf b, vf c) {
+    vf r;
+    for (int i = 0; i < LANES; i++) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
+    return r;
+}
+#endif
+
+/* s in every lane. */
+static inline vf splat(float s) {
+    vf v;
+    for (int i = 0; i < LANES; i++) v[i] = s;
+    return v;
+}
+
 /* LANES fp16 values (raw IEEE half bits) widened to floats: exact (every half is a float). */
 #if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>

@@ -45,14 +45,14 @@ typedef void (*Sgemm)(const char *transa, const char *transb, const int64_t *m, 
                       const float *beta, float *c, const int64_t *ldc);
 
 /* Up to this many rows the matmuls are GEMVs (in passes of at most GEMV_MAX_ROWS rows, re-reading
- * the weights: at 9-15 rows still faster than sgemm here); from 16 rows sgemm, when there is one. A
- * model bound with packed matrices takes gemm.h's products from STACK_PACKED_ROWS rows instead, and
- * any number of rows up to STACK_MAX_ROWS: one row too (from 3 rows the fp16 GEMV is no longer bound
+ * the weights: at 9-15 rows still faster than sgemm, bench/cpu_wide_decode.py); from 16 rows sgemm,
+ * when there is one. A model bound with packed matrices takes gemm.h's products from
+ * STACK_PACKED_ROWS rows instead, and any number of rows up to STACK_MAX_ROWS: one row too (from 3 rows the fp16 GEMV is no longer bound
  * by the weights' bytes and the tiles are faster; at 1-2 rows the tiles stream a model's weights as
  * fast as the GEMV, and are faster on a draft the L2 cache holds: no horizontal sums). One layout for
  * every row count: a token's logits are the same floats in a one-row step as among a verify step's
- * rows, and a speculating engine reads one copy of the weights (its one-row steps after verify steps
- * read the GEMV copy cold: 0.35 against 0.28 ms on the reference model, session 19). */
+ * rows, and a speculating engine reads one copy of the weights (with two copies, its one-row steps
+ * after verify steps would read the GEMV copy cold). */
 #define STACK_GEMV_ROWS 15
 #define STACK_PACKED_ROWS 1
 #define STACK_MAX_ROWS 4096

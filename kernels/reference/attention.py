@@ -11,12 +11,10 @@ elsewhere), so partial results over disjoint key ranges merge exactly. What keep
   lengths, so a caller running many layers builds it once per step (plan_decode / plan_prefill).
 No per-token Python loops: prefill loops over sequences, decode over groups.
 
-Every function takes a layer's attention options as keywords, 0 meaning off: `window` (sliding
-window: the query at position p sees keys p - window < j <= p, Hugging Face's convention; only the
-blocks inside a window are gathered, so blocks a window has left may hold anything finite, such as
-another sequence's keys once the block manager has recycled them; no cascade then) and `softcap`
-(scores q.k * scale -> softcap * tanh(scores / softcap) before the mask and softmax, Gemma 2's
-attention soft-capping; plain math then, the CPU flash kernel has no cap).
+The entry points take a layer's AttentionOptions (kernels/attention_options.py). With a `window`
+only the blocks inside it are gathered, so blocks a window has left may hold anything finite, such
+as another sequence's keys once the block manager has recycled them; no cascade then. With a
+`softcap` the math is plain: the CPU flash kernel has no cap.
 """
 
 from __future__ import annotations
@@ -24,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from kernels.attention_options import FULL_ATTENTION, AttentionOptions
 
 _MIN_SHARED_TOKENS = 64  # below this the cascade split costs more than it saves
 _DECODE_GROUP = 4  # decode sequences per gathered group: small groups pad little and stay in cache
@@ -206,7 +206,7 @@ def plan_decode(
 
 def decode_with_plan(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan, scale: float,
-    out: torch.Tensor | None = None, sinks: torch.Tensor | None = None, softcap: float = 0.0,
+    out: torch.Tensor | None = None, options: AttentionOptions = FULL_ATTENTION,
 ) -> torch.Tensor:  # fmt: skip
     """paged_decode_attention with a prebuilt plan_decode(...)."""
     batch, num_heads, head_dim = q.shape
@@ -217,13 +217,13 @@ def decode_with_plan(
     for part in plan.parts:  # gather each group's blocks, attend, scatter back by rows
         k = _gather(k_cache, part.block_ids, part.num_seqs, part.num_keys)
         v = _gather(v_cache, part.block_ids, part.num_seqs, part.num_keys)
-        o, s = _attend(qf.index_select(0, part.rows), k, v, part.mask, scale, softcap)
+        o, s = _attend(qf.index_select(0, part.rows), k, v, part.mask, scale, options.softcap)
         result[part.rows], lse[part.rows] = o, s
     if plan.shared_ids is not None:
-        o2, s2 = attend_shared_blocks(qf, k_cache, v_cache, plan.shared_ids, scale, softcap)
+        o2, s2 = attend_shared_blocks(qf, k_cache, v_cache, plan.shared_ids, scale, options.softcap)
         result, lse = merge_partials(result, lse, o2, s2), torch.logaddexp(lse, s2)
-    if sinks is not None:
-        apply_sinks(result, lse, sinks)
+    if options.sinks is not None:
+        apply_sinks(result, lse, options.sinks)
     result = result.reshape(batch, num_heads, head_dim)
     if out is None:
         return result.to(q.dtype)
@@ -232,28 +232,21 @@ def decode_with_plan(
 
 
 def paged_decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-    out: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    window: int = 0,
-    softcap: float = 0.0,
-) -> torch.Tensor:
-    """q [B, Hq, D] attends keys 0..context_lens[b]-1 of its sequence (the last `window` of them
-    when window > 0); returns [B, Hq, D].
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
+    options: AttentionOptions = FULL_ATTENTION,
+) -> torch.Tensor:  # fmt: skip
+    """q [B, Hq, D] attends keys 0..context_lens[b]-1 of its sequence (the last `options.window` of
+    them when that is > 0); returns [B, Hq, D].
 
     k_cache, v_cache: [num_blocks, block_size, Hkv, D]; block_tables int32 [B, max_blocks]
     (entries past a sequence's blocks are ignored); context_lens int32 [B], each >= 1.
     Slots past a sequence's context in its last block get weight 0 but must hold finite values
     (0 * NaN is NaN): the engine allocates its cache zeroed. The Triton kernel does not read them.
-    sinks: fp32 [Hq] logits added to each head's softmax denominator (apply_sinks), or None.
+    options.sinks join each head's softmax denominator through apply_sinks.
     """
-    plan = plan_decode(block_tables, context_lens, k_cache.shape[1], window=window)
-    return decode_with_plan(q, k_cache, v_cache, plan, scale, out, sinks, softcap)
+    plan = plan_decode(block_tables, context_lens, k_cache.shape[1], window=options.window)
+    return decode_with_plan(q, k_cache, v_cache, plan, scale, out, options)
 
 
 # ---- prefill ------------------------------------------------------------------------------------
@@ -329,7 +322,7 @@ def _unfold_tokens(x: torch.Tensor, n: int) -> torch.Tensor:
 
 def prefill_with_plan(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan, scale: float,
-    out: torch.Tensor | None = None, sinks: torch.Tensor | None = None, softcap: float = 0.0,
+    out: torch.Tensor | None = None, options: AttentionOptions = FULL_ATTENTION,
 ) -> torch.Tensor:  # fmt: skip
     """prefill_attention with a prebuilt plan_prefill(...)."""
     total, num_heads, head_dim = q.shape
@@ -344,41 +337,33 @@ def prefill_with_plan(
         k = _gather(k_cache, part.block_ids, 1, part.num_keys)
         v = _gather(v_cache, part.block_ids, 1, part.num_keys)
         if part.mask is None:
-            o, s = _attend_causal(q[part.rows], k, v, scale, softcap=softcap)
+            o, s = _attend_causal(q[part.rows], k, v, scale, softcap=options.softcap)
             res[part.rows], lse[part.rows] = o, s
             continue
-        o, s = _attend(_fold_tokens(q[part.rows], num_kv_heads), k, v, part.mask, scale, softcap)
+        o, s = _attend(_fold_tokens(q[part.rows], num_kv_heads), k, v, part.mask, scale, options.softcap)
         res[part.rows] = _unfold_tokens(o, n)
         lse[part.rows] = _unfold_tokens(s[..., None], n)[..., 0]
     if plan.shared_ids is not None:
-        o2, s2 = attend_shared_prefill(q, k_cache, v_cache, plan.shared_ids, scale, softcap)
+        o2, s2 = attend_shared_prefill(q, k_cache, v_cache, plan.shared_ids, scale, options.softcap)
         res, lse = merge_partials(res, lse, o2, s2), torch.logaddexp(lse, s2)
-    if sinks is not None:
-        apply_sinks(res, lse, sinks)
+    if options.sinks is not None:
+        apply_sinks(res, lse, options.sinks)
     out.copy_(res.view(total, num_heads, head_dim))
     return out
 
 
 def prefill_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    scale: float,
-    out: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    window: int = 0,
-    softcap: float = 0.0,
-) -> torch.Tensor:
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, out: torch.Tensor | None = None,
+    options: AttentionOptions = FULL_ATTENTION,
+) -> torch.Tensor:  # fmt: skip
     """Varlen causal attention for T new query tokens of B sequences; returns [T, Hq, D].
 
     Sequence b owns q rows cu_seqlens_q[b]:cu_seqlens_q[b+1]; its chunk's K/V are already in the
     cache; its query i sits at position context_lens[b] - q_len_b + i and sees keys 0..position
-    (position - window + 1..position when window > 0).
-    sinks: fp32 [Hq] logits added to each head's softmax denominator (apply_sinks), or None.
+    (position - window + 1..position when options.window > 0).
+    options.sinks join each head's softmax denominator through apply_sinks.
     """
     group = q.shape[1] // k_cache.shape[2]
-    plan = plan_prefill(cu_seqlens_q, context_lens, block_tables, k_cache.shape[1], group, window)
-    return prefill_with_plan(q, k_cache, v_cache, plan, scale, out, sinks, softcap)
+    plan = plan_prefill(cu_seqlens_q, context_lens, block_tables, k_cache.shape[1], group, options.window)
+    return prefill_with_plan(q, k_cache, v_cache, plan, scale, out, options)

@@ -4,6 +4,8 @@ and prefill attention kernels)."""
 import triton
 import triton.language as tl
 
+LOG2E = 1.4426950408889634  # the kernels work in log2 units: exp(x) = exp2(x * LOG2E)
+
 
 @triton.jit
 def load_kv_tile(

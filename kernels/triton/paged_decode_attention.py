@@ -12,23 +12,18 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention_options import FULL_ATTENTION, AttentionOptions
 from kernels.checks import (
-    FLOAT_DTYPES,
-    check_gqa,
-    check_kv_cache,
-    check_last_dim_contiguous,
+    check_attention_queries,
     check_out,
     check_paged_operands,
     check_positive,
-    check_same_device,
-    check_same_dtype,
     check_shape,
+    check_sinks,
     check_tensor,
 )
 from kernels.triton.launch import check_launchable, dot, dot_upcast, num_sms
-from kernels.triton.paged import load_kv_tile, soft_cap
-
-_LOG2E = 1.4426950408889634
+from kernels.triton.paged import LOG2E, load_kv_tile, soft_cap
 
 
 @triton.jit
@@ -201,22 +196,12 @@ def _num_splits(
 
 
 def paged_decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-    out: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    window: int = 0,
-    softcap: float = 0.0,
-    *,
-    config: DecodeConfig | None = None,
-    checked: bool = False,
-) -> torch.Tensor:
-    """q [B, Hq, D] attends keys 0..context_lens[b]-1 of its sequence (the last `window` of them when
-    window > 0; scores soft-capped when softcap > 0); returns [B, Hq, D].
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
+    options: AttentionOptions = FULL_ATTENTION, *, config: DecodeConfig | None = None, checked: bool = False,
+) -> torch.Tensor:  # fmt: skip
+    """q [B, Hq, D] attends keys 0..context_lens[b]-1 of its sequence under `options` (the last
+    `window` of them, scores soft-capped, sinks in the denominator); returns [B, Hq, D].
     checked=True skips the argument checks (for a caller that saw them pass for the same shapes,
     strides, dtypes and devices).
 
@@ -224,8 +209,7 @@ def paged_decode_attention(
     entries below a sequence's context are read); context_lens int32 [B], each <= max_blocks *
     block_size (not checked: that is a sync per call; a longer one is cut at the table's end, never
     read past it). The split count is sized from max_blocks * block_size, so pass block tables
-    trimmed to the batch's longest sequence. sinks: fp32 [Hq] logits added to each head's softmax
-    denominator, or None.
+    trimmed to the batch's longest sequence.
     """
     cfg = config or DecodeConfig()
     if checked:  # the caller saw the checks below pass for the same shapes, strides, dtypes
@@ -233,12 +217,8 @@ def paged_decode_attention(
         batch, num_heads, _ = q.shape
         group, device = num_heads // num_kv_heads, q.device
     else:
-        _, block_size, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
-        check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
-        batch, num_heads, _ = q.shape
-        check_shape("q", q, (batch, num_heads, head_dim))
-        check_same_dtype(q=q, k_cache=k_cache)
-        group = check_gqa(num_heads, num_kv_heads)
+        block_size, num_kv_heads, head_dim, num_heads, group = check_attention_queries(q, k_cache, v_cache)
+        batch = q.shape[0]
         check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32,))
         check_shape("block_tables", block_tables, (batch, None))
         check_tensor("context_lens", context_lens, ndim=1, dtypes=(torch.int32,))
@@ -254,11 +234,7 @@ def paged_decode_attention(
             out=out,
         )
         check_launchable(_decode_split_kernel, device)
-        if sinks is not None:
-            check_tensor("sinks", sinks, ndim=1, dtypes=(torch.float32,))
-            check_shape("sinks", sinks, (num_heads,))
-            check_last_dim_contiguous("sinks", sinks)
-            check_same_device(q=q, sinks=sinks)
+        check_sinks(options.sinks, num_heads, q)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:
@@ -284,9 +260,9 @@ def paged_decode_attention(
         out,
         part_o,
         part_ml,
-        float(scale) * _LOG2E,
-        int(window),
-        float(softcap) * _LOG2E,
+        float(scale) * LOG2E,
+        int(options.window),
+        float(options.softcap) * LOG2E,
         group,
         head_dim,
         block_size,
@@ -306,15 +282,15 @@ def paged_decode_attention(
         part_ml.stride(0),
         part_ml.stride(1),
         part_ml.stride(2),
-        out if sinks is None else sinks,  # any pointer when there are none: never read
+        out if options.sinks is None else options.sinks,  # any pointer when there are none: never read
         SPLIT=splits > 1,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=cfg.block_n,
         BLOCK_D=block_d,
         UPCAST=dot_upcast(_decode_split_kernel, q.dtype),
-        WINDOW=window > 0,
-        SOFTCAP=softcap > 0,
-        HAS_SINKS=sinks is not None and splits == 1,
+        WINDOW=options.window > 0,
+        SOFTCAP=options.softcap > 0,
+        HAS_SINKS=options.sinks is not None and splits == 1,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -333,9 +309,9 @@ def paged_decode_attention(
             part_ml.stride(2),
             out.stride(0),
             out.stride(1),
-            out if sinks is None else sinks,
+            out if options.sinks is None else options.sinks,
             BLOCK_S=max(2, triton.next_power_of_2(splits)),
             BLOCK_D=block_d,
-            HAS_SINKS=sinks is not None,
+            HAS_SINKS=options.sinks is not None,
         )
     return out

@@ -15,23 +15,18 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention_options import FULL_ATTENTION, AttentionOptions
 from kernels.checks import (
-    FLOAT_DTYPES,
-    check_gqa,
-    check_kv_cache,
-    check_last_dim_contiguous,
+    check_attention_queries,
     check_out,
     check_paged_operands,
     check_positive,
-    check_same_device,
-    check_same_dtype,
     check_shape,
+    check_sinks,
     check_tensor,
 )
 from kernels.triton.launch import check_launchable, dot, dot_upcast
-from kernels.triton.paged import load_kv_tile, soft_cap
-
-_LOG2E = 1.4426950408889634
+from kernels.triton.paged import LOG2E, load_kv_tile, soft_cap
 
 
 @triton.jit
@@ -159,62 +154,12 @@ def _prefill_kernel(
         if WINDOW:
             start = tl.maximum(prefix + tile * BLOCK_M - window + 1, 0)
             full_end = start
-        acc, m_i, l_i = _attend(
-            acc,
-            m_i,
-            l_i,
-            q,
-            q_pos,
-            kc_ptr,
-            vc_ptr,
-            table,
-            kvh,
-            block_size,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            start,
-            full_end,
-            offs_d,
-            d_mask,
-            scale_log2,
-            window,
-            softcap_log2,
-            False,
-            BLOCK_M,
-            BLOCK_N,
-            UPCAST,
-            WINDOW,
-            SOFTCAP,
-        )
-        acc, m_i, l_i = _attend(
-            acc,
-            m_i,
-            l_i,
-            q,
-            q_pos,
-            kc_ptr,
-            vc_ptr,
-            table,
-            kvh,
-            block_size,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            full_end,
-            end,
-            offs_d,
-            d_mask,
-            scale_log2,
-            window,
-            softcap_log2,
-            True,
-            BLOCK_M,
-            BLOCK_N,
-            UPCAST,
-            WINDOW,
-            SOFTCAP,
-        )
+        for causal in tl.static_range(2):  # keys start..full_end-1 unmasked, then full_end..end-1 causal
+            acc, m_i, l_i = _attend(
+                acc, m_i, l_i, q, q_pos, kc_ptr, vc_ptr, table, kvh, block_size, stride_cb, stride_cs, stride_ch,
+                start if causal == 0 else full_end, full_end if causal == 0 else end, offs_d, d_mask, scale_log2,
+                window, softcap_log2, causal == 1, BLOCK_M, BLOCK_N, UPCAST, WINDOW, SOFTCAP,
+            )  # fmt: skip
         if HAS_SINKS:  # the sink: one more term of the denominator, in the running max's units (log2)
             l_i += tl.exp2(tl.load(sinks_ptr + h) * 1.4426950408889634 - m_i)
         res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -261,30 +206,19 @@ def _check_lengths(cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, token
 
 
 def prefill_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    scale: float,
-    out: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    window: int = 0,
-    softcap: float = 0.0,
-    *,
-    config: PrefillConfig | None = None,
-    checked: bool = False,
-) -> torch.Tensor:
-    """Varlen causal attention for T new query tokens of B sequences; returns [T, Hq, D]. window > 0:
-    each query sees its last `window` positions only; softcap > 0: scores soft-capped.
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, out: torch.Tensor | None = None,
+    options: AttentionOptions = FULL_ATTENTION, *, config: PrefillConfig | None = None, checked: bool = False,
+) -> torch.Tensor:  # fmt: skip
+    """Varlen causal attention for T new query tokens of B sequences; returns [T, Hq, D]. Under
+    `options` each query sees its last `window` positions only, scores are soft-capped, sinks join
+    the denominator.
     checked=True skips the argument checks (for a caller that saw them pass for the same shapes,
     strides, dtypes and devices).
 
     cu_seqlens_q int32 [B+1] (rows cu[b]:cu[b+1] belong to sequence b); context_lens int32 [B]
     (cached prefix + chunk, >= the chunk); block_tables int32 [B, max_blocks]. One host sync reads
     the longest chunk to size the grid and checks the lengths against q and the block tables.
-    sinks: fp32 [Hq] logits added to each head's softmax denominator, or None.
     """
     cfg = config or PrefillConfig()
     if checked:  # the caller saw the checks below pass for the same shapes, strides, dtypes
@@ -292,12 +226,8 @@ def prefill_attention(
         tokens, num_heads, _ = q.shape
         batch, group, device = cu_seqlens_q.shape[0] - 1, num_heads // num_kv_heads, q.device
     else:
-        _, block_size, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
-        check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
-        tokens, num_heads, _ = q.shape
-        check_shape("q", q, (tokens, num_heads, head_dim))
-        check_same_dtype(q=q, k_cache=k_cache)
-        group = check_gqa(num_heads, num_kv_heads)
+        block_size, num_kv_heads, head_dim, num_heads, group = check_attention_queries(q, k_cache, v_cache)
+        tokens = q.shape[0]
         check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=(torch.int32,))
         batch = cu_seqlens_q.shape[0] - 1
         if batch < 0:
@@ -318,11 +248,7 @@ def prefill_attention(
             out=out,
         )
         check_launchable(_prefill_kernel, device)
-        if sinks is not None:
-            check_tensor("sinks", sinks, ndim=1, dtypes=(torch.float32,))
-            check_shape("sinks", sinks, (num_heads,))
-            check_last_dim_contiguous("sinks", sinks)
-            check_same_device(q=q, sinks=sinks)
+        check_sinks(options.sinks, num_heads, q)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0 or tokens == 0:
@@ -339,9 +265,9 @@ def prefill_attention(
         context_lens,
         block_tables,
         out,
-        float(scale) * _LOG2E,
-        int(window),
-        float(softcap) * _LOG2E,
+        float(scale) * LOG2E,
+        int(options.window),
+        float(options.softcap) * LOG2E,
         group,
         head_dim,
         block_size,
@@ -353,14 +279,14 @@ def prefill_attention(
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
-        out if sinks is None else sinks,  # any pointer when there are none: never read
+        out if options.sinks is None else options.sinks,  # any pointer when there are none: never read
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_D=triton.next_power_of_2(head_dim),
         UPCAST=dot_upcast(_prefill_kernel, q.dtype),
-        WINDOW=window > 0,
-        SOFTCAP=softcap > 0,
-        HAS_SINKS=sinks is not None,
+        WINDOW=options.window > 0,
+        SOFTCAP=options.softcap > 0,
+        HAS_SINKS=options.sinks is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -3,15 +3,12 @@ keys made the way `freight keys create` makes them, and the official `openai` cl
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import uvicorn
 from openai import OpenAI
 
 from jobs.api.app import create_app
@@ -19,7 +16,7 @@ from jobs.api.config import ServeConfig
 from jobs.api.keys import create_key
 from jobs.settings import get_settings
 from jobs.storage import LocalStore, ObjectStore
-from tests.api.serve_harness import ServeProcess, free_port, start_server
+from tests.api.serve_harness import ServeProcess, start_server, uvicorn_thread
 
 
 @dataclass
@@ -36,20 +33,8 @@ class ThreadServer:
 @contextmanager
 def thread_server(store: ObjectStore, config: ServeConfig | None = None) -> Iterator[ThreadServer]:
     app = create_app(store, config or ServeConfig(), settings=get_settings())
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.01)
-    try:
-        yield ThreadServer(url=f"http://127.0.0.1:{port}", store=store)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
+    with uvicorn_thread(app, "the test server", lifespan="on") as url:
+        yield ThreadServer(url=url, store=store)
 
 
 @pytest.fixture

@@ -7,11 +7,15 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import uvicorn
 from openai import OpenAI
 from processes import stop_process
 
@@ -25,6 +29,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def uvicorn_thread(app: object, name: str, **config: Any) -> Iterator[str]:
+    """Serves the ASGI `app` with uvicorn on a thread of the test process, at a free loopback port;
+    yields its http://127.0.0.1:PORT once it has started, and stops it on exit. config: more of
+    uvicorn.Config's keywords."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
 
 
 def batch_line(custom_id: str, content: str = "Say hello", url: str = "/v1/chat/completions", **body: object) -> str:

@@ -277,6 +277,7 @@ def test_a_mixed_file_runs_every_endpoint_and_refuses_bad_lines(
 ) -> None:
     from openai.types import Completion, CreateEmbeddingResponse
     from openai.types.chat import ChatCompletion
+    from openai.types.responses import Response
 
     server = serve_process()
     client = server.client(server.key("team-a"))
@@ -288,6 +289,11 @@ def test_a_mixed_file_runs_every_endpoint_and_refuses_bad_lines(
         batch_line("embed", "a sentence to embed", url="/v1/embeddings", model=model),
         batch_line("embed-small", "a shorter one", url="/v1/embeddings", model=model, dimensions=8),
         json.dumps({"custom_id": "no-url", "method": "POST", "body": {"model": model, "prompt": "no url given"}}),
+        batch_line("resp", "Hello there", url="/v1/responses", model=model, instructions="Be brief.",
+                   max_output_tokens=5, metadata={"run": "7"}, include=["message.output_text.logprobs"], top_logprobs=2),
+        json.dumps({"custom_id": "resp-items", "method": "POST", "url": "/v1/responses", "body": {
+            "model": model, "max_output_tokens": 4, "text": {"format": {"type": "json_object"}},
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "Answer in JSON"}]}]}}),
         # bad lines: each that request's error, the batch runs on
         batch_line("tools", model=model, tools=[{"type": "function", "function": {"name": "f"}}]),
         batch_line("other-model", model="/somewhere/else"),
@@ -295,14 +301,16 @@ def test_a_mixed_file_runs_every_endpoint_and_refuses_bad_lines(
         json.dumps({"method": "POST", "url": "/v1/completions", "body": {"model": model, "prompt": "x"}}),
         json.dumps({"custom_id": "extra", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}, "x": 1}),
         batch_line("too-long", "word " * 5000, url="/v1/completions", model=model),
+        batch_line("resp-store", url="/v1/responses", model=model, store=True),
     ]
     upload = client.files.create(file=_write(tmp_path / "mixed.jsonl", lines).open("rb"), purpose="batch")
-    batch = wait_batch(client, client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+    # a batch's endpoint names its file's main url; freight runs each line at its own
+    batch = wait_batch(client, client.batches.create(input_file_id=upload.id, endpoint="/v1/responses",
                                                      completion_window="24h").id)  # fmt: skip
-    assert batch.status == "completed", batch
+    assert batch.status == "completed" and batch.endpoint == "/v1/responses", batch
     out, err = _ids_once(client, batch)
     bodies = {line["custom_id"]: line["response"]["body"] for line in out}
-    assert set(bodies) == {"chat", "chat-n", "text", "embed", "embed-small", "no-url"}
+    assert set(bodies) == {"chat", "chat-n", "text", "embed", "embed-small", "no-url", "resp", "resp-items"}
     assert ChatCompletion.model_validate(bodies["chat"]).choices[0].finish_reason in ("stop", "length")
     two = ChatCompletion.model_validate(bodies["chat-n"])
     assert [c.index for c in two.choices] == [0, 1] and all(len(c.logprobs.content[0].top_logprobs) == 2 for c in two.choices)  # type: ignore[union-attr]
@@ -311,9 +319,16 @@ def test_a_mixed_file_runs_every_endpoint_and_refuses_bad_lines(
     full = CreateEmbeddingResponse.model_validate(bodies["embed"]).data[0].embedding
     small = CreateEmbeddingResponse.model_validate(bodies["embed-small"]).data[0].embedding
     assert len(small) == 8 < len(full) and abs(sum(x * x for x in full) - 1.0) < 1e-4
+    resp = Response.model_validate(bodies["resp"])
+    assert resp.object == "response" and resp.model == model and resp.output_text
+    assert (resp.instructions, resp.metadata, resp.max_output_tokens, resp.top_logprobs) == ("Be brief.", {"run": "7"}, 5, 2)
+    assert resp.status in ("completed", "incomplete") and resp.usage is not None and 0 < resp.usage.output_tokens <= 5
+    assert all(len(t.top_logprobs) == 2 for t in resp.output[0].content[0].logprobs)  # type: ignore[union-attr]
+    items = Response.model_validate(bodies["resp-items"])
+    assert items.text is not None and items.text.format.type == "json_object" and items.usage.output_tokens <= 4  # type: ignore[union-attr]
     why = {line["custom_id"]: line["error"]["message"] for line in err}
-    assert set(why) == {"tools", "other-model", "get", "line-10", "extra", "too-long"}
-    assert "tool calling" in why["tools"] and "this job runs" in why["other-model"]
-    assert "POST" in why["get"] and "custom_id" in why["line-10"] and "'x'" in why["extra"]
-    assert "context" in why["too-long"]
-    assert batch.request_counts.completed == 6 and batch.request_counts.failed == 6  # type: ignore[union-attr]
+    assert set(why) == {"tools", "other-model", "get", "line-12", "extra", "too-long", "resp-store"}
+    assert "renders no tools" in why["tools"] and "this job runs" in why["other-model"]
+    assert "POST" in why["get"] and "custom_id" in why["line-12"] and "'x'" in why["extra"]
+    assert "context" in why["too-long"] and "store true" in why["resp-store"]
+    assert batch.request_counts.completed == 8 and batch.request_counts.failed == 7  # type: ignore[union-attr]

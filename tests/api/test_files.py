@@ -111,6 +111,8 @@ def test_bad_requests_get_openai_errors(make_server: Callable[..., ThreadServer]
         no_purpose = http.post("/v1/files", files={"file": ("r.jsonl", path.read_bytes())})
         unknown = http.get("/v1/nothing")
         bad_limit = http.get("/v1/files", params={"limit": 0})
+        health = http.get("/health", headers={"Authorization": ""})  # a load balancer's check: no key
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
     for answer, status, param in ((wrong_type, 400, None), (no_file, 400, "file"), (no_purpose, 400, "purpose"),
                                   (unknown, 404, None), (bad_limit, 400, "limit")):  # fmt: skip
         assert answer.status_code == status, answer.text

@@ -101,10 +101,10 @@ def test_reaper_puts_a_killed_workers_shard_back(fleet: Fleet, tmp_path: Path) -
 
 @pytest.mark.slow
 def test_killed_workers_shard_restarts_within_two_minutes(fleet: Fleet, tmp_path: Path) -> None:
-    """The issue's case, in real time with default settings: one worker SIGKILLed mid-shard, another
-    started at once; the shard's next attempt starts within 2 minutes of the kill (it used to wait
-    for the 1-hour visibility timeout), the job finishes on its own, every row once, the killed
-    attempt billed as lost."""
+    """In real time with default settings: one worker SIGKILLed mid-shard, another started at once;
+    the shard's next attempt starts within 2 minutes of the kill (the lease reaper, not the 1-hour
+    visibility timeout), the job finishes on its own, every row once, the killed attempt billed as
+    lost."""
     sub, out, shard, _, killed_at = _kill_mid_shard(fleet, tmp_path)
     fleet.start("survivor")
     at, _ = wait_for(lambda: _restarted(fleet, sub["job_id"], shard), 180, "the next attempt", interval=0.5)

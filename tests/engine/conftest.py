@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_oracle import MAX_NEW, hf_greedy, mixed_prompts
+from torch_threads import torch_threads
 
 from worker.demo_model import make_demo_model
 
@@ -28,10 +29,8 @@ class Checkpoint:
 def one_torch_thread():
     """Tiny models gain nothing from intra-op threads, and on a shared CPU the threads' spin-waits
     cost more than the work; restore the setting for the rest of the suite."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="session")

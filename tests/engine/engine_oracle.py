@@ -12,6 +12,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from tiny_checkpoints import VOCAB, hf_greedy, mixed_prompts  # noqa: E402, F401  (the tests' oracle and prompt mix)
 
 MAX_NEW = 8  # greedy tokens per prompt in the exactness tests (conftest's `expected`)
+# (arch, config overrides) of the dense tiny models that take each path of the CPU decode stack
+DECODE_STACK_ARCHS = [
+    ("llama", {}),
+    ("qwen2", {"tie_word_embeddings": True}),  # qkv bias, tied lm_head
+    ("qwen3", {}),  # q/k norms
+    ("mistral", {"num_key_value_heads": 1}),  # a GQA group of 4
+]
 
 
 @torch.no_grad()

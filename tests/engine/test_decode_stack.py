@@ -8,15 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_oracle import MAX_NEW, mixed_prompts
+from engine_oracle import DECODE_STACK_ARCHS, MAX_NEW, mixed_prompts, small_engine
+from torch_threads import torch_threads
 
-from worker.engine import Engine, EngineConfig, SamplingParams
+from worker.engine import Engine, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
 
-
-def _engine(path, **config: object) -> Engine:
-    return Engine.from_pretrained(path, EngineConfig(kv_cache_bytes=8 << 20, **config))
 
 
 def _count_stack_calls(engine: Engine, monkeypatch) -> list[int]:
@@ -36,18 +34,12 @@ def _count_stack_calls(engine: Engine, monkeypatch) -> list[int]:
 
 @pytest.mark.parametrize(
     ("arch", "overrides"),
-    [
-        ("llama", {}),
-        ("qwen2", {"tie_word_embeddings": True}),  # qkv bias, tied lm_head
-        ("qwen3", {}),  # q/k norms
-        ("mistral", {"num_key_value_heads": 1}),  # a GQA group of 4
-        ("mistral", {"sliding_window": 32}),  # every layer windowed: blocks released, windows read in C
-    ],
+    [*DECODE_STACK_ARCHS, ("mistral", {"sliding_window": 32})],  # windowed: blocks released, windows read in C
 )
 def test_greedy_matches_transformers_through_the_stack(make_checkpoint, expected, monkeypatch, arch: str,
                                                        overrides: dict) -> None:  # fmt: skip
     """max_num_seqs=4: every decode step has at most 4 rows, so each one runs through the stack."""
-    engine = _engine(make_checkpoint(arch, **overrides).path, max_num_seqs=4)
+    engine = small_engine(make_checkpoint(arch, **overrides).path, max_num_seqs=4)
     rows = _count_stack_calls(engine, monkeypatch)
     outs = engine.generate(mixed_prompts(), GREEDY)
     assert [o.token_ids for o in outs] == expected(arch, **overrides)
@@ -59,9 +51,9 @@ def test_greedy_matches_transformers_through_the_stack(make_checkpoint, expected
 def test_on_and_off_give_the_same_tokens(make_checkpoint, monkeypatch, modes: dict) -> None:
     """Also on the padded static decode buffers (padding rows: slot -1, one key)."""
     path = make_checkpoint("qwen3").path
-    off = _engine(path, max_num_seqs=8, decode_stack=False, **modes)
+    off = small_engine(path, max_num_seqs=8, decode_stack=False, **modes)
     assert off.runner.model.decode_stack is None
-    on = _engine(path, max_num_seqs=8, **modes)
+    on = small_engine(path, max_num_seqs=8, **modes)
     rows = _count_stack_calls(on, monkeypatch)
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     assert [o.token_ids for o in on.generate(mixed_prompts(), params)] == [
@@ -74,7 +66,7 @@ def test_hooks_threads_and_shared_prefixes_run_op_by_op(make_checkpoint, expecte
     """Requests stop after 1..8 tokens, so the decode batch narrows from 17 rows to 2. A forward hook
     on a projection sends every step op by op (the hook fires); past 15 rows the stack runs only on
     one torch thread; rows that all share their leading blocks go op by op (the cascade)."""
-    engine = _engine(make_checkpoint("llama").path, max_num_seqs=32)
+    engine = small_engine(make_checkpoint("llama").path, max_num_seqs=32)
     stack = engine.runner.model.decode_stack
     assert stack.packed and not stack.half  # fp32 values: fp32 packed copies multiply steps of 3+ rows
     rows = _count_stack_calls(engine, monkeypatch)
@@ -91,12 +83,8 @@ def test_hooks_threads_and_shared_prefixes_run_op_by_op(make_checkpoint, expecte
     assert [o.token_ids for o in engine.generate(prompts, params)] == want
     assert rows == [17, 14, 11, 8, 6, 4]  # the last 2 rows share 64 tokens (base[:64]): op by op
     rows.clear()
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         assert [o.token_ids for o in engine.generate(prompts, params)] == want
-    finally:
-        torch.set_num_threads(before)
     assert rows == [14, 11, 8, 6, 4]  # 17 rows on two threads: op by op
     rows.clear()
     shared = [list(range(3, 83)) + p for p in mixed_prompts()[:4]]  # 80 common tokens: 5 blocks
@@ -112,10 +100,10 @@ def test_an_fp16_checkpoint_runs_on_fp16_copies_with_the_same_tokens(monkeypatch
     path = Path(__file__).resolve().parents[2] / "examples" / "models" / "pycoder-tiny"
     before = torch.get_num_threads()
     try:
-        on = _engine(path, max_num_seqs=12, num_threads=1)
+        on = small_engine(path, max_num_seqs=12, num_threads=1)
         stack = on.runner.model.decode_stack
         assert stack.half and stack.packed
-        off = _engine(path, max_num_seqs=12, num_threads=1, decode_stack=False)
+        off = small_engine(path, max_num_seqs=12, num_threads=1, decode_stack=False)
         rows = _count_stack_calls(on, monkeypatch)
         prompts = [list(range(5 + i, 40 + 3 * i)) for i in range(12)]
         params = [SamplingParams(max_tokens=4 + 2 * i, ignore_eos=True) for i in range(12)]
@@ -128,7 +116,7 @@ def test_an_fp16_checkpoint_runs_on_fp16_copies_with_the_same_tokens(monkeypatch
 def test_fp8_models_run_op_by_op(make_checkpoint) -> None:
     """int8 / int4 models run through the stack (tests/engine/test_quantized_decode.py); fp8 has no CPU
     kernel in it."""
-    engine = _engine(make_checkpoint("llama").path, quantization="fp8")
+    engine = small_engine(make_checkpoint("llama").path, quantization="fp8")
     assert engine.runner.model.decode_stack is None
     outs = engine.generate(mixed_prompts()[:3], GREEDY)
     assert all(len(o.token_ids) == MAX_NEW for o in outs)
@@ -136,13 +124,13 @@ def test_fp8_models_run_op_by_op(make_checkpoint) -> None:
 
 def test_head_sizes_without_a_compiled_kernel_run_op_by_op(make_checkpoint, expected) -> None:
     """head_dim 24 is no multiple of the vector width: no stack, the layers (and torch attention) run."""
-    engine = _engine(make_checkpoint("llama", head_dim=24).path, max_num_seqs=4)
+    engine = small_engine(make_checkpoint("llama", head_dim=24).path, max_num_seqs=4)
     assert engine.runner.model.decode_stack is None
     assert [o.token_ids for o in engine.generate(mixed_prompts(), GREEDY)] == expected("llama", head_dim=24)
 
 
 def test_weights_packed_in_layer_order_and_ties_kept(make_checkpoint) -> None:
-    engine = _engine(make_checkpoint("qwen2", tie_word_embeddings=True).path)
+    engine = small_engine(make_checkpoint("qwen2", tie_word_embeddings=True).path)
     model = engine.runner.model
     assert model.lm_head.weight is model.model.embed_tokens.weight
     ptrs = [p.data_ptr() for p in model.parameters()]

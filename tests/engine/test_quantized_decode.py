@@ -6,22 +6,19 @@ kernels/reference/quant_matmul.py) on the tiny models of every dense architectur
 from __future__ import annotations
 
 import pytest
-import torch
-from engine_oracle import MAX_NEW, mixed_prompts
+from engine_oracle import DECODE_STACK_ARCHS, MAX_NEW, mixed_prompts, small_engine
+from torch_threads import torch_threads
 
-from worker.engine import Engine, EngineConfig, SamplingParams
+from worker.engine import Engine, SamplingParams
 from worker.engine.quant.linear import QuantLinear
 
 GREEDY = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
 
 
-def _engine(path, **config: object) -> Engine:
-    return Engine.from_pretrained(path, EngineConfig(kv_cache_bytes=8 << 20, **config))
-
 
 def _reference_tokens(path, quantization: str, **config: object) -> list[list[int]]:
     """Greedy tokens with every quantized Linear on its torch reference, layers op by op."""
-    engine = _engine(path, quantization=quantization, decode_stack=False, **config)
+    engine = small_engine(path, quantization=quantization, decode_stack=False, **config)
     modules = [m for m in engine.runner.model.modules() if isinstance(m, QuantLinear)]
     assert modules
     for m in modules:
@@ -32,17 +29,12 @@ def _reference_tokens(path, quantization: str, **config: object) -> list[list[in
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
 @pytest.mark.parametrize(
     ("arch", "overrides"),
-    [
-        ("llama", {}),
-        ("qwen2", {"tie_word_embeddings": True}),  # qkv bias, tied lm_head
-        ("qwen3", {}),  # q/k norms
-        ("mistral", {"num_key_value_heads": 1}),  # a GQA group of 4
-    ],
+    DECODE_STACK_ARCHS,
 )
 def test_kernels_give_the_reference_paths_greedy_tokens(make_checkpoint, arch: str, overrides: dict,
                                                         quantization: str) -> None:  # fmt: skip
     path = make_checkpoint(arch, **overrides).path
-    engine = _engine(path, quantization=quantization, max_num_seqs=4)
+    engine = small_engine(path, quantization=quantization, max_num_seqs=4)
     rows = _count_stack_calls(engine)
     outs = engine.generate(mixed_prompts(), GREEDY)
     assert [o.token_ids for o in outs] == _reference_tokens(path, quantization, max_num_seqs=4)
@@ -73,17 +65,13 @@ def test_stack_on_and_off_give_the_same_tokens_at_any_batch_and_threads(make_che
     path = make_checkpoint("qwen2").path  # qkv bias
     prompts = mixed_prompts() * 2
     params = [SamplingParams(max_tokens=1 + i % MAX_NEW, ignore_eos=True) for i in range(len(prompts))]
-    off = _engine(path, quantization=quantization, max_num_seqs=32, decode_stack=False)
+    off = small_engine(path, quantization=quantization, max_num_seqs=32, decode_stack=False)
     want = [o.token_ids for o in off.generate(prompts, params)]
-    on = _engine(path, quantization=quantization, max_num_seqs=32)
+    on = small_engine(path, quantization=quantization, max_num_seqs=32)
     rows = _count_stack_calls(on)
     assert [o.token_ids for o in on.generate(prompts, params)] == want
     assert max(rows) == 17
     rows.clear()
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         assert [o.token_ids for o in on.generate(prompts, params)] == want
-    finally:
-        torch.set_num_threads(before)
     assert rows and max(rows) <= 15  # 17 rows on two threads: op by op

@@ -174,3 +174,30 @@ def test_speculation_keeps_the_reasoning_rows_tokens(qwen3) -> None:
     plain = engine.generate([prompt] * 4, params)
     spec = Engine.from_pretrained(engine.model_dir, EngineConfig(speculative=SpeculativeConfig("ngram", 4, adaptive=False)))
     assert [o.token_ids for o in spec.generate([prompt] * 4, params)] == [o.token_ids for o in plain]
+
+
+def test_harmony_forced_tool_call(harmony) -> None:
+    """A forced call on gpt-oss: the thinking in the analysis channel, then the grammar writes the
+    commentary header to `functions.NAME` and arguments that validate against the tool's schema."""
+    from contracts.reasoning import ReasoningFormat
+    from worker.tool_formats import forced_calls, parse_calls
+
+    engine, _ = harmony
+    tok = engine.tokenizer
+    zone = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}, "hours": {"type": "integer"}},
+            "required": ["zone", "hours"]}  # fmt: skip
+    tools = [{"type": "function", "function": {"name": "get_time", "description": "Time", "parameters": zone}}]
+    prompt = tok.apply_chat_template(CHAT, tools=tools)
+    constraint = forced_calls("harmony", [("get_time", zone)], False, tok.vocab())
+    fmt = ReasoningFormat("harmony", answer_channel="commentary")
+    params = [SamplingParams(max_tokens=150, temperature=1.0, seed=s, reasoning=fmt, reasoning_budget=3,
+                             constraint=constraint) for s in range(4)]  # fmt: skip
+    decode = tok.reasoning_tokens(fmt).decode
+    for out in engine.generate([prompt] * 4, params):
+        split = _split(engine, out, fmt)
+        assert out.finish_reason == "stop", out.error
+        assert split.reasoning_tokens == 3 and [m.channel for m in split.messages] == ["analysis", "commentary"]
+        content, calls = parse_calls("harmony", split.answer, ["get_time"], split.messages, decode)
+        (call,) = calls
+        assert call.name == "get_time" and content is None
+        jsonschema.validate(json.loads(call.arguments), zone)

@@ -300,8 +300,7 @@ def test_measured_costs_out_of_order_are_made_monotone() -> None:
     out of order, a rare width dear between two common cheap ones. A step of more rows never costs
     less, so the controller prices the pooled, non-decreasing fit (weighted by samples), and the
     prices it caches follow a measured cost that changes."""
-    from worker.engine.speculation.controller import WINDOW, SpeculationController
-    from worker.engine.speculation.step_costs import monotone
+    from worker.engine.speculation.controller import WINDOW, SpeculationController, monotone
 
     assert monotone([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
     assert monotone([1.0, 3.0, 2.0]) == [1.0, 2.5, 2.5]

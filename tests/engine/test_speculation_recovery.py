@@ -14,13 +14,13 @@ import numpy as np
 
 from worker.engine.speculation.acceptance import CONFIDENCE_EDGES, MATCH_EDGES, AcceptanceTable
 from worker.engine.speculation.config import SpeculativeConfig
-from worker.engine.speculation.step_costs import WINDOW, StepCosts
+from worker.engine.speculation.controller import WINDOW, SpeculationController
 
 
 def test_a_cold_first_measurement_does_not_price_a_width() -> None:
     """Until a bucket has WINDOW samples its cost is the fastest seen (optimism while little is seen),
     then the median of the window (a neighbour's slow steps move it little)."""
-    costs = StepCosts()
+    costs = SpeculationController(adaptive=True)
     for ms in (1.6, 1.4, 1.2, 1.1):  # a first probe's steps warming up
         costs.measure(5, ms / 1000, speculated=True)
     assert costs.cost(5, True) == 1.1 / 1000

@@ -20,6 +20,7 @@ from jobs.evals.history import History
 from jobs.evals.plan import read_plan, start_run
 from jobs.evals.schedule import COLLECT_TASK, SUBMIT_TASK
 from jobs.evals.suite_loader import load_suite_file
+from jobs.model_fingerprint import hash_checkpoint
 from jobs.settings import Settings
 from jobs.spec import JobSpec
 from jobs.storage import LocalStore
@@ -142,6 +143,8 @@ def test_eval_run_twice_gives_identical_scores_and_a_comparing_report(
 
     history = History(LocalStore(workdir / "history"))
     assert [r.run_id for r in history.runs("mixed", model)] == [run1, run2]
+    # each run names the checkpoint it scored by content (its jobs' result cache computed it)
+    assert {r.model_fingerprint for r in history.runs("mixed", model)} == {hash_checkpoint(workdir / "model")}
 
     code, again = _invoke("eval", "report", out2)  # idempotent: same record, same report
     assert code == 0 and again.strip() == second_md.strip()

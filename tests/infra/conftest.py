@@ -10,6 +10,8 @@ import pytest
 import redis
 from moto import mock_aws
 
+from tests.redis_db import flushed_db
+
 # DB 13 belongs to these tests; flushed before and after each one.
 REDIS_URL = os.environ.get("FREIGHT_TEST_INFRA_REDIS_URL", "redis://127.0.0.1:6379/13")
 REGION = "us-east-1"
@@ -17,15 +19,8 @@ REGION = "us-east-1"
 
 @pytest.fixture
 def redis_url() -> Iterator[str]:
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
-    try:
-        client.ping()
-    except redis.ConnectionError as exc:
-        pytest.fail(f"Redis is not reachable at {REDIS_URL} ({exc}); start redis-server on 127.0.0.1:6379")
-    client.flushdb()
-    yield REDIS_URL
-    client.flushdb()
-    client.close()
+    with flushed_db(REDIS_URL) as url:
+        yield url
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from jobs.autoscale.config import AutoscaleConfig
 from jobs.autoscale.controller import build_autoscaler
+from jobs.autoscale.decisions import KEPT, DecisionLog
 from jobs.autoscale.policy import ScalingLimits
 from freight_cli import app
 from jobs.settings import get_settings
@@ -109,6 +110,13 @@ def test_burst_protect_drain_and_idle_to_zero(rdb, make_group):
     assert (final.applied_desired, final.decision.reason) == (0, "idle_to_min")
     assert group_state()["DesiredCapacity"] == 0
     assert rdb.hget(f"freight:autoscaler:{GROUP}", "idle_since") == repr(now + 480)
+    # the decision log people read: each change once, newest first, with its reason and time span
+    log = DecisionLog(rdb, GROUP).recent()
+    assert [(d["desired"], d["reason"]) for d in log] == [
+        (0, "idle_to_min"), (1, "idle_hold"), (1, "scale_in"), (3, "hold_cooldown"), (3, "scale_out"),
+        (2, "scale_out"),
+    ]  # fmt: skip
+    assert log[-1]["at"] == log[-1]["until"] == now and log[0]["queued_shards"] == 0
 
 
 def test_dry_run_changes_nothing(rdb, make_group):
@@ -118,6 +126,19 @@ def test_dry_run_changes_nothing(rdb, make_group):
     assert result.decision.desired == 3 and result.dry_run
     assert group_state()["DesiredCapacity"] == 0
     assert not rdb.exists(f"freight:autoscaler:{GROUP}")
+    assert DecisionLog(rdb, GROUP).recent() == []
+
+
+def test_a_repeated_decision_extends_its_entry(rdb):
+    decisions = DecisionLog(rdb, GROUP)
+    steady = {"desired": 2, "previous": 2, "reason": "steady", "queued_shards": 4}
+    assert decisions.record(steady, 100.0) and not decisions.record(steady, 160.0)
+    assert decisions.record({**steady, "desired": 3, "reason": "scale_out"}, 220.0)
+    assert [(d["reason"], d["at"], d["until"]) for d in decisions.recent()] == [
+        ("scale_out", 220.0, 220.0), ("steady", 100.0, 160.0)]  # fmt: skip
+    for t in range(KEPT + 5):
+        decisions.record({**steady, "desired": t % 2}, 300.0 + t)
+    assert len(decisions.recent()) == KEPT
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ UNSCOPED_ACTIONS = {
     "cloudwatch:PutMetricData",
     "ec2:DescribeNetworkInterfaces",
     "ec2:DescribeSubnets",
+    "ecr:GetAuthorizationToken",
 }
 
 
@@ -34,7 +35,7 @@ def test_every_tf_file_parses(path):
 
 
 def test_root_module_composes_the_small_modules():
-    assert {"kms", "storage", "queue", "iam", "fleet", "autoscaler"} <= set(CONFIGS)
+    assert {"kms", "storage", "queue", "iam", "fleet", "autoscaler", "api"} <= set(CONFIGS)
     assert {n: b["source"] for n, b in ROOT_CONFIG["module"].items()} == {
         n: f"./modules/{n}" for n in CONFIGS
     }
@@ -76,7 +77,8 @@ def test_references_resolve_within_each_module(folder):
 
 @pytest.mark.parametrize("module", sorted(ROOT_CONFIG["module"]))
 def test_module_calls_match_module_variables(module):
-    call = {k for k in ROOT_CONFIG["module"][module] if k not in ("source", "depends_on", "providers")}
+    meta = ("source", "depends_on", "providers", "count", "for_each")
+    call = {k for k in ROOT_CONFIG["module"][module] if k not in meta}
     variables = CONFIGS[module]["variable"]
     assert call - set(variables) == set(), f"module {module} is passed undeclared arguments"
     required = {n for n, b in variables.items() if "default" not in b}

@@ -183,3 +183,41 @@ def test_root_arns_evaluate_as_intended(tmp_path):
     assert values["log_group_arn"]["value"] == (
         "arn:aws:logs:us-east-1:123456789012:log-group:/aws/lambda/freight-autoscaler"
     )
+
+
+@needs_terraform
+def test_api_container_command_is_a_freight_serve_invocation(tmp_path):
+    """The api module's container command, as Terraform renders it and sh splits it: the flags exist on
+    `freight serve` and say what the module means (the store's URL, the fleet's Redis over TLS)."""
+    import shlex
+
+    import typer
+
+    from freight_cli import app
+
+    module_main = (ROOT / "modules" / "api" / "main.tf").read_text()
+    locals_block = re.search(r"^locals \{\n.*?^\}\n", module_main, re.S | re.M).group(0)
+    locals_block = locals_block.replace("data.aws_partition.current.partition", '"aws"')
+    locals_block = locals_block.replace("data.aws_caller_identity.current.account_id", '"123456789012"')
+    (tmp_path / "main.tf").write_text(
+        'variable "store" {\n  type = any\n}\n\nvariable "redis" {\n  type = any\n}\n\n'
+        'variable "service" {\n  type = any\n}\n\n' + locals_block
+        + 'output "serve_command" {\n  value = local.serve_command\n}\n'
+    )  # fmt: skip
+    (tmp_path / "test.tfvars.json").write_text(json.dumps({
+        "store": {"bucket_name": "b", "bucket_arn": "arn:aws:s3:::b", "store_prefix": "api/", "model_prefixes": ["models/"]},
+        "redis": {"host": "r.cache.amazonaws.com", "port": 6379},
+        "service": {"serve_args": ["--max-upload", "100MiB", "--shard-rows", "128"]},
+    }))  # fmt: skip
+    assert terraform("init", "-input=false", cwd=tmp_path).returncode == 0
+    applied = terraform("apply", "-input=false", "-auto-approve", "-var-file=test.tfvars.json", cwd=tmp_path)
+    assert applied.returncode == 0, applied.stderr
+    command = terraform("output", "-raw", "serve_command", cwd=tmp_path).stdout
+    words = shlex.split(command.replace("${FREIGHT_REDIS_TOKEN}", "TOKEN"))  # as sh -c expands and splits it
+    assert words[:3] == ["exec", "freight", "serve"]
+    serve = typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    params = serve.make_context("serve", words[3:]).params  # unknown or malformed flags raise here
+    assert params["store"] == "s3://b/api" and params["host"] == "0.0.0.0" and params["port"] == 8000
+    assert params["redis"] == "rediss://:TOKEN@r.cache.amazonaws.com:6379/0?ssl_cert_reqs=required"
+    # every request is logged (the load balancer keeps no access log of its own)
+    assert (params["max_upload"], params["shard_rows"], params["access_log"]) == ("100MiB", 128, True)

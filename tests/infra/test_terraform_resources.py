@@ -1,8 +1,9 @@
-"""What the issue asks of each resource: the spot group, the launch template and its user data, the
-bucket, Redis and the autoscaler Lambda, read from the parsed configuration."""
+"""What the deployment requires of each resource: the spot group, the launch template and its user data, the
+bucket, Redis, the autoscaler Lambda and the API service, read from the parsed configuration."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 from tfconfig import (
@@ -11,6 +12,7 @@ from tfconfig import (
     ROOT_CONFIG,
     first,
     one,
+    policy_statements,
     render_user_data,
 )
 
@@ -166,3 +168,83 @@ def test_autoscaler_lambda_is_scheduled_with_its_own_role():
     env = first(function["environment"])["variables"]
     assert env["FREIGHT_AUTOSCALE_GROUP"] == "${var.group_name}"
     assert "FREIGHT_REDIS_URL" not in env  # the token stays in Secrets Manager
+
+
+# ---- api (freight serve) ---------------------------------------------------------------------------
+
+
+def test_api_is_off_by_default_and_wired_behind_one_variable():
+    assert ROOT_CONFIG["variable"]["api"]["default"] is None
+    call = ROOT_CONFIG["module"]["api"]
+    assert call["count"] == "${var.api == null ? 0 : 1}"
+    assert call["redis"] == "${module.queue.connection}"
+    assert call["network"] == "${merge(var.api, {vpc_id = var.vpc_id, private_subnet_ids = var.subnet_ids})}"
+    # the fleet runs the API's batches: it reads and writes under the API's store prefix
+    assert ROOT_CONFIG["module"]["iam"]["write_prefixes"] == "${concat(var.write_prefixes, local.api_prefixes)}"
+    assert "module.api[0].task_security_group_id" in ROOT_CONFIG["module"]["queue"]["client_security_group_ids"]
+    assert ROOT_CONFIG["module"]["kms"]["log_group_arns"] == ["${local.log_group_arn}", "${local.api_log_group_arn}"]
+    assert call["log_group_name"] == "${local.api_log_group_name}"
+
+
+def test_api_tasks_are_private_behind_an_https_load_balancer():
+    api = CONFIGS["api"]
+    service = one(api, "aws_ecs_service", "this")
+    network = first(service["network_configuration"])
+    assert network["subnets"] == "${var.network.private_subnet_ids}" and network["assign_public_ip"] is False
+    assert service["launch_type"] == "FARGATE"
+    lb = one(api, "aws_lb", "this")
+    assert lb["subnets"] == "${var.network.public_subnet_ids}" and lb["drop_invalid_header_fields"] is True
+    (listener,) = [body for (rtype, _), body in api["resource"].items() if rtype == "aws_lb_listener"]
+    assert (listener["port"], listener["protocol"]) == (443, "HTTPS")  # no plain-HTTP listener at all
+    assert listener["certificate_arn"] == "${var.service.certificate_arn}"
+    assert listener["ssl_policy"].startswith("ELBSecurityPolicy-TLS13")
+    assert first(one(api, "aws_lb_target_group", "this")["health_check"])["path"] == "/health"
+    # the tasks take traffic from the load balancer only; the load balancer reaches the tasks only
+    ingress = [body for (rtype, _), body in api["resource"].items() if rtype == "aws_vpc_security_group_ingress_rule"]
+    into_tasks = [r for r in ingress if r["security_group_id"] == "${aws_security_group.task.id}"]
+    assert [r["referenced_security_group_id"] for r in into_tasks] == ["${aws_security_group.lb.id}"]
+    assert one(api, "aws_vpc_security_group_egress_rule", "lb_to_tasks")["referenced_security_group_id"] == (
+        "${aws_security_group.task.id}")  # fmt: skip
+
+
+def test_api_secrets_come_from_secrets_manager_and_keys_are_stored_as_hashes():
+    from jobs.api.keys import KEY_PREFIX, KeyRecord
+    from jobs.api.layout import KEYS_PREFIX
+
+    api = CONFIGS["api"]
+    container = one(api, "aws_ecs_task_definition", "this")["container_definitions"]
+    assert 'secrets = [{name = "FREIGHT_REDIS_TOKEN", valueFrom = var.redis.auth_secret_arn}]' in container
+    assert "readonlyRootFilesystem = true" in container
+    assert "$${FREIGHT_REDIS_TOKEN}" in (ROOT / "modules" / "api" / "main.tf").read_text()  # sh expands it, Terraform not
+    # a key as `freight keys create` makes it: fk- and 43 URL-safe characters, in a KMS-encrypted secret
+    password = one(api, "random_password", "key")
+    assert (password["length"], password["special"]) == (43, False)
+    version = one(api, "aws_secretsmanager_secret_version", "key")
+    assert version["secret_string"] == KEY_PREFIX + "${random_password.key[each.key].result}"
+    assert one(api, "aws_secretsmanager_secret", "key")["kms_key_id"] == "${var.store.kms_key_arn}"
+    # the store holds the key's record at keys/<sha256>.json, the fields KeyRecord reads
+    record = one(api, "aws_s3_object", "key")
+    digest = "sha256(aws_secretsmanager_secret_version.key[each.key].secret_string)"
+    assert record["key"] == "${var.store.store_prefix}" + KEYS_PREFIX + "${" + digest + "}.json"
+    fields = set(re.findall(r"(\w+) = ", record["content"]))
+    required = {n for n, f in KeyRecord.model_fields.items() if f.is_required()}
+    assert required <= fields <= set(KeyRecord.model_fields)
+    assert f"key_id = substr({digest}, 0, 12)" in record["content"]
+
+
+def test_api_roles_touch_only_the_store_the_models_and_the_redis_token():
+    statements = {}
+    for where, statement in policy_statements():
+        if where.startswith("api."):
+            statements[(where, statement.get("sid"))] = statement
+    task = {sid: s for (where, sid), s in statements.items() if where == "api.task"}
+    assert set(task) == {"ListStoreAndModels", "ReadWriteStore", "ReadModels", "UseDeploymentKeyThroughS3"}
+    assert task["ReadWriteStore"]["resources"] == ["${local.store_object}"]
+    assert CONFIGS["api"]["locals"]["store_object"] == "${var.store.bucket_arn}/${var.store.store_prefix}*"
+    assert not any(a.startswith("secretsmanager:") for s in task.values() for a in s["actions"])  # keys: hashes only
+    execution = {sid: s for (where, sid), s in statements.items() if where == "api.execution"}
+    assert execution["ReadRedisToken"]["resources"] == ["${var.redis.auth_secret_arn}"]
+    assert {a for s in execution.values() for a in s["actions"]} <= {
+        "logs:CreateLogStream", "logs:PutLogEvents", "secretsmanager:GetSecretValue", "kms:Decrypt",
+        "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:GetAuthorizationToken",
+    }  # fmt: skip

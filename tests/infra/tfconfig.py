@@ -73,3 +73,6 @@ def policy_statements():
             if rtype == "aws_iam_policy_document":
                 for statement in body.get("statement", []):
                     yield f"{module}.{name}", statement
+                for dynamic in body.get("dynamic", []):  # statements made per for_each value
+                    for statement in dynamic.get("statement", {}).get("content", []):
+                        yield f"{module}.{name}", statement

@@ -14,6 +14,7 @@ from typing import Any
 
 from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
 from pydantic import BaseModel, ConfigDict
 
 
@@ -43,6 +44,7 @@ BODY_TYPES: dict[str, type[BaseModel]] = {
     "chat.completion": ChatCompletion,
     "text_completion": Completion,
     "list": CreateEmbeddingResponse,
+    "response": Response,
 }
 
 

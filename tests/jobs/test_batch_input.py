@@ -26,7 +26,7 @@ def test_lines_keep_url_and_raw_body_and_bad_lines_become_row_errors() -> None:
         "{not json",
         {"custom_id": "p", "body": {"prompt": "def f():", "echo": True}},  # no url: from the body
         {"custom_id": "e", "url": "/v1/embeddings", "body": {"input": "text"}},
-        {"custom_id": "u", "url": "/v1/responses", "body": {"input": "x"}},
+        {"custom_id": "u", "url": "/v1/moderations", "body": {"input": "x"}},
         {"custom_id": "g", "method": "GET", "url": "/v1/completions", "body": {"prompt": "x"}},
         {"custom_id": "x", "url": "/v1/completions", "body": {"prompt": "x"}, "extra": 1},
         {"url": "/v1/completions", "body": {"prompt": "no id"}},
@@ -43,12 +43,33 @@ def test_lines_keep_url_and_raw_body_and_bad_lines_become_row_errors() -> None:
     errors = {r["custom_id"]: r["line_error"] for r in rows}
     assert errors["p"] is None and errors["e"] is None
     assert errors["line-2"].startswith("line 2: not JSON") and rows[1]["body"] is None
-    assert "url '/v1/responses' is not supported" in errors["u"]
+    assert "url '/v1/moderations' is not supported: use one of" in errors["u"] and "/v1/responses" in errors["u"]
     assert "method 'GET'" in errors["g"]
     assert "unknown line field 'extra'" in errors["x"]
     assert "line 8: custom_id None: every line needs a custom_id" in errors["line-8"]
     assert "body must be a JSON object" in errors["b"]
     assert batch.prompt_texts[0] == "user\nhi\n" and batch.prompt_texts[2] == "def f():"
+
+
+def test_responses_lines_take_their_url_and_group_as_chat() -> None:
+    """A /v1/responses line; without url, an `input` of message items or a field only responses
+    take makes a response (else an embedding); its prompt text is its instructions and input as
+    messages, so it groups with the chat requests it renders like."""
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
+    data = _file(
+        {"custom_id": "r", "url": "/v1/responses", "body": {"input": "hi", "instructions": "be brief"}},
+        {"custom_id": "items", "body": {"input": items}},
+        {"custom_id": "max", "body": {"input": "hi", "max_output_tokens": 5}},
+        {"custom_id": "emb", "body": {"input": "hi"}},
+        {"custom_id": "chat", "body": {"messages": [{"role": "system", "content": "be brief"},
+                                                    {"role": "user", "content": "hi"}]}},  # fmt: skip
+    )
+    batch = read_batch("in.jsonl", data)
+    assert [r["url"] for r in batch.table.to_pylist()] == [
+        "/v1/responses", "/v1/responses", "/v1/responses", "/v1/embeddings", "/v1/chat/completions"
+    ]  # fmt: skip
+    assert batch.prompt_texts == ["system\nbe brief\nuser\nhi\n", "user\nhi\n", "user\nhi\n", "hi",
+                                  "system\nbe brief\nuser\nhi\n"]  # fmt: skip
 
 
 @pytest.mark.parametrize(

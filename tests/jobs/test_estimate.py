@@ -74,7 +74,7 @@ def test_estimate_after_profile_is_within_15_percent_of_the_run(
 ) -> None:
     demo_model_dir = small_model
     # one torch thread in the profile's and the job's processes: on a CPU shared with other busy
-    # processes two spin-waiting threads make steps 5-10x slower at random (docs/ARCHITECTURE.md)
+    # processes two spin-waiting threads make steps slower at random (EngineConfig.num_threads)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     data = write_parquet(prompts_table(ROWS), tmp_path / "in.parquet")  # half share a system prompt; 3 bad
     before = _estimate(data, demo_model_dir)
@@ -90,7 +90,7 @@ def test_estimate_after_profile_is_within_15_percent_of_the_run(
         _assert_tokens_equal(est, report)  # tokens: exactly what the run computed
         assert est["completion_tokens"] == pytest.approx(report["completion_tokens"], rel=0.15)
         # dollars: the target. Both sides are timings of separate processes on a CPU that other work
-        # may share (model load alone moves 1.5-2.9 s between runs here), so a miss is measured once
+        # may share (model load alone moves by seconds between runs), so a miss is measured once
         # more with a fresh profile; two misses fail.
         if est["cost_usd"] == pytest.approx(report["cost_usd"], rel=0.15):
             return

@@ -26,7 +26,7 @@ def test_json_lines_follow_the_current_stderr(monkeypatch) -> None:
 def test_processes_sharing_one_log_file_write_whole_lines(tmp_path) -> None:
     """A worker's main process and its forked pool processes log to one stderr (a file or a pipe that
     a log shipper reads as JSON lines): each line must reach it in one write, or two processes'
-    lines interleave into one that no longer parses (a line and its newline written apart did)."""
+    lines interleave into one that no longer parses (as a line and its newline written apart would)."""
     import os
     import subprocess
     import sys

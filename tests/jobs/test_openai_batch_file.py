@@ -1,4 +1,4 @@
-"""An OpenAI Batch file mixing chat, completions, embeddings, n > 1, both logprobs shapes and bad lines
+"""An OpenAI Batch file mixing chat, completions, embeddings, responses, n > 1, every logprobs shape and bad lines
 runs end to end on the tiny demo model; `freight results --format openai` turns its results into
 output and error files that parse with the `openai` package's types, usage summing to the cost report.
 So does a Parquet `--task embed` job."""
@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from freight_runner import freight_ok
 from openai_check import parse_errors, parse_output
 
-CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "sort a list"}]
 
 
@@ -27,7 +27,13 @@ def test_mixed_batch_file_exports_as_openai_would(tmp_path: Path, demo_model_dir
         "comp-lp": (COMPLETIONS, {"prompt": "def f(x):", "max_tokens": 4, "logprobs": 2}),
         "comp-n": (COMPLETIONS, {"prompt": "import os", "n": 2, "temperature": 0.8, "max_tokens": 3}),
         "emb": ("/v1/embeddings", {"input": "some text"}),
+        "resp": (RESPONSES, {"input": "sort a list", "instructions": "Answer briefly.", "max_output_tokens": 3,
+                             "metadata": {"team": "a"}, "include": ["message.output_text.logprobs"],
+                             "top_logprobs": 2}),  # fmt: skip
+        "resp-json": (RESPONSES, {"input": [{"role": "user", "content": [{"type": "input_text", "text": "a JSON"}]}],
+                                  "text": {"format": {"type": "json_object"}}, "max_output_tokens": 40}),  # fmt: skip
         "bad-n": (CHAT, {"messages": MESSAGES, "n": "two"}),
+        "bad-resp": (RESPONSES, {"input": "x", "previous_response_id": "resp_1"}),
         "bad-role": (CHAT, {"messages": [{"role": "narrator", "content": "x"}]}),
     }
     path = tmp_path / "batch.jsonl"
@@ -41,7 +47,7 @@ def test_mixed_batch_file_exports_as_openai_would(tmp_path: Path, demo_model_dir
     parsed = {raw["custom_id"]: body for raw, body in parse_output(tmp_path / "o.jsonl")}
     failed = {line["custom_id"]: line for line in parse_errors(tmp_path / "e.jsonl")}
     assert sorted([*parsed, *failed]) == sorted(lines) and not set(parsed) & set(failed)
-    assert {"bad-n", "bad-role"} <= set(failed)
+    assert {"bad-n", "bad-role", "bad-resp"} <= set(failed)
     for cid, line in failed.items():
         assert line["error"]["message"] == rows[cid]["error"]
 
@@ -62,10 +68,29 @@ def test_mixed_batch_file_exports_as_openai_would(tmp_path: Path, demo_model_dir
     if "emb" in parsed:  # embeddings run once the engine side (branch embed) is in
         assert parsed["emb"].object == "list" and len(parsed["emb"].data[0].embedding) > 0
 
+    # a response: its text, tokens and logprobs as the row ran, the request's fields repeated
+    resp, row = parsed["resp"], rows["resp"]
+    assert resp.object == "response" and resp.id.startswith("resp_") and resp.output_text == row["completion"]
+    assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"  # 3 tokens
+    assert (resp.instructions, resp.metadata, resp.max_output_tokens, resp.top_logprobs) == (
+        "Answer briefly.", {"team": "a"}, 3, 2)  # fmt: skip
+    (message,) = resp.output
+    assert message.type == "message" and message.role == "assistant" and message.status == "incomplete"
+    got = message.content[0].logprobs
+    assert [t.token for t in got] == [t["token"] for t in row["logprobs"][0]] and all(len(t.top_logprobs) == 2 for t in got)
+    assert (resp.usage.input_tokens, resp.usage.output_tokens) == (row["prompt_tokens"], 3)
+    constrained, row = parsed["resp-json"], rows["resp-json"]
+    assert constrained.text.format.type == "json_object" and constrained.output_text == row["completion"]
+    assert constrained.status == ("completed" if row["finish_reason"] == "stop" else "incomplete")
+    assert constrained.status == "incomplete" or json.loads(constrained.output_text) == json.loads(row["parsed"])
+
     report = json.loads((out / "cost.json").read_text())
     usages = [b.usage for b in parsed.values()]
-    assert report["prompt_tokens"] == sum(u.prompt_tokens for u in usages)
-    assert report["completion_tokens"] == sum(getattr(u, "completion_tokens", 0) for u in usages)
+    # a response's usage names its tokens input and output; the others' prompt and completion
+    assert report["prompt_tokens"] == sum(getattr(u, "prompt_tokens", getattr(u, "input_tokens", 0)) for u in usages)
+    assert report["completion_tokens"] == sum(
+        getattr(u, "completion_tokens", getattr(u, "output_tokens", 0)) for u in usages
+    )
     assert report["rows_failed"] == len(failed)
 
 

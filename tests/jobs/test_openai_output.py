@@ -1,4 +1,4 @@
-"""`freight results --format openai` on result shards holding the issue-15 columns (endpoint,
+"""`freight results --format openai` on result shards holding the request columns (endpoint,
 completions, finish_reasons, logprobs, embedding), built here as the worker writes them: chat,
 completions, embeddings, n > 1, both logprobs shapes and failed rows, every line checked with the
 `openai` package's types and against the columns it came from."""
@@ -248,3 +248,42 @@ def test_errors_flag_without_openai_format_is_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["results", str(out), "--to", str(tmp_path / "a.jsonl"),
                                       "--errors", str(tmp_path / "e.jsonl")])  # fmt: skip
     assert result.exit_code == 2 and "--errors goes with --format openai" in result.output
+
+
+def test_a_response_row_is_a_response_object_the_sdk_parses() -> None:
+    """/v1/responses rows: a finished one is "completed" with its text and logprobs, a cut one
+    "incomplete"; the request's fields (a json_schema format among them) come back as it ran."""
+    from openai.types.responses import Response
+    from openai_check import assert_known_fields
+
+    from jobs.openai_response import response_body
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fields = {"instructions": "be brief", "metadata": {"run": "7"}, "max_output_tokens": 12, "temperature": 0.5,
+              "top_p": 0.9, "top_logprobs": 2, "user": "u", "prompt_cache_key": "k",
+              "text": {"format": {"type": "json_schema", "name": "ab", "schema": schema, "strict": True}}}  # fmt: skip
+    tokens = _tokens(['{"a"', ":", "1}"], 2, np.random.default_rng(1))
+    row = _row("r", "/v1/responses", completion='{"a":1}', completion_tokens=3, cached_tokens=2,
+               logprobs=[tokens], response_fields=json.dumps(fields))  # fmt: skip
+    body = Response.model_validate(response_body(row, "resp_x", "msg_x", 1_700_000_000, "tiny"))
+    assert_known_fields(body, "body")
+    assert (body.id, body.status, body.completed_at, body.incomplete_details, body.model) == (
+        "resp_x", "completed", 1_700_000_000, None, "tiny")  # fmt: skip
+    assert body.output_text == '{"a":1}' and body.output[0].id == "msg_x"  # type: ignore[union-attr]
+    assert body.text is not None and body.text.format.type == "json_schema" and body.text.format.schema_ == schema  # type: ignore[union-attr]
+    assert (body.instructions, body.metadata, body.max_output_tokens, body.temperature, body.top_p) == (
+        "be brief", {"run": "7"}, 12, 0.5, 0.9)  # fmt: skip
+    got = body.output[0].content[0].logprobs  # type: ignore[union-attr]
+    assert [t.token for t in got] == ['{"a"', ":", "1}"] and [f32(t.logprob) for t in got] == [
+        f32(t["logprob"]) for t in tokens]  # fmt: skip
+    assert all([x.token for x in t.top_logprobs] == [x["token"] for x in s["top_logprobs"]] for t, s in zip(got, tokens, strict=True))
+    usage = body.usage
+    assert usage is not None and (usage.input_tokens, usage.input_tokens_details.cached_tokens, usage.output_tokens,
+                                  usage.total_tokens) == (7, 2, 3, 10)  # fmt: skip
+    cut = Response.model_validate(response_body({**row, "finish_reason": "length", "logprobs": None}, "resp_y",
+                                                "msg_y", 1_700_000_000, "tiny"))  # fmt: skip
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"  # type: ignore[union-attr]
+    assert cut.completed_at is None and cut.output[0].status == "incomplete"  # type: ignore[union-attr]
+    assert cut.output[0].content[0].logprobs is None  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="without its response_fields"):
+        response_body({**row, "response_fields": None}, "resp_z", "msg_z", 0, "tiny")

@@ -49,6 +49,16 @@ RESULT_COLUMNS = [
     "embedding",
     "parsed",
     "parsed_choices",
+    "reasoning",
+    "reasoning_tokens",
+    "reasoning_choices",
+    "tool_calls",
+    "tool_calls_choices",
+    "cached",
+    "cached_from_job",
+    "cached_from_row",
+    "cached_similarity",
+    "response_fields",
 ]
 
 

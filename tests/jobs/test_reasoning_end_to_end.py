@@ -167,3 +167,73 @@ def test_no_thinking_flag_renders_thinking_off(qwen3_dir: Path, tmp_path: Path) 
     tok = Tokenizer(qwen3_dir)
     off = len(tok.encode(tok.apply_chat_template(USER, enable_thinking=False)))
     assert rows["off"]["prompt_tokens"] == off and rows["on"]["prompt_tokens"] == len(tok.encode(tok.apply_chat_template(USER)))
+
+
+def test_parquet_messages_rows_think(qwen3_dir: Path, tmp_path: Path) -> None:
+    """A Parquet job of chat messages: the reasoning_budget and chat_template_kwargs columns set each
+    row's thinking (a null cell takes the job's --reasoning-budget); text prompts refuse the flags."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    think = Tokenizer(qwen3_dir).vocab()["<think>"]
+    messages = [[{"role": "user", "content": f"Question {i}?"}] for i in range(3)]
+    table = pa.table({
+        "id": ["a", "b", "c"],
+        "messages": messages,
+        "reasoning_budget": pa.array([2, None, None], pa.int64()),
+        "chat_template_kwargs": [None, None, '{"enable_thinking": false}'],
+        "logit_bias": [json.dumps({str(think): 100})] * 3,
+    })  # fmt: skip
+    pq.write_table(table, tmp_path / "chat.parquet")
+    _run(["run", str(tmp_path / "chat.parquet"), "--model", str(qwen3_dir), "--output", str(tmp_path / "o"),
+          "--prompt-column", "messages", "--id-column", "id", "--max-tokens", "10", "--reasoning-budget", "4"])  # fmt: skip
+    rows = {r["id"]: r for r in ds.dataset(tmp_path / "o" / "shards").to_table().to_pylist()}
+    assert rows["a"]["reasoning"] == "<think>" * 2 and rows["a"]["reasoning_tokens"] == 2
+    assert rows["b"]["reasoning"] == "<think>" * 4 and rows["b"]["reasoning_tokens"] == 4
+    assert rows["c"]["reasoning"] is None and rows["c"]["reasoning_tokens"] == 0
+    assert cost_reasoning(tmp_path / "o") == 6
+
+    pq.write_table(pa.table({"prompt": ["hello"]}), tmp_path / "text.parquet")
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "text.parquet"), "--model", str(qwen3_dir),
+                                      "--output", str(tmp_path / "t"), "--reasoning-budget", "4"])  # fmt: skip
+    assert result.exit_code == 2 and "only chat rows think" in result.output
+
+
+def cost_reasoning(out: Path) -> int:
+    return int(json.loads((out / "cost.json").read_text())["reasoning_tokens"])
+
+
+def test_a_thinking_model_s_response_holds_its_answer_and_counts_its_reasoning(qwen3_dir: Path, tmp_path: Path) -> None:
+    """/v1/responses rows of a thinking model: the reasoning is split from the answer as a chat row's is,
+    the response's output_text is the answer, and its usage counts the reasoning tokens; the job's
+    --no-thinking reaches a response's template too."""
+    from openai.types.responses import Response
+
+    think = str(Tokenizer(qwen3_dir).vocab()["<think>"])
+    bodies = {
+        "think": {"input": "What is 2 + 2?", "logit_bias": {think: 100}, "reasoning_budget": 4, "max_output_tokens": 60,
+                  "text": {"format": {"type": "json_schema", "name": "a", "schema": ANSWER}}},
+        "plain": {"input": [{"role": "user", "content": "Hi"}], "max_output_tokens": 6},
+    }  # fmt: skip
+    path = tmp_path / "batch.jsonl"
+    path.write_text("".join(json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/responses", "body": body})
+                            + "\n" for cid, body in bodies.items()))  # fmt: skip
+    out = tmp_path / "out"
+    _run(["run", str(path), "--model", str(qwen3_dir), "--output", str(out)])
+    rows = {r["id"]: r for r in ds.dataset(out / "shards").to_table().to_pylist()}
+    assert rows["think"]["reasoning"] == "<think>" * 4 and rows["think"]["reasoning_tokens"] == 4
+    export = tmp_path / "openai.jsonl"
+    _run(["results", str(out), "--format", "openai", "--to", str(export)])
+    answered = {line["custom_id"]: body for line, body in parse_output(export)}
+    think_body = answered["think"]
+    assert isinstance(think_body, Response) and think_body.status == "completed"
+    assert think_body.output_text == rows["think"]["completion"] and "<think>" not in think_body.output_text
+    jsonschema.validate(json.loads(think_body.output_text), ANSWER)
+    assert think_body.usage is not None and think_body.usage.output_tokens_details.reasoning_tokens == 4
+    assert think_body.usage.output_tokens == rows["think"]["completion_tokens"]
+
+    off = tmp_path / "off"
+    _run(["run", str(path), "--model", str(qwen3_dir), "--output", str(off), "--no-thinking"])
+    plain = {r["id"]: r for r in ds.dataset(off / "shards").to_table().to_pylist()}["plain"]
+    # Qwen3's template closes an empty thinking block in the prompt when thinking is off
+    assert plain["error"] is None and plain["prompt_tokens"] > rows["plain"]["prompt_tokens"]

@@ -220,3 +220,106 @@ def test_a_served_model_name_is_the_only_model_a_body_may_name(tokenizer: Any, d
         assert req.error is not None and "this batch runs 'tiny-chat'" in req.error, req.error
     assert job_spec(demo_model_dir).job_id == job_spec(demo_model_dir).model_copy(update={"model_name": None}).job_id
     assert spec.job_id != job_spec(demo_model_dir).job_id
+
+
+RESPONSES = "/v1/responses"
+BAD_RESPONSE_BODIES = [
+    ({}, "input: is required"),
+    ({"input": ""}, "input: must not be empty"),
+    ({"input": []}, "input: must be a string or a non-empty list"),
+    ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role 'robot': must be one of"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]},
+     "input[0].type 'function_call_output': tool calls are chat requests'"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type 'reasoning': reasoning items"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input[0].content[0].type 'input_image': only text input"),
+    ({"input": [{"role": "user", "content": [{"type": "output_text", "text": "x"}]}]},
+     "input[0].content[0].type 'output_text': a part is input_text, or output_text in an assistant message"),
+    ({"input": [{"role": "user", "content": "x", "tool_calls": []}]}, "input[0]: unknown field 'tool_calls'"),
+    ({"input": "hi", "n": 2}, "n: a response is one output"),
+    ({"input": "hi", "max_tokens": 5}, "max_tokens: a response is bounded by max_output_tokens"),
+    ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens 0: must be >= 1"),
+    ({"input": "hi", "temperature": "hot"}, "temperature 'hot': must be a number"),
+    ({"input": "hi", "top_logprobs": 3}, 'top_logprobs 3: needs include: ["message.output_text.logprobs"]'),
+    ({"input": "hi", "include": ["reasoning.encrypted_content"]}, "include[0] 'reasoning.encrypted_content'"),
+    ({"input": "hi", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name: is required"),
+    ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "json_schema": {}}}},
+     "unknown field 'text.format.json_schema'"),
+    ({"input": "hi", "text": {"format": {"type": "xml"}}}, "text.format.type 'xml': must be text, json_object"),
+    ({"input": "hi", "text": {"verbosity": "low"}}, "text.verbosity 'low'"),
+    ({"input": "hi", "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata: holds 17 pairs, 16 at most"),
+    ({"input": "hi", "metadata": {"k": 1}}, "metadata.k 1: must be a string"),
+    ({"input": "hi", "store": True}, "store true: a batch keeps no responses"),
+    ({"input": "hi", "background": True}, "background true"),
+    ({"input": "hi", "stream": True}, "stream true: batch requests do not stream"),
+    ({"input": "hi", "truncation": "auto"}, "truncation 'auto': freight drops no input"),
+    ({"input": "hi", "previous_response_id": "resp_1"}, "unknown field 'previous_response_id': freight keeps no"),
+    ({"input": "hi", "reasoning": {"effort": "low"}}, "unknown field 'reasoning': reasoning effort is a chat request's"),
+    ({"input": "hi", "tools": []}, "unknown field 'tools': tool calls are chat requests'"),
+    ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role 'tool': must be one of user, system, developer"),
+    ({"input": "hi", "messages": USER}, "unknown field 'messages': /v1/responses takes no such field"),
+    ({"input": "hi", "model": "gpt-5"}, "model 'gpt-5': this job runs 'tiny'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "expected"), BAD_RESPONSE_BODIES, ids=[e[:30] for _, e in BAD_RESPONSE_BODIES])
+def test_bad_responses_fields_are_row_errors_naming_the_field(
+    tokenizer: Any, demo_model_dir: Path, body: dict[str, Any], expected: str
+) -> None:
+    req = one_request(tokenizer, job_spec(demo_model_dir), body, RESPONSES)
+    assert req.prompt is None and req.error is not None and req.endpoint == "responses"
+    assert expected in req.error, req.error
+
+
+def test_responses_fields_reach_the_prompt_sampling_and_response(tokenizer: Any, demo_model_dir: Path) -> None:
+    spec = job_spec(demo_model_dir, max_tokens=50, temperature=0.3, logprobs=1)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    body = {
+        "model": "tiny", "instructions": "be brief",
+        "input": [
+            {"role": "developer", "content": "use JSON"},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"},
+                                                            {"type": "input_text", "text": "b"}]},
+            {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+             "content": [{"type": "output_text", "text": "c", "annotations": []}]},
+            {"role": "user", "content": "d"},
+        ],
+        "max_output_tokens": 12, "temperature": 1, "top_p": 0.9, "seed": 5, "top_k": 4,
+        "include": ["message.output_text.logprobs"], "top_logprobs": 3,
+        "text": {"format": {"type": "json_schema", "name": "ab", "schema": schema, "strict": True}},
+        "metadata": {"run": "7"}, "user": "u-1", "safety_identifier": "s", "prompt_cache_key": "k",
+        "store": False, "background": False, "stream": False, "truncation": "disabled",
+    }  # fmt: skip
+    req = one_request(tokenizer, spec, body, RESPONSES)
+    assert req.error is None and req.endpoint == "responses"
+    assert req.prompt == tokenizer.apply_chat_template(
+        [{"role": "system", "content": "be brief"}, {"role": "system", "content": "use JSON"},
+         {"role": "user", "content": "a\nb"}, {"role": "assistant", "content": "c"}, {"role": "user", "content": "d"}],
+        add_generation_prompt=True,
+    )  # fmt: skip
+    p = sampling_params(req)
+    assert (p.max_tokens, p.temperature, p.top_p, p.seed, p.top_k, p.logprobs, p.n) == (12, 1.0, 0.9, 5, 4, 3, 1)
+    assert p.constraint is not None and p.constraint.kind == "json_schema" and json.loads(p.constraint.spec) == schema
+    assert json.loads(req.response_fields or "") == {
+        "instructions": "be brief", "metadata": {"run": "7"}, "user": "u-1", "safety_identifier": "s",
+        "prompt_cache_key": "k", "max_output_tokens": 12, "temperature": 1.0, "top_p": 0.9, "top_logprobs": 3,
+        "text": {"format": {"type": "json_schema", "name": "ab", "schema": schema, "strict": True}},
+    }  # fmt: skip
+    # a string input is one user message; absent fields run with the job's flags, and say so
+    plain = one_request(tokenizer, spec, {"input": "hello"}, RESPONSES)
+    assert plain.prompt == tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)
+    q = sampling_params(plain)
+    assert (q.max_tokens, q.temperature, q.logprobs, q.constraint) == (50, 0.3, 1, None)
+    assert json.loads(plain.response_fields or "") == {
+        "max_output_tokens": 50, "temperature": 0.3, "top_p": 1.0, "top_logprobs": 1, "text": {"format": {"type": "text"}},
+    }  # fmt: skip
+    # include alone: the sampled token's logprob only; a text format of type text: no constraint, the job's off
+    json_job = job_spec(demo_model_dir, json_schema=json.dumps(schema))
+    only = one_request(tokenizer, json_job, {"input": "x", "include": ["message.output_text.logprobs"],
+                                             "text": {"format": {"type": "text"}}}, RESPONSES)  # fmt: skip
+    assert sampling_params(only).logprobs == 0 and sampling_params(only).constraint is None
+    job_json = one_request(tokenizer, json_job, {"input": "x"}, RESPONSES)
+    assert sampling_params(job_json).constraint is not None
+    assert json.loads(job_json.response_fields or "")["text"] == {
+        "format": {"type": "json_schema", "name": "job_schema", "schema": schema}
+    }

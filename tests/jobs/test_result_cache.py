@@ -263,3 +263,29 @@ def test_estimate_counts_expected_hits(tmp_path: Path, demo_model_dir: Path, eng
 
     est = json.loads(result.output.strip().splitlines()[-1])
     assert est["rows_cached"] == 11 and est["rows_deduplicated"] == 0  # q0..q9 and the repeat of task_0
+
+
+def test_a_cached_response_repeats_its_own_request(tmp_path: Path, demo_model_dir: Path) -> None:
+    """/v1/responses rows that differ only in what their response repeats (metadata) share a cached
+    answer; each row keeps its own response_fields."""
+    import json
+
+    from jobs.storage import open_store
+
+    def batch(run: str) -> Path:
+        path = tmp_path / f"batch-{run}.jsonl"
+        body = {"input": "Say hi", "max_output_tokens": 4, "metadata": {"run": run}}
+        path.write_text(json.dumps({"custom_id": "r", "method": "POST", "url": "/v1/responses", "body": body}) + "\n")
+        return path
+
+    cache = str(tmp_path / "cache")
+    rows = {}
+    for run in ("1", "2"):
+        out = tmp_path / f"out-{run}"
+        result = CliRunner().invoke(app, ["run", str(batch(run)), "--model", str(demo_model_dir), "--output", str(out),
+                                          "--result-cache", cache])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        (rows[run],) = datasets.read_results(open_store(str(out))).to_pylist()
+    assert rows["1"]["cached"] is None and rows["2"]["cached"] == "exact"
+    assert rows["2"]["completion"] == rows["1"]["completion"]
+    assert json.loads(rows["2"]["response_fields"])["metadata"] == {"run": "2"}

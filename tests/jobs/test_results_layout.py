@@ -64,7 +64,7 @@ def test_old_layout_job_reports_resumes_and_finalizes(tmp_path: Path, demo_model
     assert len((tmp_path / "o.jsonl").read_text().splitlines()) == ROWS - 3  # rows 1, 3, 5 failed
 
     for name in ("_SUCCESS", "shards/00002.parquet", "shards/00002.json"):
-        (out / name).unlink()  # now as if shard 2 had not run yet when the old code stopped
+        (out / name).unlink()  # as if a job of the shards/*.json record layout stopped before shard 2
     old = out / "shards" / "00000.json"
     record = json.loads(old.read_text())
     record["worker"] = "old-layout-worker"  # so the reports below show they read this very object

@@ -123,6 +123,23 @@ def test_row_digest_covers_every_answer_field() -> None:
     assert [r.row for r in dups.unique] == [0] and [r.row for r in dups.copies[0]] == [9]
 
 
+def test_responses_differing_only_in_what_they_repeat_collapse_and_keep_their_own() -> None:
+    """Two /v1/responses rows whose requests differ only in metadata (repeated in the response, not
+    its answer) run once; the copy's result carries its own response_fields."""
+    from worker.row_dedup import copy_result
+    from worker.shard_rows import RowResult
+
+    params = SamplingParams(max_tokens=4)
+    a = RowRequest(row=0, id="a", prompt="p", sampling=params, endpoint="responses", response_fields='{"metadata":{"n":"1"}}')
+    b = RowRequest(row=1, id="b", prompt="p", sampling=params, endpoint="responses", response_fields='{"metadata":{"n":"2"}}')
+    dups = find_duplicates([a, b])
+    assert [r.row for r in dups.unique] == [0] and [r.row for r in dups.copies[0]] == [1]
+    ran = RowResult(row=0, id="a", completion="x", finish_reason="stop", prompt_tokens=3, cached_tokens=0,
+                    completion_tokens=1, error=None, endpoint="/v1/responses", response_fields=a.response_fields)  # fmt: skip
+    copied = copy_result(ran, b)
+    assert (copied.id, copied.completion, copied.response_fields, copied.duplicate) == ("b", "x", b.response_fields, True)
+
+
 def test_interrupted_shard_resumes_its_copies_as_copies(tmp_path: Path, demo_model_dir: Path, engine: Any) -> None:
     prompts = ["def a(x):", "def b(x):", "def a(x):", "def c(x):", "def b(x):", "def a(x):"]
     table = pa.table({"id": [f"i{i}" for i in range(6)], "prompt": prompts, "max_tokens": pa.array([1, 8, 1, 8, 8, 1])})

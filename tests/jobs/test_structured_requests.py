@@ -1,6 +1,6 @@
 """Structured output on every request surface: OpenAI-Batch `response_format`, vLLM's `guided_*` and
 `structured_outputs`, Parquet constraint columns and the job's flags all put the right Constraint in
-the engine's SamplingParams; every bad shape is that row's error naming the field (issue 16)."""
+the engine's SamplingParams; every bad shape is that row's error naming the field."""
 
 from __future__ import annotations
 

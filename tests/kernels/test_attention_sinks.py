@@ -9,6 +9,7 @@ from kernel_cases import assert_close, randn
 from paged_cases import random_cache
 
 from kernels import reference
+from kernels.attention_options import AttentionOptions
 from kernels.triton.paged_decode_attention import DecodeConfig
 from kernels.triton.paged_decode_attention import paged_decode_attention as triton_decode
 from kernels.triton.prefill_attention import PrefillConfig
@@ -64,11 +65,11 @@ def test_decode_with_sinks(shared_blocks: int) -> None:
                               torch.tensor([n - 1]), sinks) for b, n in enumerate(lens)])  # fmt: skip
     plain = reference.paged_decode_attention(q, kc, vc, table, ctx, SCALE)
     assert (plain - want).abs().max() > 1e-2  # the sinks change the result
-    assert_close(reference.paged_decode_attention(q, kc, vc, table, ctx, SCALE, sinks=sinks), want, atol=2e-5, rtol=1e-4)
+    assert_close(reference.paged_decode_attention(q, kc, vc, table, ctx, SCALE, options=AttentionOptions(sinks)), want, atol=2e-5, rtol=1e-4)
     cpu = CpuBackend()
-    assert_close(cpu.paged_decode_attention(q, kc, vc, table, ctx, SCALE, sinks=sinks), want, atol=2e-5, rtol=1e-4)
+    assert_close(cpu.paged_decode_attention(q, kc, vc, table, ctx, SCALE, options=AttentionOptions(sinks)), want, atol=2e-5, rtol=1e-4)
     for splits in (1, 3):
-        got = triton_decode(q, kc, vc, table, ctx, SCALE, None, sinks, config=DecodeConfig(block_n=16, num_splits=splits))
+        got = triton_decode(q, kc, vc, table, ctx, SCALE, None, AttentionOptions(sinks), config=DecodeConfig(block_n=16, num_splits=splits))
         assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 
@@ -90,14 +91,14 @@ def test_prefill_with_sinks(shared_blocks: int) -> None:
                 torch.arange(n - q_lens[b], n), sinks)
         for b, n in enumerate(lens)
     ])  # fmt: skip
-    got = reference.prefill_attention(q, kc, vc, cu, ctx, table, SCALE, sinks=sinks)
+    got = reference.prefill_attention(q, kc, vc, cu, ctx, table, SCALE, options=AttentionOptions(sinks))
     assert_close(got, want, atol=2e-5, rtol=1e-4)
     meta = AttentionMetadata(slot_mapping=torch.zeros(0, dtype=torch.int64), num_prefill_tokens=q.shape[0],
                              prefill_cu_seqlens_q=cu, prefill_context_lens=ctx, prefill_block_tables=table)  # fmt: skip
     out = torch.empty_like(q)
-    CpuBackend().prefill_rows(q, kc, vc, meta, SCALE, out, sinks)
+    CpuBackend().prefill_rows(q, kc, vc, meta, SCALE, out, AttentionOptions(sinks))
     assert_close(out, want, atol=2e-5, rtol=1e-4)
-    got = triton_prefill(q, kc, vc, cu, ctx, table, SCALE, None, sinks, config=PrefillConfig(block_m=16, block_n=16))
+    got = triton_prefill(q, kc, vc, cu, ctx, table, SCALE, None, AttentionOptions(sinks), config=PrefillConfig(block_m=16, block_n=16))
     assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 
@@ -105,4 +106,15 @@ def test_triton_refuses_sinks_of_the_wrong_shape() -> None:
     kc, vc = random_cache(4, BS, HKV, D, torch.float32)
     table = torch.tensor([[0]], dtype=torch.int32)
     with pytest.raises(ValueError, match="sinks"):
-        triton_decode(randn(1, HQ, D), kc, vc, table, torch.tensor([3], dtype=torch.int32), SCALE, None, randn(HKV))
+        triton_decode(randn(1, HQ, D), kc, vc, table, torch.tensor([3], dtype=torch.int32), SCALE, None,
+                      AttentionOptions(randn(HKV)))
+
+
+def test_c_kernels_refuse_sinks() -> None:
+    """The C kernels return the log-sum-exp for their caller to apply the sinks with: given sinks, they refuse."""
+    from kernels.cpu.paged_decode_attention import NativeDecodeAttention
+
+    kc, vc = random_cache(4, BS, HKV, D, torch.float32)
+    table, ctx = torch.tensor([[0]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    with pytest.raises(ValueError, match="take no sinks"):
+        NativeDecodeAttention()(randn(1, HQ, D), kc, vc, table, ctx, SCALE, options=AttentionOptions(randn(HQ)))

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from kernel_cases import assert_close, randn
 from paged_cases import block_tables_for, random_cache
+from torch_threads import torch_threads
 
 from kernels import reference
 from kernels.cpu.decode_stack import NativeDecodeStack, StackLayer, StackShape, pack_rows
@@ -129,16 +130,12 @@ def test_many_rows_through_torchs_sgemm(native) -> None:
 def test_threads_give_the_same_floats(native) -> None:
     case = _case(512, 8, 4, 64, 1536, 16, [37, 5, 90], bias=True, layers=3)
     shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = case
-    before = torch.get_num_threads()
     outs, caches = [], []
-    try:
-        for threads in (1, 2, 3):
-            torch.set_num_threads(threads)
+    for threads in (1, 2, 3):
+        with torch_threads(threads):
             mine = _copy_caches(layers)
             outs.append(native.bind(shape, mine, final_norm, cos_sin)(x, positions, slots, tables, cl))
             caches.append(torch.cat([torch.stack([layer.k_cache, layer.v_cache]) for layer in mine]))
-    finally:
-        torch.set_num_threads(before)
     want = _reference(shape, _copy_caches(layers), final_norm, cos_sin, x, positions, slots, tables, cl)
     assert_close(outs[0], want, atol=2e-4, rtol=1e-4)
     for out, cache in zip(outs[1:], caches[1:], strict=True):
@@ -216,20 +213,23 @@ def test_packed_matrices_match_the_layers_op_by_op(native, hidden, heads, kv_hea
         assert_close(mine.v_cache, theirs.v_cache, atol=2e-4, rtol=1e-4)
 
 
+def _on_1_2_3_threads(native, shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl) -> list:
+    """The packed stack's output for the same step on 1, 2 and 3 torch threads (each bound afresh
+    over its own copy of the caches); the thread count is restored after."""
+    outs = []
+    for threads in (1, 2, 3):
+        with torch_threads(threads):
+            outs.append(native.bind(shape, _copy_caches(layers), final_norm, cos_sin, packed=True)(
+                x, positions, slots, tables, cl))  # fmt: skip
+    return outs
+
+
 def test_packed_rows_give_the_same_floats_on_any_threads_and_batch(native) -> None:
     """Each packed output is one FMA chain over k: the same floats on 1, 2 or 3 threads (whose slices cut
     tiles) and whichever other rows share the step (from packed_rows rows on)."""
     lens = [37, 5, 90, 12, 64, 3, 18, 44, 7, 29, 51, 2, 8]
     shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(200, 4, 2, 16, 300, 16, lens, True)
-    before = torch.get_num_threads()
-    outs = []
-    try:
-        for threads in (1, 2, 3):
-            torch.set_num_threads(threads)
-            outs.append(native.bind(shape, _copy_caches(layers), final_norm, cos_sin, packed=True)(
-                x, positions, slots, tables, cl))  # fmt: skip
-    finally:
-        torch.set_num_threads(before)
+    outs = _on_1_2_3_threads(native, shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl)
     assert all(torch.equal(out, outs[0]) for out in outs[1:])
     few = native.packed_rows
     stack = native.bind(shape, _copy_caches(layers), final_norm, cos_sin, packed=True)
@@ -321,15 +321,7 @@ def test_quantized_rows_give_the_same_floats_on_any_threads_and_batch(native) ->
     shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(256, 4, 2, 32, 320, 16, lens, True)
     layers, refs = _quantized(layers, 4, 32, names=("qkv", "down"))
     want = _reference(shape, _copy_caches(layers), final_norm, cos_sin, x, positions, slots, tables, cl, refs)
-    before = torch.get_num_threads()
-    outs = []
-    try:
-        for threads in (1, 2, 3):
-            torch.set_num_threads(threads)
-            outs.append(native.bind(shape, _copy_caches(layers), final_norm, cos_sin, packed=True)(
-                x, positions, slots, tables, cl))  # fmt: skip
-    finally:
-        torch.set_num_threads(before)
+    outs = _on_1_2_3_threads(native, shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl)
     _assert_close_but_flips(outs[0], want)
     assert all(torch.equal(out, outs[0]) for out in outs[1:])
     stack = native.bind(shape, _copy_caches(layers), final_norm, cos_sin, packed=True)

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 from kernel_cases import assert_close, randn
+from torch_threads import torch_threads
 
 from kernels import reference
 from kernels.cpu.elementwise import NativeElementwise
@@ -21,10 +22,8 @@ def native() -> NativeElementwise:
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
 def threads(request: pytest.FixtureRequest) -> Iterator[int]:
     """Both the single-thread path and the row split over pthreads (the sizes below are big enough)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
+    with torch_threads(request.param):
+        yield request.param
 
 
 @pytest.mark.parametrize("n", [512, 70, 5])  # vector multiple, vector + tail, tail only

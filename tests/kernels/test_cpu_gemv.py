@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from kernel_cases import assert_close, randn
 from torch import nn
+from torch_threads import torch_threads
 
 from kernels.cpu.gemv import NativeGemv
 from worker.engine.backends.cpu_backend import CpuBackend
@@ -31,14 +32,10 @@ def test_strided_rows_and_threads(gemv) -> None:
     wide = randn(4, 600)
     x = wide[:, 7:519]
     w = randn(2048, 512, scale=0.05)  # 4 MB: enough weights for the threads to split
-    before = torch.get_num_threads()
-    try:
-        outs = []
-        for threads in (1, 2, 3):
-            torch.set_num_threads(threads)
+    outs = []
+    for threads in (1, 2, 3):
+        with torch_threads(threads):
             outs.append(gemv(x, w))
-    finally:
-        torch.set_num_threads(before)
     assert_close(outs[0], F.linear(x, w), atol=1e-4, rtol=1e-4)
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
@@ -100,11 +97,7 @@ def test_packed_matches_linear_and_fp16_gives_the_fp32_floats(gemv, rows: int, n
     got = gemv.packed(x, pack_rows(w, gemv.pack_width), n, b)
     assert_close(got, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
     assert torch.equal(gemv.packed(x, pack_rows(w.half(), gemv.pack_width), n, b), got)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         assert torch.equal(gemv.packed(x, pack_rows(w, gemv.pack_width), n, b), got)
-    finally:
-        torch.set_num_threads(before)
     with pytest.raises(ValueError, match="packed"):
         gemv.packed(x, w, n, b)  # not packed

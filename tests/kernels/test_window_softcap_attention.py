@@ -10,6 +10,7 @@ from kernel_cases import assert_close, poisoned, randn
 from paged_cases import block_tables_for, random_cache
 
 from kernels import reference
+from kernels.attention_options import AttentionOptions
 from kernels.cpu.paged_decode_attention import NativeDecodeAttention
 from kernels.cpu.paged_prefill_attention import NativePrefillAttention
 from kernels.triton.paged_decode_attention import DecodeConfig
@@ -65,15 +66,15 @@ def test_decode_window_softcap(window: int, softcap: float) -> None:
         for b, n in enumerate(lens)
     ])  # fmt: skip
     _poison_outside(kc, vc, tables, [n - 1 for n in lens], window)
-    ref = reference.paged_decode_attention(q, kc, vc, tables, ctx, 0.3, window=window, softcap=softcap)
+    ref = reference.paged_decode_attention(q, kc, vc, tables, ctx, 0.3, options=AttentionOptions(window=window, softcap=softcap))
     assert_close(ref, dense, atol=2e-5, rtol=1e-4)
     for splits in (1, 3):
         out = poisoned(*q.shape)
-        triton_decode(q, kc, vc, tables, ctx, 0.3, out, window=window, softcap=softcap, config=DecodeConfig(block_n=16, num_splits=splits))
+        triton_decode(q, kc, vc, tables, ctx, 0.3, out, options=AttentionOptions(window=window, softcap=softcap), config=DecodeConfig(block_n=16, num_splits=splits))
         assert_close(out, ref, atol=2e-5, rtol=1e-4)
     native = NativeDecodeAttention()  # the C kernel (cpu backend), when it builds here
     out = poisoned(*q.shape)
-    native(q, kc, vc, tables.clamp_min(0), ctx, 0.3, out, window=window, softcap=softcap)
+    native(q, kc, vc, tables.clamp_min(0), ctx, 0.3, out, options=AttentionOptions(window=window, softcap=softcap))
     assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
@@ -93,12 +94,12 @@ def test_prefill_window_softcap(window: int, softcap: float) -> None:
         for b, (p, n) in enumerate(zip(prefixes, lens, strict=True))
     ])  # fmt: skip
     _poison_outside(kc, vc, tables, prefixes, window)
-    ref = reference.prefill_attention(q, kc, vc, cu, ctx, tables, 0.25, window=window, softcap=softcap)
+    ref = reference.prefill_attention(q, kc, vc, cu, ctx, tables, 0.25, options=AttentionOptions(window=window, softcap=softcap))
     assert_close(ref, dense, atol=2e-5, rtol=1e-4)
     out = poisoned(*q.shape)
     cfg = PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
-    triton_prefill(q, kc, vc, cu, ctx, tables, 0.25, out, window=window, softcap=softcap, config=cfg)
+    triton_prefill(q, kc, vc, cu, ctx, tables, 0.25, out, options=AttentionOptions(window=window, softcap=softcap), config=cfg)
     assert_close(out, ref, atol=2e-5, rtol=1e-4)
     out = poisoned(*q.shape)  # the C kernel (cpu backend)
-    NativePrefillAttention()(q, kc, vc, cu, ctx, tables.clamp_min(0), 0.25, out, window=window, softcap=softcap)
+    NativePrefillAttention()(q, kc, vc, cu, ctx, tables.clamp_min(0), 0.25, out, options=AttentionOptions(window=window, softcap=softcap))
     assert_close(out, ref, atol=2e-5, rtol=1e-4)

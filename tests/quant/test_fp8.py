@@ -62,9 +62,9 @@ def test_quantize_at_load_stays_close_to_fp32(reference_model: Path) -> None:
     """The fp8 model (on the fly) against the fp32 model. e4m3 rounds the weights and every
     activation row (3 mantissa bits), so a near-tie can flip a greedy token and the row continues
     differently from there: greedy agreement measures where the near-ties are as much as fp8's
-    error (6 prompts x 24 tokens: the session-17 model 5 of 6 rows identical, 88% of positions; the
-    committed one 2 of 6, 76%, one row's first token a near-tie): so every row that differs must
-    first differ at a near-tie. The cascade-free measure: on the
+    error (on the committed model, 6 prompts x 24 tokens: 2 of 6 rows identical, 76% of positions,
+    one row's first token a near-tie): so every row that differs must first differ at a near-tie.
+    The cascade-free measure: on the
     fp32 model's greedy text, each token's log-probability under the two models (mean difference
     0.037 nats on both models); a broken fp8 path moves it by nats."""
     base = _greedy(_engine(reference_model))
@@ -77,7 +77,7 @@ def test_quantize_at_load_stays_close_to_fp32(reference_model: Path) -> None:
     fp32 = _engine(reference_model)
     scored = SamplingParams(max_tokens=1, prompt_logprobs=True)
     # each row is identical, or first differs at a near-tie: the fp32 model rates its own token and
-    # fp8's within 0.3 nats there (measured 0.01-0.04 on the committed model, 0.08-0.09 on session 17's)
+    # fp8's within 0.3 nats there (0.01-0.04 on the committed model: this test's own numbers)
     for p, ref, row in zip(PROMPTS, base, got, strict=True):
         if row != ref:
             n = next(i for i, (a, b) in enumerate(zip(ref, row, strict=True)) if a != b)

@@ -19,11 +19,15 @@ import heapq
 import operator
 from collections import deque
 from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from worker.engine.kv_groups import kv_groups
 from worker.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from worker.engine.lora.manager import LoraManager
 
 _MASK64 = (1 << 64) - 1
 
@@ -97,6 +101,11 @@ class PersistentBatch:
         # a structured-output constraint or a thinking budget (SamplingParams.masked): masked, checked per token
         self.constrained = np.zeros(r, np.bool_)
         self.num_constrained = 0
+        # the row's LoRA adapter: its slot on the device (-1: the base model), held from join to leave;
+        # `loras` (set by the engine) swaps adapters in and counts their rows
+        self.lora_slot = np.full(r, -1, np.int32)
+        self.num_lora = 0
+        self.loras: LoraManager | None = None
         self._free = list(range(r))  # a heap: the lowest free row first
         self._admissions = 0
         # bumped whenever the set of rows past their prefill changes (join, leave, prefill done), so
@@ -158,6 +167,9 @@ class PersistentBatch:
         self.num_constrained += p.masked
         self.num_special += bool(p.stop) or p.logprobs is not None
         self.num_drawing += p.temperature > 0
+        if seq.adapter >= 0:
+            self.lora_slot[row] = self.loras.acquire(seq.adapter)  # type: ignore[union-attr]
+            self.num_lora += 1
         self.num_blocks[row] = 0
         self.sync_blocks(seq, row)
         seq.batch, seq.row = self, row
@@ -184,6 +196,10 @@ class PersistentBatch:
             self.penalty_events.append((row, None))
         self.num_cow -= bool(self.cow[row])
         self.cow[row] = False
+        if self.lora_slot[row] >= 0:
+            self.loras.release(int(self.lora_slot[row]))  # type: ignore[union-attr]
+            self.lora_slot[row] = -1
+            self.num_lora -= 1
         heapq.heappush(self._free, row)
         self.version += 1
 

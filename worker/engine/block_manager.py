@@ -6,8 +6,9 @@ cache, so a later sequence with the same prefix reuses it. A block whose count f
 contents: if hashed it becomes "evictable" (still reusable, reclaimed least-recently-used first),
 otherwise it returns to the plain free list. Hashes are 64-bit Python hashes of int tuples
 (stable across processes); a collision would silently share a block (probability ~2^-64 per pair).
-The chain's root is the sequence's rope_offset folded into a constant: a LongRoPE sequence whose prompt
-is past the threshold rotates every key with the long factors, so its blocks are never another's.
+The chain's root is the sequence's rope_offset and LoRA adapter folded into a constant: a LongRoPE
+sequence whose prompt is past the threshold rotates every key with the long factors, and an adapter
+changes every layer's K/V, so their blocks are never another's.
 
 Sliding windows (`window`: set when every layer of the model attends through the same window W):
 a query at position p reads keys p - W < j <= p only, so once a sequence computes from position p
@@ -31,7 +32,10 @@ _ROOT_HASH = 0x5EED
 
 
 def root_hash(seq: Sequence) -> int:
-    """The parent hash of seq's first block: the same for every sequence but LongRoPE's long prompts."""
+    """The parent hash of seq's first block: the same for every sequence of the base model but
+    LongRoPE's long prompts; one per adapter (its engine id, never reused) otherwise."""
+    if seq.adapter >= 0:
+        return hash((_ROOT_HASH, seq.rope_offset, "lora", seq.adapter))
     return _ROOT_HASH if not seq.rope_offset else hash((_ROOT_HASH, seq.rope_offset))
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from contracts.lora.config import MAX_LORAS
 from contracts.quantization import check_quant_group
 from worker.engine.speculation.config import SpeculativeConfig
 
@@ -37,7 +38,8 @@ class EngineConfig:
     max_model_len: int | None = None  # cap on prompt + completion; None: the model's own limit
     seed: int = 0  # seed of requests whose SamplingParams.seed is None (salted by request index)
     # torch intra-op threads, set process-wide at load; None leaves torch's choice. On a CPU shared
-    # with other busy processes, 1 avoids threads spin-waiting on each other (often 5-10x faster).
+    # with other busy processes, 1 avoids threads spin-waiting on each other, which can cost more
+    # than the work (bench/engine_vs_hf.py --threads 1 and --threads 2 on a loaded machine show it).
     num_threads: int | None = None
     # Decode steps as CUDA graphs captured at start (padded batch sizes 1, 2, 4, 8, 16, ...). None: on
     # for CUDA; the CPU has no graphs (True there is refused).
@@ -49,12 +51,15 @@ class EngineConfig:
     # CUDA; on the CPU there is nothing to overlap with (the host runs the model too).
     overlap_steps: bool | None = None
     # Pure decode steps through the backend's whole-stack decode where it has one (the CPU backend:
-    # every layer in one C call, up to 15 rows on any thread count, more on one thread; plain fp32
-    # models only, others run op by op). False: always op by op (same tokens, to fp32 rounding).
+    # every layer in one C call, up to 15 rows on any thread count, more on one thread; fp32, int8 and
+    # int4 models, others run op by op). False: always op by op (same tokens, to fp32 rounding).
     decode_stack: bool = True
     # Speculative decoding (speculation/config.py): None off. Its steps need the previous step's
     # tokens on the host, so it runs without overlapped steps (overlap_steps None turns off; True is refused).
     speculative: SpeculativeConfig | None = None
+    # LoRA adapters resident on the device at once (lora/slots.py): a sequence whose adapter is not
+    # resident waits for a slot no running sequence holds, swapped in from host memory (LRU).
+    max_loras: int = 8
 
     def __post_init__(self) -> None:
         if self.device.split(":")[0] not in ("cpu", "cuda"):
@@ -102,6 +107,8 @@ class EngineConfig:
                              "overlapped steps have not applied yet; leave overlap_steps None or False")  # fmt: skip
         if self.overlap_steps is None:
             object.__setattr__(self, "overlap_steps", cuda and self.speculative is None)
+        if not 1 <= self.max_loras <= MAX_LORAS:
+            raise ValueError(f"max_loras must be in 1..{MAX_LORAS}, got {self.max_loras}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2 or None, got {self.max_model_len}")
 

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
 from collections.abc import Sequence as Seq
 from pathlib import Path
 
-import numpy as np
 import structlog
 import torch
 
 from contracts.checkpoint.pooling import PoolingConfig, PoolingConfigError
+from contracts.lora.config import MAX_LORAS
 from contracts.sampling import SamplingParams
 from worker.engine.batch_state import PersistentBatch
 from worker.engine.completion_texts import CompletionTexts
@@ -19,17 +19,20 @@ from worker.engine.config import EngineConfig
 from worker.engine.embedder import Embedder, EmbeddingOutput, dimensions_per_prompt
 from worker.engine.engine_build import build_engine
 from worker.engine.kv_groups import block_manager
-from worker.engine.model_runner import InFlightStep, ModelRunner
+from worker.engine.loader import read_config
+from worker.engine.lora import LoraManager
+from worker.engine.model_runner import InFlightStep, LaunchedStep, ModelRunner
 from worker.engine.ordering import batch_order
 from worker.engine.outputs import RequestOutput
 from worker.engine.request_checks import RequestChecks
 from worker.engine.scheduler import Scheduler
+from worker.engine.scheduler_output import SchedulerOutput
 from worker.engine.sequence import Sequence
 from worker.engine.speculation.draft import DraftModel
 from worker.engine.speculation.speculator import Speculator
 from worker.engine.stats import EngineStats
 from worker.engine.step_output import StepOutputs
-from worker.engine.structured_outputs import StructuredOutputs
+from worker.engine.structured_outputs import RunCut, StructuredOutputs
 from worker.engine.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
@@ -59,13 +62,16 @@ class Engine:
         self.batch = PersistentBatch(config.max_num_seqs, -(-max_model_len // config.block_size), config.block_size,
                                      self.eos_token_ids, grouped=len(runner.groups) > 1)  # fmt: skip
         runner.bind(self.batch, mirror=config.torch_device.type != "cpu", static_decode=bool(config.static_decode))
+        model = runner.model
+        self.loras = LoraManager(model, model.backend, config.max_loras, config.torch_device, config.torch_dtype,
+                                 read_config(model_dir), [str(model_dir)])  # fmt: skip
+        self.batch.loras = self.loras
         self.scheduler = Scheduler(config, self.block_manager, self.batch, max_model_len)
         self.stats = EngineStats()
         self.texts = CompletionTexts(tokenizer)
         self.outputs = StepOutputs(self.scheduler, self.stats, self.texts.stop_hit)
         self.speculator = Speculator(config.speculative, self.batch, draft, self.stats) if config.speculative else None
-        self._in_flight: InFlightStep | None = None  # the launched step whose tokens are not applied yet
-        self._applied_early: list[Sequence] = []  # finished by applying _in_flight inside a launch (_constrain)
+        self._in_flight: InFlightStep | None = None  # overlapped steps: the sampled step whose tokens are not applied yet
         self.structured = StructuredOutputs(model_dir, self.vocab_size, tuple(eos), config.max_num_seqs,
                                             config.torch_device, self.stats, tokenizer)  # fmt: skip
         self.checks = RequestChecks(self.vocab_size, max_model_len, self.structured.error,
@@ -83,11 +89,29 @@ class Engine:
         return build_engine(cls, Path(model_dir), config or EngineConfig())
 
     # ---- public API ------------------------------------------------------------------------
+    def set_loras(self, adapters: Mapping[str, str | Path], base_names: tuple[str | None, ...] = (),
+                  max_loras: int | None = None) -> None:  # fmt: skip
+        """Serve exactly these LoRA adapters (name -> local PEFT folder) from the next stream on;
+        `base_names`: names the base model goes by besides its folder (a job's model URL, its served
+        name), which an adapter's base_model_name_or_path may give; `max_loras`: adapters resident on
+        the device at once (None: EngineConfig.max_loras). ValueError naming
+        the adapter that cannot be served (nothing changes then); RuntimeError during a stream."""
+        if self.scheduler.has_unfinished():
+            raise RuntimeError("this engine is running a stream; finish or close it before changing adapters")
+        if max_loras is not None and not 1 <= max_loras <= MAX_LORAS:
+            raise ValueError(f"max_loras must be in 1..{MAX_LORAS}, got {max_loras}")
+        self.loras.sync(adapters, base_names, max_loras or self.config.max_loras)
+
+    @property
+    def lora_names(self) -> list[str]:
+        return sorted(self.loras.ids)
+
     def generate(
-        self, prompts: Seq[str] | Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None
-    ) -> list[RequestOutput]:
+        self, prompts: Seq[str] | Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
+        adapters: Seq[str | None] | None = None,
+    ) -> list[RequestOutput]:  # fmt: skip
         """One RequestOutput per prompt, in the order of `prompts`."""
-        outs = list(self.stream(prompts, params))
+        outs = list(self.stream(prompts, params, adapters=adapters))
         return sorted(outs, key=lambda o: o.index)
 
     def stream(
@@ -95,13 +119,18 @@ class Engine:
         prompts: Seq[str] | Seq[Seq[int]],
         params: SamplingParams | Seq[SamplingParams] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        adapters: Seq[str | None] | None = None,
     ) -> Iterator[RequestOutput]:
         """Yield each RequestOutput as its request finishes (bad prompts first, as errors).
 
         should_stop() is checked before every step; once True, unfinished requests are aborted (their
-        blocks freed, nothing yielded for them) and the generator returns.
+        blocks freed, nothing yielded for them) and the generator returns. `adapters`: each prompt's
+        LoRA adapter (a name given to set_loras; None: the base model), or None for all on the base;
+        an unknown name is that request's error.
         """
         params_list = self.checks.params_for(prompts, params)
+        if adapters is not None and len(adapters) != len(prompts):
+            raise ValueError(f"adapters has {len(adapters)} entries for {len(prompts)} prompts: give one per prompt")
         if self.scheduler.has_unfinished():
             raise RuntimeError("this engine is already running a stream; finish or close it first")
         seqs: list[Sequence] = []
@@ -110,14 +139,20 @@ class Engine:
         for i, (prompt, p) in enumerate(zip(prompts, params_list, strict=True)):
             ids, error = self.checks.prompt_ids(prompt, next(encoded) if self.checks.encodable(prompt) else None)
             error = error or self.checks.params_error(p)
+            adapter = -1
+            if error is None and adapters is not None:
+                try:
+                    adapter = self.loras.id_of(adapters[i])
+                except ValueError as exc:
+                    error = str(exc)
             if error is not None:
                 yield RequestOutput(i, ids, [], "", "error", len(ids), 0, error=error)
                 continue
             seed = p.seed if p.seed is not None else hash((self.config.seed, i)) & 0x7FFF_FFFF_FFFF_FFFF
             self.stats.constrained_requests += p.n if p.constraint is not None else 0
-            seqs.append(self._request(i, ids, p, seed))
+            seqs.append(self._request(i, ids, p, seed, adapter))
         emitted: set[int] = set()  # requests with n > 1 whose output was yielded
-        order = batch_order([s.token_ids for s in seqs], [s.params.max_tokens for s in seqs], self.config.block_size)
+        order = self._order(seqs)
         for j in order:
             self.scheduler.add(seqs[j])
         try:
@@ -181,47 +216,41 @@ class Engine:
         return embedder.run(requests, should_stop, errors)
 
     # ---- one step --------------------------------------------------------------------------
+    @torch.inference_mode()
     def step(self) -> list[Sequence]:
-        """Schedule and launch a step; apply the tokens of the previous step (overlapped) or of this
-        one; returns the sequences that finished."""
+        """One step, phase by phase; returns the sequences that finished.
+
+        1. schedule: speculation's proposals (`_plan`), then the scheduler's plan of the step;
+        2. launch: the step's inputs and forward (ModelRunner.launch; on CUDA not waited on);
+        3. apply the previous step's tokens (overlapped steps: on the host while the device computes
+           this step's forward);
+        4. mask the masked rows' logits (`_mask`: a mask needs every token before it, so after 3);
+        5. sample, on the device, and start the tokens' copy to the host (ModelRunner.sample);
+        6. verify speculation's runs (ModelRunner.verify); speculation observes what they kept;
+        7. apply this step's tokens, unless steps overlap (then the next step's phase 3 does);
+        8. record the step's busy time, and its cost for speculation.
+        """
         t0 = time.perf_counter()
         c0 = time.process_time() if self.speculator is not None else 0.0
         sched = self.scheduler.schedule(self._plan())
         finished = list(sched.errored)
-        self.stats.preemptions += sched.num_preempted
-        for seq in sched.admitted:
-            self.stats.prompt_tokens += seq.num_prompt_tokens
-            self.stats.cached_tokens += seq.num_cached_tokens or 0
-        launched = None
-        if sched.chunks or sched.decode_rows.size or sched.spec:
-            # this step's work: sched.num_prefill_tokens prompt (or recomputed) tokens and
-            # sched.num_scheduled_tokens - sched.num_prefill_tokens decode tokens (decode_tokens
-            # counts them as they reach the host)
-            self.stats.computed_prefill_tokens += sched.num_prefill_tokens
-            self.stats.steps += 1
-            constrained = bool(self.batch.num_constrained)
-            launched = self.runner.execute(sched, self._constrain if constrained else None,
-                                           self.structured.mask_runs if constrained else None)  # fmt: skip
-        if self._applied_early:
-            finished.extend(self._applied_early)
-            self._applied_early = []
-        if self.config.overlap_steps:  # the previous step ran on the device while this one was scheduled
-            done, self._in_flight = self._in_flight, launched
-        else:
-            done = launched
-        if done is not None:
-            if done.spec:  # before their tokens are applied: the draft forgets what was not kept
-                self.speculator.observe(done.spec)  # type: ignore[union-attr]
-            finished.extend(self.outputs.apply(done))
-        # busy time, split between prefill and decode by this step's token counts (EngineStats.add_busy)
-        prefill = sched.num_prefill_tokens
-        seconds = time.perf_counter() - t0
-        self.stats.add_busy(seconds, prefill, sched.num_scheduled_tokens - prefill)
-        if self.speculator is not None and not sched.chunks:  # a pure decode / verify step
-            # the CPU's cost is the work done (process time: wall time on a shared machine is noise)
-            cpu = self.config.torch_device.type == "cpu"
-            cost = time.process_time() - c0 if cpu else seconds
-            self.speculator.record(sched.num_scheduled_tokens, cost, bool(sched.spec), cpu)
+        self._count(sched)
+        launched = self.runner.launch(sched) if sched.chunks or sched.decode_rows.size or sched.spec else None
+        if self._in_flight is not None:
+            finished.extend(self.outputs.apply(self._in_flight))
+            self._in_flight = None
+        step = None
+        if launched is not None:
+            cuts = self._mask(launched)
+            step = self.runner.sample(launched)
+            if launched.inputs.spec:
+                step.spec = self.runner.verify(launched, cuts)
+                self.speculator.observe(step.spec)  # type: ignore[union-attr]  # before their tokens are applied
+        if self.config.overlap_steps:
+            self._in_flight = step
+        elif step is not None:
+            finished.extend(self.outputs.apply(step))
+        self._record(sched, t0, c0)
         return finished
 
     def _plan(self) -> list[tuple[int, list[int]]] | None:
@@ -233,29 +262,64 @@ class Engine:
             return None
         return self.speculator.plan(rows, self.config.max_num_batched_tokens - rows.size, bool(self.scheduler.waiting))
 
-    def _constrain(self, logits: torch.Tensor, sample_rows: np.ndarray) -> None:
-        """Mask the constrained rows' logits of the step being launched (ModelRunner.execute calls
-        this between the forward and sampling). A row's mask needs every token before it: with
-        overlapped steps, the previous step's tokens are applied here first, while the device runs
-        this step's forward (see docs/ARCHITECTURE.md, "Structured outputs")."""
-        b = self.batch
-        which = np.flatnonzero(b.constrained[sample_rows])
-        if not which.size:
-            return
-        seqs = b.sequences(sample_rows[which])  # before applying: that may finish (and free) rows
-        if self._in_flight is not None:
-            self._applied_early.extend(self.outputs.apply(self._in_flight))
-            self._in_flight = None
-        self.structured.mask(logits, which, seqs)
+    def _count(self, sched: SchedulerOutput) -> None:
+        """The scheduled step's counts in stats: preemptions, admitted prompts, and when it computes
+        anything, a step and its sched.num_prefill_tokens prompt (or recomputed) tokens (its decode
+        tokens are counted as they reach the host)."""
+        self.stats.preemptions += sched.num_preempted
+        for seq in sched.admitted:
+            self.stats.prompt_tokens += seq.num_prompt_tokens
+            self.stats.cached_tokens += seq.num_cached_tokens or 0
+        if sched.chunks or sched.decode_rows.size or sched.spec:
+            self.stats.computed_prefill_tokens += sched.num_prefill_tokens
+            self.stats.steps += 1
+
+    def _mask(self, step: LaunchedStep) -> dict[int, RunCut]:
+        """The masked rows' allowed tokens (structured outputs, thinking budgets: StructuredOutputs),
+        applied to their logits in place; returns the masked verify runs' cuts, by index in the runs."""
+        if step.masked.size:
+            self.structured.mask(step.sampled, step.masked, step.masked_seqs)
+        if not step.masked_runs:
+            return {}
+        cuts = self.structured.mask_runs(step.verified, list(step.masked_runs.values()))  # type: ignore[arg-type]
+        return dict(zip(step.masked_runs, cuts, strict=True))
+
+    def _record(self, sched: SchedulerOutput, t0: float, c0: float) -> None:
+        """The step's busy time, split between prefill and decode by its token counts
+        (EngineStats.add_busy); a pure decode / verify step's cost for speculation."""
+        prefill = sched.num_prefill_tokens
+        seconds = time.perf_counter() - t0
+        self.stats.add_busy(seconds, prefill, sched.num_scheduled_tokens - prefill)
+        if self.speculator is not None and not sched.chunks:
+            # the CPU's cost is the work done (process time: wall time on a shared machine is noise)
+            cpu = self.config.torch_device.type == "cpu"
+            cost = time.process_time() - c0 if cpu else seconds
+            self.speculator.record(sched.num_scheduled_tokens, cost, bool(sched.spec), cpu)
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _request(self, index: int, ids: list[int], params: SamplingParams, seed: int) -> Sequence:
+    def _order(self, seqs: list[Sequence]) -> list[int]:
+        """The admission order (ordering.batch_order). When the batch's adapters outnumber the slots
+        on the device, adapter by adapter (batch_order within each): a sequence waits for a slot only
+        where one adapter's run ends, not at every row (their KV is never shared anyway)."""
+        block = self.config.block_size
+        adapters = {s.adapter for s in seqs if s.adapter >= 0}
+        if len(adapters) <= self.config.max_loras:
+            return batch_order([s.token_ids for s in seqs], [s.params.max_tokens for s in seqs], block)
+        order: list[int] = []
+        for aid in sorted({s.adapter for s in seqs}):
+            mine = [j for j, s in enumerate(seqs) if s.adapter == aid]
+            sub = batch_order([seqs[j].token_ids for j in mine], [seqs[j].params.max_tokens for j in mine], block)
+            order += [mine[k] for k in sub]
+        return order
+
+    def _request(self, index: int, ids: list[int], params: SamplingParams, seed: int, adapter: int = -1) -> Sequence:
         """The sequence of choice 0; with n > 1 the other choices wait in its `forks` (choice i draws
-        with seed + i, vLLM's rule, so choice 0 is the n = 1 request)."""
+        with seed + i, vLLM's rule, so choice 0 is the n = 1 request). adapter: the LoRA's id, -1 none."""
         group = []
         for choice in range(params.n):
             seq = Sequence(self._next_seq_id, index, ids, params, seed + choice)
             seq.rope_offset = self.runner.model.rope_offset(len(ids))  # LongRoPE: a long prompt's rotary rows
+            seq.adapter = adapter
             self._next_seq_id += 1
             seq.choice = choice
             group.append(seq)

@@ -72,7 +72,8 @@ def build_engine(engine_cls: Callable[..., E], model_dir: Path, config: EngineCo
                  reserved_bytes=graph_bytes)  # fmt: skip
     # Everything alive now (torch, the model, the libraries: ~300k objects) lives as long as the
     # engine. Freezing it keeps Python's cyclic collector from walking it again on each full
-    # collection of a bulk job (~0.3 s apiece here; 0.3 s of a 20k-row job's planning alone).
+    # collection of a bulk job, each such walk a pause as long as the heap is big
+    # (bench/job_overhead.py: the time a 20,000-row job spends outside the engine).
     # Unfreezing first lets this collection reclaim what an earlier engine froze and dropped.
     gc.unfreeze()
     gc.collect()

@@ -36,7 +36,7 @@ class GrammarCache:
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
-        """llguidance's view of the vocabulary, built on first use (~10 ms for a 4k vocabulary)."""
+        """llguidance's view of the vocabulary, built on first use (once per engine: it walks every token)."""
         if self._tokenizer is None:
             text = (self.model_dir / "tokenizer.json").read_text(encoding="utf-8")
             eos = list(self.eos_token_ids) or None

@@ -2,9 +2,10 @@
 
 A batch-1 decode step streams every weight once (109 MB on the bench model) and attention reads
 KV blocks scattered over the cache. On 4 KB pages that is a TLB miss every 4 KB and hardware
-prefetchers that stop at each page edge; on 2 MB pages the same reads run ~40% faster on the
-development machine (one core streaming 109 MB: ~23 GB/s for a vectorized sum and ~20 GB/s for the
-GEMVs of kernels/cpu/gemv.h, against ~16 and ~15 GB/s on 4 KB pages). torch's CPU allocator only
+prefetchers that stop at each page edge; 2 MB pages take both away (bench/step_overhead.py
+--batch1-medium prints the read rate of one core over the bench model's weights and of the GEMVs of
+kernels/cpu/gemv.h; run it with transparent huge pages "never" and "madvise" to compare). torch's CPU
+allocator only
 asks for huge pages when THP_MEM_ALLOC_ENABLE is set in the environment (process-wide), so the
 engine maps its own: anonymous memory, 2 MB aligned, advised
 MADV_HUGEPAGE (Linux honours it when /sys/kernel/mm/transparent_hugepage/enabled is "always" or

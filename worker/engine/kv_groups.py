@@ -107,6 +107,10 @@ class LocalTable:
         return self.seq.rope_offset
 
     @property
+    def adapter(self) -> int:  # likewise
+        return self.seq.adapter
+
+    @property
     def num_computed_tokens(self) -> int:
         return self.seq.num_computed_tokens
 

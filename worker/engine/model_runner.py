@@ -1,15 +1,20 @@
-"""ModelRunner: owns the model, the KV cache and the device copies of the batch; runs one step.
+"""ModelRunner: owns the model, the KV cache and the device copies of the batch; runs a step's
+device phases, each called by Engine.step (engine.py), inside its inference mode:
 
-execute() launches a step without waiting for it: inputs (step_inputs), the forward (through the
-decode graphs for a pure-decode step when they are on), sampling and stop checks on the device, the
-sampled ids written into the device's last-token rows (the next decode step reads them there), and
-one device-to-host copy of the sampled ids with their stop flags. The returned InFlightStep is waited
-on only when its tokens are applied, so on CUDA the host can schedule the next step meanwhile.
+- launch(): inputs (step_inputs) and the forward (through the decode graphs for a pure-decode step
+  when they are on), not waited on; what the later phases read of the batch is read here
+  (LaunchedStep), before the engine applies the previous step's tokens, which may finish rows.
+- sample(): sampling and stop checks on the device, the sampled ids written into the device's
+  last-token rows (the next decode step reads them there), and one device-to-host copy of the
+  sampled ids with their stop flags. The returned InFlightStep is waited on only when its tokens are
+  applied, so on CUDA the host can schedule the next step meanwhile.
+- verify(): speculation's verify runs (speculation/verifier.py).
+
+Between launch and sample the engine masks the masked rows' logits in place (structured outputs).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,11 +27,14 @@ from worker.engine.device_rows import DeviceRows
 from worker.engine.host_memory import huge_page_zeros
 from worker.engine.kv_groups import kv_groups
 from worker.engine.logits_processing import LogitsProcessing
+from worker.engine.lora.token_slots import step_slots
 from worker.engine.models import CausalLM
 from worker.engine.sampler import Sampler, SamplingRows, stop_hits, to_device
 from worker.engine.scheduler_output import SchedulerOutput
-from worker.engine.speculation.verifier import ConstrainRuns, SpecRun, Verifier
+from worker.engine.sequence import Sequence
+from worker.engine.speculation.verifier import SpecRun, Verifier
 from worker.engine.step_inputs import PromptScores, StepInputs, build_step
+from worker.engine.structured_outputs import RunCut
 
 
 @dataclass(slots=True, kw_only=True)
@@ -55,8 +63,30 @@ class InFlightStep:
         return self.tokens, self.hits  # type: ignore[return-value]
 
 
-Constrain = Callable[[torch.Tensor, np.ndarray], None]  # (sampled logits [S, V], their batch rows [S])
+@dataclass(slots=True, kw_only=True)
+class LaunchedStep:
+    """A step whose forward is launched (its logits maybe not computed yet): what its later phases
+    read. Everything of the batch here is read at launch, before the previous step's tokens are
+    applied (those may finish rows and free them)."""
+
+    inputs: StepInputs
+    logits: torch.Tensor  # fp32 [N, V]: the plain logits rows (prompt-logprob rows, then the sampled ones)
+    sampled: torch.Tensor  # fp32 [S, V]: the sampled rows' logits, the last S rows of `logits`
+    verified: torch.Tensor | None  # fp32 [M, V]: the verify runs' logits rows (1 + K each, inputs.spec's order)
+    raw: torch.Tensor  # `sampled` before the masks: a copy when a masked step's sampled rows want logprobs
+    raw_verified: torch.Tensor | None  # `verified` before the masks, likewise
+    masked: np.ndarray  # int64: the masked sampled rows (a constraint or a thinking budget), as rows of `sampled`
+    masked_seqs: list[Sequence]  # their sequences
+    # the masked verify runs: index in inputs.spec -> (first row in `verified`, sequence, proposed tokens)
+    masked_runs: dict[int, tuple[int, Sequence, tuple[int, ...]]]
+    seq_ids: np.ndarray  # int64 [S]: the sequence in each sampled row
+    version: int  # the batch's membership version
+    drawing: bool  # a sampled row draws (temperature > 0)
+    processing: bool  # a sampled row's logits are processed (penalties, logit_bias, min_tokens)
+
+
 _NO_TOKENS = torch.zeros(0, dtype=torch.int64)  # InFlightStep.packed when the host has the tokens already
+_NO_ROWS = np.zeros(0, np.int64)
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
@@ -113,33 +143,56 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self.model, self.kv_caches, batch.max_rows, batch.block_table.shape[1],
                                        self.device)  # fmt: skip
 
-    @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput, constrain: Constrain | None = None,
-                constrain_runs: ConstrainRuns | None = None) -> InFlightStep:  # fmt: skip
-        """Launch the step. `constrain(logits, sample_rows)`, when given, is called once the forward
-        is launched and before sampling: it may change the sampled logits [S, V] in place (the
-        structured-output masks; on CUDA it runs on the host while the device computes the forward).
-        `constrain_runs` does the same for the constrained verify runs (Verifier.verify)."""
-        rows = self.rows
+    def launch(self, sched: SchedulerOutput) -> LaunchedStep:
+        """Build the step's inputs and launch its forward; the batch's rows are read now (LaunchedStep)."""
+        rows, b = self.rows, self.batch
         rows.sync()
         if sched.copies:
             self._copy_blocks(sched.copies)
-        inputs = build_step(sched, self.batch, rows)
+        inputs = build_step(sched, b, rows)
+        if self.model.lora is not None:  # the adapters' products of the wrapped projections (lora/)
+            self.model.lora.set(step_slots(sched, b), inputs.meta.output_rows)
         logits = self._logits(inputs)
-        if not inputs.num_spec_logits:
-            return self._sample(inputs, logits, constrain)
-        plain = logits.shape[0] - inputs.num_spec_logits  # verify rows come last (step_inputs)
-        spec = self.verifier.verify(logits[plain:], inputs.spec, constrain_runs)
-        step = self._sample(inputs, logits[:plain], constrain)
-        step.spec = spec
-        return step
+        verified = None
+        if inputs.num_spec_logits:  # verify rows come last (step_inputs)
+            plain = logits.shape[0] - inputs.num_spec_logits
+            verified, logits = logits[plain:], logits[:plain]
+        sample_rows = inputs.sample_rows
+        # a decode step samples every row: no slice (a torch call per step saved)
+        sampled = logits if logits.shape[0] == sample_rows.size else logits[logits.shape[0] - sample_rows.size :]
+        raw, raw_verified = sampled, verified
+        masked, masked_seqs, masked_runs = _NO_ROWS, [], {}
+        if b.num_constrained:
+            masked = np.flatnonzero(b.constrained[sample_rows])
+            masked_seqs = b.sequences(sample_rows[masked])
+            if masked.size and b.num_special and (b.logprobs_k[sample_rows] >= 0).any():
+                raw = sampled.clone()  # logprobs are of the raw distribution, before the masks
+            if inputs.spec:
+                masked_runs = self._masked_runs(inputs.spec)
+                if masked_runs and b.num_special and (b.logprobs_k[[c.seq.row for c in inputs.spec]] >= 0).any():
+                    raw_verified = verified.clone()  # type: ignore[union-attr]
+        return LaunchedStep(
+            inputs=inputs, logits=logits, sampled=sampled, verified=verified, raw=raw, raw_verified=raw_verified,
+            masked=masked, masked_seqs=masked_seqs, masked_runs=masked_runs, seq_ids=b.seq_id[sample_rows],
+            version=b.version, drawing=bool(b.num_drawing and b.temperature[sample_rows].any()),
+            processing=bool(b.num_processed and b.processed[sample_rows].any()),
+        )  # fmt: skip
 
-    def _sample(self, inputs: StepInputs, logits: torch.Tensor, constrain: Constrain | None) -> InFlightStep:
-        """Sample the step's sampled rows (the last of `logits`) and score its prompt rows."""
-        rows = self.rows
+    def _masked_runs(self, chunks: tuple) -> dict[int, tuple[int, Sequence, tuple[int, ...]]]:
+        """LaunchedStep.masked_runs of the verify runs `chunks`."""
+        out, first = {}, 0
+        for i, c in enumerate(chunks):
+            if self.batch.constrained[c.seq.row]:
+                out[i] = (first, c.seq, c.draft)
+            first += c.num_tokens
+        return out
+
+    def sample(self, step: LaunchedStep) -> InFlightStep:
+        """Sample the step's sampled rows (their logits masked by now) and score its prompt rows."""
+        rows, inputs = self.rows, step.inputs
         sample_rows = inputs.sample_rows
         num_sampled = sample_rows.size
-        sampled = logits[logits.shape[0] - num_sampled :]
+        logits, sampled = step.logits, step.sampled
         prompt = [(p, _to_host(self.sampler.prompt_logprobs(
             logits[p.offset : p.offset + p.count],
             to_device(np.asarray(p.seq.token_ids[p.first + 1 : p.first + 1 + p.count], np.int64), self.device))))
@@ -150,18 +203,10 @@ class ModelRunner:
             return InFlightStep(rows=sample_rows, seq_ids=none, version=b.version, ascending=True, packed=_NO_TOKENS,
                                 ready=None, logprobs=None, prompt=prompt, tokens=none,
                                 hits=np.zeros(0, np.bool_))  # fmt: skip
-        drawing = b.num_drawing and b.temperature[sample_rows].any()
-        processing = b.num_processed and b.processed[sample_rows].any()
-        # before `constrain`, which may finish (and free) rows by applying the previous step's tokens
-        seq_ids, version = b.seq_id[sample_rows], b.version
-        raw = sampled
-        if constrain is not None:
-            if b.num_special and (b.logprobs_k[sample_rows] >= 0).any():
-                raw = sampled.clone()  # logprobs are of the raw distribution, before the masks
-            constrain(sampled, sample_rows)
-        if not rows.copy and not drawing and not processing:  # the CPU, greedy: numpy, no torch ops
+        seq_ids, version = step.seq_ids, step.version
+        if not rows.copy and not step.drawing and not step.processing:  # the CPU, greedy: numpy, no torch ops
             return self._greedy_on_host(sampled, sample_rows, inputs.sample_rows_ascending, prompt, seq_ids, version,
-                                        raw)  # fmt: skip
+                                        step.raw)  # fmt: skip
         else:
             temperature = b.temperature[sample_rows]
             srows_dev = to_device(sample_rows, self.device)
@@ -171,7 +216,7 @@ class ModelRunner:
                 rows.iparams.index_select(0, srows_dev), to_device(counter, self.device), b.min_p[sample_rows],
             )  # fmt: skip
             penalized = None
-            if processing:
+            if step.processing:
                 processed, penalized = self.processing.apply(sampled, sample_rows, counter)
                 tokens = self.sampler.sample(processed, params)
             else:
@@ -186,8 +231,15 @@ class ModelRunner:
             ready = torch.cuda.Event()
             ready.record()
         return InFlightStep(rows=sample_rows, seq_ids=seq_ids, version=version, ascending=inputs.sample_rows_ascending,
-                            packed=packed, ready=ready, logprobs=self._logprobs(raw, tokens, sample_rows),
+                            packed=packed, ready=ready, logprobs=self._logprobs(step.raw, tokens, sample_rows),
                             prompt=prompt)  # fmt: skip
+
+    def verify(self, step: LaunchedStep, cuts: dict[int, RunCut]) -> list[SpecRun]:
+        """The verify runs' kept tokens (their logits masked by now; `cuts`: the masked runs' grammar
+        cuts, by index in the runs), with their logprobs where asked."""
+        runs = self.verifier.verify(step.verified, step.inputs.spec, cuts)  # type: ignore[arg-type]
+        self.verifier.logprobs(step.raw_verified, runs)  # type: ignore[arg-type]
+        return runs
 
     def _logprobs(self, sampled: torch.Tensor, tokens: torch.Tensor, sample_rows: np.ndarray) -> tuple | None:
         """InFlightStep.logprobs for the sampled rows whose requests asked for them (None: no row)."""
@@ -219,7 +271,10 @@ class ModelRunner:
     @torch.inference_mode()
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Final normed hidden states of a prefill-only step, no logits ([T, H], or [N, H] for
-        meta.output_rows): the embedder's forward, over the same KV cache and backend."""
+        meta.output_rows): the embedder's forward, over the same KV cache and backend (the base model:
+        embeddings take no adapter)."""
+        if self.model.lora is not None:
+            self.model.lora.clear()
         return self.model(input_ids, positions, meta, self.kv_caches)
 
     def _copy_blocks(self, copies: list[tuple[int, int, int]]) -> None:
@@ -235,7 +290,9 @@ class ModelRunner:
     def _logits(self, inputs: StepInputs) -> torch.Tensor:
         """fp32 logits of the step's logits rows (see step_inputs)."""
         meta = inputs.meta
-        if self.graphs is not None and not inputs.num_prefill_tokens and inputs.input_ids.shape[0] <= self.graphs.sizes[-1]:
+        lora = self.model.lora is not None and self.model.lora.active  # adapter steps run eagerly (graphs: base)
+        if self.graphs is not None and not inputs.num_prefill_tokens and inputs.input_ids.shape[0] <= self.graphs.sizes[-1] \
+                and not lora:  # fmt: skip
             return self.graphs.run(inputs.input_ids, inputs.positions, meta)
         hidden = self.model(inputs.input_ids, inputs.positions, meta, self.kv_caches)
         if inputs.logit_rows is not None:

@@ -25,6 +25,7 @@ back rejected tokens) and takes back the matcher's share.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 
@@ -142,21 +143,20 @@ class ReasoningState:
 
     # ---- masks --------------------------------------------------------------------------------------
     def fill(self, address: int, num_bytes: int) -> None:
-        """Write the allowed-token bitmask (ConstraintState.fill's layout) at `address`."""
-        words = np.ctypeslib.as_array((ctypes.c_int32 * (num_bytes // 4)).from_address(address))
+        """Write the allowed-token bitmask (ConstraintState.fill's layout) at `address`: the grammar's,
+        or a row copied whole from a cached one (a thinking row's, or one forced token's)."""
         if self.forced:
-            words[:] = 0
-            _set(words, self.forced[0])
-            return
-        if self.inner is not None and (self.answering or self.stream.phase == "open"):
+            row = _row(num_bytes, (), (self.forced[0],))
+        elif self.inner is not None and (self.answering or self.stream.phase == "open"):
             self.inner.fill(address, num_bytes)
             if not self.answering:  # `<think>`, or the answer's first token
-                _set(words, self.tokens.ids[THINK_START])
+                words = np.ctypeslib.as_array((ctypes.c_uint32 * (num_bytes // 4)).from_address(address))
+                think = self.tokens.ids[THINK_START]
+                words[think // 32] |= np.uint32(1 << (think % 32))
             return
-        words[:] = -1
-        if self.constrained:
-            for t in self.blocked:
-                _clear(words, t)
+        else:
+            row = _row(num_bytes, self.blocked if self.constrained else (), None)
+        ctypes.memmove(address, row.ctypes.data, num_bytes)
 
     def fill_run(self, tokens: list[int], address: int, num_bytes: int) -> int:
         """ConstraintState.fill_run: the masks along a proposed run; the state does not move."""
@@ -183,11 +183,12 @@ class ReasoningState:
         return self.inner.error if self.inner is not None else None
 
 
-def _set(words: np.ndarray, token: int) -> None:
-    """Allow `token` in an int32 bitmask row."""
-    words.view(np.uint32)[token // 32] |= np.uint32(1 << (token % 32))
-
-
-def _clear(words: np.ndarray, token: int) -> None:
-    """Refuse `token` in an int32 bitmask row."""
-    words.view(np.uint32)[token // 32] &= ~np.uint32(1 << (token % 32))
+@functools.lru_cache(maxsize=64)
+def _row(num_bytes: int, refused: tuple[int, ...], only: tuple[int, ...] | None) -> np.ndarray:
+    """A bitmask row of `num_bytes`: every token but `refused`, or (`only`) just those tokens."""
+    words = np.zeros(num_bytes // 4, np.uint32) if only is not None else np.full(num_bytes // 4, 0xFFFFFFFF, np.uint32)
+    for t in only or ():
+        words[t // 32] |= np.uint32(1 << (t % 32))
+    for t in refused:
+        words[t // 32] &= ~np.uint32(1 << (t % 32))
+    return words

@@ -124,7 +124,7 @@ def _filter(logits: torch.Tensor, rows: SamplingRows, drawn: np.ndarray) -> torc
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """Row-wise argmax, int64 [N] (the first maximum). On the CPU through numpy: torch's fp32 argmax
-    over a row is ~20x slower there (200 us vs 10 us for 256 x 512)."""
+    there is the slower of the two on a step's rows, and both return the first maximum."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous():
         return torch.from_numpy(logits.numpy().argmax(-1).astype(np.int64))
     return logits.argmax(-1)

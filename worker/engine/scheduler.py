@@ -14,16 +14,22 @@ numpy, like block growth), so it holds a bounded number of blocks however long i
 mixing full and windowed layers does the same through a GroupedBlockManager (kv_groups.py): its
 full layers' blocks are all kept, its local layers' (a pool of their own) released the same way.
 
+Where each sequence is: it waits (`waiting`, in admission order; preempted ones go back to its
+head), then runs in the PersistentBatch (`prefilling` while more than one of its tokens is
+uncomputed), and leaves the batch when it finishes, is preempted (recomputed later) or dropped with
+an error; every move out of the batch frees its KV blocks (`_leave`).
+
 A sequence scheduled to sample counts the token it will get at once (num_pending), so the next step
 can be scheduled before this one's tokens reach the host (overlapped steps): its decode input is then
 the sampled id the device already holds. A sequence that leaves the batch with tokens still in flight
-is kept in `departed` until they arrive (SequenceQueues, sequence_queues.py: the queues and the moves
-out of the batch). A request's n > 1 choices fork from its prefill (fork.py): a forked row's first
+is kept in `departed` until they arrive. A request's n > 1 choices fork from its prefill (fork.py): a forked row's first
 write into a shared block takes its own copy first (`_room`: the block manager's copy_on_write, in
 every KV cache group at once; `out.copies`). The step's plan: scheduler_output.py.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import numpy as np
 
@@ -34,19 +40,33 @@ from worker.engine.fork import fork
 from worker.engine.kv_groups import GroupedBlockManager
 from worker.engine.scheduler_output import ScheduledChunk, SchedulerOutput
 from worker.engine.sequence import Sequence, SequenceStatus
-from worker.engine.sequence_queues import SequenceQueues
 
 
-class Scheduler(SequenceQueues):
-    """The step policy over SequenceQueues' bookkeeping (module docstring)."""
-
+class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager | GroupedBlockManager, batch: PersistentBatch,
                  max_model_len: int) -> None:  # fmt: skip
-        super().__init__(block_manager, batch)
+        self.bm = block_manager
+        self.batch = batch
+        self.waiting: deque[Sequence] = deque()
+        self.prefilling: list[Sequence] = []  # running with > 1 uncomputed token, admission order
+        self.departed: dict[int, Sequence] = {}  # seq_id -> left the batch with sampled tokens in flight
         self.config = config
         self.max_model_len = max_model_len
         # Blocks kept free at admission so running sequences can grow without instant preemption.
         self.watermark = block_manager.num_blocks // 100
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting) or self.batch.num_active > 0
+
+    @property
+    def running(self) -> list[Sequence]:
+        """The running sequences in admission order (tests, debugging; not on the hot path)."""
+        b = self.batch
+        rows = np.flatnonzero(b.active)
+        return b.sequences(rows[np.argsort(b.admitted_at[rows], kind="stable")])
 
     # ---- one step ------------------------------------------------------------------------
     def schedule(self, proposals: list[tuple[int, list[int]]] | None = None) -> SchedulerOutput:
@@ -220,6 +240,8 @@ class Scheduler(SequenceQueues):
                 break
             if seq.forks and b.num_active and b.num_active + 1 + len(seq.forks) > self.config.max_num_seqs:
                 break  # rows for every choice (an empty batch forks what fits: _fork)
+            if seq.adapter >= 0 and not b.loras.available(seq.adapter):  # type: ignore[union-attr]
+                break  # every LoRA slot is held by running sequences of other adapters
             why = self.bm.never_fits(seq.num_tokens + 1, self.config.max_num_batched_tokens)
             if why is not None:
                 self.waiting.popleft()
@@ -272,6 +294,49 @@ class Scheduler(SequenceQueues):
         forked, left = fork(parent, self.bm, self.batch, self.config.max_num_seqs, self.max_model_len)
         self.waiting.extendleft(reversed(left))
         return forked
+
+    # ---- leaving the batch ---------------------------------------------------------------
+    def _leave(self, seq: Sequence) -> None:
+        self.bm.free(seq)
+        self.batch.remove(seq)
+        if seq in self.prefilling:
+            self.prefilling.remove(seq)
+        if seq.in_flight:
+            self.departed[seq.seq_id] = seq
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._leave(seq)
+        seq.reset_for_recompute()
+        self.waiting.appendleft(seq)
+
+    def _drop(self, seq: Sequence, message: str) -> None:
+        if seq.batch is not None:
+            self._leave(seq)
+        seq.finish("error", message)
+        for child in seq.forks:  # choices not forked yet share the parent's fate
+            child.finish("error", message)
+        seq.forks = []
+
+    def finish(self, seq: Sequence) -> None:
+        """Release a sequence the engine has marked finished: running, or preempted while its last
+        token was in flight (then it waits in the queue)."""
+        if seq.batch is not None:
+            self._leave(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    def abort_all(self) -> list[Sequence]:
+        """Drop every unfinished sequence (blocks freed); returns them."""
+        dropped = self.running + list(self.waiting)
+        for seq in self.running:
+            self._leave(seq)
+        for seq in dropped:
+            seq.in_flight = 0
+            seq.finish("cancelled")
+        self.prefilling.clear()
+        self.waiting.clear()
+        self.departed.clear()
+        return dropped
 
     # ---- prefix cache --------------------------------------------------------------------
     def commit_rows(self, rows: np.ndarray) -> None:

@@ -46,7 +46,7 @@ class Sequence:
         "seq_id", "index", "params", "token_ids", "num_prompt_tokens", "status", "_num_computed",
         "block_table", "num_released", "block_hashes", "planned_hashes", "protected_len", "num_cached_tokens", "seed",
         "finish_reason", "error", "logprobs", "prompt_logprobs", "prompt_scored", "text", "batch", "row",
-        "in_flight", "choice", "forks", "group", "constraint_state", "spec", "local", "rope_offset",
+        "in_flight", "choice", "forks", "group", "constraint_state", "spec", "local", "rope_offset", "adapter",
     )  # fmt: skip
 
     def __init__(
@@ -94,6 +94,9 @@ class Sequence:
         # all-long half for a prompt longer than the threshold (CausalLM.rope_offset, set at creation from
         # the prompt length, which preemption keeps), else 0; it also roots its prefix-cache hashes
         self.rope_offset = 0
+        # the LoRA adapter's engine id (lora/manager.py), -1 for the base model; it roots the sequence's
+        # prefix-cache hashes too, so no two adapters share KV
+        self.adapter = -1
 
     @property
     def num_computed_tokens(self) -> int:

@@ -1,9 +1,10 @@
 """StructuredOutputs: the engine's side of constraints: compile checks, per-step masks, token checks.
 
 Per step that samples constrained rows, after the forward is launched and before sampling
-(ModelRunner.execute calls `mask` between the two): each constrained row's allowed-token bitmask is
-filled on the host, one matcher after the other (llguidance's thread-pool executor measured slower
-here: waking its threads costs more than a mask, ~40 us), into a pinned int32 buffer and
+(Engine.step's mask phase calls `mask` between the two): each constrained row's allowed-token bitmask is
+filled on the host, one matcher after the other (llguidance's thread-pool executor would wake its
+threads for each step, which costs more than a mask; bench/structured_speed.py measures the masks'
+share of a step), into a pinned int32 buffer and
 applied in place to that row's logits: on CUDA by the Triton kernel kernels/triton/token_bitmask.py
 (one H2D copy of the packed words), on the CPU by the vectorized torch reference. Only constrained
 rows are touched, so an unconstrained row's logits (and a batch without constraints) pay nothing.

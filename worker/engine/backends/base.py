@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.attention_options import FULL_ATTENTION, AttentionOptions
+
 
 @dataclass(frozen=True)
 class AttentionMetadata:
@@ -69,7 +71,8 @@ class Backend:
 
     def project(self, linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """linear(x) for a projection module. A plain nn.Linear without hooks of its own is applied
-        directly (F.linear: nn.Module.__call__ costs ~4 us a call on the CPU, ~30 calls a step);
+        directly (F.linear: nn.Module.__call__'s hook bookkeeping, paid some 30 times a step, is
+        host time the step waits on; bench/step_overhead.py measures a step's host cost);
         anything else (quantized replacements, modules with hooks) is called as a module. Global
         module hooks (torch.nn.modules.module.register_module_forward_hook) do not see the former."""
         if type(linear) is nn.Linear and not (linear._forward_hooks or linear._forward_pre_hooks):
@@ -93,70 +96,47 @@ class Backend:
         self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
 
     def attention(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        sinks: torch.Tensor | None = None,
-        window: int = 0,
-        softcap: float = 0.0,
-    ) -> torch.Tensor:
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        meta: AttentionMetadata, scale: float, options: AttentionOptions = FULL_ATTENTION,
+    ) -> torch.Tensor:  # fmt: skip
         """q [T, Hq, D], k/v [T, Hkv, D] of one layer -> attention output [T, Hq, D].
 
         Stores k/v at meta.slot_mapping first, so each token sees itself and the step's earlier tokens.
-        The layer's attention options (the kernel contract's keywords, None / 0 = off): `sinks`, fp32
-        [Hq] logits joining each head's softmax denominator (gpt-oss); `window`, its sliding
-        window (the query at position p sees keys p - window < j <= p, Hugging Face's convention);
-        `softcap`, scores (q.k * scale) -> softcap * tanh(scores / softcap) before the softmax.
+        `options`: the layer's sinks, sliding window and soft-cap (kernels/attention_options.py).
         """
         self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        return self.attend(q, k_cache, v_cache, meta, scale, sinks=sinks, window=window, softcap=softcap)
+        return self.attend(q, k_cache, v_cache, meta, scale, options)
 
     def attend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        sinks: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0,
+        options: AttentionOptions = FULL_ATTENTION,
     ) -> torch.Tensor:  # fmt: skip
-        """`attention` once the step's K/V are in the cache (see rotary_store). sinks: fp32 [Hq] logits
-        that join each head's softmax denominator (gpt-oss), or None; window, softcap: `attention`'s."""
+        """`attention` once the step's K/V are in the cache (see rotary_store)."""
         out = torch.empty_like(q)
         p = meta.num_prefill_tokens
         if p:
             self.prefill_attention(
                 q[:p], k_cache, v_cache, meta.prefill_cu_seqlens_q, meta.prefill_context_lens,
-                meta.prefill_block_tables, scale, out[:p], sinks=sinks, window=window, softcap=softcap,
+                meta.prefill_block_tables, scale, out[:p], options,
             )  # fmt: skip
         if p < q.shape[0]:
             self.paged_decode_attention(
-                q[p:], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, out[p:],
-                sinks=sinks, window=window, softcap=softcap,
+                q[p:], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, out[p:], options,
             )  # fmt: skip
         return out
 
     def attention_rows(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        sinks: torch.Tensor | None = None,
-        window: int = 0,
-        softcap: float = 0.0,
-    ) -> torch.Tensor:
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        meta: AttentionMetadata, scale: float, options: AttentionOptions = FULL_ATTENTION,
+    ) -> torch.Tensor:  # fmt: skip
         """Like `attention`, but returns [N, Hq, D] for meta.output_rows only; every row's k/v is
         stored. Each kept row is one query over its sequence's cache up to its own position."""
         self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        return self.attend_rows(q, k_cache, v_cache, meta, scale, sinks=sinks, window=window, softcap=softcap)
+        return self.attend_rows(q, k_cache, v_cache, meta, scale, options)
 
     def attend_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        sinks: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0,
+        options: AttentionOptions = FULL_ATTENTION,
     ) -> torch.Tensor:  # fmt: skip
         """`attention_rows` once the step's K/V are in the cache."""
         assert meta.output_rows is not None  # invariant: only called when the step keeps a subset
@@ -165,5 +145,5 @@ class Backend:
             return q.new_empty((0, *q.shape[1:]))
         return self.paged_decode_attention(
             q.index_select(0, rows), k_cache, v_cache, meta.output_block_tables, meta.output_context_lens, scale,
-            sinks=sinks, window=window, softcap=softcap,
+            None, options,
         )  # fmt: skip

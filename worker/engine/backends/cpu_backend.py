@@ -4,13 +4,14 @@ in C (kernels/cpu).
 Decode attention is memory-bound: the torch path gathers every sequence's blocks into a copy and
 runs the CPU flash kernel over it, moving each key and value three times; the C kernel reads them
 once, straight from the paged cache. Prefill (compute-bound) reads its keys through the block
-tables too, into register-tiled products (~2x torch's CPU flash kernel on the benchmark model's
-shape). When a step's sequences share leading blocks (a common prompt prefix), those are attended
+tables too, into register-tiled products (bench/cpu_prefill_attention.py: the C kernel against the
+torch path on the benchmark model's shape). When a step's sequences share leading blocks (a common prompt prefix), those are attended
 once for the whole batch by the torch cascade and merged with the kernels' result by log-sum-exp.
 RMSNorm (with its residual add), SiLU * up and rotary run one C pass each instead of the
 reference's chains of torch ops; any tensor the kernels don't take falls back to the reference.
 Projections of at most 8 rows (decode at small batches, the logits of a few rows) are C GEMVs that
-stream the weight once (torch's GEMM is 1.6-2x slower at 4-8 rows here), and pure decode steps run
+stream the weight once (torch's GEMM packs its operands per call, which a few rows do not repay), and
+pure decode steps run
 the whole decoder stack in one C call (cpu_decode_stack: packed register tiles at every row count;
 the lm_head of a model bound to it likewise, through HeadCopies).
 """
@@ -18,12 +19,14 @@ the lm_head of a model bound to it likewise, through HeadCopies).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import structlog
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.attention_options import FULL_ATTENTION, AttentionOptions
 from kernels.cpu.decode_stack import NativeDecodeStack
 from kernels.cpu.elementwise import NativeElementwise
 from kernels.cpu.gemv import NativeGemv
@@ -163,43 +166,44 @@ class CpuBackend(TorchBackend):
 
     def prefill_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        out: torch.Tensor, sinks: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0,
+        out: torch.Tensor, options: AttentionOptions = FULL_ATTENTION,
     ) -> None:  # fmt: skip
         """The C prefill kernel; attention sinks (gpt-oss) scale its output by its log-sum-exp."""
         if not (self.prefill.supports(q, k_cache) and out.is_contiguous()):
-            super().prefill_rows(q, k_cache, v_cache, meta, scale, out, sinks, window, softcap)
+            super().prefill_rows(q, k_cache, v_cache, meta, scale, out, options)
             return
         shared = meta.scratch.get("prefill_shared")
         if shared is None:
             shared = prefill_shared_blocks(meta.prefill_cu_seqlens_q.tolist(), meta.prefill_context_lens.tolist(),
                                            meta.prefill_block_tables, k_cache.shape[1])  # fmt: skip
             meta.scratch["prefill_shared"] = shared
-        if window:  # no cascade inside a window: the blocks it left may be another sequence's by now
+        if options.window:  # no cascade inside a window: the blocks it left may be another sequence's by now
             shared = 0
         args = (q, k_cache, v_cache, meta.prefill_cu_seqlens_q, meta.prefill_context_lens, meta.prefill_block_tables)
-        if not shared and sinks is None:
-            self.prefill(*args, scale, out, window=window, softcap=softcap)
+        kernel_options = _without_sinks(options)
+        if not shared and options.sinks is None:
+            self.prefill(*args, scale, out, options=kernel_options)
             return
         lse = torch.empty(q.shape[:2], dtype=torch.float32)
-        self.prefill(*args, scale, out, start_block=shared, lse=lse, window=window, softcap=softcap)
+        self.prefill(*args, scale, out, start_block=shared, lse=lse, options=kernel_options)
         shared_ids = meta.prefill_block_tables[0, :shared].long()
-        shared_part = attend_shared_prefill(q, k_cache, v_cache, shared_ids, scale, softcap) if shared else None
-        _merge_shared(out, lse, shared_part, sinks)
+        shared_part = attend_shared_prefill(q, k_cache, v_cache, shared_ids, scale, options.softcap) if shared else None
+        _merge_shared(out, lse, shared_part, options.sinks)
 
     def decode_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        out: torch.Tensor, sinks: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0,
+        out: torch.Tensor, options: AttentionOptions = FULL_ATTENTION,
     ) -> None:  # fmt: skip
         plan = meta.scratch.get("native_decode")
         if plan is None:  # once per step: every layer passes tensors of the same shapes and dtypes
             plan = self._plan_decode(q, k_cache, v_cache, meta, out)
             meta.scratch["native_decode"] = plan
         if not plan:
-            super().decode_rows(q, k_cache, v_cache, meta, scale, out, sinks, window, softcap)
+            super().decode_rows(q, k_cache, v_cache, meta, scale, out, options)
             return
         tables, lens, shared = plan
-        self._decode(q, k_cache, v_cache, tables, lens, scale, out, 0 if window else shared, checked=True,
-                     sinks=sinks, window=window, softcap=softcap)  # fmt: skip
+        self._decode(q, k_cache, v_cache, tables, lens, scale, out, 0 if options.window else shared, options,
+                     checked=True)  # fmt: skip
 
     def _plan_decode(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor
@@ -216,52 +220,48 @@ class CpuBackend(TorchBackend):
         return tables, lens, decode_shared_blocks(tables, lens.tolist(), k_cache.shape[1])
 
     def paged_decode_attention(  # type: ignore[override]
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        block_tables: torch.Tensor,
-        context_lens: torch.Tensor,
-        scale: float,
-        out: torch.Tensor | None = None,
-        sinks: torch.Tensor | None = None,
-        window: int = 0,
-        softcap: float = 0.0,
-    ) -> torch.Tensor:
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+        context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
+        options: AttentionOptions = FULL_ATTENTION,
+    ) -> torch.Tensor:  # fmt: skip
         """kernels.reference.paged_decode_attention, through the C kernel where it applies."""
         if not self.native.supports(q, k_cache):
-            return super().paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, out,
-                                                  sinks, window=window, softcap=softcap)  # fmt: skip
+            return super().paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, out, options)
         result = out if out is not None and out.is_contiguous() else torch.empty(q.shape, dtype=q.dtype)
         shared = 0  # no cascade inside a window: the blocks it left may be another sequence's by now
-        if q.shape[0] and not window:
+        if q.shape[0] and not options.window:
             shared = decode_shared_blocks(block_tables, context_lens.tolist(), k_cache.shape[1])
-        self._decode(q, k_cache, v_cache, block_tables, context_lens, scale, result, shared, sinks=sinks,
-                     window=window, softcap=softcap)  # fmt: skip
+        self._decode(q, k_cache, v_cache, block_tables, context_lens, scale, result, shared, options)
         if out is not None and result is not out:
             out.copy_(result)
         return result
 
     def _decode(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-        context_lens: torch.Tensor, scale: float, out: torch.Tensor, shared: int, checked: bool = False,
-        sinks: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0,
+        context_lens: torch.Tensor, scale: float, out: torch.Tensor, shared: int, options: AttentionOptions,
+        checked: bool = False,
     ) -> None:  # fmt: skip
         """out [B, Hq, D] (contiguous) <- the kernel over blocks >= shared, merged with the cascade
         (shared is 0 with a window); scaled for the attention sinks, if any."""
-        if not shared and sinks is None:
-            self.native(q, k_cache, v_cache, block_tables, context_lens, scale, out, window=window, softcap=softcap,
+        kernel_options = _without_sinks(options)
+        if not shared and options.sinks is None:
+            self.native(q, k_cache, v_cache, block_tables, context_lens, scale, out, options=kernel_options,
                         checked=checked)  # fmt: skip
             return
         batch, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[2]
         lse = torch.empty(batch, num_heads, dtype=torch.float32)
         self.native(q, k_cache, v_cache, block_tables, context_lens, scale, out, start_block=shared, lse=lse,
-                    window=window, softcap=softcap, checked=checked)  # fmt: skip
+                    options=kernel_options, checked=checked)  # fmt: skip
         qf = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
         shared_ids = block_tables[0, :shared].long()
-        shared_part = attend_shared_blocks(qf, k_cache, v_cache, shared_ids, scale, softcap) if shared else None
-        _merge_shared(out, lse, shared_part, sinks)
+        shared_part = attend_shared_blocks(qf, k_cache, v_cache, shared_ids, scale, options.softcap) if shared else None
+        _merge_shared(out, lse, shared_part, options.sinks)
+
+
+def _without_sinks(options: AttentionOptions) -> AttentionOptions:
+    """What the C kernels apply of `options`: the sinks are applied after them, through their lse."""
+    return options if options.sinks is None else replace(options, sinks=None)
 
 
 def _merge_shared(

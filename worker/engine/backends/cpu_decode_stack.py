@@ -148,7 +148,7 @@ class ModelDecodeStack:
             if m._forward_hooks or m._forward_pre_hooks:
                 return False
         if rows > 1 and tables.device.type == "cpu" and not self._windowed:
-            host = tables.numpy()  # numpy: a few us for what torch's comparisons take ~30 us
+            host = tables.numpy()  # numpy compares small tables without torch's per-op dispatch
             first = host[:, 0]
             # a prefix shared by several sequences: the op-by-op cascade reads it once; the rows of one
             # sequence (speculation's verify rows: identical tables) read it per row here, still cheaper
@@ -202,8 +202,8 @@ class ModelDecodeStack:
 @dataclass(frozen=True)
 class HeadCopies:
     """The lm_head's copy for the CPU backend's `project`, made beside the engine's stack: packed for
-    gemm.h (steps of packed_rows rows or more, every step: ~2x torch's GEMM at 16 rows on the
-    reference model's [4096, 256]), in fp16 when every value is an fp16 value (`half`: half the bytes,
+    gemm.h (steps of packed_rows rows or more, every step: no per-call packing, bench/cpu_wide_decode.py
+    times the lm_head after the stack), in fp16 when every value is an fp16 value (`half`: half the bytes,
     the same products). No unpacked fp16 copy is kept: every step takes the packed one."""
 
     module: nn.Linear

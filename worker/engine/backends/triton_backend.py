@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from kernels import reference
+from kernels.attention_options import FULL_ATTENTION, AttentionOptions
 from kernels.triton import lora
 from kernels.triton import prefill_attention as _prefill_module
 from kernels.triton.fused_moe import fused_moe
@@ -23,9 +24,12 @@ from worker.engine.backends.base import Backend
 
 
 def _signature(arg: object) -> object:
-    """What a kernel wrapper's argument checks depend on: a tensor's shape, strides, dtype and device."""
+    """What a kernel wrapper's argument checks depend on: a tensor's shape, strides, dtype and device
+    (an AttentionOptions' sinks' too)."""
     if isinstance(arg, torch.Tensor):
         return arg.shape, arg.stride(), arg.dtype, arg.device
+    if isinstance(arg, AttentionOptions):
+        return _signature(arg.sinks), arg.window, arg.softcap
     return arg
 
 
@@ -66,14 +70,14 @@ class TritonBackend(Backend):
         self._launch(store_kv_cache, k, v, k_cache, v_cache, slot_mapping)
 
     def paged_decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, scale, out=None,  # type: ignore[override]
-                               sinks=None, window=0, softcap=0.0):  # fmt: skip
+                               options=FULL_ATTENTION):  # fmt: skip
         return self._launch(paged_decode_attention, q, k_cache, v_cache, block_tables, context_lens, scale, out,
-                            sinks, window, softcap)  # fmt: skip
+                            options)  # fmt: skip
 
     def prefill_attention(self, q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, out=None,  # type: ignore[override]
-                          sinks=None, window=0, softcap=0.0):  # fmt: skip
+                          options=FULL_ATTENTION):  # fmt: skip
         return self._launch(prefill_attention, q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale,
-                            out, sinks, window, softcap)  # fmt: skip
+                            out, options)  # fmt: skip
 
     def rms_norm(self, x, weight, eps, residual=None):  # type: ignore[override]
         return self._launch(rms_norm, x, weight, eps, residual)

@@ -11,7 +11,8 @@ T tokens of many sequences in one [T, ...] tensor; no padding.
 
 The layer loop is the engine's hot path (a decode step runs it once per layer for the whole batch):
 the layers, norms, attention and MLP modules are entered through `.forward` directly, not through
-nn.Module.__call__ (whose hook bookkeeping costs ~1-2 us a call, ~10 calls a layer); hooks on them
+nn.Module.__call__ (whose hook bookkeeping, some 10 calls a layer, is host time every step pays;
+bench/step_overhead.py measures it); hooks on them
 do not fire. The projections (nn.Linear or its quantized replacements) go through
 Backend.project, which calls any module that has hooks of its own (quantization calibration hooks
 them) and applies a plain nn.Linear directly.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels.attention_options import AttentionOptions
 from worker.engine.backends.base import AttentionMetadata, Backend
 from worker.engine.models.model_config import ModelConfig
 from worker.engine.models.moe import SparseMoeBlock
@@ -81,9 +83,8 @@ class Attention(nn.Module):
             k = self.k_norm.forward(k.reshape(-1, cfg.head_dim))[0].view(tokens, cfg.num_kv_heads, cfg.head_dim)
         self.backend.rotary_store(q, k, v, positions, cos_sin, kv_cache[0], kv_cache[1], meta)
         attend = self.backend.attend_rows if rows_only else self.backend.attend
-        sinks = None if self.sinks is None else self.sinks.float()
-        out = attend(q, kv_cache[0], kv_cache[1], meta, self.scale, sinks=sinks, window=self.window,
-                     softcap=self.softcap)  # fmt: skip
+        options = AttentionOptions(None if self.sinks is None else self.sinks.float(), self.window, self.softcap)
+        out = attend(q, kv_cache[0], kv_cache[1], meta, self.scale, options)
         return self.backend.project(self.o_proj, out.reshape(-1, cfg.q_size))
 
 
@@ -173,6 +174,9 @@ class CausalLM(nn.Module):
         self.embed_scale: float | None = None
         # Backend.decode_stack's fused path for the steps it takes (set by ModelRunner); None: op by op.
         self.decode_stack = None
+        # the LoRA adapters' per-step token slots, read by the wrapped projections (lora/step.py; set by
+        # lora/manager.py when the engine serves adapters); a step with adapter tokens runs op by op
+        self.lora = None
         # the local layers' caches are a pool of their own (set by ModelRunner; kv_groups.py)
         self.kv_grouped = False
         # LongRoPE: the cos/sin table's all-long half starts at this row (models/rotary.py); 0: none
@@ -232,7 +236,7 @@ class CausalLM(nn.Module):
         sequence's rope_offset in a prefill (LongRoPE's all-long rows for a prompt past the threshold;
         0 for every other model; decodes need none: step_inputs)."""
         stack = self.decode_stack
-        if stack is not None and stack.takes(input_ids, meta, kv_caches):
+        if stack is not None and not (self.lora is not None and self.lora.active) and stack.takes(input_ids, meta, kv_caches):
             return stack(input_ids, positions, meta)
         body = self.model
         x = body.embed_tokens(input_ids)

@@ -30,14 +30,14 @@ def check_fp8_device(device: torch.device) -> None:
     CUDA GPU older than compute capability 8.9. The CPU runs them through the reference."""
     if device.type != "cuda":
         return
-    from kernels.checks import FP8_MIN_CAPABILITY
+    from kernels.checks import fp8_shortfall
 
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < FP8_MIN_CAPABILITY:
+    shortfall = fp8_shortfall(device)
+    if shortfall is not None:
         raise ValueError(
             f"quantization 'fp8' needs an NVIDIA GPU of compute capability 8.9 or newer (L4, L40S, RTX 4090, "
-            f"H100, H200, Blackwell) to multiply float8; {torch.cuda.get_device_name(device)} ({device}) is "
-            f"{major}.{minor}: use --quantization int8 or int4 on it (or run fp8 on the CPU: exact, fp32 speed)"
+            f"H100, H200, Blackwell) to multiply float8; {shortfall}: use --quantization int8 or int4 on it "
+            "(or run fp8 on the CPU: exact, fp32 speed)"
         )
 
 

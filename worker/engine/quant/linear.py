@@ -101,8 +101,9 @@ class QuantLinear(nn.Module):
         floating = x2.dtype.is_floating_point
         if not x2.is_cuda and floating and x2.shape[0] and self.cpu_path == "kernel" and (native := native_quant_matmul()):
             weight, bias = self.cpu_weight()
-            xf = x2.float()
-            y = native(xf if xf.stride(-1) == 1 else xf.contiguous(), weight, bias).to(x2.dtype)
+            xf = x2.float()  # fp32 rows with a dense last dim (x2 is 2-D): what the kernel takes
+            y = native(xf if xf.stride(-1) == 1 else xf.contiguous(), weight, bias, checked=True)
+            y = y if x2.dtype == torch.float32 else y.to(x2.dtype)
         elif not x2.is_cuda and floating and self.cpu_path == "dynamic":
             bias = None if self.bias is None else self.bias.float()
             y = self._dynamic(x2.float(), bias).to(x2.dtype)
@@ -111,6 +112,13 @@ class QuantLinear(nn.Module):
             if self.bias is not None:
                 y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _load(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """Copy a quantized weight, its scales and the float bias (None: the module has none) in."""
+        self.qweight.copy_(qweight)
+        self.scales.copy_(scales)
+        if bias is not None:
+            self.bias.data.copy_(bias.detach())
 
     def _pack(self) -> QuantWeight:
         raise NotImplementedError
@@ -148,11 +156,7 @@ class Int8Linear(QuantLinear):
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
         w = linear.weight.detach()
         mod = cls(linear.in_features, linear.out_features, linear.bias is not None, w.dtype, w.device)
-        q, s = quantize_int8(w)
-        mod.qweight.copy_(q)
-        mod.scales.copy_(s)
-        if linear.bias is not None:
-            mod.bias.data.copy_(linear.bias.detach())
+        mod._load(*quantize_int8(w), linear.bias)
         return mod
 
     def _pack(self) -> QuantWeight:
@@ -202,11 +206,7 @@ class Int4Linear(QuantLinear):
         mod = cls(
             linear.in_features, linear.out_features, group_size, linear.bias is not None, w.dtype, w.device
         )
-        q, s = quantize_int4(w, group_size)
-        mod.qweight.copy_(q)
-        mod.scales.copy_(s)
-        if linear.bias is not None:
-            mod.bias.data.copy_(linear.bias.detach())
+        mod._load(*quantize_int4(w, group_size), linear.bias)
         return mod
 
     def _pack(self) -> QuantWeight:

@@ -13,16 +13,16 @@ Leviathan / Chen rejection rule for a one-hot q: d is accepted with probability 
 position yields t_j ~ p conditioned on t_j != d = norm(max(0, p - q)), the rule's residual. Because
 t_j uses the same counter-based uniform as the plain step, a seeded row's tokens are the very tokens
 it gets without speculation. Structured outputs: a constrained row's positions take the grammar's
-masks along its draft before processing and sampling (`constrain_runs`, StructuredOutputs.mask_runs:
-position j's mask = the grammar after d_1..d_j), so the target's own token is masked like any sampled
-token, and its run is cut where the grammar stops accepting the draft (`allowed`; Speculator.plan
-already dropped the proposals the grammar refuses, so this cut is a safeguard or a dead end).
+masks along its draft before processing and sampling (the engine's mask phase, before verify:
+StructuredOutputs.mask_runs, position j's mask = the grammar after d_1..d_j), so the target's own
+token is masked like any sampled token, and its run is cut where the grammar stops accepting the
+draft (`cuts`: RunCut.allowed; Speculator.plan already dropped the proposals the grammar refuses, so
+this cut is a safeguard or a dead end).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,9 +35,6 @@ from worker.engine.sampler import Sampler, SamplingRows, to_device
 from worker.engine.scheduler_output import ScheduledChunk
 from worker.engine.sequence import Sequence
 from worker.engine.structured_outputs import RunCut
-
-# (verify logits [M, V], (first logits row, sequence, proposed run) per constrained run) -> their cuts
-ConstrainRuns = Callable[[torch.Tensor, list[tuple[int, Sequence, tuple[int, ...]]]], list[RunCut]]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -64,23 +61,18 @@ class Verifier:
         self.sampler = sampler
 
     def verify(self, logits: torch.Tensor, chunks: tuple[ScheduledChunk, ...],
-               constrain_runs: ConstrainRuns | None = None) -> list[SpecRun]:  # fmt: skip
-        """logits fp32 [M, V]: the chunks' rows in order (1 + K each) -> one SpecRun per chunk. Writes
-        each row's newest token (host and device) and counts the kept tokens for the penalties.
-        `constrain_runs` masks the constrained chunks' rows in place (structured outputs)."""
+               cuts: dict[int, RunCut] | None = None) -> list[SpecRun]:  # fmt: skip
+        """logits fp32 [M, V]: the chunks' rows in order (1 + K each; a constrained run's masked) -> one
+        SpecRun per chunk (its logprobs: `logprobs`). Writes each row's newest token (host and device)
+        and counts the kept tokens for the penalties. `cuts`: the constrained runs' (by index in
+        chunks), from StructuredOutputs.mask_runs."""
         b, device = self.batch, self.dev.device
+        cuts = cuts or {}
         row_list = [c.seq.row for c in chunks]  # (lists: a few runs, where numpy's per-call cost dominates)
         size_list = [c.num_tokens for c in chunks]
         start_list = [0, *itertools.accumulate(size_list)][:-1]
         rows = np.array(row_list, np.int64)
         sizes, starts = np.array(size_list, np.int64), np.array(start_list, np.int64)
-        raw, cuts = logits, {}
-        if constrain_runs is not None and b.num_constrained and b.constrained[rows].any():
-            which = np.flatnonzero(b.constrained[rows]).tolist()
-            if b.num_special and (b.logprobs_k[rows] >= 0).any():
-                raw = logits.clone()  # logprobs are of the raw distribution, before the masks
-            got = constrain_runs(logits, [(int(starts[i]), chunks[i].seq, chunks[i].draft) for i in which])
-            cuts = dict(zip(which, got, strict=True))
         drawing = b.num_drawing and b.temperature[rows].any()
         processing = b.num_processed and b.processed[rows].any()
         penalized = None
@@ -117,8 +109,6 @@ class Verifier:
             self.dev.last_token.index_copy_(0, to_device(rows, device), to_device(last, device))
         if penalized is not None:
             self._count(runs)
-        if b.num_special and (b.logprobs_k[rows] >= 0).any():
-            self._logprobs(raw, runs, starts)
         return runs
 
     def _proposal_counts(self, chunks: tuple[ScheduledChunk, ...], starts: np.ndarray,
@@ -144,10 +134,14 @@ class Verifier:
         tokens = np.concatenate([np.asarray(r.tokens, np.int64) for r in kept])
         self.processing.counts.count(to_device(slots, device), to_device(tokens, device))
 
-    def _logprobs(self, logits: torch.Tensor, runs: list[SpecRun], starts: np.ndarray) -> None:
-        """SpecRun.logprobs of the raw distribution at each kept token's position (as plain decode)."""
+    def logprobs(self, logits: torch.Tensor, runs: list[SpecRun]) -> None:
+        """SpecRun.logprobs of the raw distribution (`logits` [M, V], before any mask) at each kept
+        token's position (as plain decode), for the runs whose requests asked."""
         ks = self.batch.logprobs_k
+        if not self.batch.num_special or not (ks[[r.row for r in runs]] >= 0).any():
+            return
         want = [i for i, r in enumerate(runs) if ks[r.row] >= 0]
+        starts = [0, *itertools.accumulate(1 + r.proposed for r in runs)][:-1]
         at = np.concatenate([starts[i] + np.arange(len(runs[i].tokens)) for i in want])
         tokens = np.concatenate([np.asarray(runs[i].tokens, np.int64) for i in want])
         device = logits.device

@@ -1,5 +1,5 @@
 # One customer managed key for the deployment's data at rest: the bucket, Redis, the auth secret,
-# the workers' settings parameter, the Lambda environment and the autoscaler's logs.
+# the workers' settings parameter, the Lambda environment, the API keys' secrets and the logs.
 
 data "aws_caller_identity" "current" {}
 data "aws_partition" "current" {}
@@ -25,9 +25,10 @@ data "aws_iam_policy_document" "key" {
     }
   }
 
-  # CloudWatch Logs encrypts the autoscaler's log group with this key, and no other log group.
+  # CloudWatch Logs encrypts the deployment's log groups with this key (the autoscaler's, the API's),
+  # and no other log group.
   statement {
-    sid       = "CloudWatchLogsForAutoscalerLogGroup"
+    sid       = "CloudWatchLogsForOwnLogGroups"
     actions   = ["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"]
     resources = ["*"] # in a key policy "*" means this key
 
@@ -39,7 +40,7 @@ data "aws_iam_policy_document" "key" {
     condition {
       test     = "ArnEquals"
       variable = "kms:EncryptionContext:aws:logs:arn"
-      values   = [var.log_group_arn]
+      values   = var.log_group_arns
     }
   }
 }

@@ -8,13 +8,13 @@ variable "region" {
   type        = string
 }
 
-variable "log_group_arn" {
-  description = "ARN of the one log group CloudWatch Logs may encrypt with this key."
-  type        = string
+variable "log_group_arns" {
+  description = "ARNs of the log groups CloudWatch Logs may encrypt with this key, and no other."
+  type        = list(string)
 
   validation {
-    condition     = can(regex("^arn:[a-z-]+:logs:", var.log_group_arn))
-    error_message = "log_group_arn must be a CloudWatch Logs log group ARN."
+    condition     = length(var.log_group_arns) > 0 && alltrue([for a in var.log_group_arns : can(regex("^arn:[a-z-]+:logs:", a))])
+    error_message = "log_group_arns must be one or more CloudWatch Logs log group ARNs."
   }
 }
 
