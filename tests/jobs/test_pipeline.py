@@ -247,20 +247,8 @@ def test_openai_batch_jsonl_round_trips_custom_id(tmp_path: Path, demo_model_dir
 def test_quantized_run(tmp_path: Path, demo_model_dir: Path, quantization: str) -> None:
     data = write_parquet(prompts_table(4, bad=False), tmp_path / "in.parquet")
     out = tmp_path / "out"
-    code, output = freight(
-        [
-            "run",
-            str(data),
-            "--model",
-            str(demo_model_dir),
-            "--output",
-            str(out),
-            "--max-tokens",
-            "2",
-            "--quantization",
-            quantization,
-        ]
-    )
+    code, output = freight(["run", str(data), "--model", str(demo_model_dir), "--output", str(out),
+                            "--max-tokens", "2", "--quantization", quantization])  # fmt: skip
     assert code == 0, output
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["spec"]["quantization"] == quantization
