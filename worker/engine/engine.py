@@ -232,7 +232,7 @@ class Engine:
         """
         t0 = time.perf_counter()
         c0 = time.process_time() if self.speculator is not None else 0.0
-        sched = self.scheduler.schedule(self._plan())
+        sched = self.scheduler.schedule(self._plan() if self.speculator is not None else None)
         finished = list(sched.errored)
         self._count(sched)
         launched = self.runner.launch(sched) if sched.chunks or sched.decode_rows.size or sched.spec else None
@@ -254,13 +254,12 @@ class Engine:
         return finished
 
     def _plan(self) -> list[tuple[int, list[int]]] | None:
-        """Speculation's proposals for this step's decode rows (Speculator.plan; None without it)."""
-        if self.speculator is None:
-            return None
+        """Speculation's proposals for this step's decode rows (Speculator.plan)."""
         rows = self.batch.decode_rows()
         if not rows.size:
             return None
-        return self.speculator.plan(rows, self.config.max_num_batched_tokens - rows.size, bool(self.scheduler.waiting))
+        return self.speculator.plan(rows, self.config.max_num_batched_tokens - rows.size,  # type: ignore[union-attr]
+                                    bool(self.scheduler.waiting))  # fmt: skip
 
     def _count(self, sched: SchedulerOutput) -> None:
         """The scheduled step's counts in stats: preemptions, admitted prompts, and when it computes
@@ -277,9 +276,9 @@ class Engine:
     def _mask(self, step: LaunchedStep) -> dict[int, RunCut]:
         """The masked rows' allowed tokens (structured outputs, thinking budgets: StructuredOutputs),
         applied to their logits in place; returns the masked verify runs' cuts, by index in the runs."""
-        if step.masked.size:
-            self.structured.mask(step.sampled, step.masked, step.masked_seqs)
-        if not step.masked_runs:
+        if step.masked is not None:
+            self.structured.mask(step.sampled, step.masked, step.masked_seqs)  # type: ignore[arg-type]
+        if step.masked_runs is None:
             return {}
         cuts = self.structured.mask_runs(step.verified, list(step.masked_runs.values()))  # type: ignore[arg-type]
         return dict(zip(step.masked_runs, cuts, strict=True))

@@ -72,21 +72,25 @@ class LaunchedStep:
     inputs: StepInputs
     logits: torch.Tensor  # fp32 [N, V]: the plain logits rows (prompt-logprob rows, then the sampled ones)
     sampled: torch.Tensor  # fp32 [S, V]: the sampled rows' logits, the last S rows of `logits`
-    verified: torch.Tensor | None  # fp32 [M, V]: the verify runs' logits rows (1 + K each, inputs.spec's order)
     raw: torch.Tensor  # `sampled` before the masks: a copy when a masked step's sampled rows want logprobs
-    raw_verified: torch.Tensor | None  # `verified` before the masks, likewise
-    masked: np.ndarray  # int64: the masked sampled rows (a constraint or a thinking budget), as rows of `sampled`
-    masked_seqs: list[Sequence]  # their sequences
-    # the masked verify runs: index in inputs.spec -> (first row in `verified`, sequence, proposed tokens)
-    masked_runs: dict[int, tuple[int, Sequence, tuple[int, ...]]]
     seq_ids: np.ndarray  # int64 [S]: the sequence in each sampled row
     version: int  # the batch's membership version
     drawing: bool  # a sampled row draws (temperature > 0)
     processing: bool  # a sampled row's logits are processed (penalties, logit_bias, min_tokens)
+    # speculation's verify runs (inputs.spec; None without): their logits rows, 1 + K each, and those
+    # before the masks (a copy when a masked run wants logprobs)
+    verified: torch.Tensor | None = None  # fp32 [M, V]
+    raw_verified: torch.Tensor | None = None
+    # the masked sampled rows (a constraint or a thinking budget; None: none), as rows of `sampled`,
+    # and their sequences
+    masked: np.ndarray | None = None  # int64
+    masked_seqs: list[Sequence] | None = None
+    # the masked verify runs (None: none): index in inputs.spec -> (first row in `verified`, sequence,
+    # proposed tokens)
+    masked_runs: dict[int, tuple[int, Sequence, tuple[int, ...]]] | None = None
 
 
 _NO_TOKENS = torch.zeros(0, dtype=torch.int64)  # InFlightStep.packed when the host has the tokens already
-_NO_ROWS = np.zeros(0, np.int64)
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
@@ -160,32 +164,36 @@ class ModelRunner:
         sample_rows = inputs.sample_rows
         # a decode step samples every row: no slice (a torch call per step saved)
         sampled = logits if logits.shape[0] == sample_rows.size else logits[logits.shape[0] - sample_rows.size :]
-        raw, raw_verified = sampled, verified
-        masked, masked_seqs, masked_runs = _NO_ROWS, [], {}
-        if b.num_constrained:
-            masked = np.flatnonzero(b.constrained[sample_rows])
-            masked_seqs = b.sequences(sample_rows[masked])
-            if masked.size and b.num_special and (b.logprobs_k[sample_rows] >= 0).any():
-                raw = sampled.clone()  # logprobs are of the raw distribution, before the masks
-            if inputs.spec:
-                masked_runs = self._masked_runs(inputs.spec)
-                if masked_runs and b.num_special and (b.logprobs_k[[c.seq.row for c in inputs.spec]] >= 0).any():
-                    raw_verified = verified.clone()  # type: ignore[union-attr]
-        return LaunchedStep(
-            inputs=inputs, logits=logits, sampled=sampled, verified=verified, raw=raw, raw_verified=raw_verified,
-            masked=masked, masked_seqs=masked_seqs, masked_runs=masked_runs, seq_ids=b.seq_id[sample_rows],
+        step = LaunchedStep(
+            inputs=inputs, logits=logits, sampled=sampled, raw=sampled, seq_ids=b.seq_id[sample_rows],
             version=b.version, drawing=bool(b.num_drawing and b.temperature[sample_rows].any()),
             processing=bool(b.num_processed and b.processed[sample_rows].any()),
         )  # fmt: skip
+        if verified is not None:
+            step.verified = step.raw_verified = verified
+        if b.num_constrained:
+            self._read_masks(step)
+        return step
 
-    def _masked_runs(self, chunks: tuple) -> dict[int, tuple[int, Sequence, tuple[int, ...]]]:
-        """LaunchedStep.masked_runs of the verify runs `chunks`."""
-        out, first = {}, 0
-        for i, c in enumerate(chunks):
-            if self.batch.constrained[c.seq.row]:
-                out[i] = (first, c.seq, c.draft)
+    def _read_masks(self, step: LaunchedStep) -> None:
+        """LaunchedStep's masked rows and runs, and the raw copies of their logits where a row of them
+        wants logprobs (logprobs are of the raw distribution, before the masks)."""
+        b, inputs = self.batch, step.inputs
+        sample_rows = inputs.sample_rows
+        masked = np.flatnonzero(b.constrained[sample_rows])
+        if masked.size:
+            step.masked, step.masked_seqs = masked, b.sequences(sample_rows[masked])
+            if b.num_special and (b.logprobs_k[sample_rows] >= 0).any():
+                step.raw = step.sampled.clone()
+        runs, first = {}, 0
+        for i, c in enumerate(inputs.spec):
+            if b.constrained[c.seq.row]:
+                runs[i] = (first, c.seq, c.draft)
             first += c.num_tokens
-        return out
+        if runs:
+            step.masked_runs = runs
+            if b.num_special and (b.logprobs_k[[c.seq.row for c in inputs.spec]] >= 0).any():
+                step.raw_verified = step.verified.clone()  # type: ignore[union-attr]
 
     def sample(self, step: LaunchedStep) -> InFlightStep:
         """Sample the step's sampled rows (their logits masked by now) and score its prompt rows."""

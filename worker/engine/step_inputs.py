@@ -142,9 +142,10 @@ def decode_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows)
         slots = getattr(batch, g.table)[rows, pos // bs].astype(np.int64) * bs + pos % bs
         if below:
             slots[protected] = -1
+        table = getattr(dev, g.table)
         metas.append(AttentionMetadata(
             slot_mapping=to_device(slots, device), num_prefill_tokens=0, decode_context_lens=lens,
-            decode_block_tables=decode_tables(getattr(dev, g.table), rows, rows_dev, width),
+            decode_block_tables=table[at, :width] if rows_dev is None else decode_tables(table, rows, rows_dev, width),
         ))  # fmt: skip
     return StepInputs(input_ids=ids, positions=to_device(pos, device), meta=metadata(metas), logit_rows=None,
                       sample_rows=rows, sample_rows_ascending=True, prompt=[], num_prefill_tokens=0, decode_rows=rows,
