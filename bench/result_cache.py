@@ -7,7 +7,8 @@
 3. the cost of a lookup: a synthetic cache of `--lookup-rows` answers in segments of `--shard-rows`,
    looked up shard by shard as a rerun does: milliseconds per row and object-store GETs per shard.
 
-Each night is a fresh `run_local` (the model loaded, as a nightly job does).
+Each night is a fresh `run_local` in this process, as a nightly job is: it loads the model only when
+it has rows to compute (worker/lazy_engine.py).
 
     .venv/bin/python bench/result_cache.py                    # demo model (small), 1,000 rows
     .venv/bin/python bench/result_cache.py --rows 200 --lookup-rows 20000   # a quick look

@@ -25,11 +25,14 @@ eval_app = typer.Typer(
 def embedded_executor(settings: Settings, device: str | None = None) -> JobExecutor:
     """Run each job in process to the end (the same prepare/run_local/finalize as `freight run`).
     The engine of the last model stays loaded for the next job on it (start_run groups jobs by
-    model); its load time is not billed to those jobs. One engine is held at a time."""
+    model); its load time is not billed to those jobs. One engine is held at a time, and it loads
+    only when a job has rows the result cache does not answer (worker/lazy_engine.py)."""
     import gc
 
     from jobs.planner import prepare_job
-    from worker.local import load_engine, run_local  # in the command: the CLI loads torch only to run
+
+    # in the command: the CLI loads torch only to run
+    from worker.local import lazy_engine, load_engine, run_local
 
     loaded: dict[str, Any] = {}  # at most one entry: model -> engine
 
@@ -40,7 +43,9 @@ def embedded_executor(settings: Settings, device: str | None = None) -> JobExecu
         if spec.model not in loaded:
             loaded.clear()
             gc.collect()  # drop the previous model's weights and KV cache before loading the next
-            loaded[spec.model], _seconds = load_engine(prepared.manifest, settings, device)
+            manifest = prepared.manifest
+            loaded[spec.model] = lazy_engine(manifest, settings, device,
+                                             lambda: (load_engine(manifest, settings, device)[0], 0.0))  # fmt: skip
         run = run_local(prepared.store, prepared.manifest, engine=loaded[spec.model], settings=settings)
         if run.interrupted:
             raise FreightError(

@@ -23,6 +23,8 @@ from jobs.settings import Settings, get_settings
 from jobs.storage import ObjectStore
 from worker.adapters import use_adapters
 from worker.embed_rows import collect_embeddings, split_embeddings
+from worker.engine.stats import EngineStats
+from worker.lazy_engine import ready_engine
 from worker.result_cache import JobCache
 from worker.row_dedup import find_duplicates
 from worker.row_engine import RowSink, collect_rows
@@ -89,14 +91,16 @@ def compute_shard(
     partial_keys: list[str] | None = None,
     result_cache: JobCache | None = None,
 ) -> ComputedShard | ShardOutcome:
-    """Run shard `shard_index` of `manifest` with a loaded `engine`: a ComputedShard to commit, or the
-    outcome when there is nothing to commit ("already_committed", "interrupted").
+    """Run shard `shard_index` of `manifest` with `engine` (loaded, or a LazyEngine, loaded here only
+    when rows are left to compute after the result cache and the dedup): a ComputedShard to commit,
+    or the outcome when there is nothing to commit ("already_committed", "interrupted").
 
     attempt: this attempt's number (partial rows are saved as partial/<n>/<attempt>.parquet).
     should_stop: checked before every engine step; when it turns True the finished rows are saved
       as partial rows, the attempt's cost is recorded under waste/, and "interrupted" is returned.
     pricing: where this runs (default: the manifest's instance type and price).
-    load_seconds: model load time to charge to this shard (the first shard after a load).
+    load_seconds: model load time to charge to this shard (the first shard after a load); a
+      LazyEngine's load, when this shard runs it, is added.
     reader: an InputReader to reuse across shards of one job (default: a fresh one).
     partial_keys: this shard's partial-row files when the caller listed them already (default: list).
     result_cache: the job's result cache (worker/result_cache.py): deterministic rows it holds are
@@ -109,7 +113,6 @@ def compute_shard(
     if store.exists(shard_result_key(shard_index)):
         return ShardOutcome(shard=shard_index, status="already_committed", rows=shard.rows, rows_failed=0)
 
-    use_adapters(engine, manifest.spec, settings)
     rows = shard.row_indices()
     keys = store.list(partial_prefix(shard_index)) if partial_keys is None else sorted(partial_keys)
     done = _read_partial(store, keys, default_endpoint(manifest.input))
@@ -123,7 +126,7 @@ def compute_shard(
     requests = build_requests(
         table, [rows[i] for i in todo], manifest.spec, manifest.input, engine.tokenizer, max_n
     )
-    report = _RowReporter(on_row, shard_index, engine.stats)
+    report = _RowReporter(on_row, shard_index)
     pending: list[RowRequest] = []
     for req in requests:
         if req.error is not None:
@@ -156,11 +159,21 @@ def compute_shard(
             if original in hit_seconds:
                 hit_seconds[req.row] = hit_seconds[original]
 
-    before = engine.stats.snapshot()
+    # the model loads only now, when rows are left to compute (a LazyEngine): its load is billed to
+    # this shard, and the time it took is not the shard's wall time
+    loading = time.perf_counter()
+    engine, loaded = ready_engine(engine) if to_run else (engine, 0.0)
+    load_seconds += loaded
+    load_wait = time.perf_counter() - loading
+    if to_run:
+        use_adapters(engine, manifest.spec, settings)
+    stats = engine.stats if to_run else EngineStats()  # nothing to run: no engine work, none loaded
+    report.watch(stats)
+    before = stats.snapshot()
     embed, generate = split_embeddings(to_run)
     sink = RowSink(results, should_stop, finished)
     stopped = collect_embeddings(engine, embed, sink) or collect_rows(engine, generate, sink)
-    engine_time = engine.stats.snapshot() - before  # busy, prefill and decode seconds of this attempt
+    engine_time = stats.snapshot() - before  # busy, prefill and decode seconds of this attempt
     busy = engine_time.busy_seconds
     likelihood = manifest.spec.continuation_column is not None
     worker = worker_name()
@@ -177,7 +190,7 @@ def compute_shard(
             )
         attempted = len(to_run)
         finished_now = sum(1 for req in to_run if req.row in results)
-        billed = time.perf_counter() - t0 + load_seconds
+        billed = time.perf_counter() - t0 - load_wait + load_seconds
         rec = attempt_record(
             manifest, shard_index, attempt, "interrupted", pricing, billed, attempted, finished_now, worker
         )
@@ -208,7 +221,7 @@ def compute_shard(
         [(req, results[req.row], seconds(results[req.row])) for req in to_run],
         semantic.vectors if semantic is not None else None,
     )
-    wall = time.perf_counter() - t0
+    wall = time.perf_counter() - t0 - load_wait
     billed = wall + load_seconds
     record = ShardRecord(
         job_id=manifest.job_id,
@@ -284,10 +297,16 @@ def _adapter_usage(adapters: dict[str, str], ordered: list[RowResult], ran: list
 
 class _RowReporter:
     """Calls on_row with a RowProgress per finished row; the engine's speculation counters since the
-    previous call ride along (the engine counts per step, not per row)."""
+    previous call ride along (the engine counts per step, not per row) once `watch` named its stats
+    (rows reported before, refused or cached ones, carry none)."""
 
-    def __init__(self, on_row: Callable[[RowProgress], None] | None, shard: int, stats: Any) -> None:
-        self.on_row, self.shard, self.stats = on_row, shard, stats
+    def __init__(self, on_row: Callable[[RowProgress], None] | None, shard: int) -> None:
+        self.on_row, self.shard = on_row, shard
+        self.watch(EngineStats())
+
+    def watch(self, stats: Any) -> None:
+        """Report the speculation counters of `stats` (an engine's EngineStats) from now on."""
+        self.stats = stats
         self.proposed, self.accepted = stats.spec_proposed_tokens, stats.spec_accepted_tokens
 
     def __call__(self, res: RowResult) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import redis
@@ -36,7 +37,7 @@ from jobs.storage import ObjectStore, open_store
 from worker.attempts import attempt_alive, model_rate, record_rate, unfinished_strikes, wait_for_previous
 from worker.celery_app import app
 from worker.deadline import ProgressDeadline, attempt_deadline
-from worker.local import load_engine
+from worker.local import lazy_engine, load_engine
 from worker.outages import back_off, finalize_outage, outage_decision, storage_outage
 from worker.outcomes import (
     expire_if_over,
@@ -56,15 +57,26 @@ FINALIZE_SLOT = -1  # attempts of finalize are counted under this shard index
 ERROR_BACKOFF_CAP_S = 30.0  # sleep before requeueing a failed attempt: 2, 4, 8 ... s
 
 
-def _engine_for(rt: ProcessRuntime, manifest: Manifest) -> tuple[Any, float]:
-    """The cached engine for this job's model; (engine, load seconds charged to this shard)."""
+def _engine_for(rt: ProcessRuntime, manifest: Manifest, on_load: Callable[[], None]) -> tuple[Any, float]:
+    """(engine, load seconds charged to this shard): the process's engine when it holds this job's
+    model, else a LazyEngine that loads it through the process's model cache when the shard has rows
+    the result cache does not answer; the load runs under the unmeasured deadline, `on_load` after it."""
     spec = manifest.spec
     key: tuple = (spec.model, spec.quantization)  # the key `freight worker --model` preloads
     if spec.quant_group is not None:
         key += (spec.quant_group,)
     if spec.speculative is not None:
         key += (spec.speculative, spec.speculative_tokens)
-    return rt.models.get_timed(key, lambda: load_engine(manifest, rt.settings)[0])
+
+    def load() -> tuple[Any, float]:
+        rt.set_deadline(attempt_deadline(rt.settings, time.time(), None, None))
+        loaded = rt.models.get_timed(key, lambda: load_engine(manifest, rt.settings)[0])
+        on_load()
+        return loaded
+
+    if rt.models.loaded_key == key:
+        return rt.models.get_timed(key, lambda: load_engine(manifest, rt.settings)[0])
+    return lazy_engine(manifest, rt.settings, load=load), 0.0
 
 
 def _cache_for(rt: ProcessRuntime, store: ObjectStore, manifest: Manifest, engine: Any) -> Any:
@@ -237,10 +249,14 @@ def _attempt(
     # until the engine is ready (model load included) the attempt gets the unmeasured allowance
     rt.begin_attempt(job_id, shard, attempt, attempt_deadline(rt.settings, time.time(), None, None))
     try:
-        engine, load_s = _engine_for(rt, manifest)
         rows, max_tokens = manifest.shards[shard].rows, manifest.spec.sampling.max_tokens
         rate = model_rate(rt, manifest)
-        rt.set_deadline(attempt_deadline(rt.settings, time.time(), rows * max_tokens, rate))
+
+        def measured() -> None:  # the engine is ready: the deadline of the shard's estimated work
+            rt.set_deadline(attempt_deadline(rt.settings, time.time(), rows * max_tokens, rate))
+
+        engine, load_s = _engine_for(rt, manifest, measured)
+        measured()
         progress = ProgressDeadline(rt.settings, rows, max_tokens, rate, rt.extend_deadline)
 
         def on_row(row: RowProgress) -> None:

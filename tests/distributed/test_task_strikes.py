@@ -59,7 +59,7 @@ def test_an_outage_after_a_hand_back_keeps_an_earlier_crash_strike(
     job_id = prepare_job(spec).manifest.job_id
     monkeypatch.setattr(worker.tasks, "runtime", lambda: rt)
     monkeypatch.setattr(worker.tasks, "open_store", lambda url, s=None: _DeleteUnavailable(open_store(url, s)))
-    monkeypatch.setattr(worker.tasks, "_engine_for", lambda rt, manifest: (object(), 0.0))
+    monkeypatch.setattr(worker.tasks, "_engine_for", lambda rt, manifest, on_load: (object(), 0.0))
     monkeypatch.setattr(worker.shard, "run_shard", lambda *a, **k: ShardOutcome(0, "interrupted", 0, 0))
 
     assert rt.live.begin_attempt(job_id, 0) == (1, 1)  # attempt 1: SIGKILLed, never ended

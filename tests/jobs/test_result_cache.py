@@ -77,6 +77,45 @@ def test_a_rerun_is_served_from_the_cache_with_the_same_answers(tmp_path: Path, 
         f"{first['job_id']}.parquet"]  # fmt: skip
 
 
+def test_a_rerun_answered_in_full_never_loads_the_model(tmp_path: Path, demo_model_dir: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    import worker.local
+
+    loads: list[str] = []
+    real = worker.local.load_engine
+
+    def counted(manifest: Any, *args: Any) -> Any:
+        loads.append(manifest.job_id)
+        return real(manifest, *args)
+
+    monkeypatch.setattr(worker.local, "load_engine", counted)
+    cache = str(tmp_path / "cache")
+    first, rows1 = _run(tmp_path, demo_model_dir, "night1", cache)  # run_local's own (lazy) engine
+    assert loads == [first["job_id"]] and first["load_seconds"] > 0
+    assert first["shards"][0]["load_seconds"] > 0 and all(s["load_seconds"] == 0 for s in first["shards"][1:])
+
+    def refused(manifest: Any, *args: Any) -> Any:
+        raise AssertionError("an all-hit job loaded the model")
+
+    monkeypatch.setattr(worker.local, "load_engine", refused)
+    second, rows2 = _run(tmp_path, demo_model_dir, "night2", cache)
+    assert second["result_cache_hits"] == N and second["rows"] == N
+    assert {i: r["completion"] for i, r in rows2.items()} == {i: r["completion"] for i, r in rows1.items()}
+    # the cost report bills no load and no engine time, only the lookups' wall time
+    assert second["load_seconds"] == 0 and second["busy_seconds"] == 0
+    assert second["completion_tokens"] == 0 and second["cost_usd"] < first["cost_usd"]
+    assert all(s["load_seconds"] == 0 and s["cache_hits"] == 10 for s in second["shards"])
+
+    # new rows in a later shard only: the model loads once, billed to the first shard that computes
+    monkeypatch.setattr(worker.local, "load_engine", counted)
+    table = _table(N + 5)
+    third, rows3 = _run(tmp_path, demo_model_dir, "night3", cache, table=table)
+    assert loads == [first["job_id"], third["job_id"]]
+    assert third["result_cache_hits"] == N and rows3[f"q{N + 4}"]["cached"] is None
+    billed = [s["load_seconds"] for s in sorted(third["shards"], key=lambda s: s["shard"])]
+    assert billed[-1] > 0 and billed[:-1] == [0.0] * (len(billed) - 1)
+
+
 def test_a_changed_checkpoint_at_the_same_path_gets_no_hits(tmp_path: Path, demo_model_dir: Path) -> None:
     model = tmp_path / "model"
     shutil.copytree(demo_model_dir, model)
