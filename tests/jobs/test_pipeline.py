@@ -59,6 +59,7 @@ RESULT_COLUMNS = [
     "cached_from_row",
     "cached_similarity",
     "response_fields",
+    "adapter",
 ]
 
 
