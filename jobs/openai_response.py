@@ -68,13 +68,19 @@ def response_body(row: dict[str, Any], response_id: str, message_id: str, create
 
 
 def output_items(row: dict[str, Any], message_id: str, status: str) -> list[dict[str, Any]]:
-    """The response's output items, in order."""
+    """The response's output items, in order: a thinking model's reasoning item (its thinking as
+    reasoning_text, id rs_ beside the message's msg_), then the assistant message."""
     content: dict[str, Any] = {"type": "output_text", "text": row["completion"] or "", "annotations": []}
     logprobs = row.get("logprobs")
     if logprobs is not None:
         content["logprobs"] = chat_logprobs(logprobs[0])["content"]
     message = {"type": "message", "id": message_id, "status": status, "role": "assistant", "content": [content]}
-    return [message]
+    reasoning = row.get("reasoning")
+    if not reasoning:
+        return [message]
+    item = {"type": "reasoning", "id": "rs_" + message_id.removeprefix("msg_"), "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": reasoning}]}  # fmt: skip
+    return [item, message]
 
 
 def response_usage(row: dict[str, Any]) -> dict[str, Any]:

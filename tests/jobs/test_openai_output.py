@@ -287,3 +287,10 @@ def test_a_response_row_is_a_response_object_the_sdk_parses() -> None:
     assert cut.output[0].content[0].logprobs is None  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="without its response_fields"):
         response_body({**row, "response_fields": None}, "resp_z", "msg_z", 0, "tiny")
+    thought = Response.model_validate(response_body({**row, "reasoning": "a is one", "reasoning_tokens": 2},
+                                                    "resp_t", "msg_t", 0, "tiny"))  # fmt: skip
+    assert_known_fields(thought, "body")
+    reasoning, message = thought.output
+    assert reasoning.type == "reasoning" and reasoning.id == "rs_t" and message.id == "msg_t"
+    assert [c.text for c in reasoning.content] == ["a is one"] and thought.output_text == '{"a":1}'  # type: ignore[union-attr]
+    assert thought.usage is not None and thought.usage.output_tokens_details.reasoning_tokens == 2
