@@ -29,14 +29,14 @@ def run(path: Path, order_fn, prompts, max_tokens) -> tuple[int, int, float]:
     engine_module.batch_order = order_fn  # the engine looks the name up at each stream()
     engine = Engine.from_pretrained(path, EngineConfig(kv_cache_bytes=3 << 29, max_num_batched_tokens=2048))
     narrow = 0
-    execute = engine.runner.execute
+    launch = engine.runner.launch
 
-    def counted(chunks):
+    def counted(sched):
         nonlocal narrow
-        narrow += len(chunks) < 64
-        return execute(chunks)
+        narrow += len(sched.chunks) + sched.decode_rows.size + len(sched.spec) < 64
+        return launch(sched)
 
-    engine.runner.execute = counted
+    engine.runner.launch = counted
     c0 = time.process_time()
     engine.generate(prompts, [SamplingParams(max_tokens=m, ignore_eos=True) for m in max_tokens])
     return engine.stats.steps, narrow, time.process_time() - c0
