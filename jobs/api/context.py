@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from anyio import to_thread
 from fastapi import Request
 
 from jobs.api.auth import Authenticator
@@ -26,6 +27,10 @@ def serve_context(request: Request) -> ServeContext:
     return request.app.state.serve
 
 
-def tenant(request: Request) -> str:
-    """FastAPI dependency: the tenant of the request's API key (401 without a valid one)."""
-    return serve_context(request).auth.tenant_of(request.headers.get("authorization"))
+async def tenant(request: Request) -> str:
+    """FastAPI dependency: the tenant of the request's API key (401 without a valid one). A key
+    looked up within the last `key_cache_s` answers on the event loop; a lookup that reads the store
+    runs on a worker thread (a sync dependency would cost every request a thread hop)."""
+    auth = serve_context(request).auth
+    header = request.headers.get("authorization")
+    return auth.cached_tenant(header) or await to_thread.run_sync(auth.tenant_of, header)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from anyio import to_thread
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from jobs.api import files
@@ -149,11 +150,13 @@ def _owned(ctx: ServeContext, who: str, batch_id: str) -> BatchRecord:
     return record
 
 
-@router.get("/v1/batches/{batch_id}")
-def retrieve_batch(request: Request, batch_id: str, who: str = Depends(tenant)) -> dict[str, Any]:
+# The poll: answered as JSON straight from the record (no response model to validate it against, no
+# jsonable_encoder pass: the record's public fields are JSON values already).
+@router.get("/v1/batches/{batch_id}", response_class=JSONResponse)
+def retrieve_batch(request: Request, batch_id: str, who: str = Depends(tenant)) -> JSONResponse:
     ctx = serve_context(request)
     record = _owned(ctx, who, batch_id)
-    return record.public(None if record.final else cancel_time(ctx.store, who, batch_id))
+    return JSONResponse(record.public(None if record.final else cancel_time(ctx.store, who, batch_id)))
 
 
 @router.get("/v1/batches")
