@@ -332,3 +332,39 @@ def test_a_mixed_file_runs_every_endpoint_and_refuses_bad_lines(
     assert "POST" in why["get"] and "custom_id" in why["line-12"] and "'x'" in why["extra"]
     assert "context" in why["too-long"] and "store true" in why["resp-store"]
     assert batch.request_counts.completed == 8 and batch.request_counts.failed == 7  # type: ignore[union-attr]
+
+
+def test_models_by_name(serve_process: Callable[..., ServeProcess], served_model: Path, tmp_path: Path) -> None:
+    """--models: a request's model is a served name; a name the file does not hold is that request's
+    error, or the batch's when no line names a served model; the output names the model as asked."""
+    models = tmp_path / "models.toml"
+    models.write_text(f'"tiny-chat" = "{served_model}"\n\n[tiny-int8]\npath = "{served_model}"\nquantization = "int8"\n')
+    server = serve_process("--models", str(models))
+    client = server.client(server.key("team-a"))
+    lines = [batch_line("named", model="tiny-chat", max_tokens=3), batch_line("unnamed", max_tokens=3),
+             batch_line("other", model="gpt-4o", max_tokens=3), batch_line("path", model=str(served_model))]  # fmt: skip
+    upload = client.files.create(file=_write(tmp_path / "in.jsonl", lines).open("rb"), purpose="batch")
+    batch = wait_batch(client, client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                                     completion_window="24h").id)  # fmt: skip
+    assert batch.status == "completed" and batch.model == "tiny-chat", batch
+    out, err = _ids_once(client, batch)
+    assert {line["custom_id"]: line["response"]["body"]["model"] for line in out} == {"named": "tiny-chat",
+                                                                                      "unnamed": "tiny-chat"}  # fmt: skip
+    why = {line["custom_id"]: line["error"]["message"] for line in err}
+    assert set(why) == {"other", "path"} and all("this batch runs 'tiny-chat'" in m for m in why.values())
+    assert str(served_model) not in why["other"]  # the server's folders are named to no request
+
+    nobody = _write(tmp_path / "nope.jsonl", [batch_line("a", model="nope"), batch_line("b", model="nope")])
+    failed = wait_batch(client, client.batches.create(
+        input_file_id=client.files.create(file=nobody.open("rb"), purpose="batch").id,
+        endpoint="/v1/chat/completions", completion_window="24h").id)  # fmt: skip
+    assert failed.status == "failed" and failed.errors is not None
+    (error,) = failed.errors.data  # type: ignore[misc]
+    assert (error.code, error.line, error.param) == ("model_not_found", 1, "model")
+    assert "tiny-chat" in (error.message or "") and "tiny-int8" in (error.message or "")
+
+    broken = tmp_path / "broken.toml"
+    broken.write_text('"x" = { quantization = "int8" }\n')
+    result = subprocess.run([FREIGHT, "serve", "--store", str(tmp_path / "s2"), "--models", str(broken)],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 2 and "--models" in result.stderr and "'x'" in result.stderr
