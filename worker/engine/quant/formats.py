@@ -22,6 +22,7 @@ __all__ = [
     "check_group_size",
     "dequantize_int4",
     "dequantize_int8",
+    "fp16_scales",
     "int4_group_scales",
     "pack_int4",
     "quantize_int4",
@@ -57,10 +58,22 @@ def dequantize_int8(qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
 
 
 def int4_group_scales(weight: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Symmetric scales: max |w| of each group over 7 (so the largest maps to +-7): fp32 [N, K // G]."""
+    """Symmetric scales: max |w| of each group over 7 (so the largest maps to +-7), rounded to fp16
+    values: fp32 [N, K // G]."""
     n, k = weight.shape
     amax = weight.float().reshape(n, k // group_size, group_size).abs().amax(dim=-1)
-    return amax.clamp(min=1e-8) / 7.0
+    return fp16_scales(amax.clamp(min=1e-8) / 7.0)
+
+
+def fp16_scales(scales: torch.Tensor) -> torch.Tensor:
+    """fp32 scales rounded to the nearest fp16 value (the smallest positive one for those below it):
+    the CPU kernels keep an int4 layer's group scales in fp16 when every one is an fp16 value, 2 bytes
+    a group of 32-128 weights instead of 4 (what GPTQ checkpoints store). Weights are quantized
+    against the rounded scale, so the dequantized values are what the kernels compute; in fp16's
+    normal range (scales above 6e-5) a scale moves by at most 2^-11 of itself, and a group's largest
+    weight still maps to +-7."""
+    tiny = torch.finfo(torch.float16).smallest_normal * 2.0**-10  # the smallest positive fp16
+    return scales.half().float().clamp(min=tiny)
 
 
 def quantize_int4_values(weight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:

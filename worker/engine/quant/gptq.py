@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from worker.engine.quant.formats import check_group_size, int4_group_scales
+from worker.engine.quant.formats import check_group_size, fp16_scales, int4_group_scales
 
 
 class HessianAccumulator:
@@ -101,7 +101,7 @@ def gptq_quantize_int4(
             orig = int(perm[col])
             if static_scales is None and col % g == 0:
                 # scales of the group starting here, from the error-updated columns
-                scales[:, col // g] = w_blk[:, i : i + g].abs().amax(dim=1).clamp(min=1e-8) / 7.0
+                scales[:, col // g] = fp16_scales(w_blk[:, i : i + g].abs().amax(dim=1).clamp(min=1e-8) / 7.0)
             s = scales[:, orig // g]
             x = w_blk[:, i]
             q = torch.clamp(torch.round(x / s), -8, 7)
