@@ -119,8 +119,8 @@ def test_speculative_run_reports_acceptance(tmp_path: Path, demo_model_dir: Path
 
 
 def test_progress_counts_speculation_per_row() -> None:
-    """run_shard's reporter hands each finished row the engine's proposed / accepted tokens since the
-    previous row (their sum: the engine's totals); the progress bar and the JSON progress line show
+    """run_shard's reporter, once it watches the engine's stats, hands each finished row the
+    engine's proposed / accepted tokens since the previous row (their sum: the engine's totals); the progress bar and the JSON progress line show
     the acceptance once something was proposed, nothing before."""
     from types import SimpleNamespace
 
@@ -129,7 +129,8 @@ def test_progress_counts_speculation_per_row() -> None:
 
     stats = SimpleNamespace(spec_proposed_tokens=10, spec_accepted_tokens=4)  # from earlier shards
     seen: list = []
-    report = _RowReporter(seen.append, 3, stats)
+    report = _RowReporter(seen.append, 3)
+    report.watch(stats)
     row = SimpleNamespace(prompt_tokens=5, cached_tokens=1, completion_tokens=7, error=None)
     counters = _Counters()
     report(row)  # nothing proposed since the reporter started
