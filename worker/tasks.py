@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import redis
@@ -55,6 +56,19 @@ log = get_logger(__name__)
 JOB_CACHES_HELD = 4  # jobs whose result-cache index a worker process keeps loaded
 FINALIZE_SLOT = -1  # attempts of finalize are counted under this shard index
 ERROR_BACKOFF_CAP_S = 30.0  # sleep before requeueing a failed attempt: 2, 4, 8 ... s
+
+
+@dataclass(frozen=True)
+class ShardAttempt:
+    """One delivery of a shard, counted: the job, its OUT, the shard, the attempt's number and strike,
+    and when the task was entered (queue wait and billing start there)."""
+
+    job_id: str
+    output: str
+    shard: int
+    attempt: int
+    strike: Strike
+    entered: float
 
 
 def _engine_for(rt: ProcessRuntime, manifest: Manifest, on_load: Callable[[], None]) -> tuple[Any, float]:
@@ -102,44 +116,36 @@ def run_shard_task(self: Any, job_id: str, output: str, shard: int) -> dict[str,
             attempt, strikes = rt.live.begin_attempt(job_id, shard)
         except redis.RedisError as exc:  # an uncounted attempt must not run, nor be acked and lost
             raise Reject(f"cannot count the attempt ({exc})", requeue=True) from exc
-        strike = Strike(rt.live, job_id, shard, strikes)
+        at = ShardAttempt(job_id, output, shard, attempt, Strike(rt.live, job_id, shard, strikes), entered)
         rt.metrics.attempts.inc()
         with structlog.contextvars.bound_contextvars(attempt=attempt):
             try:
-                return _run(self, rt, job_id, output, shard, attempt, strike, entered)
+                return _run(self, rt, at)
             except Reject:
                 raise
             except NewerManifestError as exc:
-                _newer_job(rt, strike, exc)
+                _newer_job(rt, at.strike, exc)
             except Exception as exc:  # this attempt failed: requeue it, or give up after the last one
                 log.exception("shard_error", error=str(exc))
                 rt.metrics.outcomes.labels("error" if storage_outage(exc) is None else "storage_outage").inc()
-                return _after_error(rt, job_id, output, shard, attempt, strike, entered, exc)
+                return _after_error(rt, at, exc)
 
 
-def _after_error(
-    rt: ProcessRuntime,
-    job_id: str,
-    output: str,
-    shard: int,
-    attempt: int,
-    strike: Strike,
-    entered: float,
-    exc: Exception,
-) -> dict[str, Any]:
+def _after_error(rt: ProcessRuntime, at: ShardAttempt, exc: Exception) -> dict[str, Any]:
     """Bill the failed attempt as an error, then give the shard up past its budget, or requeue it after a
     backoff. The budget: FREIGHT_MAX_SHARD_ATTEMPTS strikes less node losses; an attempt that storage
     did not answer is no strike but an outage, against FREIGHT_MAX_SHARD_STORAGE_OUTAGES (worker/outages.py).
     An exception after the attempt took its strike back (it ended cleanly, then finishing up failed)
     counts no strike: `strike.unclean` leaves it out."""
+    job_id, shard, attempt, strike = at.job_id, at.shard, at.attempt, at.strike
     outage = storage_outage(exc)
     verdict, wait = None, min(ERROR_BACKOFF_CAP_S, 2.0**strike.count)  # a transient cause may pass
     if outage is not None:
         _, verdict, wait = outage_decision(rt, strike, outage)
     try:
-        store = open_store(output, rt.settings)
+        store = open_store(at.output, rt.settings)
         manifest = read_manifest(store)
-        record_failed_attempt(rt, store, manifest, shard, attempt, entered)
+        record_failed_attempt(rt, store, manifest, shard, attempt, at.entered)
         struck = strike.unclean - rt.live.node_losses(job_id, shard)
         if outage is None and struck >= rt.settings.max_shard_attempts:
             verdict = f"{type(exc).__name__}: {exc}"
@@ -165,18 +171,10 @@ def _newer_job(rt: ProcessRuntime, strike: Strike, exc: NewerManifestError) -> N
     raise Reject(f"shard handed back: {exc}", requeue=True) from exc
 
 
-def _run(
-    task: Any,
-    rt: ProcessRuntime,
-    job_id: str,
-    output: str,
-    shard: int,
-    attempt: int,
-    strike: Strike,
-    entered: float,
-) -> dict[str, Any]:
+def _run(task: Any, rt: ProcessRuntime, at: ShardAttempt) -> dict[str, Any]:
+    job_id, shard, attempt, strike, entered = at.job_id, at.shard, at.attempt, at.strike, at.entered
     strikes = strike.count
-    store = open_store(output, rt.settings)
+    store = open_store(at.output, rt.settings)
     manifest = read_manifest(store)
     committed = store.exists(shard_result_key(shard))
     previous = rt.live.swap_attempt_start(
@@ -216,22 +214,15 @@ def _run(
         else:
             finish_if_done(rt, store, manifest, app)
         return {"status": skip}
-    return _attempt(task, rt, store, manifest, shard, attempt, strike, entered)
+    return _attempt(task, rt, store, manifest, at)
 
 
 def _attempt(
-    task: Any,
-    rt: ProcessRuntime,
-    store: ObjectStore,
-    manifest: Manifest,
-    shard: int,
-    attempt: int,
-    strike: Strike,
-    entered: float,
+    task: Any, rt: ProcessRuntime, store: ObjectStore, manifest: Manifest, at: ShardAttempt
 ) -> dict[str, Any]:
     from worker.shard import RowProgress, run_shard  # lazy: pulls the engine's request types
 
-    job_id = manifest.job_id
+    job_id, shard, attempt, strike, entered = manifest.job_id, at.shard, at.attempt, at.strike, at.entered
     enqueued_at = (task.request.headers or {}).get("enqueued_at") or getattr(
         task.request, "enqueued_at", None
     )
