@@ -13,17 +13,9 @@ import triton
 import triton.language as tl
 
 from kernels.attention_options import FULL_ATTENTION, AttentionOptions
-from kernels.checks import (
-    check_attention_queries,
-    check_out,
-    check_paged_operands,
-    check_positive,
-    check_shape,
-    check_sinks,
-    check_tensor,
-)
-from kernels.triton.launch import check_launchable, dot, dot_upcast, num_sms
-from kernels.triton.paged import LOG2E, load_kv_tile, soft_cap
+from kernels.checks import check_attention_queries
+from kernels.triton.launch import dot, dot_upcast, num_sms
+from kernels.triton.paged import LOG2E, check_paged_launch, load_kv_tile, soft_cap
 
 
 @triton.jit
@@ -219,22 +211,9 @@ def paged_decode_attention(
     else:
         block_size, num_kv_heads, head_dim, num_heads, group = check_attention_queries(q, k_cache, v_cache)
         batch = q.shape[0]
-        check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32,))
-        check_shape("block_tables", block_tables, (batch, None))
-        check_tensor("context_lens", context_lens, ndim=1, dtypes=(torch.int32,))
-        check_shape("context_lens", context_lens, (batch,))
-        check_positive("scale", scale)
-        check_out("out", out, (batch, num_heads, head_dim), q)
-        device = check_paged_operands(
-            q=q,
-            k_cache=k_cache,
-            v_cache=v_cache,
-            block_tables=block_tables,
-            context_lens=context_lens,
-            out=out,
+        device = check_paged_launch(
+            _decode_split_kernel, q, k_cache, v_cache, block_tables, context_lens, batch, scale, out, options.sinks
         )
-        check_launchable(_decode_split_kernel, device)
-        check_sinks(options.sinks, num_heads, q)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:

@@ -16,17 +16,9 @@ import triton
 import triton.language as tl
 
 from kernels.attention_options import FULL_ATTENTION, AttentionOptions
-from kernels.checks import (
-    check_attention_queries,
-    check_out,
-    check_paged_operands,
-    check_positive,
-    check_shape,
-    check_sinks,
-    check_tensor,
-)
-from kernels.triton.launch import check_launchable, dot, dot_upcast
-from kernels.triton.paged import LOG2E, load_kv_tile, soft_cap
+from kernels.checks import check_attention_queries, check_tensor
+from kernels.triton.launch import dot, dot_upcast
+from kernels.triton.paged import LOG2E, check_paged_launch, load_kv_tile, soft_cap
 
 
 @triton.jit
@@ -224,7 +216,7 @@ def prefill_attention(
     if checked:  # the caller saw the checks below pass for the same shapes, strides, dtypes
         _, block_size, num_kv_heads, head_dim = k_cache.shape
         tokens, num_heads, _ = q.shape
-        batch, group, device = cu_seqlens_q.shape[0] - 1, num_heads // num_kv_heads, q.device
+        batch, group = cu_seqlens_q.shape[0] - 1, num_heads // num_kv_heads
     else:
         block_size, num_kv_heads, head_dim, num_heads, group = check_attention_queries(q, k_cache, v_cache)
         tokens = q.shape[0]
@@ -232,23 +224,10 @@ def prefill_attention(
         batch = cu_seqlens_q.shape[0] - 1
         if batch < 0:
             raise ValueError("cu_seqlens_q must hold B+1 offsets (at least [0])")
-        check_tensor("context_lens", context_lens, ndim=1, dtypes=(torch.int32,))
-        check_shape("context_lens", context_lens, (batch,))
-        check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32,))
-        check_shape("block_tables", block_tables, (batch, None))
-        check_positive("scale", scale)
-        check_out("out", out, (tokens, num_heads, head_dim), q)
-        device = check_paged_operands(
-            q=q,
-            k_cache=k_cache,
-            v_cache=v_cache,
+        check_paged_launch(
+            _prefill_kernel, q, k_cache, v_cache, block_tables, context_lens, batch, scale, out, options.sinks,
             cu_seqlens_q=cu_seqlens_q,
-            context_lens=context_lens,
-            block_tables=block_tables,
-            out=out,
-        )
-        check_launchable(_prefill_kernel, device)
-        check_sinks(options.sinks, num_heads, q)
+        )  # fmt: skip
     if out is None:
         out = torch.empty_like(q)
     if batch == 0 or tokens == 0:
