@@ -53,6 +53,17 @@ def align_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tupl
 
 
 @triton.jit
+def block_tile(rows_ptr, groups_ptr, num_rows, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The tile of program (block, column tile) of a launch over align_blocks' blocks: (the block's
+    group, -1 for a block to skip; its BLOCK_M row indices [BM]; which of them are rows, not the
+    padding sentinel; the tile's BLOCK_N column offsets [BN], unmasked)."""
+    block = tl.program_id(0)
+    rows = tl.load(rows_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return tl.load(groups_ptr + block), rows, rows < num_rows, cols
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, pairs_ptr, experts_ptr,  # x [T, H]; w [E, 2I, H]; b [E, 2I]; out [T*K, I]
     num_pairs, hidden, inter, limit, alpha,
@@ -60,15 +71,10 @@ def _gate_up_kernel(
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     UPCAST: tl.constexpr, HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr,
 ):  # fmt: skip
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    expert = tl.load(experts_ptr + pid_m)
+    expert, pair, valid, offs_n = block_tile(pairs_ptr, experts_ptr, num_pairs, BLOCK_M, BLOCK_N)
     if expert < 0:
         return
-    pair = tl.load(pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))  # [BM]
-    valid = pair < num_pairs
     token = pair // TOP_K
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < inter
     w_base = w_ptr + expert.to(tl.int64) * stride_we
     acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -106,15 +112,10 @@ def _down_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
     HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    expert = tl.load(experts_ptr + pid_m)
+    expert, pair, valid, offs_n = block_tile(pairs_ptr, experts_ptr, num_pairs, BLOCK_M, BLOCK_N)
     if expert < 0:
         return
-    pair = tl.load(pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = pair < num_pairs
     rows = pair.to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < hidden
     w_base = w_ptr + expert.to(tl.int64) * stride_we
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)

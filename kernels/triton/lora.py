@@ -25,7 +25,7 @@ from kernels.checks import (
     check_shape,
     check_tensor,
 )
-from kernels.triton.fused_moe import align_blocks
+from kernels.triton.fused_moe import align_blocks, block_tile
 from kernels.triton.launch import check_launchable, dot, dot_upcast
 
 BLOCK_M = 16  # token rows per block: decode steps hold few tokens of each adapter
@@ -48,14 +48,9 @@ def _shrink_kernel(
     stride_xt, stride_xk, stride_as, stride_ar, stride_ak, stride_ht, stride_hr,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
-    pid_m = tl.program_id(0)
-    pid_r = tl.program_id(1)
-    slot = tl.load(slots_ptr + pid_m)
+    slot, token, valid, offs_r = block_tile(rows_ptr, slots_ptr, num_tokens, BLOCK_M, BLOCK_R)
     if slot < 0:
         return
-    token = tl.load(rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))  # [BM]
-    valid = token < num_tokens
-    offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
     r_mask = offs_r < lr_size
     a_base = a_ptr + slot.to(tl.int64) * stride_as
     acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
@@ -79,15 +74,10 @@ def _expand_kernel(
     SLICES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
     UPCAST: tl.constexpr,
 ):  # fmt: skip
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    slot = tl.load(slots_ptr + pid_m)
+    slot, token, valid, offs_n = block_tile(rows_ptr, slots_ptr, num_tokens, BLOCK_M, BLOCK_N)
     if slot < 0:
         return
-    token = tl.load(rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = token < num_tokens
-    n0 = pid_n * BLOCK_N
-    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n0 = tl.program_id(1) * BLOCK_N
     offs_r = tl.arange(0, BLOCK_R)
     r_mask = offs_r < rank
     b_base = b_ptr + slot.to(tl.int64) * stride_bs
