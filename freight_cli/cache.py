@@ -25,11 +25,12 @@ CacheArg = typer.Argument(None, metavar="CACHE", help="the cache folder or s3://
 
 
 def _open(url: str | None):  # type: ignore[no-untyped-def]
+    from jobs.result_cache.options import cache_off
     from jobs.result_cache.store import ResultCache
 
     url = url or get_settings().result_cache
-    if not url:
-        raise FreightError("give the cache (CACHE), or set FREIGHT_RESULT_CACHE")
+    if not url or cache_off(url):
+        raise FreightError("give the cache (CACHE), or set FREIGHT_RESULT_CACHE (it is unset or off)")
     return ResultCache.open(absolute(url), get_settings(), create=False)
 
 

@@ -95,6 +95,7 @@ def run_command(
     from jobs.evals.collect import collect
     from jobs.evals.plan import start_run
     from jobs.evals.suite_loader import load_suite_file
+    from jobs.result_cache.options import cache_off
 
     settings = get_settings()
     try:
@@ -103,7 +104,7 @@ def run_command(
         models = [
             m if "://" in m else str(Path(m).resolve()) for m in model or []
         ]  # workers need absolute paths
-        cache = "suite" if result_cache is None else None if result_cache.strip().lower() in ("off", "none") else (
+        cache = "suite" if result_cache is None else None if cache_off(result_cache) else (
             result_cache if "://" in result_cache else str(Path(result_cache).resolve()))
         plan = start_run(suite_file, output, execute, suite_names=suite, models=models, result_cache=cache)
         if submit:

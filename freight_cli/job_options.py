@@ -158,14 +158,16 @@ def split_cache_options(
     checkpoint; FreightError with one line naming the flag otherwise. Nothing of the job is written
     before this passes."""
     from jobs.model_check import check_model
-    from jobs.result_cache.options import cache_options
+    from jobs.result_cache.options import cache_off, cache_options
     from jobs.result_cache.store import ResultCache
+
+    def located(url: str | None) -> str | None:  # "off" stays a word, never a folder of the working directory
+        return None if url is None else url if cache_off(url) else absolute(url)
 
     rest = {k: v for k, v in options.items() if k not in CACHE_OPTIONS}
     url, threshold, embed_model = (options.get(k) for k in CACHE_OPTIONS)
-    caches = cache_options(None if url is None else absolute(url), threshold,
-                           None if embed_model is None else absolute(embed_model),
-                           None if settings.result_cache is None else absolute(settings.result_cache))  # fmt: skip
+    caches = cache_options(located(url), threshold, None if embed_model is None else absolute(embed_model),
+                           located(settings.result_cache))  # fmt: skip
     if caches.url is not None and check:
         ResultCache.open(caches.url, settings)
     if caches.embed_model is not None and check:

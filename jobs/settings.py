@@ -105,7 +105,7 @@ class Settings(BaseSettings):
     )
     result_cache: str | None = Field(
         None, description="the result cache of run / submit / estimate / eval when --result-cache is not "
-        "given: a folder or s3://bucket/prefix (docs/design/result-cache.md); `off` or unset: none"
+        "given: a folder or s3://bucket/prefix (docs/design/result-cache.md); `off`, `none` or empty: none"
     )
     # the dashboard (jobs/dashboard/)
     dashboard_secret: SecretStr | None = Field(

@@ -20,6 +20,7 @@ from jobs.evals.cron import validate_cron
 from jobs.evals.lines import LineIndex, PathPart
 from jobs.evals.metrics import METRICS, Metric, MultipleChoice
 from jobs.evals.suite import Sampling, Suite, SuiteError, SuiteFile, option_field, resolve_location
+from jobs.result_cache.options import cache_off
 from jobs.settings import get_settings
 from jobs.spec import SamplingSpec
 from jobs.storage import join_url
@@ -134,7 +135,7 @@ class _Loader:
         value = given if given is not None else get_settings().result_cache
         if value is None:
             return join_url(history, "result-cache")
-        if value.strip().lower() in ("off", "none"):
+        if cache_off(value):
             return None
         # the file's path is taken from its folder, the environment's from the working directory
         return resolve_location(value, self.base_dir if given is not None else Path.cwd())

@@ -20,6 +20,12 @@ CACHE_OPTIONS_KEY = "cache.json"
 OFF = ("off", "none")  # --result-cache off: no cache, even with FREIGHT_RESULT_CACHE set
 
 
+def cache_off(value: str) -> bool:
+    """`value` (a --result-cache flag, FREIGHT_RESULT_CACHE, a suite file's result_cache) turns the
+    cache off: "off" or "none" in any case, or empty; never a folder of that name."""
+    return not value.strip() or value.strip().lower() in OFF
+
+
 class CacheOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -48,10 +54,10 @@ class CacheOptions(BaseModel):
 def cache_options(
     result_cache: str | None, semantic_cache: float | None, embed_model: str | None, default_url: str | None
 ) -> CacheOptions:
-    """The options of the flags: `result_cache` (a URL, "off", or None for `default_url`, which is
-    FREIGHT_RESULT_CACHE); FreightError, naming the flag, for a bad combination or value."""
+    """The options of the flags: `result_cache` (a URL, off (cache_off), or None for `default_url`,
+    which is FREIGHT_RESULT_CACHE, off the same way); FreightError, naming the flag, for a bad combination or value."""
     url = default_url if result_cache is None else result_cache
-    if url is not None and (not url.strip() or url.strip().lower() in OFF):
+    if url is not None and cache_off(url):
         url = None
     if semantic_cache is not None and not 0.0 < semantic_cache <= 1.0:
         raise FreightError(f"--semantic-cache {semantic_cache:g}: a cosine similarity threshold in (0, 1], e.g. 0.97")

@@ -18,10 +18,11 @@ from typer.testing import CliRunner
 from freight_cli import app
 from jobs import datasets
 from jobs.planner import prepare_job
-from jobs.result_cache.options import CacheOptions, write_cache_options
+from jobs.result_cache.options import CacheOptions, cache_off, write_cache_options
 from jobs.result_cache.retention import cache_stats, prune
 from jobs.result_cache.store import ResultCache
 from jobs.spec import JobSpec, SamplingSpec
+from jobs.storage import open_store
 from worker.local import run_local
 
 N = 40
@@ -286,6 +287,33 @@ def test_bad_cache_options_are_refused_before_anything_is_written(
     result = CliRunner().invoke(app, ["run", *args])
     assert result.exit_code == 2 and said in result.output, result.output
     assert not out.exists()  # nothing written
+
+
+@pytest.mark.parametrize("env, flag", [("off", None), ("", None), ("cache", "OFF")])
+def test_off_none_or_empty_turn_the_cache_off_and_make_no_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, demo_model_dir: Path, env: str | None, flag: str | None
+) -> None:
+    from jobs.settings import get_settings
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)  # a relative cache would be made here
+    if env is not None:
+        monkeypatch.setenv("FREIGHT_RESULT_CACHE", env)
+    get_settings.cache_clear()
+    data = write_parquet(_table(2), tmp_path / "in.parquet")
+    out = tmp_path / "out"
+    args = ["run", str(data), "--model", str(demo_model_dir), "--output", str(out), "--id-column", "id",
+            "--max-tokens", "1", *(["--result-cache", flag] if flag is not None else [])]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert list(work.iterdir()) == []  # no folder named "off", "None", "cache" or "OFF"
+    assert not (out / "cache.json").exists()  # the job runs without a cache
+    assert all(r["cached"] is None for r in datasets.read_results(open_store(str(out))).to_pylist())
+    if flag is None:
+        stats = CliRunner().invoke(app, ["cache", "stats"])  # no cache to show: FREIGHT_RESULT_CACHE is off
+        assert stats.exit_code == 2 and "FREIGHT_RESULT_CACHE" in stats.output, stats.output
+    assert all(cache_off(v) for v in ("off", "none", "None", "", "  ", " OFF ")) and not cache_off("offline")
 
 
 def test_estimate_counts_expected_hits(tmp_path: Path, demo_model_dir: Path, engine: Any) -> None:
