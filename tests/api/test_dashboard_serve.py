@@ -5,17 +5,23 @@ signed in, sees none of it, by listing or by URL. One browser for the module."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx2
 import pytest
 from selenium.webdriver.common.by import By
 
+from jobs.api.layout import job_prefix
+from jobs.finalize import committed_shards
+from jobs.storage import LocalStore
 from tests.api.serve_harness import ServeProcess, batch_file, wait_batch
 from tests.browser import chromium, console_errors, screenshot, wait_for
 
-REQUESTS, SHARD_ROWS = 24, 2  # 12 shards: a run of seconds, so the page sees it part done
+REQUESTS, SHARD_ROWS = 24, 2  # 12 shards, committed one by one: a part-done state to hold
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +36,31 @@ def _sign_in(browser, url: str, key: str) -> None:  # type: ignore[no-untyped-de
     browser.find_element(By.ID, "key").send_keys(key)
     browser.find_element(By.ID, "signin-button").click()
     wait_for("the jobs page", lambda: browser.find_elements(By.ID, "jobs"))
+
+
+def _batch_process(server: ServeProcess) -> int:
+    """The pid of the server's batch process (its child running freight_cli.batch_process)."""
+    pid = server.process.pid
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if b"freight_cli.batch_process" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return int(child)
+    raise AssertionError(f"freight serve (pid {pid}) has no batch process")
+
+
+@contextmanager
+def _held_part_done(server: ServeProcess, prefix: str, shards: int) -> Iterator[None]:
+    """Stops (SIGSTOP) the batch process as soon as the job at `prefix` has a committed shard, and
+    lets it go on (SIGCONT) on exit; fails when the job was already done by then."""
+    pid, out = _batch_process(server), LocalStore(server.store_dir / prefix)
+    wait_for("a committed shard", lambda: committed_shards(out), timeout=120, every=0.005)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        done = len(committed_shards(out))
+        assert done < shards, f"all {shards} shards were committed before the batch process was held"
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 def test_a_tenant_watches_its_batch_finish_and_another_tenant_cannot_see_it(
@@ -52,6 +83,11 @@ def test_a_tenant_watches_its_batch_finish_and_another_tenant_cannot_see_it(
     browser.execute_script(  # every 50 ms, what the row's bar shows
         "setInterval(() => { const p = document.querySelector(arguments[0] + ' progress');"
         " if (p) window.seen.push(p.value); }, 50);", row)  # fmt: skip
+    # The batch process is held still once a shard, but not every shard, is committed, so a run that
+    # takes less than the page's poll period still shows the part-done state it passes through.
+    with _held_part_done(server, job_prefix("team-a", batch.id), REQUESTS // SHARD_ROWS):
+        wait_for("the bar part done", lambda: browser.execute_script("return window.seen.some(v => v > 0 && v < 1)"),
+                 timeout=20)  # fmt: skip
     wait_batch(client, batch.id, timeout=180)
     wait_for("100% on the page", lambda: browser.execute_script("return window.seen.at(-1)") == 1, timeout=20)
     seen = browser.execute_script("return window.seen")
