@@ -112,16 +112,9 @@ class Scheduler:
                 self._release(seq, seq.num_computed_tokens)
             while not self.bm.append_slots(seq, seq.num_computed_tokens + n):
                 newest = self.prefilling[-1]
-                if newest is not seq:
-                    self._preempt(newest)
-                    out.num_preempted += 1
-                elif out.chunks or out.decode_rows.size or out.spec:
-                    self._preempt(seq)  # seq waits for blocks held by the others
-                    out.num_preempted += 1
-                    break
-                else:
-                    self._drop(seq, "the KV cache is too small for this sequence to grow; raise kv_cache_bytes")
-                    out.errored.append(seq)
+                victim = newest if newest is not seq else None
+                waits = victim is None and bool(out.chunks or out.decode_rows.size or out.spec)
+                if not self._no_room(seq, victim, waits, out):
                     break
             else:
                 b.sync_blocks(seq)
@@ -188,19 +181,28 @@ class Scheduler:
             seq = b.seqs[r]
             while not self._room(seq, r, out):
                 victim = self._newest_after(rows, int(b.admitted_at[r]))
-                if victim is not None:
-                    self._preempt(victim)
-                    out.num_preempted += 1
-                elif (b.active[rows] & (b.admitted_at[rows] < b.admitted_at[r])).any():
-                    self._preempt(seq)  # older decodes are scheduled: seq waits for their blocks
-                    out.num_preempted += 1
-                    break
-                else:
-                    self._drop(seq, "the KV cache is too small for this sequence to grow; raise kv_cache_bytes")
-                    out.errored.append(seq)
+                # without a victim, seq waits for the blocks of the older decodes scheduled
+                waits = victim is None and bool((b.active[rows] & (b.admitted_at[rows] < b.admitted_at[r])).any())
+                if not self._no_room(seq, victim, waits, out):
                     break
             else:
                 b.sync_blocks(seq)
+
+    def _no_room(self, seq: Sequence, victim: Sequence | None, waits: bool, out: SchedulerOutput) -> bool:
+        """seq found no free block: preempt `victim`, a newer sequence, and try again (True). Without
+        one, seq stops trying (False): preempted when it `waits` for blocks the others scheduled this
+        step hold, else dropped, since nothing would ever free enough for it."""
+        if victim is not None:
+            self._preempt(victim)
+            out.num_preempted += 1
+            return True
+        if waits:
+            self._preempt(seq)
+            out.num_preempted += 1
+        else:
+            self._drop(seq, "the KV cache is too small for this sequence to grow; raise kv_cache_bytes")
+            out.errored.append(seq)
+        return False
 
     def _room(self, seq: Sequence, r: int, out: SchedulerOutput) -> bool:
         """A block for row r's next position: a new one, or its own copy of one shared with its forks
