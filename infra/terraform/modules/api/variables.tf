@@ -45,16 +45,6 @@ variable "store" {
   })
 }
 
-variable "redis" {
-  description = "The queue as its clients reach it: host, port, its security group (egress target) and the secret holding its auth token."
-  type = object({
-    host              = string
-    port              = number
-    security_group_id = string
-    auth_secret_arn   = string
-  })
-}
-
 variable "log_group_name" {
   description = "Name of the tasks' log group (the KMS key policy names its ARN)."
   type        = string

@@ -87,13 +87,3 @@ variable "worker_environment" {
   description = "Extra non-secret FREIGHT_* settings."
   type        = map(string)
 }
-
-variable "redis" {
-  description = "The queue as its clients reach it: host, port, its security group (egress target) and the secret holding its auth token."
-  type = object({
-    host              = string
-    port              = number
-    security_group_id = string
-    auth_secret_arn   = string
-  })
-}

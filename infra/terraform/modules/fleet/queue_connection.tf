@@ -1,0 +1,1 @@
+../../shared/queue_connection.tf
