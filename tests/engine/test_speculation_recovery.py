@@ -1,6 +1,6 @@
 """The on/off rule does not lock itself out: what turned speculation off is measured again.
 
-Three traps seen in the bench on the reference model at batch 1 (docs/PERFORMANCE.md, session 19):
+Three traps the bench shows on the reference model at batch 1 (`bench/speculative.py --batches 1`):
 an engine's first speculating steps run ~40% slower than later ones (a width priced by them was
 refused and never measured again); a draft's first proposals of a prompt are often rejected (the
 acceptance learned from them ruled every later probe out); and a draft's re-probe only drafted for

@@ -47,7 +47,7 @@ def _record(run_id: str, right: int, rows: int = 40) -> RunRecord:
 
 def test_the_report_shows_an_interval_at_zero_and_judges_drops_with_it() -> None:
     zero = compare(_record("20261102T020000Z-bb", 0), None)
-    assert "0.0–8.8" in report_markdown("r", [zero])  # was 0.0–0.0
+    assert "0.0–8.8" in report_markdown("r", [zero])  # a Wilson interval, never 0.0–0.0
     # from 40/40 (Wilson low 91.2%) to 39/40: inside the noise; to 30/40: a regression
     before = _record("20261101T020000Z-aa", 40)
     assert not compare(_record("20261102T020000Z-bb", 39), before).regressed

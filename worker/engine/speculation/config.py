@@ -8,8 +8,8 @@ METHODS = ("ngram", "draft")
 # K when none is given: prompt lookup's proposals cost nothing to make, so a long cap only adds the
 # verify rows the controller prices (and on copy-heavy work its runs are long); each draft token
 # costs a forward of the draft, and the adaptive draft stops early where its confidence says the
-# next token does not pay: 6 read 1.45-1.64x at batch 1 against 4's 1.37-1.52x (docs/PERFORMANCE.md,
-# session 19; 8 no better)
+# next token does not pay. The draft's default is the K that measures best at batch 1, a longer one
+# no better: `bench/speculative.py --batches 1 --repeats 3 --k K` (docs/PERFORMANCE.md, "The draft's K").
 DEFAULT_TOKENS = {"ngram": 8, "draft": 6}
 
 
