@@ -87,6 +87,22 @@ def check_positive(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a finite positive number, got {value!r}")
 
 
+def check_row_scaled_weight(
+    x: torch.Tensor, qweight: torch.Tensor, qdtype: torch.dtype, scales: torch.Tensor, scale_dtypes: Sequence[torch.dtype]
+) -> tuple[int, int, int]:
+    """x [M, K] float against a weight quantized per output row: qweight [N, K] of `qdtype`, scales [N]
+    of `scale_dtypes`, dense. Returns (M, K, N)."""
+    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    check_tensor("qweight", qweight, ndim=2, dtypes=(qdtype,))
+    check_tensor("scales", scales, ndim=1, dtypes=tuple(scale_dtypes))
+    m, k = x.shape
+    n = qweight.shape[0]
+    check_shape("qweight", qweight, (n, k))
+    check_shape("scales", scales, (n,))
+    check_last_dim_contiguous("scales", scales)
+    return m, k, n
+
+
 def check_kv_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int, int]:
     """Paged caches [num_blocks, block_size, Hkv, D] of one shape and float dtype; returns that shape."""
     check_tensor("k_cache", k_cache, ndim=4, dtypes=FLOAT_DTYPES)

@@ -19,9 +19,8 @@ import triton.language as tl
 from kernels.checks import (
     FLOAT_DTYPES,
     check_fp8_capability,
-    check_last_dim_contiguous,
+    check_row_scaled_weight,
     check_same_device,
-    check_shape,
     check_tensor,
 )
 from kernels.reference.fp8_matmul import FP8_DTYPE, FP8_MAX, MIN_SCALE
@@ -91,14 +90,7 @@ def quantize_fp8_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def fp8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ (qweight e4m3 [N, K] * scales [N, None]).T with x quantized to e4m3 per row
     -> [M, N] in x's dtype."""
-    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
-    check_tensor("qweight", qweight, ndim=2, dtypes=(FP8_DTYPE,))
-    check_tensor("scales", scales, ndim=1, dtypes=(torch.float32,))
-    m, k = x.shape
-    n = qweight.shape[0]
-    check_shape("qweight", qweight, (n, k))
-    check_shape("scales", scales, (n,))
-    check_last_dim_contiguous("scales", scales)
+    m, k, n = check_row_scaled_weight(x, qweight, FP8_DTYPE, scales, (torch.float32,))
     if qweight.stride(1) != 1:
         raise ValueError("qweight must be row-major [N, K] (stride 1 along K) for torch._scaled_mm; call .contiguous()")
     device = check_same_device(x=x, qweight=qweight, scales=scales)

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from kernels.checks import (
     FLOAT_DTYPES,
-    check_last_dim_contiguous,
+    check_row_scaled_weight,
     check_same_device,
     check_shape,
     check_tensor,
@@ -229,14 +229,7 @@ def int8_matmul(
     config: MatmulConfig | GemvConfig | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ (qweight int8 [N, K] * scales [N, None]).T -> [M, N] in x's dtype."""
-    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
-    check_tensor("qweight", qweight, ndim=2, dtypes=(torch.int8,))
-    check_tensor("scales", scales, ndim=1, dtypes=FLOAT_DTYPES)
-    m, k = x.shape
-    n = qweight.shape[0]
-    check_shape("qweight", qweight, (n, k))
-    check_shape("scales", scales, (n,))
-    check_last_dim_contiguous("scales", scales)
+    m, k, n = check_row_scaled_weight(x, qweight, torch.int8, scales, FLOAT_DTYPES)
     check_launchable(_int8_matmul_kernel, check_same_device(x=x, qweight=qweight, scales=scales))
     if m == 0 or n == 0 or k == 0:  # nothing to launch (K = 0: zeros, as the reference)
         return x.new_zeros((m, n))
