@@ -1,6 +1,7 @@
 """The batch process of `freight serve` (`python -m freight_cli.batch_process`), and its embedded
 executor: batches run with the embedded runner (worker/local.py), one at a time, the engine kept
-loaded from one batch to the next when they name the same model.
+from one batch to the next when they name the same model, and loaded only when a shard first has
+rows to compute.
 
 Started by the server (jobs/api/supervisor.py) with the store URL and, in FREIGHT_SERVE_CONFIG, the
 server's ServeConfig as JSON; `--fleet` submits the jobs to the fleet instead (FleetExecutor), in a
@@ -135,21 +136,25 @@ class EmbeddedExecutor:
         return outcome
 
     def _engine_for(self, job: BatchJob) -> tuple[Any, float]:
-        """The engine for the job's model: the loaded one when it is that model, else a new one (the old
-        one freed first); the seconds loading took (0 for the kept one)."""
-        from worker.local import load_engine
+        """The engine for the job's model: the kept one when it is that model, else a LazyEngine
+        (worker/lazy_engine.py) whose weights load when a shard first has rows to compute, so a batch
+        with nothing to run (every row an error or answered by the result cache) loads no model; its
+        load is billed to the shard that asked for it. The old engine is freed first. The seconds to
+        bill this job for a load made before it: always 0 (the kept engine's load was billed once)."""
+        from worker.local import lazy_engine
 
         spec = job.manifest.spec
         key = (spec.model, spec.quantization, spec.quant_group, spec.speculative, spec.speculative_tokens)
         if self._engine is not None and self._engine_key == key:
             return self._engine, 0.0
+        loaded = self._engine is not None and self._engine.loaded
         self._engine = self._engine_key = None
-        gc.collect()
-        _free_device_memory()
-        engine, seconds = load_engine(job.manifest, self.settings)
-        self._engine, self._engine_key = engine, key
-        log.info("engine_loaded", model=spec.model_name or spec.model, seconds=round(seconds, 3))
-        return engine, seconds
+        if loaded:
+            gc.collect()
+            _free_device_memory()
+        self._engine = lazy_engine(job.manifest, self.settings)
+        self._engine_key = key
+        return self._engine, 0.0
 
 
 def _free_device_memory() -> None:

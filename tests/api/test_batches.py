@@ -303,6 +303,13 @@ def test_a_mixed_file_runs_every_endpoint_and_refuses_bad_lines(
         batch_line("too-long", "word " * 5000, url="/v1/completions", model=model),
         batch_line("resp-store", url="/v1/responses", model=model, store=True),
     ]
+    # a batch with nothing to compute (every line an error before the engine) never loads the model
+    refused = [line for line in lines[-7:] if "too-long" not in line]  # the engine finds a prompt too long
+    bad = client.files.create(file=_write(tmp_path / "bad.jsonl", refused).open("rb"), purpose="batch")
+    only_errors = wait_batch(client, client.batches.create(input_file_id=bad.id, endpoint="/v1/chat/completions",
+                                                           completion_window="24h").id)  # fmt: skip
+    assert only_errors.request_counts.failed == 6 and only_errors.request_counts.completed == 0, only_errors  # type: ignore[union-attr]
+    assert "engine_loaded" not in server.log.read_text()
     upload = client.files.create(file=_write(tmp_path / "mixed.jsonl", lines).open("rb"), purpose="batch")
     # a batch's endpoint names its file's main url; freight runs each line at its own
     batch = wait_batch(client, client.batches.create(input_file_id=upload.id, endpoint="/v1/responses",
@@ -332,6 +339,7 @@ def test_a_mixed_file_runs_every_endpoint_and_refuses_bad_lines(
     assert "POST" in why["get"] and "custom_id" in why["line-12"] and "'x'" in why["extra"]
     assert "context" in why["too-long"] and "store true" in why["resp-store"]
     assert batch.request_counts.completed == 8 and batch.request_counts.failed == 7  # type: ignore[union-attr]
+    assert server.log.read_text().count("engine_loaded") == 1  # loaded by the batch that had rows to run
 
 
 def test_models_by_name(serve_process: Callable[..., ServeProcess], served_model: Path, tmp_path: Path) -> None:
