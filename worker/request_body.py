@@ -38,10 +38,11 @@ from worker.response_input import response_messages
 
 # Fields OpenAI or vLLM know that freight does not run, with the reason (other unknown fields get a
 # generic message).
+_TOOL_REQUESTS = "tool calls are chat and responses requests' (/v1/chat/completions, /v1/responses)"
 _NOT_RUN = {
-    "tools": "tool calls are chat requests' (/v1/chat/completions)",
-    "tool_choice": "tool calls are chat requests' (/v1/chat/completions)",
-    "parallel_tool_calls": "tool calls are chat requests' (/v1/chat/completions)",
+    "tools": _TOOL_REQUESTS,
+    "tool_choice": _TOOL_REQUESTS,
+    "parallel_tool_calls": _TOOL_REQUESTS,
     "reasoning_effort": "reasoning is a chat request's (/v1/chat/completions)",
     "chat_template_kwargs": "a chat template renders chat requests (/v1/chat/completions)",
     "functions": "functions are deprecated: give tools",
@@ -51,7 +52,7 @@ _NOT_RUN = {
     "audio": "audio output is not supported",
     "modalities": "only text output is supported",
     "guided_whitespace_pattern": "not supported (JSON whitespace is the grammar engine's)",
-    "max_tool_calls": "tool calls are chat requests' (/v1/chat/completions)",
+    "max_tool_calls": "not supported (tool_choice and parallel_tool_calls bound the calls)",
     "previous_response_id": "freight keeps no earlier responses: send the conversation's turns in input",
     "conversation": "freight keeps no conversations: send the conversation's turns in input",
     "reasoning": "reasoning effort is a chat request's (/v1/chat/completions: reasoning_effort) or the job's "
@@ -157,11 +158,11 @@ class ResponseBody(SamplingFields):  # type: ignore[misc,valid-type]
     message); `max_output_tokens`; `text.format` for structured output and `include` +
     `top_logprobs` for log-probabilities (worker/response_request.py checks both); the sampling
     fields chat takes, but `n` and `max_tokens` (a response is one output, bounded by
-    max_output_tokens); `metadata`, `user`, `safety_identifier` and `prompt_cache_key` are repeated in
+    max_output_tokens); function `tools`, `tool_choice` and `parallel_tool_calls`; `metadata`, `user`, `safety_identifier` and `prompt_cache_key` are repeated in
     the response. `store`, `background` and `stream` true, and `truncation` auto, are refused: a
     batch keeps no responses to fetch later, runs in the background already, and truncates no input."""
 
-    input: Annotated[list[dict[str, str]], BeforeValidator(response_messages)]  # the checked chat messages
+    input: Annotated[list[dict[str, Any]], BeforeValidator(response_messages)]  # the checked chat messages
     model: str | None = None
     instructions: str | None = None
     max_output_tokens: MaxTokens | None = None
@@ -176,6 +177,10 @@ class ResponseBody(SamplingFields):  # type: ignore[misc,valid-type]
     background: bool | None = None
     stream: bool | None = None
     truncation: str | None = None
+    # function tools, values checked by worker/response_tools.py
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
 
     @field_validator("n", "max_tokens", mode="before")
     @classmethod

@@ -5,13 +5,20 @@ EasyInputMessage), optionally with `"type": "message"`, `status`, `phase`, and `
 message (an earlier response's output item sent back). Roles: user, system, developer, assistant.
 Content: a string, or a list of text parts: `input_text` (any role) and `output_text` (an assistant
 message's earlier output; its `annotations` and `logprobs` describe that output and do not change the
-prompt), joined with "\\n" as chat text parts are. Images, files and audio are refused, as is every other
-item type (tool calls and their outputs, which freight runs in chat requests; reasoning items; item
-references). The messages then go through worker/chat_messages.py like a chat request's.
+prompt), joined with "\\n" as chat text parts are. Images, files and audio are refused.
+
+A tool transcript is an input too: a `function_call` item (an earlier output item sent back:
+`call_id`, `name`, `arguments` as JSON text; `id` and `status` describe it) is an assistant tool call,
+consecutive calls (and the assistant message just before them) one assistant turn; a
+`function_call_output` item (`call_id`, `output`: text, or input_text parts) is the tool message
+answering it. Every other item type is refused (custom tool calls, reasoning items, item
+references). The messages then go through worker/chat_messages.py like a chat request's, which
+refuses an output whose call_id no earlier call has.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from worker.chat_messages import chat_messages
@@ -20,13 +27,13 @@ _ITEM_FIELDS = ("type", "role", "content", "id", "status", "phase")
 _ROLES = ("user", "system", "developer", "assistant")
 _PART_FIELDS = {"input_text": ("type", "text"), "output_text": ("type", "text", "annotations", "logprobs")}
 _MEDIA_PARTS = ("input_image", "input_file", "input_audio")
+_CALL_FIELDS = ("type", "call_id", "name", "arguments", "id", "status")
+_OUTPUT_FIELDS = ("type", "call_id", "output", "id", "status")
 # item types a Responses input may hold that freight does not run, with the reason
-_TOOLS = "tool calls are chat requests' (/v1/chat/completions: assistant tool_calls and tool messages)"
+_CUSTOM = "freight parses function tools' calls only (function_call and function_call_output items)"
 _NOT_RUN = {
-    "function_call": _TOOLS,
-    "function_call_output": _TOOLS,
-    "custom_tool_call": _TOOLS,
-    "custom_tool_call_output": _TOOLS,
+    "custom_tool_call": _CUSTOM,
+    "custom_tool_call_output": _CUSTOM,
     "reasoning": "reasoning items are not supported (send the earlier answer as an assistant message)",
     "item_reference": "freight keeps no earlier items: send the item's content itself",
 }
@@ -40,7 +47,61 @@ def response_messages(value: Any) -> list[dict[str, str]]:
         return chat_messages([{"role": "user", "content": value}], "input")
     if not isinstance(value, list) or not value:
         raise ValueError("input: must be a string or a non-empty list of message items {role, content}")
-    return chat_messages([_message(i, item) for i, item in enumerate(value)], "input")
+    messages: list[dict[str, Any]] = []
+    open_calls: set[str] = set()  # call_ids made and not answered yet
+    for i, item in enumerate(value):
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind == "function_call":
+            call = _call(f"input[{i}]", item)
+            open_calls.add(call["id"])
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":  # one assistant turn: its text, then its calls
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            messages.append(_call_output(f"input[{i}]", item))
+            if messages[-1]["tool_call_id"] not in open_calls:
+                raise ValueError(f"input[{i}].call_id {messages[-1]['tool_call_id']!r}: no earlier function_call item "
+                                 "has this call_id (or it was answered already)")  # fmt: skip
+            open_calls.discard(messages[-1]["tool_call_id"])
+        else:
+            messages.append(_message(i, item))
+    return chat_messages(messages, "input")
+
+
+def _call(where: str, item: dict[str, Any]) -> dict[str, Any]:
+    """A function_call item as a chat tool call (its arguments checked by chat_messages)."""
+    _known(where, item, _CALL_FIELDS, "a function_call item")
+    for key in ("call_id", "name", "arguments"):
+        if not isinstance(item.get(key), str):
+            raise ValueError(f"{where}.{key}: must be a string")
+    try:
+        arguments = json.loads(item["arguments"])
+    except ValueError as exc:
+        raise ValueError(f"{where}.arguments: not JSON ({exc})") from None
+    if not isinstance(arguments, dict):
+        raise ValueError(f"{where}.arguments: must be a JSON object (as text)")
+    return {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+
+
+def _call_output(where: str, item: dict[str, Any]) -> dict[str, Any]:
+    """A function_call_output item as the tool message answering its call."""
+    _known(where, item, _OUTPUT_FIELDS, "a function_call_output item")
+    if not isinstance(item.get("call_id"), str):
+        raise ValueError(f"{where}.call_id: must be a string")
+    output = item.get("output")
+    if isinstance(output, list):
+        output = [_part(f"{where}.output[{j}]", part, "tool") for j, part in enumerate(output)]
+    elif not isinstance(output, str):
+        raise ValueError(f"{where}.output: must be a string or a list of input_text parts")
+    return {"role": "tool", "tool_call_id": item["call_id"], "content": output}
+
+
+def _known(where: str, item: dict[str, Any], fields: tuple[str, ...], what: str) -> None:
+    for key, v in item.items():
+        if key not in fields and v is not None:
+            raise ValueError(f"{where}: unknown field {key!r} ({what} takes {', '.join(fields)})")
 
 
 def _message(i: int, item: Any) -> dict[str, Any]:

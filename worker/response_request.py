@@ -9,7 +9,8 @@ repeats (jobs/openai_response.py builds that object from them and the row's resu
 - structured output: `text.format` (contracts/row_constraint.py text_format); `text.verbosity`, a
   hint to OpenAI's models, is refused.
 - repeated fields (`response_fields`, the result column of the same name): instructions, metadata,
-  user, safety_identifier, prompt_cache_key and text as given; max_output_tokens, temperature, top_p
+  user, safety_identifier, prompt_cache_key, text and tools as given (tool_choice and
+  parallel_tool_calls as they ran); max_output_tokens, temperature, top_p
   and top_logprobs as the request ran (the job's value where the body gives none).
 """
 
@@ -21,6 +22,8 @@ from typing import Any
 from contracts.row_constraint import TEXT, RowConstraint, text_format
 from contracts.sampling import SamplingParams
 from worker.request_body import LOGPROBS_INCLUDE, ResponseBody
+from worker.response_tools import response_tool_choice, response_tools
+from worker.tool_request import ToolRequest
 
 _TEXT_FIELDS = ("format", "verbosity")
 JOB_SCHEMA_NAME = "job_schema"  # the name of a job's --json-schema in a response's text.format
@@ -60,9 +63,13 @@ def response_constraint(text: Any) -> RowConstraint:
     return text_format(text["format"], "text.format")
 
 
-def response_fields(body: ResponseBody, sampling: SamplingParams) -> str:
-    """The fields the response object repeats, as compact JSON (the row's `response_fields`)."""
+def response_fields(body: ResponseBody, sampling: SamplingParams, tools: ToolRequest | None = None) -> str:
+    """The fields the response object repeats, as compact JSON (the row's `response_fields`);
+    `tools`: the body's, checked."""
     fields = {
+        "tools": response_tools(body.tools) if tools is not None else None,
+        "tool_choice": response_tool_choice(tools) if tools is not None else None,
+        "parallel_tool_calls": tools.parallel if tools is not None else None,
         "instructions": body.instructions,
         "metadata": body.metadata,
         "user": body.user,

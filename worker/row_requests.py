@@ -44,6 +44,7 @@ from worker.response_request import (
     response_logprobs,
     response_messages_of,
 )
+from worker.response_tools import response_tool_request
 from worker.row_sampling import column_logprobs, resolve_sampling
 from worker.tool_formats import forced_calls
 from worker.tool_request import ToolRequest, tool_request
@@ -233,17 +234,8 @@ def _chat_request(row: int, row_id: str | int, body: ChatBody, constraint: RowCo
     variables = template_kwargs(tokenizer, spec.sampling.reasoning_effort, spec.sampling.thinking,
                                 body.reasoning_effort, body.chat_template_kwargs)  # fmt: skip
     prompt = render_chat(body.messages, tokenizer, tools, variables)
-    reasoning = tokenizer.reasoning
-    if tools is not None and tools.forced:
-        if isinstance(constraint, Constraint):
-            given = next(iter(body.constraint_fields()))
-            raise ValueError(f"{given} and tool_choice {tools.choice}: both constrain the output (a forced tool call "
-                             "is held to its parameters schema); give one")  # fmt: skip
-        assert fmt is not None  # tool_format refused a template without one
-        several = tools.parallel and tools.choice == "required"  # a named tool is called once
-        constraint = forced_calls(fmt, [(t.name, t.parameters) for t in tools.forced], several, tokenizer.vocab())
-        if reasoning is not None and reasoning.family == "harmony":
-            reasoning = ReasoningFormat("harmony", answer_channel="commentary")  # the call writes its own header
+    constraint, reasoning = _forced_calls(tools, fmt, constraint, next(iter(body.constraint_fields()), None),
+                                          tokenizer)  # fmt: skip
     sampling = resolve_sampling(spec, row_id, body, max_tokens, logprobs, tokenizer, max_n, constraint, reasoning)
     parsed = tools if tools is not None and tools.choice != "none" else None
     return RowRequest(row=row, id=row_id, prompt=prompt, sampling=sampling, endpoint="chat", tools=parsed,
@@ -253,16 +245,41 @@ def _chat_request(row: int, row_id: str | int, body: ChatBody, constraint: RowCo
 def _response_request(
     row: int, row_id: str | int, body: ResponseBody, spec: JobSpec, tokenizer: Any, max_n: int
 ) -> RowRequest:
-    """A /v1/responses body: its messages rendered with the job's template variables (--no-thinking,
-    --reasoning-effort); a thinking model's reasoning is split from its answer as a chat row's is."""
+    """A /v1/responses body: its messages and function tools rendered with the job's template variables
+    (--no-thinking, --reasoning-effort); a thinking model's reasoning is split from its answer, and
+    its calls parsed, as a chat row's are."""
     constraint = response_constraint(body.text)
     logprobs = response_logprobs(body, spec.sampling.logprobs)
+    tools = response_tool_request(body.tools, body.tool_choice, body.parallel_tool_calls)
+    fmt = tool_format(tokenizer, tools)
     variables = template_kwargs(tokenizer, spec.sampling.reasoning_effort, spec.sampling.thinking, None, None)
-    prompt = render_chat(response_messages_of(body), tokenizer, None, variables)
+    prompt = render_chat(response_messages_of(body), tokenizer, tools, variables)
+    constraint, reasoning = _forced_calls(tools, fmt, constraint, "text.format", tokenizer)
     sampling = resolve_sampling(spec, row_id, body, body.max_output_tokens, logprobs, tokenizer, max_n, constraint,
-                                tokenizer.reasoning)  # fmt: skip
-    return RowRequest(row=row, id=row_id, prompt=prompt, sampling=sampling, endpoint="responses",
-                      response_fields=response_fields(body, sampling))  # fmt: skip
+                                reasoning)  # fmt: skip
+    parsed = tools if tools is not None and tools.choice != "none" else None
+    return RowRequest(row=row, id=row_id, prompt=prompt, sampling=sampling, endpoint="responses", tools=parsed,
+                      tool_format=fmt if parsed is not None else None,
+                      response_fields=response_fields(body, sampling, tools))  # fmt: skip
+
+
+def _forced_calls(tools: ToolRequest | None, fmt: str | None, constraint: RowConstraint, given: str | None,
+                  tokenizer: Any) -> tuple[RowConstraint, ReasoningFormat | None]:  # fmt: skip
+    """(the row's constraint, its reasoning format): a forced tool call (tool_choice required or
+    named) is the constraint, after any thinking; `given` names the request's own structured-output
+    field, which a forced call refuses (None: it gave none)."""
+    reasoning = tokenizer.reasoning
+    if tools is None or not tools.forced:
+        return constraint, reasoning
+    if isinstance(constraint, Constraint):
+        raise ValueError(f"{given} and tool_choice {tools.choice}: both constrain the output (a forced tool call "
+                         "is held to its parameters schema); give one")  # fmt: skip
+    assert fmt is not None  # tool_format refused a template without one
+    several = tools.parallel and tools.choice == "required"  # a named tool is called once
+    forced = forced_calls(fmt, [(t.name, t.parameters) for t in tools.forced], several, tokenizer.vocab())
+    if reasoning is not None and reasoning.family == "harmony":
+        reasoning = ReasoningFormat("harmony", answer_channel="commentary")  # the call writes its own header
+    return forced, reasoning
 
 
 def _check_model(asked: str | None, spec: JobSpec) -> str | None:

@@ -237,3 +237,61 @@ def test_a_thinking_model_s_response_holds_its_answer_and_counts_its_reasoning(q
     plain = {r["id"]: r for r in ds.dataset(off / "shards").to_table().to_pylist()}["plain"]
     # Qwen3's template closes an empty thinking block in the prompt when thinking is off
     assert plain["error"] is None and plain["prompt_tokens"] > rows["plain"]["prompt_tokens"]
+
+
+def test_responses_lines_call_function_tools(qwen3_dir: Path, tmp_path: Path) -> None:
+    """/v1/responses lines with function tools (the Responses shape): the same prompt and the same
+    forced, schema-valid calls as the chat line with those tools; calls come back as function_call
+    output items, and a transcript of calls and their outputs is an input."""
+    from openai.types.responses import Response
+
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]
+    transcript = [*USER, {"type": "function_call", "call_id": "call_1", "name": "get_weather", "status": "completed",
+                          "arguments": '{"city": "Oslo", "days": 1}'},
+                  {"type": "function_call_output", "call_id": "call_1", "output": '{"temp": 3}'}]  # fmt: skip
+    lines = {
+        "chat": ("/v1/chat/completions", {"messages": USER, "tools": TOOLS, "tool_choice": "required",
+                                          "parallel_tool_calls": False, "max_completion_tokens": 120}),
+        "required": ("/v1/responses", {"input": USER, "tools": tools, "tool_choice": "required",
+                                       "parallel_tool_calls": False, "max_output_tokens": 120}),
+        "named": ("/v1/responses", {"input": USER[0]["content"], "tools": tools, "max_output_tokens": 120,
+                                    "tool_choice": {"type": "function", "name": "get_time"}}),
+        "transcript": ("/v1/responses", {"input": transcript, "tools": tools, "max_output_tokens": 8}),
+        "bad-choice": ("/v1/responses", {"input": "x", "tools": tools, "tool_choice": {"type": "function", "name": "no"}}),
+        "bad-format": ("/v1/responses", {"input": "x", "tools": tools, "tool_choice": "required",
+                                         "text": {"format": {"type": "json_object"}}}),
+    }  # fmt: skip
+    path = tmp_path / "batch.jsonl"
+    path.write_text("".join(json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body}) + "\n"
+                            for cid, (url, body) in lines.items()))  # fmt: skip
+    out = tmp_path / "out"
+    _run(["run", str(path), "--model", str(qwen3_dir), "--output", str(out)])
+    rows = {r["id"]: r for r in ds.dataset(out / "shards").to_table().to_pylist()}
+    chat, required = rows["chat"], rows["required"]
+    assert required["error"] is None and required["finish_reason"] == "tool_calls", required
+    assert required["prompt_tokens"] == chat["prompt_tokens"]  # tools rendered by the template as for chat
+    assert [(c["name"], c["arguments"]) for c in required["tool_calls"]] == [
+        (c["name"], c["arguments"]) for c in chat["tool_calls"]]  # fmt: skip
+    schemas = {"get_weather": WEATHER, "get_time": TIME}
+    for cid in ("required", "named"):
+        (call,) = rows[cid]["tool_calls"]
+        jsonschema.validate(json.loads(call["arguments"]), schemas[call["name"]])
+    assert rows["named"]["tool_calls"][0]["name"] == "get_time"
+    assert rows["transcript"]["error"] is None and rows["transcript"]["prompt_tokens"] > chat["prompt_tokens"]
+    assert rows["bad-choice"]["error"] == "tool_choice.name 'no': no tool of that name in tools (get_weather, get_time)"
+    assert rows["bad-format"]["error"].startswith("text.format and tool_choice required: both constrain the output")
+
+    export = tmp_path / "openai.jsonl"
+    _run(["results", str(out), "--format", "openai", "--to", str(export), "--errors", str(tmp_path / "err.jsonl")])
+    answered = {line["custom_id"]: body for line, body in parse_output(export)}
+    body = answered["required"]
+    assert isinstance(body, Response) and body.status == "completed"
+    (item,) = [o for o in body.output if o.type == "function_call"]
+    call = required["tool_calls"][0]
+    assert (item.call_id, item.name, item.arguments) == (call["id"], call["name"], call["arguments"])
+    assert item.id is not None and item.id.startswith("fc_") and item.status == "completed"
+    assert [t.name for t in body.tools] == ["get_weather", "get_time"]  # type: ignore[union-attr]
+    assert body.tools[0].parameters == WEATHER and body.tool_choice == "required" and body.parallel_tool_calls is False  # type: ignore[union-attr]
+    named = answered["named"]
+    assert named.tool_choice.name == "get_time" and named.parallel_tool_calls is True  # type: ignore[union-attr]
+    assert [o.type for o in answered["transcript"].output][-1] in ("message", "function_call")
