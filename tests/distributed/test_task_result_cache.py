@@ -20,6 +20,7 @@ from jobs.planner import prepare_job
 from jobs.result_cache.options import CacheOptions, write_cache_options
 from jobs.settings import Settings
 from jobs.spec import JobSpec, SamplingSpec
+from tests.engine_loads import count_loads
 from worker.local import run_local
 from worker.runtime import ProcessRuntime
 
@@ -51,14 +52,7 @@ def test_a_worker_loads_the_model_only_for_rows_the_cache_does_not_answer(
     assert run_local(first.store, first.manifest).report is not None  # fills the cache
     monkeypatch.setattr(worker.tasks, "runtime", lambda: rt)
     monkeypatch.setattr(worker.tasks, "finish_if_done", lambda *a: "running")  # no finalize message
-    loads: list[str] = []
-    real = worker.tasks.load_engine
-
-    def counted(manifest: Any, *args: Any) -> Any:
-        loads.append(manifest.job_id)
-        return real(manifest, *args)
-
-    monkeypatch.setattr(worker.tasks, "load_engine", counted)
+    loads = count_loads(monkeypatch, worker.tasks)
     # rows 0-7 are cached; shard 2 (rows 8-11) is new: only it loads the model, once
     second = _job(tmp_path, demo_model, "second", 12, cache)
     for shard in range(3):

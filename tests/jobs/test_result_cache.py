@@ -23,6 +23,7 @@ from jobs.result_cache.retention import cache_stats, prune
 from jobs.result_cache.store import ResultCache
 from jobs.spec import JobSpec, SamplingSpec
 from jobs.storage import open_store
+from tests.engine_loads import count_loads
 from worker.local import run_local
 
 N = 40
@@ -82,14 +83,8 @@ def test_a_rerun_answered_in_full_never_loads_the_model(tmp_path: Path, demo_mod
                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     import worker.local
 
-    loads: list[str] = []
-    real = worker.local.load_engine
-
-    def counted(manifest: Any, *args: Any) -> Any:
-        loads.append(manifest.job_id)
-        return real(manifest, *args)
-
-    monkeypatch.setattr(worker.local, "load_engine", counted)
+    loads = count_loads(monkeypatch, worker.local)
+    counted = worker.local.load_engine  # the counting wrapper, put back for the third run
     cache = str(tmp_path / "cache")
     first, rows1 = _run(tmp_path, demo_model_dir, "night1", cache)  # run_local's own (lazy) engine
     assert loads == [first["job_id"]] and first["load_seconds"] > 0
