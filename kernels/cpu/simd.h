@@ -36,12 +36,20 @@ static inline vf vfma(vf a, vf b, vf c) {
 }
 #endif
 
-/* s in every lane. */
+/* s in every lane, in one broadcast: a vector filled lane by lane compiles to a chain of inserts (8 a
+ * call on AVX2), and the GEMM tile splats once per row and k. */
+#if defined(__AVX512F__)
+static inline vf splat(float s) { return (vf)_mm512_set1_ps(s); }
+#elif defined(__AVX__)
+#include <immintrin.h>
+static inline vf splat(float s) { return (vf)_mm256_set1_ps(s); }
+#else
 static inline vf splat(float s) {
     vf v;
     for (int i = 0; i < LANES; i++) v[i] = s;
     return v;
 }
+#endif
 
 /* LANES fp16 values (raw IEEE half bits) widened to floats: exact (every half is a float). */
 #if defined(__F16C__) || defined(__AVX512F__)
