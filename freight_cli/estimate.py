@@ -71,6 +71,9 @@ def estimate_cmd(
         ("confidence", f"{est.confidence} profile"),
     ):  # fmt: skip
         t.add_row(what, value)
+    parts = [(f"adapter {name}", part) for name, part in (est.adapters or {}).items()]
+    for label, part in parts + ([("the model itself", est.base)] if est.base else []):
+        t.add_row(label, f"{part['rows']:,} rows, {part['engine_seconds']:,.1f} s, ${part['cost_usd']:.6f}")
     Console(highlight=False).print(t)
 
 

@@ -6,13 +6,14 @@ Prefix cache model (the engine's block manager): a prompt's leading full blocks 
 hashed with their parents) already computed by an earlier prompt of the job are reused; the rest is
 computed. One engine runs the job's shards in plan order (the embedded runner; on a fleet each worker
 has its own cache, so the figure is a lower bound there). A fully cached prompt still computes its
-last token (the engine needs its logits).
+last token (the engine needs its logits). The engine's block hashes start from the row's LoRA adapter, so
+rows of different adapters (or an adapter and the model) never share blocks here either.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jobs.datasets import InputReader
@@ -45,6 +46,9 @@ class TokenCounts:
     shard_decode: tuple[tuple[float, float], ...] = ()
     rows_deduplicated: int = 0  # rows that take the answer of an equal row of their shard (computed once)
     rows_cached: int = 0  # rows the result cache's index holds: served, not computed
+    # a job with LoRA adapters: per adapter ("" for the model's own rows) the rows it computes and their
+    # tokens (rows, computed_prompt_tokens, expected_completion_tokens, decode_context_tokens)
+    adapters: dict[str, tuple[int, int, float, float]] = field(default_factory=dict)
 
 
 def count_tokens(manifest: Manifest, tokenizer: Any, settings: Settings | None = None,
@@ -61,6 +65,7 @@ def count_tokens(manifest: Manifest, tokenizer: Any, settings: Settings | None =
     rows = bad = prompt = computed = max_out = deduplicated = from_cache = 0
     expected = 0.0
     per_shard: list[tuple[float, float]] = []
+    by_adapter: dict[str, list[float]] = {}  # name -> [rows, computed prompt, expected completion, context]
     for shard in manifest.shards:
         generated = context = 0.0
         indices = shard.row_indices()
@@ -96,18 +101,25 @@ def count_tokens(manifest: Manifest, tokenizer: Any, settings: Settings | None =
             generated += per * n
             expected += per * n
             context += n * (per * len(ids) + per * max(per - 1.0, 0.0) / 2.0)
-            cached, parent = 0, 0
+            cached, parent = 0, 0 if req.adapter is None else hash(("adapter", req.adapter))
             for start in range(0, len(ids) - len(ids) % block_size, block_size):
                 parent = hash((parent, tuple(ids[start : start + block_size])))
                 if parent in seen and cached == start:
                     cached = start + block_size
                 seen.add(parent)
             computed += len(ids) - min(cached, len(ids) - 1)
+            if manifest.spec.loras:
+                mine = by_adapter.setdefault(req.adapter or "", [0, 0, 0.0, 0.0])
+                mine[0] += 1
+                mine[1] += len(ids) - min(cached, len(ids) - 1)
+                mine[2] += per * n
+                mine[3] += n * (per * len(ids) + per * max(per - 1.0, 0.0) / 2.0)
         per_shard.append((generated, context))
     return TokenCounts(rows=rows, rows_bad=bad, prompt_tokens=prompt, computed_prompt_tokens=computed,
                        max_completion_tokens=max_out, shards=len(manifest.shards), expected_completion_tokens=expected,
                        decode_context_tokens=sum(c for _, c in per_shard), shard_decode=tuple(per_shard),
-                       rows_deduplicated=deduplicated, rows_cached=from_cache)  # fmt: skip
+                       rows_deduplicated=deduplicated, rows_cached=from_cache,
+                       adapters={k: (int(v[0]), int(v[1]), v[2], v[3]) for k, v in sorted(by_adapter.items())})  # fmt: skip
 
 
 def _encodable(prompt: object, max_chars: int | None) -> bool:

@@ -5,9 +5,9 @@ the batch with `errors.data` (code, message, line); what one line gets wrong is 
 in the error file, and the batch runs on. The job:
 
 - input: the uploaded file in place (`tenants/<t>/files/<id>.jsonl`); output: `tenants/<t>/jobs/<id>`.
-- model: a batch runs one, as OpenAI's do. With `--models`, the served name most lines give (a
-  request that gives none takes it; the only model when no line names one); without, the checkpoint
-  folder or s3:// prefix most lines give.
+- model: a batch runs one, as OpenAI's do. With `--models`, the served model most lines name, by its
+  name or one of its LoRA adapters' (a request that gives none takes the model; the only model when
+  no line names one), with its adapters; without, the checkpoint folder or s3:// prefix most lines give.
 - sampling: the job-wide defaults a body's fields override (max_tokens: ServeConfig.default_max_tokens).
 - lifecycle: the batch's expires_at as the job's deadline.
 """
@@ -76,6 +76,7 @@ def plan_batch(store: ObjectStore, record: BatchRecord, config: ServeConfig, set
             speculative=model.speculative,
             speculative_tokens=model.speculative_tokens,
             model_name=name,
+            loras=model.loras,
         )
         prepared = prepare_job(spec, settings)
     except BatchFileError as exc:
@@ -125,9 +126,15 @@ def choose_model(lines: Iterator[bytes], served: dict[str, ServedModel]) -> tupl
             named[model] += 1
             first_line.setdefault(model, lineno)
     if served:
-        known = [m for m in named if m in served]
-        if known:
-            name = max(known, key=lambda m: (named[m], -first_line[m]))
+        owner = {**{a: m for m, model in served.items() for a in model.adapters}, **{m: m for m in served}}
+        votes: Counter[str] = Counter()  # lines naming each served model or one of its adapters
+        first: dict[str, int] = {}
+        for m in named:
+            if m in owner:
+                votes[owner[m]] += named[m]
+                first[owner[m]] = min(first.get(owner[m], first_line[m]), first_line[m])
+        if votes:
+            name = max(votes, key=lambda m: (votes[m], -first[m]))
             return served[name], name
         if not named and len(served) == 1:
             (only,) = served.values()

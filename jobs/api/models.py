@@ -12,7 +12,12 @@ quantization = "int8"             # int8 | int4 | fp8
 quant_group = 32                  # int4 only: its group size (32 | 64 | 128)
 speculative = "ngram"             # ngram | draft:PATH
 speculative_tokens = 8
+adapters = { support = "adapters/support", legal = "s3://ft/legal-v7" }   # LoRA adapters, by name
 ```
+
+A request's `model` may also name a LoRA adapter of a served model (as vLLM serves adapters): its
+batch runs that model with the file's adapters as `--lora`, and each request runs the adapter it
+names. Adapter names are unique over the file and differ from the models' names.
 
 A batch runs one model, as OpenAI's do: the one its lines name (the most named, when they name
 several; the lines that name another are those requests' errors).
@@ -21,6 +26,7 @@ several; the lines that name another are those requests' errors).
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from contracts.quantization import check_quant_group
 from jobs.errors import FreightError
+from jobs.spec import ADAPTER_NAME, LoraSpec
 
 
 class ServedModel(BaseModel):
@@ -42,11 +49,29 @@ class ServedModel(BaseModel):
     quant_group: int | None = Field(None, description="int4's group size along K: 32, 64 or 128")
     speculative: str | None = Field(None, description='"ngram" or "draft:PATH"')
     speculative_tokens: int | None = Field(None, ge=1, le=16)
+    adapters: dict[str, str] = Field(default_factory=dict, description="LoRA adapters a request's model may name: "
+                                     "name -> PEFT adapter folder or s3:// prefix")  # fmt: skip
 
     @model_validator(mode="after")
     def _quant_group(self) -> ServedModel:
         check_quant_group(self.quantization, self.quant_group)
         return self
+
+    @field_validator("adapters")
+    @classmethod
+    def _adapters(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, path in v.items():  # as --lora takes them
+            if not re.match(ADAPTER_NAME, name) or len(name) > 128:
+                raise ValueError(f"adapter name {name!r}: use letters, digits and . _ - : / @ +, starting with a "
+                                 "letter or digit")  # fmt: skip
+            if not path.strip().rstrip("/"):
+                raise ValueError(f"adapter {name!r}: give its folder or s3:// prefix")
+        return v
+
+    @property
+    def loras(self) -> tuple[LoraSpec, ...]:
+        """The adapters as the job spec takes them."""
+        return tuple(LoraSpec(name=name, path=path) for name, path in self.adapters.items())
 
     @field_validator("speculative")
     @classmethod
@@ -69,7 +94,16 @@ def load_models(path: Path) -> dict[str, ServedModel]:
         raise FreightError(f"--models {path}: not {kind} ({exc}); name it .json for JSON, else TOML") from None
     if not isinstance(raw, dict) or not raw:
         raise FreightError(f"--models {path}: give at least one model, as name = \"checkpoint path\"")
-    return {name: _model(path, name, entry) for name, entry in raw.items()}
+    models = {name: _model(path, name, entry) for name, entry in raw.items()}
+    owner: dict[str, str] = {}
+    for name, model in models.items():
+        for adapter in model.adapters:
+            if adapter in models or adapter in owner:
+                other = f"model {adapter!r}" if adapter in models else f"an adapter of {owner[adapter]!r}"
+                raise FreightError(f"--models {path}: model {name!r}: adapter {adapter!r} has the name of {other}; "
+                                   "a request's model must name one thing: rename one")  # fmt: skip
+            owner[adapter] = name
+    return models
 
 
 def _model(path: Path, name: str, entry: Any) -> ServedModel:
@@ -85,6 +119,8 @@ def _model(path: Path, name: str, entry: Any) -> ServedModel:
     update: dict[str, Any] = {"path": _resolve(path, model.path)}
     if model.speculative is not None and model.speculative.startswith("draft:"):
         update["speculative"] = "draft:" + _resolve(path, model.speculative[len("draft:") :])
+    if model.adapters:
+        update["adapters"] = {adapter: _resolve(path, folder) for adapter, folder in model.adapters.items()}
     return model.model_copy(update=update)
 
 

@@ -16,10 +16,10 @@ import pyarrow as pa
 from jobs.datasets import read_result, write_result
 from jobs.errors import FreightError, ObjectNotFoundError
 from jobs.evals.chart import score_chart
-from jobs.evals.data import SuiteData
-from jobs.evals.history import History, MetricResult, RunRecord, model_key
+from jobs.evals.data import SuiteData, of_adapter
+from jobs.evals.history import History, MetricResult, RunRecord, entry_key
 from jobs.evals.plan import PlannedModel, PlannedSuite, RunPlan, job_specs, read_plan
-from jobs.evals.report import ReportEntry, compare, report_json, report_markdown
+from jobs.evals.report import ReportEntry, compare, report_json, report_markdown, with_adapter_comparisons
 from jobs.evals.scoring import paired_noise, read_job_results, score_suite
 from jobs.evals.suite import Suite
 from jobs.evals.suite_loader import parse_suite_text
@@ -61,20 +61,26 @@ def unfinished_jobs(plan: RunPlan) -> list[str]:
     return [spec.output for spec in job_specs(plan) if not job_ended(open_store(spec.output))]
 
 
-def _job_cost(spec: JobSpec | None) -> float:
-    """cost.json's cost_usd; for a job that ended without finalize, its committed shards' costs."""
+def _job_cost(spec: JobSpec | None, adapter: str | None = None) -> float:
+    """cost.json's cost_usd; for a job that ended without finalize, its committed shards' costs. A
+    job with adapters: the share of `adapter`'s rows (None: the model's own), as cost.json splits it."""
     if spec is None:
         return 0.0
     store = open_store(spec.output)
     if store.exists(COST_KEY):
-        return float(json.loads(store.get(COST_KEY))["cost_usd"])
+        report = json.loads(store.get(COST_KEY))
+        if spec.loras:
+            split = report["base"] if adapter is None else report["adapters"].get(adapter, {})
+            return float(split.get("cost_usd", 0.0))
+        return float(report["cost_usd"])
     return sum(load_shard_record(store, i).cost_usd for i in committed_shards(store))
 
 
-def _job_reuse(spec: JobSpec | None) -> tuple[int, int]:
+def _job_reuse(spec: JobSpec | None, adapter: str | None = None) -> tuple[int, int]:
     """(rows, rows whose answer was reused: result-cache hits and duplicates computed once) of a
-    finished job's cost.json; (0, 0) without one."""
-    if spec is None:
+    finished job's cost.json; (0, 0) without one. A job its model's adapters share counts once, on
+    the model's own entry (cost.json does not split reuse by adapter)."""
+    if spec is None or adapter is not None:
         return 0, 0
     store = open_store(spec.output)
     if not store.exists(COST_KEY):
@@ -118,10 +124,12 @@ def _score_entry(
     history: History,
 ) -> ReportEntry:
     data = SuiteData(read_result(out.get(f"{suite.name}/rows.parquet")), planned.dataset_sha256)
-    generated = read_job_results(open_store(entry.generate.output)) if entry.generate else None
-    likelihoods = read_job_results(open_store(entry.likelihood.output)) if entry.likelihood else None
+    generated = of_adapter(read_job_results(open_store(entry.generate.output)) if entry.generate else None,
+                           entry.adapter)  # fmt: skip
+    likelihoods = of_adapter(read_job_results(open_store(entry.likelihood.output)) if entry.likelihood else None,
+                             entry.adapter)  # fmt: skip
     scores = score_suite(suite, data, generated, likelihoods)
-    base = f"{suite.name}/{model_key(entry.model)}"
+    base = f"{suite.name}/{entry_key(entry.model, entry.adapter)}"
     out.put(f"{base}/scores.parquet", write_result(scores.rows))
     record = RunRecord(
         suite=suite.name,
@@ -135,9 +143,9 @@ def _score_entry(
         sampling=suite.sampling.model_dump(mode="json"),
         rows=scores.rows.num_rows,
         rows_failed=scores.rows_failed,
-        cost_usd=_job_cost(entry.generate) + _job_cost(entry.likelihood),
-        job_rows=_job_reuse(entry.generate)[0] + _job_reuse(entry.likelihood)[0],
-        job_rows_reused=_job_reuse(entry.generate)[1] + _job_reuse(entry.likelihood)[1],
+        cost_usd=_job_cost(entry.generate, entry.adapter) + _job_cost(entry.likelihood, entry.adapter),
+        job_rows=_job_reuse(entry.generate, entry.adapter)[0] + _job_reuse(entry.likelihood, entry.adapter)[0],
+        job_rows_reused=_job_reuse(entry.generate, entry.adapter)[1] + _job_reuse(entry.likelihood, entry.adapter)[1],
         model_fingerprint=_job_fingerprint(entry.generate) or _job_fingerprint(entry.likelihood),
         metrics={
             name: MetricResult(
@@ -149,13 +157,14 @@ def _score_entry(
             )
             for name, ci in scores.intervals.items()
         },
+        adapter=entry.adapter,
     )
     if not history.record(record):  # collected before: keep the stored record
         record = RunRecord.model_validate_json(history.store.get(record.key))
-    runs = [r for r in history.runs(suite.name, entry.model) if r.run_id <= plan.run_id]
+    runs = [r for r in history.runs(suite.name, entry.model, entry.adapter) if r.run_id <= plan.run_id]
     previous = history.previous(record, runs)
     reported = compare(record, previous, _paired_noise(scores.rows, previous, record, base))
-    png = score_chart(runs, f"{suite.name} on {model_key(entry.model)}")
+    png = score_chart(runs, f"{suite.name} on {entry_key(entry.model, entry.adapter)}")
     if png is not None:
         out.put(f"{base}/chart.png", png)
         reported = reported.model_copy(update={"chart": f"{base}/chart.png"})
@@ -163,6 +172,7 @@ def _score_entry(
         "eval scored",
         suite=suite.name,
         model=entry.model,
+        adapter=entry.adapter,
         rows=record.rows,
         failed=record.rows_failed,
         scores={k: round(v.score, 4) for k, v in record.metrics.items()},
@@ -188,12 +198,13 @@ def collect(output: str) -> EvalReport:
         for planned in plan.suites
         for entry in planned.models
     ]
+    entries = with_adapter_comparisons(entries, lambda e: read_scores(plan.output, e.suite, e.model, e.adapter))
     markdown = report_markdown(plan.run_id, entries)
     out.put(REPORT_JSON, json.dumps(report_json(plan.run_id, entries), indent=2).encode())
     out.put(REPORT_MD, markdown.encode())
     return EvalReport(plan.run_id, entries, markdown)
 
 
-def read_scores(output: str, suite: str, model: str) -> pa.Table:
-    """The per-row results of `suite` on `model` in a collected run."""
-    return read_result(open_store(output).get(f"{suite}/{model_key(model)}/scores.parquet"))
+def read_scores(output: str, suite: str, model: str, adapter: str | None = None) -> pa.Table:
+    """The per-row results of `suite` on `model` (or its LoRA `adapter`) in a collected run."""
+    return read_result(open_store(output).get(f"{suite}/{entry_key(model, adapter)}/scores.parquet"))

@@ -9,6 +9,7 @@ suite and every later rescoring sees the same rows.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -20,6 +21,7 @@ from jobs.evals.metrics import Metric, MultipleChoice
 from jobs.evals.suite import Suite
 
 OPTION_SEPARATOR = "#"
+ADAPTER_SEPARATOR = "@"  # a job row of an adapter: id "<row id>@<adapter>" (the model's own rows: "<row id>")
 
 
 @dataclass(frozen=True)
@@ -81,13 +83,43 @@ def load_suite_data(suite: Suite) -> SuiteData:
     return SuiteData(pa.table(columns), digest.hexdigest())
 
 
-def generation_input(data: SuiteData) -> bytes:
-    """Parquet bytes of the generation job's input."""
-    return write_result(data.table.select(["id", "prompt"]))
+def per_adapter(table: pa.Table, adapters: Sequence[str]) -> pa.Table:
+    """`table` (an id column first) once for the model and once per adapter, with the `adapter`
+    column a job with --lora reads: ids "<id>" (null adapter) and "<id>@<adapter>". Without adapters,
+    `table` itself."""
+    if not adapters:
+        return table
+    parts = []
+    for name in (None, *adapters):
+        ids = table.column("id") if name is None else pc.binary_join_element_wise(
+            table.column("id"), pa.scalar(f"{ADAPTER_SEPARATOR}{name}"), "")  # fmt: skip
+        part = table.set_column(0, "id", ids)
+        parts.append(part.append_column("adapter", pa.array([name] * table.num_rows, pa.string())))
+    return pa.concat_tables(parts)
 
 
-def likelihood_input(data: SuiteData, metric: MultipleChoice) -> bytes:
-    """Parquet bytes of the scoring job's input: one row per option of every question.
+def of_adapter(results: pa.Table | None, adapter: str | None) -> pa.Table | None:
+    """The rows of a job's `results` that `adapter` answered (None: the model itself), ids back as
+    the suite's ("<id>@<adapter>" -> "<id>"). A job without adapters: `results` itself."""
+    if results is None or "adapter" not in results.column_names:
+        return results
+    column = results.column("adapter")
+    mine = results.filter(pc.is_null(column) if adapter is None else pc.equal(column, adapter))
+    if adapter is None:
+        return mine
+    suffix = len(ADAPTER_SEPARATOR) + len(adapter)
+    ids = pa.array([i[:-suffix] for i in mine.column("id").to_pylist()], pa.string())
+    return mine.set_column(mine.column_names.index("id"), "id", ids)
+
+
+def generation_input(data: SuiteData, adapters: Sequence[str] = ()) -> bytes:
+    """Parquet bytes of the generation job's input (every row once per adapter too)."""
+    return write_result(per_adapter(data.table.select(["id", "prompt"]), adapters))
+
+
+def likelihood_input(data: SuiteData, metric: MultipleChoice, adapters: Sequence[str] = ()) -> bytes:
+    """Parquet bytes of the scoring job's input: one row per option of every question (each once per
+    adapter too).
 
     A question with no options gets no rows (scored as failed)."""
     ids, prompts, continuations = [], [], []
@@ -108,4 +140,4 @@ def likelihood_input(data: SuiteData, metric: MultipleChoice) -> bytes:
             "continuation": pa.array(continuations, pa.string()),
         }
     )
-    return write_result(table)
+    return write_result(per_adapter(table, adapters))

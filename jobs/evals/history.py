@@ -1,6 +1,6 @@
 """Run history in object storage: one JSON record per (suite, model, run), never rewritten.
 
-Key: `<suite>/<model key>/<run_id>.json` under the suite file's `history` location. run ids start
+Key: `<suite>/<entry key>/<run_id>.json` under the suite file's `history` location. run ids start
 with a UTC timestamp, so the keys of one suite and model sort oldest first.
 """
 
@@ -21,6 +21,12 @@ def model_key(model: str) -> str:
     """A short, readable, unique folder name for a model path or URL."""
     tail = re.sub(r"[^A-Za-z0-9_.\-]+", "-", model.rstrip("/").rsplit("/", 1)[-1]).strip("-.") or "model"
     return f"{tail[:40]}-{hashlib.sha256(model.encode()).hexdigest()[:8]}"
+
+
+def entry_key(model: str, adapter: str | None = None) -> str:
+    """The folder of a model's results and history, or of one LoRA adapter of it (a suite's
+    `adapters` name): "<model key>+<adapter key>", so each adapter keeps its own history."""
+    return model_key(model) if adapter is None else f"{model_key(model)}+{model_key(adapter)}"
 
 
 class MetricResult(BaseModel):
@@ -59,10 +65,11 @@ class RunRecord(BaseModel):
     # the checkpoint's content fingerprint the suite's jobs ran (jobs/model_fingerprint.py: their shard
     # records carry it when the jobs used a result cache, as suites do by default); None: not known
     model_fingerprint: str | None = None
+    adapter: str | None = None  # the LoRA adapter of `model` that ran the suite; None: the model itself
 
     @property
     def key(self) -> str:
-        return f"{self.suite}/{model_key(self.model)}/{self.run_id}.json"
+        return f"{self.suite}/{entry_key(self.model, self.adapter)}/{self.run_id}.json"
 
 
 class History:
@@ -76,15 +83,15 @@ class History:
         data = record.model_dump_json(indent=2).encode()  # metrics keep the suite's order
         return self.store.put_if_absent(record.key, data)
 
-    def runs(self, suite: str, model: str) -> list[RunRecord]:
-        """Every record of `suite` on `model`, oldest first."""
-        prefix = f"{suite}/{model_key(model)}/"
+    def runs(self, suite: str, model: str, adapter: str | None = None) -> list[RunRecord]:
+        """Every record of `suite` on `model` (or its LoRA `adapter`), oldest first."""
+        prefix = f"{suite}/{entry_key(model, adapter)}/"
         keys = [k for k in self.store.list(prefix) if k.endswith(".json")]
         return [RunRecord.model_validate_json(self.store.get(k)) for k in keys]
 
     def previous(self, record: RunRecord, runs: list[RunRecord] | None = None) -> RunRecord | None:
         """The latest record of the same suite and model before `record`'s run (`runs`: that
         suite and model's records when the caller has them already, saving a second listing)."""
-        runs = self.runs(record.suite, record.model) if runs is None else runs
+        runs = self.runs(record.suite, record.model, record.adapter) if runs is None else runs
         earlier = [r for r in runs if r.run_id < record.run_id]
         return earlier[-1] if earlier else None

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from jobs.adapter_check import check_adapters
 from jobs.datasets import write_result
 from jobs.errors import FreightError
 from jobs.evals.data import generation_input, likelihood_input, load_suite_data
@@ -32,7 +33,7 @@ from jobs.log import get_logger
 from jobs.model_check import check_model
 from jobs.result_cache.options import CacheOptions, write_cache_options
 from jobs.result_cache.store import ResultCache
-from jobs.spec import JobSpec, SamplingSpec
+from jobs.spec import JobSpec, LoraSpec, SamplingSpec
 from jobs.storage import ObjectStore, open_store
 
 log = get_logger(__name__)
@@ -41,10 +42,14 @@ JobExecutor = Callable[[JobSpec], None]  # embedded: runs the job to the end; --
 
 
 class PlannedModel(BaseModel):
+    """One model (or one LoRA adapter of it) of a suite and its jobs. A suite's adapters share their
+    model's jobs: each entry scores its own rows of them."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
     model: str
     generate: JobSpec | None  # None when the suite has only multiple-choice metrics
     likelihood: JobSpec | None  # None when it has none
+    adapter: str | None = None  # the LoRA adapter (a suite's `adapters` name); None: the model itself
 
 
 class PlannedSuite(BaseModel):
@@ -83,16 +88,24 @@ def _pick(suite_file: SuiteFile, names: Sequence[str] | None) -> list[Suite]:
     return [suite_file.suite(name) for name in names]
 
 
+def _entries(suite: Suite, model: str, out: ObjectStore) -> list[PlannedModel]:
+    """The model's entry and one per adapter of the suite, all sharing the model's jobs."""
+    planned = _job_specs(suite, model, out)
+    return [planned, *(planned.model_copy(update={"adapter": name}) for name, _ in suite.adapters)]
+
+
 def _job_specs(suite: Suite, model: str, out: ObjectStore) -> PlannedModel:
+    """The model's entry: its jobs (with the suite's adapters, whose rows they hold too)."""
     sampling = suite.sampling
     base = f"{suite.name}/{model_key(model)}"
+    loras = tuple(LoraSpec(name=name, path=path) for name, path in suite.adapters)
 
     def job(rows: str, kind: str, **fields: Any) -> JobSpec:
         """A job over the suite's `rows` file (written by the plan, prompt and id columns) into
         `kind` under the model's folder."""
         extra = {"shard_rows": suite.shard_rows} if suite.shard_rows else {}
         return JobSpec(input=out.url_of(f"{suite.name}/{rows}"), model=model, output=out.url_of(f"{base}/{kind}"),
-                       prompt_column="prompt", id_column="id", **extra, **fields)  # fmt: skip
+                       prompt_column="prompt", id_column="id", loras=loras, **extra, **fields)  # fmt: skip
 
     generate = likelihood = None
     if suite.needs_generation:
@@ -135,25 +148,29 @@ def start_run(
         ResultCache.open(cache)
     suites = _pick(suite_file, suite_names)
     for model in sorted({m for suite in suites for m in (models or suite.models)}):
-        check_model(model)  # a missing model fails before anything is written
+        config = check_model(model)  # a missing model fails before anything is written
+        for suite in suites:  # and so does an adapter the engine would refuse over it
+            if suite.adapters and model in (models or suite.models):
+                check_adapters(dict(suite.adapters), model, config)
     text = Path(suite_file.path).read_text(encoding="utf-8")
     planned: list[PlannedSuite] = []
     inputs: dict[str, bytes] = {}
     for suite in suites:
         data = load_suite_data(suite)
+        adapters = [name for name, _ in suite.adapters]
         inputs[f"{suite.name}/rows.parquet"] = write_result(data.table)
         if suite.needs_generation:
-            inputs[f"{suite.name}/generate.parquet"] = generation_input(data)
+            inputs[f"{suite.name}/generate.parquet"] = generation_input(data, adapters)
         mc = [m for m in suite.metrics if isinstance(m, MultipleChoice)]
         if mc:
-            inputs[f"{suite.name}/options.parquet"] = likelihood_input(data, mc[0])
+            inputs[f"{suite.name}/options.parquet"] = likelihood_input(data, mc[0], adapters)
         chosen = list(models) if models else list(suite.models)
         planned.append(
             PlannedSuite(
                 name=suite.name,
                 dataset_sha256=data.sha256,
                 rows=data.rows,
-                models=[_job_specs(suite, m, out) for m in chosen],
+                models=[entry for m in chosen for entry in _entries(suite, m, out)],
             )
         )
     plan = RunPlan(
@@ -191,14 +208,15 @@ def start_run(
 
 
 def job_specs(plan: RunPlan) -> list[JobSpec]:
-    """Every job of the run, suite by suite, model by model (generation before likelihood)."""
-    return [
-        spec
-        for suite in plan.suites
-        for entry in suite.models
-        for spec in (entry.generate, entry.likelihood)
-        if spec is not None
-    ]
+    """Every job of the run, suite by suite, model by model (generation before likelihood); a job
+    that a model's adapters share, once."""
+    specs: dict[str, JobSpec] = {}
+    for suite in plan.suites:
+        for entry in suite.models:
+            for spec in (entry.generate, entry.likelihood):
+                if spec is not None:
+                    specs.setdefault(spec.output, spec)
+    return list(specs.values())
 
 
 def read_plan(output: str) -> RunPlan:

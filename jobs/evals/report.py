@@ -9,16 +9,23 @@ Regression rule: a metric regressed when its score dropped by more than the nois
   above its score (errors combined as independent). Wilson intervals are asymmetric near 0 and 1, so
   the sides that bear on a drop are the ones used; for a symmetric interval both are its half-width.
 A drop inside the noise is reported, not flagged.
+
+A suite with LoRA adapters: every adapter's entry is also compared with its model's entry of the
+same run, metric by metric on the same rows (paired, as above): "better" or "worse" when the
+difference is beyond the noise, else "within noise".
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
+import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
 
 from jobs.evals.history import RunRecord
+from jobs.evals.scoring import paired_noise
 
 
 class MetricComparison(BaseModel):
@@ -37,8 +44,20 @@ class MetricComparison(BaseModel):
     regression: bool = False
 
 
+class AdapterComparison(BaseModel):
+    """One metric of a LoRA adapter's entry against its model's, in the same run on the same rows."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    metric: str
+    score: float
+    model_score: float
+    delta: float  # score - model_score
+    noise: float | None  # half-width of the 95% bootstrap interval of the per-row differences
+    verdict: Literal["better", "worse", "within noise"]
+
+
 class ReportEntry(BaseModel):
-    """One suite on one model in one run."""
+    """One suite on one model (or one LoRA adapter of it) in one run."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     suite: str
@@ -52,6 +71,8 @@ class ReportEntry(BaseModel):
     chart: str | None = None  # the PNG of the score over time, relative to the report
     job_rows: int = 0  # rows of the suite's jobs, and those whose answers were reused (RunRecord)
     job_rows_reused: int = 0
+    adapter: str | None = None  # the LoRA adapter that ran the suite; None: the model itself
+    against_model: list[AdapterComparison] = []  # an adapter's entry: each metric against its model's
 
     @property
     def regressed(self) -> bool:
@@ -105,7 +126,39 @@ def compare(
         metrics=metrics,
         job_rows=record.job_rows,
         job_rows_reused=record.job_rows_reused,
+        adapter=record.adapter,
     )
+
+
+def with_adapter_comparisons(entries: list[ReportEntry], rows: Callable[[ReportEntry], pa.Table]) -> list[ReportEntry]:
+    """`entries` with each adapter's entry compared to its model's entry of the same suite (`rows`:
+    an entry's per-row scores, matched by id for the paired noise)."""
+    models = {(e.suite, e.model): e for e in entries if e.adapter is None}
+    out = []
+    for entry in entries:
+        model = models.get((entry.suite, entry.model))
+        if entry.adapter is None or model is None:
+            out.append(entry)
+            continue
+        mine, theirs = {m.metric: m for m in entry.metrics}, {m.metric: m for m in model.metrics}
+        noise = paired_noise(rows(entry), rows(model), list(mine))
+        compared = []
+        for name, m in mine.items():
+            if name not in theirs:
+                continue
+            delta = m.score - theirs[name].score
+            beyond = name in noise and math.isfinite(delta) and abs(delta) > noise[name]
+            verdict: Literal["better", "worse", "within noise"] = (
+                ("better" if delta > 0 else "worse") if beyond else "within noise"
+            )
+            compared.append(AdapterComparison(metric=name, score=m.score, model_score=theirs[name].score, delta=delta,
+                                              noise=noise.get(name), verdict=verdict))  # fmt: skip
+        out.append(entry.model_copy(update={"against_model": compared}))
+    return out
+
+
+def _who(e: ReportEntry) -> str:
+    return e.model if e.adapter is None else f"{e.model} + {e.adapter}"
 
 
 def report_json(run_id: str, entries: list[ReportEntry]) -> dict[str, Any]:
@@ -144,14 +197,23 @@ def report_markdown(run_id: str, entries: list[ReportEntry]) -> str:
             # rows, failures and cost belong to the suite run: shown on its first metric's line
             run = f"| {e.rows} | {e.rows_failed} | {e.cost_usd:.6f} |" if i == 0 else "| | | |"
             lines.append(
-                f"| {e.suite} | {e.model} | {m.metric} | {_pct(m.score)} | {_pct(m.low)}–{_pct(m.high)} | {change} {run}"
+                f"| {e.suite} | {_who(e)} | {m.metric} | {_pct(m.score)} | {_pct(m.low)}–{_pct(m.high)} | {change} {run}"
             )
+    compared = [(e, c) for e in entries for c in e.against_model]
+    if compared:
+        lines += ["", "LoRA adapters against their model (same run, same rows; noise: paired):", "",
+                  "| suite | model | adapter | metric | adapter % | model % | difference | verdict |",
+                  "|---|---|---|---|---:|---:|---|---|"]  # fmt: skip
+        for e, c in compared:
+            noise = f" (noise ±{100 * c.noise:.1f})" if c.noise is not None else ""
+            lines.append(f"| {e.suite} | {e.model} | {e.adapter} | {c.metric} | {_pct(c.score)} | "
+                         f"{_pct(c.model_score)} | {100 * c.delta:+.1f}{noise} | {c.verdict} |")  # fmt: skip
     notes = [
-        f"- {e.suite} on {e.model}: the dataset changed since the previous run"
+        f"- {e.suite} on {_who(e)}: the dataset changed since the previous run"
         for e in entries
         if e.dataset_changed
     ]
-    charts = [f"![{e.suite} on {e.model}]({e.chart})" for e in entries if e.chart]
+    charts = [f"![{e.suite} on {_who(e)}]({e.chart})" for e in entries if e.chart]
     rows, reused = sum(e.job_rows for e in entries), sum(e.job_rows_reused for e in entries)
     if rows:
         lines += ["", f"Reused: {reused:,} of {rows:,} job rows took an answer already computed (result cache, or "

@@ -65,6 +65,9 @@ class Suite:
     metrics: tuple[Metric, ...]
     speculative: str | None = None  # "ngram" | "draft:PATH" (a path resolved like the models)
     speculative_tokens: int | None = None  # None: the method's default K
+    # LoRA adapters of the models, (name, folder or s3:// prefix): every adapter runs the suite beside
+    # its model, all in the model's one job (rows replicated per adapter), and each is scored alone
+    adapters: tuple[tuple[str, str], ...] = ()
 
     @property
     def needs_generation(self) -> bool:

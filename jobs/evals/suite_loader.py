@@ -7,6 +7,7 @@ every problem is reported with its line and what to do, before any job is planne
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,7 +23,7 @@ from jobs.evals.metrics import METRICS, Metric, MultipleChoice
 from jobs.evals.suite import Sampling, Suite, SuiteError, SuiteFile, option_field, resolve_location
 from jobs.result_cache.options import cache_off
 from jobs.settings import get_settings
-from jobs.spec import SamplingSpec
+from jobs.spec import ADAPTER_NAME, SamplingSpec
 from jobs.storage import join_url
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
@@ -47,6 +48,10 @@ class _SuiteFields(BaseModel):
     # speculative decoding of the generate jobs ("ngram" | "draft:PATH"; outputs unchanged)
     speculative: str | None = option_field("speculative", None, pattern=r"^(ngram|draft:.+)$")
     speculative_tokens: int | None = option_field("speculative_tokens", None, ge=1, le=16)
+    # LoRA adapters: name -> PEFT adapter folder or s3:// prefix; each runs the suite beside the model
+    adapters: dict[str, str] = Field(default_factory=dict, description="LoRA adapters of the models, name = "
+                                     "\"folder or s3:// prefix\": every adapter runs the suite and the report "
+                                     "compares each with its model")  # fmt: skip
 
     @model_validator(mode="after")
     def _one_prompt_source(self) -> _SuiteFields:
@@ -203,10 +208,21 @@ class _Loader:
             speculative=fields.speculative if fields.speculative in (None, "ngram")
             else "draft:" + resolve_location(fields.speculative[len("draft:") :], self.base_dir),
             speculative_tokens=fields.speculative_tokens,
+            adapters=tuple((name, resolve_location(path, self.base_dir)) for name, path in fields.adapters.items()),
         )
+        self.check_adapters(where, fields.adapters, label)
         self.check_columns(where, suite, label)
         self.check_constraint(where, fields.sampling, label)
         return suite if len(self.problems) == before else None
+
+    def check_adapters(self, where: tuple[PathPart, ...], adapters: dict[str, str], label: str) -> None:
+        """Adapter names as `--lora` takes them (the files are checked against each model at run)."""
+        for name, path in adapters.items():
+            if not re.match(ADAPTER_NAME, name) or len(name) > 128:
+                self.problem((*where, "adapters", name), f"{label}: adapter name {name!r}: use letters, digits "
+                             "and . _ - : / @ + (at most 128), starting with a letter or digit")  # fmt: skip
+            if not path.strip():
+                self.problem((*where, "adapters", name), f"{label}: adapter {name!r}: give its folder or s3:// prefix")
 
     def check_constraint(self, where: tuple[PathPart, ...], sampling: Sampling, label: str) -> None:
         """The answers' constraint compiled as the worker compiles it (jobs/constraint_check.py)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -343,21 +344,32 @@ def test_a_mixed_file_runs_every_endpoint_and_refuses_bad_lines(
 
 
 def test_models_by_name(serve_process: Callable[..., ServeProcess], served_model: Path, tmp_path: Path) -> None:
-    """--models: a request's model is a served name; a name the file does not hold is that request's
-    error, or the batch's when no line names a served model; the output names the model as asked."""
+    """--models: a request's model is a served name, or a LoRA adapter of one (the batch runs its model,
+    the request its adapter); a name the file does not hold is that request's error, or the batch's
+    when no line names a served model; the output names the model or adapter as asked."""
+    import transformers
+
+    pytest.importorskip("peft")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from tiny_adapters import make_adapter
+    base = transformers.AutoModelForCausalLM.from_pretrained(served_model).float().eval()
+    make_adapter(base, tmp_path / "ad" / "alpha", rank=8, seed=1, scale=0.3)
     models = tmp_path / "models.toml"
-    models.write_text(f'"tiny-chat" = "{served_model}"\n\n[tiny-int8]\npath = "{served_model}"\nquantization = "int8"\n')
+    models.write_text(f'[tiny-chat]\npath = "{served_model}"\nadapters = {{ alpha = "ad/alpha" }}\n\n'
+                      f'[tiny-int8]\npath = "{served_model}"\nquantization = "int8"\n')  # fmt: skip
     server = serve_process("--models", str(models))
     client = server.client(server.key("team-a"))
-    lines = [batch_line("named", model="tiny-chat", max_tokens=3), batch_line("unnamed", max_tokens=3),
-             batch_line("other", model="gpt-4o", max_tokens=3), batch_line("path", model=str(served_model))]  # fmt: skip
+    lines = [batch_line("named", model="tiny-chat", max_tokens=6), batch_line("unnamed", max_tokens=3),
+             batch_line("other", model="gpt-4o", max_tokens=3), batch_line("path", model=str(served_model)),
+             batch_line("alpha", model="alpha", max_tokens=6)]  # fmt: skip
     upload = client.files.create(file=_write(tmp_path / "in.jsonl", lines).open("rb"), purpose="batch")
     batch = wait_batch(client, client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
                                                      completion_window="24h").id)  # fmt: skip
     assert batch.status == "completed" and batch.model == "tiny-chat", batch
     out, err = _ids_once(client, batch)
-    assert {line["custom_id"]: line["response"]["body"]["model"] for line in out} == {"named": "tiny-chat",
-                                                                                      "unnamed": "tiny-chat"}  # fmt: skip
+    bodies = {line["custom_id"]: line["response"]["body"] for line in out}
+    assert {k: b["model"] for k, b in bodies.items()} == {"named": "tiny-chat", "unnamed": "tiny-chat", "alpha": "alpha"}
+    assert bodies["alpha"]["choices"][0]["message"] != bodies["named"]["choices"][0]["message"]  # the adapter ran
     why = {line["custom_id"]: line["error"]["message"] for line in err}
     assert set(why) == {"other", "path"} and all("this batch runs 'tiny-chat'" in m for m in why.values())
     assert str(served_model) not in why["other"]  # the server's folders are named to no request
@@ -376,3 +388,24 @@ def test_models_by_name(serve_process: Callable[..., ServeProcess], served_model
     result = subprocess.run([FREIGHT, "serve", "--store", str(tmp_path / "s2"), "--models", str(broken)],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 2 and "--models" in result.stderr and "'x'" in result.stderr
+
+
+
+def test_models_file_adapters_are_checked(served_model: Path, tmp_path: Path) -> None:
+    """An adapter's name is one thing only: neither a model's nor another model's adapter's."""
+    from jobs.api.models import load_models
+    from jobs.errors import FreightError
+
+    (tmp_path / "ok.toml").write_text(f'[a]\npath = "{served_model}"\nadapters = {{ "b/v1" = "ad/b" }}\n')
+    assert load_models(tmp_path / "ok.toml")["a"].adapters == {"b/v1": str(tmp_path / "ad" / "b")}
+    (tmp_path / "clash.toml").write_text(f'[a]\npath = "{served_model}"\nadapters = {{ b = "x" }}\n\n'
+                                         f'[b]\npath = "{served_model}"\n')  # fmt: skip
+    with pytest.raises(FreightError, match="adapter 'b' has the name of model 'b'"):
+        load_models(tmp_path / "clash.toml")
+    (tmp_path / "twice.toml").write_text(f'[a]\npath = "{served_model}"\nadapters = {{ x = "x" }}\n\n'
+                                         f'[c]\npath = "{served_model}"\nadapters = {{ x = "y" }}\n')  # fmt: skip
+    with pytest.raises(FreightError, match="adapter 'x' has the name of an adapter of 'a'"):
+        load_models(tmp_path / "twice.toml")
+    (tmp_path / "badname.toml").write_text(f'[a]\npath = "{served_model}"\nadapters = {{ "-x" = "x" }}\n')
+    with pytest.raises(FreightError, match="adapter name '-x'"):
+        load_models(tmp_path / "badname.toml")

@@ -161,3 +161,29 @@ def test_bad_adapters_are_refused_before_anything_is_written(demo_model_dir: Pat
     code, output = freight(["run", str(data), "--model", str(demo_model_dir), "--output", str(out), *flags])
     assert code == 2 and words in output, output
     assert not out.exists()
+
+
+def test_estimate_keeps_adapters_apart_and_splits_by_adapter(demo_model_dir: Path, adapters: dict[str, Path],
+                                                             tmp_path: Path) -> None:  # fmt: skip
+    """One prompt under alpha, beta and the model is computed three times (the prefix cache never
+    shares blocks across adapters); a longer prompt under alpha reuses alpha's blocks."""
+    shared = "def add(a, b):\n    return a + b\n" * 6
+    table = pa.table({"id": ["a", "b", "m", "a2"], "prompt": [shared, shared, shared, shared + "x = add(1, 2)\n"],
+                      "adapter": ["alpha", "beta", None, "alpha"]})  # fmt: skip
+    data = write_parquet(table, tmp_path / "in.parquet")
+    raw = freight_ok(["estimate", str(data), "--model", str(demo_model_dir), "--max-tokens", "8", "--id-column", "id",
+                      "--json", *_lora_flags(adapters)])  # fmt: skip
+    est = json.loads(raw.strip().splitlines()[-1])
+    split = {**est["adapters"], "": est["base"]}
+    assert {k: v["rows"] for k, v in split.items()} == {"alpha": 2, "beta": 1, "": 1}
+    one = split["beta"]["computed_prompt_tokens"]
+    assert split[""]["computed_prompt_tokens"] == one and one >= 32
+    reused = est["prompt_tokens"] - est["computed_prompt_tokens"]
+    assert reused > 0 and reused % 16 == 0 and split["alpha"]["computed_prompt_tokens"] < 2 * one + 16
+    assert sum(v["computed_prompt_tokens"] for v in split.values()) == est["computed_prompt_tokens"]
+    assert sum(v["cost_usd"] for v in split.values()) == pytest.approx(est["cost_usd"], rel=1e-6)
+    plain = freight_ok(["estimate", str(data), "--model", str(demo_model_dir), "--max-tokens", "8", "--id-column", "id"])
+    assert "the model itself" not in plain and "adapter alpha" not in plain
+    text = freight_ok(["estimate", str(data), "--model", str(demo_model_dir), "--max-tokens", "8", "--id-column", "id",
+                       *_lora_flags(adapters)])  # fmt: skip
+    assert "adapter alpha" in text and "the model itself" in text
