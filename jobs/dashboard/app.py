@@ -24,6 +24,7 @@ from fastapi import FastAPI, Form, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jobs.api.auth import Authenticator
@@ -67,6 +68,26 @@ class DashboardConfig:
             raise ValueError("refresh_s in (0, 60], scan_s in (0, 3600] and poll_ms in [100, 2000] (updates <= 2 s)")
 
 
+@dataclass(frozen=True)
+class DetailParts:
+    """A job page's data (job_view.job_detail), its JSON (/ui/jobs/<ref>.json), and the two parts of
+    the page that grow with the job: the shard grid's cells and the data block the page's script
+    reads, made once so a page of a 10,000-shard job renders no loop over its shards."""
+
+    data: dict[str, Any]
+    json: bytes
+    grid_html: Markup  # one <i class="g-X"> per shard; X is one of job_view's state letters
+    data_html: Markup  # the JSON, safe inside <script> (as Jinja's tojson escapes it)
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> DetailParts:
+        encoded = json.dumps(data, separators=(",", ":"), allow_nan=False)
+        cells = {c: f'<i class="g-{c}"></i>' for c in STATE_NAMES}
+        grid = "".join(cells[c] for c in data.get("grid") or "")
+        safe = encoded.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
+        return cls(data, encoded.encode(), Markup(grid), Markup(safe))
+
+
 class Dashboard:
     """The state one dashboard app holds: the board, access, CSRF, Redis, templates."""
 
@@ -81,26 +102,26 @@ class Dashboard:
                                  undefined=jinja2.StrictUndefined)  # fmt: skip
         formatting.install(env)
         self.templates = Jinja2Templates(env=env)
-        self._details: OrderedDict[str, tuple[float, dict[str, Any], bytes]] = OrderedDict()
+        self._details: OrderedDict[str, tuple[float, DetailParts]] = OrderedDict()
         self._lists: dict[tuple[str | None, str, str, str], bytes] = {}
         self._lists_at = 0.0
         self._lock = threading.Lock()
 
-    def detail(self, job: JobSummary) -> tuple[dict[str, Any], bytes]:
-        """The job page's data and its JSON, built once per board snapshot however many clients poll it."""
+    def detail(self, job: JobSummary) -> DetailParts:
+        """The job page's data, its JSON and the page's parts made from them, built once per board
+        snapshot however many clients poll it or open the page."""
         snapshot_at = self.board.snapshot().at
         with self._lock:
             hit = self._details.get(job.ref)
             if hit is not None and hit[0] == snapshot_at:
-                return hit[1], hit[2]
-        built = job_detail(self.board, job)
-        encoded = json.dumps(built, separators=(",", ":"), allow_nan=False).encode()
+                return hit[1]
+        built = DetailParts.of(job_detail(self.board, job))
         with self._lock:
-            self._details[job.ref] = (snapshot_at, built, encoded)
+            self._details[job.ref] = (snapshot_at, built)
             self._details.move_to_end(job.ref)
             while len(self._details) > DETAILS_KEPT:
                 self._details.popitem(last=False)
-        return built, encoded
+        return built
 
     def jobs_json(self, tenant: str | None, state: str, model: str, tenant_filter: str) -> bytes:
         """/ui/jobs.json's body for this viewer and these filters, encoded once per snapshot."""
@@ -177,14 +198,15 @@ def create_dashboard(
     @app.get("/jobs/{ref}", response_class=HTMLResponse)
     def job_page(request: Request, ref: str) -> Response:
         who, job = visible_job(request, ref)
-        detail, _ = dash.detail(job)
-        return dash.page(request, "job.html", who, job=job, detail=detail, state_names=STATE_NAMES,
+        parts = dash.detail(job)
+        return dash.page(request, "job.html", who, job=job, detail=parts.data, grid_html=parts.grid_html,
+                         data_html=parts.data_html, state_names=STATE_NAMES,
                          downloads=_downloads(dash, job), poll_url=f"/ui/jobs/{quote(job.ref)}.json")  # fmt: skip
 
     @app.get("/ui/jobs/{ref}.json")
     def job_json(request: Request, ref: str) -> Response:
         _, job = visible_job(request, ref)
-        return Response(dash.detail(job)[1], media_type="application/json", headers=NO_STORE)
+        return Response(dash.detail(job).json, media_type="application/json", headers=NO_STORE)
 
     @app.get("/jobs/{ref}/results.parquet")
     def results_parquet(request: Request, ref: str) -> Response:

@@ -13,6 +13,7 @@ import json
 import threading
 import time
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from typing import Any
 
 import redis
@@ -86,6 +87,11 @@ class JobSummary:
         return self.rows_failed + self.shards_failed
 
     def as_dict(self) -> dict[str, Any]:
+        """The line as /ui/jobs.json gives it (built once per line: a line never changes)."""
+        return self._dict
+
+    @cached_property
+    def _dict(self) -> dict[str, Any]:
         return {**asdict(self), "progress": round(self.progress, 4), "errors": self.errors}
 
 
@@ -125,6 +131,8 @@ class JobBoard:
         self._stores: dict[str, ObjectStore] = {}
         self._totals: dict[str, JobTotals] = {}
         self._snapshot = Snapshot((), StoreListing(), 0.0)
+        # finished jobs' lines, by OUT, with the OutKeys they were built from (kept while those stand)
+        self._done: dict[str, tuple[OutKeys, JobSummary]] = {}
         self._lock = threading.Lock()
 
     def snapshot(self) -> Snapshot:
@@ -171,10 +179,22 @@ class JobBoard:
         for out in listing.outs.values():
             owner = out.tenant_batch
             record = batches.pop(owner, None) if owner else None
+            kept = self._done.get(out.prefix)
+            if kept is not None and kept[0] is out:  # a finished job whose keys did not change: its line stands
+                rows.append(kept[1])
+                continue
             try:
-                rows.append(self._job(out, record, now))
+                row = self._job(out, record, now)
             except (FreightError, ValueError) as exc:  # ValueError: an unreadable manifest or record
                 log.warning("dashboard_job_skipped", out=self.store.url_of(out.prefix), error=str(exc))
+                continue
+            rows.append(row)
+            if row.done and (record is None or record.final):
+                self._done[out.prefix] = (out, row)
+            else:
+                self._done.pop(out.prefix, None)
+        for prefix in self._done.keys() - listing.outs.keys():  # deleted since
+            del self._done[prefix]
         rows += [self._unplanned(r) for r in batches.values() if r is not None]
         rows.sort(key=lambda r: (-r.submitted_at, r.ref))
         return Snapshot(tuple(rows), listing, now)

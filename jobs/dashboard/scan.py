@@ -41,7 +41,7 @@ class OutKeys:
 
     prefix: str
     keys: frozenset[str]
-    listed_at: float
+    listed_at: float  # when the keys were listed as they are (a relisting that finds the same keys keeps it)
 
     def _indices(self, folder: str, suffix: str) -> set[int]:
         n = len(folder)
@@ -128,10 +128,14 @@ class StoreIndex:
                     batches.append((tenant, batch_id))
                     changing.append(job_prefix(tenant, batch_id))
             for prefix in changing:
-                keys = self.store.list(f"{prefix}/" if prefix else "")
-                if prefix and MANIFEST_KEY not in {k[len(prefix) + 1 :] for k in keys}:
+                keys = _relative(prefix, self.store.list(f"{prefix}/" if prefix else ""))
+                if prefix and MANIFEST_KEY not in keys:
                     continue  # not planned yet: no job here
-                outs[prefix] = OutKeys(prefix, _relative(prefix, keys), now)
+                old = outs.get(prefix)
+                # an OUT whose keys did not change stays the same object, with the shard sets it
+                # computed already, so its job's line is not built again (jobs/dashboard/board.py)
+                if old is None or old.keys != keys:
+                    outs[prefix] = OutKeys(prefix, keys, now)
             self._listing = StoreListing(outs, tuple(batches), self._listing.eval_records, self._listing.at)
             return self._listing
 
@@ -154,7 +158,9 @@ class StoreIndex:
                 batches.append((match[1], match[2]))
             elif EVAL_RECORD.fullmatch(key):
                 evals.append(key)
-        outs = {r: OutKeys(r, frozenset(ks), now) for r, ks in grouped.items()}
+        last = self._listing.outs
+        outs = {r: last[r] if r in last and last[r].keys == ks else OutKeys(r, frozenset(ks), now)
+                for r, ks in grouped.items()}  # fmt: skip
         return StoreListing(outs, tuple(batches), tuple(sorted(evals)), now)
 
 

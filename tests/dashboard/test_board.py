@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs import datasets
-from jobs.dashboard.board import JobBoard
+from jobs.dashboard.board import JobBoard, JobSummary
 from jobs.dashboard.downloads import openai_file, parquet_results
 from jobs.dashboard.job_view import job_detail
 from jobs.finalize import committed_shards, report_now
@@ -97,6 +97,26 @@ def test_a_poll_lists_only_what_can_still_change(store_root: Path) -> None:
     jobs = {j.out: j for j in board.refresh().jobs}
     assert sorted(store.listed) == ["active/", "runs/running/"]  # not the finished job, not the store
     assert jobs["runs/running"].shards_committed == 4
+
+
+def test_a_poll_rebuilds_only_the_lines_that_changed(store_root: Path) -> None:
+    store = LocalStore(store_root)
+    board = JobBoard(store, get_settings(), refresh_s=0.01, scan_s=0.01)
+
+    def lines() -> dict[str, JobSummary]:
+        time.sleep(0.02)  # past scan_s: each poll lists the whole store
+        return {j.out: j for j in board.refresh().jobs}
+
+    first, again = lines(), lines()
+    assert again["deep/er/done"] is first["deep/er/done"]  # finished, keys unchanged: the same line
+    assert again["runs/running"] is not first["runs/running"]  # running: its rate and ETA move with time
+    # a finished job's keys change (a record added beside it, say): its line is built again
+    done = LocalStore(store_root / "deep" / "er" / "done")
+    done.put("notes.txt", b"x")
+    rebuilt = lines()["deep/er/done"]
+    assert rebuilt is not first["deep/er/done"] and rebuilt.as_dict() == first["deep/er/done"].as_dict()
+    store.delete("deep/er/done/manifest.json")  # no longer a job: its line goes
+    assert "deep/er/done" not in lines()
 
 
 def test_downloads_are_what_freight_results_exports(store_root: Path, tmp_path: Path) -> None:
