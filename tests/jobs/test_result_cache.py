@@ -247,7 +247,8 @@ def test_prune_removes_old_answers_and_merges_the_index(tmp_path: Path, demo_mod
     assert stats.exit_code == 0 and '"entries"' in stats.output
 
 
-@pytest.mark.parametrize("case", ["file", "unwritable", "foreign", "threshold", "semantic without embedder"])
+@pytest.mark.parametrize("case", ["file", "unwritable", "foreign", "threshold", "semantic without embedder",
+                                  "embedder without threshold"])
 def test_bad_cache_options_are_refused_before_anything_is_written(
     tmp_path: Path, demo_model_dir: Path, case: str, request: pytest.FixtureRequest
 ) -> None:
@@ -276,6 +277,9 @@ def test_bad_cache_options_are_refused_before_anything_is_written(
     elif case == "threshold":
         args += ["--result-cache", str(tmp_path / "c"), "--semantic-cache", "1.5", "--embed-model", str(demo_model_dir)]
         said = "(0, 1]"
+    elif case == "embedder without threshold":  # no default threshold: none measured free of wrong hits
+        args += ["--result-cache", str(tmp_path / "c"), "--embed-model", str(demo_model_dir)]
+        said = "give --semantic-cache THRESHOLD too"
     else:
         args += ["--result-cache", str(tmp_path / "c"), "--semantic-cache", "0.9"]
         said = "needs --embed-model"
