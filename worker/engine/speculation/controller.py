@@ -250,7 +250,8 @@ class SpeculationController:
         # known): the speculating side's table may hold only far-apart widths, and its interpolation
         # must not price a verify step below the plain step it extends. A measured one stands as
         # measured: verify rows of one sequence share its host work, and cost less than as many
-        # sequences' rows (seen at batch 1: 5 verify rows 1.06 ms, a 5-sequence plain step 1.33 ms)
+        # sequences' rows (`bench/speculative.py --batches 1,8` prints both tables: at batch 1, 5 verify
+        # rows cost less than a 5-sequence plain step)
         keys = set(self._curve(True)[0])
         return [c if c is None or f is None or width + i in keys else max(c, f)
                 for i, (c, f) in enumerate(zip(spec, floor, strict=True), 1)]  # fmt: skip
