@@ -2,6 +2,8 @@
 
 The same pages `freight serve` shows at `/` (jobs/dashboard/), for a store without the API: jobs
 that `freight run` and `submit` wrote anywhere below it, served batches, eval history, the fleet.
+With API keys in the store a browser signs in as one tenant and sees its jobs; `--all-tenants` is
+the operator's view of every job (those outside tenants/ included), on a loopback address only.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ def dashboard(
     refresh: float = typer.Option(1.0, "--refresh", metavar="SECONDS", help="the oldest data a page may show"),
     scan: float = typer.Option(5.0, "--scan", metavar="SECONDS", help="how often the whole store is listed "
                                "for new jobs (in between, only unfinished jobs are looked at)"),
+    all_tenants: bool = typer.Option(False, "--all-tenants", help="the operator's view: every job, every "
+                                     "tenant's and those outside tenants/, with no sign-in even when the store has "
+                                     "API keys; on a loopback address only"),
 ) -> None:
     """Serve the web dashboard (jobs, progress, cost, evals, fleet), read-only."""
     import redis as redis_lib
@@ -38,8 +43,11 @@ def dashboard(
     from jobs.storage import open_store
 
     settings = get_settings()
+    if all_tenants and not loopback_host(host):
+        raise fail(f"--host {host}: --all-tenants shows every tenant's jobs without a sign-in, so it listens on a "
+                   "loopback address only; leave --host out, or sign in per tenant without --all-tenants")  # fmt: skip
     try:
-        config = DashboardConfig(loopback=loopback_host(host), refresh_s=refresh, scan_s=scan)
+        config = DashboardConfig(loopback=loopback_host(host), refresh_s=refresh, scan_s=scan, all_tenants=all_tenants)
         root = open_store(store, settings)
         keys = bool(root.list(KEYS_PREFIX))  # an unreachable store fails here, not at the first page
         if redis is not None:
@@ -58,7 +66,10 @@ def dashboard(
                    "it listens on 127.0.0.1 only. Create a key (`freight keys create --tenant NAME --store "
                    f"{root.url}`) to sign in from elsewhere, or leave --host out")  # fmt: skip
     app = create_dashboard(root, settings, config, redis_url=redis)
-    who = "sign in with an API key" if keys else "no API keys: every job is shown, on 127.0.0.1 only"
+    if all_tenants:
+        who = "all tenants: every job is shown without a sign-in, on 127.0.0.1 only"
+    else:
+        who = "sign in with an API key" if keys else "no API keys: every job is shown, on 127.0.0.1 only"
     fleet = f"; fleet of {redact_url(redis)}" if redis else ""
     Console(stderr=True, highlight=False).print(
         f"freight dashboard: http://{host}:{port}/ (store {root.url}{fleet}; {who})", soft_wrap=True

@@ -6,6 +6,9 @@
   Authenticator cache, so revoking a key ends its sessions within a second.
 - Without keys, the dashboard shows every job to whoever reaches it, so it serves only on a
   loopback address; the server refuses the pages when it listens elsewhere.
+- The all-tenants view (`freight dashboard --all-tenants`, loopback only) shows every job to
+  whoever reaches it, keys or not: the operator's view of a store, for someone who may read the
+  store itself (its jobs outside tenants/ included, which no tenant's key shows).
 
 The cookie is HttpOnly, SameSite=Lax, and Secure when the request came over TLS (directly, or
 through a proxy whose X-Forwarded-Proto uvicorn trusts).
@@ -71,8 +74,11 @@ def make_secret(settings: Settings) -> str:
 class Access:
     """Sessions and the open (keyless, loopback-only) mode of one dashboard."""
 
-    def __init__(self, store: ObjectStore, auth: Authenticator, secret: str, *, loopback: bool) -> None:
-        self.store, self.auth, self.loopback = store, auth, loopback
+    def __init__(self, store: ObjectStore, auth: Authenticator, secret: str, *, loopback: bool,
+                 all_tenants: bool = False) -> None:  # fmt: skip
+        if all_tenants and not loopback:
+            raise ValueError("the all-tenants view listens on a loopback address only")
+        self.store, self.auth, self.loopback, self.all_tenants = store, auth, loopback, all_tenants
         self._sessions = URLSafeTimedSerializer(secret, salt="freight-dashboard-session")
         self._keys_seen: tuple[float, bool] = (-1e18, False)
         self._lock = threading.Lock()
@@ -91,6 +97,8 @@ class Access:
 
     def viewer(self, request: Request) -> Viewer:
         """The request's viewer; SignInRequired or LocalOnly when there is none."""
+        if self.all_tenants:
+            return Viewer(None, signed_in=False)
         if not self.keys_exist():
             if not self.loopback:
                 raise LocalOnly()

@@ -54,18 +54,25 @@ NO_STORE = {"cache-control": "no-store"}
 @dataclass(frozen=True)
 class DashboardConfig:
     """loopback: the server listens on a loopback address only (a store without API keys is shown
-    only then). refresh_s: the oldest data a poll may get; scan_s: how often the whole store is
-    listed for new jobs; poll_ms: how often the pages ask for news."""
+    only then). all_tenants: the operator's view (`freight dashboard --all-tenants`): every job under
+    the store, every tenant's and those outside tenants/, with no sign-in even when the store has
+    keys; loopback only, for whoever may read the store itself. refresh_s: the oldest data a poll
+    may get; scan_s: how often the whole store is listed for new jobs; poll_ms: how often the pages
+    ask for news."""
 
     loopback: bool
     refresh_s: float = 1.0
     scan_s: float = 5.0
     poll_ms: int = 1000
     key_cache_s: float = 0.5
+    all_tenants: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.refresh_s <= 60 or not 0 < self.scan_s <= 3600 or not 100 <= self.poll_ms <= 2000:
             raise ValueError("refresh_s in (0, 60], scan_s in (0, 3600] and poll_ms in [100, 2000] (updates <= 2 s)")
+        if self.all_tenants and not self.loopback:
+            raise ValueError("the all-tenants view shows every tenant's jobs without a sign-in: it listens on a "
+                             "loopback address only")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,8 @@ class Dashboard:
         self.live = LiveState(redis_url, socket_timeout=2.0, retry_for_s=0) if redis_url else None
         self.board = JobBoard(store, settings, self.live, refresh_s=config.refresh_s, scan_s=config.scan_s)
         secret = make_secret(settings)
-        self.access = Access(store, Authenticator(store, config.key_cache_s), secret, loopback=config.loopback)
+        self.access = Access(store, Authenticator(store, config.key_cache_s), secret, loopback=config.loopback,
+                             all_tenants=config.all_tenants)  # fmt: skip
         self.csrf = Csrf(secret)
         env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
                                  undefined=jinja2.StrictUndefined)  # fmt: skip
@@ -147,7 +155,8 @@ class Dashboard:
         csrf = self.csrf.token(request, response)
         rendered = self.templates.get_template(name).render(
             request=request, viewer=viewer, csrf_field=CSRF_FIELD, csrf_token=csrf, fleet=self.live is not None,
-            poll_ms=self.config.poll_ms, open_mode=self.config.loopback and not self.access.keys_exist(), **context,
+            poll_ms=self.config.poll_ms, open_mode=self.config.loopback and not self.access.keys_exist(),
+            all_tenants=self.config.all_tenants, **context,
         )  # fmt: skip
         out = HTMLResponse(rendered, status_code=status)
         for key, value in response.headers.items():

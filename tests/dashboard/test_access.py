@@ -142,6 +142,27 @@ def test_a_store_without_keys_is_open_on_loopback_only(tmp_path: Path) -> None:
     assert not loopback_host("0.0.0.0") and not loopback_host("10.1.2.3") and not loopback_host("dash.example")
 
 
+def test_the_all_tenants_view_shows_every_job_on_loopback_only(tenants) -> None:  # type: ignore[no-untyped-def]
+    root, key_a, _, job_id = tenants
+    _, local = plant_job(str(root / "nightly" / "run-1"), shards=1)  # a `freight run` OUT, outside tenants/
+    tenant_a = _client(root)
+    _sign_in(tenant_a, key_a)
+    assert [j["job_id"] for j in tenant_a.get("/ui/jobs.json").json()["jobs"]] == [job_id]  # never the local run
+    assert tenant_a.get(f"/jobs/{local.job_id}").status_code == 404
+    app = create_dashboard(LocalStore(root), get_settings(), DashboardConfig(loopback=True, all_tenants=True))
+    operator = TestClient(app, follow_redirects=False)  # no sign-in, though the store has keys
+    listed = {j["job_id"]: j["tenant"] for j in operator.get("/ui/jobs.json").json()["jobs"]}
+    assert listed == {job_id: "team-a", local.job_id: None}
+    page = operator.get("/")
+    assert page.status_code == 200 and 'id="all-tenants"' in page.text and "<th>Tenant</th>" in page.text
+    assert operator.get(f"/jobs/{local.job_id}").status_code == 200
+    assert operator.get(f"/jobs/{job_id}").status_code == 200
+    with pytest.raises(ValueError, match="loopback"):
+        DashboardConfig(loopback=False, all_tenants=True)
+    result = CliRunner().invoke(cli, ["dashboard", "--store", str(root), "--host", "0.0.0.0", "--all-tenants"])
+    assert result.exit_code == 2 and "loopback address only" in result.output
+
+
 def test_every_answer_carries_the_security_headers(tenants) -> None:  # type: ignore[no-untyped-def]
     root, key_a, _, job_id = tenants
     client = _client(root)
