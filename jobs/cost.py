@@ -29,6 +29,17 @@ class ShardPricing(BaseModel):
     price_per_hour: float = Field(ge=0.0)
     on_demand_price_per_hour: float = Field(ge=0.0)
 
+    def charge(self, seconds: float) -> dict[str, Any]:
+        """The price fields of a cost record for `seconds` billed here: instance type, market, hourly
+        price, and the cost in USD at that price and at the on-demand one."""
+        return {
+            "instance_type": self.instance_type,
+            "market": self.market,
+            "price_per_hour": self.price_per_hour,
+            "cost_usd": usd(seconds, self.price_per_hour),
+            "on_demand_cost_usd": usd(seconds, self.on_demand_price_per_hour),
+        }
+
 
 class PriceTable:
     """instance type -> {"on_demand": USD/h, "spot": USD/h}, from the shipped TOML or a given file."""

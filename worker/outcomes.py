@@ -12,7 +12,7 @@ import redis
 from celery import Celery
 
 from jobs.client import queue_for_model, send_finalize
-from jobs.cost import AttemptRecord, usd
+from jobs.cost import AttemptRecord
 from jobs.expiry import expire_job
 from jobs.finalize import committed_shards, report_now
 from jobs.lifecycle import read_lifecycle
@@ -137,12 +137,11 @@ def _unsaved_attempt(
 ) -> AttemptRecord:
     """An attempt of which nothing was saved: all of its billed time is waste."""
     pricing = default_pricing(manifest)
-    cost = usd(billed, pricing.price_per_hour)
+    charge = pricing.charge(billed)
     return AttemptRecord(
         job_id=manifest.job_id, shard=shard, attempt=attempt, reason=reason,
         rows_attempted=manifest.shards[shard].rows, rows_saved=0, billed_seconds=billed,
-        instance_type=pricing.instance_type, market=pricing.market, price_per_hour=pricing.price_per_hour,
-        cost_usd=cost, on_demand_cost_usd=usd(billed, pricing.on_demand_price_per_hour), wasted_usd=cost,
+        **charge, wasted_usd=charge["cost_usd"],
         worker=worker, recorded_at=now,
     )  # fmt: skip
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobs import datasets
-from jobs.cost import BASE_USAGE, AdapterUsage, ShardPricing, ShardRecord, row_seconds, usd
+from jobs.cost import BASE_USAGE, AdapterUsage, ShardPricing, ShardRecord, row_seconds
 from jobs.endpoints import default_endpoint
 from jobs.manifest import Manifest, partial_key, partial_prefix, shard_result_key, waste_key
 from jobs.settings import Settings, get_settings
@@ -258,12 +258,8 @@ def compute_shard(
         load_seconds=load_seconds,
         wall_seconds=wall,
         billed_seconds=billed,
-        instance_type=pricing.instance_type,
-        market=pricing.market,
-        price_per_hour=pricing.price_per_hour,
         on_demand_price_per_hour=pricing.on_demand_price_per_hour,
-        cost_usd=usd(billed, pricing.price_per_hour),
-        on_demand_cost_usd=usd(billed, pricing.on_demand_price_per_hour),
+        **pricing.charge(billed),
         worker=worker,
         started_at=started,
         finished_at=time.time(),

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from jobs import datasets
-from jobs.cost import AttemptRecord, ShardPricing, ShardRecord, usd
+from jobs.cost import AttemptRecord, ShardPricing, ShardRecord
 from jobs.log import get_logger
 from jobs.manifest import (
     COMMIT_TOKEN_KEY,
@@ -149,7 +149,7 @@ def attempt_record(
     worker: str,
 ) -> AttemptRecord:
     """The cost record of an attempt that did not commit; `saved` of its `attempted` rows are kept."""
-    cost = usd(billed_seconds, pricing.price_per_hour)
+    charge = pricing.charge(billed_seconds)
     kept = saved / attempted if attempted else 0.0  # share of the attempt's work the next attempt reuses
     return AttemptRecord(
         job_id=manifest.job_id,
@@ -159,12 +159,8 @@ def attempt_record(
         rows_attempted=attempted,
         rows_saved=saved,
         billed_seconds=billed_seconds,
-        instance_type=pricing.instance_type,
-        market=pricing.market,
-        price_per_hour=pricing.price_per_hour,
-        cost_usd=cost,
-        on_demand_cost_usd=usd(billed_seconds, pricing.on_demand_price_per_hour),
-        wasted_usd=cost * (1.0 - kept),
+        **charge,
+        wasted_usd=charge["cost_usd"] * (1.0 - kept),
         worker=worker,
         recorded_at=time.time(),
     )
