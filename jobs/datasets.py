@@ -89,6 +89,10 @@ SAMPLING_COLUMNS = (
     "reasoning_budget",
     "reasoning_effort",
     "chat_template_kwargs",
+    # a messages row's function tools (worker/row_tools.py), as a chat body's fields
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
 )
 # Per-row structured-output columns (contracts/row_constraint.py; at most one per row): read only when
 # the job opts in (JobSpec.row_constraints, --row-constraints), else plain data: a dataset's `choice`

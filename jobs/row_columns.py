@@ -80,6 +80,13 @@ def check_override_types(schema: pa.Schema, overrides: tuple[str, ...]) -> None:
             ok, expected = is_string(t), "strings (low, medium or high)"
         elif column == "chat_template_kwargs":
             ok, expected = is_string(t) or pa.types.is_struct(t), "JSON text or a struct of template variables"
+        elif column == "tools":
+            ok = is_string(t) or (is_list(t) and pa.types.is_struct(t.value_type))
+            expected = 'JSON text of the tools list, or a list of structs {"type", "function"}'
+        elif column == "tool_choice":
+            ok, expected = is_string(t) or pa.types.is_struct(t), 'strings (none, auto, required, or JSON text of {"type": "function", ...}) or a struct'
+        elif column == "parallel_tool_calls":
+            ok, expected = pa.types.is_boolean(t), "true/false"
         elif column in ("json_schema", "regex", ADAPTER_COLUMN):
             ok, expected = is_string(t), "strings" + (" (JSON text of a schema)" if column == "json_schema" else
                                                       " (--lora names)" if column == ADAPTER_COLUMN else "")  # fmt: skip

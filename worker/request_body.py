@@ -243,6 +243,10 @@ class RowColumns(SamplingFields):  # type: ignore[misc,valid-type]
     top_logprobs: Logprobs | None = None
     reasoning_effort: ReasoningEffort | None = None
     chat_template_kwargs: Any = None  # a struct, or JSON text (worker/row_requests.py reads it)
+    # a messages row's tools: structs or JSON text (worker/row_tools.py reads them)
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
     # structured output: values checked by contracts/row_constraint.py (column_constraint)
     response_format: Any = None
     json_schema: Any = None

@@ -46,6 +46,7 @@ from worker.response_request import (
 )
 from worker.response_tools import response_tool_request
 from worker.row_sampling import column_logprobs, resolve_sampling
+from worker.row_tools import column_tool_choice, column_tools
 from worker.tool_formats import forced_calls
 from worker.tool_request import ToolRequest, tool_request
 
@@ -103,13 +104,22 @@ def build_requests(
             if plan.prompt_kind == "messages" and conts is None:
                 variables = template_kwargs(tokenizer, spec.sampling.reasoning_effort, spec.sampling.thinking,
                                             columns.reasoning_effort, _column_kwargs(columns.chat_template_kwargs))  # fmt: skip
+                tools = tool_request(column_tools(columns.tools), column_tool_choice(columns.tool_choice),
+                                     columns.parallel_tool_calls)  # fmt: skip
+                fmt = tool_format(tokenizer, tools)
+                text = render_chat(_messages(prompts[i]), tokenizer, tools, variables)
+                given = next(iter(columns.constraint_fields()), None)
+                constraint, reasoning = _forced_calls(tools, fmt, constraint, given, tokenizer)
                 sampling = resolve_sampling(spec, row_id, columns, columns.max_tokens, logprobs, tokenizer, limit,
-                                            constraint, tokenizer.reasoning)  # fmt: skip
-                text = render_chat(_messages(prompts[i]), tokenizer, None, variables)
-                out.append(RowRequest(row=row, id=row_id, prompt=text, sampling=sampling, endpoint=endpoint))
+                                            constraint, reasoning)  # fmt: skip
+                parsed = tools if tools is not None and tools.choice != "none" else None
+                out.append(RowRequest(row=row, id=row_id, prompt=text, sampling=sampling, endpoint=endpoint,
+                                      tools=parsed, tool_format=fmt if parsed is not None else None,
+                                      seeded=columns.seed is not None))  # fmt: skip
                 continue
-            if columns.reasoning_effort is not None or columns.chat_template_kwargs is not None:
-                field = "reasoning_effort" if columns.reasoning_effort is not None else "chat_template_kwargs"
+            chat_only = ("reasoning_effort", "chat_template_kwargs", "tools", "tool_choice", "parallel_tool_calls")
+            field = next((f for f in chat_only if getattr(columns, f) is not None), None)
+            if field is not None:
                 raise ValueError(f"{field}: a chat template's input, and this row's prompt is text, not messages")
             sampling = resolve_sampling(
                 spec, row_id, columns, columns.max_tokens, logprobs, tokenizer, limit, constraint

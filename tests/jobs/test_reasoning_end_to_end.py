@@ -295,3 +295,36 @@ def test_responses_lines_call_function_tools(qwen3_dir: Path, tmp_path: Path) ->
     named = answered["named"]
     assert named.tool_choice.name == "get_time" and named.parallel_tool_calls is True  # type: ignore[union-attr]
     assert [o.type for o in answered["transcript"].output][-1] in ("message", "function_call")
+
+
+def test_parquet_messages_rows_call_tools(qwen3_dir: Path, tmp_path: Path) -> None:
+    """A Parquet job of chat messages with tools, tool_choice and parallel_tool_calls columns: each row
+    renders its tools and gets its calls as a chat body does (a struct's null fields absent, a
+    schema as JSON text); a bad choice is that row's error."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tools = [{"type": "function", "function": {"name": t["function"]["name"], "description": t["function"].get("description"),
+                                               "parameters": json.dumps(t["function"]["parameters"])}} for t in TOOLS]  # fmt: skip
+    named = json.dumps({"type": "function", "function": {"name": "get_time"}})
+    table = pa.table({
+        "id": ["required", "named", "none", "bad"],
+        "messages": [USER] * 4,
+        "tools": [tools] * 4,
+        "tool_choice": ["required", named, "none", named.replace("get_time", "nope")],
+        "parallel_tool_calls": [False, None, None, None],
+    })  # fmt: skip
+    pq.write_table(table, tmp_path / "tools.parquet")
+    _run(["run", str(tmp_path / "tools.parquet"), "--model", str(qwen3_dir), "--output", str(tmp_path / "o"),
+          "--prompt-column", "messages", "--id-column", "id", "--max-tokens", "120"])  # fmt: skip
+    rows = {r["id"]: r for r in ds.dataset(tmp_path / "o" / "shards").to_table().to_pylist()}
+    schemas = {"get_weather": WEATHER, "get_time": TIME}
+    for cid, names in (("required", {"get_weather", "get_time"}), ("named", {"get_time"})):
+        row = rows[cid]
+        assert row["error"] is None and row["finish_reason"] == "tool_calls", row
+        (call,) = row["tool_calls"]
+        assert call["name"] in names
+        jsonschema.validate(json.loads(call["arguments"]), schemas[call["name"]])
+    assert rows["none"]["error"] is None and rows["none"]["tool_calls"] is None
+    assert rows["none"]["prompt_tokens"] == rows["required"]["prompt_tokens"]  # the tools are rendered either way
+    assert rows["bad"]["error"] == "tool_choice.function.name 'nope': no tool of that name in tools (get_weather, get_time)"
