@@ -15,7 +15,6 @@ import argparse
 import gzip
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -67,12 +66,10 @@ def _parquet(work: Path, **columns: pa.Array) -> Path:
 
 
 def _model(work: Path, **config: object) -> Path:
-    model = work / "model"
-    shutil.copytree(MODEL, model)
-    cfg = json.loads((model / "config.json").read_text())
-    cfg.update(config)
-    (model / "config.json").write_text(json.dumps(cfg))
-    return model
+    # lazy: worker.demo_model pulls torch, which only the runs' own processes need
+    from worker.demo_model import with_config
+
+    return with_config(MODEL, work / "model", **config)
 
 
 def _unknown_dtype(work: Path) -> Path:

@@ -196,6 +196,17 @@ def make_demo_model(
     return out
 
 
+def with_config(src: str | Path, dst: str | Path, **changes: object) -> Path:
+    """A copy of checkpoint folder `src` at `dst` whose config.json has `changes` set over its own
+    (the checks of sizes a config claims, on a checkpoint that stays small)."""
+    out = Path(dst)
+    shutil.copytree(src, out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update(changes)
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
 def add_pooling_config(model_dir: str | Path, pooling: str = "lasttoken", *, normalize: bool = True,
                        append_eos: bool = False) -> Path:  # fmt: skip
     """Make a checkpoint folder an embedding checkpoint, as Qwen3-Embedding / e5-mistral ship theirs:

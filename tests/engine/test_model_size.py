@@ -4,23 +4,17 @@ its KV budget holds), not for max_position_embeddings."""
 
 from __future__ import annotations
 
-import json
 import resource
-import shutil
 from pathlib import Path
 
 import pytest
 
+from worker.demo_model import with_config
 from worker.engine import Engine, EngineConfig
 
 
 def _model(tmp_path: Path, demo: Path, **config: object) -> Path:
-    model = tmp_path / "model"
-    shutil.copytree(demo, model)
-    cfg = json.loads((model / "config.json").read_text())
-    cfg.update(config)
-    (model / "config.json").write_text(json.dumps(cfg))
-    return model
+    return with_config(demo, tmp_path / "model", **config)
 
 
 @pytest.fixture(scope="module")
