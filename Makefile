@@ -42,7 +42,7 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev $(CHECKOV_VENV)/.installed browser
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" --durations=25
 
 test-all: $(VENV)/.installed-dev $(CHECKOV_VENV)/.installed browser
 	$(BIN)/python -m pytest -q
