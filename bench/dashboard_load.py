@@ -5,6 +5,8 @@ The store: 60 finished jobs, 6 running ones whose shards commit while the bench 
 thread commits one shard somewhere every 100 ms), a 2,000-shard job, and the fleet's Redis (workers'
 heartbeats, queues). Each client does what a browser on the jobs page does: /ui/jobs.json every
 second; every fifth second it also opens a job's page and its JSON, as a person clicking through.
+Besides the latency the clients see, it reports the server's own time of each answer (its
+Server-Timing header): the difference is time spent waiting for a CPU or in the clients.
 
 Peer, in the same run, with the same clients: a server that answers the same two questions the
 way the CLI does, from storage on every request (`freight jobs --prefix`'s list_jobs for the list;
@@ -111,7 +113,17 @@ def start(command: list[str], port: int) -> subprocess.Popen[bytes]:
     raise SystemExit(f"{command} did not answer: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
 
 
-async def client_loop(base: str, seconds: float, refs: list[str], out: dict[str, list[float]], errors: list[str]) -> None:
+def server_ms(response: Any) -> float | None:
+    """The answer's own Server-Timing `app;dur=MS` (jobs/dashboard/timing.py), None without one."""
+    for part in response.headers.get("server-timing", "").split(","):
+        name, _, rest = part.strip().partition(";dur=")
+        if name == "app" and rest:
+            return float(rest)
+    return None
+
+
+async def client_loop(base: str, seconds: float, refs: list[str], out: dict[str, list[float]], errors: list[str],
+                      served: list[float]) -> None:  # fmt: skip
     import httpx2
 
     async with httpx2.AsyncClient(base_url=base, timeout=30) as http:
@@ -130,6 +142,8 @@ async def client_loop(base: str, seconds: float, refs: list[str], out: dict[str,
                     response = await http.get(path)
                     if response.status_code != 200:
                         errors.append(f"{path}: {response.status_code}")
+                    if (ms := server_ms(response)) is not None:
+                        served.append(ms / 1000)
                 except httpx2.TransportError as exc:
                     errors.append(f"{path}: {exc!r}")
                 out[kind].append(time.perf_counter() - t0)
@@ -151,10 +165,11 @@ def measure(name: str, command: list[str], port: int, clients: int, seconds: flo
         writer.start()
         latencies: dict[str, list[float]] = {"list": [], "job page": [], "job json": []}
         errors: list[str] = []
+        served: list[float] = []  # the server's own time of each answer that says it (Server-Timing)
         cpu0, wall0 = cpu_seconds(proc.pid), time.monotonic()
 
         async def run_all() -> None:
-            await asyncio.gather(*(client_loop(f"http://127.0.0.1:{port}", seconds, refs, latencies, errors)
+            await asyncio.gather(*(client_loop(f"http://127.0.0.1:{port}", seconds, refs, latencies, errors, served)
                                    for _ in range(clients)))  # fmt: skip
 
         asyncio.run(run_all())
@@ -165,7 +180,7 @@ def measure(name: str, command: list[str], port: int, clients: int, seconds: flo
         proc.terminate()
         proc.wait(30)
     return {"name": name, "latencies": latencies, "errors": errors, "cpu": cpu / wall, "commits": commits.value,
-            "requests": sum(len(v) for v in latencies.values())}  # fmt: skip
+            "requests": sum(len(v) for v in latencies.values()), "served": served}  # fmt: skip
 
 
 def p(values: list[float], q: float) -> float:
@@ -204,12 +219,14 @@ def main() -> None:
                                                                  "--port", "8061"], 8061, args.clients, args.seconds,
                                    refs, planted["running"]))  # fmt: skip
     print(f"\n{args.clients} clients x {args.seconds:.0f} s; {os.cpu_count()} CPUs (clients and server share them)\n")
-    print("| server | requests | list p50 / p99 ms | job page p50 / p99 ms | job json p50 / p99 ms | server CPU (cores) | errors |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| server | requests | list p50 / p99 ms | job page p50 / p99 ms | job json p50 / p99 ms | server's own time "
+          "p50 / p99 ms | server CPU (cores) | errors |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         lat = r["latencies"]
         cells = " | ".join(f"{p(lat[k], 50):.1f} / {p(lat[k], 99):.1f}" for k in ("list", "job page", "job json"))
-        print(f"| {r['name']} | {r['requests']} | {cells} | {r['cpu']:.2f} | {len(r['errors'])} |")
+        own = f"{p(r['served'], 50):.1f} / {p(r['served'], 99):.1f}" if len(r["served"]) > 1 else "-"
+        print(f"| {r['name']} | {r['requests']} | {cells} | {own} | {r['cpu']:.2f} | {len(r['errors'])} |")
     ours = results[0]
     worst = max(p(ours["latencies"][k], 99) for k in ours["latencies"])
     print(f"\ndashboard: worst p99 {worst:.1f} ms (target <= 200 ms): {'met' if worst <= 200 else 'NOT met'}; "

@@ -37,6 +37,7 @@ from jobs.dashboard.eval_trends import eval_trends
 from jobs.dashboard.fleet_view import fleet
 from jobs.dashboard.headers import SecurityHeaders
 from jobs.dashboard.job_view import STATE_NAMES, job_detail
+from jobs.dashboard.timing import ServerTiming
 from jobs.errors import ObjectNotFoundError
 from jobs.live_state import LiveState
 from jobs.log import get_logger
@@ -173,6 +174,7 @@ def create_dashboard(
     dash = Dashboard(store, settings, config, redis_url)
     app.state.dashboard = dash
     app.add_middleware(SecurityHeaders)
+    app.add_middleware(ServerTiming)  # added last: it runs first, so it times the security headers' work too
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     _install_handlers(app, dash)
 

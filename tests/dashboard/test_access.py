@@ -173,4 +173,5 @@ def test_every_answer_carries_the_security_headers(tenants) -> None:  # type: ig
         policy = response.headers["content-security-policy"]
         assert "default-src 'none'" in policy and "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
         assert response.headers["x-content-type-options"] == "nosniff", path
+        assert re.fullmatch(r"app;dur=\d+\.\d\d", response.headers["server-timing"]), path  # its own time, ms
     assert client.get("/nowhere").status_code == 404
