@@ -39,7 +39,7 @@ _NOT_RUN = {
 }
 
 
-def response_messages(value: Any) -> list[dict[str, str]]:
+def response_messages(value: Any) -> list[dict[str, Any]]:
     """The chat messages of `input`; ValueError naming the item and field ("input[1].content[0].type ...")."""
     if isinstance(value, str):
         if not value:
@@ -71,7 +71,7 @@ def response_messages(value: Any) -> list[dict[str, str]]:
 
 
 def _call(where: str, item: dict[str, Any]) -> dict[str, Any]:
-    """A function_call item as a chat tool call (its arguments checked by chat_messages)."""
+    """A function_call item as a chat tool call (arguments: a JSON object's text)."""
     _known(where, item, _CALL_FIELDS, "a function_call item")
     for key in ("call_id", "name", "arguments"):
         if not isinstance(item.get(key), str):
