@@ -4,12 +4,10 @@ prompt (thinking off), never ended (cut by max tokens), and harmony's channels."
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from tokenizers import AddedToken
-from tokenizers import Tokenizer as HFTokenizer
+from harmony_tokenizer import GPT_OSS_TEMPLATE, write_harmony_tokenizer
 
 from contracts.reasoning import HARMONY, HARMONY_TOKENS, THINK, detect, harmony_header, split_output
 from worker.demo_model import QWEN3_TEMPLATE, make_demo_model
@@ -31,19 +29,13 @@ def qwen3(qwen3_dir: Path) -> Tokenizer:
 @pytest.fixture(scope="module")
 def harmony(qwen3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
     """The demo tokenizer with harmony's special tokens and gpt-oss's chat template."""
-    out = tmp_path_factory.mktemp("h")
-    tok = HFTokenizer.from_file(str(qwen3_dir / "tokenizer.json"))
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in HARMONY_TOKENS])
-    tok.save(str(out / "tokenizer.json"))
-    template = (DATA / "gpt_oss_chat_template.jinja").read_text(encoding="utf-8")
-    (out / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
-    return Tokenizer(out)
+    return Tokenizer(write_harmony_tokenizer(qwen3_dir, tmp_path_factory.mktemp("h")))
 
 
 def test_detect() -> None:
     vocab = {"<think>": 1, "</think>": 2, **{t: 10 + i for i, t in enumerate(HARMONY_TOKENS)}}
     assert detect(QWEN3_TEMPLATE.read_text(), vocab) == THINK
-    assert detect((DATA / "gpt_oss_chat_template.jinja").read_text(), vocab) == HARMONY
+    assert detect(GPT_OSS_TEMPLATE.read_text(), vocab) == HARMONY
     assert detect(QWEN3_TEMPLATE.read_text(), {"<think>": 1}) is None  # `</think>` is no token: not a format
     assert detect((DATA / "llama3_1_json_chat_template.jinja").read_text(), vocab) is None
     assert detect(None, vocab) is None

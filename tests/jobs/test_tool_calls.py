@@ -11,8 +11,7 @@ from typing import Any
 
 import llguidance
 import pytest
-from tokenizers import AddedToken
-from tokenizers import Tokenizer as HFTokenizer
+from harmony_tokenizer import GPT_OSS_TEMPLATE, write_harmony_tokenizer
 
 from contracts.reasoning import HARMONY, HARMONY_TOKENS, split_output
 from worker.chat_messages import chat_messages
@@ -25,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 DATA = Path(__file__).resolve().parents[1] / "data"
 TEMPLATES = {
     "hermes": QWEN3_TEMPLATE.read_text(encoding="utf-8"),
-    "harmony": (DATA / "gpt_oss_chat_template.jinja").read_text(encoding="utf-8"),
+    "harmony": GPT_OSS_TEMPLATE.read_text(encoding="utf-8"),
     "llama3_json": (DATA / "llama3_1_json_chat_template.jinja").read_text(encoding="utf-8"),
     "mistral": (DATA / "mistral_parallel_chat_template.jinja").read_text(encoding="utf-8"),
 }
@@ -43,12 +42,7 @@ VOCAB = {t: 2000 + i for i, t in enumerate([*HARMONY_TOKENS, "<tool_call>", "</t
 @pytest.fixture(scope="module")
 def harmony_tokenizer(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo tokenizer with harmony's special tokens and gpt-oss's template."""
-    out = tmp_path_factory.mktemp("harmony")
-    tok = HFTokenizer.from_file(str(model_dir / "tokenizer.json"))
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in HARMONY_TOKENS])
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATES["harmony"]}))
-    return out
+    return write_harmony_tokenizer(model_dir, tmp_path_factory.mktemp("harmony"))
 
 
 def _assistant_part(text: str) -> str:

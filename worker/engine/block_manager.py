@@ -182,19 +182,14 @@ class BlockManager:
             self._drop_ref(b)
         seq.num_released = upto
         return True
+
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Give back seq's blocks past the first blocks_for(num_tokens) (speculation's rollback: the
         blocks of rejected proposed tokens). Those blocks were never hashed (their tokens were not on
         the host); they go to the front of the free list, to be taken again first."""
         keep = self.blocks_for(num_tokens)
         while len(seq.block_table) > keep:
-            b = seq.block_table.pop()
-            self.ref_counts[b] -= 1
-            if self.ref_counts[b] == 0:
-                if self.block_hash[b] is not None:
-                    self.evictable[b] = None
-                else:
-                    self.free_blocks.appendleft(b)
+            self._drop_ref(seq.block_table.pop(), reuse_first=True)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """child shares all of parent's held blocks (n > 1 choices after one prefill): counts go up,
@@ -261,11 +256,15 @@ class BlockManager:
         seq.block_hashes = []
         seq.planned_hashes = []
 
-    def _drop_ref(self, b: int) -> None:
+    def _drop_ref(self, b: int, reuse_first: bool = False) -> None:
+        """One holder fewer of block b. At no holder, a hashed block stays cached as evictable; an
+        unhashed one is free: at the back of the free list, or at its front with reuse_first."""
         self.ref_counts[b] -= 1
         if self.ref_counts[b] == 0:
             if self.block_hash[b] is not None:
                 self.evictable[b] = None
+            elif reuse_first:
+                self.free_blocks.appendleft(b)
             else:
                 self.free_blocks.append(b)
 
