@@ -13,8 +13,11 @@ lora_expand(h, b, scaling, slots, bounds, out) adds, for each slice i and token 
 PEFT's order: B of A of x, then the scaling, then the sum with the base projection's output.
 
 The reference is also the CPU fast path: tokens are grouped by slot (`plan_slots`, once per step and
-shared by every projection), and each slot present runs one matmul per slice over its gathered rows;
-index_add folds them back. Python loops over the slots present and the slices, never over tokens.
+shared by every projection); each slot present runs one matmul (shrink) or one per slice (expand)
+over its tokens: in place when they are one contiguous run of the step (the engine batches rows
+adapter by adapter), else gathered once with the other scattered slots' and folded back by one
+index_copy / index_add of whole rows. Python loops over the slots present and the slices, never
+over tokens.
 """
 
 from __future__ import annotations
@@ -23,25 +26,36 @@ import torch
 
 from kernels.checks import FLOAT_DTYPES, check_shape, check_tensor
 
-Plan = tuple[torch.Tensor, list[tuple[int, int, int]]]
+Plan = tuple[torch.Tensor, list[tuple[int, int, int, int]]]
 
 
 def plan_slots(slots: torch.Tensor, num_slots: int) -> Plan:
-    """(order int64 [T]: token indices grouped by slot (stable), [(slot, lo, hi)]: order[lo:hi] are
-    the tokens of each slot >= 0 present, ascending). Reads the counts to the host."""
+    """(order int64 [T]: token indices grouped by slot (stable), [(slot, lo, hi, start)]: order[lo:hi]
+    are the tokens of each slot >= 0 present, ascending; start >= 0 when they are the contiguous run
+    start .. start + hi - lo - 1 of the step's tokens (rows batched adapter by adapter: read in place,
+    no gather), else -1). Reads the counts and the order to the host."""
     order = torch.argsort(slots, stable=True)
     counts = torch.bincount(slots.long() + 1, minlength=num_slots + 1).tolist()
+    host = order.tolist()
     segments, lo = [], counts[0]  # tokens of slot -1 come first
     for slot, n in enumerate(counts[1:]):
         if n:
-            segments.append((slot, lo, lo + n))
+            run = host[lo + n - 1] - host[lo] == n - 1  # ascending within a slot: contiguous iff its span is n
+            segments.append((slot, lo, lo + n, host[lo] if run else -1))
             lo += n
     return order, segments
 
 
-def _rows(order: torch.Tensor, lo: int, hi: int, total: int) -> torch.Tensor | None:
-    """The segment's token indices, or None when it is every token (no gather needed)."""
-    return None if hi - lo == total else order[lo:hi]
+def _gathered(order: torch.Tensor, segments: list[tuple[int, int, int, int]]) -> tuple[torch.Tensor, list]:
+    """The tokens of the segments that are not contiguous runs, grouped by slot, and those segments
+    with their rows' offsets in it: [(slot, first, last)]."""
+    parts, spans, pos = [], [], 0
+    for slot, lo, hi, start in segments:
+        if start < 0:
+            parts.append(order[lo:hi])
+            spans.append((slot, pos, pos + hi - lo))
+            pos += hi - lo
+    return (torch.cat(parts) if len(parts) > 1 else parts[0]) if parts else order[:0], spans
 
 
 def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, plan: Plan | None = None) -> torch.Tensor:
@@ -53,15 +67,19 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, plan: Pla
     check_shape("slots", slots, [x.shape[0]])
     order, segments = plan if plan is not None else plan_slots(slots, a.shape[0])
     tokens = x.shape[0]
+    if len(segments) == 1 and segments[0][2] - segments[0][1] == tokens:  # every token one adapter's
+        return torch.mm(x.float(), a[segments[0][0]].float().t())
     h = torch.zeros((tokens, a.shape[1]), dtype=torch.float32, device=x.device)
-    for slot, lo, hi in segments:
-        rows = _rows(order, lo, hi, tokens)
-        xs = x if rows is None else x.index_select(0, rows)
-        part = torch.mm(xs.float(), a[slot].float().t())
-        if rows is None:
-            h = part
-        else:
-            h.index_copy_(0, rows, part)
+    for slot, lo, hi, start in segments:  # contiguous runs: in place
+        if start >= 0:
+            torch.mm(x[start : start + hi - lo].float(), a[slot].float().t(), out=h[start : start + hi - lo])
+    rows, spans = _gathered(order, segments)
+    if spans:  # the rest gathered once, each slot's rows a contiguous block of them
+        xs = x.index_select(0, rows).float()
+        hs = torch.empty((rows.shape[0], a.shape[1]), dtype=torch.float32, device=x.device)
+        for slot, first, last in spans:
+            torch.mm(xs[first:last], a[slot].float().t(), out=hs[first:last])
+        h.index_copy_(0, rows, hs)
     return h
 
 
@@ -78,14 +96,25 @@ def lora_expand(h: torch.Tensor, b: torch.Tensor, scaling: torch.Tensor, slots: 
     if bounds[0] != 0 or bounds[-1] != out.shape[1] or any(x > y for x, y in zip(bounds, bounds[1:], strict=False)):
         raise ValueError(f"bounds must rise from 0 to out's {out.shape[1]} columns, got {bounds}")
     order, segments = plan if plan is not None else plan_slots(slots, b.shape[0])
-    tokens = out.shape[0]
-    for slot, lo, hi in segments:
-        rows = _rows(order, lo, hi, tokens)
-        hs = h if rows is None else h.index_select(0, rows)
+    for slot, lo, hi, start in segments:  # contiguous runs: added in place
+        if start >= 0:
+            part, block = h[start : start + hi - lo], out[start : start + hi - lo]
+            for i in range(slices):
+                c0, c1 = bounds[i], bounds[i + 1]
+                y = torch.mm(part[:, i * rank : (i + 1) * rank], b[slot, c0:c1].float().t()).mul_(scaling[slot, i])
+                block[:, c0:c1] += y.to(out.dtype)
+    rows, spans = _gathered(order, segments)
+    if not spans:
+        return
+    # the rest: every slot's slices into one buffer of their tokens (grouped by slot), then one add of
+    # whole rows into out; each element of out gets exactly its one product added, as in place
+    hs = h.index_select(0, rows)
+    y = torch.empty((hs.shape[0], out.shape[1]), dtype=torch.float32, device=out.device)
+    for slot, first, last in spans:
+        part, block = hs[first:last], y[first:last]
         for i in range(slices):
             c0, c1 = bounds[i], bounds[i + 1]
-            y = torch.mm(hs[:, i * rank : (i + 1) * rank], b[slot, c0:c1].float().t()).mul_(scaling[slot, i])
-            if rows is None:
-                out[:, c0:c1] += y.to(out.dtype)
-            else:
-                out[:, c0:c1].index_add_(0, rows, y.to(out.dtype))
+            product = torch.mm(part[:, i * rank : (i + 1) * rank], b[slot, c0:c1].float().t(),
+                               out=block if slices == 1 else None)  # fmt: skip
+            torch.mul(product, scaling[slot, i], out=block[:, c0:c1])
+    out.index_add_(0, rows, y.to(out.dtype))

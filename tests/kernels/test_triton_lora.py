@@ -53,11 +53,20 @@ CASES = [
 @pytest.mark.parametrize(("tokens", "slots", "bounds", "rank", "k"), CASES)
 def test_reference_matches_per_token_formula(tokens, slots, bounds, rank, k) -> None:
     x, a, b, scaling, ids, out = _case(tokens, slots, bounds, rank, k, torch.float32)
-    want = _per_token(x, a, b, scaling, ids, bounds, out)
-    h = ref.lora_shrink(x, a, ids)
-    assert not h[ids < 0].any(), "base tokens' h must be zero"
-    ref.lora_expand(h, b, scaling, ids, bounds, out)
-    assert_close(out, want, 1e-5, 1e-5)
+    # scattered slots (gathered), then rows batched adapter by adapter with one slot's run split in
+    # two (contiguous runs read in place, the split one gathered)
+    grouped = torch.sort(ids, stable=True).values
+    if tokens > 2:
+        grouped = torch.cat([grouped[-1:], grouped[:-1]])  # the last slot's last token first
+    for slots_of in (ids, grouped):
+        segments = ref.plan_slots(slots_of, slots)[1]
+        assert slots_of is ids or tokens < 3 or any(start >= 0 for *_, start in segments)
+        got = out.clone()
+        want = _per_token(x, a, b, scaling, slots_of, bounds, got)
+        h = ref.lora_shrink(x, a, slots_of)
+        assert not h[slots_of < 0].any(), "base tokens' h must be zero"
+        ref.lora_expand(h, b, scaling, slots_of, bounds, got)
+        assert_close(got, want, 1e-5, 1e-5)
 
 
 @pytest.mark.parametrize(("tokens", "slots", "bounds", "rank", "k"), CASES)
@@ -91,7 +100,9 @@ def test_all_base_tokens_and_empty_step() -> None:
 def test_plans_group_tokens_by_slot() -> None:
     ids = torch.tensor([2, -1, 0, 2, 2, -1, 0], dtype=torch.int32)
     order, segments = ref.plan_slots(ids, 3)
-    assert segments == [(0, 2, 4), (2, 4, 7)]
+    assert segments == [(0, 2, 4, -1), (2, 4, 7, -1)]  # scattered: gathered
+    assert ref.plan_slots(torch.tensor([-1, 1, 1, 0, 2, 2, -1], dtype=torch.int32), 3)[1] == [
+        (0, 2, 3, 3), (1, 3, 5, 1), (2, 5, 7, 4)]  # runs: read in place from their first token  # fmt: skip
     assert sorted(order[2:4].tolist()) == [2, 6] and sorted(order[4:7].tolist()) == [0, 3, 4]
     rows, block_slots = tl_lora.plan_slots(ids, 3)
     used = {int(s): rows[i * tl_lora.BLOCK_M : (i + 1) * tl_lora.BLOCK_M] for i, s in enumerate(block_slots) if s >= 0}

@@ -297,12 +297,13 @@ class Engine:
 
     # ---- helpers ---------------------------------------------------------------------------
     def _order(self, seqs: list[Sequence]) -> list[int]:
-        """The admission order (ordering.batch_order). When the batch's adapters outnumber the slots
-        on the device, adapter by adapter (batch_order within each): a sequence waits for a slot only
-        where one adapter's run ends, not at every row (their KV is never shared anyway)."""
+        """The admission order (ordering.batch_order). A batch with adapters goes adapter by adapter
+        (batch_order within each; their KV is never shared anyway): each adapter's rows sit together
+        in the batch, so its tokens are one run of each step that the LoRA products read in place
+        (kernels/reference/lora.py), and when the adapters outnumber the slots on the device a
+        sequence waits for a slot only where one adapter's run ends, not at every row."""
         block = self.config.block_size
-        adapters = {s.adapter for s in seqs if s.adapter >= 0}
-        if len(adapters) <= self.config.max_loras:
+        if all(s.adapter < 0 for s in seqs):
             return batch_order([s.token_ids for s in seqs], [s.params.max_tokens for s in seqs], block)
         order: list[int] = []
         for aid in sorted({s.adapter for s in seqs}):
