@@ -23,6 +23,14 @@ def _write(path: Path, lines: list[str]) -> Path:
     return path
 
 
+def _run_batch(client: openai.OpenAI, path: Path, lines: list[str], endpoint: str = "/v1/chat/completions",
+               window: str = "24h") -> Batch:  # fmt: skip
+    """Upload `lines` as a batch file, create a batch of it and wait for its end."""
+    upload = client.files.create(file=_write(path, lines).open("rb"), purpose="batch")
+    return wait_batch(client, client.batches.create(input_file_id=upload.id, endpoint=endpoint,
+                                                    completion_window=window).id)  # fmt: skip
+
+
 def _lines(client: openai.OpenAI, file_id: str | None) -> list[dict]:
     return [] if file_id is None else [json.loads(x) for x in client.files.content(file_id).read().splitlines()]
 
@@ -127,11 +135,8 @@ def test_bad_batches_are_refused_with_openai_errors(
     assert client.batches.list().data == []  # nothing was made
 
     # a file that fails validation: repeated custom_ids, named by line
-    dup = _write(tmp_path / "dup.jsonl", [batch_line("x", model=str(served_model)), batch_line("y", model=str(served_model)),
-                                          batch_line("x", model=str(served_model))])  # fmt: skip
-    batch = client.batches.create(input_file_id=client.files.create(file=dup.open("rb"), purpose="batch").id,
-                                  endpoint="/v1/chat/completions", completion_window="24h")  # fmt: skip
-    batch = wait_batch(client, batch.id)
+    batch = _run_batch(client, tmp_path / "dup.jsonl", [batch_line("x", model=str(served_model)),
+                       batch_line("y", model=str(served_model)), batch_line("x", model=str(served_model))])  # fmt: skip
     assert batch.status == "failed" and batch.failed_at and batch.errors is not None
     (error,) = batch.errors.data  # type: ignore[misc]
     assert isinstance(error, BatchError) and error.code == "duplicate_custom_id" and error.line == 3
@@ -189,10 +194,8 @@ def test_a_short_completion_window_ends_expired(serve_process: Callable[..., Ser
                                                 tmp_path: Path) -> None:  # fmt: skip
     server = serve_process("--shard-rows", "25", "--min-completion-window", "1s")
     client = server.client(server.key("team-a"))
-    warm = client.files.create(file=_write(tmp_path / "w.jsonl", [batch_line("w", model=str(served_model))]).open("rb"),
-                               purpose="batch")  # fmt: skip
-    assert wait_batch(client, client.batches.create(input_file_id=warm.id, endpoint="/v1/chat/completions",
-                                                    completion_window="1h").id).status == "completed"  # fmt: skip
+    warm = _run_batch(client, tmp_path / "w.jsonl", [batch_line("w", model=str(served_model))], window="1h")
+    assert warm.status == "completed"
     # far more work than any machine does in the window, so the window ends it on every machine
     long = _long_file(tmp_path / "in.jsonl", served_model, n=2000, tokens=64)
     upload = client.files.create(file=long.open("rb"), purpose="batch")
@@ -306,15 +309,11 @@ def test_a_mixed_file_runs_every_endpoint_and_refuses_bad_lines(
     ]
     # a batch with nothing to compute (every line an error before the engine) never loads the model
     refused = [line for line in lines[-7:] if "too-long" not in line]  # the engine finds a prompt too long
-    bad = client.files.create(file=_write(tmp_path / "bad.jsonl", refused).open("rb"), purpose="batch")
-    only_errors = wait_batch(client, client.batches.create(input_file_id=bad.id, endpoint="/v1/chat/completions",
-                                                           completion_window="24h").id)  # fmt: skip
+    only_errors = _run_batch(client, tmp_path / "bad.jsonl", refused)
     assert only_errors.request_counts.failed == 6 and only_errors.request_counts.completed == 0, only_errors  # type: ignore[union-attr]
     assert "engine_loaded" not in server.log.read_text()
-    upload = client.files.create(file=_write(tmp_path / "mixed.jsonl", lines).open("rb"), purpose="batch")
     # a batch's endpoint names its file's main url; freight runs each line at its own
-    batch = wait_batch(client, client.batches.create(input_file_id=upload.id, endpoint="/v1/responses",
-                                                     completion_window="24h").id)  # fmt: skip
+    batch = _run_batch(client, tmp_path / "mixed.jsonl", lines, endpoint="/v1/responses")
     assert batch.status == "completed" and batch.endpoint == "/v1/responses", batch
     out, err = _ids_once(client, batch)
     bodies = {line["custom_id"]: line["response"]["body"] for line in out}
@@ -362,9 +361,7 @@ def test_models_by_name(serve_process: Callable[..., ServeProcess], served_model
     lines = [batch_line("named", model="tiny-chat", max_tokens=6), batch_line("unnamed", max_tokens=3),
              batch_line("other", model="gpt-4o", max_tokens=3), batch_line("path", model=str(served_model)),
              batch_line("alpha", model="alpha", max_tokens=6)]  # fmt: skip
-    upload = client.files.create(file=_write(tmp_path / "in.jsonl", lines).open("rb"), purpose="batch")
-    batch = wait_batch(client, client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
-                                                     completion_window="24h").id)  # fmt: skip
+    batch = _run_batch(client, tmp_path / "in.jsonl", lines)
     assert batch.status == "completed" and batch.model == "tiny-chat", batch
     out, err = _ids_once(client, batch)
     bodies = {line["custom_id"]: line["response"]["body"] for line in out}
@@ -374,10 +371,7 @@ def test_models_by_name(serve_process: Callable[..., ServeProcess], served_model
     assert set(why) == {"other", "path"} and all("this batch runs 'tiny-chat'" in m for m in why.values())
     assert str(served_model) not in why["other"]  # the server's folders are named to no request
 
-    nobody = _write(tmp_path / "nope.jsonl", [batch_line("a", model="nope"), batch_line("b", model="nope")])
-    failed = wait_batch(client, client.batches.create(
-        input_file_id=client.files.create(file=nobody.open("rb"), purpose="batch").id,
-        endpoint="/v1/chat/completions", completion_window="24h").id)  # fmt: skip
+    failed = _run_batch(client, tmp_path / "nope.jsonl", [batch_line("a", model="nope"), batch_line("b", model="nope")])
     assert failed.status == "failed" and failed.errors is not None
     (error,) = failed.errors.data  # type: ignore[misc]
     assert (error.code, error.line, error.param) == ("model_not_found", 1, "model")
