@@ -27,6 +27,13 @@ reports prompt and generation time separately (`llama-batched-bench -t 1 -tb 1`,
 shared, its default f16 KV cache); freight's generation time is the time of a run generating --gen
 tokens minus a run generating 1 (the same prompts, prefix caching off), over gen - 1 steps. Both are
 wall time with one compute thread, the best of --repeats runs (a shared machine only slows a run).
+
+--clock cpu counts CPU seconds instead, for a machine whose other users take the cores away (wall
+time there measures the queue): freight's process time around each run, llama.cpp's through
+getrusage of its process, per batch three processes: --gen tokens, 1 token, and a 1-token prompt
+with 1 token (the load, its warm-up and KV allocation: the same context size); generation is the
+first minus the second over gen - 1 steps, prefill the second minus the third minus one step. Other
+processes still share the caches, on both sides alike.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -151,8 +159,33 @@ def run_llama(exe: Path, gguf: Path, batches: list[int], prompt: int, gen: int) 
                      f"{res.stdout[-1500:]}\n{res.stderr[-1500:]}")  # fmt: skip
 
 
-def run_freight(model: Path, batches: list[int], prompt: int, gen: int, backend: str) -> dict[int, tuple[float, float]]:
-    """B -> (prefill seconds, generation seconds over `gen` steps) of freight's engine, one thread."""
+def _child_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_llama_cpu(exe: Path, gguf: Path, batches: list[int], prompt: int, gen: int) -> dict[int, tuple[float, float]]:
+    """B -> (prefill CPU seconds, generation CPU seconds over `gen` steps): three processes a batch
+    (the module docstring), each's CPU time from getrusage."""
+    out = {}
+    for b in batches:
+        ctx = b * (prompt + gen) + 16
+        spent = {}
+        for npp, ntg, npl in ((prompt, gen, b), (prompt, 1, b), (1, 1, 1)):
+            cmd = [str(exe), "-m", str(gguf), "-t", "1", "-tb", "1", "-c", str(ctx), "-b", "2048", "-ub", "512",
+                   "-npp", str(npp), "-ntg", str(ntg), "-npl", str(npl)]  # fmt: skip
+            t0 = _child_cpu()
+            subprocess.run(cmd, check=True, capture_output=True)
+            spent[ntg if npl == b and npp == prompt else 0] = _child_cpu() - t0
+        step = (spent[gen] - spent[1]) / (gen - 1)
+        out[b] = (spent[1] - spent[0] - step, step * gen)
+    return out
+
+
+def run_freight(model: Path, batches: list[int], prompt: int, gen: int, backend: str,
+                clock=time.perf_counter) -> dict[int, tuple[float, float]]:  # fmt: skip
+    """B -> (prefill seconds, generation seconds over `gen` steps) of freight's engine, one thread, on
+    `clock` (wall or process time)."""
     from worker.engine import Engine, EngineConfig, SamplingParams
 
     config = EngineConfig(kv_cache_bytes=3 << 29, enable_prefix_caching=False, num_threads=1, backend=backend,
@@ -165,9 +198,9 @@ def run_freight(model: Path, batches: list[int], prompt: int, gen: int, backend:
         prompts = [[rng.randrange(3, vocab) for _ in range(prompt)] for _ in range(b)]
         timed = {}
         for n in (1, gen):
-            t0 = time.perf_counter()
+            t0 = clock()
             engine.generate(prompts, SamplingParams(max_tokens=n, ignore_eos=True))
-            timed[n] = time.perf_counter() - t0
+            timed[n] = clock() - t0
         # a run of `gen` tokens = prefill (+ its first token) + gen - 1 decode steps
         out[b] = (timed[1], (timed[gen] - timed[1]) * gen / (gen - 1))
     return out
@@ -180,18 +213,19 @@ def best(runs: list[dict[int, tuple[float, float]]]) -> dict[int, tuple[float, f
 def print_table(name: str, fmt: Format, batches: list[int], prompt: int, gen: int, lc: dict, fr: dict,
                 fr_f32: dict | None) -> None:  # fmt: skip
     """One format's rows: per batch, decode ms per step and total tokens/s (prefill + generation) on
-    both sides, their ratios, and freight's speed against its own f32 of the same run."""
+    both sides, their ratios, and freight's prefill, decode and total speed against its own f32 of
+    the same run."""
     print(f"\n{name}: freight {fmt.freight or 'fp32'}{f' g{fmt.group}' if fmt.freight == 'int4-rtn' else ''}"
           f" against llama.cpp {fmt.llama}")  # fmt: skip
     head = f"{'batch':>5} {'llama.cpp ms/step':>18} {'freight ms/step':>16} {'decode ratio':>13} " \
            f"{'llama.cpp tok/s':>16} {'freight tok/s':>14} {'total ratio':>12}"  # fmt: skip
-    print(head + (f" {'decode vs f32':>14} {'total vs f32':>13}" if fr_f32 is not None else ""))
+    print(head + (f" {'prefill vs f32':>15} {'decode vs f32':>14} {'total vs f32':>13}" if fr_f32 is not None else ""))
     for b in batches:
         l_ms, f_ms = lc[b][1] / gen * 1e3, fr[b][1] / gen * 1e3
         l_tps, f_tps = b * (prompt + gen) / sum(lc[b]), b * (prompt + gen) / sum(fr[b])
         line = f"{b:>5} {l_ms:>18.2f} {f_ms:>16.2f} {l_ms / f_ms:>12.2f}x {l_tps:>16,.0f} {f_tps:>14,.0f} {f_tps / l_tps:>11.2f}x"
         if fr_f32 is not None:
-            line += f" {fr_f32[b][1] / fr[b][1]:>13.2f}x {sum(fr_f32[b]) / sum(fr[b]):>12.2f}x"
+            line += f" {fr_f32[b][0] / fr[b][0]:>14.2f}x {fr_f32[b][1] / fr[b][1]:>13.2f}x {sum(fr_f32[b]) / sum(fr[b]):>12.2f}x"
         print(line)
 
 
@@ -205,6 +239,8 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=64, help="generated tokens per sequence")
     ap.add_argument("--repeats", type=int, default=2, help="runs per side, alternating; the fastest is kept")
     ap.add_argument("--backend", default="auto", help="freight's backend (auto, cpu, torch)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall time, or CPU time on a machine other users load (the module docstring)")  # fmt: skip
     ap.add_argument("--formats", default="f32,q8_0,q4_0",
                     help=f"weight formats, comma-separated, among {', '.join(FORMATS)} (f32 always runs: the baseline)")  # fmt: skip
     args = ap.parse_args()
@@ -242,10 +278,15 @@ def main() -> None:
         freight_runs: dict[str, list] = {name: [] for name in formats}
         for _ in range(args.repeats):  # alternating: each round runs every format on both sides
             for name in formats:
-                llama_runs[name].append(run_llama(exe, ggufs[name], batches, args.prompt, args.gen))
-                freight_runs[name].append(run_freight(checkpoints[name], batches, args.prompt, args.gen, args.backend))
+                if args.clock == "cpu":
+                    llama_runs[name].append(run_llama_cpu(exe, ggufs[name], batches, args.prompt, args.gen))
+                else:
+                    llama_runs[name].append(run_llama(exe, ggufs[name], batches, args.prompt, args.gen))
+                clock = time.process_time if args.clock == "cpu" else time.perf_counter
+                freight_runs[name].append(run_freight(checkpoints[name], batches, args.prompt, args.gen, args.backend,
+                                                      clock))  # fmt: skip
     print(f"model: make_demo_model size=medium (29.4M params); {args.prompt}-token prompts, {args.gen} generated; "
-          f"one thread each; best of {args.repeats}, the rounds alternating")  # fmt: skip
+          f"one thread each; {args.clock} time, best of {args.repeats}, the rounds alternating")  # fmt: skip
     base = best(freight_runs["f32"])
     for name in formats:
         print_table(name, FORMATS[name], batches, args.prompt, args.gen, best(llama_runs[name]), best(freight_runs[name]),

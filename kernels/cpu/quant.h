@@ -280,7 +280,8 @@ static inline qx q8_x(int32_t x4) { return x4; }
 static inline qv q8_dotx(qv acc, qv w, qx x4) { return q8_dot(acc, w, x4); }
 #endif
 
-/* vectors per tile k-step, and per pass of a register tile (ymm: two passes of a tile's halves) */
+/* vectors per tile k-step, and per pass of a register tile of several rows (ymm: two passes of a
+ * tile's halves); a one-row tile passes whole k-steps (Q1PV vectors: its registers allow it) */
 #define QTV (QNB / QL)
 #if QL == 16
 #define QPV 4
@@ -291,35 +292,36 @@ static inline qv q8_dotx(qv acc, qv w, qx x4) { return q8_dot(acc, w, x4); }
 #define Q8_MR 2
 #define Q4_MR 2
 #endif
+#define Q1PV QTV
 
 /* ---- register tiles ------------------------------------------------------------------------- */
 
-/* acc [MR][QNB] (vectors v0 .. v0 + QPV of it) += the tile's products with rows x (a QRows, rows
+/* acc [MR][QNB] (vectors v0 .. v0 + PV of it) += the tile's products with rows x (a QRows, rows
  * m0 ..) for the int8 tile wp ([ceil(K / 4)][QNB][4] bytes). */
-#define DEFINE_Q8_TILE(MR)                                                                               \
-    static inline void q8_tile_##MR(const uint8_t *wp, const QRows *x, int64_t m0, int v0, float *acc,  \
+#define DEFINE_Q8_TILE(MR, PV)                                                                           \
+    static inline void q8_tile_##MR(const uint8_t *wp, const QRows *x, int64_t m0, int v0, float *acc,   \
                                     const char *pf, int64_t npf) {                                       \
         const int64_t steps = (x->k + 3) / 4, per = Q8_BLOCK / 4;                                        \
         for (int64_t b = 0; b < x->nb; b++) {                                                            \
-            qv d[MR][QPV];                                                                               \
-            _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++)                                        \
-                _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) d[m][v] = qv_zero();              \
+            qv d[MR][PV];                                                                                \
+            _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++)                                         \
+                _Pragma("GCC unroll 8") for (int v = 0; v < PV; v++) d[m][v] = qv_zero();                \
             const int64_t s1 = (b + 1) * per < steps ? (b + 1) * per : steps;                            \
             for (int64_t s = b * per; s < s1; s++) {                                                     \
                 const uint8_t *ws = wp + s * QNB * 4 + v0 * QL * 4;                                      \
                 if (s < npf) __builtin_prefetch(pf + s * 64, 0, 2);                                      \
-                qv w[QPV];                                                                               \
-                _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) w[v] = q8_weights(qv_load(ws + v * QL * 4)); \
-                _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++) {                                  \
+                qv w[PV];                                                                                \
+                _Pragma("GCC unroll 8") for (int v = 0; v < PV; v++) w[v] = q8_weights(qv_load(ws + v * QL * 4)); \
+                _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++) {                                   \
                     const qx xm = q8_x(x4_at(x->q + (m0 + m) * x->stride + 4 * s));                      \
-                    _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) d[m][v] = q8_dotx(d[m][v], w[v], xm); \
+                    _Pragma("GCC unroll 8") for (int v = 0; v < PV; v++) d[m][v] = q8_dotx(d[m][v], w[v], xm); \
                 }                                                                                        \
             }                                                                                            \
-            _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++) {                                      \
+            _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++) {                                       \
                 const int64_t at = (m0 + m) * x->nb + b;                                                 \
                 const float sx = x->scale[at];                                                           \
                 const int32_t minus = Q8_OFFSET * x->sum[at];                                            \
-                _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) {                                 \
+                _Pragma("GCC unroll 8") for (int v = 0; v < PV; v++) {                                   \
                     float *a = acc + m * QNB + (v0 + v) * QL;                                            \
                     store(a, qv_float(d[m][v], minus) * sx + load(a));                                   \
                 }                                                                                        \
@@ -329,43 +331,43 @@ static inline qv q8_dotx(qv acc, qv w, qx x4) { return q8_dot(acc, w, x4); }
 
 /* int4: the same over the tile wp ([K / 8][QNB][4] bytes) in groups of x->block k (the weights'
  * group size), with the group scales sw ([K / G][QNB], fp32, or fp16 with half). */
-#define DEFINE_Q4_TILE(MR)                                                                               \
+#define DEFINE_Q4_TILE(MR, PV)                                                                           \
     static inline void q4_tile_##MR(const uint8_t *wp, const void *sw, int half, const QRows *x,         \
-                                    int64_t m0, int v0, float *acc, const char *pf, int64_t npf) {      \
+                                    int64_t m0, int v0, float *acc, const char *pf, int64_t npf) {       \
         const int64_t per = x->block / 8;                                                                \
         for (int64_t g = 0; g < x->nb; g++) {                                                            \
-            qv d[MR][QPV];                                                                               \
-            _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++)                                        \
-                _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) d[m][v] = qv_zero();              \
-            for (int64_t s0 = g * per; s0 < (g + 1) * per; s0 += Q4_SPAN) { /* spans of short sums */       \
-                const int64_t s1 = s0 + Q4_SPAN < (g + 1) * per ? s0 + Q4_SPAN : (g + 1) * per;           \
-                qv h[MR][QPV];                                                                           \
-                _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++)                                    \
-                    _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) h[m][v] = qv_zero();           \
+            qv d[MR][PV];                                                                                \
+            _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++)                                         \
+                _Pragma("GCC unroll 8") for (int v = 0; v < PV; v++) d[m][v] = qv_zero();                \
+            for (int64_t s0 = g * per; s0 < (g + 1) * per; s0 += Q4_SPAN) { /* spans of short sums */    \
+                const int64_t s1 = s0 + Q4_SPAN < (g + 1) * per ? s0 + Q4_SPAN : (g + 1) * per;          \
+                qv h[MR][PV];                                                                            \
+                _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++)                                     \
+                    _Pragma("GCC unroll 8") for (int v = 0; v < PV; v++) h[m][v] = qv_zero();            \
                 for (int64_t s = s0; s < s1; s++) {                                                      \
                     const uint8_t *ws = wp + s * QNB * 4 + v0 * QL * 4;                                  \
                     if (s < npf) __builtin_prefetch(pf + s * 64, 0, 2);                                  \
-                    _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) {                             \
-                        const qv raw = qv_load(ws + v * QL * 4), lo = q4_low(raw), hi = q4_high(raw);   \
-                        _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++) {                          \
+                    _Pragma("GCC unroll 8") for (int v = 0; v < PV; v++) {                               \
+                        const qv raw = qv_load(ws + v * QL * 4), lo = q4_low(raw), hi = q4_high(raw);    \
+                        _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++) {                           \
                             const int8_t *xm = x->q + (m0 + m) * x->stride + 8 * s;                      \
-                            h[m][v] = q4_pair(h[m][v], lo, hi, x4_at(xm), x4_at(xm + 4));               \
+                            h[m][v] = q4_pair(h[m][v], lo, hi, x4_at(xm), x4_at(xm + 4));                \
                         }                                                                                \
                     }                                                                                    \
                 }                                                                                        \
-                _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++)                                    \
-                    _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) d[m][v] = q4_widen(d[m][v], h[m][v]); \
+                _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++)                                     \
+                    _Pragma("GCC unroll 8") for (int v = 0; v < PV; v++) d[m][v] = q4_widen(d[m][v], h[m][v]); \
             }                                                                                            \
-            vf scale[QPV];                                                                               \
-            _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) {                                     \
+            vf scale[PV];                                                                                \
+            _Pragma("GCC unroll 8") for (int v = 0; v < PV; v++) {                                       \
                 const int64_t at = g * QNB + (v0 + v) * QL;                                              \
                 scale[v] = half ? load_h((const uint16_t *)sw + at) : load((const float *)sw + at);      \
             }                                                                                            \
-            _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++) {                                      \
+            _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++) {                                       \
                 const int64_t at = (m0 + m) * x->nb + g;                                                 \
                 const float sx = x->scale[at];                                                           \
                 const int32_t minus = 8 * x->sum[at];                                                    \
-                _Pragma("GCC unroll 4") for (int v = 0; v < QPV; v++) {                                 \
+                _Pragma("GCC unroll 8") for (int v = 0; v < PV; v++) {                                   \
                     float *a = acc + m * QNB + (v0 + v) * QL;                                            \
                     store(a, qv_float(d[m][v], minus) * (scale[v] * sx) + load(a));                      \
                 }                                                                                        \
@@ -373,19 +375,22 @@ static inline qv q8_dotx(qv acc, qv w, qx x4) { return q8_dot(acc, w, x4); }
         }                                                                                                \
     }
 
-DEFINE_Q8_TILE(1)
-DEFINE_Q8_TILE(2)
+/* One row takes a whole tile k-step a pass (Q1PV vectors): the weights stream in order, each line once,
+ * where two passes over half k-steps would each touch every other line (a decode step's weights come
+ * from memory: 1.1-1.3x on AVX2 at one row). */
+DEFINE_Q8_TILE(1, Q1PV)
+DEFINE_Q8_TILE(2, QPV)
 #if Q8_MR > 2
-DEFINE_Q8_TILE(3)
-DEFINE_Q8_TILE(4)
-DEFINE_Q8_TILE(5)
-DEFINE_Q8_TILE(6)
+DEFINE_Q8_TILE(3, QPV)
+DEFINE_Q8_TILE(4, QPV)
+DEFINE_Q8_TILE(5, QPV)
+DEFINE_Q8_TILE(6, QPV)
 #endif
-DEFINE_Q4_TILE(1)
-DEFINE_Q4_TILE(2)
+DEFINE_Q4_TILE(1, Q1PV)
+DEFINE_Q4_TILE(2, QPV)
 #if Q4_MR > 2
-DEFINE_Q4_TILE(3)
-DEFINE_Q4_TILE(4)
+DEFINE_Q4_TILE(3, QPV)
+DEFINE_Q4_TILE(4, QPV)
 #endif
 
 /* A quantized matrix as packed (bits 8 or 4; group: int4's group size; half: int4 scales in fp16). */
@@ -417,9 +422,10 @@ static void qmatrix_rows(const QMatrix *w, const float *bias, const QRows *x, fl
             if (npf > steps) npf = steps;
             const char *pf = (const char *)(wp + tile_bytes) + first * 64;
             memset(acc, 0, sizeof(float) * (size_t)(rows * QNB));
-            for (int v0 = 0; v0 < QTV; v0 += QPV) {
-                const int64_t n = npf * QPV / QTV; /* each pass its part of the lines */
-                const char *p = pf + (int64_t)v0 / QPV * n * 64;
+            const int pv = rows == 1 ? Q1PV : QPV;
+            for (int v0 = 0; v0 < QTV; v0 += pv) {
+                const int64_t n = npf * pv / QTV; /* each pass its part of the lines */
+                const char *p = pf + (int64_t)v0 / pv * n * 64;
                 if (w->bits == 8) {
                     switch (rows) {
                         case 1: q8_tile_1(wp, x, m0, v0, acc, p, n); break;
