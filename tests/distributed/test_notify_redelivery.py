@@ -15,8 +15,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pytest
 from fleet_jobs import REPO, make_input
 from webhook_receiver import WebhookReceiver
 
@@ -62,6 +64,38 @@ def _failed_job(tmp_path: Path, model: Path, redis_url: str, target: str, state:
     return out, spec.job_id
 
 
+MakeReceiver = Callable[..., WebhookReceiver]
+MakeClient = Callable[[Settings], FleetClient]
+
+
+@pytest.fixture
+def receiver() -> Iterator[MakeReceiver]:
+    """make(**kwargs) -> a WebhookReceiver, closed at the end of the test."""
+    made: list[WebhookReceiver] = []
+
+    def make(**kwargs: int) -> WebhookReceiver:
+        made.append(WebhookReceiver(**kwargs))
+        return made[-1]
+
+    yield make
+    for rx in made:
+        rx.close()
+
+
+@pytest.fixture
+def fleet_client() -> Iterator[MakeClient]:
+    """make(settings) -> a FleetClient, closed at the end of the test (before the receivers)."""
+    made: list[FleetClient] = []
+
+    def make(settings: Settings) -> FleetClient:
+        made.append(FleetClient(settings))
+        return made[-1]
+
+    yield make
+    for client in made:
+        client.close()
+
+
 def _settings(redis_url: str, **extra: object) -> Settings:
     return Settings(redis_url=redis_url, webhook_secret=SECRET, notify_backoff_s=0.05, **extra)  # type: ignore[arg-type]
 
@@ -85,10 +119,11 @@ def _race(clients: list[FleetClient], racers: list[Settings], now: float | None)
     for t in threads:
         t.join()
 
+
 def test_a_claimer_killed_mid_delivery_is_redelivered_once_with_the_same_delivery_id(
-    redis_url: str, tmp_path: Path, demo_model: Path
+    redis_url: str, tmp_path: Path, demo_model: Path, receiver: MakeReceiver, fleet_client: MakeClient
 ) -> None:
-    rx = WebhookReceiver(hold=1)
+    rx = receiver(hold=1)
     out, job_id = _failed_job(tmp_path, demo_model, redis_url, rx.url)
     env = {**os.environ, "PYTHONPATH": str(REPO), "FREIGHT_WEBHOOK_SECRET": SECRET, "FREIGHT_NOTIFY_TIMEOUT_S": "60"}
     claimer = subprocess.Popen([sys.executable, "-c", CLAIMER, str(out)], cwd=REPO, env=env)
@@ -104,33 +139,31 @@ def test_a_claimer_killed_mid_delivery_is_redelivered_once_with_the_same_deliver
     assert _markers(out) == []  # nothing says delivered: at-most-once would end here
 
     settings = _settings(redis_url)
-    client = FleetClient(settings)
-    try:
-        reconciler = Reconciler(client, settings)
-        reconciler.run(time.time() + 1)  # within the grace: the claimer may still be sending
-        time.sleep(0.3)
-        assert rx.delivered() == [] and _markers(out) == []
-        now = time.time() + settings.notify_redeliver_grace_s + 1
-        reconciler.run(now)
-        (post,) = rx.wait(1)
-        assert post.delivery_id == held.delivery_id and post.body == held.body  # the same bytes
-        expected = "sha256=" + hmac.new(SECRET.encode(), post.body, hashlib.sha256).hexdigest()
-        assert hmac.compare_digest(post.headers["X-Freight-Signature"], expected)
-        assert notifier(settings).drain(10)
-        assert _markers(out) == ["delivered.json", "try-1.json"]
-        # delivered: later passes send nothing, and the job is settled (storage not read again)
-        reconciler.run(now + 1000 * settings.notify_redeliver_grace_s)
-        reconciler.run(now + 2000 * settings.notify_redeliver_grace_s)
-        time.sleep(0.3)
-        assert len(rx.posts) == 2 and len(rx.delivered()) == 1
-        assert client.live.client.exists(aux_key("notified", job_id))
-    finally:
-        client.close()
-        rx.close()
+    client = fleet_client(settings)
+    reconciler = Reconciler(client, settings)
+    reconciler.run(time.time() + 1)  # within the grace: the claimer may still be sending
+    time.sleep(0.3)
+    assert rx.delivered() == [] and _markers(out) == []
+    now = time.time() + settings.notify_redeliver_grace_s + 1
+    reconciler.run(now)
+    (post,) = rx.wait(1)
+    assert post.delivery_id == held.delivery_id and post.body == held.body  # the same bytes
+    expected = "sha256=" + hmac.new(SECRET.encode(), post.body, hashlib.sha256).hexdigest()
+    assert hmac.compare_digest(post.headers["X-Freight-Signature"], expected)
+    assert notifier(settings).drain(10)
+    assert _markers(out) == ["delivered.json", "try-1.json"]
+    # delivered: later passes send nothing, and the job is settled (storage not read again)
+    reconciler.run(now + 1000 * settings.notify_redeliver_grace_s)
+    reconciler.run(now + 2000 * settings.notify_redeliver_grace_s)
+    time.sleep(0.3)
+    assert len(rx.posts) == 2 and len(rx.delivered()) == 1
+    assert client.live.client.exists(aux_key("notified", job_id))
 
 
-def test_reconcilers_racing_redeliver_once(redis_url: str, tmp_path: Path, demo_model: Path) -> None:
-    rx = WebhookReceiver(fail=1)  # the claimer's only try gets a 503
+def test_reconcilers_racing_redeliver_once(
+    redis_url: str, tmp_path: Path, demo_model: Path, receiver: MakeReceiver, fleet_client: MakeClient
+) -> None:
+    rx = receiver(fail=1)  # the claimer's only try gets a 503
     out, _ = _failed_job(tmp_path, demo_model, redis_url, rx.url)
     first = _settings(redis_url, notify_attempts=1)
     store = open_store(str(out), first)
@@ -140,25 +173,20 @@ def test_reconcilers_racing_redeliver_once(redis_url: str, tmp_path: Path, demo_
     assert notifier(first).drain(10) and [p.status for p in rx.posts] == [503]
     now = time.time() + first.notify_redeliver_grace_s + 1
     racers = [_settings(redis_url) for _ in range(4)]  # each its own client, sender and store
-    clients = [FleetClient(s) for s in racers]
+    clients = [fleet_client(s) for s in racers]
     _race(clients, racers, now)
-    try:
-        (post,) = rx.wait(1)
-        assert all(notifier(s).drain(10) for s in racers)
-        time.sleep(0.3)
-        assert len(rx.delivered()) == 1 and len(rx.posts) == 2
-        assert post.delivery_id == rx.posts[0].delivery_id
-        assert _markers(out) == ["delivered.json", "try-1.json"]
-    finally:
-        for c in clients:
-            c.close()
-        rx.close()
+    (post,) = rx.wait(1)
+    assert all(notifier(s).drain(10) for s in racers)
+    time.sleep(0.3)
+    assert len(rx.delivered()) == 1 and len(rx.posts) == 2
+    assert post.delivery_id == rx.posts[0].delivery_id
+    assert _markers(out) == ["delivered.json", "try-1.json"]
 
 
 def test_a_target_that_never_answers_is_given_up_and_recorded(
-    redis_url: str, tmp_path: Path, demo_model: Path
+    redis_url: str, tmp_path: Path, demo_model: Path, receiver: MakeReceiver, fleet_client: MakeClient
 ) -> None:
-    rx = WebhookReceiver(fail=1000)
+    rx = receiver(fail=1000)
     out, job_id = _failed_job(tmp_path, demo_model, redis_url, rx.url)
     settings = _settings(redis_url, notify_attempts=1, notify_redeliveries=2)
     store = open_store(str(out), settings)
@@ -167,75 +195,66 @@ def test_a_target_that_never_answers_is_given_up_and_recorded(
     assert notify_final(store, read_manifest(store), "failed", None, settings)
     assert notifier(settings).drain(10)
     grace = settings.notify_redeliver_grace_s
-    client = FleetClient(settings)
-    try:
-        reconciler = Reconciler(client, settings)
-        last = json.loads((out / "notify" / "failed.json").read_text())["claimed_at"]  # try 0 began
-        for wait in (grace, 2 * grace, 4 * grace):  # after try n, the next waits grace x 2^n
-            reconciler.run(last + wait - 1)  # not yet due: nothing
-            assert notifier(settings).drain(10)
-            last += wait + 0.5
-            reconciler.run(last)
-            assert notifier(settings).drain(10)
-        now = last
-        time.sleep(0.3)
-        assert [p.status for p in rx.posts] == [503, 503, 503]  # the claim's try and 2 redeliveries
-        assert len({p.delivery_id for p in rx.posts}) == 1
-        given_up = list((out / "notify").rglob("given-up.json"))
-        assert len(given_up) == 1 and json.loads(given_up[0].read_text())["tries"] == 3
-        assert client.live.client.exists(aux_key("notified", job_id))
-        reconciler.run(now + 100 * grace)
-        time.sleep(0.3)
-        assert len(rx.posts) == 3
-    finally:
-        client.close()
-        rx.close()
+    client = fleet_client(settings)
+    reconciler = Reconciler(client, settings)
+    last = json.loads((out / "notify" / "failed.json").read_text())["claimed_at"]  # try 0 began
+    for wait in (grace, 2 * grace, 4 * grace):  # after try n, the next waits grace x 2^n
+        reconciler.run(last + wait - 1)  # not yet due: nothing
+        assert notifier(settings).drain(10)
+        last += wait + 0.5
+        reconciler.run(last)
+        assert notifier(settings).drain(10)
+    now = last
+    time.sleep(0.3)
+    assert [p.status for p in rx.posts] == [503, 503, 503]  # the claim's try and 2 redeliveries
+    assert len({p.delivery_id for p in rx.posts}) == 1
+    given_up = list((out / "notify").rglob("given-up.json"))
+    assert len(given_up) == 1 and json.loads(given_up[0].read_text())["tries"] == 3
+    assert client.live.client.exists(aux_key("notified", job_id))
+    reconciler.run(now + 100 * grace)
+    time.sleep(0.3)
+    assert len(rx.posts) == 3
 
 
 def test_a_job_that_ended_without_a_claim_is_claimed_and_sent_by_the_pass(
-    redis_url: str, tmp_path: Path, demo_model: Path
+    redis_url: str, tmp_path: Path, demo_model: Path, receiver: MakeReceiver, fleet_client: MakeClient
 ) -> None:
     """What `freight cancel` leaves when it is killed after _CANCELLED and the Redis flag, before its
     claim: the pass claims and sends the "cancelled" notification, once among racing reconcilers."""
     from jobs.markers import write_cancel
 
-    rx = WebhookReceiver()
+    rx = receiver()
     out, job_id = _failed_job(tmp_path, demo_model, redis_url, rx.url, state="cancelled")
     assert write_cancel(open_store(str(out), Settings()), job_id)
     assert not (out / "notify").exists()
     # real time here (the claim is stamped with it): a grace of 1.5 s, passed before the race
     racers = [_settings(redis_url, notify_redeliver_grace_s=1.5) for _ in range(3)]
-    clients = [FleetClient(s) for s in racers]
+    clients = [fleet_client(s) for s in racers]
     time.sleep(1.6)
     _race(clients, racers, None)
-    try:
-        (post,) = rx.wait(1)
-        assert all(notifier(s).drain(10) for s in racers)
-        time.sleep(0.3)
-        assert len(rx.posts) == 1
-        body = post.json()
-        claim = json.loads((out / "notify" / "cancelled.json").read_text())
-        assert body["state"] == "cancelled" and body["job_id"] == job_id and body["rows_total"] == 4
-        assert post.delivery_id == body["delivery_id"] == claim["delivery_id"]
-        assert _markers(out) == ["delivered.json"]
-        Reconciler(clients[0], racers[0]).run(time.time() + 1000)  # settled: nothing more
-        time.sleep(0.3)
-        assert len(rx.posts) == 1 and clients[0].live.client.exists(aux_key("notified", job_id))
-    finally:
-        for c in clients:
-            c.close()
-        rx.close()
+    (post,) = rx.wait(1)
+    assert all(notifier(s).drain(10) for s in racers)
+    time.sleep(0.3)
+    assert len(rx.posts) == 1
+    body = post.json()
+    claim = json.loads((out / "notify" / "cancelled.json").read_text())
+    assert body["state"] == "cancelled" and body["job_id"] == job_id and body["rows_total"] == 4
+    assert post.delivery_id == body["delivery_id"] == claim["delivery_id"]
+    assert _markers(out) == ["delivered.json"]
+    Reconciler(clients[0], racers[0]).run(time.time() + 1000)  # settled: nothing more
+    time.sleep(0.3)
+    assert len(rx.posts) == 1 and clients[0].live.client.exists(aux_key("notified", job_id))
 
 
 def test_a_worker_killed_mid_delivery_is_made_good_by_the_next_workers_pass(
-    redis_url: str, tmp_path: Path, demo_model: Path
+    redis_url: str, tmp_path: Path, demo_model: Path, receiver: MakeReceiver
 ) -> None:
     """End to end: the worker that finalizes a job is SIGKILLed (main and pool process: a lost spot
     machine) while its POST is on the wire; the next worker's own reconcile pass redelivers it, with
     the same delivery id. FREIGHT_NOTIFY_REDELIVER_GRACE_S is shortened to 1 s (default 120 s)."""
     from fleet_jobs import Fleet, freight
 
-    rx = WebhookReceiver(hold=1)
+    rx = receiver(hold=1)
     fleet = Fleet(redis_url, tmp_path, demo_model, overrides={"FREIGHT_NOTIFY_REDELIVER_GRACE_S": "1",
                                                               "FREIGHT_WEBHOOK_SECRET": SECRET})  # fmt: skip
     try:
@@ -260,4 +279,3 @@ def test_a_worker_killed_mid_delivery_is_made_good_by_the_next_workers_pass(
         assert _markers(out) == ["delivered.json", "try-1.json"] and len(rx.delivered()) == 1
     finally:
         fleet.stop()
-        rx.close()
