@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from worker.demo_model import add_pooling_config, make_demo_model
+from worker.demo_model import SIZES, add_pooling_config, make_demo_model
 from worker.engine import Engine, EngineConfig
 
 
@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=512, help="texts")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--hf-batch", type=int, default=32)
-    ap.add_argument("--size", default="medium", choices=["tiny", "small", "medium"])
+    ap.add_argument("--size", default="medium", choices=list(SIZES))
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

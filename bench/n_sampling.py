@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from worker.demo_model import make_demo_model
+from worker.demo_model import SIZES, make_demo_model
 from worker.engine import Engine, EngineConfig, SamplingParams
 
 
@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--size", default="small", choices=["tiny", "small", "medium"])
+    ap.add_argument("--size", default="small", choices=list(SIZES))
     args = ap.parse_args()
     torch.set_num_threads(1)
     rng = random.Random(0)

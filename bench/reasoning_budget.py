@@ -34,7 +34,7 @@ import torch
 
 from contracts.constraint import Constraint
 from contracts.reasoning import THINK, split_output
-from worker.demo_model import make_demo_model
+from worker.demo_model import SIZES, make_demo_model
 from worker.engine import Engine, EngineConfig, SamplingParams
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 999},
@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--budget", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=512)
-    ap.add_argument("--size", default="small", choices=["tiny", "small", "medium"])
+    ap.add_argument("--size", default="small", choices=list(SIZES))
     args = ap.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
