@@ -42,6 +42,7 @@ def test_a_100_mb_upload_keeps_the_server_memory_flat(serve_process: Callable[..
     assert (server.store_dir / "tenants" / "team-a" / "files" / f"{uploaded.id}.jsonl").stat().st_size == uploaded.bytes
 
 
+@pytest.mark.slow
 def test_expired_files_and_outputs_are_swept(serve_process: Callable[..., ServeProcess], served_model: Path,
                                              tmp_path: Path) -> None:  # fmt: skip
     server = serve_process("--file-ttl", "4s", "--output-ttl", "4s", "--sweep", "0.5")

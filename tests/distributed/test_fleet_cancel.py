@@ -44,6 +44,7 @@ def _invoke(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+@pytest.mark.slow
 def test_cancel_refuses_a_job_that_succeeded(fleet_env: str, tmp_path: Path, model: Path) -> None:
     out = tmp_path / "out"
     code, output = _invoke("run", str(_data(tmp_path)), "--model", str(model), "--output", str(out), "--max-tokens", "2")

@@ -109,6 +109,7 @@ def test_a_hung_attempt_is_killed_retried_and_struck(fleet: Fleet, tmp_path: Pat
     assert waste == ["waste/00001-1-lost.json"]  # billed as lost: its process is gone
 
 
+@pytest.mark.slow
 def test_a_slow_attempt_that_keeps_finishing_rows_is_not_killed(fleet: Fleet, tmp_path: Path) -> None:
     """As above, shard 0 measures the rate; attempt 1 of shard 1 then finishes a row only every 2.5 s
     (the test-only worker sleeps before reporting each row), so with the 4 s floor it runs past its

@@ -208,6 +208,7 @@ def test_poison_shard_fails_after_bounded_attempts(fleet: Fleet, job: Fixture, t
     assert len(result_rows(out)) == 8 and not (out / "failures.json").exists()
 
 
+@pytest.mark.slow
 def test_an_attempt_that_raises_is_billed_as_an_error_not_as_lost(
     fleet: Fleet, job: Fixture, tmp_path: Path
 ) -> None:
@@ -250,6 +251,7 @@ def test_redis_restart_during_job(
     assert fleet.live.job(sub["job_id"])["state"] == "succeeded"
 
 
+@pytest.mark.slow
 def test_sigterm_hands_the_running_shard_back(fleet: Fleet, job: Fixture, tmp_path: Path) -> None:
     """A stopping worker (SIGTERM to its main process: an ASG scale-in, a deploy) does not sit on its
     shard: the pool process sees the shutdown flag at its next engine step, saves its finished rows and

@@ -55,6 +55,7 @@ def _input(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_fleet_job_expires_mid_run_and_a_resubmit_finishes_it(fleet: Fleet, tmp_path: Path) -> None:
     from jobs.lifecycle import Lifecycle
     from jobs.planner import prepare_job

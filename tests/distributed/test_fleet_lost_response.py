@@ -19,6 +19,7 @@ from jobs.settings import Settings, get_settings
 from jobs.storage import open_store
 
 
+@pytest.mark.slow
 def test_a_lost_commit_response_is_the_shards_commit(
     redis_url: str, tmp_path: Path, demo_model: Path, moto_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -77,6 +77,7 @@ def quick_fleet(redis_url: str, tmp_path: Path, demo_model: Path) -> Iterator[Fl
     f.stop()
 
 
+@pytest.mark.slow
 def test_a_job_whose_queue_redis_lost_finishes_on_its_own(quick_fleet: Fleet, tmp_path: Path) -> None:
     """A worker runs; after the first commit every queue key is flushed (the running shard's unacked
     entry included). `freight wait` (and the workers' own checks) notice the shards that nothing will
@@ -98,6 +99,7 @@ def test_a_job_whose_queue_redis_lost_finishes_on_its_own(quick_fleet: Fleet, tm
     assert fleet.live.job(sub["job_id"])["state"] == "succeeded"
 
 
+@pytest.mark.slow
 def test_wait_never_polls_a_job_redis_does_not_know(fleet: Fleet, tmp_path: Path) -> None:
     out = tmp_path / "out"
     inp = make_input(tmp_path / "input.parquet", 4)

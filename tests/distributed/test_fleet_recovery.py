@@ -117,6 +117,7 @@ def test_killed_workers_shard_restarts_within_two_minutes(fleet: Fleet, tmp_path
     assert lost == [f"waste/{shard:05d}-1-lost.json"]
 
 
+@pytest.mark.slow
 def test_duplicate_delivery_waits_for_the_live_attempt_and_bills_nothing_as_lost(
     fleet: Fleet, tmp_path: Path
 ) -> None:

@@ -58,6 +58,7 @@ def test_a_worker_without_queues_serves_every_model_as_jobs_arrive(fleet: Fleet,
              "the node beat listing B's queue only")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_model_preload_and_status_lines(fleet: Fleet, tmp_path: Path) -> None:
     out = tmp_path / "out"
     inp = make_input(tmp_path / "input.parquet", 8)

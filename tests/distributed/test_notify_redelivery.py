@@ -246,6 +246,7 @@ def test_a_job_that_ended_without_a_claim_is_claimed_and_sent_by_the_pass(
     assert len(rx.posts) == 1 and clients[0].live.client.exists(aux_key("notified", job_id))
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_delivery_is_made_good_by_the_next_workers_pass(
     redis_url: str, tmp_path: Path, demo_model: Path, receiver: MakeReceiver
 ) -> None:

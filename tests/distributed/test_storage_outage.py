@@ -91,6 +91,7 @@ def test_outages_past_the_attempt_limit_are_no_strikes(outage_fleet: MakeFleet) 
     assert fleet.metric("a", 'freight_shard_outcomes_total{outcome="committed"}') == 2
 
 
+@pytest.mark.slow
 def test_a_store_that_never_recovers_fails_the_shard_past_the_outage_budget(outage_fleet: MakeFleet) -> None:
     """Every result PUT is refused: with FREIGHT_MAX_SHARD_STORAGE_OUTAGES=5 each shard fails after its
     5th attempt (not the 3rd), and failures/<n>.json says storage was unavailable and what to do."""
@@ -109,6 +110,7 @@ def test_a_store_that_never_recovers_fails_the_shard_past_the_outage_budget(outa
     assert _counts(fleet, out, "outages") == {0: 5, 1: 5}
 
 
+@pytest.mark.slow
 def test_a_store_away_as_a_whole_costs_no_strikes(outage_fleet: MakeFleet) -> None:
     """Submitted, then every request refused (the manifest read of each attempt, the waste record):
     each shard's attempts end at their first storage call, past FREIGHT_MAX_SHARD_ATTEMPTS; storage
@@ -131,6 +133,7 @@ def test_a_store_away_as_a_whole_costs_no_strikes(outage_fleet: MakeFleet) -> No
     assert proxy.refused_down > 0
 
 
+@pytest.mark.slow
 def test_past_the_budget_the_engine_does_not_run_again(outage_fleet: MakeFleet) -> None:
     """Result PUTs refused for ever, and the first PUT of each failure record too: the attempt that
     spends the budget (FREIGHT_MAX_SHARD_STORAGE_OUTAGES=3) cannot record the failure, so the shard

@@ -62,6 +62,7 @@ def _stop_in(text: str, start: int = 1) -> tuple[str, int]:
     raise AssertionError(f"no usable stop character in {text!r}")
 
 
+@pytest.mark.slow
 def test_a_mixed_batch_file_runs_with_each_bad_line_its_own_error(
     tmp_path: Path, model_dir: Path, engine: Any
 ) -> None:

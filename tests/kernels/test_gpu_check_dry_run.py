@@ -26,8 +26,19 @@ def _dry_run(tmp_path: Path, *flags: str) -> dict:
     return json.loads(out.read_text())
 
 
-def test_dry_run_kernels(tmp_path: Path) -> None:
-    report = _dry_run(tmp_path, "--skip-engine", "--skip-sweep", "--skip-exactness")
+def _prepared_dry_run(tmp_path: Path, *flags: str) -> dict:
+    """bench/gpu_run.sh --dry-run FLAGS: the one prepared command a lent GPU runs, on this CPU."""
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    proc = subprocess.run([str(ROOT / "bench" / "gpu_run.sh"), "--dry-run", *flags], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "torch" in (tmp_path / "gpu_check.log").read_text()
+    return json.loads((tmp_path / "gpu_check.json").read_text())
+
+
+def test_prepared_gpu_command_dry_run_kernels(tmp_path: Path) -> None:
+    """Every kernel against its reference and roofline, through the prepared command."""
+    report = _prepared_dry_run(tmp_path, "--skip-engine", "--skip-sweep", "--skip-exactness")
     assert report["mode"] == "interpret" and report["errors"] == []
     assert set(report["ceilings"]) == {"copy_gbps", "matmul_tflops"}
     assert {k["name"] for k in report["kernels"]} == KERNELS
@@ -47,19 +58,15 @@ def test_dry_run_kernels(tmp_path: Path) -> None:
     assert [t["goal"] for t in fp8] == [1.6] and "M=70" in fp8[0]["name"]
 
 
+@pytest.mark.slow
 def test_prepared_gpu_command_dry_run_exactness(tmp_path: Path) -> None:
-    """bench/gpu_run.sh --dry-run: the exactness section through the one prepared command."""
-    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
-    proc = subprocess.run([str(ROOT / "bench" / "gpu_run.sh"), "--dry-run", "--skip-kernels", "--skip-sweep",
-                           "--skip-engine"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    """The exactness section through the prepared command (interpreted, about a minute)."""
+    report = _prepared_dry_run(tmp_path, "--skip-kernels", "--skip-sweep", "--skip-engine")
     exact = report["exactness"]
     assert report["errors"] == [] and set(exact["archs"]) == {"llama", "qwen3_moe"}
     assert set(exact["modes"]) == {"graphs vs eager", "overlapped vs serial"}
     assert all(row["exact"] and row["identical"] == row["rows"] == 4 for row in [*exact["archs"].values(),
                                                                                  *exact["modes"].values()])
-    assert "torch" in (tmp_path / "gpu_check.log").read_text()
 
 
 @pytest.mark.slow

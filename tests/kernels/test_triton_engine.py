@@ -90,6 +90,7 @@ def _hf_greedy(model: object, prompt: list[int], new: int) -> list[int]:
     return tokens
 
 
+@pytest.mark.slow
 def test_triton_backend_gpt_oss_gives_transformers_tokens(tmp_path: Path, tiny_llama: Path) -> None:
     """gpt-oss on backend "triton" (interpreted): its experts through the fused-MoE kernel with the
     biases and the clamped SwiGLU, sinks and sliding layers (window 16 < the prompts) in the attention
