@@ -3,7 +3,7 @@ greedy tokens of every adapter equal peft's, merged and unmerged, on Llama, Qwen
 and Gemma 2 / 3, with the base's rows in the same batch; a batch mixing four adapters and the base
 equals five separate runs; the prefix cache never shares KV across adapters; fewer device slots than
 adapters swap them in and change nothing; n > 1, structured outputs, speculation (a draft without the
-adapter proposes), and a quantized base (int8 / int4 with an fp16 adapter) each keep the tokens."""
+adapter proposes), and a quantized base (int8 / int4 / fp8 with an fp16 adapter) each keep the tokens."""
 
 from __future__ import annotations
 
@@ -248,6 +248,39 @@ def test_quantized_base_with_an_fp16_adapter_equals_peft_over_the_dequantized_mo
     oracle = peft_model(dequantized, half)
     assert got[: len(PROMPTS)] == [hf_greedy(oracle, p, MAX_NEW) for p in PROMPTS]
     assert got[len(PROMPTS) :] == [hf_greedy(dequantized, p, MAX_NEW) for p in PROMPTS]
+
+
+def test_an_fp8_base_with_an_fp16_adapter_equals_peft_over_the_fp8_reference(adapters_of, tmp_path) -> None:
+    """fp8 quantizes the activations too (per token), so the oracle is peft over a transformers model
+    whose projections compute the fp8 reference product (kernels/reference/fp8_matmul.py) of their
+    own per-channel quantized weights: per-row scales quantize a fused projection's rows as its parts'."""
+    from kernels.reference.fp8_matmul import fp8_matmul, quantize_fp8_rows
+    from worker.engine.quant import Fp8Linear
+
+    ckpt, base, folders = adapters_of("llama")
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "adapter_config.json").write_text((folders["full"] / "adapter_config.json").read_text())
+    tensors = load_file(str(folders["full"] / "adapter_model.safetensors"))
+    save_file({k: v.half() for k, v in tensors.items()}, str(half / "adapter_model.safetensors"))
+    engine = _engine(ckpt.path, {"half": half}, quantization="fp8")
+    model = engine.runner.model
+    quantized = {name.removesuffix(".base") for name, m in model.named_modules() if isinstance(m, Fp8Linear)}
+    assert quantized, "the engine quantized no projection to fp8"
+    hf_names = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+    fp8_base = transformers.AutoModelForCausalLM.from_pretrained(ckpt.path).float().eval()
+    for name in quantized:
+        parent, _, leaf = name.rpartition(".")
+        for hf in hf_names.get(leaf, (leaf,)):
+            linear = fp8_base.get_submodule(f"{parent}.{hf}")
+            q, scales = quantize_fp8_rows(linear.weight.detach())
+            linear.forward = lambda x, q=q, scales=scales: fp8_matmul(x.reshape(-1, x.shape[-1]), q, scales).reshape(
+                *x.shape[:-1], q.shape[0])  # fmt: skip
+    got = _tokens(engine, PROMPTS * 2, ["half"] * len(PROMPTS) + [None] * len(PROMPTS))
+    assert got[: len(PROMPTS)] != got[len(PROMPTS) :]  # the adapter moves the tokens
+    assert got[len(PROMPTS) :] == [hf_greedy(fp8_base, p, MAX_NEW) for p in PROMPTS]
+    oracle = peft_model(fp8_base, half)
+    assert got[: len(PROMPTS)] == [hf_greedy(oracle, p, MAX_NEW) for p in PROMPTS]
 
 
 def test_a_rewritten_adapter_is_loaded_again_and_shares_no_kv(adapters_of, tmp_path) -> None:
