@@ -4,7 +4,8 @@
  * Python each costs dispatch and an activation-sized temporary, which at batch 1 rival the matmuls
  * (bench/step_overhead.py --batch1-medium). Here every layer runs in C on buffers that stay in L1/L2: RMSNorm (with the
  * residual add), the qkv GEMV (+ bias), per-head q/k RMSNorm (Qwen3), rotary, the K/V store, decode
- * attention over the paged cache, o_proj, RMSNorm, gate_up with SiLU * up, down; then the final norm.
+ * attention over the paged cache, o_proj, RMSNorm, gate_up with SiLU * up, down; then the final norm,
+ * and with a quantized lm_head bound (decode_stack_logits_f32) the logits, split over the team.
  * Only the weights stream from memory. The pieces are the same code as the one-op kernels
  * (layer_rows.h, decode_attention.h, gemv.h), so each layer computes what the op-by-op path computes,
  * except for the matmuls' summation order (gemv.h against torch's GEMM).
@@ -115,9 +116,17 @@ static void *run_member(void *arg) {
         linear(s, L->down, L->down_packed, &L->down_q, &dq, 0, 0, I, s->act, I, s->down, H, SLICE(H, &L->down_q, s, tid));
         sync_team(s);
     }
-    if (tid == 0)
-        for (int64_t m = 0; m < M; m++)
-            rms_norm_row(s->down + m * H, res + m * H, mdl->final_norm, H, eps, s->out + m * H, res + m * H);
+    if (tid != 0 && !s->logits) return 0;
+    /* the final norm; with the head every thread norms its own copy (its residual is the same floats),
+     * so the head's slices start without a barrier */
+    float *normed = tid == 0 ? s->out : h;
+    for (int64_t m = 0; m < M; m++)
+        rms_norm_row(s->down + m * H, res + m * H, mdl->final_norm, H, eps, normed + m * H, res + m * H);
+    if (s->logits) {
+        const QRows nx = quantize_input(s, tid, &mdl->head, normed, H, H);
+        linear(s, 0, 0, &mdl->head, &nx, 0, mdl->head_bias, H, normed, H, s->logits, mdl->vocab,
+               SLICE(mdl->vocab, &mdl->head, s, tid));
+    }
     return 0;
 }
 
@@ -182,9 +191,9 @@ int decode_stack_packed_rows(void) { return STACK_PACKED_ROWS; }
  * on one thread (sgemm may thread itself).
  * Returns 0; -1 (nothing done) when rows is outside 1..decode_stack_max_rows, the sizes do not fit
  * or a position or slot is out of range; -2 when out of memory. */
-int decode_stack_f32(const StackModel *model, Sgemm sgemm, const float *x, int64_t rows, const int64_t *positions,
+static int run_stack(const StackModel *model, Sgemm sgemm, const float *x, int64_t rows, const int64_t *positions,
                      const int64_t *slots, const int32_t *block_tables, int64_t bt_stride, const int32_t *context_lens,
-                     float *out, int64_t num_threads) {
+                     float *out, float *logits, int64_t num_threads) {
     const StackModel *m = model;
     if (model->half_weights) sgemm = 0; /* fp16 weights: GEMVs or packed tiles only */
     if (rows < 1 || rows > decode_stack_max_rows(sgemm != 0 || m->packed) ||
@@ -195,7 +204,8 @@ int decode_stack_f32(const StackModel *model, Sgemm sgemm, const float *x, int64
             context_lens[r] < 1)
             return -1;
     /* a thread per ~1 MB of the largest weight, at most */
-    const int64_t biggest = 2 * m->intermediate * m->hidden;
+    const int64_t mlp = 2 * m->intermediate * m->hidden, head = logits ? m->vocab * m->hidden : 0;
+    const int64_t biggest = mlp > head ? mlp : head;
     num_threads = rows > STACK_GEMV_ROWS ? 1 : threads_for(biggest, 1 << 18, num_threads);
     const int64_t H = m->hidden, I = m->intermediate, qd = m->num_heads * m->head_dim;
     const int64_t nqkv = qd + 2 * m->num_kv_heads * m->head_dim;
@@ -220,7 +230,7 @@ int decode_stack_f32(const StackModel *model, Sgemm sgemm, const float *x, int64
     int rows_share = 0;
     for (int64_t r = 1; num_threads > 1 && r < rows && !rows_share; r++) /* only a team needs to know */
         for (int64_t p = 0; p < r && !rows_share; p++) rows_share = block_tables[r * bt_stride] == block_tables[p * bt_stride];
-    Step s = {sgemm, m, x, positions, slots, block_tables, context_lens, rows, bt_stride, num_threads, rows_share, out};
+    Step s = {sgemm, m, x, positions, slots, block_tables, context_lens, rows, bt_stride, num_threads, rows_share, out, logits};
     s.qkv = buf;
     s.attn = s.qkv + q_part;
     s.o = s.attn + attn_part;
@@ -236,6 +246,26 @@ int decode_stack_f32(const StackModel *model, Sgemm sgemm, const float *x, int64
     free(buf);
     free(qbuf);
     return 0;
+}
+
+int decode_stack_f32(const StackModel *model, Sgemm sgemm, const float *x, int64_t rows, const int64_t *positions,
+                     const int64_t *slots, const int32_t *block_tables, int64_t bt_stride, const int32_t *context_lens,
+                     float *out, int64_t num_threads) {
+    return run_stack(model, sgemm, x, rows, positions, slots, block_tables, bt_stride, context_lens, out, 0,
+                     num_threads);
+}
+
+/* decode_stack_f32, then logits [rows, vocab] <- out . head^T (+ head_bias) through the model's
+ * quantized head in the same call (its rows quantized per block like every quantized matrix's input:
+ * quant_matmul.c's products of the head as one Linear, the same floats). -1 also when no head is
+ * bound. */
+int decode_stack_logits_f32(const StackModel *model, Sgemm sgemm, const float *x, int64_t rows,
+                            const int64_t *positions, const int64_t *slots, const int32_t *block_tables,
+                            int64_t bt_stride, const int32_t *context_lens, float *out, float *logits,
+                            int64_t num_threads) {
+    if (!model->head.w || !logits) return -1;
+    return run_stack(model, sgemm, x, rows, positions, slots, block_tables, bt_stride, context_lens, out, logits,
+                     num_threads);
 }
 
 /* A draft model's whole proposal on this stack (speculation's DraftStack.propose). */

@@ -61,7 +61,7 @@ class _Model(ctypes.Structure):
                                           "intermediate", "block_size", "num_slots", "max_positions",
                                           "half_weights")]  # fmt: skip
     _fields_ += [("eps", _f32), ("scale", _f32), ("layers", _ptr), ("final_norm", _ptr), ("cos_sin", _ptr)]
-    _fields_ += [("packed", _i64), ("q_block", _i64)]
+    _fields_ += [("packed", _i64), ("q_block", _i64), ("head", _QMatrix), ("head_bias", _ptr), ("vocab", _i64)]
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,9 @@ class NativeDecodeStack:
         self._fn = lib.decode_stack_f32
         self._fn.argtypes = [_ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64]
         self._fn.restype = ctypes.c_int
+        self._logits = lib.decode_stack_logits_f32  # the same, then a bound quantized head's logits
+        self._logits.argtypes = [_ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64]
+        self._logits.restype = ctypes.c_int
         self._draft = lib.decode_stack_draft  # a DraftChain's call (draft_chain.py sets its argtypes)
         self._fits = lib.decode_stack_supports
         self._fits.argtypes = [_i64, _i64, _i64, _i64]
@@ -121,7 +124,8 @@ class NativeDecodeStack:
         return bool(self._fits(shape.num_heads, shape.num_kv_heads, shape.head_dim, block_size))
 
     def bind(self, shape: StackShape, layers: list[StackLayer], final_norm: torch.Tensor,
-             cos_sin: torch.Tensor, half: bool = False, packed: bool = False) -> BoundDecodeStack:  # fmt: skip
+             cos_sin: torch.Tensor, half: bool = False, packed: bool = False, head: QuantWeight | None = None,
+             head_bias: torch.Tensor | None = None) -> BoundDecodeStack:  # fmt: skip
         """A callable stack over these tensors. Raises ValueError naming the first tensor that is not
         fp32 (half: the four matrices qkv, o_proj, gate_up and down fp16 instead, widened exactly in
         the GEMVs: half the bytes, the products of their fp32 copies; up to gemv_rows rows), contiguous
@@ -130,7 +134,9 @@ class NativeDecodeStack:
         or more, up to 4096 rows (with half too); with packed_rows 1 (every step) the stack then keeps
         only the packed copies of the four matrices: a caller's fp16 copies are freed with the call.
         A matrix given as a QuantWeight is read as packed (no copy is made; half and packed concern
-        the others); a stack whose matrices are all quantized takes up to 4096 rows."""
+        the others); a stack whose matrices are all quantized takes up to 4096 rows. head: the lm_head
+        quantized ([vocab, hidden], with head_bias fp32 [vocab] or None): BoundDecodeStack.logits then
+        multiplies it in the same call."""
         h, d, inter = shape.hidden, shape.head_dim, shape.intermediate
         q, kv = shape.num_heads * d, shape.num_kv_heads * d
         want = {"input_norm": (h,), "qkv": (q + 2 * kv, h), "qkv_bias": (q + 2 * kv,), "q_norm": (d,), "k_norm": (d,),
@@ -167,6 +173,11 @@ class NativeDecodeStack:
             structs[i] = _Layer(*pointers, layer.window, *(None if t is None else t.data_ptr() for t in copies),
                                 *(_QMatrix.of(quant.get(name)) for name in HALF_MATRICES))  # fmt: skip
         _check("final_norm", final_norm, (h,))
+        vocab = 0 if head is None else head.n
+        if head is not None:
+            _check_quant("head", head, (vocab, h))
+            _check("head_bias", head_bias, (vocab,), optional=True)
+            blocks.add(INT8_ACT_BLOCK if head.bits == 8 else head.group)
         if not (cos_sin.dtype == torch.float32 and cos_sin.is_contiguous() and cos_sin.dim() == 2 and cos_sin.shape[1] == d):
             raise ValueError(f"cos_sin must be a contiguous fp32 [max_positions, {d}] tensor")
         if cache is not None and not self.supports(shape, cache[1]):
@@ -177,20 +188,24 @@ class NativeDecodeStack:
         model = _Model(len(layers), h, shape.num_heads, shape.num_kv_heads, d, inter, cache[1] if cache else 1,
                        cache[0] * cache[1] if cache else 0, cos_sin.shape[0], int(half), shape.eps, shape.scale,
                        ctypes.cast(structs, _ptr), final_norm.data_ptr(), cos_sin.data_ptr(), int(packed),
-                       min(blocks, default=0))  # fmt: skip
-        keep = (kept, final_norm, cos_sin, structs, packs)
+                       min(blocks, default=0), _QMatrix.of(head), None if head_bias is None else head_bias.data_ptr(),
+                       vocab)  # fmt: skip
+        keep = (kept, final_norm, cos_sin, structs, packs, head, head_bias)
         sgemm, most = (None, self.gemv_rows) if half else (self.sgemm, self.max_rows)
         if packed:
             most = self._most_rows(1)
-        return BoundDecodeStack(self._fn, model, keep, h, sgemm, self.gemv_rows, most, self._draft, self.pack_width)
+        return BoundDecodeStack(self._fn, model, keep, h, sgemm, self.gemv_rows, most, self._draft, self.pack_width,
+                                self._logits if head is not None else None)  # fmt: skip
 
 
 class BoundDecodeStack:
     """A model's tensors bound to the kernel; call it once per decode step."""
 
     def __init__(self, fn, model: _Model, keep: tuple, hidden: int, sgemm: int | None, gemv_rows: int,
-                 max_rows: int, draft_fn=None, pack_width: int = 0) -> None:  # fmt: skip
+                 max_rows: int, draft_fn=None, pack_width: int = 0, logits_fn=None) -> None:  # fmt: skip
         self._fn, self._model, self._keep = fn, model, keep  # keep: the tensors the pointers point into
+        self._logits_fn = logits_fn  # with a quantized head bound: decode_stack_logits_f32
+        self.vocab: int = model.vocab if logits_fn is not None else 0  # the head's logits per row; 0: no head
         # for a DraftChain over this stack (draft_chain.py): the model and the library's draft call
         self.model_ptr, self.draft_fn = ctypes.addressof(model), draft_fn
         self._sgemm = sgemm
@@ -204,18 +219,35 @@ class BoundDecodeStack:
         contiguous -> the final-normed hidden states [rows, hidden]. The caller guarantees the layouts
         (the engine checks them once per step); values are range-checked in C (IndexError). Past
         gemv_rows rows the call runs on one thread whatever torch.get_num_threads() says."""
+        out = torch.empty(x.shape[0], self.hidden, dtype=torch.float32)
+        self._run(self._fn, x, positions, slots, block_tables, context_lens, out)
+        return out
+
+    def logits(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
+               context_lens: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """__call__'s step, then the bound quantized head over its final-normed rows in the same call:
+        the fp32 logits [rows, vocab] (what the head's QuantLinear gives on them with the integer kernel).
+        ValueError when no head is bound (vocab 0)."""
+        if self._logits_fn is None:
+            raise ValueError("no quantized lm_head is bound to this decode stack")
+        rows = x.shape[0]
+        out = torch.empty(rows, self.hidden, dtype=torch.float32)
+        logits = torch.empty(rows, self.vocab, dtype=torch.float32)
+        self._run(self._logits_fn, x, positions, slots, block_tables, context_lens, out, logits.data_ptr())
+        return logits
+
+    def _run(self, fn, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
+             context_lens: torch.Tensor, out: torch.Tensor, *logits: int) -> None:  # fmt: skip
         rows = x.shape[0]
         if not 0 < rows <= self.max_rows:
             raise ValueError(f"the decode stack takes 1 to {self.max_rows} rows, not {rows}; run the layers op by op")
-        out = torch.empty(rows, self.hidden, dtype=torch.float32)
-        status = self._fn(self.model_ptr, self._sgemm, x.data_ptr(), rows, positions.data_ptr(), slots.data_ptr(),
-                          block_tables.data_ptr(), block_tables.stride(0), context_lens.data_ptr(), out.data_ptr(),
-                          torch.get_num_threads())  # fmt: skip
+        status = fn(self.model_ptr, self._sgemm, x.data_ptr(), rows, positions.data_ptr(), slots.data_ptr(),
+                    block_tables.data_ptr(), block_tables.stride(0), context_lens.data_ptr(), out.data_ptr(), *logits,
+                    torch.get_num_threads())  # fmt: skip
         if status == -2:
             raise MemoryError("decode_stack_f32 could not allocate its activations")
         if status:
             raise IndexError("decode_stack_f32 refused the step: a position, slot or context length out of range")
-        return out
 
 
 def pack_rows(w: torch.Tensor, width: int) -> torch.Tensor:

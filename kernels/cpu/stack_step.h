@@ -34,7 +34,10 @@ typedef struct {
     const StackLayer *layers;
     const float *final_norm, *cos_sin;
     int64_t packed;  /* every layer has its *_packed matrices (or *_q ones) */
-    int64_t q_block; /* the smallest qmatrix_block of the quantized matrices; 0: none is quantized */
+    int64_t q_block; /* the smallest qmatrix_block of the quantized matrices (the head's too); 0: none is */
+    QMatrix head;    /* the lm_head quantized (w 0: none bound; decode_stack_logits_f32 needs one) */
+    const float *head_bias; /* [vocab] or 0 */
+    int64_t vocab;          /* the head's output rows */
 } StackModel;
 
 /* The Fortran BLAS sgemm (column-major, arguments by pointer), passed in by the caller (kernels.cpu.blas
@@ -68,6 +71,7 @@ typedef struct {
     int64_t rows, bt_stride, num_threads;
     int rows_share; /* some rows share their first KV block (one sequence's verify rows, forks) */
     float *out;
+    float *logits; /* [rows, vocab] from the model's head, or 0: the final-normed rows only */
     float *qkv, *attn, *o, *act, *down; /* shared activations, written in slices */
     float *private;                     /* per thread: h, residual [rows, hidden] each */
     int64_t private_stride;             /* floats from one thread's private part to the next's */

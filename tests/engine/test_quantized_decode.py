@@ -10,13 +10,14 @@ from engine_oracle import DECODE_STACK_ARCHS, MAX_NEW, mixed_prompts, small_engi
 from torch_threads import torch_threads
 
 from worker.engine import Engine, SamplingParams
+from worker.engine.quant.checkpoint import QuantizeSpec, quantize_checkpoint
 from worker.engine.quant.linear import QuantLinear
 
 GREEDY = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
 
 
 
-def _reference_tokens(path, quantization: str, **config: object) -> list[list[int]]:
+def _reference_tokens(path, quantization: str | None, **config: object) -> list[list[int]]:
     """Greedy tokens with every quantized Linear on its torch reference, layers op by op."""
     engine = small_engine(path, quantization=quantization, decode_stack=False, **config)
     modules = [m for m in engine.runner.model.modules() if isinstance(m, QuantLinear)]
@@ -75,3 +76,28 @@ def test_stack_on_and_off_give_the_same_tokens_at_any_batch_and_threads(make_che
     with torch_threads(2):
         assert [o.token_ids for o in on.generate(prompts, params)] == want
     assert rows and max(rows) <= 15  # 17 rows on two threads: op by op
+
+
+@pytest.mark.parametrize("method", ["int8", "int4-rtn"])
+def test_a_quantized_lm_head_runs_in_the_stacks_call(make_checkpoint, tmp_path, method: str) -> None:
+    """A checkpoint quantized with its lm_head (`freight quantize --lm-head`): every decode step's logits
+    come from the stack's one call (final norm and head included), and the greedy tokens are those of
+    the quantized reference path and of the layers and head run op by op on the same kernel."""
+    path = tmp_path / "quantized"
+    quantize_checkpoint(make_checkpoint("qwen2").path, path, QuantizeSpec(method=method, group_size=32, lm_head=True))
+    engine = small_engine(path, max_num_seqs=4)
+    stack = engine.runner.model.decode_stack
+    assert isinstance(engine.runner.model.lm_head, QuantLinear) and stack.head_takes()
+    rows: list[int] = []
+    call = stack.logits
+
+    def spy(input_ids, *args):
+        rows.append(input_ids.shape[0])
+        return call(input_ids, *args)
+
+    stack.logits = spy
+    got = [o.token_ids for o in engine.generate(mixed_prompts(), GREEDY)]
+    assert rows and max(rows) == 4  # every decode step's logits from the whole-stack call
+    assert got == _reference_tokens(path, None, max_num_seqs=4)
+    off = small_engine(path, max_num_seqs=4, decode_stack=False)
+    assert [o.token_ids for o in off.generate(mixed_prompts(), GREEDY)] == got

@@ -14,7 +14,7 @@ from torch_threads import torch_threads
 
 from kernels import reference
 from kernels.cpu.decode_stack import NativeDecodeStack, StackLayer, StackShape, pack_rows
-from kernels.cpu.quant_matmul import QuantWeight, pack_int4, pack_int8
+from kernels.cpu.quant_matmul import NativeQuantMatmul, QuantWeight, pack_int4, pack_int8
 from kernels.reference import quant_matmul as qref
 from worker.engine.models.rotary import cos_sin_cache
 
@@ -328,3 +328,38 @@ def test_quantized_rows_give_the_same_floats_on_any_threads_and_batch(native) ->
     assert torch.equal(stack(x[:1], positions[:1], slots[:1], tables[:1], cl[:1]), outs[0][:1])
     with pytest.raises(ValueError, match="layer 0 qkv"):  # a QuantWeight of the wrong shape
         native.bind(shape, [StackLayer(**{**vars(layers[0]), "qkv": layers[0].down})], final_norm, cos_sin)
+
+
+@pytest.mark.parametrize(("bits", "group"), [(8, 0), (4, 32), (4, 64)])
+@pytest.mark.parametrize("rows", [1, 13, 40])  # one row; a team; past gemv_rows (one thread)
+def test_quantized_head_gives_its_kernels_logits_in_the_call(native, bits, group, rows) -> None:
+    """A quantized lm_head bound to the stack multiplies the final-normed rows in the same call: the
+    floats of the head's one-Linear kernel (NativeQuantMatmul) on the stack's hidden states, on 1, 2 or
+    3 threads (the vocab, not a multiple of the 64-row tile, split between them), and within the
+    flips' bound of the op-by-op reference."""
+    lens = [1 + (7 * i) % 50 for i in range(rows)]
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(192, 4, 2, 32, 320, 16, lens, True)
+    vocab = 300
+    head_f = randn(vocab, shape.hidden, scale=0.5 / shape.hidden**0.5)
+    (head_layer,), head_refs = _quantized([StackLayer(**{**vars(layers[0]), "qkv": head_f})], bits, group,
+                                          names=("qkv",))  # fmt: skip
+    head, head_bias = head_layer.qkv, randn(vocab, scale=0.1)
+    layers, refs = _quantized(layers, bits, group)
+    hidden = _reference(shape, _copy_caches(layers), final_norm, cos_sin, x, positions, slots, tables, cl, refs)
+    want = head_refs[id(head)](hidden, head_bias)
+    outs = []
+    for threads in (1, 2, 3):
+        with torch_threads(threads):
+            stack = native.bind(shape, _copy_caches(layers), final_norm, cos_sin, head=head, head_bias=head_bias)
+            assert stack.vocab == vocab
+            outs.append(stack.logits(x, positions, slots, tables, cl))
+            normed = native.bind(shape, _copy_caches(layers), final_norm, cos_sin)(x, positions, slots, tables, cl)
+            assert torch.equal(outs[-1], NativeQuantMatmul()(normed, head, head_bias))
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
+    _assert_close_but_flips(outs[0], head_refs[id(head)](normed, head_bias))  # the head on the stack's rows
+    # end to end: a hidden value moved by an upstream flip (up to ~2e-3) moves the logits of its row by
+    # that times a head weight (|w| ~0.04 here, at most ~0.2) over the few flipped values, and may flip the head's own
+    # rounding of that row: ~1e-2 at most, against logits of ~1
+    assert_close(outs[0], want, atol=2e-2, rtol=1e-3)
+    with pytest.raises(ValueError, match="no quantized lm_head"):
+        native.bind(shape, _copy_caches(layers), final_norm, cos_sin).logits(x, positions, slots, tables, cl)

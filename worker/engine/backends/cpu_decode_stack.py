@@ -19,7 +19,8 @@ Which models take it (checked once, when the engine binds it; `ineligible` says 
 models only (a mixture-of-experts config runs op by op: the stack has no router), every
 projection a plain fp32 nn.Linear or an int8 / int4 quantized one (Int8Linear, Int4Linear, GPTQ
 checkpoints included: the stack multiplies with the packed copy their op-by-op calls use,
-`QuantLinear.cpu_weight`, in integers at every row count, whatever their `cpu_path`; fp8 or other
+`QuantLinear.cpu_weight`, in integers at every row count, whatever their `cpu_path`; a quantized lm_head
+likewise, after the final norm in the same call: `logits`; fp8 or other
 replaced modules run op by op), no bias but the optional qkv bias (Qwen2), fp32 norms (Qwen3's q/k norms included), fp32 contiguous KV caches, head
 sizes the C attention kernel was compiled for. Sliding windows are per layer (Mistral's); Gemma's
 layer (sandwich norms, GeGLU, soft-capping) is not the stack's and runs op by op. The pointers are taken at bind time: the engine never
@@ -119,8 +120,14 @@ class ModelDecodeStack:
                 mat(mlp.gate_up_proj), mat(mlp.down_proj), k_cache, v_cache, attn.window,
             ))  # fmt: skip
         self.half, self.packed = half, packed
+        # a quantized lm_head multiplies inside the stack's call (`logits`): the same integer kernel
+        # Backend.project runs it on, without a second call and its own activation quantizing pass
+        head = getattr(model, "lm_head", None)
+        self.head: QuantLinear | None = head if isinstance(head, QuantLinear) and not model.cfg.final_softcap else None
+        head_weight, head_bias = self.head.cpu_weight() if self.head is not None else (None, None)
         self._stack: BoundDecodeStack = native.bind(_shape(model), layers, body.norm.weight.detach(), model.cos_sin,
-                                                    half=half, packed=self.packed)  # fmt: skip
+                                                    half=half, packed=self.packed, head=head_weight,
+                                                    head_bias=head_bias)  # fmt: skip
         self._model, self._native = model, native
         self._embed = body.embed_tokens.weight
         self._kv_caches = kv_caches
@@ -191,6 +198,18 @@ class ModelDecodeStack:
         """The final-normed hidden states [rows, hidden] (what the layer loop and the final norm give)."""
         return self.rows(input_ids, positions.to(torch.int64).contiguous(), meta.slot_mapping,
                          meta.decode_block_tables, meta.decode_context_lens)  # fmt: skip
+
+    def head_takes(self) -> bool:
+        """Whether `logits` runs the lm_head in the call: a quantized head is bound, on the integer
+        kernel its module's own forward runs (cpu_path "kernel"), with no hook on it."""
+        head = self.head
+        return head is not None and head.cpu_path == "kernel" and not (head._forward_hooks or head._forward_pre_hooks)
+
+    def logits(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The fp32 logits [rows, vocab] of every row of a step `takes` took (head_takes): the final norm
+        and the quantized lm_head in the stack's call, what compute_logits gives on __call__'s rows."""
+        return self._stack.logits(F.embedding(input_ids, self._embed), positions.to(torch.int64).contiguous(),
+                                  meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens)  # fmt: skip
 
     def rows(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor,
              context_lens: torch.Tensor) -> torch.Tensor:  # fmt: skip

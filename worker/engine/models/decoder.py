@@ -257,6 +257,16 @@ class CausalLM(nn.Module):
                                         rows_only)  # fmt: skip
         return body.norm.forward(x, residual)[0]
 
+    def stack_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:  # fmt: skip
+        """forward then compute_logits of every row in one decode stack call, where the stack takes the
+        step and runs the lm_head in it (a quantized head on the CPU: ModelDecodeStack.head_takes);
+        None: the caller runs forward and compute_logits."""
+        stack = self.decode_stack
+        if stack is None or not getattr(stack, "head_takes", bool)() or (self.lora is not None and self.lora.active):
+            return None
+        return stack.logits(input_ids, positions, meta) if stack.takes(input_ids, meta, kv_caches) else None
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> fp32 logits [N, vocab] (soft-capped where the config says: Gemma 2)."""
         logits = self.backend.project(self.lm_head, hidden).float()
