@@ -29,7 +29,9 @@ class DeviceRows:
         self.copy = copy
         self.tables = tuple(g.table for g in batch.groups)  # the block tables, one per KV cache group
         self.mirrored = (*self.tables, *MIRRORED)
-        self.tensors: dict[str, torch.Tensor] = {name: self._full(name) for name in self.mirrored}
+        self.tensors: dict[str, torch.Tensor] = {}
+        for name in self.mirrored:
+            self._set(name, self._full(name))
         batch.joined.clear()
         batch.grew.clear()
         batch.resized.clear()
@@ -38,17 +40,17 @@ class DeviceRows:
         host = torch.from_numpy(getattr(self.batch, name))
         return host.to(self.device, copy=True) if self.copy else host
 
-    def __getattr__(self, name: str) -> torch.Tensor:
-        try:
-            return self.__dict__["tensors"][name]
-        except KeyError:
-            raise AttributeError(name) from None
+    def _set(self, name: str, tensor: torch.Tensor) -> None:
+        """The mirror of array `name`: in `tensors`, and as the attribute `name` (a plain attribute: a
+        step reads a few of them, where a __getattr__ fallback costs ~1 us each)."""
+        self.tensors[name] = tensor
+        setattr(self, name, tensor)
 
     def sync(self) -> None:
         """Bring the device copies up to date with the host for the rows that changed."""
         b = self.batch
         for name in b.resized:  # a request with more stop ids (or biases) than any before: a wider array
-            self.tensors[name] = self._full(name)
+            self._set(name, self._full(name))
         b.resized.clear()
         if not self.copy:
             b.joined.clear()

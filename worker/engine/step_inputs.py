@@ -131,22 +131,28 @@ def decode_step(sched: SchedulerOutput, batch: PersistentBatch, dev: DeviceRows)
     width = int(pos.max()) // bs + 1
     protected = pos < batch.protected[at]  # a fully cached prompt recomputes its last token: no store
     below = protected.any()
-    if isinstance(at, slice):
-        ids, rows_dev = dev.last_token[at], None
+    # consecutive rows: views, no copy; where the device's arrays are the host's (not dev.copy) the
+    # numpy arrays are sliced and wrapped, a few us less than slicing the torch views
+    viewed = isinstance(at, slice)
+    if viewed:
+        ids, rows_dev = dev.last_token[at] if dev.copy else torch.from_numpy(batch.last_token[at]), None
     else:
         rows_dev = to_device(rows, device)
         ids = dev.last_token.index_select(0, rows_dev)
     lens = to_device((pos + 1).astype(np.int32), device)
+    block, offset = pos // bs, pos % bs
     metas = []
     for g in batch.groups:
-        slots = getattr(batch, g.table)[rows, pos // bs].astype(np.int64) * bs + pos % bs
+        host = getattr(batch, g.table)
+        slots = host[rows, block].astype(np.int64) * bs + offset
         if below:
             slots[protected] = -1
-        table = getattr(dev, g.table)
-        metas.append(AttentionMetadata(
-            slot_mapping=to_device(slots, device), num_prefill_tokens=0, decode_context_lens=lens,
-            decode_block_tables=table[at, :width] if rows_dev is None else decode_tables(table, rows, rows_dev, width),
-        ))  # fmt: skip
+        if not viewed:
+            tables = decode_tables(getattr(dev, g.table), rows, rows_dev, width)
+        else:
+            tables = getattr(dev, g.table)[at, :width] if dev.copy else torch.from_numpy(host[at, :width])
+        metas.append(AttentionMetadata(slot_mapping=to_device(slots, device), num_prefill_tokens=0,
+                                       decode_context_lens=lens, decode_block_tables=tables))  # fmt: skip
     return StepInputs(input_ids=ids, positions=to_device(pos, device), meta=metadata(metas), logit_rows=None,
                       sample_rows=rows, sample_rows_ascending=True, prompt=[], num_prefill_tokens=0, decode_rows=rows,
                       decode_positions=pos)  # fmt: skip
