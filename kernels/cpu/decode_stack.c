@@ -5,7 +5,8 @@
  * (bench/step_overhead.py --batch1-medium). Here every layer runs in C on buffers that stay in L1/L2: RMSNorm (with the
  * residual add), the qkv GEMV (+ bias), per-head q/k RMSNorm (Qwen3), rotary, the K/V store, decode
  * attention over the paged cache, o_proj, RMSNorm, gate_up with SiLU * up, down; then the final norm,
- * and with a quantized lm_head bound (decode_stack_logits_f32) the logits, split over the team.
+ * and with an lm_head bound (quantized, or packed for gemm.h; decode_stack_logits_f32) the logits, split
+ * over the team.
  * Only the weights stream from memory. The pieces are the same code as the one-op kernels
  * (layer_rows.h, decode_attention.h, gemv.h), so each layer computes what the op-by-op path computes,
  * except for the matmuls' summation order (gemv.h against torch's GEMM).
@@ -123,9 +124,16 @@ static void *run_member(void *arg) {
     for (int64_t m = 0; m < M; m++)
         rms_norm_row(s->down + m * H, res + m * H, mdl->final_norm, H, eps, normed + m * H, res + m * H);
     if (s->logits) {
-        const QRows nx = quantize_input(s, tid, &mdl->head, normed, H, H);
-        linear(s, 0, 0, &mdl->head, &nx, 0, mdl->head_bias, H, normed, H, s->logits, mdl->vocab,
-               SLICE(mdl->vocab, &mdl->head, s, tid));
+        const QMatrix *hq = &mdl->head;
+        const int64_t V = mdl->vocab, lo = slice_at(V, hq, s, tid), hi = slice_at(V, hq, s, tid + 1);
+        if (hq->w) {
+            const QRows nx = quantize_input(s, tid, hq, normed, H, H);
+            linear(s, 0, 0, hq, &nx, 0, mdl->head_bias, H, normed, H, s->logits, V, lo, hi);
+        } else if (hi > lo && mdl->head_half) { /* its own dtype, whatever the layers' half_weights */
+            gemm_packed_h((const uint16_t *)mdl->head_packed, mdl->head_bias, H, normed, H, M, s->logits, V, lo, hi, 0);
+        } else if (hi > lo) {
+            gemm_packed((const float *)mdl->head_packed, mdl->head_bias, H, normed, H, M, s->logits, V, lo, hi, 0);
+        }
     }
     return 0;
 }
@@ -255,15 +263,15 @@ int decode_stack_f32(const StackModel *model, Sgemm sgemm, const float *x, int64
                      num_threads);
 }
 
-/* decode_stack_f32, then logits [rows, vocab] <- out . head^T (+ head_bias) through the model's
- * quantized head in the same call (its rows quantized per block like every quantized matrix's input:
- * quant_matmul.c's products of the head as one Linear, the same floats). -1 also when no head is
- * bound. */
+/* decode_stack_f32, then logits [rows, vocab] <- out . head^T (+ head_bias) through the model's head
+ * in the same call: a quantized one's rows quantized per block like every quantized matrix's input
+ * (quant_matmul.c's products of the head as one Linear, the same floats); a packed one's gemm.h tiles
+ * (gemv.c's gemm_packed_f32 on the same copy, the same floats). -1 also when no head is bound. */
 int decode_stack_logits_f32(const StackModel *model, Sgemm sgemm, const float *x, int64_t rows,
                             const int64_t *positions, const int64_t *slots, const int32_t *block_tables,
                             int64_t bt_stride, const int32_t *context_lens, float *out, float *logits,
                             int64_t num_threads) {
-    if (!model->head.w || !logits) return -1;
+    if (!(model->head.w || model->head_packed) || !logits) return -1;
     return run_stack(model, sgemm, x, rows, positions, slots, block_tables, bt_stride, context_lens, out, logits,
                      num_threads);
 }

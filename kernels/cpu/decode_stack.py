@@ -62,6 +62,7 @@ class _Model(ctypes.Structure):
                                           "half_weights")]  # fmt: skip
     _fields_ += [("eps", _f32), ("scale", _f32), ("layers", _ptr), ("final_norm", _ptr), ("cos_sin", _ptr)]
     _fields_ += [("packed", _i64), ("q_block", _i64), ("head", _QMatrix), ("head_bias", _ptr), ("vocab", _i64)]
+    _fields_ += [("head_packed", _ptr), ("head_half", _i64)]
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,9 @@ class NativeDecodeStack:
         return bool(self._fits(shape.num_heads, shape.num_kv_heads, shape.head_dim, block_size))
 
     def bind(self, shape: StackShape, layers: list[StackLayer], final_norm: torch.Tensor,
-             cos_sin: torch.Tensor, half: bool = False, packed: bool = False, head: QuantWeight | None = None,
-             head_bias: torch.Tensor | None = None) -> BoundDecodeStack:  # fmt: skip
+             cos_sin: torch.Tensor, half: bool = False, packed: bool = False,
+             head: QuantWeight | torch.Tensor | None = None, head_bias: torch.Tensor | None = None,
+             head_rows: int = 0) -> BoundDecodeStack:  # fmt: skip
         """A callable stack over these tensors. Raises ValueError naming the first tensor that is not
         fp32 (half: the four matrices qkv, o_proj, gate_up and down fp16 instead, widened exactly in
         the GEMVs: half the bytes, the products of their fp32 copies; up to gemv_rows rows), contiguous
@@ -135,8 +137,9 @@ class NativeDecodeStack:
         only the packed copies of the four matrices: a caller's fp16 copies are freed with the call.
         A matrix given as a QuantWeight is read as packed (no copy is made; half and packed concern
         the others); a stack whose matrices are all quantized takes up to 4096 rows. head: the lm_head
-        quantized ([vocab, hidden], with head_bias fp32 [vocab] or None): BoundDecodeStack.logits then
-        multiplies it in the same call."""
+        quantized ([vocab, hidden]), or packed by pack_rows(weight, pack_width) (fp32 or fp16, whatever
+        `half` says) with head_rows its vocab; head_bias fp32 [vocab] or None: BoundDecodeStack.logits
+        then multiplies it in the same call."""
         h, d, inter = shape.hidden, shape.head_dim, shape.intermediate
         q, kv = shape.num_heads * d, shape.num_kv_heads * d
         want = {"input_norm": (h,), "qkv": (q + 2 * kv, h), "qkv_bias": (q + 2 * kv,), "q_norm": (d,), "k_norm": (d,),
@@ -173,11 +176,17 @@ class NativeDecodeStack:
             structs[i] = _Layer(*pointers, layer.window, *(None if t is None else t.data_ptr() for t in copies),
                                 *(_QMatrix.of(quant.get(name)) for name in HALF_MATRICES))  # fmt: skip
         _check("final_norm", final_norm, (h,))
-        vocab = 0 if head is None else head.n
+        quant_head = head if isinstance(head, QuantWeight) else None
+        packed_head = head if isinstance(head, torch.Tensor) else None
+        vocab = head.n if quant_head is not None else head_rows if packed_head is not None else 0
+        if quant_head is not None:
+            _check_quant("head", quant_head, (vocab, h))
+            blocks.add(INT8_ACT_BLOCK if quant_head.bits == 8 else quant_head.group)
+        if packed_head is not None:
+            _check("head", packed_head, (-(-vocab // self.pack_width), h, self.pack_width),
+                   dtype=torch.float16 if packed_head.dtype == torch.float16 else torch.float32)  # fmt: skip
         if head is not None:
-            _check_quant("head", head, (vocab, h))
             _check("head_bias", head_bias, (vocab,), optional=True)
-            blocks.add(INT8_ACT_BLOCK if head.bits == 8 else head.group)
         if not (cos_sin.dtype == torch.float32 and cos_sin.is_contiguous() and cos_sin.dim() == 2 and cos_sin.shape[1] == d):
             raise ValueError(f"cos_sin must be a contiguous fp32 [max_positions, {d}] tensor")
         if cache is not None and not self.supports(shape, cache[1]):
@@ -188,8 +197,10 @@ class NativeDecodeStack:
         model = _Model(len(layers), h, shape.num_heads, shape.num_kv_heads, d, inter, cache[1] if cache else 1,
                        cache[0] * cache[1] if cache else 0, cos_sin.shape[0], int(half), shape.eps, shape.scale,
                        ctypes.cast(structs, _ptr), final_norm.data_ptr(), cos_sin.data_ptr(), int(packed),
-                       min(blocks, default=0), _QMatrix.of(head), None if head_bias is None else head_bias.data_ptr(),
-                       vocab)  # fmt: skip
+                       min(blocks, default=0), _QMatrix.of(quant_head),
+                       None if head_bias is None else head_bias.data_ptr(), vocab,
+                       None if packed_head is None else packed_head.data_ptr(),
+                       int(packed_head is not None and packed_head.dtype == torch.float16))  # fmt: skip
         keep = (kept, final_norm, cos_sin, structs, packs, head, head_bias)
         sgemm, most = (None, self.gemv_rows) if half else (self.sgemm, self.max_rows)
         if packed:
@@ -204,7 +215,7 @@ class BoundDecodeStack:
     def __init__(self, fn, model: _Model, keep: tuple, hidden: int, sgemm: int | None, gemv_rows: int,
                  max_rows: int, draft_fn=None, pack_width: int = 0, logits_fn=None) -> None:  # fmt: skip
         self._fn, self._model, self._keep = fn, model, keep  # keep: the tensors the pointers point into
-        self._logits_fn = logits_fn  # with a quantized head bound: decode_stack_logits_f32
+        self._logits_fn = logits_fn  # with a head bound: decode_stack_logits_f32
         self.vocab: int = model.vocab if logits_fn is not None else 0  # the head's logits per row; 0: no head
         # for a DraftChain over this stack (draft_chain.py): the model and the library's draft call
         self.model_ptr, self.draft_fn = ctypes.addressof(model), draft_fn
@@ -225,11 +236,11 @@ class BoundDecodeStack:
 
     def logits(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
                context_lens: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        """__call__'s step, then the bound quantized head over its final-normed rows in the same call:
-        the fp32 logits [rows, vocab] (what the head's QuantLinear gives on them with the integer kernel).
-        ValueError when no head is bound (vocab 0)."""
+        """__call__'s step, then the bound head over its final-normed rows in the same call: the fp32
+        logits [rows, vocab] (a quantized head: its QuantLinear's integer kernel's floats; a packed one:
+        NativeGemv.packed's on the same copy). ValueError when no head is bound (vocab 0)."""
         if self._logits_fn is None:
-            raise ValueError("no quantized lm_head is bound to this decode stack")
+            raise ValueError("no lm_head is bound to this decode stack")
         rows = x.shape[0]
         out = torch.empty(rows, self.hidden, dtype=torch.float32)
         logits = torch.empty(rows, self.vocab, dtype=torch.float32)

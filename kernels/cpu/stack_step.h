@@ -35,9 +35,12 @@ typedef struct {
     const float *final_norm, *cos_sin;
     int64_t packed;  /* every layer has its *_packed matrices (or *_q ones) */
     int64_t q_block; /* the smallest qmatrix_block of the quantized matrices (the head's too); 0: none is */
-    QMatrix head;    /* the lm_head quantized (w 0: none bound; decode_stack_logits_f32 needs one) */
+    QMatrix head;    /* the lm_head quantized (w 0: not quantized) */
     const float *head_bias; /* [vocab] or 0 */
     int64_t vocab;          /* the head's output rows */
+    const void *head_packed; /* or the lm_head packed for gemm.h (fp32, or fp16 with head_half); 0: none.
+                              * decode_stack_logits_f32 needs a head, quantized or packed */
+    int64_t head_half;
 } StackModel;
 
 /* The Fortran BLAS sgemm (column-major, arguments by pointer), passed in by the caller (kernels.cpu.blas

@@ -18,17 +18,18 @@ GREEDY = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
 
 
 def _count_stack_calls(engine: Engine, monkeypatch) -> list[int]:
-    """Rows of each decode step the stack ran."""
+    """Rows of each decode step the stack ran (its hidden states, or its logits: the lm_head in the call)."""
     stack = engine.runner.model.decode_stack
     assert stack is not None
     rows: list[int] = []
-    real = type(stack).__call__
+    for name in ("__call__", "logits"):
+        real = getattr(type(stack), name)
 
-    def spy(self, input_ids, positions, meta):
-        rows.append(input_ids.shape[0])
-        return real(self, input_ids, positions, meta)
+        def spy(self, input_ids, positions, meta, real=real):
+            rows.append(input_ids.shape[0])
+            return real(self, input_ids, positions, meta)
 
-    monkeypatch.setattr(type(stack), "__call__", spy)
+        monkeypatch.setattr(type(stack), name, spy)
     return rows
 
 
@@ -54,6 +55,7 @@ def test_on_and_off_give_the_same_tokens(make_checkpoint, monkeypatch, modes: di
     off = small_engine(path, max_num_seqs=8, decode_stack=False, **modes)
     assert off.runner.model.decode_stack is None
     on = small_engine(path, max_num_seqs=8, **modes)
+    assert on.runner.model.decode_stack.head_takes()  # the fp32 lm_head's packed copy, in the call
     rows = _count_stack_calls(on, monkeypatch)
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     assert [o.token_ids for o in on.generate(mixed_prompts(), params)] == [

@@ -44,17 +44,19 @@ def test_kernels_give_the_reference_paths_greedy_tokens(make_checkpoint, arch: s
 
 
 def _count_stack_calls(engine: Engine) -> list[int]:
-    """Rows of each decode step the stack ran (a spy on this engine's stack only)."""
+    """Rows of each decode step the stack ran, its hidden states or its logits (the lm_head in the
+    call): a spy on this engine's stack only."""
     stack = engine.runner.model.decode_stack
     assert stack is not None
     rows: list[int] = []
-    call = stack.rows
+    for name in ("rows", "logits"):
+        call = getattr(stack, name)
 
-    def spy(input_ids, *args):
-        rows.append(input_ids.shape[0])
-        return call(input_ids, *args)
+        def spy(input_ids, *args, call=call):
+            rows.append(input_ids.shape[0])
+            return call(input_ids, *args)
 
-    stack.rows = spy
+        setattr(stack, name, spy)
     return rows
 
 

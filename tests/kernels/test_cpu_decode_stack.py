@@ -14,6 +14,7 @@ from torch_threads import torch_threads
 
 from kernels import reference
 from kernels.cpu.decode_stack import NativeDecodeStack, StackLayer, StackShape, pack_rows
+from kernels.cpu.gemv import NativeGemv
 from kernels.cpu.quant_matmul import NativeQuantMatmul, QuantWeight, pack_int4, pack_int8
 from kernels.reference import quant_matmul as qref
 from worker.engine.models.rotary import cos_sin_cache
@@ -361,5 +362,32 @@ def test_quantized_head_gives_its_kernels_logits_in_the_call(native, bits, group
     # that times a head weight (|w| ~0.04 here, at most ~0.2) over the few flipped values, and may flip the head's own
     # rounding of that row: ~1e-2 at most, against logits of ~1
     assert_close(outs[0], want, atol=2e-2, rtol=1e-3)
-    with pytest.raises(ValueError, match="no quantized lm_head"):
+    with pytest.raises(ValueError, match="no lm_head"):
         native.bind(shape, _copy_caches(layers), final_norm, cos_sin).logits(x, positions, slots, tables, cl)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("rows", [1, 13, 40])
+def test_packed_head_gives_the_packed_products_logits_in_the_call(native, dtype, rows) -> None:
+    """An fp32 lm_head bound as its packed copy (pack_rows, fp32 or fp16 whatever the layers are)
+    multiplies the final-normed rows in the same call: NativeGemv.packed's floats on the stack's
+    hidden states, on 1, 2 or 3 threads (a vocab of 300 cut between them, tiles split)."""
+    lens = [1 + (7 * i) % 50 for i in range(rows)]
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(72, 4, 2, 16, 40, 4, lens, True, True)
+    vocab, width = 300, native.pack_width
+    weight = randn(vocab, shape.hidden, scale=0.5 / shape.hidden**0.5)
+    head = pack_rows(weight.half() if dtype == torch.float16 else weight, width)
+    outs = []
+    for threads in (1, 2, 3):
+        with torch_threads(threads):
+            stack = native.bind(shape, _copy_caches(layers), final_norm, cos_sin, packed=True, head=head,
+                                head_rows=vocab)  # fmt: skip
+            outs.append(stack.logits(x, positions, slots, tables, cl))
+            normed = native.bind(shape, _copy_caches(layers), final_norm, cos_sin, packed=True)(
+                x, positions, slots, tables, cl)  # fmt: skip
+            assert torch.equal(outs[-1], NativeGemv().packed(normed, head, vocab))
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
+    assert_close(outs[0], F.linear(normed, head.transpose(1, 2).reshape(-1, shape.hidden)[:vocab].float()),
+                 atol=1e-4, rtol=1e-4)  # fmt: skip
+    with pytest.raises(ValueError, match="head must be"):  # a copy packed at another width
+        native.bind(shape, _copy_caches(layers), final_norm, cos_sin, head=pack_rows(weight, width * 2), head_rows=vocab)

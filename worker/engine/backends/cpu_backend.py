@@ -104,11 +104,8 @@ class CpuBackend(TorchBackend):
             log.info("decode_stack_off", reason=reason)
             return None
         stack = ModelDecodeStack.for_engine(model, kv_caches, self.stack)
-        head = getattr(model, "lm_head", None)
-        if stack.packed and type(head) is nn.Linear and head.weight.dtype == torch.float32:
-            copies = HeadCopies.of(head, self.gemv.pack_width)
-            if copies is not None:
-                self._heads[id(head)] = copies
+        if stack.head_copies is not None:  # its lm_head's copy, for the steps the stack does not take
+            self._heads[id(stack.head_copies.module)] = stack.head_copies
         return stack
 
     def rms_norm(  # type: ignore[override]

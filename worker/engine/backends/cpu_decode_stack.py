@@ -2,7 +2,8 @@
 
 A pure decode step then runs its whole layer stack in one C call: the step's ~12 ops a layer
 (norms, qkv, rotary + K/V store, attention, o_proj, gate_up, SiLU * up, down) without Python or
-torch's dispatch between them. Up to 15 rows the stack runs on torch's thread count; more rows run on
+torch's dispatch between them, then the final norm and the lm_head (`logits`: a quantized head's
+integer kernel, or the fp32 head's packed copy, HeadCopies; the products Backend.project gives it). Up to 15 rows the stack runs on torch's thread count; more rows run on
 one thread, so they go through the stack only when torch runs one thread (with more, the op-by-op path
 threads attention too). The engine's stack (`for_engine`) keeps its own copies of the four matrices,
 packed for the register-tiled product of kernels/cpu/gemm.h: fp16 when every value is an fp16 value
@@ -19,8 +20,7 @@ Which models take it (checked once, when the engine binds it; `ineligible` says 
 models only (a mixture-of-experts config runs op by op: the stack has no router), every
 projection a plain fp32 nn.Linear or an int8 / int4 quantized one (Int8Linear, Int4Linear, GPTQ
 checkpoints included: the stack multiplies with the packed copy their op-by-op calls use,
-`QuantLinear.cpu_weight`, in integers at every row count, whatever their `cpu_path`; a quantized lm_head
-likewise, after the final norm in the same call: `logits`; fp8 or other
+`QuantLinear.cpu_weight`, in integers at every row count, whatever their `cpu_path`; fp8 or other
 replaced modules run op by op), no bias but the optional qkv bias (Qwen2), fp32 norms (Qwen3's q/k norms included), fp32 contiguous KV caches, head
 sizes the C attention kernel was compiled for. Sliding windows are per layer (Mistral's); Gemma's
 layer (sandwich norms, GeGLU, soft-capping) is not the stack's and runs op by op. The pointers are taken at bind time: the engine never
@@ -97,9 +97,11 @@ class ModelDecodeStack:
     """Call `takes` then the instance (CausalLM.forward does, for every step)."""
 
     def __init__(self, model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 native: NativeDecodeStack, half: bool = False, packed: bool = False) -> None:  # fmt: skip
+                 native: NativeDecodeStack, half: bool = False, packed: bool = False,
+                 head_copies: HeadCopies | None = None) -> None:  # fmt: skip
         """Binds the model's tensors (see the module docstring; check `ineligible` first). half: its
-        matrices as fp16 copies (`halved`); packed: also copied packed (NativeDecodeStack.bind)."""
+        matrices as fp16 copies (`halved`); packed: also copied packed (NativeDecodeStack.bind);
+        head_copies: the fp32 lm_head's packed copy, multiplied in the call too (`logits`)."""
         body = model.model
         layers = []
 
@@ -120,14 +122,24 @@ class ModelDecodeStack:
                 mat(mlp.gate_up_proj), mat(mlp.down_proj), k_cache, v_cache, attn.window,
             ))  # fmt: skip
         self.half, self.packed = half, packed
-        # a quantized lm_head multiplies inside the stack's call (`logits`): the same integer kernel
-        # Backend.project runs it on, without a second call and its own activation quantizing pass
+        # the lm_head multiplies inside the stack's call (`logits`), on the product Backend.project
+        # gives it (a quantized head's integer kernel, an fp32 head's packed copy), without a second
+        # call (and a quantized head's own activation quantizing pass)
         head = getattr(model, "lm_head", None)
-        self.head: QuantLinear | None = head if isinstance(head, QuantLinear) and not model.cfg.final_softcap else None
-        head_weight, head_bias = self.head.cpu_weight() if self.head is not None else (None, None)
+        head_weight: QuantWeight | torch.Tensor | None = None
+        head_bias, vocab = None, 0
+        self.head: nn.Module | None = None
+        if isinstance(head, QuantLinear):
+            self.head = head
+            head_weight, head_bias = head.cpu_weight()
+        elif head_copies is not None and head_copies.module is head:
+            self.head, head_weight, vocab = head, head_copies.packed, head.weight.shape[0]
+        if model.cfg.final_softcap:
+            self.head, head_weight, head_bias = None, None, None
+        self.head_copies = head_copies  # the fp32 head's copy, for Backend.project's other calls too
         self._stack: BoundDecodeStack = native.bind(_shape(model), layers, body.norm.weight.detach(), model.cos_sin,
                                                     half=half, packed=self.packed, head=head_weight,
-                                                    head_bias=head_bias)  # fmt: skip
+                                                    head_bias=head_bias, head_rows=vocab)  # fmt: skip
         self._model, self._native = model, native
         self._embed = body.embed_tokens.weight
         self._kv_caches = kv_caches
@@ -168,11 +180,16 @@ class ModelDecodeStack:
     def for_engine(cls, model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                    native: NativeDecodeStack) -> ModelDecodeStack:  # fmt: skip
         """The stack the CPU backend binds: fp16 matrices when they hold fp16 values exactly, packed
-        copies (both within COPY_LIMIT_BYTES; see the module docstring)."""
+        copies (both within COPY_LIMIT_BYTES; see the module docstring), the fp32 lm_head's included
+        (HeadCopies, bound for `logits`)."""
         mats = _matrices(model)
         if sum(w.numel() * 4 for w in mats) > COPY_LIMIT_BYTES:
             return cls(model, kv_caches, native)
-        return cls(model, kv_caches, native, half=bool(mats) and all(exactly_half(w) for w in mats), packed=True)
+        head = getattr(model, "lm_head", None)
+        copies = HeadCopies.of(head, native.pack_width) \
+            if type(head) is nn.Linear and head.weight.dtype == torch.float32 else None  # fmt: skip
+        return cls(model, kv_caches, native, half=bool(mats) and all(exactly_half(w) for w in mats), packed=True,
+                   head_copies=copies)  # fmt: skip
 
     def halved(self) -> ModelDecodeStack | None:
         """The same stack with its fp32 matrices (qkv, o_proj, gate_up, down) as fp16 copies, when every
@@ -200,14 +217,15 @@ class ModelDecodeStack:
                          meta.decode_block_tables, meta.decode_context_lens)  # fmt: skip
 
     def head_takes(self) -> bool:
-        """Whether `logits` runs the lm_head in the call: a quantized head is bound, on the integer
-        kernel its module's own forward runs (cpu_path "kernel"), with no hook on it."""
+        """Whether `logits` runs the lm_head in the call: a head is bound, with no hook on it, and a
+        quantized one on the integer kernel its module's own forward runs (cpu_path "kernel")."""
         head = self.head
-        return head is not None and head.cpu_path == "kernel" and not (head._forward_hooks or head._forward_pre_hooks)
+        return head is not None and getattr(head, "cpu_path", "kernel") == "kernel" \
+            and not (head._forward_hooks or head._forward_pre_hooks)  # fmt: skip
 
     def logits(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The fp32 logits [rows, vocab] of every row of a step `takes` took (head_takes): the final norm
-        and the quantized lm_head in the stack's call, what compute_logits gives on __call__'s rows."""
+        and the lm_head in the stack's call, what compute_logits gives on __call__'s rows."""
         return self._stack.logits(F.embedding(input_ids, self._embed), positions.to(torch.int64).contiguous(),
                                   meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens)  # fmt: skip
 
@@ -220,7 +238,8 @@ class ModelDecodeStack:
 
 @dataclass(frozen=True)
 class HeadCopies:
-    """The lm_head's copy for the CPU backend's `project`, made beside the engine's stack: packed for
+    """The lm_head's copy, made with the engine's stack and bound to it (its `logits`), and for the CPU
+    backend's `project` on the steps the stack does not take: packed for
     gemm.h (steps of packed_rows rows or more, every step: no per-call packing, bench/cpu_wide_decode.py
     times the lm_head after the stack), in fp16 when every value is an fp16 value (`half`: half the bytes,
     the same products). No unpacked fp16 copy is kept: every step takes the packed one."""
