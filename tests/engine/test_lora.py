@@ -227,15 +227,20 @@ def _dequantized_base(engine: Engine, src: Path, out: Path) -> transformers.PreT
     return transformers.AutoModelForCausalLM.from_pretrained(out).float().eval()
 
 
+def _half_adapter(src: Path, out: Path) -> Path:
+    """The adapter in folder `src` with its weights in fp16, written to `out`."""
+    out.mkdir()
+    (out / "adapter_config.json").write_text((src / "adapter_config.json").read_text())
+    tensors = load_file(str(src / "adapter_model.safetensors"))
+    save_file({k: v.half() for k, v in tensors.items()}, str(out / "adapter_model.safetensors"))
+    return out
+
+
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_quantized_base_with_an_fp16_adapter_equals_peft_over_the_dequantized_model(adapters_of, tmp_path,
                                                                                     method: str) -> None:  # fmt: skip
     ckpt, _, folders = adapters_of("llama")
-    half = tmp_path / "half"
-    half.mkdir()
-    (half / "adapter_config.json").write_text((folders["full"] / "adapter_config.json").read_text())
-    tensors = load_file(str(folders["full"] / "adapter_model.safetensors"))
-    save_file({k: v.half() for k, v in tensors.items()}, str(half / "adapter_model.safetensors"))
+    half = _half_adapter(folders["full"], tmp_path / "half")
     engine = _engine(ckpt.path, {"half": half}, quantization=method, decode_stack=False)
     for module in engine.runner.model.modules():
         if isinstance(module, Int8Linear | Int4Linear):
@@ -258,11 +263,7 @@ def test_an_fp8_base_with_an_fp16_adapter_equals_peft_over_the_fp8_reference(ada
     from worker.engine.quant import Fp8Linear
 
     ckpt, base, folders = adapters_of("llama")
-    half = tmp_path / "half"
-    half.mkdir()
-    (half / "adapter_config.json").write_text((folders["full"] / "adapter_config.json").read_text())
-    tensors = load_file(str(folders["full"] / "adapter_model.safetensors"))
-    save_file({k: v.half() for k, v in tensors.items()}, str(half / "adapter_model.safetensors"))
+    half = _half_adapter(folders["full"], tmp_path / "half")
     engine = _engine(ckpt.path, {"half": half}, quantization="fp8")
     model = engine.runner.model
     quantized = {name.removesuffix(".base") for name, m in model.named_modules() if isinstance(m, Fp8Linear)}
