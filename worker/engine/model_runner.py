@@ -302,10 +302,12 @@ class ModelRunner:
         if self.graphs is not None and not inputs.num_prefill_tokens and inputs.input_ids.shape[0] <= self.graphs.sizes[-1] \
                 and not lora:  # fmt: skip
             return self.graphs.run(inputs.input_ids, inputs.positions, meta)
-        logits = self.model.stack_logits(inputs.input_ids, inputs.positions, meta, self.kv_caches)
-        if logits is not None:  # a pure decode step: every row is a decode row and needs its logits
+        stacked = self.model.stack_takes(inputs.input_ids, meta, self.kv_caches)
+        if stacked and self.model.decode_stack.head_takes():  # the lm_head in the same call
+            logits = self.model.decode_stack.logits(inputs.input_ids, inputs.positions, meta)
+            # a pure decode step: every row is a decode row and has its logits
             return logits if inputs.logit_rows is None else logits.index_select(0, inputs.logit_rows)
-        hidden = self.model(inputs.input_ids, inputs.positions, meta, self.kv_caches)
+        hidden = self.model(inputs.input_ids, inputs.positions, meta, self.kv_caches, stacked=stacked)
         if inputs.logit_rows is not None:
             hidden = hidden.index_select(0, inputs.logit_rows)
         if not hidden.shape[0]:

@@ -1,20 +1,19 @@
 """ModelDecodeStack: a CausalLM's decoder layers bound to the C decode stack (kernels/cpu/decode_stack).
 
-A pure decode step then runs its whole layer stack in one C call: the step's ~12 ops a layer
-(norms, qkv, rotary + K/V store, attention, o_proj, gate_up, SiLU * up, down) without Python or
-torch's dispatch between them, then the final norm and the lm_head (`logits`: a quantized head's
-integer kernel, or the fp32 head's packed copy, HeadCopies; the products Backend.project gives it). Up to 15 rows the stack runs on torch's thread count; more rows run on
-one thread, so they go through the stack only when torch runs one thread (with more, the op-by-op path
-threads attention too). The engine's stack (`for_engine`) keeps its own copies of the four matrices,
-packed for the register-tiled product of kernels/cpu/gemm.h: fp16 when every value is an fp16 value
-(a checkpoint stored in fp16: the same products from half the bytes), else fp32. They multiply every
-step of any number of rows (stack_step.h's STACK_PACKED_ROWS: one layout, the same floats for a token
-in a plain step as in a verify step), so the unpacked fp16 copies made on the way are not kept
-(NativeDecodeStack.bind). Without the copies (over
-COPY_LIMIT_BYTES) the matmuls are fp32 GEMVs up to 15 rows and torch's own sgemm beyond.
-Everything else runs the layers op by op as before: a prefill chunk in the step, hooks on a
-projection, or rows that all share leading blocks (the op-by-op attention reads a shared prefix
-once for the whole batch, the stack once per row).
+A pure decode step then runs its whole layer stack in one C call: the step's ~12 ops a layer (norms,
+qkv, rotary + K/V store, attention, o_proj, gate_up, SiLU * up, down) without Python or torch's dispatch
+between them, then the final norm and the lm_head (`logits`: a quantized head's integer kernel, or the
+fp32 head's packed copy, HeadCopies; the products Backend.project gives it). Up to 15 rows the stack
+runs on torch's thread count; more rows run on one thread, so they go through the stack only when torch
+runs one thread (with more, the op-by-op path threads attention too). The engine's stack (`for_engine`)
+keeps its own copies of the four matrices, packed for the register-tiled product of kernels/cpu/gemm.h:
+fp16 when every value is an fp16 value (a checkpoint stored in fp16: the same products from half the
+bytes), else fp32. They multiply every step of any number of rows (stack_step.h's STACK_PACKED_ROWS: one
+layout, the same floats for a token in a plain step as in a verify step), so the unpacked fp16 copies
+made on the way are not kept (NativeDecodeStack.bind). Without the copies (over COPY_LIMIT_BYTES) the
+matmuls are fp32 GEMVs up to 15 rows and torch's own sgemm beyond. Everything else runs the layers op by
+op as before: a prefill chunk in the step, hooks on a projection, or rows that all share leading blocks
+(the op-by-op attention reads a shared prefix once for the whole batch, the stack once per row).
 
 Which models take it (checked once, when the engine binds it; `ineligible` says why not): dense
 models only (a mixture-of-experts config runs op by op: the stack has no router), every

@@ -229,15 +229,18 @@ class CausalLM(nn.Module):
         positions: torch.Tensor,  # int64 [T]: rows of the cos/sin table (see below)
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k_cache, v_cache)
+        stacked: bool | None = None,
     ) -> torch.Tensor:
         """Final hidden states (normed): [T, hidden], or [N, hidden] for meta.output_rows when set
         (the last layer then skips the other rows: only their K/V are needed, by later tokens).
         `positions` feed the rotary only (attention reads meta): each token's position, plus its
         sequence's rope_offset in a prefill (LongRoPE's all-long rows for a prompt past the threshold;
-        0 for every other model; decodes need none: step_inputs)."""
-        stack = self.decode_stack
-        if stack is not None and not (self.lora is not None and self.lora.active) and stack.takes(input_ids, meta, kv_caches):
-            return stack(input_ids, positions, meta)
+        0 for every other model; decodes need none: step_inputs). stacked: `stack_takes` of this step
+        when the caller has asked it already (None: asked here)."""
+        if stacked is None:
+            stacked = self.stack_takes(input_ids, meta, kv_caches)
+        if stacked:
+            return self.decode_stack(input_ids, positions, meta)
         body = self.model
         x = body.embed_tokens(input_ids)
         if self.embed_scale is not None:
@@ -257,15 +260,13 @@ class CausalLM(nn.Module):
                                         rows_only)  # fmt: skip
         return body.norm.forward(x, residual)[0]
 
-    def stack_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:  # fmt: skip
-        """forward then compute_logits of every row in one decode stack call, where the stack takes the
-        step and runs the lm_head in it (a quantized head on the CPU: ModelDecodeStack.head_takes);
-        None: the caller runs forward and compute_logits."""
+    def stack_takes(self, input_ids: torch.Tensor, meta: AttentionMetadata,
+                    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:  # fmt: skip
+        """Whether the bound decode stack runs this step's layers in one call (it takes the step, and
+        no LoRA adapter is active); asked once per step."""
         stack = self.decode_stack
-        if stack is None or not getattr(stack, "head_takes", bool)() or (self.lora is not None and self.lora.active):
-            return None
-        return stack.logits(input_ids, positions, meta) if stack.takes(input_ids, meta, kv_caches) else None
+        return stack is not None and not (self.lora is not None and self.lora.active) \
+            and stack.takes(input_ids, meta, kv_caches)  # fmt: skip
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> fp32 logits [N, vocab] (soft-capped where the config says: Gemma 2)."""
