@@ -114,7 +114,7 @@ def start(command: list[str], port: int) -> subprocess.Popen[bytes]:
 
 
 def server_ms(response: Any) -> float | None:
-    """The answer's own Server-Timing `app;dur=MS` (jobs/dashboard/timing.py), None without one."""
+    """The answer's own Server-Timing `app;dur=MS` (jobs/dashboard/headers.py), None without one."""
     for part in response.headers.get("server-timing", "").split(","):
         name, _, rest = part.strip().partition(";dur=")
         if name == "app" and rest:

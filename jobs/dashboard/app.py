@@ -35,9 +35,8 @@ from jobs.dashboard.board import LOCAL_TENANT, STATES, JobBoard, JobSummary
 from jobs.dashboard.csrf import CSRF_FIELD, Csrf, CsrfError
 from jobs.dashboard.eval_trends import eval_trends
 from jobs.dashboard.fleet_view import fleet
-from jobs.dashboard.headers import SecurityHeaders
+from jobs.dashboard.headers import AnswerHeaders
 from jobs.dashboard.job_view import STATE_NAMES, job_detail
-from jobs.dashboard.timing import ServerTiming
 from jobs.errors import ObjectNotFoundError
 from jobs.live_state import LiveState
 from jobs.log import get_logger
@@ -173,8 +172,7 @@ def create_dashboard(
     app = FastAPI(title="freight dashboard", docs_url=None, redoc_url=None, openapi_url=None)
     dash = Dashboard(store, settings, config, redis_url)
     app.state.dashboard = dash
-    app.add_middleware(SecurityHeaders)
-    app.add_middleware(ServerTiming)  # added last: it runs first, so it times the security headers' work too
+    app.add_middleware(AnswerHeaders)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     _install_handlers(app, dash)
 
