@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from contracts.constraint import Constraint
+from contracts.json_text import parse_json_text
 
 TEXT: Literal["text"] = "text"  # a row's explicit plain text (response_format type text): no constraint
 RowConstraint = Constraint | Literal["text"] | None  # None: the row asks nothing (the job's applies)
@@ -201,20 +202,14 @@ def _column_object(value: Any) -> Any:
     """A Parquet response_format cell as the OpenAI JSON: JSON text parsed; a struct's null members
     dropped (a struct has every member on every row) and its schema, if JSON text, parsed."""
     if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f'response_format: not JSON ({exc.msg}); e.g. {{"type": "json_object"}}') from None
+        return parse_json_text(value, "response_format", 'e.g. {"type": "json_object"}')
     if not isinstance(value, dict):
         return value
     out = {k: v for k, v in value.items() if v is not None}
     spec = out.get("json_schema")
     if isinstance(spec, dict):
         spec = {k: v for k, v in spec.items() if v is not None}
-        if isinstance(spec.get("schema"), str):
-            try:
-                spec["schema"] = json.loads(spec["schema"])
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"response_format.json_schema.schema: not JSON ({exc.msg})") from None
+        if "schema" in spec:
+            spec["schema"] = parse_json_text(spec["schema"], "response_format.json_schema.schema")
         out["json_schema"] = spec
     return out

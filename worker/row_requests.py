@@ -11,7 +11,6 @@ shard's.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from contracts.constraint import Constraint
+from contracts.json_text import parse_json_text
 from contracts.reasoning import ReasoningFormat
 from contracts.row_constraint import RowConstraint, body_constraint, column_constraint
 from contracts.sampling import SamplingParams
@@ -369,22 +369,14 @@ def _prompt_text(value: Any, kind: str, tokenizer: Any) -> str:
 
 def _messages(value: Any) -> list[dict[str, Any]]:
     """A Parquet messages cell (a list of structs, or its JSON text), checked."""
-    try:
-        messages = json.loads(value) if isinstance(value, str) else value
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"messages: not JSON ({exc.msg}); expected a list of {{role, content}}") from None
-    return chat_messages(messages)
+    return chat_messages(parse_json_text(value, "messages", "expected a list of {role, content}"))
 
 
 def _column_kwargs(value: Any) -> dict[str, Any] | None:
     """A chat_template_kwargs cell: JSON text of an object, or a struct (its null members dropped)."""
     if value is None:
         return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f'chat_template_kwargs: not JSON ({exc.msg}); e.g. {{"enable_thinking": false}}') from None
+    value = parse_json_text(value, "chat_template_kwargs", 'e.g. {"enable_thinking": false}')
     if not isinstance(value, dict):
         raise ValueError('chat_template_kwargs: must be a JSON object, e.g. {"enable_thinking": false}')
     return {k: v for k, v in value.items() if v is not None}

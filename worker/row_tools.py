@@ -12,8 +12,9 @@ checks them as it checks a body's).
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from contracts.json_text import parse_json_text
 
 _CHOICES = ("none", "auto", "required")
 
@@ -23,7 +24,7 @@ def column_tools(value: Any) -> Any:
     if value is None:
         return None
     if isinstance(value, str):
-        return _json(value, "tools", '[{"type": "function", "function": {"name": ...}}]')
+        return parse_json_text(value, "tools", 'e.g. [{"type": "function", "function": {"name": ...}}]')
     if not isinstance(value, list):
         return value  # tool_request refuses it with its own message
     return [_tool(i, t) for i, t in enumerate(value)]
@@ -32,7 +33,7 @@ def column_tools(value: Any) -> Any:
 def column_tool_choice(value: Any) -> Any:
     """The `tool_choice` cell as a chat body's (None: null)."""
     if isinstance(value, str) and value.strip() not in _CHOICES:
-        return _json(value, "tool_choice", '{"type": "function", "function": {"name": ...}}')
+        return parse_json_text(value, "tool_choice", 'e.g. {"type": "function", "function": {"name": ...}}')
     if isinstance(value, dict):
         return _without_nulls(value)
     return value.strip() if isinstance(value, str) else value
@@ -44,7 +45,7 @@ def _tool(i: int, tool: Any) -> Any:
     out = _without_nulls(tool)
     parameters = (out.get("function") or {}).get("parameters") if isinstance(out.get("function"), dict) else None
     if isinstance(parameters, str):
-        out["function"]["parameters"] = _json(parameters, f"tools[{i}].function.parameters", '{"type": "object", ...}')
+        out["function"]["parameters"] = parse_json_text(parameters, f"tools[{i}].function.parameters", 'e.g. {"type": "object", ...}')
     return out
 
 
@@ -54,10 +55,3 @@ def _without_nulls(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_nulls(v) for v in value]
     return value
-
-
-def _json(text: str, field: str, example: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{field}: not JSON ({exc.msg}); e.g. {example}") from None
