@@ -53,7 +53,7 @@ def test_mixed_step_matches_torch_backend() -> None:
     assert_close(outs[1][0], outs[0][0], atol=2e-5, rtol=1e-4)
     assert torch.equal(outs[1][1], outs[0][1])
     # The last layer of such a step keeps only the rows that need logits: each prefill chunk's last
-    # token and the decode tokens. attention_rows gives exactly those rows of the full attention.
+    # token and the decode tokens. attention(rows_only=True) gives exactly those rows of the full attention.
     rows = [4, 7, 8, 9, 10]
     ctx_rows = [ctx_all[0], ctx_all[1], *decode_ctx]
     kept = dataclasses.replace(
@@ -64,7 +64,7 @@ def test_mixed_step_matches_torch_backend() -> None:
     )
     for name, (full, _) in zip(("torch", "triton"), outs, strict=True):
         kc, vc = cache[0].clone(), cache[1].clone()
-        part = select_backend(name, torch.device("cpu")).attention_rows(q, k, v, kc, vc, kept, 0.125)
+        part = select_backend(name, torch.device("cpu")).attention(q, k, v, kc, vc, kept, 0.125, rows_only=True)
         assert_close(part, full[rows], atol=2e-5, rtol=1e-4)
         assert torch.equal(kc, outs[0][1])  # every row's K/V stored, kept or not
 

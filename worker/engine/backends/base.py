@@ -97,15 +97,18 @@ class Backend:
 
     def attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        meta: AttentionMetadata, scale: float, options: AttentionOptions = FULL_ATTENTION,
+        meta: AttentionMetadata, scale: float, options: AttentionOptions = FULL_ATTENTION, *, rows_only: bool = False,
     ) -> torch.Tensor:  # fmt: skip
-        """q [T, Hq, D], k/v [T, Hkv, D] of one layer -> attention output [T, Hq, D].
+        """q [T, Hq, D], k/v [T, Hkv, D] of one layer -> attention output [T, Hq, D], or with
+        `rows_only` [N, Hq, D] for meta.output_rows only (`attend_rows`).
 
-        Stores k/v at meta.slot_mapping first, so each token sees itself and the step's earlier tokens.
-        `options`: the layer's sinks, sliding window and soft-cap (kernels/attention_options.py).
+        Stores every row's k/v at meta.slot_mapping first, so each token sees itself and the step's
+        earlier tokens. `options`: the layer's sinks, sliding window and soft-cap
+        (kernels/attention_options.py).
         """
         self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        return self.attend(q, k_cache, v_cache, meta, scale, options)
+        attend = self.attend_rows if rows_only else self.attend
+        return attend(q, k_cache, v_cache, meta, scale, options)
 
     def attend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
@@ -125,20 +128,12 @@ class Backend:
             )  # fmt: skip
         return out
 
-    def attention_rows(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        meta: AttentionMetadata, scale: float, options: AttentionOptions = FULL_ATTENTION,
-    ) -> torch.Tensor:  # fmt: skip
-        """Like `attention`, but returns [N, Hq, D] for meta.output_rows only; every row's k/v is
-        stored. Each kept row is one query over its sequence's cache up to its own position."""
-        self.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        return self.attend_rows(q, k_cache, v_cache, meta, scale, options)
-
     def attend_rows(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
         options: AttentionOptions = FULL_ATTENTION,
     ) -> torch.Tensor:  # fmt: skip
-        """`attention_rows` once the step's K/V are in the cache."""
+        """`attention(rows_only=True)` once the step's K/V are in the cache: each kept row is one
+        query over its sequence's cache up to its own position."""
         assert meta.output_rows is not None  # invariant: only called when the step keeps a subset
         rows = meta.output_rows
         if rows.numel() == 0:
