@@ -12,9 +12,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
+from eval_workdir import freight, make_workdir, suite_text
 
-from freight_cli import app
 from jobs.evals.collect import read_scores
 from jobs.evals.history import History
 from jobs.storage import LocalStore
@@ -24,14 +23,10 @@ from tiny_adapters import make_adapter  # noqa: E402
 
 pytest.importorskip("peft")
 PROMPTS = ["def add(a, b):", "class Queue:", "import os\n", "for i in range(3):"]
-SUITES = """\
-history = "history"
-
-[[suite]]
-name = "qa"
-dataset = "data/qa.parquet"
-models = ["model"]
-reference_column = "answer"
+SUITES = suite_text(
+    "qa",
+    "data/qa.parquet",
+    """\
 id_column = "id"
 adapters = { alpha = "adapters/alpha", "beta.v2" = "adapters/beta" }
 sampling = { max_tokens = 5 }
@@ -43,21 +38,14 @@ type = "contains"
 type = "multiple_choice"
 choices_column = "options"
 reference_column = "correct"
-"""
+""",
+)
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import transformers
 
-    from worker.demo_model import make_demo_model
-
-    root = tmp_path_factory.mktemp("evals-lora")
-    make_demo_model(root / "model", "llama")
-    base = transformers.AutoModelForCausalLM.from_pretrained(root / "model").float().eval()
-    make_adapter(base, root / "adapters" / "alpha", rank=8, seed=1, scale=0.3)
-    make_adapter(base, root / "adapters" / "beta", rank=16, seed=2, scale=0.3, targets=("q_proj", "v_proj"))
-    (root / "data").mkdir()
     words = ["return", "self", "None", "print"]
     table = pa.table({
         "id": [f"q{i}" for i in range(len(PROMPTS))],
@@ -66,21 +54,18 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "options": [[words[i], words[(i + 1) % 4]] for i in range(len(PROMPTS))],
         "correct": [0, 1, 0, 1],
     })  # fmt: skip
-    pq.write_table(table, root / "data" / "qa.parquet")
-    (root / "suites.toml").write_text(SUITES)
+    root = make_workdir(tmp_path_factory.mktemp("evals-lora"), SUITES, "data/qa.parquet", table)
+    base = transformers.AutoModelForCausalLM.from_pretrained(root / "model").float().eval()
+    make_adapter(base, root / "adapters" / "alpha", rank=8, seed=1, scale=0.3)
+    make_adapter(base, root / "adapters" / "beta", rank=16, seed=2, scale=0.3, targets=("q_proj", "v_proj"))
     return root
-
-
-def _invoke(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
-    return result.exit_code, result.stdout if result.exit_code == 0 else result.stdout + result.stderr
 
 
 def test_every_adapter_runs_the_suite_in_one_job_and_the_report_compares_them(workdir: Path) -> None:
     from worker.engine import Engine, EngineConfig, SamplingParams
 
     out = workdir / "run"
-    code, markdown = _invoke("eval", "run", str(workdir / "suites.toml"), "--output", str(out))
+    code, markdown = freight("eval", "run", str(workdir / "suites.toml"), "--output", str(out))
     assert code == 0, markdown
     model = str(workdir / "model")
     names = [None, "alpha", "beta.v2"]
@@ -133,11 +118,11 @@ def test_every_adapter_runs_the_suite_in_one_job_and_the_report_compares_them(wo
 def test_bad_adapters_are_refused_before_any_work(workdir: Path) -> None:
     bad = workdir / "bad.toml"
     bad.write_text(SUITES.replace('"adapters/beta"', '"adapters/nowhere"'))
-    code, output = _invoke("eval", "run", str(bad), "--output", str(workdir / "never"))
+    code, output = freight("eval", "run", str(bad), "--output", str(workdir / "never"))
     assert code == 2 and "adapter beta.v2" in output and "adapter_config.json" in output, output
     assert not (workdir / "never").exists()
     bad.write_text(SUITES.replace("alpha = ", '"-alpha" = '))
-    code, output = _invoke("eval", "run", str(bad), "--output", str(workdir / "never"))
+    code, output = freight("eval", "run", str(bad), "--output", str(workdir / "never"))
     line = SUITES.splitlines().index(next(x for x in SUITES.splitlines() if x.startswith("adapters"))) + 1
     assert code == 2 and f"bad.toml:{line}:" in output and "adapter name '-alpha'" in output, output
     assert not (workdir / "never").exists()

@@ -11,9 +11,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
+from eval_workdir import freight, make_workdir, suite_text
 
-from freight_cli import app
 from jobs.evals.beat import PENDING_PREFIX, make_handlers
 from jobs.evals.collect import EvalIncompleteError, collect, read_scores
 from jobs.evals.history import History
@@ -25,15 +24,10 @@ from jobs.settings import Settings
 from jobs.spec import JobSpec
 from jobs.storage import LocalStore
 
-SUITES = """\
-history = "history"
-output = "scheduled"
-
-[[suite]]
-name = "mixed"
-dataset = "data/mixed.parquet"
-models = ["model"]
-reference_column = "answer"
+SUITES = suite_text(
+    "mixed",
+    "data/mixed.parquet",
+    """\
 id_column = "id"
 schedule = "0 3 * * *"
 
@@ -52,16 +46,13 @@ name = "mentions_answer"
 type = "multiple_choice"
 choices_column = "options"
 reference_column = "correct"
-"""
+""",
+    output="scheduled",
+)
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from worker.demo_model import make_demo_model
-
-    root = tmp_path_factory.mktemp("evals-e2e")
-    make_demo_model(root / "model", "llama")
-    (root / "data").mkdir()
     words = ["cold", "down", "night", "slow", "dry", "empty"]
     table = pa.table(
         {
@@ -72,22 +63,14 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "correct": [i % 3 for i in range(6)],
         }
     )
-    pq.write_table(table, root / "data" / "mixed.parquet")
-    (root / "suites.toml").write_text(SUITES)
-    return root
-
-
-def _invoke(*args: str) -> tuple[int, str]:
-    """(exit code, stdout) of `freight ARGS`; on failure stdout + stderr (log lines go to stderr)."""
-    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
-    return result.exit_code, result.stdout if result.exit_code == 0 else result.stdout + result.stderr
+    return make_workdir(tmp_path_factory.mktemp("evals-e2e"), SUITES, "data/mixed.parquet", table)
 
 
 @pytest.fixture(scope="module")
 def first_run(workdir: Path) -> tuple[str, str]:
     """(OUT, printed report) of the module's first embedded run of SUITES."""
     out = str(workdir / "run1")
-    code, markdown = _invoke("eval", "run", str(workdir / "suites.toml"), "--output", out)
+    code, markdown = freight("eval", "run", str(workdir / "suites.toml"), "--output", out)
     assert code == 0, markdown
     return out, markdown
 
@@ -102,7 +85,7 @@ def test_eval_run_twice_gives_identical_scores_and_a_comparing_report(
 ) -> None:
     (out1, first_md), out2 = first_run, str(workdir / "run2")
     assert "first run" in first_md and "| mixed |" in first_md
-    code, second_md = _invoke("eval", "run", str(workdir / "suites.toml"), "--output", out2)
+    code, second_md = freight("eval", "run", str(workdir / "suites.toml"), "--output", out2)
     assert code == 0, second_md
 
     model = str(workdir / "model")
@@ -155,20 +138,20 @@ def test_eval_run_twice_gives_identical_scores_and_a_comparing_report(
     # each run names the checkpoint it scored by content (its jobs' result cache computed it)
     assert {r.model_fingerprint for r in history.runs("mixed", model)} == {hash_checkpoint(workdir / "model")}
 
-    code, again = _invoke("eval", "report", out2)  # idempotent: same record, same report
+    code, again = freight("eval", "report", out2)  # idempotent: same record, same report
     assert code == 0 and again.strip() == second_md.strip()
-    code, raw = _invoke("eval", "report", out2, "--json")
+    code, raw = freight("eval", "report", out2, "--json")
     assert code == 0 and json.loads(raw)["run_id"] == run2
 
 
 def test_bad_suite_file_fails_before_any_work(workdir: Path) -> None:
     bad = workdir / "bad.toml"
     bad.write_text(SUITES.replace('type = "numeric"', 'type = "numerc"'))
-    code, output = _invoke("eval", "run", str(bad), "--output", str(workdir / "never"))
+    code, output = freight("eval", "run", str(bad), "--output", str(workdir / "never"))
     line = SUITES.splitlines().index('type = "numeric"') + 1
     assert code == 2 and f"bad.toml:{line}:" in output and "did you mean 'numeric'" in output
     assert not (workdir / "never").exists()
-    code, output = _invoke(
+    code, output = freight(
         "eval",
         "run",
         str(workdir / "suites.toml"),
@@ -179,7 +162,7 @@ def test_bad_suite_file_fails_before_any_work(workdir: Path) -> None:
     )
     assert code == 2 and "/no/such/model has no config.json" in output
     assert not (workdir / "never").exists()  # a missing model is found before anything is written
-    code, output = _invoke("eval", "report", str(workdir / "nothing-here"))
+    code, output = freight("eval", "report", str(workdir / "nothing-here"))
     assert code == 2 and "holds no eval run" in output
 
 
@@ -225,7 +208,7 @@ def test_chat_suite_selected_by_name_on_another_model(
     (workdir / "chat-suites.toml").write_text(text)
     monkeypatch.chdir(tmp_path)
     out = str(tmp_path / "chat-run")
-    code, output = _invoke(
+    code, output = freight(
         "eval",
         "run",
         str(workdir / "chat-suites.toml"),
@@ -242,7 +225,7 @@ def test_chat_suite_selected_by_name_on_another_model(
     scores = read_scores(out, "chat", str(other))
     assert scores.num_rows == 3 and scores.column("error").null_count == 3
     assert all(c is not None for c in scores.column("completion").to_pylist())
-    code, output = _invoke(
+    code, output = freight(
         "eval", "run", str(workdir / "chat-suites.toml"), "--suite", "nope", "--output", out + "x"
     )
     assert code == 2 and "no suite named 'nope'" in output and "its suites: mixed, chat" in output
@@ -253,15 +236,15 @@ def test_rerun_into_the_same_output_resumes_and_another_run_is_refused(
 ) -> None:
     out, first = first_run
     run_id = read_plan(out).run_id
-    code, again = _invoke(
+    code, again = freight(
         "eval", "run", str(workdir / "suites.toml"), "--output", out
     )  # jobs complete: nothing recomputed
     assert code == 0 and read_plan(out).run_id == run_id and again == first
     other = workdir / "other-suites.toml"
     other.write_text(SUITES.replace("max_tokens = 6", "max_tokens = 7"))
-    code, output = _invoke("eval", "run", str(other), "--output", out)
+    code, output = freight("eval", "run", str(other), "--output", out)
     assert code == 2 and f"already holds eval run {run_id}" in output
-    code, output = _invoke("eval", "run", str(workdir / "suites.toml"), "--output", str(workdir / "data"))
+    code, output = freight("eval", "run", str(workdir / "suites.toml"), "--output", str(workdir / "data"))
     assert code == 2 and "already holds other files" in output
 
 

@@ -11,13 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import redis
+from eval_workdir import freight, make_workdir, suite_text
 from processes import stop_process
-from typer.testing import CliRunner
 
-from freight_cli import app
 from jobs.client import queue_for_model
 from jobs.evals.collect import read_scores
 from jobs.evals.plan import job_specs, read_plan
@@ -26,18 +24,15 @@ from jobs.settings import get_settings
 from jobs.storage import open_store
 
 REDIS_URL = "redis://127.0.0.1:6379/14"
-SUITES = """\
-history = "history"
-
-[[suite]]
-name = "fleet"
-dataset = "data.parquet"
-models = ["model"]
-reference_column = "answer"
+SUITES = suite_text(
+    "fleet",
+    "data.parquet",
+    """\
 sampling = { max_tokens = 5, seed = 11 }
 shard_rows = 6
 metrics = [{ type = "contains", lowercase = true }, { type = "multiple_choice", choices_column = "options", reference_column = "right" }]
-"""
+""",
+)
 
 
 @pytest.fixture
@@ -50,11 +45,6 @@ def fleet_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[redis.Redis]:
     client.flushdb()
     client.close()
     get_settings.cache_clear()
-
-
-def _invoke(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
-    return result.exit_code, result.stdout + result.stderr
 
 
 def _start_worker(model: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -76,25 +66,19 @@ def _start_worker(model: Path, log: Path) -> subprocess.Popen[bytes]:
 
 
 def test_submitted_eval_scores_like_the_embedded_one(tmp_path: Path, fleet_env: redis.Redis) -> None:
-    from worker.demo_model import make_demo_model
-
-    model = make_demo_model(tmp_path / "model", "llama", seed=5)
-    pq.write_table(
-        pa.table(
-            {
-                "prompt": [f"Item {i}: the colour is" for i in range(7)],
-                "answer": ["e", "a", "o", "r", "blue", "t", "i"],
-                "options": [["red", "blue"], ["green", "grey", "gold"]] * 3 + [["cyan", "magenta"]],
-                "right": [0, 2, 1, 0, 1, 2, 1],
-            }
-        ),
-        tmp_path / "data.parquet",
+    table = pa.table(
+        {
+            "prompt": [f"Item {i}: the colour is" for i in range(7)],
+            "answer": ["e", "a", "o", "r", "blue", "t", "i"],
+            "options": [["red", "blue"], ["green", "grey", "gold"]] * 3 + [["cyan", "magenta"]],
+            "right": [0, 2, 1, 0, 1, 2, 1],
+        }
     )
-    suites = tmp_path / "suites.toml"
-    suites.write_text(SUITES)
+    make_workdir(tmp_path, SUITES, "data.parquet", table, seed=5)
+    model, suites = tmp_path / "model", tmp_path / "suites.toml"
     embedded, fleet = str(tmp_path / "embedded"), str(tmp_path / "fleet")
 
-    code, output = _invoke("eval", "run", str(suites), "--output", fleet, "--submit")
+    code, output = freight("eval", "run", str(suites), "--output", fleet, "--submit")
     assert code == 0 and "queued eval run" in output, output
     shards = sum(len(read_manifest(open_store(spec.output)).shards) for spec in job_specs(read_plan(fleet)))
     # every shard is queued (Redis keeps one list per priority step under the queue's name)
@@ -104,20 +88,20 @@ def test_submitted_eval_scores_like_the_embedded_one(tmp_path: Path, fleet_env: 
         if fleet_env.type(k) == b"list"
     )
     assert shards >= 2 and queued == shards
-    code, output = _invoke("eval", "report", fleet)
+    code, output = freight("eval", "report", fleet)
     assert code == 2 and "not finished yet" in output
 
     worker = _start_worker(model, tmp_path / "worker.log")
     try:
         deadline = time.monotonic() + 180
-        while (code := _invoke("eval", "report", fleet))[0] == 2 and time.monotonic() < deadline:
+        while (code := freight("eval", "report", fleet))[0] == 2 and time.monotonic() < deadline:
             assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
             time.sleep(0.5)
     finally:
         stop_process(worker)
     assert code[0] == 0, code[1]
 
-    code, output = _invoke("eval", "run", str(suites), "--output", embedded)
+    code, output = freight("eval", "run", str(suites), "--output", embedded)
     assert code == 0, output
     on_fleet, here = read_scores(fleet, "fleet", str(model)), read_scores(embedded, "fleet", str(model))
     columns = ["id", "completion", "contains", "multiple_choice", "multiple_choice_norm", "error"]

@@ -13,30 +13,20 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
+from eval_workdir import freight, make_workdir, suite_text
 
-from freight_cli import app
 from jobs.evals.plan import read_plan
 from jobs.evals.scoring import read_job_results
 from jobs.storage import open_store
 
 WORDS = ["red", "blue", "green", "cold", "warm", "night", "day", "fast", "slow", "dry", "wet", "up"]
-SUITE = """\
-history = "history"
-[[suite]]
-name = "prefs"
-dataset = "data.parquet"
-models = ["model"]
-reference_column = "answer"
-metrics = [{ type = "multiple_choice", choices_column = "options" }]
-"""
+SUITE = suite_text(
+    "prefs", "data.parquet", 'metrics = [{ type = "multiple_choice", choices_column = "options" }]\n'
+)
 
 
 def _run(suites: Path, out: Path) -> tuple[int, str]:
-    result = CliRunner().invoke(
-        app, ["eval", "run", str(suites), "--output", str(out)], catch_exceptions=False
-    )
-    return result.exit_code, result.stdout + result.stderr
+    return freight("eval", "run", str(suites), "--output", str(out))
 
 
 @pytest.mark.slow
@@ -52,9 +42,7 @@ def test_a_worse_model_at_the_same_path_is_flagged(tmp_path: Path) -> None:
         "options": [o for _, o in questions],
         "answer": [0] * len(questions),
     }
-    pq.write_table(pa.table(table), tmp_path / "data.parquet")
-    (tmp_path / "suites.toml").write_text(SUITE)
-    make_demo_model(tmp_path / "model", "llama", seed=10)
+    make_workdir(tmp_path, SUITE, "data.parquet", pa.table(table), seed=10)
 
     # what model A prefers becomes the right answer
     code, output = _run(tmp_path / "suites.toml", tmp_path / "probe")
