@@ -23,22 +23,14 @@ from worker.engine.config import EngineConfig
 from worker.engine.host_memory import pack_parameters
 from worker.engine.model_size import check_model_size
 from worker.engine.models import CausalLM, ModelConfig
+from worker.engine.models.decoder import FUSED_PROJECTIONS
 from worker.engine.models.expert_weights import expert_pieces, expert_tensor, moe_name
 from worker.engine.models.gpt_oss_weights import GptOssTensors
 from worker.engine.models.rotary import partial_rotary_order
 
 log = structlog.get_logger(__name__)
 
-# HF projection name -> (our fused module, shard index inside it). Shards are stacked along dim 0
-# (output rows) in this order, for every tensor of the module: weight, bias, qweight, scales, ...
-_FUSED = {
-    "q_proj": ("qkv_proj", 0),
-    "k_proj": ("qkv_proj", 1),
-    "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
-_FUSED_RE = re.compile(r"^(.*\.)(q_proj|k_proj|v_proj|gate_proj|up_proj)\.([A-Za-z_]+)$")
+_FUSED_RE = re.compile(rf"^(.*\.)({'|'.join(FUSED_PROJECTIONS)})\.([A-Za-z_]+)$")
 _IGNORED_RE = re.compile(r"(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -53,7 +45,7 @@ def internal_name(hf_name: str) -> tuple[str, int | None]:
     m = _FUSED_RE.match(hf_name)
     if m is None:
         return hf_name, None
-    module, shard = _FUSED[m.group(2)]
+    module, shard = FUSED_PROJECTIONS[m.group(2)]
     return f"{m.group(1)}{module}.{m.group(3)}", shard
 
 

@@ -17,24 +17,15 @@ import torch
 from torch import nn
 
 from worker.engine.lora.adapter import LoraAdapter
-
-# Hugging Face projection -> (the engine's module under the layer, slice index in it)
-ENGINE_MODULES = {
-    "q_proj": ("self_attn.qkv_proj", 0),
-    "k_proj": ("self_attn.qkv_proj", 1),
-    "v_proj": ("self_attn.qkv_proj", 2),
-    "o_proj": ("self_attn.o_proj", 0),
-    "gate_proj": ("mlp.gate_up_proj", 0),
-    "up_proj": ("mlp.gate_up_proj", 1),
-    "down_proj": ("mlp.down_proj", 0),
-}
+from worker.engine.models.decoder import FUSED_PROJECTIONS
 
 
 def engine_target(hf_module: str) -> tuple[str, int]:
-    """model.layers.3.self_attn.k_proj -> (model.layers.3.self_attn.qkv_proj, 1)."""
-    layer, _, projection = hf_module.rpartition(".")
-    module, index = ENGINE_MODULES[projection]
-    return f"{layer.rpartition('.')[0]}.{module}", index
+    """model.layers.3.self_attn.k_proj -> (model.layers.3.self_attn.qkv_proj, 1); a projection the
+    engine keeps apart is its own target: model.layers.3.mlp.down_proj -> (the same, 0)."""
+    parent, _, projection = hf_module.rpartition(".")
+    module, index = FUSED_PROJECTIONS.get(projection, (projection, 0))
+    return f"{parent}.{module}", index
 
 
 @dataclass

@@ -5,7 +5,7 @@ MLP, scales the embeddings by sqrt(hidden) and stores its (1 + w) norm weights w
 at load (fold_norm_offsets); a layer's sliding window and attention soft-cap go to the backend.
 
 Module and parameter names follow Hugging Face's, except that q/k/v and gate/up projections are
-fused into one nn.Linear each (`qkv_proj`, `gate_up_proj`; see loader.internal_name). All
+fused into one nn.Linear each (`qkv_proj`, `gate_up_proj`: FUSED_PROJECTIONS). All
 projections stay nn.Linear modules so worker.engine.quant can swap them. Inputs are flat (varlen):
 T tokens of many sequences in one [T, ...] tensor; no padding.
 
@@ -28,6 +28,17 @@ from worker.engine.backends.base import AttentionMetadata, Backend
 from worker.engine.models.model_config import ModelConfig
 from worker.engine.models.moe import SparseMoeBlock
 from worker.engine.models.rotary import cos_sin_cache, longrope_offset
+
+# Hugging Face projection -> (the fused module holding it, its shard index in it). Shards are
+# stacked along dim 0 (output rows) in this order, for every tensor of the module: weight, bias,
+# qweight, scales, ... The other projections (o_proj, down_proj) keep their names.
+FUSED_PROJECTIONS = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
 
 
 class RMSNorm(nn.Module):
