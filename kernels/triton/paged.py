@@ -1,5 +1,6 @@
-"""Gathering key/value tiles from the paged KV cache through a block table, and the argument checks
-of a launch over it (shared by the decode and prefill attention kernels)."""
+"""Gathering key/value tiles from the paged KV cache through a block table, the online softmax over
+them, and the argument checks of a launch over it (shared by the decode and prefill attention
+kernels)."""
 
 import torch
 import triton
@@ -13,7 +14,7 @@ from kernels.checks import (
     check_sinks,
     check_tensor,
 )
-from kernels.triton.launch import check_launchable
+from kernels.triton.launch import check_launchable, dot
 
 LOG2E = 1.4426950408889634  # the kernels work in log2 units: exp(x) = exp2(x * LOG2E)
 
@@ -48,6 +49,69 @@ def soft_cap(s, softcap_log2):
     with softcap_log2 = softcap * log2 e; tanh from exp (stable at both ends: exp2 -> inf gives 1)."""
     e = tl.exp2(2.0 * s / softcap_log2 * 1.4426950408889634)  # exp(2 * raw / softcap)
     return (1.0 - 2.0 / (e + 1.0)) * softcap_log2
+
+
+@triton.jit
+def attend_tiles(
+    acc,
+    m_i,
+    l_i,
+    q,
+    q_pos,
+    kc_ptr,
+    vc_ptr,
+    table,
+    kvh,
+    block_size: tl.constexpr,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    lo,
+    hi,
+    offs_d,
+    d_mask,
+    scale_log2,
+    window,
+    softcap_log2,
+    CAUSAL: tl.constexpr,
+    TAIL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+):
+    """Online softmax of the query rows q [BM, BD] over keys lo..hi-1 of one sequence's KV head
+    (hi <= context): returns the running (acc [BM, BD], max m_i [BM], sum l_i [BM]), log2 units.
+    CAUSAL masks keys past hi and key > the row's position q_pos [BM] (WINDOW also key <= position
+    - window); TAIL masks only keys past hi (a last tile that runs over); neither: every key in range
+    is visible to every row (whole tiles)."""
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < hi
+        k = load_kv_tile(
+            kc_ptr, table, offs_n, n_mask, kvh, block_size, stride_cb, stride_cs, stride_ch, offs_d, d_mask
+        )  # [BN, BD]
+        s = dot(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), UPCAST) * scale_log2
+        if SOFTCAP:
+            s = soft_cap(s, softcap_log2)
+        if CAUSAL:  # (the unmasked range is whole tiles below every row's position)
+            visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+            if WINDOW:
+                visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
+            s = tl.where(visible, s, float("-inf"))
+        elif TAIL:
+            s = tl.where(n_mask[None, :], s, float("-inf"))  # [BM, BN]
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = load_kv_tile(
+            vc_ptr, table, offs_n, n_mask, kvh, block_size, stride_cb, stride_cs, stride_ch, offs_d, d_mask
+        )
+        acc = dot(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
+        m_i = m_new
+    return acc, m_i, l_i
 
 
 def check_paged_launch(

@@ -14,8 +14,8 @@ import triton.language as tl
 
 from kernels.attention_options import FULL_ATTENTION, AttentionOptions
 from kernels.checks import check_attention_queries
-from kernels.triton.launch import dot, dot_upcast, num_sms
-from kernels.triton.paged import LOG2E, check_paged_launch, load_kv_tile, soft_cap
+from kernels.triton.launch import dot_upcast, num_sms
+from kernels.triton.paged import LOG2E, attend_tiles, check_paged_launch
 
 
 @triton.jit
@@ -85,25 +85,13 @@ def _decode_split_kernel(
     l_i = tl.zeros((BLOCK_G,), tl.float32)
     acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
     table = bt_ptr + b * stride_bt
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        k = load_kv_tile(
-            kc_ptr, table, offs_n, n_mask, kvh, block_size, stride_cb, stride_cs, stride_ch, offs_d, d_mask
-        )  # [BN, BD]
-        s = dot(q, tl.trans(k), tl.zeros((BLOCK_G, BLOCK_N), tl.float32), UPCAST) * scale_log2
-        if SOFTCAP:
-            s = soft_cap(s, softcap_log2)
-        s = tl.where(n_mask[None, :], s, float("-inf"))  # [BG, BN], log2 units
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = load_kv_tile(
-            vc_ptr, table, offs_n, n_mask, kvh, block_size, stride_cb, stride_cs, stride_ch, offs_d, d_mask
-        )
-        acc = dot(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
-        m_i = m_new
+    # every key of the split is visible to every query head (the window moved `start`); only the
+    # last tile's keys past `end` are masked. q_pos (`heads`) is never read without CAUSAL.
+    acc, m_i, l_i = attend_tiles(
+        acc, m_i, l_i, q, heads, kc_ptr, vc_ptr, table, kvh, block_size, stride_cb, stride_cs, stride_ch,
+        start, end, offs_d, d_mask, scale_log2, window, softcap_log2, False, True, BLOCK_G, BLOCK_N, UPCAST,
+        WINDOW, SOFTCAP,
+    )  # fmt: skip
     out_mask = g_mask[:, None] & d_mask[None, :]
     if SPLIT:
         po = po_ptr + b * stride_pob + heads[:, None] * stride_poh + split * stride_pos + offs_d[None, :]

@@ -17,65 +17,8 @@ import triton.language as tl
 
 from kernels.attention_options import FULL_ATTENTION, AttentionOptions
 from kernels.checks import check_attention_queries, check_tensor
-from kernels.triton.launch import dot, dot_upcast
-from kernels.triton.paged import LOG2E, check_paged_launch, load_kv_tile, soft_cap
-
-
-@triton.jit
-def _attend(
-    acc,
-    m_i,
-    l_i,
-    q,
-    q_pos,
-    kc_ptr,
-    vc_ptr,
-    table,
-    kvh,
-    block_size: tl.constexpr,
-    stride_cb,
-    stride_cs,
-    stride_ch,
-    lo,
-    hi,
-    offs_d,
-    d_mask,
-    scale_log2,
-    window,
-    softcap_log2,
-    CAUSAL: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr,
-    WINDOW: tl.constexpr,
-    SOFTCAP: tl.constexpr,
-):
-    """Online softmax over keys lo..hi-1 (hi <= context). CAUSAL masks key > query position (WINDOW
-    also key <= position - window); without it every key in range is visible to every row."""
-    for n0 in range(lo, hi, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < hi
-        k = load_kv_tile(
-            kc_ptr, table, offs_n, n_mask, kvh, block_size, stride_cb, stride_cs, stride_ch, offs_d, d_mask
-        )  # [BN, BD]
-        s = dot(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), UPCAST) * scale_log2
-        if SOFTCAP:
-            s = soft_cap(s, softcap_log2)
-        if CAUSAL:  # (the unmasked range is whole tiles below every row's position)
-            visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
-            if WINDOW:
-                visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
-            s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = load_kv_tile(
-            vc_ptr, table, offs_n, n_mask, kvh, block_size, stride_cb, stride_cs, stride_ch, offs_d, d_mask
-        )
-        acc = dot(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
-        m_i = m_new
-    return acc, m_i, l_i
+from kernels.triton.launch import dot_upcast
+from kernels.triton.paged import LOG2E, attend_tiles, check_paged_launch
 
 
 @triton.jit
@@ -147,10 +90,10 @@ def _prefill_kernel(
             start = tl.maximum(prefix + tile * BLOCK_M - window + 1, 0)
             full_end = start
         for causal in tl.static_range(2):  # keys start..full_end-1 unmasked, then full_end..end-1 causal
-            acc, m_i, l_i = _attend(
+            acc, m_i, l_i = attend_tiles(
                 acc, m_i, l_i, q, q_pos, kc_ptr, vc_ptr, table, kvh, block_size, stride_cb, stride_cs, stride_ch,
                 start if causal == 0 else full_end, full_end if causal == 0 else end, offs_d, d_mask, scale_log2,
-                window, softcap_log2, causal == 1, BLOCK_M, BLOCK_N, UPCAST, WINDOW, SOFTCAP,
+                window, softcap_log2, causal == 1, False, BLOCK_M, BLOCK_N, UPCAST, WINDOW, SOFTCAP,
             )  # fmt: skip
         if HAS_SINKS:  # the sink: one more term of the denominator, in the running max's units (log2)
             l_i += tl.exp2(tl.load(sinks_ptr + h) * 1.4426950408889634 - m_i)
