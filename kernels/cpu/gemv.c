@@ -15,15 +15,17 @@
 
 #define MIN_WEIGHTS_PER_THREAD (1 << 18) /* 1 MB of fp32 weights: below this a thread costs more than it saves */
 
+/* One thread's share of y = x . w^T (+ bias): weight rows (y's columns) lo..hi-1 for all M rows of x;
+ * w fp32, or fp16 raw half bits with half; [N, K] for gemv_task, packed (gemm.h) for packed_task. */
 typedef struct {
     const void *w;
     const float *bias, *x;
     float *y;
     int64_t K, xs, M, ys, lo, hi, half;
-} GemvTask;
+} RowsTask;
 
 static void *gemv_task(void *arg) {
-    const GemvTask *t = (const GemvTask *)arg;
+    const RowsTask *t = (const RowsTask *)arg;
     if (t->half)
         gemv_rows_h((const uint16_t *)t->w, t->bias, t->K, t->x, t->xs, t->M, t->y, t->ys, t->lo, t->hi);
     else
@@ -35,13 +37,13 @@ static int gemv_any(const void *w, int64_t half, const float *bias, int64_t N, i
                     int64_t M, float *y, int64_t ys, int64_t num_threads) {
     if (M < 1 || M > GEMV_MAX_ROWS) return -1;
     const int64_t n = threads_for(N * K, MIN_WEIGHTS_PER_THREAD, num_threads);
-    GemvTask tasks[MAX_THREADS];
+    RowsTask tasks[MAX_THREADS];
     for (int64_t i = 0; i < n; i++) {
         /* split on multiples of 4 rows, so every thread runs whole tiles */
         const int64_t lo = N * i / n / 4 * 4, hi = i + 1 == n ? N : N * (i + 1) / n / 4 * 4;
-        tasks[i] = (GemvTask){w, bias, x, y, K, xs, M, ys, lo, hi, half};
+        tasks[i] = (RowsTask){w, bias, x, y, K, xs, M, ys, lo, hi, half};
     }
-    run_tasks(gemv_task, tasks, sizeof(GemvTask), n);
+    run_tasks(gemv_task, tasks, sizeof(RowsTask), n);
     return 0;
 }
 
@@ -60,19 +62,12 @@ int gemv_f16(const uint16_t *w, const float *bias, int64_t N, int64_t K, const f
     return gemv_any(w, 1, bias, N, K, x, xs, M, y, ys, num_threads);
 }
 
-typedef struct {
-    const void *packed;
-    const float *bias, *x;
-    float *y;
-    int64_t K, xs, M, ys, lo, hi, half;
-} PackedTask;
-
 static void *packed_task(void *arg) {
-    const PackedTask *t = (const PackedTask *)arg;
+    const RowsTask *t = (const RowsTask *)arg;
     if (t->half)
-        gemm_packed_h((const uint16_t *)t->packed, t->bias, t->K, t->x, t->xs, t->M, t->y, t->ys, t->lo, t->hi, 0);
+        gemm_packed_h((const uint16_t *)t->w, t->bias, t->K, t->x, t->xs, t->M, t->y, t->ys, t->lo, t->hi, 0);
     else
-        gemm_packed((const float *)t->packed, t->bias, t->K, t->x, t->xs, t->M, t->y, t->ys, t->lo, t->hi, 0);
+        gemm_packed((const float *)t->w, t->bias, t->K, t->x, t->xs, t->M, t->y, t->ys, t->lo, t->hi, 0);
     return 0;
 }
 
@@ -87,12 +82,12 @@ int gemm_packed_f32(const void *packed, int64_t half, const float *bias, int64_t
     const int64_t tiles = (N + GEMM_NB - 1) / GEMM_NB;
     int64_t n = threads_for(N * K, MIN_WEIGHTS_PER_THREAD, num_threads);
     if (n > tiles) n = tiles;
-    PackedTask tasks[MAX_THREADS];
+    RowsTask tasks[MAX_THREADS];
     for (int64_t i = 0; i < n; i++) {
         const int64_t lo = tiles * i / n * GEMM_NB, hi = i + 1 == n ? N : tiles * (i + 1) / n * GEMM_NB;
-        tasks[i] = (PackedTask){packed, bias, x, y, K, xs, M, ys, lo, hi, half};
+        tasks[i] = (RowsTask){packed, bias, x, y, K, xs, M, ys, lo, hi, half};
     }
-    run_tasks(packed_task, tasks, sizeof(PackedTask), n);
+    run_tasks(packed_task, tasks, sizeof(RowsTask), n);
     return 0;
 }
 
