@@ -61,13 +61,19 @@ def cpu_ms(fn, calls: int) -> float:
     return best * 1e3
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def start(doc: str) -> None:
+    """The command line of the CPU attention benches (--threads, their description `doc`): give torch
+    the threads and print the header both tables stand under."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    threads = ap.parse_args().threads
+    torch.set_num_threads(threads)
+    print(f"torch {torch.__version__}, {threads} thread(s); Hq {HQ}, Hkv {HKV}, head_dim {D}, block {BS}\n")
+
+
+def main() -> None:
+    start(__doc__)
     native = NativeDecodeAttention()
-    print(f"torch {torch.__version__}, {args.threads} thread(s); Hq {HQ}, Hkv {HKV}, head_dim {D}, block {BS}\n")
     print(f"{'sequences':>9} {'context':>9} {'KV MB':>7} {'torch ms':>9} {'C ms':>7} {'ratio':>6} {'C GB/s':>7} {'max diff':>9}")
     for batch, lo, hi in [(4, 16, 640), (32, 16, 640), (128, 16, 640), (256, 16, 512), (64, 1000, 2000)]:
         q, k_cache, v_cache, tables, lens = case(batch, lo, hi)

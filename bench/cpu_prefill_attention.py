@@ -12,11 +12,19 @@ call, best of 5 rounds. GFLOP/s counts the causal half only: 4 x sum(q_len x key
 
 from __future__ import annotations
 
-import argparse
 import random
 
 import torch
-from cpu_decode_attention import BS, HKV, HQ, D, cpu_ms, qkv_queries, scattered_cache  # bench/ is on sys.path
+from cpu_decode_attention import (  # bench/ is on sys.path
+    BS,
+    HKV,
+    HQ,
+    D,
+    cpu_ms,
+    qkv_queries,
+    scattered_cache,
+    start,
+)
 
 from kernels.cpu.paged_prefill_attention import NativePrefillAttention
 from kernels.reference.attention import plan_prefill, prefill_with_plan
@@ -29,10 +37,7 @@ def case(q_lens: list[int], ctxs: list[int], seed: int = 0):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    start(__doc__)
     native = NativePrefillAttention()
     rng = random.Random(0)
     mixed = [rng.randint(16, 512) for _ in range(8)]  # a 2,048-token budget's worth of the bench's prompts
@@ -44,7 +49,6 @@ def main() -> None:
         (f"{len(mixed)} prompts 16-512", mixed, mixed),
         ("chunk 512 of 1536", [512], [1536]),
     ]
-    print(f"torch {torch.__version__}, {args.threads} thread(s); Hq {HQ}, Hkv {HKV}, head_dim {D}, block {BS}\n")
     print(f"{'case':<20} {'tokens':>6} {'torch ms':>9} {'C ms':>7} {'ratio':>6} {'torch GFLOP/s':>13} "
           f"{'C GFLOP/s':>9} {'max diff':>9}")  # fmt: skip
     for name, q_lens, ctxs in cases:
