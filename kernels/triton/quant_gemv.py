@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from kernels.triton.launch import num_sms
+from kernels.triton.split_k import split_k_bounds, split_k_out, sum_splits
 
 GEMV_MAX_M = 16  # the most rows of x these kernels take
 # Where the wrappers use them (config=None), until a GPU run of bench/gpu_check.py (which times
@@ -205,22 +206,6 @@ def choose_gemv_config(n: int, k_units: int, step: int, device: torch.device) ->
     return GemvConfig(block_n, max(1, min(by_occupancy, by_work)), num_warps)
 
 
-def _splits(k_units: int, step: int, cfg: GemvConfig) -> tuple[int, int]:
-    """(K units per split, a multiple of the kernel's step; splits that get work). Units: elements
-    for int8 (step 32), packed bytes for int4 (step 16)."""
-    per_split = triton.cdiv(triton.cdiv(k_units, cfg.split_k), step) * step
-    return per_split, triton.cdiv(k_units, per_split)
-
-
-def _out(x: torch.Tensor, n: int, splits: int) -> torch.Tensor:
-    # With a K split each program writes fp32 partial sums; a sum over splits finishes the job.
-    return torch.empty((splits, x.shape[0], n), device=x.device, dtype=torch.float32 if splits > 1 else x.dtype)
-
-
-def _finish(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return out[0] if out.shape[0] == 1 else out.sum(0).to(dtype)
-
-
 def _block_m(m: int) -> int:
     if not 1 <= m <= GEMV_MAX_M:
         raise ValueError(f"the GEMV kernels take 1 <= M <= {GEMV_MAX_M} rows, got M={m}; use a MatmulConfig")
@@ -231,15 +216,15 @@ def int8_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, cfg:
     """x [M, K] @ (qweight int8 [N, K] * scales[:, None]).T for M <= 16; arguments already checked."""
     (m, k), n = x.shape, qweight.shape[0]
     cfg = cfg or choose_gemv_config(n, k, 32, x.device)
-    per_split, splits = _splits(k, 32, cfg)
-    out = _out(x, n, splits)
+    per_split, splits = split_k_bounds(k, 32, cfg.split_k)  # K loop step: 32 elements
+    out = split_k_out(x, n, splits)
     _int8_gemv_kernel[(triton.cdiv(n, cfg.block_n), splits)](
         x, qweight, scales, out, m, n, k, per_split,
         x.stride(0), x.stride(1), qweight.stride(0), qweight.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         BLOCK_M=_block_m(m), BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=1,
     )  # fmt: skip
-    return _finish(out, x.dtype)
+    return sum_splits(out, x.dtype)
 
 
 def int4_gemv(
@@ -249,12 +234,12 @@ def int4_gemv(
     already checked (K % G == 0, G a power of two >= 32)."""
     (m, k), n = x.shape, qweight.shape[0]
     cfg = cfg or choose_gemv_config(n, k // 2, 16, x.device)
-    per_split, splits = _splits(k // 2, 16, cfg)
-    out = _out(x, n, splits)
+    per_split, splits = split_k_bounds(k // 2, 16, cfg.split_k)  # K loop step: 16 packed bytes
+    out = split_k_out(x, n, splits)
     _int4_gemv_kernel[(triton.cdiv(n, cfg.block_n), splits)](
         x, qweight, scales, out, m, n, k, per_split,
         x.stride(0), x.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         GROUP=group_size, BLOCK_M=_block_m(m), BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=1,
     )  # fmt: skip
-    return _finish(out, x.dtype)
+    return sum_splits(out, x.dtype)

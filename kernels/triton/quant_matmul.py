@@ -27,6 +27,7 @@ from kernels.checks import (
 )
 from kernels.triton.launch import check_launchable, dot, dot_upcast, num_sms
 from kernels.triton.quant_gemv import INT4_GEMV_MAX_M, INT8_GEMV_MAX_M, GemvConfig, int4_gemv, int8_gemv
+from kernels.triton.split_k import split_k_bounds, split_k_out, sum_splits
 
 
 @triton.jit
@@ -179,20 +180,13 @@ def choose_config(m: int, n: int, k: int, device: torch.device, group: int | Non
     return MatmulConfig(block_m, block_n, block_k, split_k=1, num_warps=8, num_stages=3)
 
 
-def _split_k_bounds(k: int, cfg: MatmulConfig) -> tuple[int, int]:
-    """(K elements per split, a multiple of BLOCK_K; number of splits that get work)."""
-    per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-    return per_split, triton.cdiv(k, per_split)
-
-
 def _launch(
     kernel, x, qweight, scales, n, k, cfg: MatmulConfig, extra_strides, k_per_unit: int = 1, **meta
 ) -> torch.Tensor:
     """k_per_unit: K elements per unit of the kernel's split length (2 for int4: bytes)."""
     m = x.shape[0]
-    per_split, splits = _split_k_bounds(k, cfg)
-    # With a K split each program writes fp32 partial sums; a sum over splits finishes the job.
-    out = torch.empty((splits, m, n), device=x.device, dtype=torch.float32 if splits > 1 else x.dtype)
+    per_split, splits = split_k_bounds(k, cfg.block_k, cfg.split_k)  # in elements
+    out = split_k_out(x, n, splits)
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), splits)
     kernel[grid](
         x,
@@ -219,7 +213,7 @@ def _launch(
         num_stages=cfg.num_stages,
         **meta,
     )
-    return out[0] if splits == 1 else out.sum(0).to(x.dtype)
+    return sum_splits(out, x.dtype)
 
 
 def int8_matmul(
