@@ -64,6 +64,26 @@ def block_tile(rows_ptr, groups_ptr, num_rows, BLOCK_M: tl.constexpr, BLOCK_N: t
 
 
 @triton.jit
+def block_matmul(
+    a_ptr, rows, valid, stride_ar, stride_ak, w_base, offs_n, n_mask, stride_wn, stride_wk, k_size,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """a[rows, :k_size] @ w[offs_n, :k_size].T -> fp32 [BM, BN], in BLOCK_K steps: a block's gathered
+    rows of a (int64 row indices; rows not `valid`, the padding, read 0) times its group's weight
+    w [N, K] at w_base (columns outside n_mask read 0), w fed to the dot in a's dtype."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, k_size, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < k_size
+        a = tl.load(a_ptr + rows[:, None] * stride_ar + offs_k[None, :] * stride_ak,
+                    mask=valid[:, None] & k_mask[None, :], other=0.0)  # fmt: skip
+        w = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
+                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # [BK, BN]  # fmt: skip
+        acc = dot(a, w.to(a.dtype), acc, UPCAST)
+    return acc
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, pairs_ptr, experts_ptr,  # x [T, H]; w [E, 2I, H]; b [E, 2I]; out [T*K, I]
     num_pairs, hidden, inter, limit, alpha,
@@ -118,15 +138,8 @@ def _down_kernel(
     rows = pair.to(tl.int64)
     n_mask = offs_n < hidden
     w_base = w_ptr + expert.to(tl.int64) * stride_we
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, inter, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < inter
-        a = tl.load(a_ptr + rows[:, None] * stride_ap + offs_k[None, :] * stride_ai,
-                    mask=valid[:, None] & k_mask[None, :], other=0.0)  # fmt: skip
-        w = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wi,
-                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # fmt: skip
-        acc = dot(a, w, acc, UPCAST)
+    acc = block_matmul(a_ptr, rows, valid, stride_ap, stride_ai, w_base, offs_n, n_mask, stride_wn, stride_wi, inter,
+                       BLOCK_M, BLOCK_N, BLOCK_K, UPCAST)  # fmt: skip
     if HAS_BIAS:  # before the routing weight: it scales the whole expert output
         bias = tl.load(b_ptr + expert.to(tl.int64) * stride_be + offs_n, mask=n_mask, other=0.0)
         acc += bias.to(tl.float32)[None, :]

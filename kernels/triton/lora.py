@@ -25,7 +25,7 @@ from kernels.checks import (
     check_shape,
     check_tensor,
 )
-from kernels.triton.fused_moe import align_blocks, block_tile
+from kernels.triton.fused_moe import align_blocks, block_matmul, block_tile
 from kernels.triton.launch import check_launchable, dot, dot_upcast
 
 BLOCK_M = 16  # token rows per block: decode steps hold few tokens of each adapter
@@ -53,15 +53,8 @@ def _shrink_kernel(
         return
     r_mask = offs_r < lr_size
     a_base = a_ptr + slot.to(tl.int64) * stride_as
-    acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    for k0 in range(0, k_size, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < k_size
-        xs = tl.load(x_ptr + token[:, None].to(tl.int64) * stride_xt + offs_k[None, :] * stride_xk,
-                     mask=valid[:, None] & k_mask[None, :], other=0.0)  # fmt: skip
-        at = tl.load(a_base + offs_r[None, :] * stride_ar + offs_k[:, None] * stride_ak,
-                     mask=r_mask[None, :] & k_mask[:, None], other=0.0)  # [BK, BR]  # fmt: skip
-        acc = dot(xs, at.to(xs.dtype), acc, UPCAST)
+    acc = block_matmul(x_ptr, token.to(tl.int64), valid, stride_xt, stride_xk, a_base, offs_r, r_mask, stride_ar,
+                       stride_ak, k_size, BLOCK_M, BLOCK_R, BLOCK_K, UPCAST)  # fmt: skip
     h_ptrs = h_ptr + token[:, None].to(tl.int64) * stride_ht + offs_r[None, :] * stride_hr
     tl.store(h_ptrs, acc, mask=valid[:, None] & r_mask[None, :])
 
