@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/step_overhead.py                         # this tree
     .venv/bin/python bench/step_overhead.py --baseline-rev main     # + the same measurement of main
+    .venv/bin/python bench/step_overhead.py --baseline-rev main --rounds 5  # alternating rounds, steadier
     .venv/bin/python bench/step_overhead.py --batches 1 256 --repeats 5
     .venv/bin/python bench/step_overhead.py --batches 256 --sampling '{"presence_penalty": 0.5}'  # rows with a setting
 
@@ -17,6 +18,9 @@ the table then shows both side by side, and the ratio.
 --batch1-medium adds batch-1 decode on bench/engine_vs_hf.py's model (demo size "medium", fp32): ms
 per generated token, by the same difference, and that model's projections alone: through torch's
 F.linear, through the engine's C GEMV, and a plain in-order read of the same bytes (the bound).
+--rounds N alternates N rounds of this tree and the baseline and keeps each side's fastest: on a
+shared machine the speed drifts over minutes, which a single run of each side in turn reads as a
+difference between them.
 --host-only replaces the model's forward and logits by stubs returning fixed tensors of the right
 shapes (tokens are then garbage but the counts are right): the engine's host work alone, steadier
 than the difference of two noisy numbers.
@@ -58,13 +62,17 @@ def negligible_model(out: Path) -> Path:
 
 
 class ModelClock:
-    """CPU seconds spent inside the model (forward + logits), to split a step into model and host."""
+    """CPU seconds spent inside the model (forward + logits, and the decode stack's layers + lm_head
+    call where it takes a step), to split a step into model and host."""
 
     def __init__(self, model) -> None:
         self.seconds = 0.0
         for name in ("forward", "compute_logits"):
             inner = getattr(model, name)
             setattr(model, name, self._timed(inner))
+        stack = getattr(model, "decode_stack", None)  # absent on older revisions
+        if stack is not None and hasattr(stack, "logits"):
+            stack.logits = self._timed(stack.logits)
 
     def _timed(self, fn):
         def timed(*args, **kwargs):
@@ -79,13 +87,16 @@ class ModelClock:
 
 def stub_model(model) -> None:
     """The model's forward and logits replaced by slices of fixed tensors (works on any revision:
-    the engine calls model(input_ids, positions, meta, kv_caches) and model.compute_logits(hidden))."""
+    the engine calls model(input_ids, positions, meta, kv_caches[, stacked]) and
+    model.compute_logits(hidden)); the decode stack is unbound so no step bypasses the stubs."""
     import torch
 
     cfg = model.cfg
     hidden, logits = torch.zeros(8192, cfg.hidden_size), torch.randn(8192, cfg.vocab_size)
+    if getattr(model, "decode_stack", None) is not None:
+        model.decode_stack = None
 
-    def forward(input_ids, positions, meta, kv_caches):
+    def forward(input_ids, positions, meta, kv_caches, stacked=None):
         rows = getattr(meta, "output_rows", None)
         return hidden[: input_ids.shape[0] if rows is None else rows.shape[0]]
 
@@ -182,6 +193,21 @@ def measure(batches: list[int], repeats: int, batch1_medium: bool, host_only: bo
     return result
 
 
+def fastest(results: list[dict]) -> dict:
+    """One result of several rounds: per batch the fastest round's step and model times (a round's
+    pair is kept together, so host = step - model stays one measurement)."""
+    best = dict(results[0])
+    for key in ("steps", "model"):
+        best[key] = dict(best[key])
+    for result in results[1:]:
+        for batch, ms in result["steps"].items():
+            if ms < best["steps"][batch]:
+                best["steps"][batch], best["model"][batch] = ms, result["model"][batch]
+        if result.get("batch1_medium_ms") is not None and result["batch1_medium_ms"] < best["batch1_medium_ms"]:
+            best["batch1_medium_ms"] = result["batch1_medium_ms"]
+    return best
+
+
 def measure_revision(rev: str, args: argparse.Namespace) -> dict:
     """The same measurement on `git archive rev`, in a subprocess whose `worker` is that export."""
     flags = (["--batch1-medium"] if args.batch1_medium else []) + (["--host-only"] if args.host_only else []) + (
@@ -197,6 +223,8 @@ def main() -> None:
     ap.add_argument("--baseline-rev", default=None, help="a git revision to measure the same way, side by side")
     ap.add_argument("--batch1-medium", action="store_true", help="add batch-1 ms/token on the 29M bench model")
     ap.add_argument("--host-only", action="store_true", help="stub the model: the engine's host work alone")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="alternating rounds of this tree and --baseline-rev; each side's fastest is kept")
     ap.add_argument("--json", action="store_true", help="print one JSON line (used for the baseline run)")
     ap.add_argument("--sampling", default=None, metavar="JSON",
                     help='more SamplingParams fields for every row, e.g. \'{"repetition_penalty": 1.1}\'')
@@ -207,12 +235,17 @@ def main() -> None:
     if args.json:
         print(json.dumps(measure(args.batches, args.repeats, args.batch1_medium, args.host_only, sampling)))
         return
-    base = measure_revision(args.baseline_rev, args) if args.baseline_rev else None
-    now = measure(args.batches, args.repeats, args.batch1_medium, args.host_only, sampling)
+    bases, nows = [], []
+    for _ in range(args.rounds):  # alternating, so drift of the machine's speed reaches both sides
+        if args.baseline_rev:
+            bases.append(measure_revision(args.baseline_rev, args))
+        nows.append(measure(args.batches, args.repeats, args.batch1_medium, args.host_only, sampling))
+    base, now = (fastest(bases) if bases else None), fastest(nows)
     print(f"CPU per decode step, negligible model (Llama 2 layers, hidden 64, vocab {VOCAB}), 16-token prompts, "
           f"{'sampling ' + args.sampling if args.sampling else 'greedy'}, 1 thread; best of {args.repeats}"
+          f" x {args.rounds} alternating rounds"
           + ("; MODEL STUBBED (host work only)" if args.host_only else ""))  # fmt: skip
-    print("(model = CPU ms inside the model's forward and logits; host = the rest of the step)")
+    print("(model = CPU ms inside the model's forward and logits or the decode stack's call; host = the rest of the step)")
     head = f"{'batch':>5} {'ms/step':>8} {'us/seq/step':>11} {'model':>6} {'host':>6}"
     if base:
         head += f" | {'base ms/step':>12} {'base us/seq':>11} {'model':>6} {'host':>6} {'speed-up':>8} {'host x':>7}"
