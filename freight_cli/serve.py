@@ -17,7 +17,7 @@ from rich.console import Console
 from freight_cli.common import fail
 from freight_cli.quantities import parse_size, parse_ttl
 from jobs.errors import FreightError
-from jobs.settings import get_settings
+from jobs.settings import Settings, get_settings
 
 
 def serve(
@@ -45,6 +45,10 @@ def serve(
                                    help="the shortest completion_window a batch may ask for"),
     default_max_tokens: int = typer.Option(4096, "--default-max-tokens", metavar="N",
                                            help="tokens generated for a request that gives no max_tokens"),
+    result_cache: str | None = typer.Option(None, "--result-cache", metavar="DIR|s3://...", help="reuse the answers "
+                                            "of deterministic requests (greedy, or seeded) that a tenant's earlier "
+                                            "batches computed: each tenant has its own cache, under "
+                                            "DIR/tenants/<tenant>/ (default: FREIGHT_RESULT_CACHE; off: none)"),
     shard_rows: int = typer.Option(256, "--shard-rows", metavar="N", help="requests per shard of a batch's job"),
     instance_type: str = typer.Option("cpu-local", "--instance-type", help="price table key of the machines "
                                       "batches run on (their cost reports)"),
@@ -57,6 +61,7 @@ def serve(
     """Serve OpenAI's Files and Batches API (/v1/files, /v1/batches): the openai SDK runs its batches here."""
     import uvicorn
 
+    from freight_cli.job_options import absolute
     from jobs.api.app import create_app
     from jobs.api.config import ServeConfig
     from jobs.api.models import load_models
@@ -66,11 +71,13 @@ def serve(
     from jobs.dashboard.app import DashboardConfig
     from jobs.lifecycle import parse_window
     from jobs.redact import redact_url
+    from jobs.result_cache.options import cache_options
     from jobs.storage import open_store
 
     settings = get_settings()
     try:
         served = load_models(models) if models is not None else {}
+        cache_root = cache_options(result_cache, None, None, settings.result_cache).url
         config = ServeConfig(
             max_upload_bytes=parse_size(max_upload, "--max-upload") or 1 << 62,
             max_upload_lines=max_upload_requests,
@@ -86,10 +93,13 @@ def serve(
             market=market,  # type: ignore[arg-type]
             price_per_hour=price_per_hour,
             models=served,
+            result_cache=None if cache_root is None else absolute(cache_root),
             poll_s=poll,
         )
         serve_store = open_store(store, settings)
         serve_store.list("serve/")  # unreachable or refused storage fails here, not at the first request
+        if config.result_cache is not None:
+            _check_cache_root(config.result_cache, settings)
     except (FreightError, ValueError) as exc:  # ValueError: pydantic's, a malformed URL or duration
         raise fail(str(exc).splitlines()[0] if "validation error" not in str(exc) else _first_error(exc)) from None
     env = dict(os.environ)
@@ -102,6 +112,8 @@ def serve(
     app = create_app(serve_store, config, runner=runner, settings=settings, access_log=access_log,
                      dashboard=DashboardConfig(loopback=loopback_host(host)), redis_url=redis)  # fmt: skip
     mode = f"on the fleet of {redact_url(redis)}" if redis else "in this server, one at a time"
+    if config.result_cache is not None:
+        mode += f", each tenant's with its own result cache under {config.result_cache}/tenants/"
     Console(stderr=True, highlight=False).print(
         f"freight serve: OpenAI Files + Batches API on http://{host}:{port}/v1, dashboard on http://{host}:{port}/ "
         f"(store {serve_store.url}; batches run {mode}); make a key with `freight keys create --tenant NAME "
@@ -109,6 +121,17 @@ def serve(
     )  # fmt: skip
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
                 timeout_graceful_shutdown=30)  # fmt: skip
+
+
+def _check_cache_root(url: str, settings: Settings) -> None:
+    """The root of the tenants' caches can hold them (each tenant's cache is opened, and made, by its
+    first batch's job; one that cannot be opened then runs without it)."""
+    from jobs.storage import LocalStore, open_store
+
+    root = open_store(url, settings)
+    if isinstance(root, LocalStore) and root.root.exists() and not root.root.is_dir():
+        raise FreightError(f"--result-cache {url} is a file: give a folder (each tenant's cache goes under it)")
+    root.list("tenants/")  # unreachable or refused storage fails here, not at a batch
 
 
 def _first_error(exc: Exception) -> str:

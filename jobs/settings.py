@@ -104,8 +104,9 @@ class Settings(BaseSettings):
         None, description="the throughput profile store of `freight estimate` (default: cache_dir/profiles.json)"
     )
     result_cache: str | None = Field(
-        None, description="the result cache of run / submit / estimate / eval when --result-cache is not "
-        "given: a folder or s3://bucket/prefix (docs/design/result-cache.md); `off`, `none` or empty: none"
+        None, description="the result cache of run / submit / estimate / eval, and the root of serve's "
+        "per-tenant caches, when --result-cache is not given: a folder or s3://bucket/prefix "
+        "(docs/design/result-cache.md); `off`, `none` or empty: none"
     )
     # the dashboard (jobs/dashboard/)
     dashboard_secret: SecretStr | None = Field(

@@ -6,6 +6,7 @@ One loop (`BatchProcess.run`), every ServeConfig.poll_s or when the API nudges i
 - it leads or waits (jobs/api/leader.py): one batch process per store does batch work;
 - for each batch on the work list (`active/`), oldest first, it moves the batch on:
   validating  -> plan the job (jobs/api/batch_plan.py) -> in_progress, or failed with errors.data;
+                 the job's cache options (OUT/cache.json): the tenant's own result cache, or none;
   in_progress -> the executor runs the job (jobs/api/executor.py); live request counts; a cancel
                  (the job's _CANCELLED) or the completion window's end stops it; when it ends:
                  succeeded -> finalizing -> completed; cancelled / expired / failed -> that status,
@@ -35,6 +36,7 @@ from jobs.errors import StorageUnavailableError
 from jobs.expiry import expire_job
 from jobs.log import get_logger
 from jobs.manifest import read_manifest
+from jobs.result_cache.options import write_cache_options
 from jobs.settings import Settings
 from jobs.storage import ObjectStore
 
@@ -146,6 +148,9 @@ class BatchProcess:
             self._end(record, job, Outcome("failed", f"the batch process died {crashes} times while running this "
                                            "batch (out of memory, killed): it is not run again"), None)  # fmt: skip
             return False
+        # each take-up writes the running server's options, as each run or submit of a job does: a
+        # server restarted with another --result-cache (or none) runs the rest of the batch with it
+        write_cache_options(job.store, self.config.tenant_cache(record.tenant))
         self.executor.start(job, resumed=resumed)
         self._jobs[record.id] = job
         return True

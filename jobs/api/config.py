@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.api.models import ServedModel
 from jobs.api.tenants import TenantLimits
+from jobs.result_cache.options import CacheOptions
 
 DAY_S = 86_400
 
@@ -41,6 +42,19 @@ class ServeConfig(BaseModel):
     models: dict[str, ServedModel] = Field(
         default_factory=dict, description="--models: names a request's model may give (empty: any checkpoint path)"
     )
+    result_cache: str | None = Field(
+        None, description="--result-cache: the root (a folder or s3://bucket/prefix) of the tenants' result "
+        "caches, one each under tenants/<tenant>/ (tenant_cache); None: batches use no cache"
+    )
     # the batch process (jobs/api/batch_process.py)
     poll_s: float = Field(1.0, gt=0, description="seconds between the batch process's looks at the store")
     key_cache_s: float = Field(0.5, ge=0, le=1.0, description="how long a key lookup is reused (<= 1 s)")
+
+    def tenant_cache(self, tenant: str) -> CacheOptions:
+        """The cache options of `tenant`'s batch jobs: its own result cache under the root, never one
+        another tenant's batches write. A hit shows in a batch's cost and time, so a shared cache
+        would tell one tenant which requests another sent. `tenant` is a checked name
+        (jobs/api/layout.py check_tenant), so the URL stays under the root."""
+        if self.result_cache is None:
+            return CacheOptions()
+        return CacheOptions(url=f"{self.result_cache.rstrip('/')}/tenants/{tenant}")

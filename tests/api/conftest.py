@@ -88,7 +88,8 @@ def serve_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         Path(os.environ.get("FREIGHT_CACHE_DIR") or Path.home() / ".cache" / "freight") / "kernels"
     )
     return {
-        **os.environ,
+        # a FREIGHT_RESULT_CACHE of the caller's would give every server a result cache
+        **{k: v for k, v in os.environ.items() if k != "FREIGHT_RESULT_CACHE"},
         "FREIGHT_CACHE_DIR": str(base / "cache"),
         "FREIGHT_KERNEL_CACHE": kernels,
         "FREIGHT_PROFILES_PATH": str(base / "profiles.json"),
