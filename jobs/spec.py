@@ -170,7 +170,7 @@ class JobSpec(LaterFields):
     # added after the first manifests: left out of the JSON (and the job id) at their defaults (LaterFields)
     LATER: ClassVar[tuple[str, ...]] = (
         "task", "dimensions", "speculative", "speculative_tokens", "row_constraints", "model_name", "quant_group",
-        "loras", "max_loras",
+        "loras", "max_loras", "cache_salt",
     )
 
     input: str = Field(..., min_length=1, description="Parquet file, folder/prefix of Parquet, or .jsonl")
@@ -219,6 +219,11 @@ class JobSpec(LaterFields):
     max_loras: int | None = Field(
         None, ge=1, le=MAX_LORAS, description="LoRA adapters resident on the device at once (others are swapped "
         "in from host memory); None: the engine's default, 8",
+    )
+    cache_salt: str | None = Field(
+        None, min_length=1, max_length=256, description="the engine reuses prefix-cache blocks only of jobs with "
+        "the same salt (`freight serve`: the batch's tenant, so that no tenant's requests reuse or reveal another's "
+        "prompts on a shared engine); None: of jobs without one",
     )
 
     @field_validator("input", "model", "output")

@@ -47,8 +47,9 @@ class RowSink:
         return False
 
 
-def collect_rows(engine: Any, pending: list[RowRequest], sink: RowSink) -> bool:
-    """Run `pending` through the engine into `sink`; True if stopped before all finished."""
+def collect_rows(engine: Any, pending: list[RowRequest], sink: RowSink, cache_salt: str | None = None) -> bool:
+    """Run `pending` through the engine into `sink`; True if stopped before all finished. `cache_salt`:
+    the job's (JobSpec.cache_salt), whose prompts share prefix-cache blocks with its salt's only."""
     if not pending:
         return False
     if sink.stopping():
@@ -64,6 +65,6 @@ def collect_rows(engine: Any, pending: list[RowRequest], sink: RowSink) -> bool:
         return texts[tid]
 
     adapters = [req.adapter for req in pending] if any(req.adapter for req in pending) else None
-    stream = engine.stream(prompts, params, should_stop=sink.should_stop, adapters=adapters)
+    stream = engine.stream(prompts, params, should_stop=sink.should_stop, adapters=adapters, cache_salt=cache_salt)
     outs = ((pending[o.index], from_output(o, pending[o.index], token_text, engine.tokenizer)) for o in stream)
     return sink.drain(outs, len(pending))

@@ -172,7 +172,7 @@ def compute_shard(
     before = stats.snapshot()
     embed, generate = split_embeddings(to_run)
     sink = RowSink(results, should_stop, finished)
-    stopped = collect_embeddings(engine, embed, sink) or collect_rows(engine, generate, sink)
+    stopped = collect_embeddings(engine, embed, sink) or collect_rows(engine, generate, sink, manifest.spec.cache_salt)
     engine_time = stats.snapshot() - before  # busy, prefill and decode seconds of this attempt
     busy = engine_time.busy_seconds
     likelihood = manifest.spec.continuation_column is not None

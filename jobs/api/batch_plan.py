@@ -77,6 +77,7 @@ def plan_batch(store: ObjectStore, record: BatchRecord, config: ServeConfig, set
             speculative_tokens=model.speculative_tokens,
             model_name=name,
             loras=model.loras,
+            cache_salt=record.tenant,  # the engine is shared by every tenant's batches: no prefix crosses them
         )
         prepared = prepare_job(spec, settings)
     except BatchFileError as exc:

@@ -1,5 +1,6 @@
 """`freight serve --result-cache`: a tenant's repeated batch is answered from its own result cache,
-never from another tenant's, with the same output lines; a server without it writes no cache."""
+never from another tenant's, with the same output lines; a server without it writes no cache. The
+kept engine's prefix cache is kept apart per tenant likewise (its cached_tokens)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,28 @@ def test_a_server_without_a_result_cache_writes_none(
     assert cost["result_cache_hits"] == 0 and cost["result_cache_entries_written"] == 0
     jobs = list((server.store_dir / "tenants" / "team-a" / "jobs").iterdir())
     assert len(jobs) == 1 and not (jobs[0] / "cache.json").exists()
+
+
+def _cached(lines: list[dict[str, Any]]) -> dict[str, int]:
+    return {line["custom_id"]: line["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+            for line in lines}  # fmt: skip
+
+
+def test_a_tenant_never_sees_another_tenants_prefix_cache(
+    serve_process: Callable[..., ServeProcess], served_model: Path, tmp_path: Path
+) -> None:
+    """The kept engine reuses a prompt's KV blocks within a tenant only: a batch's cached_tokens
+    never tell it what another tenant sent (the engine's cache salt is the tenant)."""
+    server = serve_process()
+    a, b = server.key("team-a"), server.key("team-b")
+    lines = _greedy_lines(served_model)
+    _, first, _ = _run(server, a, lines, tmp_path / "a1.jsonl")
+    _, other, cost = _run(server, b, lines, tmp_path / "b.jsonl")
+    assert _cached(other) == _cached(first) == dict.fromkeys(_cached(first), 0)  # nothing of team-a's
+    assert cost["cached_tokens"] == 0
+    _, again, cost_again = _run(server, a, lines, tmp_path / "a2.jsonl")
+    assert all(_cached(again)[k] > n for k, n in _cached(first).items())  # team-a's own blocks
+    assert cost_again["cached_tokens"] == sum(_cached(again).values())
 
 
 def test_a_result_cache_the_server_cannot_open_is_refused(tmp_path: Path, serve_env: dict[str, str]) -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from contracts.sampling import SamplingParams
 from worker.engine.batch_state import PersistentBatch
-from worker.engine.block_manager import BlockManager, chain_hashes
+from worker.engine.block_manager import BlockManager, chain_hashes, root_hash, salt_key
 from worker.engine.config import EngineConfig
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence
@@ -55,6 +55,30 @@ def test_prefix_hits_refcounts_and_no_leaks() -> None:
     bm.check_invariants([])
     assert bm.num_free_blocks == 16
     assert len(bm.evictable) == 2  # the two full prefix blocks stay cached, unreferenced
+
+
+def _salted(i: int, tokens: list[int], salt: str | None) -> Sequence:
+    seq = _seq(i, tokens)
+    seq.cache_salt = salt_key(salt) if salt is not None else 0
+    return seq
+
+
+def test_cache_salts_keep_prefixes_apart() -> None:
+    """Blocks of one salt are reused by that salt's sequences only; unsalted ones share as before."""
+    bm = BlockManager(32, BS, enable_prefix_caching=True)
+    tokens = list(range(10))  # 2 full blocks
+    a = _salted(0, tokens, "team-a")
+    _admit(bm, a)
+    assert bm.match_prefix(_salted(1, tokens, "team-b"))[0] == []
+    assert bm.match_prefix(_salted(2, tokens, None))[0] == []
+    assert bm.match_prefix(_salted(3, tokens, "team-a"))[0] == a.block_table[:2]
+    plain = _salted(4, tokens, None)
+    _admit(bm, plain)
+    assert not set(plain.block_table) & set(a.block_table)
+    assert bm.match_prefix(_salted(5, tokens, None))[0] == plain.block_table[:2]
+    assert root_hash(plain) == root_hash(_seq(6, tokens)) and root_hash(a) != root_hash(plain)
+    bm.check_invariants([a, plain])
+    assert salt_key("team-a") == 0x663E3517B823368D  # blake2b's: every process's (a str's hash is not)
 
 
 def test_fully_cached_prompt_recomputes_last_token_without_writing() -> None:

@@ -263,3 +263,22 @@ def test_a_stream_paused_after_its_last_output_leaves_its_step_in_flight_harmles
     assert [o.token_ids for o in got] == [hf_greedy(ckpt.model, p, 6) for p in others]
     assert list(paused) == []
     engine.block_manager.check_invariants([])
+
+
+def test_cache_salts_share_prefix_blocks_within_a_salt_only(engine: Engine) -> None:
+    """A stream reuses the prefix-cache blocks of streams of its salt only (serve's tenants); streams
+    without one share theirs as before. Every stream computes the same tokens."""
+    prompt = [[5 + i % 50 for i in range(40)]]  # 2 full blocks of 16
+    greedy = SamplingParams(max_tokens=4, temperature=0.0)
+
+    def run(salt: str | None) -> tuple[int, list[int]]:
+        out = engine.generate(prompt, greedy, cache_salt=salt)[0]
+        return out.cached_tokens, out.token_ids
+
+    first = run("team-a")
+    assert first[0] == 0
+    assert run("team-b") == (0, first[1])
+    assert run(None) == (0, first[1])
+    assert run("team-a") == (32, first[1])
+    assert run(None) == (32, first[1])
+    engine.block_manager.check_invariants([])

@@ -201,6 +201,24 @@ def test_prefix_hit_is_cut_where_the_local_pool_lost_a_block() -> None:
     bm.check_invariants([])
 
 
+def test_both_groups_keep_cache_salts_apart() -> None:
+    """The local group's hashes are rooted in the sequence's salt as group 0's are."""
+    from worker.engine.block_manager import salt_key
+
+    bm = GroupedBlockManager(num_blocks=16, num_local_blocks=16, block_size=4, enable_prefix_caching=True, window=8)
+    tokens = list(range(100, 112))  # 3 full blocks
+    a = _seq(0, tokens)
+    a.cache_salt = salt_key("team-a")
+    _run_prefill(bm, a, 12)
+    other, same = _seq(1, tokens + [1]), _seq(2, tokens + [1])
+    other.cache_salt, same.cache_salt = salt_key("team-b"), a.cache_salt
+    assert bm.match_prefix(other)[0] == []
+    m, h = bm.match_prefix(same)
+    assert len(m) == 3 and h == a.block_hashes and h[:1] == a.local.block_hashes[:1]
+    bm.free(a)
+    bm.check_invariants([])
+
+
 def test_scheduler_refuses_what_the_local_pool_never_holds() -> None:
     """Group 0's pool holds the 20-token prompt (6 blocks of 16); the local pool's 2 blocks never hold
     the window behind its chunk (6 blocks): refused at once, not left waiting for blocks forever."""

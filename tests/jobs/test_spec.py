@@ -68,6 +68,16 @@ def test_quant_group_is_a_later_field_of_int4_jobs() -> None:
     assert (int4.quantization_label, grouped.quantization_label, _spec().quantization_label) == ("int4", "int4-g32", None)
 
 
+def test_cache_salt_is_a_later_field_of_served_jobs() -> None:
+    """serve's tenant salts its job's prefix cache: in the manifest and the job id when set only, so a
+    CLI job (no salt) keeps its id and its prefix reuse."""
+    salted = _spec(cache_salt="team-a")
+    assert "cache_salt" not in _spec().model_dump(mode="json") and salted.model_dump(mode="json")["cache_salt"] == "team-a"
+    assert len({_spec().job_id, salted.job_id, _spec(cache_salt="team-b").job_id}) == 3
+    with pytest.raises(ValidationError):
+        _spec(cache_salt="")
+
+
 def test_spec_is_frozen() -> None:
     with pytest.raises(ValidationError):
         _spec().shard_rows = 3  # type: ignore[misc]

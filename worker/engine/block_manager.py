@@ -6,9 +6,11 @@ cache, so a later sequence with the same prefix reuses it. A block whose count f
 contents: if hashed it becomes "evictable" (still reusable, reclaimed least-recently-used first),
 otherwise it returns to the plain free list. Hashes are 64-bit Python hashes of int tuples
 (stable across processes); a collision would silently share a block (probability ~2^-64 per pair).
-The chain's root is the sequence's rope_offset and LoRA adapter folded into a constant: a LongRoPE
-sequence whose prompt is past the threshold rotates every key with the long factors, and an adapter
-changes every layer's K/V, so their blocks are never another's.
+The chain's root is the sequence's rope_offset, LoRA adapter and cache salt folded into a constant:
+a LongRoPE sequence whose prompt is past the threshold rotates every key with the long factors, and
+an adapter changes every layer's K/V, so their blocks are never another's; a salt (one per tenant of
+`freight serve`) keeps a stream's blocks from every other salt's, so that no tenant's prompt is
+served from, or reported as cached by, another's. Sequences of one salt, or of none, share as before.
 
 Sliding windows (`window`: set when every layer of the model attends through the same window W):
 a query at position p reads keys p - W < j <= p only, so once a sequence computes from position p
@@ -23,20 +25,32 @@ docs/ARCHITECTURE.md "Sliding windows and Gemma's layers").
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter, OrderedDict, deque
 from collections.abc import Sequence as Seq
 
 from worker.engine.sequence import Sequence
 
 _ROOT_HASH = 0x5EED
+# tags that keep the roots' tuples apart; ints, since a str's hash differs from process to process
+_LORA = 0x10A
+_SALT = 0x5A17
+
+
+def salt_key(salt: str) -> int:
+    """A cache salt as the nonzero int that Sequence.cache_salt holds: the same in every process
+    (blake2b, where hash(salt) would change with PYTHONHASHSEED), distinct per salt but by a ~2^-64
+    collision."""
+    return int.from_bytes(hashlib.blake2b(salt.encode(), digest_size=8).digest(), "little") or 1
 
 
 def root_hash(seq: Sequence) -> int:
-    """The parent hash of seq's first block: the same for every sequence of the base model but
-    LongRoPE's long prompts; one per adapter (its engine id, never reused) otherwise."""
+    """The parent hash of seq's first block: the same for every unsalted sequence of the base model
+    but LongRoPE's long prompts; one per adapter (its engine id, never reused) and per salt otherwise."""
+    root = hash((_ROOT_HASH, _SALT, seq.cache_salt)) if seq.cache_salt else _ROOT_HASH
     if seq.adapter >= 0:
-        return hash((_ROOT_HASH, seq.rope_offset, "lora", seq.adapter))
-    return _ROOT_HASH if not seq.rope_offset else hash((_ROOT_HASH, seq.rope_offset))
+        return hash((root, seq.rope_offset, _LORA, seq.adapter))
+    return root if not seq.rope_offset else hash((root, seq.rope_offset))
 
 
 def chain_hashes(token_ids: Seq[int], block_size: int, parent: int = _ROOT_HASH, start: int = 0) -> list[int]:

@@ -14,6 +14,7 @@ from contracts.checkpoint.pooling import PoolingConfig, PoolingConfigError
 from contracts.lora.config import MAX_LORAS
 from contracts.sampling import SamplingParams
 from worker.engine.batch_state import PersistentBatch
+from worker.engine.block_manager import salt_key
 from worker.engine.completion_texts import CompletionTexts
 from worker.engine.config import EngineConfig
 from worker.engine.embedder import Embedder, EmbeddingOutput, dimensions_per_prompt
@@ -108,10 +109,10 @@ class Engine:
 
     def generate(
         self, prompts: Seq[str] | Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
-        adapters: Seq[str | None] | None = None,
+        adapters: Seq[str | None] | None = None, cache_salt: str | None = None,
     ) -> list[RequestOutput]:  # fmt: skip
         """One RequestOutput per prompt, in the order of `prompts`."""
-        outs = list(self.stream(prompts, params, adapters=adapters))
+        outs = list(self.stream(prompts, params, adapters=adapters, cache_salt=cache_salt))
         return sorted(outs, key=lambda o: o.index)
 
     def stream(
@@ -120,19 +121,23 @@ class Engine:
         params: SamplingParams | Seq[SamplingParams] | None = None,
         should_stop: Callable[[], bool] | None = None,
         adapters: Seq[str | None] | None = None,
+        cache_salt: str | None = None,
     ) -> Iterator[RequestOutput]:
         """Yield each RequestOutput as its request finishes (bad prompts first, as errors).
 
         should_stop() is checked before every step; once True, unfinished requests are aborted (their
         blocks freed, nothing yielded for them) and the generator returns. `adapters`: each prompt's
         LoRA adapter (a name given to set_loras; None: the base model), or None for all on the base;
-        an unknown name is that request's error.
+        an unknown name is that request's error. `cache_salt`: the prompts reuse prefix-cache blocks
+        only of streams with the same salt (None: of unsalted streams), so that one tenant's requests
+        neither reuse nor reveal another's (block_manager.root_hash).
         """
         params_list = self.checks.params_for(prompts, params)
         if adapters is not None and len(adapters) != len(prompts):
             raise ValueError(f"adapters has {len(adapters)} entries for {len(prompts)} prompts: give one per prompt")
         if self.scheduler.has_unfinished():
             raise RuntimeError("this engine is already running a stream; finish or close it first")
+        salt = salt_key(cache_salt) if cache_salt is not None else 0
         seqs: list[Sequence] = []
         texts = [p for p in prompts if self.checks.encodable(p)]
         encoded = iter(self.tokenizer.encode_batch(texts) if texts else [])
@@ -150,7 +155,7 @@ class Engine:
                 continue
             seed = p.seed if p.seed is not None else hash((self.config.seed, i)) & 0x7FFF_FFFF_FFFF_FFFF
             self.stats.constrained_requests += p.n if p.constraint is not None else 0
-            seqs.append(self._request(i, ids, p, seed, adapter))
+            seqs.append(self._request(i, ids, p, seed, adapter, salt))
         emitted: set[int] = set()  # requests with n > 1 whose output was yielded
         order = self._order(seqs)
         for j in order:
@@ -312,14 +317,17 @@ class Engine:
             order += [mine[k] for k in sub]
         return order
 
-    def _request(self, index: int, ids: list[int], params: SamplingParams, seed: int, adapter: int = -1) -> Sequence:
+    def _request(self, index: int, ids: list[int], params: SamplingParams, seed: int, adapter: int = -1,
+                 salt: int = 0) -> Sequence:  # fmt: skip
         """The sequence of choice 0; with n > 1 the other choices wait in its `forks` (choice i draws
-        with seed + i, vLLM's rule, so choice 0 is the n = 1 request). adapter: the LoRA's id, -1 none."""
+        with seed + i, vLLM's rule, so choice 0 is the n = 1 request). adapter: the LoRA's id, -1 none;
+        salt: the stream's salt_key, 0 none."""
         group = []
         for choice in range(params.n):
             seq = Sequence(self._next_seq_id, index, ids, params, seed + choice)
             seq.rope_offset = self.runner.model.rope_offset(len(ids))  # LongRoPE: a long prompt's rotary rows
             seq.adapter = adapter
+            seq.cache_salt = salt
             self._next_seq_id += 1
             seq.choice = choice
             group.append(seq)

@@ -111,6 +111,10 @@ class LocalTable:
         return self.seq.adapter
 
     @property
+    def cache_salt(self) -> int:  # likewise
+        return self.seq.cache_salt
+
+    @property
     def num_computed_tokens(self) -> int:
         return self.seq.num_computed_tokens
 

@@ -47,6 +47,7 @@ class Sequence:
         "block_table", "num_released", "block_hashes", "planned_hashes", "protected_len", "num_cached_tokens", "seed",
         "finish_reason", "error", "logprobs", "prompt_logprobs", "prompt_scored", "text", "batch", "row",
         "in_flight", "choice", "forks", "group", "constraint_state", "spec", "local", "rope_offset", "adapter",
+        "cache_salt",
     )  # fmt: skip
 
     def __init__(
@@ -97,6 +98,9 @@ class Sequence:
         # the LoRA adapter's engine id (lora/manager.py), -1 for the base model; it roots the sequence's
         # prefix-cache hashes too, so no two adapters share KV
         self.adapter = -1
+        # the stream's cache salt as an int (block_manager.salt_key), 0 for none; it roots the prefix-cache
+        # hashes too, so sequences of different salts (serve's tenants) never share KV
+        self.cache_salt = 0
 
     @property
     def num_computed_tokens(self) -> int:
