@@ -21,6 +21,10 @@
  * that need no per-call packing (bench/cpu_wide_decode.py: the stack against F.linear's sgemm at
  * 1-64 rows); with fp16 matrices, from fp16 packed copies (the same floats as their fp32 copies').
  *
+ * LoRA adapters (decode_stack_lora_f32; stack_lora.h): each row may name an adapter slot, whose low-rank
+ * products each wrapped projection adds to the row after its base product, as the op-by-op path's
+ * LoRA wrapper does (other summation order), without another barrier.
+ *
  * Threads (up to STACK_GEMV_ROWS rows): a team of num_threads pthreads for the whole call. Each
  * matrix's output rows are split between them (a quantized one's at its 64-row tiles; gate_up by
  * intermediate columns, so each thread also applies SiLU * up to its own); the norms' inputs are
@@ -41,6 +45,7 @@
 #include "gemm.h"
 #include "gemv.h"
 #include "layer_rows.h"
+#include "stack_lora.h"
 #include "stack_step.h"
 #include "threads.h"
 
@@ -55,7 +60,16 @@ static inline int64_t slice_at(int64_t n, const QMatrix *q, const Step *s, int64
     const int64_t unit = q->w ? QNB : 1, units = (n + unit - 1) / unit, at = units * i / s->num_threads * unit;
     return at < n ? at : n;
 }
-#define SLICE(n, q, s, tid) slice_at(n, q, s, tid), slice_at(n, q, s, (tid) + 1)
+
+/* Thread tid's output columns of y [rows, n] <- x [rows, K] (contiguous rows) . W^T (+ bias), W an [n, K]
+ * matrix given as `linear` takes it, then the rows' adapters of it (lora 0: none; stack_lora.h). */
+static void project_slice(const Step *s, int64_t tid, const float *w, const float *packed, const QMatrix *q,
+                          const LoraMatrix *lora, const float *bias, const float *x, int64_t K, float *y, int64_t n) {
+    const QRows qx = quantize_input(s, tid, q, x, K, K);
+    const int64_t lo = slice_at(n, q, s, tid), hi = slice_at(n, q, s, tid + 1);
+    linear(s, w, packed, q, &qx, 0, bias, K, x, K, y, n, lo, hi);
+    if (lora) lora_add(s, tid, lora, x, K, K, lo, hi, y + lo, n);
+}
 
 static void *run_member(void *arg) {
     const Member *me = (const Member *)arg;
@@ -68,6 +82,7 @@ static void *run_member(void *arg) {
     float *h = s->private + tid * s->private_stride, *res = h + M * H;
     for (int64_t l = 0; l < mdl->num_layers; l++) {
         const StackLayer *L = mdl->layers + l;
+        const LoraLayer *ad = lora_layer(s, l); /* the rows' adapters (stack_lora.h), or 0 */
         for (int64_t m = 0; m < M; m++) { /* residual add + input norm (layer 0: the residual is x) */
             if (l == 0) {
                 memcpy(res + m * H, s->x + m * H, H * sizeof(float));
@@ -76,8 +91,7 @@ static void *run_member(void *arg) {
                 rms_norm_row(s->down + m * H, res + m * H, L->input_norm, H, eps, h + m * H, res + m * H);
             }
         }
-        const QRows hx = quantize_input(s, tid, &L->qkv_q, h, H, H);
-        linear(s, L->qkv, L->qkv_packed, &L->qkv_q, &hx, 0, L->qkv_bias, H, h, H, s->qkv, nqkv, SLICE(nqkv, &L->qkv_q, s, tid));
+        project_slice(s, tid, L->qkv, L->qkv_packed, &L->qkv_q, ad ? &ad->qkv : 0, L->qkv_bias, h, H, s->qkv, nqkv);
         sync_team(s);
         const int64_t kv_row = hkv * D;
         for (int64_t m = tid; m < M; m += n) { /* this thread's rows: q/k norm, rotary, K/V store */
@@ -98,8 +112,7 @@ static void *run_member(void *arg) {
                                mdl->block_size, s->bt_stride, 0, mdl->scale, s->attn, 0, tid, n, L->window, 0.0f};
         decode_job_run((void *)&job); /* rows tid, tid + n, ...: each row reads only its own sequence */
         sync_team(s);
-        const QRows aq = quantize_input(s, tid, &L->o_proj_q, s->attn, qd, qd);
-        linear(s, L->o_proj, L->o_proj_packed, &L->o_proj_q, &aq, 0, 0, qd, s->attn, qd, s->o, H, SLICE(H, &L->o_proj_q, s, tid));
+        project_slice(s, tid, L->o_proj, L->o_proj_packed, &L->o_proj_q, ad ? &ad->o_proj : 0, 0, s->attn, qd, s->o, H);
         sync_team(s);
         for (int64_t m = 0; m < M; m++)
             rms_norm_row(s->o + m * H, res + m * H, L->post_norm, H, eps, h + m * H, res + m * H);
@@ -111,10 +124,14 @@ static void *run_member(void *arg) {
         const QRows gx = quantize_input(s, tid, gq, h, H, H); /* once for both halves */
         linear(s, L->gate_up, L->gate_up_packed, gq, &gx, a * H, 0, H, h, H, gu, 2 * w, 0, w);
         linear(s, L->gate_up, L->gate_up_packed, gq, &gx, (I + a) * H, 0, H, h, H, gu + w, 2 * w, 0, w);
+        if (ad && w > 0) { /* gate columns [a, b) and up columns I + [a, b), shrunk once for both */
+            const float *lh = lora_shrink(s, tid, &ad->gate_up, h, H, H);
+            lora_expand(s, &ad->gate_up, lh, a, b, gu, 2 * w);
+            lora_expand(s, &ad->gate_up, lh, I + a, I + b, gu + w, 2 * w);
+        }
         for (int64_t m = 0; m < M; m++) silu_mul_row(gu + m * 2 * w, gu + m * 2 * w + w, w, s->act + m * I + a);
         sync_team(s);
-        const QRows dq = quantize_input(s, tid, &L->down_q, s->act, I, I);
-        linear(s, L->down, L->down_packed, &L->down_q, &dq, 0, 0, I, s->act, I, s->down, H, SLICE(H, &L->down_q, s, tid));
+        project_slice(s, tid, L->down, L->down_packed, &L->down_q, ad ? &ad->down : 0, 0, s->act, I, s->down, H);
         sync_team(s);
     }
     if (tid != 0 && !s->logits) return 0;
@@ -199,9 +216,10 @@ int decode_stack_packed_rows(void) { return STACK_PACKED_ROWS; }
  * on one thread (sgemm may thread itself).
  * Returns 0; -1 (nothing done) when rows is outside 1..decode_stack_max_rows, the sizes do not fit
  * or a position or slot is out of range; -2 when out of memory. */
-static int run_stack(const StackModel *model, Sgemm sgemm, const float *x, int64_t rows, const int64_t *positions,
-                     const int64_t *slots, const int32_t *block_tables, int64_t bt_stride, const int32_t *context_lens,
-                     float *out, float *logits, int64_t num_threads) {
+static int run_stack(const StackModel *model, const StackLora *lora, const int32_t *lora_slots, Sgemm sgemm,
+                     const float *x, int64_t rows, const int64_t *positions, const int64_t *slots,
+                     const int32_t *block_tables, int64_t bt_stride, const int32_t *context_lens, float *out,
+                     float *logits, int64_t num_threads) {
     const StackModel *m = model;
     if (model->half_weights) sgemm = 0; /* fp16 weights: GEMVs or packed tiles only */
     if (rows < 1 || rows > decode_stack_max_rows(sgemm != 0 || m->packed) ||
@@ -209,7 +227,7 @@ static int run_stack(const StackModel *model, Sgemm sgemm, const float *x, int64
         return -1;
     for (int64_t r = 0; r < rows; r++)
         if (positions[r] < 0 || positions[r] >= m->max_positions || slots[r] < -1 || slots[r] >= m->num_slots ||
-            context_lens[r] < 1)
+            context_lens[r] < 1 || (lora && (lora_slots[r] < -1 || lora_slots[r] >= lora->num_slots)))
             return -1;
     /* a thread per ~1 MB of the largest weight, at most */
     const int64_t mlp = 2 * m->intermediate * m->hidden, head = logits ? m->vocab * m->hidden : 0;
@@ -223,16 +241,28 @@ static int run_stack(const StackModel *model, Sgemm sgemm, const float *x, int64
      * aligns to 16 bytes only). */
     const int64_t q_part = ALIGN16(rows * nqkv), attn_part = ALIGN16(rows * qd), o_part = ALIGN16(rows * H);
     const int64_t act_part = ALIGN16(rows * 3 * I), down_part = ALIGN16(rows * H);
-    const int64_t floats = q_part + attn_part + o_part + act_part + down_part + num_threads * ALIGN16(2 * rows * H);
+    /* the rows with an adapter as runs of one slot, and each thread's shrunk rows (stack_lora.h) */
+    LoraRun *runs = lora ? (LoraRun *)malloc((size_t)rows * sizeof(LoraRun)) : 0;
+    int64_t num_runs = 0;
+    for (int64_t r = 0; runs && r < rows;) {
+        int64_t n = 1;
+        while (r + n < rows && lora_slots[r + n] == lora_slots[r] && n < GEMV_MAX_ROWS) n++;
+        if (lora_slots[r] >= 0) runs[num_runs++] = (LoraRun){r, n, lora_slots[r]};
+        r += n;
+    }
+    const int64_t lora_part = num_runs ? ALIGN16(rows * LORA_MAX_SLICES * lora->rank) : 0;
+    const int64_t floats = q_part + attn_part + o_part + act_part + down_part +
+                           num_threads * (ALIGN16(2 * rows * H) + lora_part);
     float *buf = (float *)aligned_alloc(64, (size_t)floats * sizeof(float)); /* floats: a multiple of 16 */
     /* each thread's QRows: the widest input (hidden, the attention output or the intermediate) at the
      * smallest block of the quantized matrices */
     const int64_t widest = H > qd ? (H > I ? H : I) : (qd > I ? qd : I);
     const int64_t q_stride = m->q_block ? (qrows_bytes(rows, widest, m->q_block) + 63) / 64 * 64 : 0;
     char *qbuf = q_stride ? (char *)aligned_alloc(64, (size_t)(num_threads * q_stride)) : 0;
-    if (!buf || (q_stride && !qbuf)) {
+    if (!buf || (q_stride && !qbuf) || (lora && !runs)) {
         free(buf);
         free(qbuf);
+        free(runs);
         return -2;
     }
     int rows_share = 0;
@@ -248,18 +278,24 @@ static int run_stack(const StackModel *model, Sgemm sgemm, const float *x, int64
     s.private_stride = ALIGN16(2 * rows * H);
     s.qrows = qbuf;
     s.qrows_stride = q_stride;
+    s.lora = lora;
+    s.lora_runs = runs;
+    s.lora_num_runs = num_runs;
+    s.lora_h = s.private + num_threads * s.private_stride;
+    s.lora_h_stride = lora_part;
     Member members[MAX_THREADS];
     for (int64_t i = 0; i < num_threads; i++) members[i] = (Member){&s, i};
     run_team(&s, members, num_threads);
     free(buf);
     free(qbuf);
+    free(runs);
     return 0;
 }
 
 int decode_stack_f32(const StackModel *model, Sgemm sgemm, const float *x, int64_t rows, const int64_t *positions,
                      const int64_t *slots, const int32_t *block_tables, int64_t bt_stride, const int32_t *context_lens,
                      float *out, int64_t num_threads) {
-    return run_stack(model, sgemm, x, rows, positions, slots, block_tables, bt_stride, context_lens, out, 0,
+    return run_stack(model, 0, 0, sgemm, x, rows, positions, slots, block_tables, bt_stride, context_lens, out, 0,
                      num_threads);
 }
 
@@ -272,8 +308,20 @@ int decode_stack_logits_f32(const StackModel *model, Sgemm sgemm, const float *x
                             int64_t bt_stride, const int32_t *context_lens, float *out, float *logits,
                             int64_t num_threads) {
     if (!(model->head.w || model->head_packed) || !logits) return -1;
-    return run_stack(model, sgemm, x, rows, positions, slots, block_tables, bt_stride, context_lens, out, logits,
+    return run_stack(model, 0, 0, sgemm, x, rows, positions, slots, block_tables, bt_stride, context_lens, out, logits,
                      num_threads);
+}
+
+/* decode_stack_f32 (logits 0) or decode_stack_logits_f32 with LoRA adapters: lora_slots int32 [rows],
+ * each row's slot of `lora` (-1: no adapter), whose products each wrapped projection adds
+ * (stack_lora.h). -1 also when a slot is out of range. */
+int decode_stack_lora_f32(const StackModel *model, const StackLora *lora, const int32_t *lora_slots, Sgemm sgemm,
+                          const float *x, int64_t rows, const int64_t *positions, const int64_t *slots,
+                          const int32_t *block_tables, int64_t bt_stride, const int32_t *context_lens, float *out,
+                          float *logits, int64_t num_threads) {
+    if (logits && !(model->head.w || model->head_packed)) return -1;
+    return run_stack(model, lora, lora_slots, sgemm, x, rows, positions, slots, block_tables, bt_stride, context_lens,
+                     out, logits, num_threads);
 }
 
 /* A draft model's whole proposal on this stack (speculation's DraftStack.propose). */

@@ -11,7 +11,9 @@ of `packed_rows` rows or more (1: every step) with it, up to `max_rows` rows wit
 summation order again: one FMA chain over k per output; with half=True the copies are fp16, the same
 floats from half the bytes). A matrix given as a QuantWeight (kernels.cpu.quant_matmul: int8 or int4,
 packed for quant.h) multiplies in integers at every row count, its input rows quantized to int8 per
-block: the products of NativeQuantMatmul, the same floats.
+block: the products of NativeQuantMatmul, the same floats. LoRA adapters (kernels/cpu/stack_lora.py,
+bound once with `bind_lora`) add each row's adapter products to its wrapped projections in the same
+call (`lora=`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import ctypes
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,6 +31,9 @@ from kernels.cpu.build import load_library
 from kernels.cpu.quant_matmul import PACK_WIDTH as QUANT_PACK_WIDTH
 from kernels.cpu.quant_matmul import QuantWeight
 from kernels.reference.quant_matmul import INT8_ACT_BLOCK
+
+if TYPE_CHECKING:
+    from kernels.cpu.stack_lora import BoundLora
 
 SOURCE = Path(__file__).with_suffix(".c")
 HALF_MATRICES = ("qkv", "o_proj", "gate_up", "down")  # fp16 in a stack bound with half=True (packed: copied)
@@ -109,6 +115,9 @@ class NativeDecodeStack:
         self._logits.argtypes = [_ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64]
         self._logits.restype = ctypes.c_int
         self._draft = lib.decode_stack_draft  # a DraftChain's call (draft_chain.py sets its argtypes)
+        self._lora = lib.decode_stack_lora_f32  # either call with the rows' LoRA adapters (stack_lora.py)
+        self._lora.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64]
+        self._lora.restype = ctypes.c_int
         self._fits = lib.decode_stack_supports
         self._fits.argtypes = [_i64, _i64, _i64, _i64]
         self._fits.restype = ctypes.c_int
@@ -206,16 +215,17 @@ class NativeDecodeStack:
         if packed:
             most = self._most_rows(1)
         return BoundDecodeStack(self._fn, model, keep, h, sgemm, self.gemv_rows, most, self._draft, self.pack_width,
-                                self._logits if head is not None else None)  # fmt: skip
+                                self._logits if head is not None else None, self._lora)  # fmt: skip
 
 
 class BoundDecodeStack:
     """A model's tensors bound to the kernel; call it once per decode step."""
 
     def __init__(self, fn, model: _Model, keep: tuple, hidden: int, sgemm: int | None, gemv_rows: int,
-                 max_rows: int, draft_fn=None, pack_width: int = 0, logits_fn=None) -> None:  # fmt: skip
+                 max_rows: int, draft_fn=None, pack_width: int = 0, logits_fn=None, lora_fn=None) -> None:  # fmt: skip
         self._fn, self._model, self._keep = fn, model, keep  # keep: the tensors the pointers point into
         self._logits_fn = logits_fn  # with a head bound: decode_stack_logits_f32
+        self._lora_fn = lora_fn  # decode_stack_lora_f32: either call with LoRA adapters
         self.vocab: int = model.vocab if logits_fn is not None else 0  # the head's logits per row; 0: no head
         # for a DraftChain over this stack (draft_chain.py): the model and the library's draft call
         self.model_ptr, self.draft_fn = ctypes.addressof(model), draft_fn
@@ -223,19 +233,32 @@ class BoundDecodeStack:
         self.hidden, self.gemv_rows, self.max_rows = hidden, gemv_rows, max_rows
         self.pack_width = pack_width  # gemm.h's tile width: what a DraftChain's packed head is packed with
 
+    @property
+    def shape(self) -> StackShape:
+        m = self._model
+        return StackShape(m.hidden, m.num_heads, m.num_kv_heads, m.head_dim, m.intermediate, m.eps, m.scale)
+
+    @property
+    def num_layers(self) -> int:
+        return self._model.num_layers
+
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
-                 context_lens: torch.Tensor) -> torch.Tensor:  # fmt: skip
+                 context_lens: torch.Tensor, lora: BoundLora | None = None,
+                 lora_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """x [rows, hidden] fp32 contiguous (the embeddings; 1 <= rows <= max_rows), positions and slots
         int64 [rows] contiguous, block_tables int32 [rows, W] with dense rows, context_lens int32 [rows]
         contiguous -> the final-normed hidden states [rows, hidden]. The caller guarantees the layouts
         (the engine checks them once per step); values are range-checked in C (IndexError). Past
-        gemv_rows rows the call runs on one thread whatever torch.get_num_threads() says."""
+        gemv_rows rows the call runs on one thread whatever torch.get_num_threads() says. lora: adapters
+        bound to this stack (stack_lora.bind_lora), with lora_slots an int32 tensor [rows] (contiguous): each row's
+        slot of them (-1: none)."""
         out = torch.empty(x.shape[0], self.hidden, dtype=torch.float32)
-        self._run(self._fn, x, positions, slots, block_tables, context_lens, out)
+        self._run(x, positions, slots, block_tables, context_lens, out, None, lora, lora_slots)
         return out
 
     def logits(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
-               context_lens: torch.Tensor) -> torch.Tensor:  # fmt: skip
+               context_lens: torch.Tensor, lora: BoundLora | None = None,
+               lora_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """__call__'s step, then the bound head over its final-normed rows in the same call: the fp32
         logits [rows, vocab] (a quantized head: its QuantLinear's integer kernel's floats; a packed one:
         NativeGemv.packed's on the same copy). ValueError when no head is bound (vocab 0)."""
@@ -244,17 +267,27 @@ class BoundDecodeStack:
         rows = x.shape[0]
         out = torch.empty(rows, self.hidden, dtype=torch.float32)
         logits = torch.empty(rows, self.vocab, dtype=torch.float32)
-        self._run(self._logits_fn, x, positions, slots, block_tables, context_lens, out, logits.data_ptr())
+        self._run(x, positions, slots, block_tables, context_lens, out, logits, lora, lora_slots)
         return logits
 
-    def _run(self, fn, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
-             context_lens: torch.Tensor, out: torch.Tensor, *logits: int) -> None:  # fmt: skip
+    def _run(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
+             context_lens: torch.Tensor, out: torch.Tensor, logits: torch.Tensor | None, lora: BoundLora | None,
+             lora_slots: torch.Tensor | None) -> None:  # fmt: skip
         rows = x.shape[0]
         if not 0 < rows <= self.max_rows:
             raise ValueError(f"the decode stack takes 1 to {self.max_rows} rows, not {rows}; run the layers op by op")
-        status = fn(self.model_ptr, self._sgemm, x.data_ptr(), rows, positions.data_ptr(), slots.data_ptr(),
-                    block_tables.data_ptr(), block_tables.stride(0), context_lens.data_ptr(), out.data_ptr(), *logits,
-                    torch.get_num_threads())  # fmt: skip
+        step = (self._sgemm, x.data_ptr(), rows, positions.data_ptr(), slots.data_ptr(), block_tables.data_ptr(),
+                block_tables.stride(0), context_lens.data_ptr(), out.data_ptr())  # fmt: skip
+        if lora is not None:
+            if lora_slots is None or lora_slots.dtype != torch.int32 or lora_slots.shape != (rows,) \
+                    or not lora_slots.is_contiguous():  # fmt: skip
+                raise ValueError(f"lora_slots must be a contiguous int32 tensor of {rows} slots")
+            status = self._lora_fn(self.model_ptr, lora.ptr, lora_slots.data_ptr(), *step,
+                                   None if logits is None else logits.data_ptr(), torch.get_num_threads())  # fmt: skip
+        elif logits is not None:
+            status = self._logits_fn(self.model_ptr, *step, logits.data_ptr(), torch.get_num_threads())
+        else:
+            status = self._fn(self.model_ptr, *step, torch.get_num_threads())
         if status == -2:
             raise MemoryError("decode_stack_f32 could not allocate its activations")
         if status:

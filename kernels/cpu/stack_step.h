@@ -43,6 +43,33 @@ typedef struct {
     int64_t head_half;
 } StackModel;
 
+/* One wrapped projection's LoRA adapters (worker/engine/lora/stacks.py's layout, fp32; S slots of
+ * `slices` slices, each padded to the rank R): a [S, slices * R, K] (slice i's A in rows [i R, i R + R)),
+ * b [S, N, R] (slice i's B in its output columns [bounds[i], bounds[i + 1])), scaling [S, slices]
+ * (0: the slot's adapter does not wrap the slice). a 0: the projection carries no adapter. */
+#define LORA_MAX_SLICES 3 /* q | k | v of qkv_proj */
+typedef struct {
+    const float *a, *b, *scaling;
+    int64_t slices;
+    int64_t bounds[LORA_MAX_SLICES + 1];
+} LoraMatrix;
+
+typedef struct {
+    LoraMatrix qkv, o_proj, gate_up, down;
+} LoraLayer;
+
+/* The adapters bound to a model's stack: one LoraLayer per layer, every projection at rank R with S
+ * slots. */
+typedef struct {
+    const LoraLayer *layers;
+    int64_t rank, num_slots;
+} StackLora;
+
+/* Rows [row, row + rows) of a step, all of adapter slot `slot` (rows <= GEMV_MAX_ROWS). */
+typedef struct {
+    int64_t row, rows, slot;
+} LoraRun;
+
 /* The Fortran BLAS sgemm (column-major, arguments by pointer), passed in by the caller (kernels.cpu.blas
  * finds torch's), or 0. Integers are passed as pointers to int64 values below 2^31: an LP64 BLAS reads
  * their low half (little-endian), an ILP64 one all of it, both the same number. */
@@ -80,6 +107,11 @@ typedef struct {
     int64_t private_stride;             /* floats from one thread's private part to the next's */
     char *qrows;                        /* per thread: a QRows buffer for the quantized matrices' inputs */
     int64_t qrows_stride;               /* bytes from one thread's QRows buffer to the next's */
+    const StackLora *lora;              /* the adapters of this call's rows, or 0 */
+    const LoraRun *lora_runs;           /* the rows with an adapter, in runs of one slot */
+    int64_t lora_num_runs;
+    float *lora_h;                      /* per thread: the adapters' shrunk rows [rows, LORA_MAX_SLICES * R] */
+    int64_t lora_h_stride;              /* floats from one thread's part to the next's */
     pthread_barrier_t barrier;
     pthread_mutex_t start_lock;
     pthread_cond_t start_cond;

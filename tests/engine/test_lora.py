@@ -107,6 +107,31 @@ def test_mixed_batch_equals_separate_runs(adapters_of, config: dict) -> None:
     engine.block_manager.check_invariants([])
 
 
+def test_adapter_decode_steps_take_the_decode_stack(adapters_of, monkeypatch) -> None:
+    """Decode steps mixing four adapters and the base's rows run in the CPU's C decode stack (each
+    wrapped projection adds its rows' adapter products in the call) and give the op-by-op path's
+    tokens."""
+    ckpt, _, folders = adapters_of("llama")
+    names = [None, *folders]
+    prompts = mixed_prompts()
+    assign = [names[(i * 3) % len(names)] for i in range(len(prompts))]
+    off = _engine(ckpt.path, folders, max_num_seqs=8, decode_stack=False)
+    on = _engine(ckpt.path, folders, max_num_seqs=8)
+    stack, step = on.runner.model.decode_stack, on.runner.model.lora
+    seen: list[list[int]] = []  # each stacked step's row slots ([] without adapter tokens)
+    for name in ("__call__", "logits"):
+        real = getattr(type(stack), name)
+
+        def spy(self, input_ids, positions, meta, real=real):
+            seen.append(step.slots.tolist() if step.active else [])
+            return real(self, input_ids, positions, meta)
+
+        monkeypatch.setattr(type(stack), name, spy)
+    assert _tokens(on, prompts, assign) == _tokens(off, prompts, assign)
+    mixed = [s for s in seen if -1 in s and len({x for x in s if x >= 0}) > 1]
+    assert mixed, seen  # steps of several adapters and the base ran in the stack
+
+
 def test_prefix_cache_is_shared_within_an_adapter_never_across(adapters_of) -> None:
     ckpt, _, folders = adapters_of("llama")
     prompt = mixed_prompts()[4]  # 300 tokens

@@ -1,7 +1,7 @@
 """The C decode stack (kernels/cpu/decode_stack.c) against the same layers run op by op with the torch
 references: its output and the K/V it stores, over GQA groups, head sizes 16 to 128, qkv bias and
-q/k norms, widths with vector tails, int8 / int4 quantized matrices; the same floats with 1, 2 or 3
-threads; what it refuses."""
+q/k norms, widths with vector tails, int8 / int4 quantized matrices, LoRA adapters per row; the same
+floats with 1, 2 or 3 threads; what it refuses."""
 
 from collections.abc import Callable
 
@@ -16,10 +16,13 @@ from kernels import reference
 from kernels.cpu.decode_stack import NativeDecodeStack, StackLayer, StackShape, pack_rows
 from kernels.cpu.gemv import NativeGemv
 from kernels.cpu.quant_matmul import NativeQuantMatmul, QuantWeight, pack_int4, pack_int8
+from kernels.cpu.stack_lora import LoraFactors, bind_lora, slice_bounds
+from kernels.reference import lora as lora_ref
 from kernels.reference import quant_matmul as qref
 from worker.engine.models.rotary import cos_sin_cache
 
 EPS = 1e-6
+ADAPTED = ("qkv", "o_proj", "gate_up", "down")  # the matrices a LoRA adapter may wrap
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +44,24 @@ def _layers(shape: StackShape, num_layers: int, bias: bool, qk_norm: bool, cache
 
 
 QuantRefs = dict[int, Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]]
+Adapters = tuple[list[dict[str, LoraFactors]], torch.Tensor]  # each layer's factors by matrix, each row's slot
 
 
 def _reference(shape: StackShape, layers, final_norm, cos_sin, x, positions, slots, tables, lens,
-               quant: QuantRefs | None = None) -> torch.Tensor:  # fmt: skip
+               quant: QuantRefs | None = None, adapters: Adapters | None = None) -> torch.Tensor:  # fmt: skip
     """The op-by-op path (models/decoder.py) over the torch references; a QuantWeight matrix through its
-    reference in `quant` (by id: the kernel's math, kernels/reference/quant_matmul.py)."""
+    reference in `quant` (by id: the kernel's math, kernels/reference/quant_matmul.py); each row's LoRA
+    adapter added after each wrapped matrix as LoraLinear does (kernels/reference/lora.py)."""
+    index = {id(getattr(layer, name)): (i, name) for i, layer in enumerate(layers) for name in ADAPTED}
 
     def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return quant[id(w)](x, bias) if isinstance(w, QuantWeight) else F.linear(x, w, bias)
+        y = quant[id(w)](x, bias) if isinstance(w, QuantWeight) else F.linear(x, w, bias)
+        i, name = index[id(w)]
+        f = adapters[0][i].get(name) if adapters else None
+        if f is not None:
+            h = lora_ref.lora_shrink(x, f.a, adapters[1])
+            lora_ref.lora_expand(h, f.b, f.scaling, adapters[1], f.bounds, y)
+        return y
 
     rows, d = x.shape[0], shape.head_dim
     q_size, kv_size = shape.num_heads * d, shape.num_kv_heads * d
@@ -391,3 +403,82 @@ def test_packed_head_gives_the_packed_products_logits_in_the_call(native, dtype,
                  atol=1e-4, rtol=1e-4)  # fmt: skip
     with pytest.raises(ValueError, match="head must be"):  # a copy packed at another width
         native.bind(shape, _copy_caches(layers), final_norm, cos_sin, head=pack_rows(weight, width * 2), head_rows=vocab)
+
+
+def _adapters(shape: StackShape, layers: list[StackLayer], num_slots: int, rank: int) -> list[dict[str, LoraFactors]]:
+    """Random factors for every matrix of every layer but layer 0's o_proj (none), slot by slot: slot 1
+    wraps no q slice and only the gate of gate_up (scaling 0: zero factors), slot 2 at rank 3 of R."""
+    sizes = {"qkv": layers[0].qkv.shape, "o_proj": layers[0].o_proj.shape, "gate_up": layers[0].gate_up.shape,
+             "down": layers[0].down.shape}  # fmt: skip
+    bounds = slice_bounds(shape)
+    out = []
+    for i in range(len(layers)):
+        mine = {}
+        for name, (n, k) in sizes.items():
+            if i == 0 and name == "o_proj":
+                continue
+            slices = len(bounds[name]) - 1
+            a = randn(num_slots, slices * rank, k, scale=1 / k**0.5)
+            b = randn(num_slots, n, rank, scale=0.5 / rank**0.5)
+            scaling = 0.5 + torch.rand(num_slots, slices)
+            a[2].view(slices, rank, k)[:, 3:] = 0  # slot 2: rank 3, the rest padding
+            b[2, :, 3:] = 0
+            if name in ("qkv", "gate_up"):  # slot 1 leaves q / up alone
+                unwrapped = 0 if name == "qkv" else 1
+                a[1, unwrapped * rank : (unwrapped + 1) * rank] = 0
+                b[1, bounds[name][unwrapped] : bounds[name][unwrapped + 1]] = 0
+                scaling[1, unwrapped] = 0
+            mine[name] = LoraFactors(a, b, scaling, bounds[name])
+        out.append(mine)
+    return out
+
+
+@pytest.mark.parametrize(("packed", "rank", "lens", "lora_slots"), [
+    (True, 16, [1, 17, 40, 9, 3, 25, 12, 60, 7, 33, 2], [0, 0, 0, -1, 2, 2, 1, -1, 0, 2, 2]),  # runs, scattered
+    (False, 12, [1, 17, 40, 9, 3, 25, 12, 60, 7, 33, 2], [1, -1, 1, 0, 0, 2, -1, -1, 2, 0, 1]),  # GEMVs
+    (True, 8, [5], [2]),  # one row
+    (False, 20, [1 + (7 * i) % 50 for i in range(40)], [-1] * 3 + [1] * 10 + [0] * 12 + [-1, 2] * 7 + [0]),  # sgemm
+])  # fmt: skip
+def test_lora_adapters_match_the_layers_op_by_op(native, packed, rank, lens, lora_slots) -> None:
+    """Each row's adapter (slot -1: none) added after each wrapped matrix in the call: the op-by-op
+    path's LoRA products to fp32 rounding, K/V stores included; runs of one slot longer than a GEMV's
+    rows; ranks of whole vectors and with tails; the same floats on 1, 2 and 3 threads (up to 15 rows)."""
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(72, 4, 2, 16, 40, 16, lens, True, True)
+    adapters = _adapters(shape, layers, num_slots=3, rank=rank)
+    row_slots = torch.tensor(lora_slots, dtype=torch.int32)
+    ref_layers = _copy_caches(layers)
+    want = _reference(shape, ref_layers, final_norm, cos_sin, x, positions, slots, tables, cl,
+                      adapters=(adapters, row_slots))  # fmt: skip
+    base = _reference(shape, _copy_caches(layers), final_norm, cos_sin, x, positions, slots, tables, cl)
+    adapted = [i for i, slot in enumerate(lora_slots) if slot >= 0]
+    assert (want - base)[adapted].abs().amax(dim=1).min() > 1e-2  # every adapter's rows changed
+    outs = []
+    for threads in (1, 2, 3) if len(lens) <= native.gemv_rows else (1,):
+        mine = _copy_caches(layers) if threads > 1 else layers
+        with torch_threads(threads):
+            stack = native.bind(shape, mine, final_norm, cos_sin, packed=packed)
+            outs.append(stack(x, positions, slots, tables, cl, lora=bind_lora(stack, adapters), lora_slots=row_slots))
+    assert_close(outs[0], want, atol=2e-4, rtol=1e-4)
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
+    for mine, theirs in zip(layers, ref_layers, strict=True):
+        assert_close(mine.k_cache, theirs.k_cache, atol=2e-4, rtol=1e-4)
+        assert_close(mine.v_cache, theirs.v_cache, atol=2e-4, rtol=1e-4)
+    plain = [i for i, slot in enumerate(lora_slots) if slot < 0]
+    assert_close(outs[0][plain], base[plain], atol=2e-4, rtol=1e-4)  # rows without an adapter: the base's
+
+
+def test_lora_refuses_slots_and_factors_it_does_not_fit(native) -> None:
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(64, 4, 2, 16, 128, 16, [3, 9])
+    stack = native.bind(shape, layers, final_norm, cos_sin, packed=True)
+    adapters = _adapters(shape, layers, num_slots=3, rank=4)
+    lora = bind_lora(stack, adapters)
+    with pytest.raises(IndexError):
+        stack(x, positions, slots, tables, cl, lora=lora, lora_slots=torch.tensor([0, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match="int32"):
+        stack(x, positions, slots, tables, cl, lora=lora, lora_slots=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="layers"):
+        bind_lora(stack, adapters[:1])
+    f = adapters[1]["down"]
+    adapters[1]["down"] = LoraFactors(f.a[:, :2].contiguous(), f.b, f.scaling, f.bounds)
+    with pytest.raises(ValueError, match="layer 1 down"):
+        bind_lora(stack, adapters)

@@ -121,3 +121,20 @@ def test_decode_stack_packed_matches_layers(avx2_build) -> None:
     assert stack.pack_width == 16
     got = stack.bind(shape, layers, final_norm, cos_sin, packed=True)(x, positions, slots, tables, cl)
     assert_close(got, want, atol=2e-4, rtol=1e-4)
+
+
+def test_decode_stack_lora_matches_layers(avx2_build) -> None:
+    """The 8-lane LoRA products (8 B rows dotted at a time, ranks with a tail) against the reference."""
+    from test_cpu_decode_stack import _adapters, _case, _copy_caches, _reference
+
+    from kernels.cpu.stack_lora import bind_lora
+
+    lens = [3, 19, 7, 1, 30, 12, 5, 8, 22, 2, 9]
+    shape, layers, final_norm, cos_sin, x, positions, slots, tables, cl = _case(72, 4, 2, 8, 40, 4, lens, True, True)
+    adapters = _adapters(shape, layers, num_slots=3, rank=12)
+    row_slots = torch.tensor([0, 0, -1, 2, 1, 1, 1, 0, -1, 2, 2], dtype=torch.int32)
+    want = _reference(shape, _copy_caches(layers), final_norm, cos_sin, x, positions, slots, tables, cl,
+                      adapters=(adapters, row_slots))  # fmt: skip
+    stack = avx2_build[5].bind(shape, layers, final_norm, cos_sin, packed=True)
+    got = stack(x, positions, slots, tables, cl, lora=bind_lora(stack, adapters), lora_slots=row_slots)
+    assert_close(got, want, atol=2e-4, rtol=1e-4)

@@ -15,6 +15,13 @@ matmuls are fp32 GEMVs up to 15 rows and torch's own sgemm beyond. Everything el
 op as before: a prefill chunk in the step, hooks on a projection, or rows that all share leading blocks
 (the op-by-op attention reads a shared prefix once for the whole batch, the stack once per row).
 
+A step with LoRA adapter tokens takes the stack too (kernels/cpu/stack_lora.py): the wrapped
+projections' adapter stacks (worker/engine/lora/stacks.py: fp32, read in place, so a slot swapped in is
+seen at the next call) are bound once per LoraStacks the manager builds, and each call passes the
+rows' slots (LoraStep.slots); every wrapped projection then adds its rows' adapter products in the
+call, as LoraLinear does op by op. A wrapper around anything but the module bound, or hooked, sends the
+adapter steps op by op.
+
 Which models take it (checked once, when the engine binds it; `ineligible` says why not): dense
 models only (a mixture-of-experts config runs op by op: the stack has no router), every
 projection a plain fp32 nn.Linear or an int8 / int4 quantized one (Int8Linear, Int4Linear, GPTQ
@@ -32,16 +39,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import structlog
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cpu.decode_stack import BoundDecodeStack, NativeDecodeStack, StackLayer, StackShape, pack_rows
+from kernels.cpu.decode_stack import (
+    HALF_MATRICES,
+    BoundDecodeStack,
+    NativeDecodeStack,
+    StackLayer,
+    StackShape,
+    pack_rows,
+)
 from kernels.cpu.draft_chain import DraftChain
 from kernels.cpu.quant_matmul import QuantWeight
+from kernels.cpu.stack_lora import BoundLora, LoraFactors, bind_lora
 from kernels.reference.attention import decode_shared_blocks
 from worker.engine.backends.base import AttentionMetadata
+from worker.engine.lora.linear import LoraLinear
+from worker.engine.lora.stacks import LoraStacks
+from worker.engine.lora.step import LoraStep
 from worker.engine.quant.linear import QuantLinear, native_quant_matmul
+
+log = structlog.get_logger(__name__)
 
 # The engine's stack copies the matrices (fp16 packed, or fp32 packed: at most their fp32 bytes once
 # more in host memory) when their fp32 copies total at most this: every model the CPU
@@ -140,6 +161,12 @@ class ModelDecodeStack:
                                                     half=half, packed=self.packed, head=head_weight,
                                                     head_bias=head_bias, head_rows=vocab)  # fmt: skip
         self._model, self._native = model, native
+        # the projections bound, per layer: a LoRA wrapper around one of them is its product plus the
+        # adapters' (`_adapters`)
+        self._bound = [(layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+                       for layer in body.layers]  # fmt: skip
+        # (the LoraStacks, their binding or None where the stack cannot carry them, the wrappers)
+        self._lora: tuple[LoraStacks | None, BoundLora | None, list[nn.Module]] | None = None
         self._embed = body.embed_tokens.weight
         self._kv_caches = kv_caches
         # the modules the op-by-op path would call through Backend.project (hooks there must fire)
@@ -165,6 +192,9 @@ class ModelDecodeStack:
         for m in self._projections:  # (a plain loop: this runs every step)
             if m._forward_hooks or m._forward_pre_hooks:
                 return False
+        lora = self._model.lora
+        if lora is not None and lora.active and (self._adapters(lora) is None or lora.slots.shape[0] != rows):
+            return False
         if rows > 1 and tables.device.type == "cpu" and not self._windowed:
             host = tables.numpy()  # numpy compares small tables without torch's per-op dispatch
             first = host[:, 0]
@@ -212,8 +242,9 @@ class ModelDecodeStack:
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The final-normed hidden states [rows, hidden] (what the layer loop and the final norm give)."""
-        return self.rows(input_ids, positions.to(torch.int64).contiguous(), meta.slot_mapping,
-                         meta.decode_block_tables, meta.decode_context_lens)  # fmt: skip
+        return self._stack(F.embedding(input_ids, self._embed), positions.to(torch.int64).contiguous(),
+                           meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
+                           **self._step_adapters())  # fmt: skip
 
     def head_takes(self) -> bool:
         """Whether `logits` runs the lm_head in the call: a head is bound, with no hook on it, and a
@@ -226,7 +257,51 @@ class ModelDecodeStack:
         """The fp32 logits [rows, vocab] of every row of a step `takes` took (head_takes): the final norm
         and the lm_head in the stack's call, what compute_logits gives on __call__'s rows."""
         return self._stack.logits(F.embedding(input_ids, self._embed), positions.to(torch.int64).contiguous(),
-                                  meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens)  # fmt: skip
+                                  meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
+                                  **self._step_adapters())  # fmt: skip
+
+    def _step_adapters(self) -> dict:
+        """The stack call's adapter arguments for the step `takes` took: its bound adapters and the
+        rows' slots when it has adapter tokens, else none."""
+        step = self._model.lora
+        if step is None or not step.active:
+            return {}
+        assert self._lora is not None and self._lora[0] is step.stacks and self._lora[1] is not None  # takes checked
+        return {"lora": self._lora[1], "lora_slots": step.slots}
+
+    def _adapters(self, step: LoraStep) -> BoundLora | None:
+        """The step's adapters bound to the stack (once per LoraStacks), or None when they cannot run in
+        it: a wrapped projection that is not the module bound, factors the stack does not take (not
+        fp32), or a hook on a wrapper (the op-by-op path calls it)."""
+        if self._lora is None or self._lora[0] is not step.stacks:
+            self._lora = (step.stacks, *self._bind_adapters())
+        _, bound, wrappers = self._lora
+        for m in wrappers:  # (a plain loop: this runs every adapter step)
+            if m._forward_hooks or m._forward_pre_hooks:
+                return None
+        return bound
+
+    def _bind_adapters(self) -> tuple[BoundLora | None, list[nn.Module]]:
+        layers: list[dict[str, LoraFactors]] = []
+        wrappers: list[nn.Module] = []
+        for layer, bound in zip(self._model.model.layers, self._bound, strict=True):
+            attn, mlp = layer.self_attn, layer.mlp
+            mine = {}
+            for name, module, base in zip(HALF_MATRICES, (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj),
+                                          bound, strict=True):  # fmt: skip
+                if isinstance(module, LoraLinear) and module.base is base:
+                    st = module.stack
+                    mine[name] = LoraFactors(st.a, st.b, st.scaling, st.bounds)
+                    wrappers.append(module)
+                elif module is not base:
+                    log.info("decode_stack_lora_off", reason=f"{type(module).__name__} is not the projection bound")
+                    return None, []
+            layers.append(mine)
+        try:
+            return bind_lora(self._stack, layers), wrappers
+        except ValueError as exc:
+            log.info("decode_stack_lora_off", reason=str(exc))
+            return None, []
 
     def rows(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor,
              context_lens: torch.Tensor) -> torch.Tensor:  # fmt: skip

@@ -115,12 +115,13 @@ class LoraManager:
         for name, module in list(self.model.named_modules()):
             if isinstance(module, LoraLinear):
                 _replace(self.model, name, module.base)
-        self.stacks = self.slots = None
+        self.stacks = self.slots = self.step.stacks = None
         self.model.lora = None  # type: ignore[attr-defined]
         self._shape = (targets, rank)
         if not targets:
             return
-        self.stacks = LoraStacks(self.model, sorted(targets), self.max_loras, rank, self.dtype, self.device)
+        self.stacks = self.step.stacks = LoraStacks(self.model, sorted(targets), self.max_loras, rank, self.dtype,
+                                                    self.device)  # fmt: skip
         for target, stack in self.stacks.stacks.items():
             _replace(self.model, target, LoraLinear(self.model.get_submodule(target), stack, self.step, self.backend))
         stacks = self.stacks

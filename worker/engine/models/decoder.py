@@ -186,7 +186,7 @@ class CausalLM(nn.Module):
         # Backend.decode_stack's fused path for the steps it takes (set by ModelRunner); None: op by op.
         self.decode_stack = None
         # the LoRA adapters' per-step token slots, read by the wrapped projections (lora/step.py; set by
-        # lora/manager.py when the engine serves adapters); a step with adapter tokens runs op by op
+        # lora/manager.py when the engine serves adapters) and by a decode stack that carries them
         self.lora = None
         # the local layers' caches are a pool of their own (set by ModelRunner; kv_groups.py)
         self.kv_grouped = False
@@ -273,11 +273,10 @@ class CausalLM(nn.Module):
 
     def stack_takes(self, input_ids: torch.Tensor, meta: AttentionMetadata,
                     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:  # fmt: skip
-        """Whether the bound decode stack runs this step's layers in one call (it takes the step, and
-        no LoRA adapter is active); asked once per step."""
+        """Whether the bound decode stack runs this step's layers in one call (it takes the step: its
+        LoRA adapter tokens too, where it can carry them); asked once per step."""
         stack = self.decode_stack
-        return stack is not None and not (self.lora is not None and self.lora.active) \
-            and stack.takes(input_ids, meta, kv_caches)  # fmt: skip
+        return stack is not None and stack.takes(input_ids, meta, kv_caches)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> fp32 logits [N, vocab] (soft-capped where the config says: Gemma 2)."""
