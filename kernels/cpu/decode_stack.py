@@ -22,7 +22,6 @@ import ctypes
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,9 +30,6 @@ from kernels.cpu.build import load_library
 from kernels.cpu.quant_matmul import PACK_WIDTH as QUANT_PACK_WIDTH
 from kernels.cpu.quant_matmul import QuantWeight
 from kernels.reference.quant_matmul import INT8_ACT_BLOCK
-
-if TYPE_CHECKING:
-    from kernels.cpu.stack_lora import BoundLora
 
 SOURCE = Path(__file__).with_suffix(".c")
 HALF_MATRICES = ("qkv", "o_proj", "gate_up", "down")  # fp16 in a stack bound with half=True (packed: copied)
@@ -89,6 +85,17 @@ class StackLayer:
     k_cache: torch.Tensor  # [num_blocks, block_size, Hkv, D]
     v_cache: torch.Tensor
     window: int = 0  # sliding window in tokens (HF convention); 0: the whole context
+
+
+@dataclass(frozen=True)
+class BoundLora:
+    """LoRA adapters bound for a decode stack of the same shape and layers (stack_lora.bind_lora;
+    `ptr`: its StackLora, stack_step.h), as a call's `lora=` takes them."""
+
+    ptr: int
+    rank: int
+    num_slots: int
+    keep: tuple  # the ctypes structures and the tensors the pointers point into
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@ the stack adds, for every row of an adapter slot, the slot's low-rank products (
 times the scaling: kernels/reference/lora.py's, in another summation order) in the same call.
 
 `bind_lora(stack, layers)` takes each layer's factors once, in worker/engine/lora/stacks.py's layout
-(pointers into the tensors, kept alive by the returned `BoundLora`; a slot rewritten in place is read
-as it is at each call); a call then names each row's slot (`BoundDecodeStack(..., lora=, lora_slots=)`).
+(pointers into the tensors, kept alive by the returned decode_stack.BoundLora; a slot rewritten in
+place is read as it is at each call); a call then names each row's slot
+(`BoundDecodeStack(..., lora=, lora_slots=)`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.cpu.decode_stack import HALF_MATRICES, BoundDecodeStack, StackShape
+from kernels.cpu.decode_stack import HALF_MATRICES, BoundDecodeStack, BoundLora, StackShape
 
 _ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
 MAX_SLICES = 3  # stack_step.h's LORA_MAX_SLICES: q | k | v
@@ -42,16 +43,6 @@ class _LoraLayer(ctypes.Structure):
 
 class _StackLora(ctypes.Structure):
     _fields_ = [("layers", _ptr), ("rank", _i64), ("num_slots", _i64)]
-
-
-@dataclass(frozen=True)
-class BoundLora:
-    """Adapters bound for a decode stack of the same shape and layers (`ptr`: its StackLora)."""
-
-    ptr: int
-    rank: int
-    num_slots: int
-    keep: tuple  # the ctypes structures and the tensors the pointers point into
 
 
 def slice_bounds(shape: StackShape) -> dict[str, tuple[int, ...]]:

@@ -47,6 +47,7 @@ from torch import nn
 from kernels.cpu.decode_stack import (
     HALF_MATRICES,
     BoundDecodeStack,
+    BoundLora,
     NativeDecodeStack,
     StackLayer,
     StackShape,
@@ -54,7 +55,7 @@ from kernels.cpu.decode_stack import (
 )
 from kernels.cpu.draft_chain import DraftChain
 from kernels.cpu.quant_matmul import QuantWeight
-from kernels.cpu.stack_lora import BoundLora, LoraFactors, bind_lora
+from kernels.cpu.stack_lora import LoraFactors, bind_lora
 from kernels.reference.attention import decode_shared_blocks
 from worker.engine.backends.base import AttentionMetadata
 from worker.engine.lora.linear import LoraLinear
