@@ -78,37 +78,30 @@ def test_a_tenant_reuses_its_own_answers_never_another_tenants(
     assert list(cache.iterdir()) == [cache / "tenants"]
 
 
-def test_a_server_without_a_result_cache_writes_none(
-    serve_process: Callable[..., ServeProcess], served_model: Path, tmp_path: Path
-) -> None:
-    server = serve_process()
-    key = server.key("team-a")
-    _, _, cost = _run(server, key, _greedy_lines(served_model), tmp_path / "in.jsonl")
-    assert cost["result_cache_hits"] == 0 and cost["result_cache_entries_written"] == 0
-    jobs = list((server.store_dir / "tenants" / "team-a" / "jobs").iterdir())
-    assert len(jobs) == 1 and not (jobs[0] / "cache.json").exists()
-
-
 def _cached(lines: list[dict[str, Any]]) -> dict[str, int]:
     return {line["custom_id"]: line["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"]
             for line in lines}  # fmt: skip
 
 
-def test_a_tenant_never_sees_another_tenants_prefix_cache(
+def test_without_a_result_cache_none_is_written_and_no_tenant_sees_anothers_prefixes(
     serve_process: Callable[..., ServeProcess], served_model: Path, tmp_path: Path
 ) -> None:
-    """The kept engine reuses a prompt's KV blocks within a tenant only: a batch's cached_tokens
-    never tell it what another tenant sent (the engine's cache salt is the tenant)."""
+    """A server without --result-cache writes no cache. Its kept engine reuses a prompt's KV blocks
+    within a tenant only: a batch's cached_tokens never tell it what another tenant sent (the
+    engine's cache salt is the tenant)."""
     server = serve_process()
     a, b = server.key("team-a"), server.key("team-b")
     lines = _greedy_lines(served_model)
-    _, first, _ = _run(server, a, lines, tmp_path / "a1.jsonl")
+    _, first, cost_first = _run(server, a, lines, tmp_path / "a1.jsonl")
+    assert cost_first["result_cache_hits"] == 0 and cost_first["result_cache_entries_written"] == 0
     _, other, cost = _run(server, b, lines, tmp_path / "b.jsonl")
     assert _cached(other) == _cached(first) == dict.fromkeys(_cached(first), 0)  # nothing of team-a's
     assert cost["cached_tokens"] == 0
     _, again, cost_again = _run(server, a, lines, tmp_path / "a2.jsonl")
     assert all(_cached(again)[k] > n for k, n in _cached(first).items())  # team-a's own blocks
     assert cost_again["cached_tokens"] == sum(_cached(again).values())
+    jobs = [job for tenant in ("team-a", "team-b") for job in (server.store_dir / "tenants" / tenant / "jobs").iterdir()]
+    assert len(jobs) == 3 and not any((job / "cache.json").exists() for job in jobs)
 
 
 def test_a_result_cache_the_server_cannot_open_is_refused(tmp_path: Path, serve_env: dict[str, str]) -> None:
