@@ -243,9 +243,7 @@ class ModelDecodeStack:
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The final-normed hidden states [rows, hidden] (what the layer loop and the final norm give)."""
-        return self._stack(F.embedding(input_ids, self._embed), positions.to(torch.int64).contiguous(),
-                           meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
-                           **self._step_adapters())  # fmt: skip
+        return self._stack(*self._step_inputs(input_ids, positions, meta), **self._step_adapters())
 
     def head_takes(self) -> bool:
         """Whether `logits` runs the lm_head in the call: a head is bound, with no hook on it, and a
@@ -257,9 +255,13 @@ class ModelDecodeStack:
     def logits(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The fp32 logits [rows, vocab] of every row of a step `takes` took (head_takes): the final norm
         and the lm_head in the stack's call, what compute_logits gives on __call__'s rows."""
-        return self._stack.logits(F.embedding(input_ids, self._embed), positions.to(torch.int64).contiguous(),
-                                  meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
-                                  **self._step_adapters())  # fmt: skip
+        return self._stack.logits(*self._step_inputs(input_ids, positions, meta), **self._step_adapters())
+
+    def _step_inputs(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> tuple:
+        """The stack call's row arguments for a step `takes` took: embedded rows, int64 positions,
+        slots, block tables and context lengths."""
+        return (F.embedding(input_ids, self._embed), positions.to(torch.int64).contiguous(), meta.slot_mapping,
+                meta.decode_block_tables, meta.decode_context_lens)  # fmt: skip
 
     def _step_adapters(self) -> dict:
         """The stack call's adapter arguments for the step `takes` took: its bound adapters and the
